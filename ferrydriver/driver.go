@@ -1,0 +1,319 @@
+// Package ferrydriver is the seam between Ferry and a database. Each backend
+// (ferrypg today; MongoDB and SQLite next) implements Driver, and every
+// implementation must pass the behavioural suite in ferrydrivertest.
+//
+// The methods are domain operations (append to the outbox, read the feed,
+// fence a checkpoint by a lease term), never SQL fragments, so that a
+// document database with change streams can implement them as naturally as a
+// relational one. Every call takes a context and a params struct, so that
+// parameters can be added without breaking implementations.
+//
+// Stability: this package is for backend authors. It may change between minor
+// versions until 1.0; applications should use the ferry package instead.
+package ferrydriver
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
+)
+
+// Errors every implementation returns for the same conditions.
+var (
+	// ErrLeaseLost means the caller no longer holds the lease (another
+	// holder took it over, or the term moved on). A fenced write was rejected.
+	ErrLeaseLost = errors.New("lease lost: another relay holds this feed now")
+	// ErrNotFound is returned when a named record does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrSchemaMissing is returned when Ferry's tables or collections have not
+	// been created. The message of the wrapping error says how to create them.
+	ErrSchemaMissing = errors.New("ferry schema is missing: run `ferry migrate up`")
+)
+
+// Store is what the relay, the CLI and operators need from a backend: every
+// operation that does not run inside a caller's transaction.
+type Store interface {
+	// Name is a short backend name such as "postgres".
+	Name() string
+	// Capabilities reports what the backend can and cannot do.
+	Capabilities() Capabilities
+
+	// Append writes events to the outbox in a transaction of its own.
+	Append(ctx context.Context, p *AppendParams) error
+
+	// Migrations lists the backend's schema migrations, oldest first.
+	Migrations() []Migration
+	// Migrate applies (or, with Down, reverts) migrations and reports which.
+	Migrate(ctx context.Context, p *MigrateParams) (*MigrateResult, error)
+
+	// OpenFeed opens the outbox of one partition for reading in commit order,
+	// starting after p.Cursor (from the beginning when nil).
+	OpenFeed(ctx context.Context, p *OpenFeedParams) (Feed, error)
+
+	// LoadCheckpoint returns the saved position of a feed; a feed never saved
+	// has a zero Checkpoint with a nil Cursor, not an error.
+	LoadCheckpoint(ctx context.Context, p *LoadCheckpointParams) (*Checkpoint, error)
+	// SaveCheckpoint stores a feed position, fenced: it fails with
+	// ErrLeaseLost unless p.Holder holds the lease p.Feed at p.Term.
+	SaveCheckpoint(ctx context.Context, p *SaveCheckpointParams) error
+
+	// AcquireLease takes the lease if it is free or expired (incrementing its
+	// term) or renews it if p.Holder already holds it. It returns the lease as
+	// it now stands; the caller holds it iff the returned Holder is p.Holder.
+	AcquireLease(ctx context.Context, p *AcquireLeaseParams) (*Lease, error)
+	// RenewLease extends a held lease; ErrLeaseLost if the term moved on.
+	RenewLease(ctx context.Context, p *RenewLeaseParams) (*Lease, error)
+	// ReleaseLease gives a held lease up so that a standby can take over at
+	// once. Releasing a lease one no longer holds is not an error.
+	ReleaseLease(ctx context.Context, p *ReleaseLeaseParams) error
+	// GetLease returns the lease of a name, or ErrNotFound.
+	GetLease(ctx context.Context, name string) (*Lease, error)
+
+	// InsertDeadLetters stores events the relay could not publish, with the
+	// reason, fenced like SaveCheckpoint. Inserting the same event twice for
+	// the same feed keeps one record.
+	InsertDeadLetters(ctx context.Context, p *InsertDeadLettersParams) error
+	// ListDeadLetters lists relay dead letters, newest first.
+	ListDeadLetters(ctx context.Context, p *ListDeadLettersParams) ([]*DeadLetter, error)
+	// GetDeadLetter returns one dead letter by event ID, or ErrNotFound.
+	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
+
+	// DeleteDelivered removes events that the checkpoint p.Cursor has passed
+	// and that are older than p.OlderThan, at most p.Limit of them. It never
+	// removes an event the feed has not delivered.
+	DeleteDelivered(ctx context.Context, p *DeleteDeliveredParams) (int64, error)
+
+	// FeedStatus reports a feed's checkpoint, lease, lag and dead letters.
+	FeedStatus(ctx context.Context, p *FeedStatusParams) (*FeedStatus, error)
+}
+
+// Driver is a Store that can also write events inside a caller's
+// transaction of type TTx (pgx.Tx, *sql.Tx, a MongoDB session context).
+type Driver[TTx any] interface {
+	Store
+	// AppendTx writes events to the outbox inside tx. If tx rolls back, so
+	// do the events. Implementations must keep, for each key, the commit
+	// order of the appending transactions (see ferrydrivertest).
+	AppendTx(ctx context.Context, tx TTx, p *AppendParams) error
+}
+
+// Capabilities describes a backend's abilities; ferrydrivertest branches on
+// them explicitly rather than skipping silently.
+type Capabilities struct {
+	// NotifyWakeups: the feed is woken by the database when events are
+	// committed (LISTEN/NOTIFY, change streams), not only by polling.
+	NotifyWakeups bool
+	// MigrationSQL: Migrations carry SQL text that users can apply with their
+	// own tools.
+	MigrationSQL bool
+	// ConcurrentWriters: several transactions can write the outbox at once
+	// (false for SQLite, which has a single writer).
+	ConcurrentWriters bool
+}
+
+// AppendParams are the events to write. Each event must already be
+// validated and have an ID and CreatedAt (see ferryevent.Prepare).
+type AppendParams struct {
+	Events []*ferryevent.Event
+}
+
+// Migration is one numbered, reversible schema change.
+type Migration struct {
+	Version int
+	Name    string
+	// Up and Down are the statements (SQL for relational backends; a
+	// description for others).
+	Up, Down string
+}
+
+// MigrateParams selects the direction and how far to go.
+type MigrateParams struct {
+	// Down reverts instead of applying.
+	Down bool
+	// Steps limits the number of migrations; 0 means all (up) or one (down).
+	Steps int
+	// DryRun reports what would run without running it.
+	DryRun bool
+}
+
+// MigrateResult lists the migrations that ran (or would run, for DryRun).
+type MigrateResult struct {
+	Applied []Migration
+	// Current is the schema version after the call.
+	Current int
+}
+
+// OpenFeedParams open a feed.
+type OpenFeedParams struct {
+	// Feed names the feed (checkpoint and lease name), e.g. "default/0".
+	Feed string
+	// Partition is the outbox partition this feed reads.
+	Partition int
+	// Cursor is the last saved checkpoint; nil reads from the beginning.
+	Cursor []byte
+}
+
+// Feed reads one outbox partition in commit order. It is used by one
+// goroutine at a time.
+type Feed interface {
+	// Read returns up to p.Max events after the feed's position and advances
+	// the position. When none are ready it waits up to p.Wait for a wake-up,
+	// then returns what it has, possibly an empty batch whose Cursor still
+	// moved (a quiet feed's position must keep up with the database).
+	Read(ctx context.Context, p *ReadParams) (*Batch, error)
+	// Close releases the feed's resources (connections, cursors).
+	Close() error
+}
+
+// ReadParams bound one Read.
+type ReadParams struct {
+	Max  int
+	Wait time.Duration
+}
+
+// Batch is one read's worth of events.
+type Batch struct {
+	// Events are in commit order per key; events of different keys may be
+	// in any order relative to each other.
+	Events []*ferryevent.Event
+	// Cursor is the feed position after this batch. Saving it as the
+	// checkpoint asserts that every event of this and all earlier batches
+	// was acknowledged by the sink or dead-lettered.
+	Cursor []byte
+	// Invalid are stored records that could not be decoded into events; the
+	// relay dead-letters them with the reason instead of stopping.
+	Invalid []*InvalidRecord
+}
+
+// InvalidRecord is a stored outbox record that is not a valid event.
+type InvalidRecord struct {
+	Event  ferryevent.Event // whatever could be read
+	Reason string
+}
+
+// Checkpoint is a saved feed position.
+type Checkpoint struct {
+	Feed      string
+	Cursor    []byte
+	Term      int64
+	UpdatedAt time.Time
+}
+
+// LoadCheckpointParams name the feed.
+type LoadCheckpointParams struct{ Feed string }
+
+// SaveCheckpointParams store a position under a lease.
+type SaveCheckpointParams struct {
+	Feed   string
+	Cursor []byte
+	Holder string
+	Term   int64
+}
+
+// Lease gives one holder a name for a while; Term increases every time the
+// lease changes hands (or is taken again after expiring).
+type Lease struct {
+	Name      string
+	Holder    string
+	Term      int64
+	ExpiresAt time.Time
+	// Now is the database's clock when the lease was read; compare it with
+	// ExpiresAt rather than comparing ExpiresAt with the local clock.
+	Now time.Time
+}
+
+// Held reports whether holder holds l and it has not expired.
+func (l *Lease) Held(holder string) bool {
+	return l != nil && l.Holder == holder && l.ExpiresAt.After(l.Now)
+}
+
+// AcquireLeaseParams ask for a lease.
+type AcquireLeaseParams struct {
+	Name   string
+	Holder string
+	TTL    time.Duration
+}
+
+// RenewLeaseParams extend a held lease.
+type RenewLeaseParams struct {
+	Name   string
+	Holder string
+	Term   int64
+	TTL    time.Duration
+}
+
+// ReleaseLeaseParams give a lease up.
+type ReleaseLeaseParams struct {
+	Name   string
+	Holder string
+	Term   int64
+}
+
+// DeadLetter is an event the relay could not publish.
+type DeadLetter struct {
+	Feed     string
+	Event    ferryevent.Event
+	Reason   string
+	FailedAt time.Time
+}
+
+// InsertDeadLettersParams store dead letters under a lease.
+type InsertDeadLettersParams struct {
+	Feed        string
+	Holder      string
+	Term        int64
+	DeadLetters []*DeadLetter
+}
+
+// ListDeadLettersParams filter dead letters.
+type ListDeadLettersParams struct {
+	// Feed, when set, limits the list to one feed.
+	Feed string
+	// Key, Type and Topic filter exactly when set.
+	Key, Type, Topic string
+	// Since and Until bound FailedAt when set.
+	Since, Until time.Time
+	// Limit caps the result; 0 means 100.
+	Limit int
+}
+
+// GetDeadLetterParams select one dead letter.
+type GetDeadLetterParams struct {
+	Feed    string
+	EventID uuid.UUID
+}
+
+// DeleteDeliveredParams bound retention.
+type DeleteDeliveredParams struct {
+	Feed      string
+	Partition int
+	// Cursor is the feed's saved checkpoint; only events it has passed go.
+	Cursor    []byte
+	OlderThan time.Duration
+	Limit     int
+}
+
+// FeedStatusParams select a feed.
+type FeedStatusParams struct {
+	Feed      string
+	Partition int
+}
+
+// FeedStatus describes a feed for operators.
+type FeedStatus struct {
+	Feed       string
+	Checkpoint *Checkpoint
+	// Lease is nil when no relay ever held the feed.
+	Lease *Lease
+	// LagEvents counts events committed but not yet passed by the checkpoint.
+	LagEvents int64
+	// OldestPending is the creation time of the oldest such event; zero if none.
+	OldestPending time.Time
+	// DeadLetters counts relay dead letters of the feed.
+	DeadLetters int64
+	// Now is the database clock at the time of the report.
+	Now time.Time
+}

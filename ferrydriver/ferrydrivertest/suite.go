@@ -1,0 +1,717 @@
+// Package ferrydrivertest is the behavioural suite every Ferry backend must
+// pass. A backend's tests call Exercise with a Harness that makes fresh,
+// isolated, migrated stores on a real server.
+//
+// The suite branches on ferrydriver.Capabilities explicitly; a capability a
+// backend lacks is reported with t.Log, never skipped silently.
+package ferrydrivertest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/stretchr/testify/require"
+)
+
+// Harness adapts a backend to the suite.
+type Harness[TTx any] struct {
+	// New returns a driver over a fresh, migrated, isolated namespace
+	// (schema, database) that is removed when the test ends.
+	New func(t *testing.T) ferrydriver.Driver[TTx]
+	// Begin starts a caller transaction on drv's database.
+	Begin func(ctx context.Context, t *testing.T, drv ferrydriver.Driver[TTx]) Tx[TTx]
+	// HoldWriter starts a write transaction that touches nothing of Ferry's
+	// and keeps it open until the returned function is called. Required
+	// when Capabilities().ConcurrentWriters.
+	HoldWriter func(ctx context.Context, t *testing.T) (end func())
+	// LongWriterHold is how long TestLongWriterDoesNotStall keeps the
+	// foreign transaction open; default 10 s.
+	LongWriterHold time.Duration
+}
+
+// Tx is a caller transaction under test.
+type Tx[TTx any] struct {
+	Tx TTx
+	// TakeXID makes the transaction take its transaction id now, before it
+	// writes any event (PostgreSQL: a write elsewhere). Optional.
+	TakeXID  func() error
+	Commit   func() error
+	Rollback func() error
+}
+
+// Exercise runs the suite.
+func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Run("AppendRoundTrip", func(t *testing.T) { t.Parallel(); testAppendRoundTrip(t, h) })
+	t.Run("RolledBackDeliversNothing", func(t *testing.T) { t.Parallel(); testRolledBack(t, h) })
+	t.Run("SameKeyInOneTxKeepsOrder", func(t *testing.T) { t.Parallel(); testSameKeyOneTx(t, h) })
+	t.Run("LateCommitterIsNotSkipped", func(t *testing.T) { t.Parallel(); testLateCommitter(t, h) })
+	t.Run("PerKeyCommitOrder", func(t *testing.T) { t.Parallel(); testPerKeyCommitOrder(t, h) })
+	t.Run("SameKeyWritersSerialise", func(t *testing.T) { t.Parallel(); testSameKeyWritersSerialise(t, h) })
+	t.Run("LongWriterDoesNotStall", func(t *testing.T) { t.Parallel(); testLongWriter(t, h) })
+	t.Run("ConcurrentProducers", func(t *testing.T) { t.Parallel(); testConcurrentProducers(t, h) })
+	t.Run("ResumeFromCursor", func(t *testing.T) { t.Parallel(); testResume(t, h) })
+	t.Run("WakeUp", func(t *testing.T) { t.Parallel(); testWakeUp(t, h) })
+	t.Run("Lease", func(t *testing.T) { t.Parallel(); testLease(t, h) })
+	t.Run("CheckpointFencing", func(t *testing.T) { t.Parallel(); testCheckpointFencing(t, h) })
+	t.Run("DeadLetters", func(t *testing.T) { t.Parallel(); testDeadLetters(t, h) })
+	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, h) })
+	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
+}
+
+// Event builds a valid, prepared event.
+func Event(topic, key string, payload string) *ferryevent.Event {
+	ev := &ferryevent.Event{Topic: topic, Key: key, Type: "Tested", Payload: []byte(payload)}
+	if err := ferryevent.Prepare(ev, 0, 0, time.Now()); err != nil {
+		panic(err)
+	}
+	return ev
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func emit[TTx any](ctx context.Context, t *testing.T, h Harness[TTx], drv ferrydriver.Driver[TTx], evs ...*ferryevent.Event) {
+	t.Helper()
+	tx := h.Begin(ctx, t, drv)
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: evs}))
+	require.NoError(t, tx.Commit())
+}
+
+// Reader drains a feed for tests.
+type Reader struct {
+	t    *testing.T
+	Feed ferrydriver.Feed
+	Last []byte
+}
+
+// OpenReader opens partition 0 of a store from cursor.
+func OpenReader(ctx context.Context, t *testing.T, s ferrydriver.Store, cursor []byte) *Reader {
+	t.Helper()
+	f, err := s.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "test/0", Cursor: cursor})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.Close() })
+	return &Reader{t: t, Feed: f, Last: cursor}
+}
+
+// ReadN reads until n events arrived or ctx ends.
+func (r *Reader) ReadN(ctx context.Context, n int) []*ferryevent.Event {
+	r.t.Helper()
+	var out []*ferryevent.Event
+	for len(out) < n {
+		b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 100, Wait: 50 * time.Millisecond})
+		require.NoError(r.t, err, "read feed after %d of %d events", len(out), n)
+		out = append(out, b.Events...)
+		r.Last = b.Cursor
+	}
+	return out
+}
+
+// ReadQuiet reads until a read returns nothing, and returns what it read.
+func (r *Reader) ReadQuiet(ctx context.Context) []*ferryevent.Event {
+	r.t.Helper()
+	var out []*ferryevent.Event
+	empty := 0
+	for empty < 2 {
+		b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 100, Wait: 20 * time.Millisecond})
+		require.NoError(r.t, err)
+		r.Last = b.Cursor
+		if len(b.Events) == 0 {
+			empty++
+			continue
+		}
+		empty = 0
+		out = append(out, b.Events...)
+	}
+	return out
+}
+
+func ids(evs []*ferryevent.Event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.ID.String()
+	}
+	return out
+}
+
+func testAppendRoundTrip[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	ev := Event("orders", "order-1", "")
+	ev.Source = "shop"
+	ev.ContentType = "application/octet-stream"
+	ev.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x": "y"}
+	ev.Payload = []byte{0, 1, 2, 0xff, 'a'}
+	ev.CreatedAt = time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.UTC)
+	empty := Event("orders", "order-2", "")
+	empty.Payload = nil
+	emit(ctx, t, h, drv, ev, empty)
+	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("orders", "order-1", "own-tx")}}))
+
+	got := OpenReader(ctx, t, drv, nil).ReadN(ctx, 3)
+	require.Len(t, got, 3)
+	g := got[0]
+	require.Equal(t, ev.ID, g.ID)
+	require.Equal(t, "orders", g.Topic)
+	require.Equal(t, "order-1", g.Key)
+	require.Equal(t, "Tested", g.Type)
+	require.Equal(t, "shop", g.Source)
+	require.Equal(t, "application/octet-stream", g.ContentType)
+	require.Equal(t, ev.Headers, g.Headers)
+	require.Equal(t, ev.Payload, g.Payload)
+	require.True(t, ev.CreatedAt.Equal(g.CreatedAt), "created_at %v, want %v", g.CreatedAt, ev.CreatedAt)
+	require.EqualValues(t, 1, g.Seq)
+	require.Empty(t, got[1].Payload)
+	require.EqualValues(t, 1, got[1].Seq)
+	require.Equal(t, "own-tx", string(got[2].Payload))
+	require.EqualValues(t, 2, got[2].Seq, "the second event of order-1 has Seq 2")
+}
+
+func testRolledBack[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	tx := h.Begin(ctx, t, drv)
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", "k", "rolled back")}}))
+	require.NoError(t, tx.Rollback())
+	after := Event("t", "k", "committed")
+	emit(ctx, t, h, drv, after)
+	got := OpenReader(ctx, t, drv, nil).ReadQuiet(ctx)
+	require.Equal(t, []string{after.ID.String()}, ids(got))
+	require.EqualValues(t, 1, got[0].Seq, "a rolled-back event must not use up a key sequence number")
+}
+
+func testSameKeyOneTx[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	var evs []*ferryevent.Event
+	for i := range 200 {
+		evs = append(evs, Event("t", "k"+strconv.Itoa(i%3), strconv.Itoa(i)))
+	}
+	emit(ctx, t, h, drv, evs...)
+	got := OpenReader(ctx, t, drv, nil).ReadN(ctx, 200)
+	seqs := map[string]int64{}
+	perKey := map[string][]string{}
+	for _, e := range got {
+		seqs[e.Key]++
+		require.Equal(t, seqs[e.Key], e.Seq, "key %s", e.Key)
+		perKey[e.Key] = append(perKey[e.Key], string(e.Payload))
+	}
+	for k, payloads := range perKey {
+		var want []string
+		for i := range 200 {
+			if "k"+strconv.Itoa(i%3) == k {
+				want = append(want, strconv.Itoa(i))
+			}
+		}
+		require.Equal(t, want, payloads, "key %s must be delivered in emit order", k)
+	}
+}
+
+func requireConcurrent[TTx any](t *testing.T, h Harness[TTx], drv ferrydriver.Store) bool {
+	if !drv.Capabilities().ConcurrentWriters {
+		t.Logf("%s has a single writer: concurrent-transaction orderings cannot occur; checked by the sequential tests", drv.Name())
+		return false
+	}
+	return true
+}
+
+// A transaction that takes its id first and commits last must be delivered.
+func testLateCommitter[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	if !requireConcurrent(t, h, drv) {
+		return
+	}
+	r := OpenReader(ctx, t, drv, nil)
+	late := h.Begin(ctx, t, drv)
+	require.NotNil(t, late.TakeXID, "harness must provide TakeXID for a concurrent-writer backend")
+	require.NoError(t, late.TakeXID())
+	lateEv := Event("t", "late", "late")
+	require.NoError(t, drv.AppendTx(ctx, late.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{lateEv}}))
+	var early []*ferryevent.Event
+	for i := range 20 {
+		ev := Event("t", "early-"+strconv.Itoa(i), "early")
+		early = append(early, ev)
+		emit(ctx, t, h, drv, ev)
+	}
+	got := r.ReadN(ctx, 20)
+	require.ElementsMatch(t, ids(early), ids(got))
+	require.NoError(t, late.Commit())
+	got = r.ReadN(ctx, 1)
+	require.Equal(t, []string{lateEv.ID.String()}, ids(got), "the late committer's event must be delivered, not skipped")
+	require.Empty(t, r.ReadQuiet(ctx))
+}
+
+// T2 takes its transaction id before T1; T1 emits for K and commits first;
+// then T2 emits for K and commits. Delivery: T1's event, then T2's.
+func testPerKeyCommitOrder[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	if !requireConcurrent(t, h, drv) {
+		return
+	}
+	t2 := h.Begin(ctx, t, drv)
+	require.NoError(t, t2.TakeXID())
+	t1 := h.Begin(ctx, t, drv)
+	require.NoError(t, t1.TakeXID())
+	e1 := Event("t", "K", "from T1")
+	require.NoError(t, drv.AppendTx(ctx, t1.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e1}}))
+	require.NoError(t, t1.Commit())
+	e2 := Event("t", "K", "from T2")
+	require.NoError(t, drv.AppendTx(ctx, t2.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e2}}))
+	require.NoError(t, t2.Commit())
+	got := OpenReader(ctx, t, drv, nil).ReadN(ctx, 2)
+	require.Equal(t, ids([]*ferryevent.Event{e1, e2}), ids(got))
+	require.EqualValues(t, []int64{1, 2}, []int64{got[0].Seq, got[1].Seq})
+}
+
+// T2 emits for K first; T1's emit for K must wait for T2 to end, so the
+// commit order is T2, T1 and delivery follows it. Other keys do not wait.
+func testSameKeyWritersSerialise[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	if !requireConcurrent(t, h, drv) {
+		return
+	}
+	t2 := h.Begin(ctx, t, drv)
+	e2 := Event("t", "K", "from T2")
+	require.NoError(t, drv.AppendTx(ctx, t2.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e2}}))
+
+	other := Event("t", "other", "x")
+	emit(ctx, t, h, drv, other) // another key does not wait for T2
+
+	e1 := Event("t", "K", "from T1")
+	done := make(chan error, 1)
+	go func() {
+		t1 := h.Begin(ctx, t, drv)
+		err := drv.AppendTx(ctx, t1.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e1}})
+		if err == nil {
+			err = t1.Commit()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("T1's append for K finished (%v) while T2 still held K", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, t2.Commit())
+	require.NoError(t, <-done)
+	got := OpenReader(ctx, t, drv, nil).ReadN(ctx, 3)
+	var k []string
+	for _, e := range got {
+		if e.Key == "K" {
+			k = append(k, e.ID.String())
+		}
+	}
+	require.Equal(t, ids([]*ferryevent.Event{e2, e1}), k)
+}
+
+// A write transaction held open elsewhere must not delay delivery.
+func testLongWriter[TTx any](t *testing.T, h Harness[TTx]) {
+	drv := h.New(t)
+	if !requireConcurrent(t, h, drv) {
+		return
+	}
+	hold := h.LongWriterHold
+	if hold == 0 {
+		hold = 10 * time.Second
+	}
+	const poll = 500 * time.Millisecond
+	ctx := ctxT(t, hold+60*time.Second)
+	end := h.HoldWriter(ctx, t)
+	heldUntil := time.Now().Add(hold)
+	defer end()
+
+	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "test/0"})
+	require.NoError(t, err)
+	defer f.Close()
+	const n = 1000
+	emitted := make(chan time.Time, 1)
+	go func() {
+		for i := 0; i < n; i += 50 {
+			var evs []*ferryevent.Event
+			for j := range 50 {
+				evs = append(evs, Event("t", "k"+strconv.Itoa((i+j)%37), "x"))
+			}
+			if err := drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}); err != nil {
+				t.Error(err)
+			}
+		}
+		emitted <- time.Now()
+	}()
+	got := 0
+	var lastEmit time.Time
+	for got < n {
+		b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 500, Wait: poll})
+		require.NoError(t, err)
+		got += len(b.Events)
+		select {
+		case lastEmit = <-emitted:
+		default:
+		}
+	}
+	if lastEmit.IsZero() {
+		lastEmit = <-emitted
+	}
+	deliveredAt := time.Now()
+	require.True(t, deliveredAt.Before(heldUntil), "all %d events must be delivered while the long writer is still open (it ends at %v, delivery finished at %v)", n, heldUntil, deliveredAt)
+	lag := deliveredAt.Sub(lastEmit)
+	require.LessOrEqual(t, lag, 2*poll, "the last events arrived %v after their commit; the limit is 2 x the poll interval", lag)
+	// Keep the writer open for the whole hold, as the scenario says.
+	time.Sleep(time.Until(heldUntil))
+}
+
+func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	drv := h.New(t)
+	const writers, perWriter, keys = 8, 60, 11
+	r := OpenReader(ctx, t, drv, nil)
+	var mu sync.Mutex
+	committed := map[string]bool{}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := range perWriter {
+				tx := h.Begin(ctx, t, drv)
+				if tx.TakeXID != nil && rng.IntN(3) == 0 {
+					if err := tx.TakeXID(); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				var evs []*ferryevent.Event
+				for j := range 1 + rng.IntN(3) {
+					evs = append(evs, Event("t", "k"+strconv.Itoa(rng.IntN(keys)), fmt.Sprintf("%d-%d-%d", w, i, j)))
+				}
+				if err := drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: evs}); err != nil {
+					t.Error(err)
+					_ = tx.Rollback()
+					return
+				}
+				if rng.IntN(5) == 0 {
+					if err := tx.Rollback(); err != nil {
+						t.Error(err)
+					}
+					continue
+				}
+				if err := tx.Commit(); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, e := range evs {
+					committed[e.ID.String()] = true
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	var got []*ferryevent.Event
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for {
+		b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 37, Wait: 10 * time.Millisecond})
+		require.NoError(t, err)
+		got = append(got, b.Events...)
+		select {
+		case <-done:
+			got = append(got, r.ReadQuiet(ctx)...)
+			goto check
+		default:
+		}
+	}
+check:
+	seen := map[string]bool{}
+	lastSeq := map[string]int64{}
+	for _, e := range got {
+		require.False(t, seen[e.ID.String()], "event %s delivered twice", e.ID)
+		seen[e.ID.String()] = true
+		require.True(t, committed[e.ID.String()], "event %s was not committed", e.ID)
+		if lastSeq[e.Key]+1 != e.Seq {
+			for _, x := range got {
+				if x.Key == e.Key {
+					t.Logf("%s seq=%d id=%s payload=%s", x.Key, x.Seq, x.ID, x.Payload)
+				}
+			}
+		}
+		require.Equal(t, lastSeq[e.Key]+1, e.Seq, "key %s: seq must increase by one", e.Key)
+		lastSeq[e.Key] = e.Seq
+	}
+	require.Len(t, seen, len(committed), "every committed event delivered")
+}
+
+func testResume[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	var all []*ferryevent.Event
+	for i := range 30 {
+		all = append(all, Event("t", "k"+strconv.Itoa(i%4), strconv.Itoa(i)))
+	}
+	emit(ctx, t, h, drv, all[:10]...)
+	r := OpenReader(ctx, t, drv, nil)
+	b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 4, Wait: time.Second})
+	require.NoError(t, err)
+	require.Len(t, b.Events, 4)
+	cursor := b.Cursor
+	// Events read after the saved cursor are "in flight" and get re-read.
+	_, err = r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 3, Wait: time.Second})
+	require.NoError(t, err)
+	emit(ctx, t, h, drv, all[10:]...)
+
+	r2 := OpenReader(ctx, t, drv, cursor)
+	rest := r2.ReadQuiet(ctx)
+	require.Equal(t, ids(all[4:]), ids(sortByKeyOrder(all[4:], rest)))
+	// and a third reader from the end gets nothing
+	require.Empty(t, OpenReader(ctx, t, drv, r2.Last).ReadQuiet(ctx))
+}
+
+// sortByKeyOrder checks rest holds exactly want's events with each key's
+// order kept, and returns them in want's order.
+func sortByKeyOrder(want, rest []*ferryevent.Event) []*ferryevent.Event {
+	pos := map[string]int{}
+	for i, e := range rest {
+		pos[e.ID.String()] = i
+	}
+	out := make([]*ferryevent.Event, 0, len(rest))
+	lastPos := map[string]int{}
+	for _, e := range want {
+		p, ok := pos[e.ID.String()]
+		if !ok {
+			return rest
+		}
+		if lp, ok := lastPos[e.Key]; ok && p < lp {
+			return rest
+		}
+		lastPos[e.Key] = p
+		out = append(out, rest[p])
+	}
+	if len(out) != len(rest) {
+		return rest
+	}
+	return out
+}
+
+func testWakeUp[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	drv := h.New(t)
+	if !drv.Capabilities().NotifyWakeups {
+		t.Logf("%s has no wake-ups: the feed polls; checked by the other tests", drv.Name())
+		return
+	}
+	r := OpenReader(ctx, t, drv, nil)
+	require.Empty(t, r.ReadQuiet(ctx))
+	got := make(chan *ferrydriver.Batch, 1)
+	go func() {
+		b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 30 * time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- b
+	}()
+	time.Sleep(100 * time.Millisecond)
+	ev := Event("t", "k", "wake")
+	start := time.Now()
+	emit(ctx, t, h, drv, ev)
+	select {
+	case b := <-got:
+		require.Equal(t, []string{ev.ID.String()}, ids(b.Events))
+	case <-time.After(10 * time.Second):
+		t.Fatal("a commit did not wake a feed waiting for 30 s")
+	}
+	t.Logf("woken %v after the commit started", time.Since(start))
+}
+
+func testLease[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	const name = "lease/0"
+	a, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "a", TTL: time.Second})
+	require.NoError(t, err)
+	require.True(t, a.Held("a"))
+	require.EqualValues(t, 1, a.Term)
+
+	b, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "b", TTL: time.Second})
+	require.NoError(t, err)
+	require.Equal(t, "a", b.Holder, "b must be denied while a holds the lease")
+	require.False(t, b.Held("b"))
+
+	again, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "a", TTL: time.Second})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, again.Term, "re-acquiring a held lease keeps the term")
+
+	_, err = drv.RenewLease(ctx, &ferrydriver.RenewLeaseParams{Name: name, Holder: "a", Term: 1, TTL: 300 * time.Millisecond})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "b", TTL: time.Minute})
+		return err == nil && l.Held("b")
+	}, 5*time.Second, 50*time.Millisecond, "b takes over once a's lease expires")
+	lb, err := drv.GetLease(ctx, name)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lb.Term, "a change of holder increments the term")
+
+	_, err = drv.RenewLease(ctx, &ferrydriver.RenewLeaseParams{Name: name, Holder: "a", Term: 1, TTL: time.Second})
+	require.ErrorIs(t, err, ferrydriver.ErrLeaseLost)
+
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: "b", Term: 2}))
+	c, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "c", TTL: time.Second})
+	require.NoError(t, err)
+	require.True(t, c.Held("c"), "a released lease is free at once")
+	require.EqualValues(t, 3, c.Term)
+
+	_, err = drv.GetLease(ctx, "no-such-lease")
+	require.ErrorIs(t, err, ferrydriver.ErrNotFound)
+}
+
+func testCheckpointFencing[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	const feed = "cp/0"
+	cp, err := drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	require.NoError(t, err)
+	require.Nil(t, cp.Cursor, "a feed never saved has no cursor")
+
+	err = drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: feed, Cursor: []byte("x"), Holder: "a", Term: 1})
+	require.ErrorIs(t, err, ferrydriver.ErrLeaseLost, "saving without holding the lease is rejected")
+
+	a, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: 400 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: feed, Cursor: []byte("c1"), Holder: "a", Term: a.Term}))
+	cp, err = drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	require.NoError(t, err)
+	require.Equal(t, "c1", string(cp.Cursor))
+	require.Equal(t, a.Term, cp.Term)
+
+	// a pauses past its TTL; b takes over; a's late write is rejected.
+	require.Eventually(t, func() bool {
+		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "b", TTL: time.Minute})
+		return err == nil && l.Held("b")
+	}, 5*time.Second, 50*time.Millisecond)
+	err = drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: feed, Cursor: []byte("zombie"), Holder: "a", Term: a.Term})
+	require.ErrorIs(t, err, ferrydriver.ErrLeaseLost)
+	err = drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "a", Term: a.Term,
+		DeadLetters: []*ferrydriver.DeadLetter{{Event: *Event("t", "k", "x"), Reason: "zombie"}}})
+	require.ErrorIs(t, err, ferrydriver.ErrLeaseLost)
+	cp, err = drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	require.NoError(t, err)
+	require.Equal(t, "c1", string(cp.Cursor), "the zombie's checkpoint must not land")
+}
+
+func testDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	const feed = "dl/0"
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
+	require.NoError(t, err)
+	e1, e2 := Event("orders", "k1", "one"), Event("payments", "k2", "two")
+	e1.Headers = map[string]string{"h": "v"}
+	dls := []*ferrydriver.DeadLetter{{Event: *e1, Reason: "too large"}, {Event: *e2, Reason: "unroutable"}}
+	p := &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "a", Term: l.Term, DeadLetters: dls}
+	require.NoError(t, drv.InsertDeadLetters(ctx, p))
+	require.NoError(t, drv.InsertDeadLetters(ctx, p), "inserting again is harmless")
+
+	all, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: feed})
+	require.NoError(t, err)
+	require.Len(t, all, 2)
+	byKey, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Key: "k2"})
+	require.NoError(t, err)
+	require.Len(t, byKey, 1)
+	require.Equal(t, "unroutable", byKey[0].Reason)
+	byTopic, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Topic: "orders", Since: time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	require.Len(t, byTopic, 1)
+	none, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Until: time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	require.Empty(t, none)
+
+	got, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: e1.ID})
+	require.NoError(t, err)
+	require.Equal(t, "too large", got.Reason)
+	require.Equal(t, e1.Payload, got.Event.Payload)
+	require.Equal(t, e1.Headers, got.Event.Headers)
+	_, err = drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: ferryevent.NewID()})
+	require.ErrorIs(t, err, ferrydriver.ErrNotFound)
+}
+
+func testRetention[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	var first []*ferryevent.Event
+	for i := range 10 {
+		first = append(first, Event("t", "k", strconv.Itoa(i)))
+	}
+	emit(ctx, t, h, drv, first...)
+	r := OpenReader(ctx, t, drv, nil)
+	require.Len(t, r.ReadQuiet(ctx), 10)
+	var straggler Tx[TTx]
+	var lateEv *ferryevent.Event
+	if drv.Capabilities().ConcurrentWriters {
+		straggler = h.Begin(ctx, t, drv)
+		require.NoError(t, straggler.TakeXID())
+		lateEv = Event("t", "late", "late")
+		require.NoError(t, drv.AppendTx(ctx, straggler.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{lateEv}}))
+	}
+	emit(ctx, t, h, drv, Event("t", "k", "after"))
+	require.Len(t, r.ReadQuiet(ctx), 1)
+	if lateEv != nil {
+		require.NoError(t, straggler.Commit())
+	}
+	// The checkpoint is the position before the straggler was read.
+	n, err := drv.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: "test/0", Cursor: r.Last, OlderThan: 0, Limit: 1000})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, int64(10))
+	// Nothing undelivered was removed: a reader from the checkpoint still gets the straggler.
+	rest := OpenReader(ctx, t, drv, r.Last).ReadQuiet(ctx)
+	if lateEv != nil {
+		require.Equal(t, []string{lateEv.ID.String()}, ids(rest))
+	} else {
+		require.Empty(t, rest)
+	}
+	// Events younger than the window stay.
+	emit(ctx, t, h, drv, Event("t", "k", "young"))
+	require.Len(t, r.ReadQuiet(ctx), 1+len(rest))
+	n, err = drv.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: "test/0", Cursor: r.Last, OlderThan: time.Hour, Limit: 1000})
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+func testStatus[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	for i := range 5 {
+		emit(ctx, t, h, drv, Event("t", "k", strconv.Itoa(i)))
+	}
+	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "s/0"})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, st.LagEvents)
+	require.False(t, st.OldestPending.IsZero())
+	require.Nil(t, st.Lease)
+
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "s/0", Holder: "r1", TTL: time.Minute})
+	require.NoError(t, err)
+	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "s/0"})
+	require.NoError(t, err)
+	defer f.Close()
+	b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 3, Wait: time.Second})
+	require.NoError(t, err)
+	require.Len(t, b.Events, 3)
+	require.NoError(t, drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: "s/0", Cursor: b.Cursor, Holder: "r1", Term: l.Term}))
+	st, err = drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "s/0"})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, st.LagEvents)
+	require.Equal(t, "r1", st.Lease.Holder)
+	require.Equal(t, l.Term, st.Checkpoint.Term)
+	require.Zero(t, st.DeadLetters)
+}

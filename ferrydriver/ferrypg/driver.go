@@ -1,0 +1,293 @@
+// Package ferrypg is Ferry's PostgreSQL backend, for pgx v5 (New) and for
+// database/sql with the pgx stdlib driver (NewSQL).
+//
+// # Schema
+//
+// Tables live in their own schema ("ferry" unless Config.Schema says
+// otherwise), created by embedded, numbered, reversible migrations: run
+// Driver.Migrate, `ferry migrate up`, or apply the output of
+// `ferry migrate sql` with your own migration tool.
+//
+// # How the feed reads in commit order without skipping or stalling
+//
+// The outbox has a bigserial id and the writing transaction's xid. A plain
+// "id > cursor" poll skips rows whose transaction drew its id early and
+// committed late; reading only below the oldest running xid (the usual fix)
+// stalls every event behind any long write transaction in the cluster.
+// ferrypg instead reads in batches closed by database snapshots, as PgQ does:
+// a batch is every row that became visible between two snapshots. Rows above
+// the previous batch's highest id are read by a range scan of the primary
+// key; rows below it can only come from transactions that were running at
+// the previous snapshot, and are read by an index probe per such
+// transaction. Both are O(batch). Per-key order comes from the keys table:
+// appending an event row-locks its key until commit, so for one key, id order
+// is commit order, and the feed returns every batch in id order.
+//
+// Stability: the schema may change between minor versions before 1.0, always
+// with a migration.
+package ferrypg
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultSchema is the schema Ferry's tables are created in.
+const DefaultSchema = "ferry"
+
+// Config configures a driver. The zero value is usable.
+type Config struct {
+	// Schema holds Ferry's tables. Default "ferry". Must be a plain
+	// identifier (letters, digits, underscores).
+	Schema string
+	// Partitions splits the outbox by key hash so that several relays can
+	// share the work, one per partition. Default 1. Every producer and
+	// relay of a schema must use the same value.
+	Partitions int
+	// DisableNotify stops producers from sending NOTIFY on append. Relays
+	// then find new events by polling only. NOTIFY costs a little at commit;
+	// disable it when the relay's poll interval is latency enough.
+	DisableNotify bool
+	// Logger receives warnings (a lost listener connection). Default: discard.
+	Logger *slog.Logger
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+func (c *Config) withDefaults() (Config, error) {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = DefaultSchema
+	}
+	if !identRE.MatchString(out.Schema) {
+		return out, fmt.Errorf("ferrypg: Config.Schema %q is not a plain identifier: use letters, digits and underscores, starting with a letter", out.Schema)
+	}
+	if out.Partitions == 0 {
+		out.Partitions = 1
+	}
+	if out.Partitions < 0 || out.Partitions > 4096 {
+		return out, fmt.Errorf("ferrypg: Config.Partitions %d is out of range: use 1 to 4096", out.Partitions)
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return out, nil
+}
+
+// Driver is the PostgreSQL implementation of ferrydriver.Driver. TTx is
+// pgx.Tx for drivers made by New and *sql.Tx for drivers made by NewSQL.
+type Driver[TTx any] struct {
+	cfg     Config
+	db      executor
+	begin   beginner
+	listen  listenFunc // nil: poll only
+	wrapTx  func(TTx) executor
+	queries queries
+	channel string
+}
+
+// New returns a driver over a pgx pool. The pool stays the caller's: the
+// driver never dials and never closes it.
+func New(pool *pgxpool.Pool, cfg *Config) (*Driver[pgx.Tx], error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver[pgx.Tx]{
+		cfg:    c,
+		db:     pgxExec{pool},
+		begin:  poolBeginner{pool},
+		listen: poolListener(pool),
+		wrapTx: func(tx pgx.Tx) executor { return pgxExec{tx} },
+	}
+	d.init()
+	return d, nil
+}
+
+// NewSQL returns a driver over a database/sql handle opened with the pgx
+// stdlib driver ("pgx"). The handle stays the caller's. Wake-ups use
+// LISTEN/NOTIFY when the handle's connections are pgx connections, and
+// polling otherwise.
+func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver[*sql.Tx]{
+		cfg:    c,
+		db:     sqlExec{db},
+		begin:  sqlBeginner{db},
+		listen: sqlListener(db),
+		wrapTx: func(tx *sql.Tx) executor { return sqlExec{tx} },
+	}
+	d.init()
+	return d, nil
+}
+
+func (d *Driver[TTx]) init() {
+	d.queries = newQueries(d.cfg.Schema)
+	d.channel = d.cfg.Schema + ".outbox"
+}
+
+// Schema returns the schema the driver's tables live in.
+func (d *Driver[TTx]) Schema() string { return d.cfg.Schema }
+
+// Partitions returns the configured number of outbox partitions.
+func (d *Driver[TTx]) Partitions() int { return d.cfg.Partitions }
+
+// Name implements ferrydriver.Store.
+func (d *Driver[TTx]) Name() string { return "postgres" }
+
+// Capabilities implements ferrydriver.Store.
+func (d *Driver[TTx]) Capabilities() ferrydriver.Capabilities {
+	return ferrydriver.Capabilities{
+		NotifyWakeups:     d.listen != nil && !d.cfg.DisableNotify,
+		MigrationSQL:      true,
+		ConcurrentWriters: true,
+	}
+}
+
+// PartitionOf returns the outbox partition of key: FNV-1a modulo Partitions.
+func (d *Driver[TTx]) PartitionOf(key string) int {
+	if d.cfg.Partitions <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(d.cfg.Partitions))
+}
+
+// AppendTx implements ferrydriver.Driver: the events are written in tx and
+// share its fate.
+func (d *Driver[TTx]) AppendTx(ctx context.Context, tx TTx, p *ferrydriver.AppendParams) error {
+	return d.append(ctx, d.wrapTx(tx), p)
+}
+
+// Append implements ferrydriver.Store.
+func (d *Driver[TTx]) Append(ctx context.Context, p *ferrydriver.AppendParams) error {
+	e, commit, rollback, err := d.begin.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("ferrypg: begin append: %w", err)
+	}
+	if err := d.append(ctx, e, p); err != nil {
+		_ = rollback(ctx)
+		return err
+	}
+	if err := commit(ctx); err != nil {
+		return fmt.Errorf("ferrypg: commit append: %w", err)
+	}
+	return nil
+}
+
+func (d *Driver[TTx]) append(ctx context.Context, e executor, p *ferrydriver.AppendParams) error {
+	n := len(p.Events)
+	if n == 0 {
+		return nil
+	}
+	ids := make([]string, n)
+	topics := make([]string, n)
+	keys := make([]string, n)
+	types := make([]string, n)
+	sources := make([]string, n)
+	cts := make([]string, n)
+	headers := make([]string, n)
+	payloads := make([][]byte, n)
+	created := make([]time.Time, n)
+	parts := make([]int32, n)
+	for i, ev := range p.Events {
+		ids[i] = ev.ID.String()
+		topics[i], keys[i], types[i], sources[i], cts[i] = ev.Topic, ev.Key, ev.Type, ev.Source, ev.ContentType
+		if len(ev.Headers) > 0 {
+			b, err := json.Marshal(ev.Headers)
+			if err != nil {
+				return fmt.Errorf("ferrypg: encode headers of event %s: %w", ev.ID, err)
+			}
+			headers[i] = string(b)
+		}
+		payloads[i] = ev.Payload
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+		created[i] = ev.CreatedAt
+		parts[i] = int32(d.PartitionOf(ev.Key))
+	}
+	args := []any{ids, topics, keys, types, sources, cts, headers, payloads, created, parts}
+	q := d.queries.append
+	if !d.cfg.DisableNotify {
+		q = d.queries.appendNotify
+		args = append(args, d.channel)
+	}
+	if _, err := e.exec(ctx, q, args...); err != nil {
+		return d.wrapErr("append events to outbox", err)
+	}
+	return nil
+}
+
+// wrapErr describes err, turning "relation does not exist" into a hint.
+func (d *Driver[TTx]) wrapErr(op string, err error) error {
+	switch pgErrCode(err) {
+	case "42P01", "3F000": // undefined_table, invalid_schema_name
+		return fmt.Errorf("ferrypg: %s: %w: schema %q has no Ferry tables; run `ferry migrate up --schema %s` or Driver.Migrate (%v)",
+			op, ferrydriver.ErrSchemaMissing, d.cfg.Schema, d.cfg.Schema, err)
+	}
+	return fmt.Errorf("ferrypg: %s: %w", op, err)
+}
+
+type queries struct {
+	append, appendNotify, tick, readBatch                              string
+	loadCheckpoint, saveCheckpoint                                     string
+	acquireLease, renewLease, releaseLease, getLease                   string
+	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter string
+	deleteDelivered, feedLag, lateXids                                 string
+}
+
+func newQueries(schema string) queries {
+	s := pgx.Identifier{schema}.Sanitize()
+	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
+	return queries{
+		append: r(sqlAppend), appendNotify: r(sqlAppendNotify), tick: r(sqlTick), readBatch: r(sqlReadBatch),
+		loadCheckpoint: r(sqlLoadCheckpoint), saveCheckpoint: r(sqlSaveCheckpoint),
+		acquireLease: r(sqlAcquireLease), renewLease: r(sqlRenewLease), releaseLease: r(sqlReleaseLease), getLease: r(sqlGetLease),
+		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),
+		countDeadLetter: r(sqlCountDeadLetters),
+		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), lateXids: r(sqlLateXids),
+	}
+}
+
+// scanEvent reads the columns of eventColumns.
+func scanEvent(r rows, ev *ferryevent.Event) (id int64, err error) {
+	var headers *string
+	if err := r.Scan(&id, &ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt); err != nil {
+		return 0, err
+	}
+	if headers != nil {
+		if err := json.Unmarshal([]byte(*headers), &ev.Headers); err != nil {
+			return id, fmt.Errorf("decode headers: %w", err)
+		}
+	}
+	return id, nil
+}
+
+var _ ferrydriver.Driver[pgx.Tx] = (*Driver[pgx.Tx])(nil)
+var _ ferrydriver.Driver[*sql.Tx] = (*Driver[*sql.Tx])(nil)
+
+// isNoRows reports whether err means an empty result.
+func isNoRows(err error) bool {
+	return errors.Is(err, errNoRows) || errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows)
+}

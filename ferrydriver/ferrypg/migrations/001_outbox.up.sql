@@ -1,0 +1,70 @@
+-- Ferry schema version 1: outbox, per-key sequences, relay checkpoints,
+-- leases and relay dead letters. {schema} is replaced by the quoted schema name.
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- One row per emitted event. id comes from a sequence with CACHE 1 (the
+-- default; never raise it): the feed relies on ids being drawn in time order.
+-- xid is the writing transaction's id; the producing statement assigns it
+-- before drawing id (see ferrypg's feed documentation).
+CREATE TABLE {schema}.outbox (
+    id           bigserial   NOT NULL,
+    partition    integer     NOT NULL DEFAULT 0,
+    xid          xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    event_id     uuid        NOT NULL,
+    topic        text        NOT NULL,
+    key          text        NOT NULL,
+    seq          bigint      NOT NULL,
+    type         text        NOT NULL,
+    source       text        NOT NULL DEFAULT '',
+    content_type text        NOT NULL DEFAULT '',
+    headers      jsonb,
+    payload      bytea       NOT NULL,
+    created_at   timestamptz NOT NULL,
+    PRIMARY KEY (partition, id)
+);
+
+-- Late-committing transactions ("stragglers") are fetched by their xid:
+--   SELECT ... WHERE xid = $x AND partition = $p AND id > $a AND id <= $b ORDER BY id LIMIT $n
+-- Index Scan using outbox_xid_idx on outbox (cost=0.43..8.45 rows=1)
+--   Index Cond: ((xid = '1234'::xid8) AND (partition = 0) AND (id > 0) AND (id <= 1000000))
+CREATE INDEX outbox_xid_idx ON {schema}.outbox (xid, partition, id);
+
+-- Per-key sequence. Appending an event upserts its key's row, which takes a
+-- row lock held to commit: same-key producers serialise, other keys never
+-- contend, and within a key id order equals commit order.
+CREATE TABLE {schema}.keys (
+    key text   PRIMARY KEY,
+    seq bigint NOT NULL
+) WITH (fillfactor = 80);
+
+CREATE TABLE {schema}.checkpoints (
+    feed       text        PRIMARY KEY,
+    cursor     bytea,
+    term       bigint      NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE {schema}.leases (
+    name       text        PRIMARY KEY,
+    holder     text        NOT NULL,
+    term       bigint      NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+
+CREATE TABLE {schema}.dead_letters (
+    feed         text        NOT NULL,
+    event_id     uuid        NOT NULL,
+    topic        text        NOT NULL,
+    key          text        NOT NULL,
+    seq          bigint      NOT NULL,
+    type         text        NOT NULL,
+    source       text        NOT NULL,
+    content_type text        NOT NULL,
+    headers      jsonb,
+    payload      bytea       NOT NULL,
+    created_at   timestamptz NOT NULL,
+    reason       text        NOT NULL,
+    failed_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (feed, event_id)
+);
+CREATE INDEX dead_letters_failed_at_idx ON {schema}.dead_letters (failed_at);

@@ -1,0 +1,184 @@
+package ferrypg
+
+// All of ferrypg's SQL is in this file and in migrations/. {schema} is
+// replaced by the quoted schema name when a driver is created.
+
+// appendCTE writes a batch of events in one statement. The upsert into keys
+// comes first and takes each key's row lock (in key order, so multi-key
+// appends cannot deadlock each other) and gives the transaction its xid;
+// only then are outbox ids drawn. Hence, for one key, id order is commit
+// order, and every row's xid was assigned before its id was drawn; the feed
+// depends on both. ORDER BY ord makes ids follow the caller's order.
+const appendCTE = `
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::text[], $8::bytea[], $9::timestamptz[], $10::int[])
+        WITH ORDINALITY AS t(event_id, topic, key, type, source, content_type, headers,
+                             payload, created_at, partition, ord)
+),
+counts AS (
+    SELECT key, count(*) AS n FROM input GROUP BY key
+),
+k AS (
+    INSERT INTO {schema}.keys AS k (key, seq)
+    SELECT key, n FROM counts ORDER BY key
+    ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq
+    RETURNING k.key, k.seq
+),
+ins AS (
+    INSERT INTO {schema}.outbox (partition, event_id, topic, key, seq, type, source,
+                                 content_type, headers, payload, created_at)
+    SELECT i.partition, i.event_id, i.topic, i.key,
+           k.seq - c.n + row_number() OVER (PARTITION BY i.key ORDER BY i.ord),
+           i.type, i.source, i.content_type, NULLIF(i.headers, '')::jsonb, i.payload, i.created_at
+    FROM input i JOIN k USING (key) JOIN counts c USING (key)
+    ORDER BY i.ord
+    RETURNING 1
+)`
+
+const sqlAppend = appendCTE + `
+SELECT count(*) FROM ins`
+
+// sqlAppendNotify also wakes the relays listening on $11. NOTIFY is
+// delivered at commit, never for a rolled-back transaction.
+const sqlAppendNotify = appendCTE + `
+SELECT pg_notify($11, '') FROM (SELECT 1 FROM ins LIMIT 1) x`
+
+// sqlTick takes the snapshot that closes the next feed batch, and the
+// highest id visible in it (a backward scan of the primary key).
+const sqlTick = `
+SELECT pg_current_snapshot()::text,
+       COALESCE((SELECT max(id) FROM {schema}.outbox WHERE partition = $1), 0)`
+
+const eventColumns = `id, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at`
+
+// sqlReadBatch reads the next events of a feed batch: the rows that became
+// visible between the batch's two snapshots, in id order, after $2/$7.
+//
+// First branch: rows above the previous batch's high id, up to this batch's
+// high id, visible at the closing snapshot (xid below its xmax, not in its
+// list of running transactions). A range scan of the primary key, O(batch):
+//
+//	Limit (rows=500)
+//	  -> Index Scan using outbox_pkey on outbox
+//	       Index Cond: ((partition = 0) AND (id > 1000000) AND (id <= 1000500))
+//	       Filter: (xid <> ALL ('{...}'::xid8[]))
+//
+// measured on a 1.2M-row outbox: 0.4 ms for 500 rows, the same at the start
+// and the end of the backlog (see TestFeedBacklogQueryIsFlat).
+//
+// Second branch: rows at or below the previous high id written by
+// transactions that were running at the previous snapshot and have finished
+// since ("stragglers"); one index probe per straggler on outbox_xid_idx.
+const sqlReadBatch = `
+SELECT ` + eventColumns + ` FROM (
+    (SELECT ` + eventColumns + ` FROM {schema}.outbox
+      WHERE partition = $1 AND id > $2 AND id <= $3
+        AND xid < $6::text::xid8 AND xid <> ALL ($4::text[]::xid8[])
+      ORDER BY id LIMIT $5)
+    UNION ALL
+    (SELECT o.* FROM unnest($7::text[]::xid8[]) AS s(x)
+      CROSS JOIN LATERAL (
+        SELECT ` + eventColumns + ` FROM {schema}.outbox
+         WHERE xid = s.x AND partition = $1 AND id > $8 AND id <= $9
+         ORDER BY id LIMIT $5) o)
+) b ORDER BY id LIMIT $5`
+
+// sqlLateXids finds, once per batch, the transactions with an xid at or
+// above the previous snapshot's xmax (so invisible to it without being
+// listed in its xip) that wrote rows at or below the previous high id and
+// are visible at the current snapshot. The xid range is the transactions
+// that started between the two snapshots: O(batch) index entries.
+const sqlLateXids = `
+SELECT DISTINCT xid::text FROM {schema}.outbox
+ WHERE xid >= $3::text::xid8 AND xid < $4::text::xid8 AND partition = $1 AND id <= $2
+   AND xid <> ALL ($5::text[]::xid8[])`
+
+const sqlLoadCheckpoint = `
+SELECT cursor, term, updated_at FROM {schema}.checkpoints WHERE feed = $1`
+
+// sqlSaveCheckpoint is fenced: the lease row is share-locked, so a
+// concurrent take-over either waits for this write or makes it match no row.
+// The bookkeeping commit is asynchronous: losing it in a database crash only
+// means redelivery, which the at-least-once contract allows.
+const sqlSaveCheckpoint = `
+INSERT INTO {schema}.checkpoints AS c (feed, cursor, term, updated_at)
+SELECT $1, $2, $4, now()
+ WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
+   AND EXISTS (SELECT 1 FROM {schema}.leases
+                WHERE name = $1 AND holder = $3 AND term = $4 AND expires_at > now()
+                FOR SHARE)
+ON CONFLICT (feed) DO UPDATE SET cursor = excluded.cursor, term = excluded.term, updated_at = now()`
+
+const leaseColumns = `name, holder, term, expires_at, now()`
+
+const sqlAcquireLease = `
+WITH up AS (
+    INSERT INTO {schema}.leases AS l (name, holder, term, expires_at)
+    VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond')
+    ON CONFLICT (name) DO UPDATE SET
+        holder = excluded.holder,
+        term = CASE WHEN l.holder = excluded.holder AND l.expires_at > now() THEN l.term ELSE l.term + 1 END,
+        expires_at = excluded.expires_at
+    WHERE l.holder = excluded.holder OR l.expires_at <= now()
+    RETURNING ` + leaseColumns + `
+)
+SELECT * FROM up
+UNION ALL
+SELECT ` + leaseColumns + ` FROM {schema}.leases WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM up)`
+
+const sqlRenewLease = `
+UPDATE {schema}.leases SET expires_at = now() + $4 * interval '1 millisecond'
+ WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()
+RETURNING ` + leaseColumns
+
+const sqlReleaseLease = `
+UPDATE {schema}.leases SET expires_at = now() - interval '1 millisecond'
+ WHERE name = $1 AND holder = $2 AND term = $3`
+
+const sqlGetLease = `SELECT ` + leaseColumns + ` FROM {schema}.leases WHERE name = $1`
+
+const sqlInsertDeadLetters = `
+WITH lease AS (
+    SELECT 1 FROM {schema}.leases
+     WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()
+     FOR SHARE
+), ins AS (
+    INSERT INTO {schema}.dead_letters (feed, event_id, topic, key, seq, type, source,
+                                       content_type, headers, payload, created_at, reason)
+    SELECT $1, t.* FROM unnest($4::uuid[], $5::text[], $6::text[], $7::bigint[], $8::text[],
+                               $9::text[], $10::text[], $11::jsonb[], $12::bytea[],
+                               $13::timestamptz[], $14::text[]) AS t
+     WHERE EXISTS (SELECT 1 FROM lease)
+    ON CONFLICT (feed, event_id) DO NOTHING
+)
+SELECT count(*) FROM lease`
+
+const deadLetterColumns = `feed, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at, reason, failed_at`
+
+const sqlListDeadLetters = `
+SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
+ WHERE ($1 = '' OR feed = $1) AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
+   AND ($4 = '' OR topic = $4)
+   AND ($5::timestamptz IS NULL OR failed_at >= $5) AND ($6::timestamptz IS NULL OR failed_at < $6)
+ ORDER BY failed_at DESC, event_id LIMIT $7`
+
+const sqlGetDeadLetter = `
+SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
+ WHERE ($1 = '' OR feed = $1) AND event_id = $2 ORDER BY failed_at DESC LIMIT 1`
+
+// sqlDeleteDelivered removes delivered events: at or below the previous
+// batch's high id, not written by a transaction that was still running at
+// the previous snapshot, visible to it (those may not be delivered yet).
+const sqlDeleteDelivered = `
+DELETE FROM {schema}.outbox WHERE partition = $1 AND id IN (
+    SELECT id FROM {schema}.outbox
+     WHERE partition = $1 AND id <= $2 AND xid < $6::text::xid8 AND xid <> ALL ($3::text[]::xid8[])
+       AND created_at < now() - $4 * interval '1 millisecond'
+     ORDER BY id LIMIT $5)`
+
+// sqlFeedLag counts events above a feed position (O(lag): for status only).
+const sqlFeedLag = `
+SELECT count(*), min(created_at) FROM {schema}.outbox WHERE partition = $1 AND id > $2`
+
+const sqlCountDeadLetters = `SELECT count(*), now() FROM {schema}.dead_letters WHERE feed = $1`

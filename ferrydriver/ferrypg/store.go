@@ -1,0 +1,233 @@
+package ferrypg
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+)
+
+// LoadCheckpoint implements ferrydriver.Store.
+func (d *Driver[TTx]) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
+	cp := &ferrydriver.Checkpoint{Feed: p.Feed}
+	err := queryRow(ctx, d.db, []any{&cp.Cursor, &cp.Term, &cp.UpdatedAt}, d.queries.loadCheckpoint, p.Feed)
+	if isNoRows(err) {
+		return cp, nil
+	}
+	if err != nil {
+		return nil, d.wrapErr("load checkpoint of "+p.Feed, err)
+	}
+	return cp, nil
+}
+
+// SaveCheckpoint implements ferrydriver.Store.
+func (d *Driver[TTx]) SaveCheckpoint(ctx context.Context, p *ferrydriver.SaveCheckpointParams) error {
+	n, err := d.db.exec(ctx, d.queries.saveCheckpoint, p.Feed, p.Cursor, p.Holder, p.Term)
+	if err != nil {
+		return d.wrapErr("save checkpoint of "+p.Feed, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("ferrypg: save checkpoint of %s at term %d: %w", p.Feed, p.Term, ferrydriver.ErrLeaseLost)
+	}
+	return nil
+}
+
+func scanLease(r []any, l *ferrydriver.Lease) []any {
+	return append(r, &l.Name, &l.Holder, &l.Term, &l.ExpiresAt, &l.Now)
+}
+
+// AcquireLease implements ferrydriver.Store.
+func (d *Driver[TTx]) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
+	l := &ferrydriver.Lease{}
+	if err := queryRow(ctx, d.db, scanLease(nil, l), d.queries.acquireLease, p.Name, p.Holder, p.TTL.Milliseconds()); err != nil {
+		return nil, d.wrapErr("acquire lease "+p.Name, err)
+	}
+	return l, nil
+}
+
+// RenewLease implements ferrydriver.Store.
+func (d *Driver[TTx]) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error) {
+	l := &ferrydriver.Lease{}
+	err := queryRow(ctx, d.db, scanLease(nil, l), d.queries.renewLease, p.Name, p.Holder, p.Term, p.TTL.Milliseconds())
+	if isNoRows(err) {
+		return nil, fmt.Errorf("ferrypg: renew lease %s at term %d: %w", p.Name, p.Term, ferrydriver.ErrLeaseLost)
+	}
+	if err != nil {
+		return nil, d.wrapErr("renew lease "+p.Name, err)
+	}
+	return l, nil
+}
+
+// ReleaseLease implements ferrydriver.Store.
+func (d *Driver[TTx]) ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error {
+	if _, err := d.db.exec(ctx, d.queries.releaseLease, p.Name, p.Holder, p.Term); err != nil {
+		return d.wrapErr("release lease "+p.Name, err)
+	}
+	return nil
+}
+
+// GetLease implements ferrydriver.Store.
+func (d *Driver[TTx]) GetLease(ctx context.Context, name string) (*ferrydriver.Lease, error) {
+	l := &ferrydriver.Lease{}
+	err := queryRow(ctx, d.db, scanLease(nil, l), d.queries.getLease, name)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("ferrypg: lease %s: %w", name, ferrydriver.ErrNotFound)
+	}
+	if err != nil {
+		return nil, d.wrapErr("read lease "+name, err)
+	}
+	return l, nil
+}
+
+// InsertDeadLetters implements ferrydriver.Store.
+func (d *Driver[TTx]) InsertDeadLetters(ctx context.Context, p *ferrydriver.InsertDeadLettersParams) error {
+	n := len(p.DeadLetters)
+	ids, topics, keys, types, sources, cts, reasons := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	seqs := make([]int64, n)
+	headers := make([]*string, n)
+	payloads := make([][]byte, n)
+	created := make([]time.Time, n)
+	for i, dl := range p.DeadLetters {
+		ev := &dl.Event
+		ids[i], topics[i], keys[i], seqs[i], types[i], sources[i], cts[i] = ev.ID.String(), ev.Topic, ev.Key, ev.Seq, ev.Type, ev.Source, ev.ContentType
+		if len(ev.Headers) > 0 {
+			b, _ := json.Marshal(ev.Headers)
+			s := string(b)
+			headers[i] = &s
+		}
+		payloads[i] = ev.Payload
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+		created[i] = ev.CreatedAt
+		reasons[i] = dl.Reason
+	}
+	var held int
+	err := queryRow(ctx, d.db, []any{&held}, d.queries.insertDeadLetters, p.Feed, p.Holder, p.Term,
+		ids, topics, keys, seqs, types, sources, cts, headers, payloads, created, reasons)
+	if err != nil {
+		return d.wrapErr("insert dead letters of "+p.Feed, err)
+	}
+	if held == 0 {
+		return fmt.Errorf("ferrypg: insert dead letters of %s at term %d: %w", p.Feed, p.Term, ferrydriver.ErrLeaseLost)
+	}
+	return nil
+}
+
+func (d *Driver[TTx]) scanDeadLetters(r rows) ([]*ferrydriver.DeadLetter, error) {
+	defer r.Close()
+	var out []*ferrydriver.DeadLetter
+	for r.Next() {
+		dl := &ferrydriver.DeadLetter{}
+		ev := &dl.Event
+		var headers *string
+		if err := r.Scan(&dl.Feed, &ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt, &dl.Reason, &dl.FailedAt); err != nil {
+			return nil, err
+		}
+		if headers != nil {
+			_ = json.Unmarshal([]byte(*headers), &ev.Headers)
+		}
+		out = append(out, dl)
+	}
+	return out, r.Err()
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// ListDeadLetters implements ferrydriver.Store.
+func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit)
+	if err != nil {
+		return nil, d.wrapErr("list dead letters", err)
+	}
+	out, err := d.scanDeadLetters(r)
+	if err != nil {
+		return nil, d.wrapErr("list dead letters", err)
+	}
+	return out, nil
+}
+
+// GetDeadLetter implements ferrydriver.Store.
+func (d *Driver[TTx]) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
+	r, err := d.db.query(ctx, d.queries.getDeadLetter, p.Feed, p.EventID.String())
+	if err != nil {
+		return nil, d.wrapErr("read dead letter", err)
+	}
+	out, err := d.scanDeadLetters(r)
+	if err != nil {
+		return nil, d.wrapErr("read dead letter", err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("ferrypg: dead letter %s: %w", p.EventID, ferrydriver.ErrNotFound)
+	}
+	return out[0], nil
+}
+
+// DeleteDelivered implements ferrydriver.Store.
+func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
+	st, err := decodeCursor(p.Cursor)
+	if err != nil {
+		return 0, err
+	}
+	if st.Low == 0 {
+		return 0, nil
+	}
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 10000
+	}
+	n, err := d.db.exec(ctx, d.queries.deleteDelivered, p.Partition, st.Low, xidStrings(st.PrevXip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(st.PrevXmax, 10))
+	if err != nil {
+		return 0, d.wrapErr("delete delivered events", err)
+	}
+	return n, nil
+}
+
+// FeedStatus implements ferrydriver.Store.
+func (d *Driver[TTx]) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
+	st := &ferrydriver.FeedStatus{Feed: p.Feed}
+	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	if err != nil {
+		return nil, err
+	}
+	st.Checkpoint = cp
+	if l, err := d.GetLease(ctx, p.Feed); err == nil {
+		st.Lease = l
+	} else if !errors.Is(err, ferrydriver.ErrNotFound) {
+		return nil, err
+	}
+	cur, err := decodeCursor(cp.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	var oldest *time.Time
+	if err := queryRow(ctx, d.db, []any{&st.LagEvents, &oldest}, d.queries.feedLag, p.Partition, cur.delivered()); err != nil {
+		return nil, d.wrapErr("measure lag of "+p.Feed, err)
+	}
+	if oldest != nil {
+		st.OldestPending = *oldest
+	}
+	if err := queryRow(ctx, d.db, []any{&st.DeadLetters, &st.Now}, d.queries.countDeadLetter, p.Feed); err != nil {
+		return nil, d.wrapErr("count dead letters of "+p.Feed, err)
+	}
+	return st, nil
+}
+
+// decodeInvalid turns a row that failed validation into an InvalidRecord.
+func invalidRecord(ev *ferryevent.Event, reason string) *ferrydriver.InvalidRecord {
+	return &ferrydriver.InvalidRecord{Event: *ev, Reason: reason}
+}

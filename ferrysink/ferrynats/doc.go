@@ -1,0 +1,92 @@
+// Package ferrynats is a NATS JetStream sink for the Ferry relay: it
+// publishes each event as one JetStream message and reports it published
+// once the stream has acknowledged it.
+//
+// It is its own Go module, so that applications publishing elsewhere do not
+// download the NATS client.
+//
+// # Using it
+//
+// The sink never dials: connect with nats.Connect, hand the connection to
+// New, and close it after the sink.
+//
+//	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+//	if err != nil {
+//		return err
+//	}
+//	defer nc.Close()
+//	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{
+//		Stream:       "ORDERS",
+//		SubjectPrefix: "acme.events", // topic "orders" -> subject "acme.events.orders"
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	defer sink.Close(ctx)
+//
+// New checks that the stream exists and captures "<SubjectPrefix>.>". Set
+// Config.CreateStream to have it created (file storage, two-minute duplicate
+// window), or create it yourself:
+//
+//	nats stream add ORDERS --subjects 'acme.events.>' --storage file --dupe-window 2m
+//
+// # Wire format
+//
+// Events use the binary content mode of the CloudEvents NATS protocol
+// binding. The message data is the payload, untouched. Headers:
+//
+//	Nats-Msg-Id            event ID; JetStream drops a copy published again within
+//	                       the stream's duplicate window, which makes relay retries safe
+//	Nats-Expected-Stream   Config.Stream; a subject captured by another stream fails
+//	ce-specversion         1.0
+//	ce-id                  event ID
+//	ce-source              Source, or "ferry" when empty
+//	ce-type                Type
+//	ce-subject             Key
+//	ce-time                CreatedAt, RFC 3339 in UTC with nanoseconds
+//	ce-datacontenttype     ContentType, when set
+//	ce-ferrytopic          Topic
+//	ce-ferrykeyseq         Seq, when set; consumers use it to detect gaps
+//	Content-Type           ContentType again, when set
+//	<name>                 each of the event's Headers, under its own name
+//
+// Decode (or DecodeJetStream) turns such a message back into an event.
+//
+// The names above belong to Ferry. A user header whose name equals one of
+// them, ignoring case, is not sent: it can never replace the dedup ID, the
+// expected stream or an attribute. Any other header is sent as is,
+// including other "Nats-" headers, which JetStream interprets (Nats-TTL, for
+// example, if the stream allows per-message TTLs; Nats-Rollup would purge
+// earlier messages): Ferry rejects none of them, but Decode treats every
+// "Nats-" header as the broker's and leaves it out of Event.Headers. A
+// header value sent over NATS loses leading and trailing white space, and a
+// CR or LF in it becomes a space; a header name must be printable ASCII
+// without spaces or any of "()/,:;<=>?@[\]{} (an event with another name
+// fails permanently).
+//
+// # Failures
+//
+// Publish reports each event's outcome. Retrying cannot fix these, so they
+// are ferrysink.PermanentError and the relay dead-letters the event:
+//
+//   - headers and payload together exceed the server's max_payload (checked
+//     before sending) or the stream's max_msg_size;
+//   - the subject is invalid, or no stream captures it, or a stream other
+//     than Config.Stream does;
+//   - a header name NATS cannot carry, or any other JetStream "bad request".
+//
+// Everything else is retried by the relay: ack timeouts (Config.AckTimeout),
+// disconnections, a stream that captures the subject but does not answer
+// (during a leader election, say), and a cancelled context.
+//
+// # Ordering
+//
+// Publish sends a call's messages asynchronously, up to Config.MaxInFlight
+// across the sink, and returns when every one is acknowledged. Messages of
+// one call may therefore be stored in any order, which the relay allows: it
+// never puts two events of one key in a call, nor publishes a key again
+// before the previous outcome is known. The sink does not implement
+// ferrysink.OrderedBatcher.
+//
+// Stability: this package may change between minor versions until 1.0.
+package ferrynats

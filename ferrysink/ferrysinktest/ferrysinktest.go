@@ -1,0 +1,570 @@
+// Package ferrysinktest is the conformance suite for ferrysink.Sink
+// implementations. Every sink runs Exercise from its own tests against a real
+// destination:
+//
+//	func TestConformance(t *testing.T) {
+//		ferrysinktest.Exercise(t, ferrysinktest.Harness{
+//			Features: ferrysinktest.Features{BrokerDedup: true},
+//			New: func(t *testing.T) (ferrysink.Sink, ferrysinktest.ReadFunc) {
+//				// Create an isolated destination, register its removal
+//				// with t.Cleanup, and return a sink publishing into it
+//				// plus a function reading back what it stored.
+//			},
+//		})
+//	}
+//
+// The suite checks what the relay relies on: every event attribute survives
+// the trip, per-key order holds across calls, nothing is lost under
+// concurrency, permanent failures are reported as ferrysink.PermanentError
+// without failing the rest of the call, a cancelled context ends Publish
+// promptly and is never reported as permanent, and Close is idempotent.
+// Capabilities that not every destination has are declared in Features;
+// the subtests for undeclared ones are skipped.
+//
+// Changing the ferrysink contract means extending this suite.
+//
+// Stability: this package may change between minor versions until 1.0.
+package ferrysinktest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink"
+)
+
+// Features declares what the destination behind a sink can do, so that the
+// suite checks it. The zero value declares nothing optional.
+type Features struct {
+	// BrokerDedup declares that the destination drops a second publish of
+	// an event ID it has already stored (JetStream's Nats-Msg-Id within the
+	// stream's duplicate window, for example). The suite then checks that
+	// publishing the same event twice stores it once.
+	BrokerDedup bool
+	// MaxPayloadBytes, when > 0, declares that the destination rejects
+	// payloads larger than this. The suite then checks that such an event
+	// fails with a ferrysink.PermanentError while the other events of the
+	// same call are still published.
+	MaxPayloadBytes int
+	// UnroutableTopic, when not empty, names a topic the destination has no
+	// route for. The suite then checks that publishing it fails with a
+	// ferrysink.PermanentError.
+	UnroutableTopic string
+}
+
+// Stored is one message read back from the destination, decoded into an
+// event.
+type Stored struct {
+	// Event holds what the destination stored: ID, Topic, Key, Type,
+	// Source, Headers (the user's headers only, none of the sink's own),
+	// ContentType, Payload, CreatedAt and Seq. An event published with an
+	// empty Source may read back as ferryevent.DefaultSource, because
+	// CloudEvents requires the attribute.
+	Event ferryevent.Event
+}
+
+// ReadFunc returns everything stored in a destination so far, in the
+// destination's order (for a log such as a stream or a partition, the order
+// of its offsets or sequence numbers).
+type ReadFunc func(ctx context.Context) ([]Stored, error)
+
+// Harness connects the suite to one sink implementation.
+type Harness struct {
+	// Features declares the destination's optional capabilities.
+	Features Features
+	// New returns a sink publishing into a fresh destination that no other
+	// test shares (a stream, topic or queue with a unique name), and a
+	// function that reads back what is stored there. New registers the
+	// destination's removal with t.Cleanup; the suite closes the sink.
+	// It is called from parallel subtests and must be safe for that.
+	New func(t *testing.T) (ferrysink.Sink, ReadFunc)
+}
+
+// Timing bounds used by the suite. They are generous guards, not
+// measurements: a correct sink against a local server stays far below them.
+const (
+	// testTimeout bounds each subtest's context.
+	testTimeout = 60 * time.Second
+	// promptReturn is how long Publish may take to return once its context
+	// is done.
+	promptReturn = 5 * time.Second
+)
+
+// Exercise runs the conformance suite against the sink built by h. The
+// subtests run in parallel, each with its own destination.
+func Exercise(t *testing.T, h Harness) {
+	t.Helper()
+	if h.New == nil {
+		t.Fatal("ferrysinktest: Harness.New is nil; set it to a function returning a sink and a ReadFunc")
+	}
+
+	t.Run("PublishEmpty", func(t *testing.T) {
+		t.Parallel()
+		ctx := testContext(t)
+		sink, _ := newSink(t, h)
+
+		require.Empty(t, sink.Publish(ctx, nil), "Publish(nil) must return no results")
+		require.Empty(t, sink.Publish(ctx, []*ferryevent.Event{}), "Publish of an empty slice must return no results")
+	})
+
+	t.Run("RoundTrip", func(t *testing.T) {
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+
+		// 4 calls of 50 keys: 200 events, each key once per call as the
+		// relay does, with Seq counting the calls.
+		const calls, keys = 4, 50
+		var sent []*ferryevent.Event
+		for c := range calls {
+			batch := make([]*ferryevent.Event, 0, keys)
+			for k := range keys {
+				batch = append(batch, variedEvent(c*keys+k, roundTripKey(k), int64(c+1)))
+			}
+			requireAllPublished(t, publish(ctx, t, sink, batch), batch)
+			sent = append(sent, batch...)
+		}
+
+		byID := storedByID(t, readAll(ctx, t, read))
+		require.Len(t, byID, len(sent), "the destination must hold exactly the published events")
+		for _, want := range sent {
+			got, ok := byID[want.ID]
+			require.True(t, ok, "event %s (key %q) was acknowledged but is not stored", want.ID, want.Key)
+			requireSameEvent(t, want, got)
+		}
+	})
+
+	t.Run("PerKeyOrderAcrossCalls", func(t *testing.T) {
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+
+		const calls, keys = 50, 20
+		want := make(map[string][]uuid.UUID, keys)
+		for c := range calls {
+			batch := make([]*ferryevent.Event, 0, keys)
+			for k := range keys {
+				ev := newEvent("orders", "order-"+strconv.Itoa(k), int64(c+1))
+				batch = append(batch, ev)
+				want[ev.Key] = append(want[ev.Key], ev.ID)
+			}
+			requireAllPublished(t, publish(ctx, t, sink, batch), batch)
+		}
+
+		stored := readAll(ctx, t, read)
+		require.Len(t, stored, calls*keys)
+		requirePerKeyOrder(t, stored, want)
+	})
+
+	t.Run("ConcurrentPublishers", func(t *testing.T) {
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+
+		// 8 publishers on distinct key sets, 25 calls of 25 keys each:
+		// 5,000 events. Failures are collected and checked on the test
+		// goroutine, where require may stop the test.
+		const publishers, calls, keys = 8, 25, 25
+		var (
+			wg       sync.WaitGroup
+			mu       sync.Mutex
+			failures []string
+			want     = make(map[string][]uuid.UUID, publishers*keys)
+		)
+		for p := range publishers {
+			wg.Go(func() {
+				for c := range calls {
+					batch := make([]*ferryevent.Event, 0, keys)
+					for k := range keys {
+						batch = append(batch, newEvent("payments", fmt.Sprintf("p%d-account-%d", p, k), int64(c+1)))
+					}
+					errs := sink.Publish(ctx, batch)
+					mu.Lock()
+					if len(errs) != len(batch) {
+						failures = append(failures, fmt.Sprintf("publisher %d call %d: %d results for %d events", p, c, len(errs), len(batch)))
+					}
+					for i, err := range errs {
+						if err != nil {
+							failures = append(failures, fmt.Sprintf("publisher %d call %d event %d: %v", p, c, i, err))
+						}
+					}
+					for _, ev := range batch {
+						want[ev.Key] = append(want[ev.Key], ev.ID)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		require.Empty(t, failures, "every concurrent publish must succeed")
+
+		stored := readAll(ctx, t, read)
+		require.Len(t, stored, publishers*calls*keys, "events were lost or duplicated")
+		requirePerKeyOrder(t, stored, want)
+	})
+
+	t.Run("BrokerDedup", func(t *testing.T) {
+		if !h.Features.BrokerDedup {
+			t.Skip("the harness does not declare Features.BrokerDedup")
+		}
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+
+		ev := newEvent("orders", "order-1", 1)
+		requireAllPublished(t, publish(ctx, t, sink, []*ferryevent.Event{ev}), []*ferryevent.Event{ev})
+		// The relay republishes an event whose first outcome it did not
+		// learn; the copy has the same ID and must be acknowledged.
+		again := cloneEvent(ev)
+		other := newEvent("orders", "order-2", 1)
+		batch := []*ferryevent.Event{again, other}
+		requireAllPublished(t, publish(ctx, t, sink, batch), batch)
+
+		stored := readAll(ctx, t, read)
+		require.Len(t, stored, 2, "the second publish of event %s must be dropped by the destination", ev.ID)
+		byID := storedByID(t, stored)
+		requireSameEvent(t, ev, byID[ev.ID])
+		requireSameEvent(t, other, byID[other.ID])
+	})
+
+	t.Run("PayloadTooLarge", func(t *testing.T) {
+		if h.Features.MaxPayloadBytes <= 0 {
+			t.Skip("the harness does not declare Features.MaxPayloadBytes")
+		}
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+
+		before := newEvent("files", "file-1", 1)
+		big := newEvent("files", "file-2", 1)
+		big.Payload = bytes.Repeat([]byte{'x'}, h.Features.MaxPayloadBytes+1)
+		after := newEvent("files", "file-3", 1)
+		errs := publish(ctx, t, sink, []*ferryevent.Event{before, big, after})
+
+		require.NoError(t, errs[0], "an event before the oversized one must still be published")
+		requirePermanent(t, errs[1], "an event over MaxPayloadBytes")
+		require.NoError(t, errs[2], "an event after the oversized one must still be published")
+		byID := storedByID(t, readAll(ctx, t, read))
+		require.Len(t, byID, 2, "only the two small events may be stored")
+		requireSameEvent(t, before, byID[before.ID])
+		requireSameEvent(t, after, byID[after.ID])
+	})
+
+	t.Run("UnroutableTopic", func(t *testing.T) {
+		if h.Features.UnroutableTopic == "" {
+			t.Skip("the harness does not declare Features.UnroutableTopic")
+		}
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+
+		routed := newEvent("orders", "order-1", 1)
+		lost := newEvent(h.Features.UnroutableTopic, "order-2", 1)
+		errs := publish(ctx, t, sink, []*ferryevent.Event{routed, lost})
+
+		require.NoError(t, errs[0], "a routable event in the same call must still be published")
+		requirePermanent(t, errs[1], "an event on the unroutable topic "+strconv.Quote(h.Features.UnroutableTopic))
+		byID := storedByID(t, readAll(ctx, t, read))
+		require.Len(t, byID, 1)
+		requireSameEvent(t, routed, byID[routed.ID])
+	})
+
+	t.Run("CancelledContext", func(t *testing.T) {
+		t.Parallel()
+		sink, _ := newSink(t, h)
+
+		ctx, cancel := context.WithCancel(testContext(t))
+		cancel()
+		batch := make([]*ferryevent.Event, 10)
+		for i := range batch {
+			batch[i] = newEvent("orders", "order-"+strconv.Itoa(i), 1)
+		}
+		errs := publishPromptly(ctx, t, sink, batch)
+		for i, err := range errs {
+			require.Error(t, err, "event %d: Publish with a cancelled context must not report success", i)
+			require.False(t, ferrysink.IsPermanent(err), "event %d: a cancelled publish must be retryable, not permanent: %v", i, err)
+		}
+	})
+
+	t.Run("CancelDuringPublish", func(t *testing.T) {
+		t.Parallel()
+		sink, read := newSink(t, h)
+
+		ctx, cancel := context.WithCancel(testContext(t))
+		batch := make([]*ferryevent.Event, 1000)
+		for i := range batch {
+			batch[i] = newEvent("orders", "order-"+strconv.Itoa(i), 1)
+		}
+		// Cancel while Publish runs; which events got through first is up
+		// to the sink. What must hold: Publish returns promptly, and every
+		// event reported as published is stored.
+		go cancel()
+		errs := publishPromptly(ctx, t, sink, batch)
+
+		byID := storedByID(t, readAll(testContext(t), t, read))
+		for i, err := range errs {
+			if err != nil {
+				require.False(t, ferrysink.IsPermanent(err), "event %d: a cancelled publish must be retryable, not permanent: %v", i, err)
+				continue
+			}
+			got, ok := byID[batch[i].ID]
+			require.True(t, ok, "event %d was reported as published but is not stored", i)
+			requireSameEvent(t, batch[i], got)
+		}
+	})
+
+	t.Run("CloseTwice", func(t *testing.T) {
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+
+		ev := newEvent("orders", "order-1", 1)
+		requireAllPublished(t, publish(ctx, t, sink, []*ferryevent.Event{ev}), []*ferryevent.Event{ev})
+		require.NoError(t, sink.Close(ctx), "first Close")
+		require.NoError(t, sink.Close(ctx), "second Close must be a no-op")
+		require.Len(t, readAll(ctx, t, read), 1, "an acknowledged event must stay stored after Close")
+	})
+}
+
+// newSink builds a sink through the harness and closes it when the test
+// ends. Sinks must tolerate that extra Close after the test's own.
+func newSink(t *testing.T, h Harness) (ferrysink.Sink, ReadFunc) {
+	t.Helper()
+	sink, read := h.New(t)
+	require.NotNil(t, sink, "Harness.New returned a nil sink")
+	require.NotNil(t, read, "Harness.New returned a nil ReadFunc")
+	t.Cleanup(func() {
+		// t.Context is already done when cleanups run.
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		require.NoError(t, sink.Close(ctx), "Close at the end of the test")
+	})
+	return sink, read
+}
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// publish calls Publish and checks the one rule every call obeys: one
+// result per event.
+func publish(ctx context.Context, t *testing.T, sink ferrysink.Sink, events []*ferryevent.Event) []error {
+	t.Helper()
+	errs := sink.Publish(ctx, events)
+	require.Len(t, errs, len(events), "Publish must return exactly one result per event")
+	return errs
+}
+
+// publishPromptly runs Publish, whose context is done or about to be, and
+// fails the test if it does not return within promptReturn.
+func publishPromptly(ctx context.Context, t *testing.T, sink ferrysink.Sink, events []*ferryevent.Event) []error {
+	t.Helper()
+	done := make(chan []error, 1)
+	go func() { done <- sink.Publish(ctx, events) }()
+	timer := time.NewTimer(promptReturn)
+	defer timer.Stop()
+	select {
+	case errs := <-done:
+		require.Len(t, errs, len(events), "Publish must return exactly one result per event")
+		return errs
+	case <-timer.C:
+		t.Fatalf("Publish did not return within %s of its context being cancelled", promptReturn)
+		return nil
+	}
+}
+
+func requireAllPublished(t *testing.T, errs []error, events []*ferryevent.Event) {
+	t.Helper()
+	for i, err := range errs {
+		require.NoError(t, err, "publish event %d (%s, key %q)", i, events[i].ID, events[i].Key)
+	}
+}
+
+func requirePermanent(t *testing.T, err error, what string) {
+	t.Helper()
+	require.Error(t, err, "%s must fail", what)
+	require.True(t, ferrysink.IsPermanent(err), "%s must fail with a ferrysink.PermanentError, got %T: %v", what, err, err)
+	var pe *ferrysink.PermanentError
+	require.ErrorAs(t, err, &pe)
+	require.NotEmpty(t, pe.Reason, "%s: the PermanentError needs a Reason, stored with the dead letter", what)
+}
+
+func readAll(ctx context.Context, t *testing.T, read ReadFunc) []Stored {
+	t.Helper()
+	stored, err := read(ctx)
+	require.NoError(t, err, "read back the destination")
+	return stored
+}
+
+// storedByID indexes stored events by ID and fails on a duplicate: the
+// suite never retries, so a duplicate means the sink published twice.
+func storedByID(t *testing.T, stored []Stored) map[uuid.UUID]*ferryevent.Event {
+	t.Helper()
+	byID := make(map[uuid.UUID]*ferryevent.Event, len(stored))
+	for i := range stored {
+		ev := &stored[i].Event
+		_, dup := byID[ev.ID]
+		require.False(t, dup, "event %s is stored twice", ev.ID)
+		byID[ev.ID] = ev
+	}
+	return byID
+}
+
+// requirePerKeyOrder checks that stored holds, for each key, exactly the
+// IDs in want, in that order, with Seq counting from 1.
+func requirePerKeyOrder(t *testing.T, stored []Stored, want map[string][]uuid.UUID) {
+	t.Helper()
+	got := make(map[string][]uuid.UUID, len(want))
+	for _, s := range stored {
+		ev := s.Event
+		require.Equal(t, int64(len(got[ev.Key])+1), ev.Seq, "key %q: event %s is stored out of order", ev.Key, ev.ID)
+		got[ev.Key] = append(got[ev.Key], ev.ID)
+	}
+	require.Len(t, got, len(want), "stored keys")
+	for key, ids := range want {
+		require.Equal(t, ids, got[key], "key %q: stored order differs from publish order", key)
+	}
+}
+
+func requireSameEvent(t *testing.T, want, got *ferryevent.Event) {
+	t.Helper()
+	require.NotNil(t, got, "event %s is not stored", want.ID)
+	id := want.ID.String()
+	require.Equal(t, want.ID, got.ID, "ID")
+	require.Equal(t, want.Topic, got.Topic, "event %s: Topic", id)
+	require.Equal(t, want.Key, got.Key, "event %s: Key", id)
+	require.Equal(t, want.Type, got.Type, "event %s: Type", id)
+	if want.Source == "" {
+		require.Contains(t, []string{"", ferryevent.DefaultSource}, got.Source, "event %s: empty Source", id)
+	} else {
+		require.Equal(t, want.Source, got.Source, "event %s: Source", id)
+	}
+	if len(want.Headers) == 0 {
+		require.Empty(t, got.Headers, "event %s: Headers (user headers only, none of the sink's own)", id)
+	} else {
+		require.Equal(t, want.Headers, got.Headers, "event %s: Headers (user headers only, none of the sink's own)", id)
+	}
+	require.Equal(t, want.ContentType, got.ContentType, "event %s: ContentType", id)
+	require.True(t, bytes.Equal(want.Payload, got.Payload), "event %s: Payload differs: sent %d bytes, stored %d", id, len(want.Payload), len(got.Payload))
+	require.True(t, want.CreatedAt.Equal(got.CreatedAt), "event %s: CreatedAt: sent %s, stored %s", id, want.CreatedAt.Format(time.RFC3339Nano), got.CreatedAt.Format(time.RFC3339Nano))
+	require.Equal(t, want.Seq, got.Seq, "event %s: Seq", id)
+}
+
+// baseTime anchors CreatedAt values. It has microsecond precision, what
+// every outbox store keeps, and a non-UTC zone, which must not matter.
+var baseTime = time.Date(2025, 3, 30, 1, 59, 58, 123456000, time.FixedZone("UTC+5:30", 5*3600+1800))
+
+// newEvent builds a plain, valid event.
+func newEvent(topic, key string, seq int64) *ferryevent.Event {
+	ev := &ferryevent.Event{
+		ID:          ferryevent.NewID(),
+		Topic:       topic,
+		Key:         key,
+		Type:        "OrderPlaced",
+		Source:      "ferrysinktest",
+		ContentType: "application/json",
+		Payload:     fmt.Appendf(nil, `{"key":%q,"seq":%d}`, key, seq),
+		CreatedAt:   time.Now().Truncate(time.Microsecond),
+		Seq:         seq,
+	}
+	mustPrepare(ev)
+	return ev
+}
+
+// roundTripKey varies keys: plain, non-ASCII, with spaces and punctuation.
+func roundTripKey(k int) string {
+	switch k % 5 {
+	case 1:
+		return "клиент-" + strconv.Itoa(k)
+	case 2:
+		return "customer " + strconv.Itoa(k) + "/ü:€"
+	default:
+		return "customer-" + strconv.Itoa(k)
+	}
+}
+
+// variedEvent builds the n-th event of the round-trip test, cycling
+// through the shapes a sink must carry intact.
+func variedEvent(n int, key string, seq int64) *ferryevent.Event {
+	rng := rand.New(rand.NewPCG(uint64(n), 0x5eed))
+	ev := &ferryevent.Event{
+		ID:        ferryevent.NewID(),
+		Topic:     []string{"orders", "payments.v2", "audit_log"}[n%3],
+		Key:       key,
+		Type:      []string{"OrderPlaced", "PaymentCaptured", "com.example.order.shipped.v1", "Ünïcode✓"}[n%4],
+		Source:    []string{"ferrysinktest/orders", "", "urn:service:billing"}[n%3],
+		CreatedAt: baseTime.Add(time.Duration(n) * 1001 * time.Microsecond),
+		Seq:       seq,
+	}
+	switch n % 4 {
+	case 1:
+		ev.Headers = map[string]string{
+			"traceparent":      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			"x-correlation-id": uuid.NewString(),
+		}
+	case 2:
+		ev.Headers = map[string]string{"X-Tenant": "acme ünïcode ✓ \"quoted\", a=b; c"}
+	case 3:
+		ev.Headers = make(map[string]string, 12)
+		for i := range 12 {
+			ev.Headers["x-header-"+strconv.Itoa(i)] = strconv.Itoa(rng.IntN(1 << 30))
+		}
+	}
+	switch n % 6 {
+	case 0:
+		ev.ContentType = "application/json"
+		ev.Payload = fmt.Appendf(nil, `{"n":%d,"key":%q,"note":"ünïcode ✓"}`, n, key)
+	case 1:
+		ev.ContentType = "application/octet-stream"
+		ev.Payload = make([]byte, 256) // every byte value, NUL and CR LF included
+		for i := range ev.Payload {
+			ev.Payload[i] = byte(i)
+		}
+	case 2:
+		ev.Payload = nil
+	case 3:
+		ev.ContentType = "application/json"
+		ev.Payload = []byte{}
+	case 4:
+		ev.ContentType = "application/protobuf"
+		ev.Payload = make([]byte, 64<<10)
+		for i := range ev.Payload {
+			ev.Payload[i] = byte(rng.Uint32())
+		}
+	case 5:
+		ev.ContentType = "text/plain; charset=utf-8"
+		ev.Payload = []byte("line one\r\nline two\n\x00trailing NUL")
+	}
+	mustPrepare(ev)
+	return ev
+}
+
+func cloneEvent(ev *ferryevent.Event) *ferryevent.Event {
+	c := *ev
+	c.Headers = maps.Clone(ev.Headers)
+	c.Payload = bytes.Clone(ev.Payload)
+	return &c
+}
+
+// mustPrepare validates a suite event the way Ferry does before storing it,
+// so that the suite never sends what the relay never would.
+func mustPrepare(ev *ferryevent.Event) {
+	if err := ferryevent.Prepare(ev, 0, math.MaxInt, time.Now()); err != nil {
+		panic(errors.Join(errors.New("ferrysinktest: built an invalid event"), err))
+	}
+}

@@ -1,0 +1,70 @@
+// Package ferrysink is the seam between the relay and a message broker (or any
+// other destination). An implementation publishes events and reports, for each
+// one, whether the destination acknowledged it durably.
+//
+// Every implementation must pass the conformance suite in ferrysinktest.
+//
+// Ordering contract: the relay never puts two events with the same Key into
+// one Publish call, and it never calls Publish again for a key before the
+// previous call's outcome for that key is known, unless the sink implements
+// OrderedBatcher and returns true. A sink may therefore publish everything in
+// one call concurrently.
+//
+// Stability: this package may change between minor versions until 1.0.
+package ferrysink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ferry-dev/ferry/ferryevent"
+)
+
+// Sink publishes events to a destination.
+type Sink interface {
+	// Publish publishes events and returns one error per event, in the same
+	// order (nil: acknowledged durably). It returns when every event has an
+	// outcome or ctx is done. A failure wrapped with Permanent will not be
+	// retried: the relay dead-letters the event with the error as reason.
+	// Any other failure is retried with backoff.
+	Publish(ctx context.Context, events []*ferryevent.Event) []error
+	// Close releases the sink's resources. Publish must not be called after.
+	Close(ctx context.Context) error
+}
+
+// OrderedBatcher is implemented by sinks that keep per-key order within one
+// Publish call, including across their own internal retries (for example a
+// Kafka idempotent producer). The relay then sends whole batches at once.
+type OrderedBatcher interface {
+	OrderedBatches() bool
+}
+
+// PermanentError marks a publish failure that retrying cannot fix: the event
+// is too large for the destination, no route exists for its topic, the
+// destination rejected it as malformed.
+type PermanentError struct {
+	// Reason is a short, human readable cause stored with the dead letter.
+	Reason string
+	Err    error
+}
+
+func (e *PermanentError) Error() string {
+	if e.Err == nil {
+		return "permanent publish failure: " + e.Reason
+	}
+	return fmt.Sprintf("permanent publish failure: %s: %v", e.Reason, e.Err)
+}
+
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err as a PermanentError with the given reason.
+func Permanent(reason string, err error) error {
+	return &PermanentError{Reason: reason, Err: err}
+}
+
+// IsPermanent reports whether err (or an error it wraps) is a PermanentError.
+func IsPermanent(err error) bool {
+	var pe *PermanentError
+	return errors.As(err, &pe)
+}

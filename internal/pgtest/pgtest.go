@@ -1,0 +1,87 @@
+// Package pgtest gives Ferry's tests a PostgreSQL pool and fresh schemas.
+//
+// The server comes from FERRY_TEST_PG_URL (default
+// postgres://postgres@127.0.0.1:5432/test). When it cannot be reached the
+// test is skipped with a message naming the variable, except under CI=true,
+// where it fails.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultURL is used when FERRY_TEST_PG_URL is unset.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// URL returns the test server's URL.
+func URL() string {
+	if u := os.Getenv("FERRY_TEST_PG_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+var (
+	once    sync.Once
+	pool    *pgxpool.Pool
+	poolErr error
+)
+
+// Pool returns a pool shared by the package's tests.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cfg, err := pgxpool.ParseConfig(URL())
+		if err != nil {
+			poolErr = err
+			return
+		}
+		cfg.MaxConns = 40
+		pool, err = pgxpool.NewWithConfig(ctx, cfg)
+		if err == nil {
+			err = pool.Ping(ctx)
+		}
+		poolErr = err
+	})
+	if poolErr != nil {
+		Unavailable(t, "PostgreSQL", "FERRY_TEST_PG_URL", poolErr)
+	}
+	return pool
+}
+
+// Unavailable skips (or, under CI=true, fails) a test whose service is absent.
+func Unavailable(t testing.TB, service, envVar string, err error) {
+	t.Helper()
+	msg := fmt.Sprintf("%s is not reachable (%v): set %s to a server to run this test", service, err, envVar)
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg + " (CI=true: failing instead of skipping)")
+	}
+	t.Skip(msg)
+}
+
+// Schema returns a fresh schema name, dropped when the test ends.
+func Schema(t testing.TB) string {
+	t.Helper()
+	p := Pool(t)
+	name := fmt.Sprintf("ferrytest_%d_%d", time.Now().UnixNano()%1e9, rand.IntN(1e6))
+	t.Cleanup(func() {
+		if os.Getenv("FERRY_TEST_KEEP_SCHEMA") != "" {
+			t.Logf("keeping schema %s", name)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = p.Exec(ctx, "DROP SCHEMA IF EXISTS "+name+" CASCADE")
+	})
+	return name
+}
