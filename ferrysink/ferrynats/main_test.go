@@ -3,6 +3,7 @@ package ferrynats_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -88,15 +89,11 @@ func testNames(tb testing.TB) (stream, prefix string) {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := js.DeleteStream(ctx, stream); err != nil && !isNotFound(err) {
+		if err := js.DeleteStream(ctx, stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			tb.Errorf("delete stream %s: %v", stream, err)
 		}
 	})
 	return stream, prefix
-}
-
-func isNotFound(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "stream not found")
 }
 
 func testContext(tb testing.TB) context.Context {

@@ -304,15 +304,27 @@ func Exercise(t *testing.T, h Harness) {
 		sink, read := newSink(t, h)
 
 		ctx, cancel := context.WithCancel(testContext(t))
-		batch := make([]*ferryevent.Event, 1000)
+		batch := make([]*ferryevent.Event, 2000)
 		for i := range batch {
 			batch[i] = newEvent("orders", "order-"+strconv.Itoa(i), 1)
 		}
-		// Cancel while Publish runs; which events got through first is up
-		// to the sink. What must hold: Publish returns promptly, and every
-		// event reported as published is stored.
-		go cancel()
+		// Cancel as soon as the destination holds something, which is
+		// the only signal a sink gives from outside. What must hold:
+		// Publish returns promptly, and every event reported as published
+		// is stored.
+		cancelled := make(chan struct{})
+		go func() {
+			defer close(cancelled)
+			defer cancel()
+			for ctx.Err() == nil {
+				if stored, err := read(ctx); err != nil || len(stored) > 0 {
+					return
+				}
+			}
+		}()
 		errs := publishPromptly(ctx, t, sink, batch)
+		cancel()
+		<-cancelled
 
 		byID := storedByID(t, readAll(testContext(t), t, read))
 		for i, err := range errs {

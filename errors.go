@@ -1,0 +1,26 @@
+package ferry
+
+import (
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+)
+
+// Validation errors, returned wrapped in a *ValidationError by Emit and
+// EmitTx. Test with errors.Is.
+var (
+	ErrEmptyTopic    = ferryevent.ErrEmptyTopic
+	ErrEmptyKey      = ferryevent.ErrEmptyKey
+	ErrEmptyType     = ferryevent.ErrEmptyType
+	ErrEventTooLarge = ferryevent.ErrEventTooLarge
+	ErrInvalidText   = ferryevent.ErrInvalidText
+)
+
+// ValidationError says which event failed validation and why.
+type ValidationError = ferryevent.ValidationError
+
+// ErrLeaseLost is returned (wrapped) when a relay loses its feed to another
+// relay: its writes are fenced off from then on.
+var ErrLeaseLost = ferrydriver.ErrLeaseLost
+
+// ErrSchemaMissing is returned (wrapped) when Ferry's tables do not exist.
+var ErrSchemaMissing = ferrydriver.ErrSchemaMissing

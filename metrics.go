@@ -1,0 +1,49 @@
+package ferry
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type relayMetrics struct {
+	published, batches, retries, deadLetters, checkpoints prometheus.Counter
+	batchSize, publishSeconds                             prometheus.Observer
+	lagEvents, lagSeconds, leader                         prometheus.Gauge
+}
+
+// newRelayMetrics registers the relay's metrics with reg (none if nil),
+// labelled by feed.
+func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, error) {
+	labels := prometheus.Labels{"feed": feed}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "relay", Name: name, Help: help, ConstLabels: labels})
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "ferry", Subsystem: "relay", Name: name, Help: help, ConstLabels: labels})
+	}
+	bs := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "relay", Name: "batch_size", Help: "Events per published batch.", ConstLabels: labels,
+		Buckets: prometheus.ExponentialBuckets(1, 4, 7)})
+	ps := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "relay", Name: "publish_seconds", Help: "Time to publish one batch until every event was acknowledged.", ConstLabels: labels,
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
+	m := &relayMetrics{
+		published:      counter("events_published_total", "Events acknowledged by the sink."),
+		batches:        counter("batches_total", "Batches published."),
+		retries:        counter("publish_retries_total", "Event publish attempts that failed and were retried."),
+		deadLetters:    counter("dead_letters_total", "Events dead-lettered by the relay."),
+		checkpoints:    counter("checkpoints_total", "Checkpoints saved."),
+		batchSize:      bs,
+		publishSeconds: ps,
+		lagEvents:      gauge("lag_events", "Events committed but not yet passed by the checkpoint (refreshed every heartbeat)."),
+		lagSeconds:     gauge("lag_seconds", "Age of the oldest event not yet published."),
+		leader:         gauge("leader", "1 while this relay holds the feed's lease."),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, bs, ps, m.lagEvents, m.lagSeconds, m.leader} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("ferry: register relay metrics for feed %s: %w", feed, err)
+			}
+		}
+	}
+	return m, nil
+}

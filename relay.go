@@ -1,0 +1,544 @@
+package ferry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink"
+	"github.com/ferry-dev/ferry/internal/backoff"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// RelayConfig configures a Relay. The zero value (or nil) gives the defaults.
+type RelayConfig struct {
+	// Feed names the outbox feed; the checkpoint and the lease are stored
+	// under "<Feed>/<Partition>". Default "default".
+	Feed string
+	// Partition is the outbox partition this relay reads. Default 0.
+	Partition int
+	// HolderID identifies this relay in the lease. Default: host-pid-random.
+	HolderID string
+	// BatchSize is the most events read and published at once. Default 500.
+	BatchSize int
+	// PollInterval is the longest a committed event waits before the relay
+	// looks for it when no wake-up arrives. Default 500 ms.
+	PollInterval time.Duration
+	// LeaseTTL is how long the relay's lease lasts without renewal; a
+	// standby takes over within about this long after the leader dies. The
+	// leader renews every LeaseTTL/3 and stops publishing when it could not
+	// renew for LeaseTTL minus a safety margin, on its local monotonic clock.
+	// Default 15 s; minimum 1 s.
+	LeaseTTL time.Duration
+	// RetryBase and RetryMax bound the backoff between publish attempts and
+	// after database errors. Defaults 100 ms and 30 s.
+	RetryBase, RetryMax time.Duration
+	// Retention is how long published events stay in the outbox. Default
+	// 24 h; a negative value keeps them forever.
+	Retention time.Duration
+	// RetentionInterval is how often delivered events are removed. Default 1 min.
+	RetentionInterval time.Duration
+	// HeartbeatInterval is how often an idle relay still saves its checkpoint
+	// and refreshes its lag figures. Default 5 s.
+	HeartbeatInterval time.Duration
+	// ShutdownTimeout bounds how long Run, once its context is cancelled,
+	// keeps publishing the batch in flight and saving the checkpoint.
+	// Default 10 s.
+	ShutdownTimeout time.Duration
+	// Logger receives the relay's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Registerer, when set, receives the relay's Prometheus metrics.
+	Registerer prometheus.Registerer
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *RelayConfig) WithDefaults() RelayConfig {
+	out := RelayConfig{}
+	if c != nil {
+		out = *c
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if out.Feed == "" {
+		out.Feed = "default"
+	}
+	if out.HolderID == "" {
+		host, _ := os.Hostname()
+		out.HolderID = fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.IntN(1<<16))
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 500
+	}
+	def(&out.PollInterval, 500*time.Millisecond)
+	def(&out.LeaseTTL, 15*time.Second)
+	def(&out.RetryBase, 100*time.Millisecond)
+	def(&out.RetryMax, 30*time.Second)
+	def(&out.Retention, 24*time.Hour)
+	def(&out.RetentionInterval, time.Minute)
+	def(&out.HeartbeatInterval, 5*time.Second)
+	def(&out.ShutdownTimeout, 10*time.Second)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c *RelayConfig) validate() error {
+	switch {
+	case c.BatchSize < 1:
+		return fmt.Errorf("ferry: RelayConfig.BatchSize is %d: use at least 1 (default 500)", c.BatchSize)
+	case c.Partition < 0:
+		return fmt.Errorf("ferry: RelayConfig.Partition is %d: partitions are numbered from 0", c.Partition)
+	case c.PollInterval < time.Millisecond:
+		return fmt.Errorf("ferry: RelayConfig.PollInterval is %v: use at least 1ms (default 500ms)", c.PollInterval)
+	case c.LeaseTTL < time.Second:
+		return fmt.Errorf("ferry: RelayConfig.LeaseTTL is %v: use at least 1s (default 15s)", c.LeaseTTL)
+	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
+		return fmt.Errorf("ferry: RelayConfig.RetryBase (%v) must be positive and at most RetryMax (%v)", c.RetryBase, c.RetryMax)
+	case c.RetentionInterval <= 0 || c.HeartbeatInterval <= 0 || c.ShutdownTimeout <= 0:
+		return fmt.Errorf("ferry: RelayConfig.RetentionInterval, HeartbeatInterval and ShutdownTimeout must be positive")
+	}
+	return nil
+}
+
+// Relay tails one outbox partition and publishes it to a sink: in commit
+// order per key, at least once, with the checkpoint saved only after the
+// sink acknowledged (or the event was dead-lettered). One relay per feed is
+// active at a time, by a lease fenced with a term; others wait as standbys.
+type Relay struct {
+	store   ferrydriver.Store
+	sink    ferrysink.Sink
+	cfg     RelayConfig
+	name    string
+	log     *slog.Logger
+	m       *relayMetrics
+	ordered bool
+	retry   backoff.Policy
+}
+
+// NewRelay returns a relay from store to sink.
+func NewRelay(store ferrydriver.Store, sink ferrysink.Sink, cfg *RelayConfig) (*Relay, error) {
+	if store == nil || sink == nil {
+		return nil, errors.New("ferry: NewRelay needs a store (for example ferrypg.New(pool, nil)) and a sink (for example ferrynats.New)")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	name := c.Feed + "/" + strconv.Itoa(c.Partition)
+	m, err := newRelayMetrics(c.Registerer, name)
+	if err != nil {
+		return nil, err
+	}
+	ob, _ := sink.(ferrysink.OrderedBatcher)
+	return &Relay{
+		store: store, sink: sink, cfg: c, name: name, m: m,
+		log:     c.Logger.With("feed", name, "holder", c.HolderID),
+		ordered: ob != nil && ob.OrderedBatches(),
+		retry:   backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
+	}, nil
+}
+
+// FeedName returns "<Feed>/<Partition>", the name of the relay's checkpoint
+// and lease.
+func (r *Relay) FeedName() string { return r.name }
+
+// Run relays until ctx is cancelled, then finishes the batch in flight,
+// saves the checkpoint, releases the lease and returns nil. It returns an
+// error only for a configuration problem it cannot recover from (such as a
+// missing schema); database and broker outages are retried.
+func (r *Relay) Run(ctx context.Context) error {
+	attempt := 0
+	for ctx.Err() == nil {
+		lease, err := r.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: r.name, Holder: r.cfg.HolderID, TTL: r.cfg.LeaseTTL})
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if errors.Is(err, ferrydriver.ErrSchemaMissing) {
+				return err
+			}
+			attempt++
+			r.log.Warn("ferry: relay cannot reach its store; retrying", "err", err, "attempt", attempt)
+			r.retry.Sleep(ctx.Done(), attempt)
+			continue
+		}
+		if !lease.Held(r.cfg.HolderID) {
+			r.m.leader.Set(0)
+			// Standby: try again well within the TTL, with jitter.
+			sleepCtx(ctx, r.cfg.LeaseTTL/4+time.Duration(rand.Int64N(int64(r.cfg.LeaseTTL/8))))
+			continue
+		}
+		attempt = 0
+		r.log.Info("ferry: relay is the leader", "term", lease.Term)
+		err = r.lead(ctx, lease)
+		r.m.leader.Set(0)
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, ferrydriver.ErrLeaseLost):
+			r.log.Warn("ferry: relay lost its lease; standing by", "term", lease.Term, "err", err)
+		case errors.Is(err, ferrydriver.ErrSchemaMissing):
+			return err
+		default:
+			attempt++
+			r.log.Error("ferry: relay stopped leading after an error; retrying", "err", err, "attempt", attempt)
+			r.retry.Sleep(ctx.Done(), attempt)
+		}
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// errTrustExpired is the cause when the leader could not renew in time.
+var errTrustExpired = fmt.Errorf("lease not renewed within its TTL: %w", ferrydriver.ErrLeaseLost)
+
+// lead runs one term of leadership.
+func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease) error {
+	r.m.leader.Set(1)
+	// leaseCtx ends when the lease is lost, not when stop ends: a stopping
+	// relay still finishes its batch in flight.
+	leaseCtx, loseLease := context.WithCancelCause(context.WithoutCancel(stop))
+	defer loseLease(nil)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() { defer wg.Done(); r.keepLease(leaseCtx, lease, loseLease, time.Now()) }()
+
+	cp, err := r.store.LoadCheckpoint(leaseCtx, &ferrydriver.LoadCheckpointParams{Feed: r.name})
+	if err != nil {
+		return err
+	}
+	feed, err := r.store.OpenFeed(leaseCtx, &ferrydriver.OpenFeedParams{Feed: r.name, Partition: r.cfg.Partition, Cursor: cp.Cursor})
+	if err != nil {
+		return err
+	}
+	defer feed.Close()
+
+	ck := &checkpointer{r: r, term: lease.Term, saved: cp.Cursor, wake: make(chan struct{}, 1), lose: loseLease}
+	wg.Add(1)
+	go func() { defer wg.Done(); ck.run(leaseCtx) }()
+
+	// readCtx also ends on stop: no new batch is started after it.
+	readCtx, cancelRead := context.WithCancel(leaseCtx)
+	defer cancelRead()
+	stopRead := context.AfterFunc(stop, cancelRead)
+	defer stopRead()
+
+	lastRetention := time.Time{}
+	for {
+		batch, err := feed.Read(readCtx, &ferrydriver.ReadParams{Max: r.cfg.BatchSize, Wait: r.cfg.PollInterval})
+		if err != nil {
+			if leaseCtx.Err() != nil {
+				return context.Cause(leaseCtx)
+			}
+			if stop.Err() != nil {
+				break
+			}
+			return fmt.Errorf("read feed %s: %w", r.name, err)
+		}
+		if err := r.deliver(stop, leaseCtx, lease.Term, batch); err != nil {
+			if stop.Err() != nil && leaseCtx.Err() == nil {
+				break // shutting down mid-batch: not checkpointed, redelivered later
+			}
+			return err
+		}
+		ck.set(batch.Cursor)
+		if r.cfg.Retention >= 0 && time.Since(lastRetention) >= r.cfg.RetentionInterval {
+			lastRetention = time.Now()
+			r.retain(leaseCtx, ck.savedCursor())
+		}
+		if stop.Err() != nil {
+			break
+		}
+	}
+	// Stopping: flush the checkpoint, then hand the lease over at once.
+	ck.flush(stop, r.cfg.ShutdownTimeout)
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(stop), r.cfg.ShutdownTimeout)
+	defer cancel()
+	loseLease(errStopping)
+	wg.Wait()
+	if err := r.store.ReleaseLease(relCtx, &ferrydriver.ReleaseLeaseParams{Name: r.name, Holder: r.cfg.HolderID, Term: lease.Term}); err != nil {
+		r.log.Warn("ferry: could not release the lease; a standby takes over when it expires", "err", err)
+	}
+	return nil
+}
+
+var errStopping = errors.New("relay stopping")
+
+// keepLease renews the lease every TTL/3 and cancels leaseCtx when it is
+// lost or when the local trust window (TTL minus a margin, measured from
+// the start of the last successful renewal on the monotonic clock) ends.
+func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose context.CancelCauseFunc, acquiredAt time.Time) {
+	ttl := r.cfg.LeaseTTL
+	margin := min(ttl/5, 2*time.Second)
+	trustUntil := acquiredAt.Add(ttl - margin)
+	tick := time.NewTicker(ttl / 3)
+	defer tick.Stop()
+	for {
+		trust := time.NewTimer(time.Until(trustUntil))
+		select {
+		case <-ctx.Done():
+			trust.Stop()
+			return
+		case <-trust.C:
+			lose(errTrustExpired)
+			return
+		case <-tick.C:
+			trust.Stop()
+			start := time.Now()
+			rctx, cancel := context.WithDeadline(ctx, trustUntil)
+			_, err := r.store.RenewLease(rctx, &ferrydriver.RenewLeaseParams{Name: r.name, Holder: r.cfg.HolderID, Term: lease.Term, TTL: ttl})
+			cancel()
+			switch {
+			case err == nil:
+				trustUntil = start.Add(ttl - margin)
+			case errors.Is(err, ferrydriver.ErrLeaseLost):
+				lose(err)
+				return
+			default:
+				r.log.Warn("ferry: lease renewal failed; will retry until the lease's trust window ends", "err", err, "trust_left", time.Until(trustUntil).Round(time.Millisecond))
+			}
+		}
+	}
+}
+
+// deliver publishes a batch and dead-letters what cannot be published. It
+// returns only when every event is acknowledged or dead-lettered, or with
+// an error when the lease is lost or stop ends mid-way.
+func (r *Relay) deliver(stop, leaseCtx context.Context, term int64, b *ferrydriver.Batch) error {
+	var dead []*ferrydriver.DeadLetter
+	for _, inv := range b.Invalid {
+		dead = append(dead, &ferrydriver.DeadLetter{Feed: r.name, Event: inv.Event, Reason: inv.Reason})
+	}
+	start := time.Now()
+	waves := r.waves(b.Events)
+	for _, wave := range waves {
+		d, err := r.publishWave(stop, leaseCtx, wave)
+		if err != nil {
+			return err
+		}
+		dead = append(dead, d...)
+	}
+	if len(dead) > 0 {
+		if err := r.store.InsertDeadLetters(leaseCtx, &ferrydriver.InsertDeadLettersParams{Feed: r.name, Holder: r.cfg.HolderID, Term: term, DeadLetters: dead}); err != nil {
+			return fmt.Errorf("store %d dead letter(s): %w", len(dead), err)
+		}
+		for _, d := range dead {
+			r.log.Warn("ferry: event dead-lettered", "event_id", d.Event.ID, "key", d.Event.Key, "topic", d.Event.Topic, "reason", d.Reason)
+		}
+		r.m.deadLetters.Add(float64(len(dead)))
+	}
+	if n := len(b.Events); n > 0 {
+		r.m.batches.Inc()
+		r.m.batchSize.Observe(float64(n))
+		r.m.published.Add(float64(n - len(dead) + len(b.Invalid)))
+		r.m.publishSeconds.Observe(time.Since(start).Seconds())
+		oldest := b.Events[0].CreatedAt
+		for _, e := range b.Events {
+			if e.CreatedAt.Before(oldest) {
+				oldest = e.CreatedAt
+			}
+		}
+		r.m.lagSeconds.Set(max(0, time.Since(oldest).Seconds()))
+	}
+	return nil
+}
+
+// waves splits events so that no wave has two events of one key and each
+// key's events are in successive waves, in order. A sink that keeps order
+// within a call gets a single wave.
+func (r *Relay) waves(events []*ferryevent.Event) [][]*ferryevent.Event {
+	if len(events) == 0 {
+		return nil
+	}
+	if r.ordered {
+		return [][]*ferryevent.Event{events}
+	}
+	depth := make(map[string]int, len(events))
+	var out [][]*ferryevent.Event
+	for _, e := range events {
+		i := depth[e.Key]
+		depth[e.Key] = i + 1
+		if i == len(out) {
+			out = append(out, make([]*ferryevent.Event, 0, len(events)/(i+1)))
+		}
+		out[i] = append(out[i], e)
+	}
+	return out
+}
+
+// publishWave publishes events (distinct keys) until each is acknowledged
+// or permanently failed, retrying the rest with backoff.
+func (r *Relay) publishWave(stop, leaseCtx context.Context, events []*ferryevent.Event) ([]*ferrydriver.DeadLetter, error) {
+	var dead []*ferrydriver.DeadLetter
+	pending := events
+	for attempt := 1; ; attempt++ {
+		if err := leaseCtx.Err(); err != nil {
+			return nil, context.Cause(leaseCtx)
+		}
+		results := r.sink.Publish(leaseCtx, pending)
+		if len(results) != len(pending) {
+			return nil, fmt.Errorf("sink returned %d results for %d events", len(results), len(pending))
+		}
+		var retry []*ferryevent.Event
+		var firstErr error
+		for i, err := range results {
+			switch {
+			case err == nil:
+			case ferrysink.IsPermanent(err):
+				dead = append(dead, &ferrydriver.DeadLetter{Feed: r.name, Event: *pending[i], Reason: err.Error()})
+			default:
+				retry = append(retry, pending[i])
+				if firstErr == nil {
+					firstErr = err
+				}
+			}
+		}
+		if len(retry) == 0 {
+			return dead, nil
+		}
+		r.m.retries.Add(float64(len(retry)))
+		if leaseCtx.Err() != nil {
+			return nil, context.Cause(leaseCtx)
+		}
+		if stop.Err() != nil {
+			return nil, fmt.Errorf("stopping with %d event(s) unpublished: %w", len(retry), firstErr)
+		}
+		r.log.Warn("ferry: publish failed; retrying with backoff", "events", len(retry), "attempt", attempt, "err", firstErr)
+		done := make(chan struct{})
+		stopWait := context.AfterFunc(stop, func() { close(done) })
+		stopLease := context.AfterFunc(leaseCtx, func() {
+			if stopWait() {
+				close(done)
+			}
+		})
+		r.retry.Sleep(done, attempt)
+		stopWait()
+		stopLease()
+		pending = retry
+	}
+}
+
+func (r *Relay) retain(ctx context.Context, cursor []byte) {
+	if cursor == nil {
+		return
+	}
+	n, err := r.store.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: r.name, Partition: r.cfg.Partition, Cursor: cursor, OlderThan: r.cfg.Retention, Limit: 10000})
+	if err != nil {
+		r.log.Warn("ferry: retention failed; will retry", "err", err)
+		return
+	}
+	if n > 0 {
+		r.log.Debug("ferry: removed published events", "count", n)
+	}
+}
+
+// checkpointer saves the newest cursor handed to it, off the publish path,
+// and at least every HeartbeatInterval.
+type checkpointer struct {
+	r    *Relay
+	term int64
+	lose context.CancelCauseFunc
+	wake chan struct{}
+
+	mu      sync.Mutex
+	latest  []byte
+	saved   []byte
+	flushed chan struct{}
+}
+
+func (c *checkpointer) set(cursor []byte) {
+	c.mu.Lock()
+	c.latest = cursor
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *checkpointer) savedCursor() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.saved
+}
+
+func (c *checkpointer) run(ctx context.Context) {
+	hb := time.NewTicker(c.r.cfg.HeartbeatInterval)
+	defer hb.Stop()
+	for {
+		heartbeat := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-hb.C:
+			heartbeat = true
+		}
+		c.save(ctx, heartbeat)
+	}
+}
+
+func (c *checkpointer) save(ctx context.Context, force bool) {
+	c.mu.Lock()
+	cur, saved := c.latest, c.saved
+	c.mu.Unlock()
+	if cur == nil || (!force && bytes.Equal(cur, saved)) {
+		return
+	}
+	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Cursor: cur, Holder: c.r.cfg.HolderID, Term: c.term})
+	switch {
+	case err == nil:
+		c.mu.Lock()
+		c.saved = cur
+		c.mu.Unlock()
+		c.r.m.checkpoints.Inc()
+		if force {
+			c.r.refreshLag(ctx)
+		}
+	case errors.Is(err, ferrydriver.ErrLeaseLost):
+		c.lose(err)
+	case ctx.Err() == nil:
+		c.r.log.Warn("ferry: saving the checkpoint failed; will retry", "err", err)
+	}
+}
+
+// flush saves the latest cursor before the relay stops.
+func (c *checkpointer) flush(stop context.Context, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(stop), timeout)
+	defer cancel()
+	c.save(ctx, false)
+}
+
+func (r *Relay) refreshLag(ctx context.Context) {
+	st, err := r.store.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: r.name, Partition: r.cfg.Partition})
+	if err != nil {
+		return
+	}
+	r.m.lagEvents.Set(float64(st.LagEvents))
+	if st.OldestPending.IsZero() {
+		r.m.lagSeconds.Set(0)
+	} else {
+		r.m.lagSeconds.Set(max(0, st.Now.Sub(st.OldestPending).Seconds()))
+	}
+}

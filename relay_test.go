@@ -1,0 +1,238 @@
+package ferry_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+func newPG(t *testing.T) *ferrypg.Driver[pgx.Tx] {
+	t.Helper()
+	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	return drv
+}
+
+func quickRelay(t *testing.T, drv ferrydriver.Store, sink *memsink.Sink, holder string) *ferry.Relay {
+	t.Helper()
+	r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{
+		HolderID: holder, PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second,
+		RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond,
+		RetentionInterval: 100 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	return r
+}
+
+func run(t *testing.T, r *ferry.Relay) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Error("relay did not stop within 30s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// emitMany emits n events over keys from writers concurrent transactions.
+func emitMany(t *testing.T, c *ferry.Client[pgx.Tx], n, keys, writers int, payload func(i int) string) []*ferry.Event {
+	t.Helper()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	var mu sync.Mutex
+	var all []*ferry.Event
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += writers {
+				ev := &ferry.Event{Topic: "orders", Key: "k" + strconv.Itoa(i%keys), Type: "T", Payload: []byte(payload(i))}
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.EmitTx(ctx, tx, ev) })
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				all = append(all, ev)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return all
+}
+
+// checkDelivery asserts every event is stored once and each key is in Seq order.
+func checkDelivery(t *testing.T, want []*ferry.Event, stored []ferryevent.Event, allowDup bool) {
+	t.Helper()
+	count := map[string]int{}
+	last := map[string]int64{}
+	for _, e := range stored {
+		count[e.ID.String()]++
+		require.Greater(t, e.Seq, last[e.Key], "key %s out of order", e.Key)
+		if !allowDup {
+			require.Equal(t, last[e.Key]+1, e.Seq, "key %s has a gap", e.Key)
+		}
+		last[e.Key] = e.Seq
+	}
+	for _, e := range want {
+		require.NotZero(t, count[e.ID.String()], "event %s missing", e.ID)
+		if !allowDup {
+			require.Equal(t, 1, count[e.ID.String()], "event %s duplicated", e.ID)
+		}
+	}
+}
+
+func TestRelayDeliversInKeyOrder(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	sink := &memsink.Sink{}
+	stop := run(t, quickRelay(t, drv, sink, "r1"))
+	all := emitMany(t, c, 2000, 50, 8, func(i int) string { return strconv.Itoa(i) })
+	require.Eventually(t, func() bool { return sink.Len() >= len(all) }, 30*time.Second, 20*time.Millisecond)
+	stop()
+	checkDelivery(t, all, sink.Stored(), false)
+
+	st, err := drv.FeedStatus(context.Background(), &ferrydriver.FeedStatusParams{Feed: "default/0"})
+	require.NoError(t, err)
+	require.Zero(t, st.LagEvents, "the final checkpoint covers every event")
+	lease, err := drv.GetLease(context.Background(), "default/0")
+	require.NoError(t, err)
+	require.False(t, lease.Held("r1"), "a stopped relay releases its lease")
+}
+
+func TestRelayRetriesTransientFailuresInOrder(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	sink := &memsink.Sink{FailRate: 0.3}
+	run(t, quickRelay(t, drv, sink, "r1"))
+	all := emitMany(t, c, 1000, 20, 4, func(i int) string { return strconv.Itoa(i) })
+	require.Eventually(t, func() bool { return sink.Len() >= len(all) }, 30*time.Second, 20*time.Millisecond)
+	checkDelivery(t, all, sink.Stored(), false)
+}
+
+func TestRelayDeadLettersPermanentFailures(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	sink := &memsink.Sink{Permanent: func(e *ferryevent.Event) bool { return string(e.Payload) == "poison" }}
+	run(t, quickRelay(t, drv, sink, "r1"))
+	all := emitMany(t, c, 300, 10, 3, func(i int) string {
+		if i%100 == 7 {
+			return "poison"
+		}
+		return strconv.Itoa(i)
+	})
+	var good []*ferry.Event
+	for _, e := range all {
+		if string(e.Payload) != "poison" {
+			good = append(good, e)
+		}
+	}
+	require.Eventually(t, func() bool { return sink.Len() >= len(good) }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		dls, err := drv.ListDeadLetters(context.Background(), &ferrydriver.ListDeadLettersParams{Feed: "default/0"})
+		return err == nil && len(dls) == 3
+	}, 10*time.Second, 20*time.Millisecond)
+	dls, err := drv.ListDeadLetters(context.Background(), &ferrydriver.ListDeadLettersParams{Feed: "default/0"})
+	require.NoError(t, err)
+	for _, dl := range dls {
+		require.Equal(t, "poison", string(dl.Event.Payload))
+		require.Contains(t, dl.Reason, "rejected by memsink")
+	}
+	require.Len(t, sink.Stored(), len(good), "no poison event reached the sink")
+}
+
+func TestRelayStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	sink := &memsink.Sink{}
+	stopA := run(t, quickRelay(t, drv, sink, "a"))
+	require.Eventually(t, func() bool {
+		l, err := drv.GetLease(context.Background(), "default/0")
+		return err == nil && l.Held("a")
+	}, 10*time.Second, 20*time.Millisecond)
+	run(t, quickRelay(t, drv, sink, "b"))
+	first := emitMany(t, c, 200, 10, 2, func(i int) string { return fmt.Sprint(i) })
+	require.Eventually(t, func() bool { return sink.Len() >= len(first) }, 10*time.Second, 20*time.Millisecond)
+	stopA()
+	second := emitMany(t, c, 200, 10, 2, func(i int) string { return fmt.Sprint(i) })
+	require.Eventually(t, func() bool { return sink.Len() >= len(first)+len(second) }, 20*time.Second, 20*time.Millisecond)
+	l, err := drv.GetLease(context.Background(), "default/0")
+	require.NoError(t, err)
+	require.Equal(t, "b", l.Holder)
+	require.EqualValues(t, 2, l.Term)
+	checkDelivery(t, append(first, second...), sink.Stored(), true)
+}
+
+func TestEmitValidation(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, &ferry.Config{MaxPayloadBytes: 10})
+	require.NoError(t, err)
+	ctx := context.Background()
+	err = c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: make([]byte, 11)})
+	require.ErrorIs(t, err, ferry.ErrEventTooLarge)
+	err = c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T"}, &ferry.Event{Topic: "t", Type: "T"})
+	require.ErrorIs(t, err, ferry.ErrEmptyKey)
+	var ve *ferry.ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, 1, ve.Index)
+	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "default/0"})
+	require.NoError(t, err)
+	require.Zero(t, st.LagEvents, "a rejected call writes nothing")
+
+	ev := &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: make([]byte, 10)}
+	require.NoError(t, c.Emit(ctx, ev))
+	require.NotEqual(t, ferry.Event{}.ID, ev.ID, "the ID is filled in")
+}
+
+func TestRolledBackEmitIsNotPublished(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	sink := &memsink.Sink{}
+	run(t, quickRelay(t, drv, sink, "r1"))
+	ctx := context.Background()
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, c.EmitTx(ctx, tx, &ferry.Event{Topic: "t", Key: "k", Type: "Gone"}))
+	require.NoError(t, tx.Rollback(ctx))
+	kept := &ferry.Event{Topic: "t", Key: "k", Type: "Kept"}
+	require.NoError(t, c.Emit(ctx, kept))
+	require.Eventually(t, func() bool { return sink.Len() == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, kept.ID, sink.Stored()[0].ID)
+}
