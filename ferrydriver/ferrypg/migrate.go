@@ -57,7 +57,21 @@ var allMigrations = loadMigrations()
 // filled in, ready for `ferry migrate sql` and users' own tools; record the
 // version in <schema>.migrations yourself if you apply it that way.
 func (d *Driver[TTx]) Migrations() []ferrydriver.Migration {
-	s := pgx.Identifier{d.cfg.Schema}.Sanitize()
+	return migrationsFor(d.cfg.Schema)
+}
+
+// Migrations returns the migrations for schema without a database, for
+// printing (`ferry migrate sql`).
+func Migrations(schema string) ([]ferrydriver.Migration, error) {
+	c, err := (&Config{Schema: schema}).withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return migrationsFor(c.Schema), nil
+}
+
+func migrationsFor(schema string) []ferrydriver.Migration {
+	s := pgx.Identifier{schema}.Sanitize()
 	out := make([]ferrydriver.Migration, len(allMigrations))
 	for i, m := range allMigrations {
 		m.Up = strings.ReplaceAll(m.Up, "{schema}", s)

@@ -1,5 +1,5 @@
 -- Ferry schema version 1: outbox, per-key sequences, relay checkpoints,
--- leases and relay dead letters. {schema} is replaced by the quoted schema name.
+-- leases and relay dead letters. The schema name is filled in by ferry.
 CREATE SCHEMA IF NOT EXISTS {schema};
 
 -- One row per emitted event. id comes from a sequence with CACHE 1 (the

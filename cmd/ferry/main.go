@@ -1,0 +1,82 @@
+// Command ferry runs and operates Ferry: the relay daemon, schema
+// migrations, status and dead letters.
+//
+//	ferry relay    tail the outbox and publish to NATS JetStream
+//	ferry migrate  up | down | sql: create, revert or print the schema
+//	ferry status   checkpoint, lag, lease holder and dead letters
+//	ferry dlq      list | show: relay dead letters
+//
+// Every flag can also be set by an environment variable, named in the
+// flag's help (FERRY_DATABASE_URL, FERRY_NATS_URL, ...). Flags win.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `ferry moves events from your database's outbox to your broker.
+
+Usage:
+  ferry relay   [flags]              tail the outbox, publish to NATS JetStream
+  ferry migrate up|down|sql [flags]  apply, revert or print the schema migrations
+  ferry status  [flags]              checkpoint, lag, lease and dead letters (--json)
+  ferry dlq list|show [flags]        relay dead letters
+
+Run "ferry <command> -h" for a command's flags. Every flag has a FERRY_*
+environment variable; flags win over the environment.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes one command and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	var err error
+	switch args[0] {
+	case "relay":
+		err = cmdRelay(ctx, args[1:], stdout, stderr)
+	case "migrate":
+		err = cmdMigrate(ctx, args[1:], stdout, stderr)
+	case "status":
+		err = cmdStatus(ctx, args[1:], stdout, stderr)
+	case "dlq":
+		err = cmdDLQ(ctx, args[1:], stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "ferry: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "ferry %s: %v\n", args[0], err)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ferry %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+// usageError is a mistake in the command line.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+)
+
+func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "up" && args[0] != "down" && args[0] != "sql") {
+		return usagef("say what to do: ferry migrate up | down | sql  (sql prints the DDL for your own migration tool)")
+	}
+	action := args[0]
+	f := newFlags("migrate "+action, stderr)
+	var db dbFlags
+	db.register(f)
+	var steps int
+	var down, dry bool
+	f.Int(&steps, "steps", "FERRY_MIGRATE_STEPS", 0, "how many migrations (up: 0 = all; down: 0 = one)")
+	if action == "sql" {
+		f.Bool(&down, "down", "FERRY_MIGRATE_DOWN", false, "print the down migrations instead")
+	} else {
+		f.Bool(&dry, "dry-run", "FERRY_MIGRATE_DRY_RUN", false, "show what would run without running it")
+	}
+	if err := f.Parse(args[1:]); err != nil {
+		return err
+	}
+	if action == "sql" {
+		// No database needed: print the schema for the given name.
+		ms, err := ferrypg.Migrations(db.schema)
+		if err != nil {
+			return usagef("%v (set by --schema / FERRY_SCHEMA)", err)
+		}
+		if down {
+			for i := len(ms) - 1; i >= 0; i-- {
+				fmt.Fprintf(stdout, "-- %03d_%s (down)\n%s\n", ms[i].Version, ms[i].Name, ms[i].Down)
+			}
+			return nil
+		}
+		for _, m := range ms {
+			fmt.Fprintf(stdout, "-- %03d_%s (up)\n%s\n", m.Version, m.Name, m.Up)
+		}
+		return nil
+	}
+	pool, drv, err := db.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: action == "down", Steps: steps, DryRun: dry})
+	if err != nil {
+		return err
+	}
+	verb := map[string]string{"up": "applied", "down": "reverted"}[action]
+	if dry {
+		verb = "would have " + verb
+	}
+	if len(res.Applied) == 0 {
+		fmt.Fprintf(stdout, "schema %s is at version %d; nothing to do\n", db.schema, res.Current)
+		return nil
+	}
+	for _, m := range res.Applied {
+		fmt.Fprintf(stdout, "%s %03d_%s\n", verb, m.Version, m.Name)
+	}
+	fmt.Fprintf(stdout, "schema %s is at version %d\n", db.schema, res.Current)
+	return nil
+}
+
+func migrateUp(ctx context.Context, drv ferrydriver.Store, log *slog.Logger) error {
+	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	if err != nil {
+		return err
+	}
+	for _, m := range res.Applied {
+		log.Info("ferry: applied migration", "version", m.Version, "name", m.Name)
+	}
+	return nil
+}
