@@ -7,9 +7,9 @@ import (
 )
 
 type relayMetrics struct {
-	published, batches, retries, deadLetters, checkpoints prometheus.Counter
-	batchSize, publishSeconds                             prometheus.Observer
-	lagEvents, lagSeconds, leader                         prometheus.Gauge
+	published, batches, retries, deadLetters, checkpoints, duplicates prometheus.Counter
+	batchSize, publishSeconds                                         prometheus.Observer
+	lagEvents, lagSeconds, leader                                     prometheus.Gauge
 }
 
 // newRelayMetrics registers the relay's metrics with reg (none if nil),
@@ -32,6 +32,7 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 		retries:        counter("publish_retries_total", "Event publish attempts that failed and were retried."),
 		deadLetters:    counter("dead_letters_total", "Events dead-lettered by the relay."),
 		checkpoints:    counter("checkpoints_total", "Checkpoints saved."),
+		duplicates:     counter("destination_duplicates_total", "Publishes the destination dropped as duplicates (redeliveries after a crash or retry)."),
 		batchSize:      bs,
 		publishSeconds: ps,
 		lagEvents:      gauge("lag_events", "Events committed but not yet passed by the checkpoint (refreshed every heartbeat)."),
@@ -39,7 +40,7 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 		leader:         gauge("leader", "1 while this relay holds the feed's lease."),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, bs, ps, m.lagEvents, m.lagSeconds, m.leader} {
+		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, m.duplicates, bs, ps, m.lagEvents, m.lagSeconds, m.leader} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("ferry: register relay metrics for feed %s: %w", feed, err)
 			}

@@ -126,6 +126,8 @@ type Relay struct {
 	m       *relayMetrics
 	ordered bool
 	retry   backoff.Policy
+	dups    ferrysink.DuplicateReporter // nil if the sink cannot tell
+	lastDup uint64
 }
 
 // NewRelay returns a relay from store to sink.
@@ -148,7 +150,13 @@ func NewRelay(store ferrydriver.Store, sink ferrysink.Sink, cfg *RelayConfig) (*
 		log:     c.Logger.With("feed", name, "holder", c.HolderID),
 		ordered: ob != nil && ob.OrderedBatches(),
 		retry:   backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
+		dups:    dupReporter(sink),
 	}, nil
+}
+
+func dupReporter(s ferrysink.Sink) ferrysink.DuplicateReporter {
+	d, _ := s.(ferrysink.DuplicateReporter)
+	return d
 }
 
 // FeedName returns "<Feed>/<Partition>", the name of the relay's checkpoint
@@ -360,6 +368,13 @@ func (r *Relay) deliver(stop, leaseCtx context.Context, term int64, b *ferrydriv
 			}
 		}
 		r.m.lagSeconds.Set(max(0, time.Since(oldest).Seconds()))
+	}
+	if r.dups != nil {
+		if n := r.dups.Duplicates(); n > r.lastDup {
+			r.log.Info("ferry: destination dropped duplicates", "count", n-r.lastDup)
+			r.m.duplicates.Add(float64(n - r.lastDup))
+			r.lastDup = n
+		}
 	}
 	return nil
 }

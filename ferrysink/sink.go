@@ -40,6 +40,15 @@ type OrderedBatcher interface {
 	OrderedBatches() bool
 }
 
+// DuplicateReporter is implemented by sinks whose destination reports the
+// messages it dropped as duplicates of ones already stored (JetStream's
+// PubAck.Duplicate). The relay logs and counts them: they measure how much
+// a crash made it publish twice.
+type DuplicateReporter interface {
+	// Duplicates returns the number of duplicates dropped so far.
+	Duplicates() uint64
+}
+
 // PermanentError marks a publish failure that retrying cannot fix: the event
 // is too large for the destination, no route exists for its topic, the
 // destination rejected it as malformed.

@@ -16,7 +16,7 @@
 //	}
 //	defer nc.Close()
 //	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{
-//		Stream:       "ORDERS",
+//		Stream:        "ORDERS",
 //		SubjectPrefix: "acme.events", // topic "orders" -> subject "acme.events.orders"
 //	})
 //	if err != nil {
@@ -55,10 +55,12 @@
 // The names above belong to Ferry. A user header whose name equals one of
 // them, ignoring case, is not sent: it can never replace the dedup ID, the
 // expected stream or an attribute. Any other header is sent as is,
-// including other "Nats-" headers, which JetStream interprets (Nats-TTL, for
-// example, if the stream allows per-message TTLs; Nats-Rollup would purge
-// earlier messages): Ferry rejects none of them, but Decode treats every
-// "Nats-" header as the broker's and leaves it out of Event.Headers. A
+// including other "Nats-" headers, which JetStream interprets: Nats-TTL sets
+// a per-message TTL where the stream allows it, and Nats-Rollup purges
+// earlier messages where the stream allows rollups, so keep such names out
+// of event headers unless that is what you want. Ferry rejects none of
+// them, but Decode treats every "Nats-" header as the broker's and leaves it
+// out of Event.Headers. A
 // header value sent over NATS loses leading and trailing white space, and a
 // CR or LF in it becomes a space; a header name must be printable ASCII
 // without spaces or any of "()/,:;<=>?@[\]{} (an event with another name

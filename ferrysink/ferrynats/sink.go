@@ -87,8 +87,8 @@ func checkStream(ctx context.Context, js jetstream.JetStream, c *Config) error {
 	stream, err := js.Stream(ctx, c.Stream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound) && !c.CreateStream:
-		return fmt.Errorf("ferrynats: stream %q not found: create stream %s with subjects %q (nats stream add %s --subjects '%s' --storage file --dupe-window %s) or set Config.CreateStream: %w",
-			c.Stream, c.Stream, c.prefixSubjects(), c.Stream, c.prefixSubjects(), DefaultDuplicateWindow, err)
+		return fmt.Errorf("ferrynats: stream %q not found: create stream %s with subjects %q (nats stream add %s --subjects '%s' --storage file --dupe-window 2m) or set Config.CreateStream: %w",
+			c.Stream, c.Stream, c.prefixSubjects(), c.Stream, c.prefixSubjects(), err)
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		stream, err = js.CreateStream(ctx, c.streamConfig())
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {

@@ -1,0 +1,62 @@
+package ferrynats_test
+
+import (
+	"context"
+	"log"
+	"os"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
+)
+
+// The application dials NATS and owns the connection; the sink publishes
+// through it. The relay normally calls Publish; it is called directly here
+// to show the per-event results.
+func ExampleNew() {
+	ctx := context.Background()
+	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{
+		Stream:        "ORDERS",
+		SubjectPrefix: "acme.events", // topic "orders" -> subject "acme.events.orders"
+		CreateStream:  true,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sink.Close(ctx)
+
+	ev := &ferryevent.Event{ID: ferryevent.NewID(), Topic: "orders", Key: "order-42", Type: "OrderPlaced", Payload: []byte(`{}`)}
+	for _, err := range sink.Publish(ctx, []*ferryevent.Event{ev}) {
+		if err != nil {
+			log.Print(err)
+		}
+	}
+}
+
+// A consumer reads events back with Decode.
+func ExampleDecode() {
+	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+
+	_, err = nc.Subscribe("acme.events.>", func(msg *nats.Msg) {
+		ev, err := ferrynats.Decode(msg)
+		if err != nil {
+			log.Printf("skip message on %s: %v", msg.Subject, err)
+			return
+		}
+		log.Printf("%s %s (key %s, seq %d)", ev.Type, ev.ID, ev.Key, ev.Seq)
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
