@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -40,9 +41,21 @@ type Sink struct {
 	closed bool
 	// inflight counts running Publish calls and unresolved messages.
 	inflight sync.WaitGroup
+
+	// duplicates counts acks with Duplicate set: messages JetStream dropped
+	// because it already stored their Nats-Msg-Id.
+	duplicates atomic.Uint64
 }
 
-var _ ferrysink.Sink = (*Sink)(nil)
+var (
+	_ ferrysink.Sink              = (*Sink)(nil)
+	_ ferrysink.DuplicateReporter = (*Sink)(nil)
+)
+
+// Duplicates implements ferrysink.DuplicateReporter: the number of
+// published messages JetStream acknowledged as duplicates of a message it
+// had already stored within the stream's duplicate window.
+func (s *Sink) Duplicates() uint64 { return s.duplicates.Load() }
 
 // New returns a sink publishing through nc, an open connection the caller
 // owns and closes after the sink. It looks up the configured stream (cfg
@@ -139,7 +152,7 @@ type ackResult struct {
 // exists but does not answer give plain, retryable errors.
 //
 // When ctx is done Publish returns at once; events without an outcome get
-// an error wrapping ctx.Err(). Those may still be stored: a retry within the
+// an error wrapping context.Cause(ctx). Those may still be stored: a retry within the
 // duplicate window is dropped by JetStream.
 func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
 	errs := make([]error, len(events))
@@ -192,6 +205,9 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 		pending--
 		if r.err == nil {
 			r.err = s.checkAck(subjects[r.index], r.ack)
+			if r.err == nil && r.ack.Duplicate {
+				s.duplicates.Add(1)
+			}
 		}
 		if r.err != nil {
 			r.err = s.classify(events[r.index], subjects[r.index], r.err)

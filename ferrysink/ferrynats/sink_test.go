@@ -361,3 +361,18 @@ func TestPublishWindowSmallerThanBatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, stored, len(batch))
 }
+
+func TestPublishCountsDuplicates(t *testing.T) {
+	t.Parallel()
+	sink, _ := newSink(t, nil)
+	ctx := testContext(t)
+	a, b := event("orders", "k1"), event("orders", "k2")
+	for _, err := range sink.Publish(ctx, []*ferryevent.Event{a, b}) {
+		require.NoError(t, err)
+	}
+	require.Zero(t, sink.Duplicates())
+	for _, err := range sink.Publish(ctx, []*ferryevent.Event{a}) {
+		require.NoError(t, err, "a republished event is acknowledged")
+	}
+	require.EqualValues(t, 1, sink.Duplicates(), "and counted as a duplicate")
+}

@@ -1,0 +1,181 @@
+package ferrypg
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+func newTestDriver(t testing.TB) *Driver[pgx.Tx] {
+	t.Helper()
+	drv, err := New(pgtest.Pool(t), &Config{Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	return drv
+}
+
+// fillBacklog inserts n committed events directly, as a bulk load would.
+func fillBacklog(t testing.TB, drv *Driver[pgx.Tx], n int) {
+	t.Helper()
+	ctx := context.Background()
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	for done := 0; done < n; done += 250000 {
+		k := min(250000, n-done)
+		_, err := pgtest.Pool(t).Exec(ctx, `INSERT INTO `+s+`.outbox (event_id, topic, key, seq, type, payload, created_at)
+			SELECT gen_random_uuid(), 'orders', 'k' || (g % 500), $1 + g / 500 + 1, 'T', convert_to(repeat('x', 200), 'UTF8'), now()
+			FROM generate_series(0, $2 - 1) g`, done/500, k)
+		require.NoError(t, err)
+	}
+	_, err := pgtest.Pool(t).Exec(ctx, `VACUUM ANALYZE `+s+`.outbox`)
+	require.NoError(t, err)
+}
+
+// explainBuffers runs the feed's batch query for st under EXPLAIN and
+// returns the shared buffers it touched and its execution time.
+func explainBuffers(t testing.TB, drv *Driver[pgx.Tx], st *feedState, limit int) (int, float64) {
+	t.Helper()
+	var plan []struct {
+		Plan struct {
+			SharedHit  int `json:"Shared Hit Blocks"`
+			SharedRead int `json:"Shared Read Blocks"`
+		}
+		ExecutionTime float64 `json:"Execution Time"`
+	}
+	var raw []byte
+	err := pgtest.Pool(t).QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.readBatch,
+		0, max(st.After, st.Low), st.High, xidStrings(st.CurXip), limit, strconv.FormatUint(st.CurXmax, 10),
+		st.stragglers(), st.After, st.Low).Scan(&raw)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &plan))
+	return plan[0].Plan.SharedHit + plan[0].Plan.SharedRead, plan[0].ExecutionTime
+}
+
+// TestFeedBacklogQueryIsFlat: with a 1M-row backlog, a batch read costs the
+// same at the start and at the end of the backlog. Buffers touched are
+// compared (deterministic), not times; times are logged.
+func TestFeedBacklogQueryIsFlat(t *testing.T) {
+	t.Parallel()
+	n := 1_000_000
+	if testing.Short() {
+		n = 200_000
+	}
+	drv := newTestDriver(t)
+	fillBacklog(t, drv, n)
+	ctx := context.Background()
+	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "b/0"})
+	require.NoError(t, err)
+	defer f.Close()
+	b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 500, Wait: time.Second})
+	require.NoError(t, err)
+	require.Len(t, b.Events, 500)
+	st := *f.(*feed[pgx.Tx]).st
+	require.EqualValues(t, n, st.High-st.Low, "one batch spans the whole backlog")
+
+	startBuf, startMs := explainBuffers(t, drv, &st, 500)
+	st.After = st.Low + int64(n) - 1000
+	endBuf, endMs := explainBuffers(t, drv, &st, 500)
+	t.Logf("batch of 500 over a %d-row backlog: start %d buffers %.2f ms, end %d buffers %.2f ms", n, startBuf, startMs, endBuf, endMs)
+	// 500 rows of ~300 bytes fill about 20 heap pages, plus index pages.
+	require.Less(t, startBuf, 200, "reading a batch must touch O(batch) pages")
+	require.Less(t, endBuf, 200, "reading a batch must touch O(batch) pages")
+	require.InDelta(t, startBuf, endBuf, float64(startBuf), "cost must not grow with the position in the backlog")
+
+	// and the tick (snapshot + max id) is O(1) too
+	var raw []byte
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.tick, 0).Scan(&raw))
+	require.Less(t, len(raw), 10000)
+}
+
+func TestMigrateDownAndUp(t *testing.T) {
+	t.Parallel()
+	drv := newTestDriver(t)
+	ctx := context.Background()
+	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	require.Empty(t, res.Applied, "a second up is a no-op")
+	dry, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true, DryRun: true})
+	require.NoError(t, err)
+	require.Len(t, dry.Applied, 1)
+	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: nil}))
+	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
+	require.NoError(t, err)
+	require.Equal(t, 0, res.Current)
+	_, err = drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "x"})
+	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
+	require.Contains(t, err.Error(), "ferry migrate up")
+	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Current)
+}
+
+func TestInvalidRowsAreReported(t *testing.T) {
+	t.Parallel()
+	drv := newTestDriver(t)
+	ctx := context.Background()
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	_, err := pgtest.Pool(t).Exec(ctx, `INSERT INTO `+s+`.outbox (event_id, topic, key, seq, type, payload, created_at, headers) VALUES
+		(gen_random_uuid(), '', 'k', 1, 'T', '', now(), NULL),
+		(gen_random_uuid(), 't', 'k', 2, 'T', '', now(), '[1,2]'),
+		(gen_random_uuid(), 't', 'k', 3, 'T', 'ok', now(), '{"a":"b"}')`)
+	require.NoError(t, err)
+	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "i/0"})
+	require.NoError(t, err)
+	defer f.Close()
+	b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+	require.NoError(t, err)
+	require.Len(t, b.Events, 1)
+	require.Equal(t, "ok", string(b.Events[0].Payload))
+	require.Len(t, b.Invalid, 2)
+	require.Contains(t, b.Invalid[0].Reason, "topic is empty")
+	require.Contains(t, b.Invalid[1].Reason, "headers")
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	_, err := New(nil, &Config{Schema: "bad-name; drop"})
+	require.ErrorContains(t, err, "Config.Schema")
+	_, err = New(nil, &Config{Partitions: -1})
+	require.ErrorContains(t, err, "Config.Partitions")
+}
+
+func TestPartitionsSplitKeys(t *testing.T) {
+	t.Parallel()
+	drv, err := New(pgtest.Pool(t), &Config{Schema: pgtest.Schema(t), Partitions: 4})
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	var evs []*ferryevent.Event
+	for i := range 200 {
+		evs = append(evs, ferrydrivertest.Event("t", "key-"+strconv.Itoa(i%40), strconv.Itoa(i)))
+	}
+	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+	seen := map[string]int{}
+	for p := range 4 {
+		r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
+		_ = r.Feed.Close()
+		f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "p/" + strconv.Itoa(p), Partition: p})
+		require.NoError(t, err)
+		r.Feed = f
+		got := r.ReadQuiet(ctx)
+		require.NotEmpty(t, got, "partition %d gets some keys", p)
+		for _, e := range got {
+			require.Equal(t, p, drv.PartitionOf(e.Key))
+			seen[e.ID.String()]++
+		}
+		_ = f.Close()
+	}
+	require.Len(t, seen, 200)
+	_, err = drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "p/4", Partition: 4})
+	require.ErrorContains(t, err, "out of range")
+}
