@@ -88,12 +88,14 @@ type dbFlags struct {
 	url        string
 	schema     string
 	partitions int
+	noNotify   bool
 }
 
 func (d *dbFlags) register(f *envFlags) {
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@localhost:5432/app")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", ferrypg.DefaultSchema, "schema holding Ferry's tables")
 	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", 1, "number of outbox partitions (same for every producer and relay)")
+	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", false, "do not use LISTEN/NOTIFY: producers send no wake-ups, relays only poll")
 }
 
 // open connects and returns the pool and the driver.
@@ -115,7 +117,7 @@ func (d *dbFlags) open(ctx context.Context) (*pgxpool.Pool, *ferrypg.Driver[pgx.
 		pool.Close()
 		return nil, nil, fmt.Errorf("cannot reach the database at --database-url / FERRY_DATABASE_URL (%s): %w", redact(d.url), err)
 	}
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: d.schema, Partitions: d.partitions})
+	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: d.schema, Partitions: d.partitions, DisableNotify: d.noNotify})
 	if err != nil {
 		pool.Close()
 		return nil, nil, usagef("%v (set by --schema / FERRY_SCHEMA or --partitions / FERRY_PARTITIONS)", err)

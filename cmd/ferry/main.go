@@ -5,6 +5,7 @@
 //	ferry migrate  up | down | sql: create, revert or print the schema
 //	ferry status   checkpoint, lag, lease holder and dead letters
 //	ferry dlq      list | show: relay dead letters
+//	ferry bench    drain | latency: measure the relay on this machine
 //
 // Every flag can also be set by an environment variable, named in the
 // flag's help (FERRY_DATABASE_URL, FERRY_NATS_URL, ...). Flags win.
@@ -28,6 +29,7 @@ Usage:
   ferry migrate up|down|sql [flags]  apply, revert or print the schema migrations
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json)
   ferry dlq list|show [flags]        relay dead letters
+  ferry bench drain|latency [flags]  measure backlog drain rate and commit-to-receive latency
 
 Run "ferry <command> -h" for a command's flags. Every flag has a FERRY_*
 environment variable; flags win over the environment.
@@ -55,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdStatus(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		err = cmdDLQ(ctx, args[1:], stdout, stderr)
+	case "bench":
+		err = cmdBench(ctx, args[1:], stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "ferry: unknown command %q\n\n%s", args[0], usage)
 		return 2

@@ -43,6 +43,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // DefaultSchema is the schema Ferry's tables are created in.
@@ -57,9 +58,10 @@ type Config struct {
 	// share the work, one per partition. Default 1. Every producer and
 	// relay of a schema must use the same value.
 	Partitions int
-	// DisableNotify stops producers from sending NOTIFY on append. Relays
-	// then find new events by polling only. NOTIFY costs a little at commit;
-	// disable it when the relay's poll interval is latency enough.
+	// DisableNotify stops producers from sending NOTIFY on append, and
+	// relays from listening: they find new events by polling only. With
+	// notifications on, producers notify only while a relay is idle, so a
+	// busy system does not pay NOTIFY's commit-time lock.
 	DisableNotify bool
 	// Logger receives warnings (a lost listener connection). Default: discard.
 	Logger *slog.Logger
@@ -96,7 +98,8 @@ type Driver[TTx any] struct {
 	cfg     Config
 	db      executor
 	begin   beginner
-	listen  listenFunc // nil: poll only
+	session sessionFunc
+	canWait bool // sessions can LISTEN
 	wrapTx  func(TTx) executor
 	queries queries
 	channel string
@@ -110,11 +113,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Driver[pgx.Tx], error) {
 		return nil, err
 	}
 	d := &Driver[pgx.Tx]{
-		cfg:    c,
-		db:     pgxExec{pool},
-		begin:  poolBeginner{pool},
-		listen: poolListener(pool),
-		wrapTx: func(tx pgx.Tx) executor { return pgxExec{tx} },
+		cfg:     c,
+		db:      pgxExec{pool},
+		begin:   poolBeginner{pool},
+		session: poolSession(pool),
+		canWait: true,
+		wrapTx:  func(tx pgx.Tx) executor { return pgxExec{tx} },
 	}
 	d.init()
 	return d, nil
@@ -130,11 +134,12 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 		return nil, err
 	}
 	d := &Driver[*sql.Tx]{
-		cfg:    c,
-		db:     sqlExec{db},
-		begin:  sqlBeginner{db},
-		listen: sqlListener(db),
-		wrapTx: func(tx *sql.Tx) executor { return sqlExec{tx} },
+		cfg:     c,
+		db:      sqlExec{db},
+		begin:   sqlBeginner{db},
+		session: sqlSession(db),
+		canWait: isPgxDB(db),
+		wrapTx:  func(tx *sql.Tx) executor { return sqlExec{tx} },
 	}
 	d.init()
 	return d, nil
@@ -143,6 +148,11 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 func (d *Driver[TTx]) init() {
 	d.queries = newQueries(d.cfg.Schema)
 	d.channel = d.cfg.Schema + ".outbox"
+}
+
+func isPgxDB(db *sql.DB) bool {
+	_, ok := db.Driver().(*stdlib.Driver)
+	return ok
 }
 
 // Schema returns the schema the driver's tables live in.
@@ -157,7 +167,7 @@ func (d *Driver[TTx]) Name() string { return "postgres" }
 // Capabilities implements ferrydriver.Store.
 func (d *Driver[TTx]) Capabilities() ferrydriver.Capabilities {
 	return ferrydriver.Capabilities{
-		NotifyWakeups:     d.listen != nil && !d.cfg.DisableNotify,
+		NotifyWakeups:     d.canWait && !d.cfg.DisableNotify,
 		MigrationSQL:      true,
 		ConcurrentWriters: true,
 	}
@@ -254,7 +264,7 @@ type queries struct {
 	loadCheckpoint, saveCheckpoint                                     string
 	acquireLease, renewLease, releaseLease, getLease                   string
 	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter string
-	deleteDelivered, feedLag, lateXids                                 string
+	deleteDelivered, feedLag, lateXids, armListener, seqCache          string
 }
 
 func newQueries(schema string) queries {
@@ -266,7 +276,7 @@ func newQueries(schema string) queries {
 		acquireLease: r(sqlAcquireLease), renewLease: r(sqlRenewLease), releaseLease: r(sqlReleaseLease), getLease: r(sqlGetLease),
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),
 		countDeadLetter: r(sqlCountDeadLetters),
-		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), lateXids: r(sqlLateXids),
+		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), lateXids: r(sqlLateXids), armListener: r(sqlArmListener), seqCache: r(sqlSeqCache),
 	}
 }
 

@@ -3,7 +3,6 @@ package ferrypg
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/jackc/pgx/v5"
 )
 
 // feedState is the feed position, serialised as the checkpoint cursor.
@@ -131,8 +131,13 @@ type feed[TTx any] struct {
 	name      string
 	partition int
 	st        *feedState
-	lis       listener // nil when polling only
-	lisErr    time.Time
+	listen    bool
+	// sess is the feed's dedicated session; nil after an error, reopened
+	// on the next call.
+	sess *session
+	// armedUntil is when the listeners row this feed wrote expires (local
+	// clock, conservative).
+	armedUntil time.Time
 }
 
 // OpenFeed implements ferrydriver.Store.
@@ -144,54 +149,87 @@ func (d *Driver[TTx]) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedParam
 	if err != nil {
 		return nil, err
 	}
-	f := &feed[TTx]{d: d, name: p.Feed, partition: p.Partition, st: st}
-	if d.listen != nil && !d.cfg.DisableNotify {
-		f.lis, err = d.listen(ctx, d.channel)
-		if err != nil {
-			return nil, d.wrapErr("listen for outbox notifications", err)
-		}
+	var cache int64
+	if err := queryRow(ctx, d.db, []any{&cache}, d.queries.seqCache, d.cfg.Schema); err != nil {
+		return nil, d.wrapErr("check the outbox sequence", err)
+	}
+	if cache != 1 {
+		return nil, fmt.Errorf("ferrypg: sequence %s.outbox_id_seq has CACHE %d: the feed needs ids drawn in time order; run ALTER SEQUENCE %s.outbox_id_seq CACHE 1",
+			d.cfg.Schema, cache, pgx.Identifier{d.cfg.Schema}.Sanitize())
+	}
+	f := &feed[TTx]{d: d, name: p.Feed, partition: p.Partition, st: st, listen: d.canWait && !d.cfg.DisableNotify}
+	if _, err := f.session(ctx); err != nil {
+		return nil, err
 	}
 	return f, nil
 }
 
+// session returns the feed's session, opening it if needed.
+func (f *feed[TTx]) session(ctx context.Context) (*session, error) {
+	if f.sess != nil {
+		return f.sess, nil
+	}
+	s, err := f.d.openSession(ctx, f.listen)
+	if err != nil {
+		return nil, f.d.wrapErr("open feed session", err)
+	}
+	f.sess = s
+	f.armedUntil = time.Time{} // a new session has no LISTEN history
+	return s, nil
+}
+
+// fail drops the session after an error so that the next call reconnects.
+func (f *feed[TTx]) fail(err error, op string) error {
+	if f.sess != nil {
+		f.sess.close()
+		f.sess = nil
+	}
+	return f.d.wrapErr(op+" ("+f.name+")", err)
+}
+
 func (f *feed[TTx]) Close() error {
-	if f.lis != nil {
-		f.lis.close()
-		f.lis = nil
+	if f.sess != nil {
+		f.sess.close()
+		f.sess = nil
 	}
 	return nil
 }
 
-// tick closes the next batch at a fresh snapshot.
+// tick closes the next batch at a fresh snapshot. The feed's state changes
+// only if every query succeeds.
 func (f *feed[TTx]) tick(ctx context.Context) error {
+	sess, err := f.session(ctx)
+	if err != nil {
+		return err
+	}
 	var snap string
 	var high int64
-	if err := queryRow(ctx, f.d.db, []any{&snap, &high}, f.d.queries.tick, f.partition); err != nil {
-		return f.d.wrapErr("take feed snapshot", err)
+	if err := queryRow(ctx, sess.exec, []any{&snap, &high}, f.d.queries.tick, f.partition); err != nil {
+		return f.fail(err, "take feed snapshot")
 	}
 	xmax, xip, err := parseSnapshot(snap)
 	if err != nil {
 		return fmt.Errorf("ferrypg: %w", err)
 	}
-	st := f.st
-	st.PrevXmax, st.PrevXip = st.CurXmax, st.CurXip
-	st.CurXmax, st.CurXip = xmax, xip
-	st.Low = max(st.High, st.Low)
+	old := f.st
+	st := &feedState{
+		V:        1,
+		PrevXmax: old.CurXmax, PrevXip: old.CurXip,
+		CurXmax: xmax, CurXip: xip,
+		Low: max(old.High, old.Low),
+	}
 	st.High = max(high, st.Low)
-	st.After = 0
-	st.Done = false
-	st.Late = st.Late[:0]
 	if st.Low > 0 && st.CurXmax > st.PrevXmax {
-		r, err := f.d.db.query(ctx, f.d.queries.lateXids, f.partition, st.Low,
+		r, err := sess.exec.query(ctx, f.d.queries.lateXids, f.partition, st.Low,
 			strconv.FormatUint(st.PrevXmax, 10), strconv.FormatUint(st.CurXmax, 10), xidStrings(st.CurXip))
 		if err != nil {
-			return f.d.wrapErr("find late transactions", err)
+			return f.fail(err, "find late transactions")
 		}
 		defer r.Close()
 		for r.Next() {
 			var x string
 			if err := r.Scan(&x); err != nil {
-				return f.d.wrapErr("find late transactions", err)
+				return f.fail(err, "find late transactions")
 			}
 			v, err := strconv.ParseUint(x, 10, 64)
 			if err != nil {
@@ -200,9 +238,10 @@ func (f *feed[TTx]) tick(ctx context.Context) error {
 			st.Late = append(st.Late, v)
 		}
 		if err := r.Err(); err != nil {
-			return f.d.wrapErr("find late transactions", err)
+			return f.fail(err, "find late transactions")
 		}
 	}
+	f.st = st
 	return nil
 }
 
@@ -236,31 +275,45 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 		if wait <= 0 {
 			return batch, nil
 		}
+		if armed, err := f.arm(ctx, p.Wait); err != nil {
+			return nil, err
+		} else if armed {
+			// Producers may have committed without notifying before the
+			// row was visible: look once more before sleeping.
+			continue
+		}
 		if err := f.wait(ctx, wait); err != nil {
 			return nil, err
 		}
 	}
 }
 
+// read returns the next rows of the current batch. The feed's state
+// changes only if the whole result was read.
 func (f *feed[TTx]) read(ctx context.Context, limit int) (*ferrydriver.Batch, error) {
+	sess, err := f.session(ctx)
+	if err != nil {
+		return nil, err
+	}
 	st := f.st
-	r, err := f.d.db.query(ctx, f.d.queries.readBatch,
+	r, err := sess.exec.query(ctx, f.d.queries.readBatch,
 		f.partition, max(st.After, st.Low), st.High, xidStrings(st.CurXip), limit, strconv.FormatUint(st.CurXmax, 10),
 		st.stragglers(), st.After, st.Low)
 	if err != nil {
-		return nil, f.d.wrapErr("read feed "+f.name, err)
+		return nil, f.fail(err, "read feed")
 	}
 	defer r.Close()
 	b := &ferrydriver.Batch{}
 	n := 0
+	after := st.After
 	for r.Next() {
 		ev := &ferryevent.Event{}
 		id, err := scanEvent(r, ev)
 		n++
-		st.After = max(st.After, id)
+		after = max(after, id)
 		if err != nil {
 			if id == 0 {
-				return nil, f.d.wrapErr("read feed "+f.name, err)
+				return nil, f.fail(err, "read feed")
 			}
 			b.Invalid = append(b.Invalid, invalidRecord(ev, err.Error()))
 			continue
@@ -272,46 +325,58 @@ func (f *feed[TTx]) read(ctx context.Context, limit int) (*ferrydriver.Batch, er
 		b.Events = append(b.Events, ev)
 	}
 	if err := r.Err(); err != nil {
-		return nil, f.d.wrapErr("read feed "+f.name, err)
+		return nil, f.fail(err, "read feed")
 	}
-	if n < limit {
-		st.Done = true
-	}
-	b.Cursor = st.encode()
+	next := *st
+	next.After = after
+	next.Done = n < limit
+	f.st = &next
+	b.Cursor = next.encode()
 	return b, nil
+}
+
+// arm makes producers notify for the next while, unless they already do.
+// It reports whether it wrote the listeners row.
+func (f *feed[TTx]) arm(ctx context.Context, wait time.Duration) (bool, error) {
+	if !f.listen || time.Until(f.armedUntil) > 2*wait {
+		return false, nil
+	}
+	sess, err := f.session(ctx)
+	if err != nil {
+		return false, err
+	}
+	span := 10 * max(wait, 100*time.Millisecond)
+	start := time.Now()
+	if _, err := sess.exec.exec(ctx, f.d.queries.armListener, f.partition, span.Milliseconds()); err != nil {
+		return false, f.fail(err, "register idle relay")
+	}
+	f.armedUntil = start.Add(span)
+	return true, nil
 }
 
 // wait blocks until a notification arrives, d passes or ctx ends.
 func (f *feed[TTx]) wait(ctx context.Context, d time.Duration) error {
-	if f.lis == nil && f.d.listen != nil && !f.d.cfg.DisableNotify && time.Since(f.lisErr) > 5*time.Second {
-		lis, err := f.d.listen(ctx, f.d.channel)
-		if err == nil {
-			f.lis = lis
-		} else {
-			f.lisErr = time.Now()
-		}
-	}
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	if f.lis == nil {
+	if f.sess == nil || f.sess.wait == nil {
 		<-wctx.Done()
 		return ctx.Err()
 	}
-	err := f.lis.wait(wctx)
+	err := f.sess.wait(wctx)
 	switch {
 	case err == nil:
 		return nil
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case errors.Is(err, context.DeadlineExceeded) || wctx.Err() != nil:
+	case wctx.Err() != nil:
+		// Timed out. pgx interrupts the read with a deadline and keeps the
+		// connection usable.
 		return nil
 	default:
-		// The listening connection failed: fall back to polling and
-		// reconnect later. No event is lost; wake-ups are only hints.
-		f.d.cfg.Logger.Warn("ferrypg: outbox listener failed; polling until it reconnects", "feed", f.name, "err", err)
-		f.lis.close()
-		f.lis = nil
-		f.lisErr = time.Now()
+		// The session failed: the next call reconnects. No event is lost;
+		// wake-ups are only hints.
+		f.d.cfg.Logger.Warn("ferrypg: feed session failed while waiting; reconnecting", "feed", f.name, "err", err)
+		_ = f.fail(err, "wait")
 		return nil
 	}
 }

@@ -39,10 +39,19 @@ ins AS (
 const sqlAppend = appendCTE + `
 SELECT count(*) FROM ins`
 
-// sqlAppendNotify also wakes the relays listening on $11. NOTIFY is
-// delivered at commit, never for a rolled-back transaction.
+// sqlAppendNotify also wakes the relays listening on $11, if one is idle
+// (see the listeners table). NOTIFY is delivered at commit, never for a
+// rolled-back transaction.
 const sqlAppendNotify = appendCTE + `
-SELECT pg_notify($11, '') FROM (SELECT 1 FROM ins LIMIT 1) x`
+SELECT pg_notify($11, '') FROM (SELECT 1 FROM ins LIMIT 1) x
+ WHERE EXISTS (SELECT 1 FROM {schema}.listeners WHERE until > now())`
+
+// sqlArmListener tells producers that a relay is idle until now() + $2 ms.
+const sqlArmListener = `
+INSERT INTO {schema}.listeners (partition, until)
+SELECT $1, now() + $2 * interval '1 millisecond'
+ WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
+ON CONFLICT (partition) DO UPDATE SET until = excluded.until`
 
 // sqlTick takes the snapshot that closes the next feed batch, and the
 // highest id visible in it (a backward scan of the primary key).
@@ -93,6 +102,10 @@ const sqlLateXids = `
 SELECT DISTINCT xid::text FROM {schema}.outbox
  WHERE xid >= $3::text::xid8 AND xid < $4::text::xid8 AND partition = $1 AND id <= $2
    AND xid <> ALL ($5::text[]::xid8[])`
+
+// sqlSeqCache reads the outbox sequence's cache size; it must be 1.
+const sqlSeqCache = `
+SELECT cache_size FROM pg_sequences WHERE schemaname = $1 AND sequencename = 'outbox_id_seq'`
 
 const sqlLoadCheckpoint = `
 SELECT cursor, term, updated_at FROM {schema}.checkpoints WHERE feed = $1`

@@ -1,0 +1,117 @@
+package ferry_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// BenchmarkEmitTx measures producer transactions (BEGIN; EmitTx of one
+// event; COMMIT) from parallel goroutines (-cpu sets their number x GOMAXPROCS).
+func BenchmarkEmitTx(b *testing.B) {
+	for _, notify := range []bool{true, false} {
+		b.Run("notify="+strconv.FormatBool(notify), func(b *testing.B) {
+			drv, err := ferrypg.New(pgtest.Pool(b), &ferrypg.Config{Schema: pgtest.Schema(b), DisableNotify: !notify})
+			require.NoError(b, err)
+			_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+			require.NoError(b, err)
+			c, err := ferry.NewClient(drv, nil)
+			require.NoError(b, err)
+			pool := pgtest.Pool(b)
+			var n atomic.Int64
+			b.SetParallelism(4)
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					i := n.Add(1)
+					ev := &ferry.Event{Topic: "orders", Key: "k" + strconv.Itoa(int(i%500)), Type: "T", Payload: make([]byte, 256)}
+					if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.EmitTx(ctx, tx, ev) }); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tx/s")
+		})
+	}
+}
+
+// BenchmarkRelayDrain measures the relay's hot path (feed read, waves,
+// checkpoint) from a PostgreSQL backlog into an in-memory sink.
+func BenchmarkRelayDrain(b *testing.B) {
+	drv, err := ferrypg.New(pgtest.Pool(b), &ferrypg.Config{Schema: pgtest.Schema(b)})
+	require.NoError(b, err)
+	ctx := context.Background()
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(b, err)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(b, err)
+	b.StopTimer()
+	for i := 0; i < b.N; i += 100 {
+		evs := make([]*ferry.Event, min(100, b.N-i))
+		for j := range evs {
+			evs[j] = &ferry.Event{Topic: "orders", Key: "k" + strconv.Itoa((i+j)%500), Type: "T", Payload: make([]byte, 256)}
+		}
+		require.NoError(b, c.Emit(ctx, evs...))
+	}
+	sink := &memsink.Sink{}
+	r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{BatchSize: 1000, PollInterval: 10 * time.Millisecond})
+	require.NoError(b, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	b.StartTimer()
+	start := time.Now()
+	go func() { done <- r.Run(rctx) }()
+	for sink.Len() < b.N {
+		time.Sleep(time.Millisecond)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+	b.StopTimer()
+	cancel()
+	require.NoError(b, <-done)
+}
+
+// BenchmarkFeedRead measures reading batches of 500 from a backlog.
+func BenchmarkFeedRead(b *testing.B) {
+	drv, err := ferrypg.New(pgtest.Pool(b), &ferrypg.Config{Schema: pgtest.Schema(b)})
+	require.NoError(b, err)
+	ctx := context.Background()
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(b, err)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(b, err)
+	const backlog = 50000
+	for i := 0; i < backlog; i += 500 {
+		evs := make([]*ferry.Event, 500)
+		for j := range evs {
+			evs[j] = &ferry.Event{Topic: "orders", Key: "k" + strconv.Itoa((i+j)%500), Type: "T", Payload: make([]byte, 256)}
+		}
+		require.NoError(b, c.Emit(ctx, evs...))
+	}
+	b.ResetTimer()
+	read := 0
+	for b.Loop() {
+		f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "bench/0"})
+		require.NoError(b, err)
+		for got := 0; got < backlog; {
+			batch, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 500, Wait: time.Second})
+			require.NoError(b, err)
+			got += len(batch.Events)
+		}
+		read += backlog
+		_ = f.Close()
+	}
+	b.ReportMetric(float64(read)/b.Elapsed().Seconds(), "events/s")
+}

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// cmdBench measures the relay on this machine: how fast it drains a
+// backlog into JetStream, and the commit-to-receive latency at a fixed
+// rate. Each run uses a fresh schema and stream and removes them after.
+func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency") {
+		return usagef("say what to measure: ferry bench drain | latency")
+	}
+	mode := args[0]
+	f := newFlags("bench "+mode, stderr)
+	var db dbFlags
+	db.register(f)
+	var natsURL string
+	var events, keys, batch, rate, producers int
+	var duration, poll time.Duration
+	var keep bool
+	var cpuProfile string
+	f.String(&natsURL, "nats-url", "FERRY_NATS_URL", nats.DefaultURL, "NATS server URL")
+	f.Int(&events, "events", "FERRY_BENCH_EVENTS", 100000, "drain: backlog size")
+	f.Int(&keys, "keys", "FERRY_BENCH_KEYS", 500, "distinct keys")
+	f.Int(&batch, "batch", "FERRY_BATCH_SIZE", 1000, "relay batch size")
+	f.Int(&rate, "rate", "FERRY_BENCH_RATE", 1000, "latency: events per second, one per transaction")
+	f.Int(&producers, "producers", "FERRY_BENCH_PRODUCERS", 8, "producer connections")
+	f.Duration(&duration, "duration", "FERRY_BENCH_DURATION", 20*time.Second, "latency: how long to produce")
+	f.Duration(&poll, "poll-interval", "FERRY_POLL_INTERVAL", 500*time.Millisecond, "relay poll interval")
+	f.Bool(&keep, "keep", "FERRY_BENCH_KEEP", false, "keep the schema and stream afterwards")
+	f.String(&cpuProfile, "cpuprofile", "FERRY_BENCH_CPUPROFILE", "", "write a CPU profile of the run to this file")
+	if err := f.Parse(args[1:]); err != nil {
+		return err
+	}
+	if cpuProfile != "" {
+		pf, err := os.Create(cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	schema := fmt.Sprintf("ferrybench_%d", time.Now().UnixNano()%1e9)
+	db.schema = schema
+	pool, drv, err := db.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	defer func() {
+		if !keep {
+			_, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+		}
+	}()
+	if _, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{}); err != nil {
+		return err
+	}
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
+	}
+	defer nc.Close()
+	stream := "FERRYBENCH_" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
+	prefix := "ferrybench" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
+	if err != nil {
+		return err
+	}
+	defer sink.Close(context.WithoutCancel(ctx))
+	js, _ := jetstream.New(nc)
+	defer func() {
+		if !keep {
+			_ = js.DeleteStream(context.WithoutCancel(ctx), stream)
+		}
+	}()
+	client, err := ferry.NewClient(drv, nil)
+	if err != nil {
+		return err
+	}
+	relay, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{BatchSize: batch, PollInterval: poll, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, NATS %s, GOMAXPROCS %d, batch %d, keys %d\n", mode, serverVersion(ctx, pool), nc.ConnectedServerVersion(), runtimeProcs(), batch, keys)
+	if mode == "drain" {
+		return benchDrain(ctx, stdout, pool, client, relay, js, stream, events, keys, producers)
+	}
+	return benchLatency(ctx, stdout, pool, client, relay, nc, prefix, rate, duration, keys, producers)
+}
+
+func serverVersion(ctx context.Context, pool *pgxpool.Pool) string {
+	var v string
+	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&v)
+	return v
+}
+
+func payload(i int) []byte {
+	return []byte(fmt.Sprintf(`{"order":%d,"amount":%d,"note":"%0200d"}`, i, i%977, 0))
+}
+
+// benchDrain fills a backlog, then times the relay publishing all of it.
+func benchDrain(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], relay *ferry.Relay, js jetstream.JetStream, stream string, n, keys, producers int) error {
+	fillStart := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				first := int(next.Add(100)) - 100
+				if first >= n {
+					return
+				}
+				evs := make([]*ferry.Event, min(100, n-first))
+				for j := range evs {
+					i := first + j
+					evs[j] = &ferry.Event{Topic: "orders", Key: "customer-" + strconv.Itoa(i%keys), Type: "OrderPlaced", ContentType: "application/json", Payload: payload(i)}
+				}
+				if err := c.Emit(ctx, evs...); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "backlog: %d events in %v (%.0f events/s, 100 per transaction)\n", n, time.Since(fillStart).Round(time.Millisecond), float64(n)/time.Since(fillStart).Seconds())
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cpu0 := cpuTime()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	for {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs >= uint64(n) {
+			break
+		}
+		select {
+		case err := <-done:
+			return fmt.Errorf("relay stopped early: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+	cpu := cpuTime() - cpu0
+	cancel()
+	<-done
+	fmt.Fprintf(w, "drain: %d events in %v = %.0f events/s; this process (relay + JetStream client) used %.2f CPU-s, %.2f CPU-s per 10k events; peak RSS %d MiB\n",
+		n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), cpu.Seconds(), cpu.Seconds()*10000/float64(n), peakRSS()>>20)
+	return nil
+}
+
+// benchLatency produces at a fixed rate, one event per transaction, and
+// measures commit -> receipt by a JetStream subscriber, plus intended send
+// time -> receipt (which also counts producer stalls: no coordinated omission).
+func benchLatency(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], relay *ferry.Relay, nc *nats.Conn, prefix string, rate int, d time.Duration, keys, producers int) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+
+	n := int(d.Seconds() * float64(rate))
+	committed := make([]atomic.Int64, n)
+	intended := make([]int64, n)
+	received := make([]atomic.Int64, n)
+	var got atomic.Int64
+	sub, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
+		now := time.Now().UnixNano()
+		ev, err := ferrynats.Decode(m)
+		if err != nil {
+			return
+		}
+		i, err := strconv.Atoi(ev.Type[len("Bench"):])
+		if err != nil || i < 0 || i >= n {
+			return
+		}
+		if received[i].CompareAndSwap(0, now) {
+			got.Add(1)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	time.Sleep(time.Second) // let the relay take its lease
+	start := time.Now()
+	for i := range intended {
+		intended[i] = start.Add(time.Duration(i) * time.Second / time.Duration(rate)).UnixNano()
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if wait := time.Until(time.Unix(0, intended[i])); wait > 0 {
+					time.Sleep(wait)
+				}
+				ev := &ferry.Event{Topic: "orders", Key: "customer-" + strconv.Itoa(rand.IntN(keys)), Type: "Bench" + strconv.Itoa(i), Payload: payload(i)}
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.EmitTx(ctx, tx, ev) })
+				if err != nil {
+					fmt.Fprintln(w, "producer:", err)
+					return
+				}
+				committed[i].Store(time.Now().UnixNano())
+			}
+		}()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for got.Load() < int64(n) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	var fromCommit, fromIntent []time.Duration
+	for i := range n {
+		r, cm := received[i].Load(), committed[i].Load()
+		if r == 0 || cm == 0 {
+			continue
+		}
+		fromCommit = append(fromCommit, time.Duration(max(0, r-cm)))
+		fromIntent = append(fromIntent, time.Duration(r-intended[i]))
+	}
+	fmt.Fprintf(w, "latency at %d events/s for %v: %d of %d received\n", rate, d, len(fromCommit), n)
+	fmt.Fprintf(w, "  commit -> receive:   %s\n", percentiles(fromCommit))
+	fmt.Fprintf(w, "  intended -> receive: %s\n", percentiles(fromIntent))
+	if len(fromCommit) < n {
+		return fmt.Errorf("%d events were not received", n-len(fromCommit))
+	}
+	return nil
+}
+
+func percentiles(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "no samples"
+	}
+	slices.Sort(ds)
+	p := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))].Round(10 * time.Microsecond) }
+	return fmt.Sprintf("p50 %v  p90 %v  p99 %v  max %v", p(0.50), p(0.90), p(0.99), ds[len(ds)-1].Round(10*time.Microsecond))
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func peakRSS() int64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Maxrss * 1024
+}
+
+func runtimeProcs() int {
+	if v, err := strconv.Atoi(os.Getenv("GOMAXPROCS")); err == nil {
+		return v
+	}
+	return numCPU()
+}
