@@ -282,7 +282,9 @@ func percentiles(ds []time.Duration) string {
 		return "no samples"
 	}
 	slices.Sort(ds)
-	p := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))].Round(10 * time.Microsecond) }
+	p := func(q float64) time.Duration {
+		return ds[min(len(ds)-1, int(q*float64(len(ds))))].Round(10 * time.Microsecond)
+	}
 	return fmt.Sprintf("p50 %v  p90 %v  p99 %v  max %v", p(0.50), p(0.90), p(0.99), ds[len(ds)-1].Round(10*time.Microsecond))
 }
 
