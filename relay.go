@@ -170,6 +170,7 @@ func (r *Relay) FeedName() string { return r.name }
 func (r *Relay) Run(ctx context.Context) error {
 	attempt := 0
 	for ctx.Err() == nil {
+		asked := time.Now()
 		lease, err := r.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: r.name, Holder: r.cfg.HolderID, TTL: r.cfg.LeaseTTL})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -191,7 +192,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		attempt = 0
 		r.log.Info("ferry: relay is the leader", "term", lease.Term)
-		err = r.lead(ctx, lease)
+		err = r.lead(ctx, lease, asked)
 		r.m.leader.Set(0)
 		switch {
 		case err == nil || ctx.Err() != nil:
@@ -220,17 +221,20 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // errTrustExpired is the cause when the leader could not renew in time.
 var errTrustExpired = fmt.Errorf("lease not renewed within its TTL: %w", ferrydriver.ErrLeaseLost)
 
-// lead runs one term of leadership.
-func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease) error {
+// lead runs one term of leadership. asked is when the lease was requested:
+// the local trust window is measured from then, before the database set
+// the expiry, so it always ends before the lease does.
+func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.Time) error {
 	r.m.leader.Set(1)
-	// leaseCtx ends when the lease is lost, not when stop ends: a stopping
-	// relay still finishes its batch in flight.
+	// leaseCtx ends when the lease is lost (or on return), not when stop
+	// ends: a stopping relay still finishes its batch in flight.
 	leaseCtx, loseLease := context.WithCancelCause(context.WithoutCancel(stop))
-	defer loseLease(nil)
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Add(1)
-	go func() { defer wg.Done(); r.keepLease(leaseCtx, lease, loseLease, time.Now()) }()
+	defer func() {
+		loseLease(nil)
+		wg.Wait()
+	}()
+	wg.Go(func() { r.keepLease(leaseCtx, lease, loseLease, asked) })
 
 	cp, err := r.store.LoadCheckpoint(leaseCtx, &ferrydriver.LoadCheckpointParams{Feed: r.name})
 	if err != nil {
@@ -242,9 +246,12 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease) error {
 	}
 	defer feed.Close()
 
-	ck := &checkpointer{r: r, term: lease.Term, saved: cp.Cursor, wake: make(chan struct{}, 1), lose: loseLease}
-	wg.Add(1)
-	go func() { defer wg.Done(); ck.run(leaseCtx) }()
+	ck := newCheckpointer(r, lease.Term, cp.Cursor, loseLease)
+	ckCtx, stopCk := context.WithCancel(leaseCtx)
+	ckDone := make(chan struct{})
+	go func() { defer close(ckDone); ck.run(ckCtx) }()
+	defer func() { stopCk(); <-ckDone }()
+	wg.Go(func() { r.maintain(leaseCtx, ck) })
 
 	// readCtx also ends on stop: no new batch is started after it.
 	readCtx, cancelRead := context.WithCancel(leaseCtx)
@@ -252,8 +259,7 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease) error {
 	stopRead := context.AfterFunc(stop, cancelRead)
 	defer stopRead()
 
-	lastRetention := time.Time{}
-	for {
+	for stop.Err() == nil {
 		batch, err := feed.Read(readCtx, &ferrydriver.ReadParams{Max: r.cfg.BatchSize, Wait: r.cfg.PollInterval})
 		if err != nil {
 			if leaseCtx.Err() != nil {
@@ -266,25 +272,24 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease) error {
 		}
 		if err := r.deliver(stop, leaseCtx, lease.Term, batch); err != nil {
 			if stop.Err() != nil && leaseCtx.Err() == nil {
-				break // shutting down mid-batch: not checkpointed, redelivered later
+				break // stopping mid-batch: not checkpointed, redelivered later
 			}
 			return err
 		}
-		ck.set(batch.Cursor)
-		if r.cfg.Retention >= 0 && time.Since(lastRetention) >= r.cfg.RetentionInterval {
-			lastRetention = time.Now()
-			r.retain(leaseCtx, ck.savedCursor())
-		}
-		if stop.Err() != nil {
-			break
+		// At most two delivered batches are ever unsaved: the one the
+		// checkpointer is saving and this one. That bounds what a crash
+		// redelivers.
+		if err := ck.advance(leaseCtx, batch.Cursor, len(batch.Events)+len(batch.Invalid) > 0); err != nil {
+			return context.Cause(leaseCtx)
 		}
 	}
-	// Stopping: flush the checkpoint, then hand the lease over at once.
+	// Stopping: save the last cursor, then hand the lease over at once.
+	stopCk()
+	<-ckDone
 	ck.flush(stop, r.cfg.ShutdownTimeout)
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(stop), r.cfg.ShutdownTimeout)
 	defer cancel()
 	loseLease(errStopping)
-	wg.Wait()
 	if err := r.store.ReleaseLease(relCtx, &ferrydriver.ReleaseLeaseParams{Name: r.name, Holder: r.cfg.HolderID, Term: lease.Term}); err != nil {
 		r.log.Warn("ferry: could not release the lease; a standby takes over when it expires", "err", err)
 	}
@@ -294,12 +299,13 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease) error {
 var errStopping = errors.New("relay stopping")
 
 // keepLease renews the lease every TTL/3 and cancels leaseCtx when it is
-// lost or when the local trust window (TTL minus a margin, measured from
-// the start of the last successful renewal on the monotonic clock) ends.
-func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose context.CancelCauseFunc, acquiredAt time.Time) {
+// lost or when the local trust window ends. The window is the lease's
+// remaining time as the database granted it, minus a margin, counted on the
+// local monotonic clock from before the request that obtained it.
+func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose context.CancelCauseFunc, asked time.Time) {
 	ttl := r.cfg.LeaseTTL
 	margin := min(ttl/5, 2*time.Second)
-	trustUntil := acquiredAt.Add(ttl - margin)
+	trustUntil := asked.Add(lease.ExpiresAt.Sub(lease.Now) - margin)
 	tick := time.NewTicker(ttl / 3)
 	defer tick.Stop()
 	for {
@@ -315,17 +321,37 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 			trust.Stop()
 			start := time.Now()
 			rctx, cancel := context.WithDeadline(ctx, trustUntil)
-			_, err := r.store.RenewLease(rctx, &ferrydriver.RenewLeaseParams{Name: r.name, Holder: r.cfg.HolderID, Term: lease.Term, TTL: ttl})
+			l, err := r.store.RenewLease(rctx, &ferrydriver.RenewLeaseParams{Name: r.name, Holder: r.cfg.HolderID, Term: lease.Term, TTL: ttl})
 			cancel()
 			switch {
 			case err == nil:
-				trustUntil = start.Add(ttl - margin)
+				trustUntil = start.Add(l.ExpiresAt.Sub(l.Now) - margin)
 			case errors.Is(err, ferrydriver.ErrLeaseLost):
 				lose(err)
 				return
 			default:
 				r.log.Warn("ferry: lease renewal failed; will retry until the lease's trust window ends", "err", err, "trust_left", time.Until(trustUntil).Round(time.Millisecond))
 			}
+		}
+	}
+}
+
+// maintain refreshes the lag figures every heartbeat and removes published
+// events every RetentionInterval, off the publish path.
+func (r *Relay) maintain(ctx context.Context, ck *checkpointer) {
+	hb := time.NewTicker(r.cfg.HeartbeatInterval)
+	defer hb.Stop()
+	var lastRetention time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hb.C:
+		}
+		r.refreshLag(ctx)
+		if r.cfg.Retention >= 0 && time.Since(lastRetention) >= r.cfg.RetentionInterval {
+			lastRetention = time.Now()
+			r.retain(ctx, ck.savedCursor())
 		}
 	}
 }
@@ -454,17 +480,26 @@ func (r *Relay) publishWave(stop, leaseCtx context.Context, events []*ferryevent
 	}
 }
 
+// retain removes published events older than Retention, in chunks.
 func (r *Relay) retain(ctx context.Context, cursor []byte) {
 	if cursor == nil {
 		return
 	}
-	n, err := r.store.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: r.name, Partition: r.cfg.Partition, Cursor: cursor, OlderThan: r.cfg.Retention, Limit: 10000})
-	if err != nil {
-		r.log.Warn("ferry: retention failed; will retry", "err", err)
-		return
+	const chunk = 5000
+	total := int64(0)
+	for ctx.Err() == nil {
+		n, err := r.store.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: r.name, Partition: r.cfg.Partition, Cursor: cursor, OlderThan: r.cfg.Retention, Limit: chunk})
+		if err != nil {
+			r.log.Warn("ferry: retention failed; will retry", "err", err)
+			return
+		}
+		total += n
+		if n < chunk/2 {
+			break
+		}
 	}
-	if n > 0 {
-		r.log.Debug("ferry: removed published events", "count", n)
+	if total > 0 {
+		r.log.Debug("ferry: removed published events", "count", total)
 	}
 }
 
@@ -476,19 +511,48 @@ type checkpointer struct {
 	lose context.CancelCauseFunc
 	wake chan struct{}
 
-	mu      sync.Mutex
-	latest  []byte
-	saved   []byte
-	flushed chan struct{}
+	mu sync.Mutex // guards the fields below
+	// latest is the newest cursor, seq the number of non-empty batches
+	// delivered up to it; saved and savedSeq what the store has.
+	latest, saved []byte
+	seq, savedSeq int64
+	// progress is closed and replaced after every save.
+	progress chan struct{}
 }
 
-func (c *checkpointer) set(cursor []byte) {
+func newCheckpointer(r *Relay, term int64, saved []byte, lose context.CancelCauseFunc) *checkpointer {
+	return &checkpointer{r: r, term: term, lose: lose, wake: make(chan struct{}, 1), saved: saved, latest: saved, progress: make(chan struct{})}
+}
+
+// advance records a delivered batch's cursor. A batch with events wakes the
+// saver; then advance waits until at most this batch and the one before it
+// are unsaved. An empty batch's cursor waits for the next heartbeat.
+func (c *checkpointer) advance(ctx context.Context, cursor []byte, delivered bool) error {
 	c.mu.Lock()
 	c.latest = cursor
+	if !delivered {
+		c.mu.Unlock()
+		return nil
+	}
+	c.seq++
+	want := c.seq - 1
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
 	default:
+	}
+	for {
+		c.mu.Lock()
+		ok, progress := c.savedSeq >= want, c.progress
+		c.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-progress:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
@@ -501,6 +565,7 @@ func (c *checkpointer) savedCursor() []byte {
 func (c *checkpointer) run(ctx context.Context) {
 	hb := time.NewTicker(c.r.cfg.HeartbeatInterval)
 	defer hb.Stop()
+	retry := 0
 	for {
 		heartbeat := false
 		select {
@@ -510,39 +575,62 @@ func (c *checkpointer) run(ctx context.Context) {
 		case <-hb.C:
 			heartbeat = true
 		}
-		c.save(ctx, heartbeat)
+		if err := c.save(ctx, heartbeat); err != nil && ctx.Err() == nil {
+			retry++
+			c.r.log.Warn("ferry: saving the checkpoint failed; will retry", "err", err, "attempt", retry)
+			c.r.retry.Sleep(ctx.Done(), retry)
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		retry = 0
 	}
 }
 
-func (c *checkpointer) save(ctx context.Context, force bool) {
+// save stores the latest cursor if it changed (or always, for a heartbeat,
+// which also shows operators that the relay is alive).
+func (c *checkpointer) save(ctx context.Context, heartbeat bool) error {
 	c.mu.Lock()
-	cur, saved := c.latest, c.saved
+	cur, seq, saved := c.latest, c.seq, c.saved
 	c.mu.Unlock()
-	if cur == nil || (!force && bytes.Equal(cur, saved)) {
-		return
+	if cur == nil || (!heartbeat && bytes.Equal(cur, saved)) {
+		c.markSaved(cur, seq)
+		return nil
 	}
 	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Cursor: cur, Holder: c.r.cfg.HolderID, Term: c.term})
-	switch {
-	case err == nil:
-		c.mu.Lock()
-		c.saved = cur
-		c.mu.Unlock()
-		c.r.m.checkpoints.Inc()
-		if force {
-			c.r.refreshLag(ctx)
-		}
-	case errors.Is(err, ferrydriver.ErrLeaseLost):
+	if errors.Is(err, ferrydriver.ErrLeaseLost) {
 		c.lose(err)
-	case ctx.Err() == nil:
-		c.r.log.Warn("ferry: saving the checkpoint failed; will retry", "err", err)
+		return nil
 	}
+	if err != nil {
+		return err
+	}
+	c.r.m.checkpoints.Inc()
+	c.markSaved(cur, seq)
+	return nil
 }
 
-// flush saves the latest cursor before the relay stops.
+func (c *checkpointer) markSaved(cur []byte, seq int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.saved = cur
+	if seq > c.savedSeq {
+		c.savedSeq = seq
+	}
+	close(c.progress)
+	c.progress = make(chan struct{})
+}
+
+// flush saves the latest cursor before the relay stops; the saver
+// goroutine must have stopped.
 func (c *checkpointer) flush(stop context.Context, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stop), timeout)
 	defer cancel()
-	c.save(ctx, false)
+	if err := c.save(ctx, false); err != nil {
+		c.r.log.Warn("ferry: could not save the final checkpoint; the next relay redelivers the last batch", "err", err)
+	}
 }
 
 func (r *Relay) refreshLag(ctx context.Context) {

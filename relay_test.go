@@ -2,9 +2,11 @@ package ferry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -235,4 +237,70 @@ func TestRolledBackEmitIsNotPublished(t *testing.T) {
 	require.NoError(t, c.Emit(ctx, kept))
 	require.Eventually(t, func() bool { return sink.Len() == 1 }, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, kept.ID, sink.Stored()[0].ID)
+}
+
+// failingStore fails chosen calls once, to check that the relay recovers.
+type failingStore struct {
+	ferrydriver.Store
+	failLoad atomic.Bool
+}
+
+func (s *failingStore) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
+	if s.failLoad.CompareAndSwap(true, false) {
+		return nil, errors.New("injected: connection reset")
+	}
+	return s.Store.LoadCheckpoint(ctx, p)
+}
+
+func TestRelayRecoversFromStoreErrors(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	store := &failingStore{Store: drv}
+	store.failLoad.Store(true)
+	sink := &memsink.Sink{}
+	stop := run(t, quickRelay(t, store, sink, "r1"))
+	first := emitMany(t, c, 100, 10, 2, strconv.Itoa)
+	require.Eventually(t, func() bool { return sink.Len() >= len(first) }, 20*time.Second, 20*time.Millisecond, "the relay retries after a failed checkpoint load")
+
+	// Kill the feed's database session under the running relay.
+	ctx := context.Background()
+	var killed int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
+		`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = left($1, 63)`,
+		"ferry feed "+drv.Schema()+" default/0").Scan(&killed))
+	require.Equal(t, 1, killed, "the feed runs on one dedicated session")
+	second := emitMany(t, c, 100, 10, 2, strconv.Itoa)
+	require.Eventually(t, func() bool { return sink.Len() >= len(first)+len(second) }, 20*time.Second, 20*time.Millisecond, "the relay reconnects")
+	done := make(chan struct{})
+	go func() { stop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return after its context was cancelled")
+	}
+	checkDelivery(t, append(first, second...), sink.Stored(), true)
+}
+
+func TestRelayConfigValidation(t *testing.T) {
+	t.Parallel()
+	sink := &memsink.Sink{}
+	drv, err := ferrypg.New(nil, nil)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		cfg  ferry.RelayConfig
+		want string
+	}{
+		{ferry.RelayConfig{BatchSize: -1}, "BatchSize"},
+		{ferry.RelayConfig{PollInterval: time.Microsecond}, "PollInterval"},
+		{ferry.RelayConfig{LeaseTTL: 10 * time.Millisecond}, "LeaseTTL"},
+		{ferry.RelayConfig{Partition: -2}, "Partition"},
+		{ferry.RelayConfig{RetryBase: time.Second, RetryMax: time.Millisecond}, "RetryBase"},
+	} {
+		_, err := ferry.NewRelay(drv, sink, &tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+	_, err = ferry.NewRelay(nil, sink, nil)
+	require.Error(t, err)
 }

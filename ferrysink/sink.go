@@ -36,6 +36,11 @@ type Sink interface {
 // OrderedBatcher is implemented by sinks that keep per-key order within one
 // Publish call, including across their own internal retries (for example a
 // Kafka idempotent producer). The relay then sends whole batches at once.
+//
+// Such a sink must never acknowledge an event after failing an earlier
+// event of the same key in the same call: once one fails, every later event
+// of that key in the call must fail too (without being stored), because the
+// relay retries the failed ones in a later call.
 type OrderedBatcher interface {
 	OrderedBatches() bool
 }

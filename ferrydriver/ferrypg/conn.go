@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,8 +15,10 @@ import (
 // it matters: right after a bulk load or an outage, when a batch's id range
 // covers a large backlog the planner believes is tiny, and a bitmap scan
 // plus sort would read the whole range for every batch (O(backlog)).
+// The session's application_name, "ferry feed <schema> <feed>", shows in
+// pg_stat_activity.
 const feedSettings = `SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_seqscan', 'off', false),
-	set_config('application_name', 'ferry feed', false)`
+	set_config('application_name', left($1, 63), false)`
 
 // session is a connection dedicated to one feed: its queries run there and,
 // when notifications are on, it LISTENs on the outbox channel.
@@ -86,12 +87,12 @@ func sqlSession(db *sql.DB) sessionFunc {
 
 // openSession opens a feed session, applies feedSettings and, if listen,
 // subscribes to the outbox channel.
-func (d *Driver[TTx]) openSession(ctx context.Context, listen bool) (*session, error) {
+func (d *Driver[TTx]) openSession(ctx context.Context, feed string, listen bool) (*session, error) {
 	s, err := d.session(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.exec.exec(ctx, feedSettings); err != nil {
+	if _, err := s.exec.exec(ctx, feedSettings, "ferry feed "+d.cfg.Schema+" "+feed); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -105,5 +106,3 @@ func (d *Driver[TTx]) openSession(ctx context.Context, listen bool) (*session, e
 	}
 	return s, nil
 }
-
-var errNoSession = errors.New("ferrypg: feed session closed")

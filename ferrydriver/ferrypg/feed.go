@@ -169,7 +169,7 @@ func (f *feed[TTx]) session(ctx context.Context) (*session, error) {
 	if f.sess != nil {
 		return f.sess, nil
 	}
-	s, err := f.d.openSession(ctx, f.listen)
+	s, err := f.d.openSession(ctx, f.name, f.listen)
 	if err != nil {
 		return nil, f.d.wrapErr("open feed session", err)
 	}

@@ -181,14 +181,24 @@ SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
  WHERE ($1 = '' OR feed = $1) AND event_id = $2 ORDER BY failed_at DESC LIMIT 1`
 
 // sqlDeleteDelivered removes delivered events: at or below the previous
-// batch's high id, not written by a transaction that was still running at
-// the previous snapshot, visible to it (those may not be delivered yet).
+// batch's high id and visible to the previous snapshot (a row of a
+// transaction that was still running then may not be delivered yet), older
+// than the retention. It looks at the $5 oldest rows only, so each call is
+// O($5) however many young rows are retained:
+//
+//	Delete on outbox
+//	  -> Nested Loop
+//	       -> Subquery Scan on s  Filter: ((created_at < ...) AND (xid < ...) AND (xid <> ALL (...)))
+//	            -> Limit -> Index Scan using outbox_pkey on outbox  Index Cond: ((partition = 0) AND (id <= 1000))
+//	       -> Index Scan using outbox_pkey on outbox  Index Cond: ((partition = 0) AND (id = s.id))
 const sqlDeleteDelivered = `
-DELETE FROM {schema}.outbox WHERE partition = $1 AND id IN (
-    SELECT id FROM {schema}.outbox
-     WHERE partition = $1 AND id <= $2 AND xid < $6::text::xid8 AND xid <> ALL ($3::text[]::xid8[])
-       AND created_at < now() - $4 * interval '1 millisecond'
-     ORDER BY id LIMIT $5)`
+DELETE FROM {schema}.outbox o USING (
+    SELECT id FROM (
+        SELECT id, xid, created_at FROM {schema}.outbox
+         WHERE partition = $1 AND id <= $2 ORDER BY id LIMIT $5) h
+     WHERE h.created_at < now() - $4 * interval '1 millisecond'
+       AND h.xid < $6::text::xid8 AND h.xid <> ALL ($3::text[]::xid8[])) s
+ WHERE o.partition = $1 AND o.id = s.id`
 
 // sqlFeedLag counts events above a feed position (O(lag): for status only).
 const sqlFeedLag = `
