@@ -171,6 +171,9 @@ func (c *child) duplicates() int {
 
 // produce emits n events over keys with writers goroutines, pacing to rate
 // events/s, and returns them.
+//
+// One transaction in 50 stays open for up to a second after emitting, so
+// that late committers (lower ids committing after higher ones) are common.
 func (f *fixture) produce(ctx context.Context, n, keys, writers, rate int) []*ferry.Event {
 	pool := pgtest.Pool(f.t)
 	var mu sync.Mutex
@@ -203,7 +206,13 @@ func (f *fixture) produce(ctx context.Context, n, keys, writers, rate int) []*fe
 					if err != nil {
 						return err
 					}
-					return f.client.EmitTx(ctx, tx, evs...)
+					if err := f.client.EmitTx(ctx, tx, evs...); err != nil {
+						return err
+					}
+					if rng.IntN(50) == 0 {
+						time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
+					}
+					return nil
 				})
 				if err != nil {
 					f.t.Error(err)
@@ -316,6 +325,12 @@ func TestRelayCrash(t *testing.T) {
 	relay := f.startRelay("crash")
 	for k := 0; k < kills; k++ {
 		time.Sleep(time.Duration(150+rng.IntN(500)) * time.Millisecond)
+		if k%5 == 2 {
+			// A database-side fault instead: the relay's feed session is
+			// terminated under it and it must reconnect by itself.
+			f.terminateFeedSession(ctx)
+			time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
+		}
 		relay.kill()
 		lifetimes = append(lifetimes, relay)
 		relay = f.startRelay("crash")
@@ -341,6 +356,23 @@ func TestRelayCrash(t *testing.T) {
 	t.Logf("%d events, %d keys, %d SIGKILLs: %d stored, %d redelivered in all (max %d after one kill, bound %d)",
 		len(emitted), keys, kills, len(stored), total, maxDup, window)
 	require.LessOrEqual(t, maxDup, window, "redeliveries after one kill exceed the in-flight window")
+	led := 0
+	for _, c := range lifetimes {
+		for _, l := range c.logs.all() {
+			if strings.Contains(l, "relay is the leader") {
+				led++
+				break
+			}
+		}
+	}
+	require.GreaterOrEqual(t, led, len(lifetimes)*3/4, "most relays must have become leader before being killed, or the kills tested nothing")
+}
+
+// terminateFeedSession kills the relay's feed connection from the database side.
+func (f *fixture) terminateFeedSession(ctx context.Context) {
+	_, err := pgtest.Pool(f.t).Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = left($1, 63)`,
+		"ferry feed "+f.schema+" default/0")
+	require.NoError(f.t, err)
 }
 
 // TestZombieLeader pauses the leading relay past its lease TTL, lets a
@@ -373,6 +405,10 @@ func TestZombieLeader(t *testing.T) {
 	lb, err := f.drv.GetLease(ctx, "default/0")
 	require.NoError(t, err)
 	require.Greater(t, lb.Term, int64(1))
+	require.Eventually(t, func() bool {
+		cp, err := f.drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
+		return err == nil && cp.Term == lb.Term
+	}, 20*time.Second, 20*time.Millisecond, "b saves a checkpoint")
 	time.Sleep(time.Until(paused.Add(4 * time.Second))) // a stays paused for twice its TTL
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
 
