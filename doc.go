@@ -1,0 +1,72 @@
+/*
+Package ferry moves events from a Go service's database to the rest of the
+system with nothing lost, nothing published for a rolled-back transaction
+and, per key, nothing out of order: the transactional outbox and its relay.
+
+# Emitting events
+
+Write events in the same transaction as the business data they describe.
+If the transaction rolls back, so do the events:
+
+	drv, err := ferrypg.New(pool, nil) // pool is your *pgxpool.Pool
+	client, err := ferry.NewClient(drv, nil)
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id, total) VALUES ($1, $2)", id, total); err != nil {
+			return err
+		}
+		return client.EmitTx(ctx, tx, &ferry.Event{
+			Topic:   "orders",
+			Key:     id,              // events of one key stay in order
+			Type:    "OrderPlaced",
+			Payload: payload,
+		})
+	})
+
+EmitTx validates events before writing anything (topic, key and type set,
+payload within Config.MaxPayloadBytes) and returns a *ValidationError naming
+the event and the field. Event IDs are UUIDv7s filled in when empty; mint
+them yourself with NewID before a transaction you may retry, so that every
+attempt emits the same event.
+
+database/sql users pass a *sql.Tx to a driver made by ferrypg.NewSQL.
+
+# Relaying
+
+A Relay tails the outbox in commit order and publishes to a sink (NATS
+JetStream with ferrynats; Kafka, RabbitMQ and webhooks to come):
+
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{CreateStream: true})
+	relay, err := ferry.NewRelay(drv, sink, nil)
+	err = relay.Run(ctx) // until ctx is cancelled
+
+Run it inside your service or as the `ferry relay` daemon. Several relays
+may run for one outbox: one leads, fenced by a lease with a term, and the
+others take over within RelayConfig.LeaseTTL if it dies. A relay that was
+paused past its lease (a GC pause, SIGSTOP, a VM migration) cannot write a
+checkpoint when it wakes up.
+
+# Guarantees
+
+  - An event is published if and only if its transaction committed.
+  - Every committed event is published at least once, across relay
+    crashes, database restarts and broker outages. The checkpoint never
+    passes an event the sink has not acknowledged. A crash republishes at
+    most two batches; JetStream drops those copies by Nats-Msg-Id.
+  - Events with the same key are published in the commit order of their
+    transactions (and in call order within one), also across publish
+    retries. Other keys never wait for each other.
+  - A long transaction elsewhere in the database does not hold delivery
+    back, nor does a transaction that took its id early and commits late
+    get skipped.
+  - An event the broker rejects for good (too large, unroutable) goes to
+    the relay's dead-letter table with the reason; `ferry dlq list` shows it.
+
+# Operating
+
+The ferry command runs the relay (`ferry relay`), creates the schema
+(`ferry migrate up`, or `ferry migrate sql` for your own migration tool) and
+reports checkpoint, lag, lease and dead letters (`ferry status`). The relay
+exports Prometheus metrics (RelayConfig.Registerer) and logs with log/slog.
+*/
+package ferry
