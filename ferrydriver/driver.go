@@ -30,7 +30,7 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrSchemaMissing is returned when Ferry's tables or collections have not
 	// been created. The message of the wrapping error says how to create them.
-	ErrSchemaMissing = errors.New("ferry schema is missing: run `ferry migrate up`")
+	ErrSchemaMissing = errors.New("ferry schema is missing")
 )
 
 // Store is what the relay, the CLI and operators need from a backend: every

@@ -5,6 +5,8 @@
 //	ferry migrate  up | down | sql: create, revert or print the schema
 //	ferry status   checkpoint, lag, lease holder and dead letters
 //	ferry dlq      list | show: relay dead letters
+//	ferry emit     write events to the outbox from the command line
+//	ferry tail     print the events in the JetStream stream
 //	ferry bench    drain | latency: measure the relay on this machine
 //
 // Every flag can also be set by an environment variable, named in the
@@ -29,6 +31,8 @@ Usage:
   ferry migrate up|down|sql [flags]  apply, revert or print the schema migrations
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json)
   ferry dlq list|show [flags]        relay dead letters
+  ferry emit    [flags]              write events to the outbox (for trying Ferry out)
+  ferry tail    [flags]              print the events stored in the JetStream stream
   ferry bench drain|latency [flags]  measure backlog drain rate and commit-to-receive latency
 
 Run "ferry <command> -h" for a command's flags. Every flag has a FERRY_*
@@ -57,6 +61,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdStatus(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		err = cmdDLQ(ctx, args[1:], stdout, stderr)
+	case "emit":
+		err = cmdEmit(ctx, args[1:], stdout, stderr)
+	case "tail":
+		err = cmdTail(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = cmdBench(ctx, args[1:], stdout, stderr)
 	default:
@@ -84,3 +92,5 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+var errorsAs = errors.As

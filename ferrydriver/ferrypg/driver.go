@@ -253,7 +253,7 @@ func (d *Driver[TTx]) append(ctx context.Context, e executor, p *ferrydriver.App
 func (d *Driver[TTx]) wrapErr(op string, err error) error {
 	switch pgErrCode(err) {
 	case "42P01", "3F000": // undefined_table, invalid_schema_name
-		return fmt.Errorf("ferrypg: %s: %w: schema %q has no Ferry tables; run `ferry migrate up --schema %s` or Driver.Migrate (%v)",
+		return fmt.Errorf("ferrypg: %s: %w: schema %q has no Ferry tables; create them with `ferry migrate up --schema %s` or Driver.Migrate (%v)",
 			op, ferrydriver.ErrSchemaMissing, d.cfg.Schema, d.cfg.Schema, err)
 	}
 	return fmt.Errorf("ferrypg: %s: %w", op, err)

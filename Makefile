@@ -1,0 +1,51 @@
+# Ferry's development tasks. `make help` lists them.
+# Every module of the repository (see go.work) is tested and linted.
+MODULES := . ferrysink/ferrynats cmd/ferry
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+export FERRY_TEST_PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+export FERRY_TEST_NATS_URL ?= nats://127.0.0.1:4222
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_\/-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: test
+test: ## Run every test of every module with the race detector (needs PostgreSQL and NATS: make services)
+	@for m in $(MODULES); do echo "== $$m"; (cd $$m && go test -race -count=1 -timeout 20m ./...) || exit 1; done
+
+.PHONY: test/short
+test/short: ## Quicker tests: no race detector, smaller backlogs
+	@for m in $(MODULES); do echo "== $$m"; (cd $$m && go test -short -count=1 ./...) || exit 1; done
+
+.PHONY: test/race
+test/race: test ## Same as test (the race detector is always on)
+
+.PHONY: test/crash-long
+test/crash-long: ## The relay crash test with 100,000 events and 100 SIGKILLs
+	cd cmd/ferry && FERRY_CRASH_LONG=1 go test -race -count=1 -timeout 30m -run 'TestRelayCrash' -v .
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck on every module
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "run gofmt -w on the files above"; exit 1)
+	@for m in $(MODULES); do echo "== $$m"; (cd $$m && go vet ./... && go run $(STATICCHECK) ./...) || exit 1; done
+
+.PHONY: bench
+bench: ## go test benchmarks, then the relay's drain and latency figures against the local services
+	go test -run '^$$' -bench . -benchtime 2x ./... 
+	cd ferrysink/ferrynats && go test -run '^$$' -bench . .
+	cd cmd/ferry && go run . bench drain --database-url "$(FERRY_TEST_PG_URL)" --nats-url "$(FERRY_TEST_NATS_URL)" --events 100000
+	cd cmd/ferry && go run . bench latency --database-url "$(FERRY_TEST_PG_URL)" --nats-url "$(FERRY_TEST_NATS_URL)" --rate 1000 --duration 20s
+
+.PHONY: build
+build: ## Build the ferry command into bin/
+	cd cmd/ferry && go build -o ../../bin/ferry .
+
+.PHONY: tidy
+tidy: ## go mod tidy in every module
+	@for m in $(MODULES); do (cd $$m && go mod tidy) || exit 1; done
+
+.PHONY: services
+services: ## Start PostgreSQL and NATS (JetStream) locally if they are not running
+	@.ci/services
