@@ -26,6 +26,10 @@ test/race: test ## Same as test (the race detector is always on)
 test/crash-long: ## The relay crash test with 100,000 events and 100 SIGKILLs
 	cd cmd/ferry && FERRY_CRASH_LONG=1 go test -race -count=1 -timeout 30m -run 'TestRelayCrash' -v .
 
+.PHONY: e2e
+e2e: ## Try Ferry end to end with its command line on the local PostgreSQL and NATS
+	@.ci/smoke
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck on every module
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "run gofmt -w on the files above"; exit 1)

@@ -85,3 +85,10 @@ func Schema(t testing.TB) string {
 	})
 	return name
 }
+
+// Close closes the shared pool; call it from TestMain after the tests.
+func Close() {
+	if pool != nil {
+		pool.Close()
+	}
+}
