@@ -17,8 +17,11 @@ import (
 // plus sort would read the whole range for every batch (O(backlog)).
 // The session's application_name, "ferry feed <schema> <feed>", shows in
 // pg_stat_activity.
+//
+// The feed's statements are prepared once and planned once: a custom plan
+// per execution would cost more than executing them.
 const feedSettings = `SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_seqscan', 'off', false),
-	set_config('application_name', left($1, 63), false)`
+	set_config('plan_cache_mode', 'force_generic_plan', false), set_config('application_name', left($1, 63), false)`
 
 // session is a connection dedicated to one feed: its queries run there and,
 // when notifications are on, it LISTENs on the outbox channel.

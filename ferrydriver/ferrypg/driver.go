@@ -40,7 +40,6 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -260,38 +259,24 @@ func (d *Driver[TTx]) wrapErr(op string, err error) error {
 }
 
 type queries struct {
-	append, appendNotify, tick, readBatch                              string
+	append, appendNotify, tickRead, readBatch                          string
 	loadCheckpoint, saveCheckpoint                                     string
 	acquireLease, renewLease, releaseLease, getLease                   string
 	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter string
-	deleteDelivered, feedLag, lateXids, armListener, seqCache          string
+	deleteDelivered, feedLag, armListener, seqCache                    string
 }
 
 func newQueries(schema string) queries {
 	s := pgx.Identifier{schema}.Sanitize()
 	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
 	return queries{
-		append: r(sqlAppend), appendNotify: r(sqlAppendNotify), tick: r(sqlTick), readBatch: r(sqlReadBatch),
+		append: r(sqlAppend), appendNotify: r(sqlAppendNotify), tickRead: r(sqlTickRead), readBatch: r(sqlReadBatch),
 		loadCheckpoint: r(sqlLoadCheckpoint), saveCheckpoint: r(sqlSaveCheckpoint),
 		acquireLease: r(sqlAcquireLease), renewLease: r(sqlRenewLease), releaseLease: r(sqlReleaseLease), getLease: r(sqlGetLease),
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),
 		countDeadLetter: r(sqlCountDeadLetters),
-		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), lateXids: r(sqlLateXids), armListener: r(sqlArmListener), seqCache: r(sqlSeqCache),
+		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), seqCache: r(sqlSeqCache),
 	}
-}
-
-// scanEvent reads the columns of eventColumns.
-func scanEvent(r rows, ev *ferryevent.Event) (id int64, err error) {
-	var headers *string
-	if err := r.Scan(&id, &ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt); err != nil {
-		return 0, err
-	}
-	if headers != nil {
-		if err := json.Unmarshal([]byte(*headers), &ev.Headers); err != nil {
-			return id, fmt.Errorf("decode headers: %w", err)
-		}
-	}
-	return id, nil
 }
 
 var _ ferrydriver.Driver[pgx.Tx] = (*Driver[pgx.Tx])(nil)

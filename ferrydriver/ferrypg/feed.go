@@ -195,54 +195,104 @@ func (f *feed[TTx]) Close() error {
 	return nil
 }
 
-// tick closes the next batch at a fresh snapshot. The feed's state changes
-// only if every query succeeds.
-func (f *feed[TTx]) tick(ctx context.Context) error {
+// tickRead closes the next batch at a fresh snapshot and reads its first
+// rows (see sqlTickRead). The feed's state changes only on success.
+func (f *feed[TTx]) tickRead(ctx context.Context, limit int) (*ferrydriver.Batch, error) {
 	sess, err := f.session(ctx)
 	if err != nil {
-		return err
-	}
-	var snap string
-	var high int64
-	if err := queryRow(ctx, sess.exec, []any{&snap, &high}, f.d.queries.tick, f.partition); err != nil {
-		return f.fail(err, "take feed snapshot")
-	}
-	xmax, xip, err := parseSnapshot(snap)
-	if err != nil {
-		return fmt.Errorf("ferrypg: %w", err)
+		return nil, err
 	}
 	old := f.st
-	st := &feedState{
-		V:        1,
-		PrevXmax: old.CurXmax, PrevXip: old.CurXip,
-		CurXmax: xmax, CurXip: xip,
-		Low: max(old.High, old.Low),
+	low := max(old.High, old.Low)
+	r, err := sess.exec.query(ctx, f.d.queries.tickRead, f.partition, limit, low,
+		strconv.FormatUint(old.CurXmax, 10), xidStrings(old.CurXip))
+	if err != nil {
+		return nil, f.fail(err, "read feed")
 	}
-	st.High = max(high, st.Low)
-	if st.Low > 0 && st.CurXmax > st.PrevXmax {
-		r, err := sess.exec.query(ctx, f.d.queries.lateXids, f.partition, st.Low,
-			strconv.FormatUint(st.PrevXmax, 10), strconv.FormatUint(st.CurXmax, 10), xidStrings(st.CurXip))
-		if err != nil {
-			return f.fail(err, "find late transactions")
+	defer r.Close()
+	var (
+		header    bool
+		snap      *string
+		high      *int64
+		late      *string
+		k         int
+		b         = &ferrydriver.Batch{}
+		n         int
+		after     int64
+		st        = &feedState{V: 1, PrevXmax: old.CurXmax, PrevXip: old.CurXip, Low: low}
+		cols      = make([]any, 0, 15)
+		eventCols = func(ev *ferryevent.Event, id *int64, headers **string) []any {
+			return append(cols[:0], &k, &snap, &high, &late, id, &ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, headers, &ev.Payload, &ev.CreatedAt)
 		}
-		defer r.Close()
-		for r.Next() {
-			var x string
-			if err := r.Scan(&x); err != nil {
-				return f.fail(err, "find late transactions")
+	)
+	for r.Next() {
+		ev := &ferryevent.Event{}
+		var id int64
+		var headers *string
+		if err := r.Scan(eventCols(ev, &id, &headers)...); err != nil {
+			return nil, f.fail(err, "read feed")
+		}
+		if k == 0 {
+			if snap == nil || high == nil || late == nil {
+				return nil, fmt.Errorf("ferrypg: feed header row is incomplete")
 			}
-			v, err := strconv.ParseUint(x, 10, 64)
-			if err != nil {
-				return fmt.Errorf("ferrypg: unexpected xid %q", x)
+			if st.CurXmax, st.CurXip, err = parseSnapshot(*snap); err != nil {
+				return nil, fmt.Errorf("ferrypg: %w", err)
 			}
-			st.Late = append(st.Late, v)
+			if st.Late, err = parseXids(*late); err != nil {
+				return nil, fmt.Errorf("ferrypg: %w", err)
+			}
+			st.High = max(*high, low)
+			header = true
+			continue
 		}
-		if err := r.Err(); err != nil {
-			return f.fail(err, "find late transactions")
-		}
+		n++
+		after = max(after, id)
+		f.collect(b, ev, headers)
 	}
+	if err := r.Err(); err != nil {
+		return nil, f.fail(err, "read feed")
+	}
+	if !header {
+		return nil, fmt.Errorf("ferrypg: feed query returned no header row")
+	}
+	st.After = after
+	st.Done = n < limit
 	f.st = st
-	return nil
+	b.Cursor = st.encode()
+	return b, nil
+}
+
+// collect adds a scanned row to b, as an event or, if it is not a valid
+// event, as an invalid record.
+func (f *feed[TTx]) collect(b *ferrydriver.Batch, ev *ferryevent.Event, headers *string) {
+	if headers != nil {
+		if err := json.Unmarshal([]byte(*headers), &ev.Headers); err != nil {
+			b.Invalid = append(b.Invalid, invalidRecord(ev, "invalid outbox row: decode headers: "+err.Error()))
+			return
+		}
+	}
+	if err := ferryevent.Validate(ev, 0, math.MaxInt); err != nil {
+		b.Invalid = append(b.Invalid, invalidRecord(ev, "invalid outbox row: "+err.Error()))
+		return
+	}
+	b.Events = append(b.Events, ev)
+}
+
+func parseXids(s string) ([]uint64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	fields := strings.Split(s, ",")
+	out := make([]uint64, len(fields))
+	for i, x := range fields {
+		v, err := strconv.ParseUint(x, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("unexpected xid %q", x)
+		}
+		out[i] = v
+	}
+	return out, nil
 }
 
 // Read implements ferrydriver.Feed.
@@ -253,14 +303,14 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 	}
 	var deadline time.Time
 	for {
-		ticked := false
-		if f.st.Done {
-			if err := f.tick(ctx); err != nil {
-				return nil, err
-			}
-			ticked = true
+		ticked := f.st.Done
+		var batch *ferrydriver.Batch
+		var err error
+		if ticked {
+			batch, err = f.tickRead(ctx, limit)
+		} else {
+			batch, err = f.read(ctx, limit)
 		}
-		batch, err := f.read(ctx, limit)
 		if err != nil {
 			return nil, err
 		}
@@ -308,21 +358,14 @@ func (f *feed[TTx]) read(ctx context.Context, limit int) (*ferrydriver.Batch, er
 	after := st.After
 	for r.Next() {
 		ev := &ferryevent.Event{}
-		id, err := scanEvent(r, ev)
+		var id int64
+		var headers *string
+		if err := r.Scan(&id, &ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt); err != nil {
+			return nil, f.fail(err, "read feed")
+		}
 		n++
 		after = max(after, id)
-		if err != nil {
-			if id == 0 {
-				return nil, f.fail(err, "read feed")
-			}
-			b.Invalid = append(b.Invalid, invalidRecord(ev, err.Error()))
-			continue
-		}
-		if verr := ferryevent.Validate(ev, 0, math.MaxInt); verr != nil {
-			b.Invalid = append(b.Invalid, invalidRecord(ev, "invalid outbox row: "+verr.Error()))
-			continue
-		}
-		b.Events = append(b.Events, ev)
+		f.collect(b, ev, headers)
 	}
 	if err := r.Err(); err != nil {
 		return nil, f.fail(err, "read feed")
@@ -354,6 +397,22 @@ func (f *feed[TTx]) arm(ctx context.Context, wait time.Duration) (bool, error) {
 	return true, nil
 }
 
+// drain consumes notifications that are already queued: one tick covers
+// every commit before it, so a burst of N commits must cost one tick, not N.
+func (f *feed[TTx]) drain(ctx context.Context) {
+	for range 10000 {
+		dctx, cancel := context.WithTimeout(ctx, 50*time.Microsecond)
+		err := f.sess.wait(dctx)
+		cancel()
+		if err != nil {
+			if dctx.Err() == nil && ctx.Err() == nil {
+				_ = f.fail(err, "drain notifications")
+			}
+			return
+		}
+	}
+}
+
 // wait blocks until a notification arrives, d passes or ctx ends.
 func (f *feed[TTx]) wait(ctx context.Context, d time.Duration) error {
 	wctx, cancel := context.WithTimeout(ctx, d)
@@ -365,6 +424,7 @@ func (f *feed[TTx]) wait(ctx context.Context, d time.Duration) error {
 	err := f.sess.wait(wctx)
 	switch {
 	case err == nil:
+		f.drain(ctx)
 		return nil
 	case ctx.Err() != nil:
 		return ctx.Err()

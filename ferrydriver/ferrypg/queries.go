@@ -53,12 +53,6 @@ SELECT $1, now() + $2 * interval '1 millisecond'
  WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
 ON CONFLICT (partition) DO UPDATE SET until = excluded.until`
 
-// sqlTick takes the snapshot that closes the next feed batch, and the
-// highest id visible in it (a backward scan of the primary key).
-const sqlTick = `
-SELECT pg_current_snapshot()::text,
-       COALESCE((SELECT max(id) FROM {schema}.outbox WHERE partition = $1), 0)`
-
 const eventColumns = `id, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at`
 
 // sqlReadBatch reads the next events of a feed batch: the rows that became
@@ -89,19 +83,49 @@ SELECT ` + eventColumns + ` FROM (
     (SELECT o.* FROM unnest($7::text[]::xid8[]) AS s(x)
       CROSS JOIN LATERAL (
         SELECT ` + eventColumns + ` FROM {schema}.outbox
-         WHERE xid = s.x AND partition = $1 AND id > $8 AND id <= $9
+         WHERE xid = s.x AND partition + 0 = $1 AND id > $8 AND id <= $9
          ORDER BY id LIMIT $5) o)
 ) b ORDER BY id LIMIT $5`
 
-// sqlLateXids finds, once per batch, the transactions with an xid at or
-// above the previous snapshot's xmax (so invisible to it without being
-// listed in its xip) that wrote rows at or below the previous high id and
-// are visible at the current snapshot. The xid range is the transactions
-// that started between the two snapshots: O(batch) index entries.
-const sqlLateXids = `
-SELECT DISTINCT xid::text FROM {schema}.outbox
- WHERE xid >= $3::text::xid8 AND xid < $4::text::xid8 AND partition = $1 AND id <= $2
-   AND xid <> ALL ($5::text[]::xid8[])`
+// sqlTickRead closes a new batch at the statement's own snapshot and reads
+// its first rows, in one round trip. The first row is a header (k = 0) with
+// the snapshot, the highest visible id and the late transactions; event rows
+// follow (k = 1). Because the rows are read at the closing snapshot itself,
+// visibility does the filtering: every row returned committed before it.
+//
+// $1 partition, $2 limit, $3 Low (the previous high id), $4 the previous
+// snapshot's xmax, $5 the previous snapshot's running transactions.
+//
+// Late transactions have an xid at or above the previous xmax (so they were
+// invisible to the previous snapshot without being listed in its xip: xmax
+// is latestCompletedXid+1, not the next xid) and wrote rows at or below Low.
+// Finding them scans outbox_xid_idx over the xids started since the
+// previous snapshot: O(batch).
+const sqlTickRead = `
+WITH h AS MATERIALIZED (
+    SELECT pg_current_snapshot() AS snap,
+           COALESCE((SELECT max(id) FROM {schema}.outbox WHERE partition = $1), 0) AS high
+), late AS MATERIALIZED (
+    SELECT COALESCE(array_agg(DISTINCT xid), '{}') AS xids FROM {schema}.outbox
+     WHERE $3 > 0 AND xid >= $4::text::xid8 AND partition + 0 = $1 AND id <= $3
+), b AS (
+    (SELECT ` + eventColumns + ` FROM {schema}.outbox
+      WHERE partition = $1 AND id > $3 ORDER BY id LIMIT $2)
+    UNION ALL
+    (SELECT o.* FROM unnest($5::text[]::xid8[] || (SELECT xids FROM late)) AS s(x)
+      CROSS JOIN LATERAL (
+        SELECT ` + eventColumns + ` FROM {schema}.outbox
+         WHERE xid = s.x AND partition + 0 = $1 AND id <= $3
+         ORDER BY id LIMIT $2) o)
+)
+SELECT * FROM (
+    SELECT 0 AS k, h.snap::text AS snap, h.high, array_to_string((SELECT xids FROM late), ',') AS late,
+           0::bigint AS id, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, '', '', '',
+           NULL::text, ''::bytea, now()
+      FROM h
+    UNION ALL
+    (SELECT 1, NULL, NULL, NULL, ` + eventColumns + ` FROM b ORDER BY id LIMIT $2)
+) r ORDER BY k, id`
 
 // sqlSeqCache reads the outbox sequence's cache size; it must be 1.
 const sqlSeqCache = `
