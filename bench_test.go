@@ -17,17 +17,29 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// benchClient returns a client on a fresh, migrated schema.
+func benchClient(b *testing.B, cfg *ferrypg.Config) (*ferrypg.Driver[pgx.Tx], *ferry.Client[pgx.Tx]) {
+	b.Helper()
+	c := ferrypg.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = pgtest.Schema(b)
+	drv, err := ferrypg.New(pgtest.Pool(b), &c)
+	require.NoError(b, err)
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(b, err)
+	client, err := ferry.NewClient(drv, nil)
+	require.NoError(b, err)
+	return drv, client
+}
+
 // BenchmarkEmitTx measures producer transactions (BEGIN; EmitTx of one
 // event; COMMIT) from parallel goroutines (-cpu sets their number x GOMAXPROCS).
 func BenchmarkEmitTx(b *testing.B) {
 	for _, notify := range []bool{true, false} {
 		b.Run("notify="+strconv.FormatBool(notify), func(b *testing.B) {
-			drv, err := ferrypg.New(pgtest.Pool(b), &ferrypg.Config{Schema: pgtest.Schema(b), DisableNotify: !notify})
-			require.NoError(b, err)
-			_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
-			require.NoError(b, err)
-			c, err := ferry.NewClient(drv, nil)
-			require.NoError(b, err)
+			_, c := benchClient(b, &ferrypg.Config{DisableNotify: !notify})
 			pool := pgtest.Pool(b)
 			var n atomic.Int64
 			b.SetParallelism(4)
@@ -52,13 +64,8 @@ func BenchmarkEmitTx(b *testing.B) {
 // BenchmarkRelayDrain measures the relay's hot path (feed read, waves,
 // checkpoint) from a PostgreSQL backlog into an in-memory sink.
 func BenchmarkRelayDrain(b *testing.B) {
-	drv, err := ferrypg.New(pgtest.Pool(b), &ferrypg.Config{Schema: pgtest.Schema(b)})
-	require.NoError(b, err)
+	drv, c := benchClient(b, nil)
 	ctx := context.Background()
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(b, err)
-	c, err := ferry.NewClient(drv, nil)
-	require.NoError(b, err)
 	b.StopTimer()
 	for i := 0; i < b.N; i += 100 {
 		evs := make([]*ferry.Event, min(100, b.N-i))
@@ -87,13 +94,8 @@ func BenchmarkRelayDrain(b *testing.B) {
 // BenchmarkFeedRead measures reading batches of 500 from a 50k backlog
 // (one batch per iteration; the feed restarts from the beginning when done).
 func BenchmarkFeedRead(b *testing.B) {
-	drv, err := ferrypg.New(pgtest.Pool(b), &ferrypg.Config{Schema: pgtest.Schema(b)})
-	require.NoError(b, err)
+	drv, c := benchClient(b, nil)
 	ctx := context.Background()
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(b, err)
-	c, err := ferry.NewClient(drv, nil)
-	require.NoError(b, err)
 	const backlog = 50000
 	for i := 0; i < backlog; i += 500 {
 		evs := make([]*ferry.Event, 500)

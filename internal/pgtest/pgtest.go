@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 )
 
 // DefaultURL is used when FERRY_TEST_PG_URL is unset.
@@ -91,4 +92,19 @@ func Close() {
 	if pool != nil {
 		pool.Close()
 	}
+}
+
+// Main runs a package's tests, closes the shared pool and fails the package
+// if a test left goroutines behind (a relay that did not stop, a feed
+// session that was not closed). Call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines leaked by the tests: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
