@@ -259,17 +259,31 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	stopRead := context.AfterFunc(stop, cancelRead)
 	defer stopRead()
 
+	// The next batch is read while the current one is published.
+	reads := make(chan readResult, 1)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		r.readAhead(readCtx, feed, reads)
+	}()
+	defer func() { cancelRead(); <-readerDone }()
+
 	for stop.Err() == nil {
-		batch, err := feed.Read(readCtx, &ferrydriver.ReadParams{Max: r.cfg.BatchSize, Wait: r.cfg.PollInterval})
-		if err != nil {
+		var res readResult
+		select {
+		case res = <-reads:
+		case <-readCtx.Done():
+		}
+		if res.batch == nil {
 			if leaseCtx.Err() != nil {
 				return context.Cause(leaseCtx)
 			}
 			if stop.Err() != nil {
 				break
 			}
-			return fmt.Errorf("read feed %s: %w", r.name, err)
+			return fmt.Errorf("read feed %s: %w", r.name, res.err)
 		}
+		batch := res.batch
 		if err := r.deliver(stop, leaseCtx, lease.Term, batch); err != nil {
 			if stop.Err() != nil && leaseCtx.Err() == nil {
 				break // stopping mid-batch: not checkpointed, redelivered later
@@ -283,6 +297,8 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 			return context.Cause(leaseCtx)
 		}
 	}
+	cancelRead()
+	<-readerDone
 	// Stopping: save the last cursor, then hand the lease over at once.
 	stopCk()
 	<-ckDone
@@ -297,6 +313,30 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 }
 
 var errStopping = errors.New("relay stopping")
+
+type readResult struct {
+	batch *ferrydriver.Batch
+	err   error
+}
+
+// readAhead reads batches in order into out until ctx ends or a read fails
+// (the failure is sent as the last result).
+func (r *Relay) readAhead(ctx context.Context, feed ferrydriver.Feed, out chan<- readResult) {
+	for {
+		b, err := feed.Read(ctx, &ferrydriver.ReadParams{Max: r.cfg.BatchSize, Wait: r.cfg.PollInterval})
+		if err != nil && ctx.Err() != nil {
+			return
+		}
+		select {
+		case out <- readResult{batch: b, err: err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
 
 // keepLease renews the lease every TTL/3 and cancels leaseCtx when it is
 // lost or when the local trust window ends. The window is the lease's
