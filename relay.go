@@ -293,8 +293,11 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 		// At most two delivered batches are ever unsaved: the one the
 		// checkpointer is saving and this one. That bounds what a crash
 		// redelivers.
-		if err := ck.advance(leaseCtx, batch.Cursor, len(batch.Events)+len(batch.Invalid) > 0); err != nil {
-			return context.Cause(leaseCtx)
+		if err := ck.advance(readCtx, batch.Cursor, len(batch.Events)+len(batch.Invalid) > 0); err != nil {
+			if leaseCtx.Err() != nil {
+				return context.Cause(leaseCtx)
+			}
+			break // stopping: flush below
 		}
 	}
 	cancelRead()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -90,7 +91,7 @@ func sqlSession(db *sql.DB) sessionFunc {
 
 // openSession opens a feed session, applies feedSettings and, if listen,
 // subscribes to the outbox channel.
-func (d *Driver[TTx]) openSession(ctx context.Context, feed string, listen bool) (*session, error) {
+func (d *Driver[TTx]) openSession(ctx context.Context, feed string, partition int, listen bool) (*session, error) {
 	s, err := d.session(ctx)
 	if err != nil {
 		return nil, err
@@ -103,7 +104,7 @@ func (d *Driver[TTx]) openSession(ctx context.Context, feed string, listen bool)
 		s.wait = nil
 		return s, nil
 	}
-	if _, err := s.exec.exec(ctx, "LISTEN "+pgx.Identifier{d.channel}.Sanitize()); err != nil {
+	if _, err := s.exec.exec(ctx, "LISTEN "+pgx.Identifier{d.channel + "." + strconv.Itoa(partition)}.Sanitize()); err != nil {
 		s.close()
 		return nil, err
 	}

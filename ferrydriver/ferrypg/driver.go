@@ -100,6 +100,7 @@ type Driver[TTx any] struct {
 	session sessionFunc
 	canWait bool // sessions can LISTEN
 	wrapTx  func(TTx) executor
+	beginTx func(ctx context.Context) (TTx, func(context.Context) error, func(context.Context) error, error)
 	queries queries
 	channel string
 }
@@ -259,11 +260,12 @@ func (d *Driver[TTx]) wrapErr(op string, err error) error {
 }
 
 type queries struct {
-	append, appendNotify, tickRead, readBatch                          string
-	loadCheckpoint, saveCheckpoint                                     string
-	acquireLease, renewLease, releaseLease, getLease                   string
-	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter string
-	deleteDelivered, feedLag, armListener, seqCache                    string
+	append, appendNotify, tickRead, readBatch                           string
+	loadCheckpoint, saveCheckpoint                                      string
+	acquireLease, renewLease, releaseLease, getLease                    string
+	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter  string
+	deleteDelivered, feedLag, armListener, seqCache                     string
+	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
 }
 
 func newQueries(schema string) queries {
@@ -276,11 +278,14 @@ func newQueries(schema string) queries {
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),
 		countDeadLetter: r(sqlCountDeadLetters),
 		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), seqCache: r(sqlSeqCache),
+		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
+		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 	}
 }
 
 var _ ferrydriver.Driver[pgx.Tx] = (*Driver[pgx.Tx])(nil)
 var _ ferrydriver.Driver[*sql.Tx] = (*Driver[*sql.Tx])(nil)
+var _ ferrydriver.Inbox[*sql.Tx] = (*Driver[*sql.Tx])(nil)
 
 // isNoRows reports whether err means an empty result.
 func isNoRows(err error) bool {

@@ -169,7 +169,7 @@ func (f *feed[TTx]) session(ctx context.Context) (*session, error) {
 	if f.sess != nil {
 		return f.sess, nil
 	}
-	s, err := f.d.openSession(ctx, f.name, f.listen)
+	s, err := f.d.openSession(ctx, f.name, f.partition, f.listen)
 	if err != nil {
 		return nil, f.d.wrapErr("open feed session", err)
 	}
@@ -400,7 +400,8 @@ func (f *feed[TTx]) arm(ctx context.Context, wait time.Duration) (bool, error) {
 // drain consumes notifications that are already queued: one tick covers
 // every commit before it, so a burst of N commits must cost one tick, not N.
 func (f *feed[TTx]) drain(ctx context.Context) {
-	for range 10000 {
+	deadline := time.Now().Add(2 * time.Millisecond)
+	for time.Now().Before(deadline) {
 		dctx, cancel := context.WithTimeout(ctx, 50*time.Microsecond)
 		err := f.sess.wait(dctx)
 		cancel()

@@ -120,13 +120,16 @@ func TestMigrateDownAndUp(t *testing.T) {
 	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: nil}))
 	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
 	require.NoError(t, err)
+	require.Equal(t, len(allMigrations)-1, res.Current, "down reverts one migration by default")
+	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true, Steps: 99})
+	require.NoError(t, err)
 	require.Equal(t, 0, res.Current)
 	_, err = drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "x"})
 	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
 	require.Contains(t, err.Error(), "ferry migrate up")
 	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
-	require.Equal(t, 1, res.Current)
+	require.Equal(t, len(allMigrations), res.Current)
 }
 
 func TestInvalidRowsAreReported(t *testing.T) {
@@ -189,4 +192,24 @@ func TestPartitionsSplitKeys(t *testing.T) {
 	require.Len(t, seen, 200)
 	_, err = drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "p/4", Partition: 4})
 	require.ErrorContains(t, err, "out of range")
+}
+
+// TestFeedPastInt32Ids: ids above 2^31-1 are read like any other (the
+// feed's parameters are bigint, not int).
+func TestFeedPastInt32Ids(t *testing.T) {
+	t.Parallel()
+	drv := newTestDriver(t)
+	ctx := context.Background()
+	_, err := pgtest.Pool(t).Exec(ctx, `ALTER SEQUENCE `+pgx.Identifier{drv.cfg.Schema}.Sanitize()+`.outbox_id_seq RESTART WITH 2147483600`)
+	require.NoError(t, err)
+	r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
+	for round := range 3 {
+		var evs []*ferryevent.Event
+		for i := range 60 {
+			evs = append(evs, ferrydrivertest.Event("t", "k"+strconv.Itoa(i%7), strconv.Itoa(round)))
+		}
+		require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+		got := r.ReadQuiet(ctx)
+		require.Len(t, got, 60, "round %d", round)
+	}
 }

@@ -33,25 +33,26 @@ ins AS (
            i.type, i.source, i.content_type, NULLIF(i.headers, '')::jsonb, i.payload, i.created_at
     FROM input i JOIN k USING (key) JOIN counts c USING (key)
     ORDER BY i.ord
-    RETURNING 1
+    RETURNING partition
 )`
 
 const sqlAppend = appendCTE + `
 SELECT count(*) FROM ins`
 
-// sqlAppendNotify also wakes the relays listening on $11, if one is idle
-// (see the listeners table). NOTIFY is delivered at commit, never for a
-// rolled-back transaction.
+// sqlAppendNotify also wakes the relay of each written partition that is
+// idle (see the listeners table), on the channel "$11.<partition>". NOTIFY
+// is delivered at commit, never for a rolled-back transaction.
 const sqlAppendNotify = appendCTE + `
-SELECT pg_notify($11, '') FROM (SELECT 1 FROM ins LIMIT 1) x
- WHERE EXISTS (SELECT 1 FROM {schema}.listeners WHERE until > now())`
+SELECT pg_notify($11 || '.' || l.partition, '')
+  FROM {schema}.listeners l
+ WHERE l.until > now() AND l.partition IN (SELECT DISTINCT partition FROM ins)`
 
 // sqlArmListener tells producers that a relay is idle until now() + $2 ms.
 const sqlArmListener = `
 INSERT INTO {schema}.listeners (partition, until)
 SELECT $1, now() + $2 * interval '1 millisecond'
  WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
-ON CONFLICT (partition) DO UPDATE SET until = excluded.until`
+ON CONFLICT (partition) DO UPDATE SET until = GREATEST(listeners.until, excluded.until)`
 
 const eventColumns = `id, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at`
 
@@ -107,10 +108,10 @@ WITH h AS MATERIALIZED (
            COALESCE((SELECT max(id) FROM {schema}.outbox WHERE partition = $1), 0) AS high
 ), late AS MATERIALIZED (
     SELECT COALESCE(array_agg(DISTINCT xid), '{}') AS xids FROM {schema}.outbox
-     WHERE $3 > 0 AND xid >= $4::text::xid8 AND partition + 0 = $1 AND id <= $3
+     WHERE $3::bigint > 0 AND xid >= $4::text::xid8 AND partition + 0 = $1 AND id <= $3::bigint
 ), b AS (
     (SELECT ` + eventColumns + ` FROM {schema}.outbox
-      WHERE partition = $1 AND id > $3 ORDER BY id LIMIT $2)
+      WHERE partition = $1 AND id > $3::bigint AND id <= (SELECT high FROM h) ORDER BY id LIMIT $2)
     UNION ALL
     (SELECT o.* FROM unnest($5::text[]::xid8[] || (SELECT xids FROM late)) AS s(x)
       CROSS JOIN LATERAL (

@@ -1,0 +1,96 @@
+package ferrypg
+
+// SQL of the consumer inbox (migration 002). {schema} is replaced by the
+// quoted schema name.
+
+// sqlInboxInsert records events once per (group, event ID) and makes the
+// keys that had nothing to do runnable. Inserting first and locking the
+// key rows second (in key order) cannot deadlock with completion, which
+// updates the completed row and then locks its key.
+const sqlInboxInsert = `
+WITH input AS (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[],
+                         $8::text[], $9::text[], $10::bytea[], $11::timestamptz[])
+        WITH ORDINALITY AS t(event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, ord)
+), ins AS (
+    INSERT INTO {schema}.inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at)
+    SELECT $1, event_id, key, seq, topic, type, source, content_type, NULLIF(headers, '')::jsonb, payload, created_at
+      FROM input ORDER BY ord
+    ON CONFLICT (group_name, event_id) DO NOTHING
+    RETURNING event_id, key
+), keys AS (
+    INSERT INTO {schema}.inbox_keys AS k (group_name, key, runnable_at)
+    SELECT DISTINCT $1, key, now() FROM ins ORDER BY 2
+    ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = now()
+     WHERE k.runnable_at IS NULL AND k.held_by IS NULL
+    RETURNING 1
+)
+SELECT event_id FROM ins`
+
+// sqlInboxClaim claims the heads of up to $2 runnable keys. A head is the
+// key's oldest unfinished row (a DEAD row counts when $5, the group holds
+// keys behind dead rows); it runs if it is PENDING, FAILED and due, or
+// PROCESSING with an expired claim (its worker died).
+const sqlInboxClaim = `
+WITH k AS (
+    SELECT group_name, key FROM {schema}.inbox_keys
+     WHERE group_name = $1 AND runnable_at <= now()
+     ORDER BY runnable_at LIMIT $2
+     FOR UPDATE SKIP LOCKED
+), head AS (
+    SELECT h.event_id FROM k CROSS JOIN LATERAL (
+        SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
+         WHERE i.group_name = k.group_name AND i.key = k.key
+           AND (i.state IN ('pending', 'processing', 'failed') OR ($5 AND i.state = 'dead'))
+         ORDER BY pos LIMIT 1) h
+     WHERE h.state = 'pending'
+        OR (h.state = 'failed' AND h.next_attempt_at <= now())
+        OR (h.state = 'processing' AND h.claim_expires_at <= now())
+), claimed AS (
+    UPDATE {schema}.inbox i
+       SET state = 'processing', attempts = attempts + 1, claimed_by = $3,
+           claim_expires_at = now() + $4 * interval '1 millisecond'
+      FROM head WHERE i.group_name = $1 AND i.event_id = head.event_id
+    RETURNING i.*
+), keys AS (
+    UPDATE {schema}.inbox_keys ik SET runnable_at = c.claim_expires_at
+      FROM claimed c WHERE ik.group_name = c.group_name AND ik.key = c.key
+)
+SELECT event_id, key, seq, topic, type, source, content_type, headers::text, payload, created_at,
+       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at
+  FROM claimed ORDER BY pos`
+
+// sqlInboxFinish ends a claimed attempt: PROCESSED, FAILED or DEAD. It
+// matches nothing if the claim is no longer the worker's.
+const sqlInboxFinish = `
+UPDATE {schema}.inbox
+   SET state = $4, claimed_by = NULL, claim_expires_at = NULL,
+       last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
+       next_attempt_at = COALESCE($6, next_attempt_at),
+       finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
+ WHERE group_name = $1 AND event_id = $2 AND claimed_by = $3 AND state = 'processing'
+   AND claim_expires_at > now()
+RETURNING key`
+
+const sqlInboxLockKey = `
+SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = $2 FOR UPDATE`
+
+// sqlInboxRefreshKey recomputes when a key's head may run, after its head
+// changed. It runs in a statement after sqlInboxLockKey, so its snapshot
+// sees every row committed before the lock was granted. $3 holds the key
+// behind a DEAD head.
+const sqlInboxRefreshKey = `
+UPDATE {schema}.inbox_keys k SET
+    runnable_at = CASE
+        WHEN h.state = 'pending' THEN now()
+        WHEN h.state = 'failed' THEN h.next_attempt_at
+        WHEN h.state = 'processing' THEN h.claim_expires_at
+        ELSE NULL END,
+    held_by = CASE WHEN h.state = 'dead' THEN h.event_id END
+  FROM (SELECT NULL) dummy
+  LEFT JOIN LATERAL (
+    SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
+     WHERE i.group_name = $1 AND i.key = $2
+       AND (i.state IN ('pending', 'processing', 'failed') OR ($3 AND i.state = 'dead'))
+     ORDER BY pos LIMIT 1) h ON true
+ WHERE k.group_name = $1 AND k.key = $2`

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS {schema}.inbox_keys;
+DROP TABLE IF EXISTS {schema}.inbox;
