@@ -119,6 +119,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Driver[pgx.Tx], error) {
 		session: poolSession(pool),
 		canWait: true,
 		wrapTx:  func(tx pgx.Tx) executor { return pgxExec{tx} },
+		beginTx: func(ctx context.Context) (pgx.Tx, func(context.Context) error, func(context.Context) error, error) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			return tx, tx.Commit, tx.Rollback, nil
+		},
 	}
 	d.init()
 	return d, nil
@@ -140,6 +147,13 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 		session: sqlSession(db),
 		canWait: isPgxDB(db),
 		wrapTx:  func(tx *sql.Tx) executor { return sqlExec{tx} },
+		beginTx: func(ctx context.Context) (*sql.Tx, func(context.Context) error, func(context.Context) error, error) {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			return tx, func(context.Context) error { return tx.Commit() }, func(context.Context) error { return tx.Rollback() }, nil
+		},
 	}
 	d.init()
 	return d, nil

@@ -94,3 +94,23 @@ func TestDriverSuiteDatabaseSQL(t *testing.T) {
 		HoldWriter: holdWriter,
 	})
 }
+
+func TestInboxSuitePgx(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[pgx.Tx] { return newDriver(t, nil) })
+}
+
+func TestInboxSuiteDatabaseSQL(t *testing.T) {
+	t.Parallel()
+	db, err := sql.Open("pgx", pgtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	pgtest.Pool(t)
+	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] {
+		drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: pgtest.Schema(t)})
+		require.NoError(t, err)
+		_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+		require.NoError(t, err)
+		return drv
+	})
+}

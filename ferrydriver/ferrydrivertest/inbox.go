@@ -1,0 +1,265 @@
+package ferrydrivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/stretchr/testify/require"
+)
+
+// InboxDriver is a backend with consumer inboxes.
+type InboxDriver[TTx any] interface {
+	ferrydriver.Store
+	ferrydriver.Inbox[TTx]
+}
+
+// ExerciseInbox runs the inbox part of the suite. newDriver returns a
+// driver over a fresh, migrated, isolated namespace.
+func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriver[TTx]) {
+	t.Run("InsertAbsorbsDuplicates", func(t *testing.T) { t.Parallel(); testInboxDedup(t, newDriver(t)) })
+	t.Run("ClaimsHeadsInKeyOrder", func(t *testing.T) { t.Parallel(); testInboxHeads(t, newDriver(t)) })
+	t.Run("CompleteCommitsWithHandlerTx", func(t *testing.T) { t.Parallel(); testInboxComplete(t, newDriver(t)) })
+	t.Run("ExpiredClaimIsReclaimed", func(t *testing.T) { t.Parallel(); testInboxExpiredClaim(t, newDriver(t)) })
+	t.Run("FailedRetriesWhenDue", func(t *testing.T) { t.Parallel(); testInboxRetry(t, newDriver(t)) })
+	t.Run("DeadHoldsOrContinues", func(t *testing.T) { t.Parallel(); testInboxDead(t, newDriver(t)) })
+	t.Run("ConcurrentWorkersKeepKeyOrder", func(t *testing.T) { t.Parallel(); testInboxConcurrent(t, newDriver(t)) })
+}
+
+const group = "g"
+
+func claim[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worker string, hold bool) []*ferrydriver.InboxRow {
+	t.Helper()
+	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 100, TTL: time.Minute, HoldDead: hold})
+	require.NoError(t, err)
+	return rows
+}
+
+func complete[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worker string, row *ferrydriver.InboxRow, hold bool) {
+	t.Helper()
+	require.NoError(t, d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Worker: worker, HoldDead: hold})
+	}))
+}
+
+func payloads(rows []*ferrydriver.InboxRow) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = string(r.Event.Payload)
+	}
+	return out
+}
+
+func insert[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], evs ...*ferryevent.Event) {
+	t.Helper()
+	_, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: group, Events: evs})
+	require.NoError(t, err)
+}
+
+func testInboxDedup[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	var evs []*ferryevent.Event
+	for i := range 50 {
+		evs = append(evs, Event("t", "k"+strconv.Itoa(i%5), strconv.Itoa(i)))
+	}
+	var wg sync.WaitGroup
+	inserted := make([][]bool, 3)
+	for c := range 3 {
+		wg.Go(func() {
+			res, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: group, Events: evs})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			inserted[c] = res.Inserted
+		})
+	}
+	wg.Wait()
+	for i := range evs {
+		n := 0
+		for c := range 3 {
+			if inserted[c][i] {
+				n++
+			}
+		}
+		require.Equal(t, 1, n, "event %d inserted by exactly one of three concurrent deliveries", i)
+	}
+	// Another group records the same events separately.
+	res, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "other", Events: evs[:3]})
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, true, true}, res.Inserted)
+}
+
+func testInboxHeads[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	insert(ctx, t, d, Event("t", "a", "a1"), Event("t", "a", "a2"), Event("t", "b", "b1"))
+	insert(ctx, t, d, Event("t", "a", "a3"))
+	rows := claim(ctx, t, d, "w1", true)
+	require.ElementsMatch(t, []string{"a1", "b1"}, payloads(rows), "one head per key")
+	require.Empty(t, claim(ctx, t, d, "w2", true), "heads being processed block their keys")
+	for _, r := range rows {
+		require.Equal(t, ferrydriver.InboxProcessing, r.State)
+		require.Equal(t, 1, r.Attempts)
+		if string(r.Event.Payload) == "a1" {
+			complete(ctx, t, d, "w1", r, true)
+		}
+	}
+	require.Equal(t, []string{"a2"}, payloads(claim(ctx, t, d, "w2", true)))
+}
+
+func testInboxComplete[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	insert(ctx, t, d, Event("t", "k", "one"), Event("t", "k", "two"))
+	row := claim(ctx, t, d, "w1", true)[0]
+	// The handler fails after marking: everything rolls back.
+	boom := errors.New("handler failed")
+	err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+		if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Worker: "w1", HoldDead: true}); err != nil {
+			return err
+		}
+		return boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.Empty(t, claim(ctx, t, d, "w2", true), "the rolled-back completion left the row with w1")
+	// Another worker cannot complete w1's row.
+	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Worker: "w2", HoldDead: true})
+	})
+	require.ErrorIs(t, err, ferrydriver.ErrClaimLost)
+	complete(ctx, t, d, "w1", row, true)
+	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Worker: "w1", HoldDead: true})
+	})
+	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "a row completes once")
+	require.Equal(t, []string{"two"}, payloads(claim(ctx, t, d, "w2", true)))
+}
+
+func testInboxExpiredClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	insert(ctx, t, d, Event("t", "k", "one"))
+	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "dies", Limit: 10, TTL: 200 * time.Millisecond, HoldDead: true})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	var again []*ferrydriver.InboxRow
+	require.Eventually(t, func() bool {
+		again = claim(ctx, t, d, "w2", true)
+		return len(again) == 1
+	}, 10*time.Second, 20*time.Millisecond, "a crashed worker's row is claimable once its claim expires")
+	require.Equal(t, 2, again[0].Attempts)
+	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: rows[0].Event.ID, Worker: "dies", HoldDead: true})
+	})
+	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the first worker's late completion is fenced off")
+	complete(ctx, t, d, "w2", again[0], true)
+}
+
+func testInboxRetry[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	insert(ctx, t, d, Event("t", "k", "flaky"), Event("t", "k", "after"))
+	row := claim(ctx, t, d, "w", true)[0]
+	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: row.Event.ID, Worker: "w", Error: "timeout", RetryAt: time.Now().Add(300 * time.Millisecond), HoldDead: true}))
+	require.Empty(t, claim(ctx, t, d, "w", true), "a failed head waits for its next attempt, and so does its key")
+	var again []*ferrydriver.InboxRow
+	require.Eventually(t, func() bool {
+		again = claim(ctx, t, d, "w", true)
+		return len(again) > 0
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, []string{"flaky"}, payloads(again))
+	require.Equal(t, 2, again[0].Attempts)
+	require.Equal(t, "timeout", again[0].LastError)
+}
+
+func testInboxDead[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	for _, hold := range []bool{true, false} {
+		key := fmt.Sprintf("k-%v", hold)
+		insert(ctx, t, d, Event("t", key, "poison"), Event("t", key, "next"), Event("t", "other-"+key, "free"))
+		rows := claim(ctx, t, d, "w", hold)
+		require.ElementsMatch(t, []string{"poison", "free"}, payloads(rows))
+		for _, r := range rows {
+			if string(r.Event.Payload) == "poison" {
+				require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Worker: "w", Error: "bad", Dead: true, HoldDead: hold}))
+			} else {
+				complete(ctx, t, d, "w", r, hold)
+			}
+		}
+		next := claim(ctx, t, d, "w", hold)
+		if hold {
+			require.Empty(t, next, "Hold: the dead row keeps its key's later rows back")
+		} else {
+			require.Equal(t, []string{"next"}, payloads(next), "Continue: the key moves on")
+			complete(ctx, t, d, "w", next[0], hold)
+		}
+	}
+}
+
+func testInboxConcurrent[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	const keys, perKey, workers = 20, 15, 4
+	var evs []*ferryevent.Event
+	for i := range keys * perKey {
+		evs = append(evs, Event("t", "k"+strconv.Itoa(i%keys), strconv.Itoa(i/keys)))
+	}
+	// Ingest in slices while the workers run, as a source would.
+	go func() {
+		for i := 0; i < len(evs); i += 25 {
+			if _, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: group, Events: evs[i:min(i+25, len(evs))]}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var mu sync.Mutex
+	done := map[string][]string{}
+	total := 0
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			worker := "w" + strconv.Itoa(w)
+			for ctx.Err() == nil {
+				mu.Lock()
+				finished := total == len(evs)
+				mu.Unlock()
+				if finished {
+					return
+				}
+				rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 3, TTL: time.Minute, HoldDead: true})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, r := range rows {
+					err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+						return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: r.Event.ID, Worker: worker, HoldDead: true})
+					})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					done[r.Event.Key] = append(done[r.Event.Key], string(r.Event.Payload))
+					total++
+					mu.Unlock()
+				}
+				if len(rows) == 0 {
+					time.Sleep(2 * time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, len(evs), total)
+	for k, got := range done {
+		want := make([]string, perKey)
+		for i := range want {
+			want[i] = strconv.Itoa(i)
+		}
+		require.Equal(t, want, got, "key %s ran out of order", k)
+	}
+}
