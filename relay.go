@@ -642,7 +642,7 @@ func (c *checkpointer) save(ctx context.Context, heartbeat bool) error {
 		c.markSaved(cur, seq)
 		return nil
 	}
-	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Cursor: cur, Holder: c.r.cfg.HolderID, Term: c.term})
+	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Partition: c.r.cfg.Partition, Cursor: cur, Holder: c.r.cfg.HolderID, Term: c.term})
 	if errors.Is(err, ferrydriver.ErrLeaseLost) {
 		c.lose(err)
 		return nil

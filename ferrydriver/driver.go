@@ -81,9 +81,10 @@ type Store interface {
 	// GetDeadLetter returns one dead letter by event ID, or ErrNotFound.
 	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
 
-	// DeleteDelivered removes events that the checkpoint p.Cursor has passed
-	// and that are older than p.OlderThan, at most p.Limit of them. It never
-	// removes an event the feed has not delivered.
+	// DeleteDelivered removes events of p.Partition that are older than
+	// p.OlderThan and that every feed of the partition has passed (the
+	// saved checkpoints, and p.Cursor), at most p.Limit of them. It never
+	// removes an event a feed has not delivered.
 	DeleteDelivered(ctx context.Context, p *DeleteDeliveredParams) (int64, error)
 
 	// FeedStatus reports a feed's checkpoint, lease, lag and dead letters.
@@ -207,10 +208,13 @@ type LoadCheckpointParams struct{ Feed string }
 
 // SaveCheckpointParams store a position under a lease.
 type SaveCheckpointParams struct {
-	Feed   string
-	Cursor []byte
-	Holder string
-	Term   int64
+	Feed string
+	// Partition is the outbox partition the feed reads; retention keeps
+	// what any feed of the partition has not delivered.
+	Partition int
+	Cursor    []byte
+	Holder    string
+	Term      int64
 }
 
 // Lease gives one holder a name for a while; Term increases every time the

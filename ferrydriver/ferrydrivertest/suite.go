@@ -62,6 +62,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("CheckpointFencing", func(t *testing.T) { t.Parallel(); testCheckpointFencing(t, h) })
 	t.Run("DeadLetters", func(t *testing.T) { t.Parallel(); testDeadLetters(t, h) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, h) })
+	t.Run("RetentionKeepsWhatASlowFeedNeeds", func(t *testing.T) { t.Parallel(); testRetentionSlowestFeed(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
 }
 
@@ -714,4 +715,34 @@ func testStatus[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, "r1", st.Lease.Holder)
 	require.Equal(t, l.Term, st.Checkpoint.Term)
 	require.Zero(t, st.DeadLetters)
+}
+
+// testRetentionSlowestFeed: two feeds read one partition; retention driven
+// by the fast one keeps what the slow one has not read.
+func testRetentionSlowestFeed[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	var evs []*ferryevent.Event
+	for i := range 10 {
+		evs = append(evs, Event("t", "k", strconv.Itoa(i)))
+	}
+	save := func(feed string, cursor []byte) {
+		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "h", TTL: time.Minute})
+		require.NoError(t, err)
+		require.NoError(t, drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: feed, Cursor: cursor, Holder: "h", Term: l.Term}))
+	}
+	emit(ctx, t, h, drv, evs[:5]...)
+	slow := OpenReader(ctx, t, drv, nil)
+	require.Len(t, slow.ReadQuiet(ctx), 5)
+	save("slow/0", slow.Last)
+	emit(ctx, t, h, drv, evs[5:]...)
+	fast := OpenReader(ctx, t, drv, nil)
+	require.Len(t, fast.ReadQuiet(ctx), 10)
+	emit(ctx, t, h, drv, Event("t", "k", "tick")) // one more batch so the fast cursor's Low passes all ten
+	require.Len(t, fast.ReadQuiet(ctx), 1)
+	save("fast/0", fast.Last)
+	_, err := drv.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: "fast/0", Cursor: fast.Last, OlderThan: 0, Limit: 1000})
+	require.NoError(t, err)
+	rest := OpenReader(ctx, t, drv, slow.Last).ReadQuiet(ctx)
+	require.Len(t, rest, 6, "the slow feed still gets everything after its checkpoint")
 }

@@ -279,6 +279,7 @@ type queries struct {
 	acquireLease, renewLease, releaseLease, getLease                    string
 	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter  string
 	deleteDelivered, feedLag, armListener, seqCache                     string
+	partitionCursors                                                    string
 	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
 }
 
@@ -292,7 +293,8 @@ func newQueries(schema string) queries {
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),
 		countDeadLetter: r(sqlCountDeadLetters),
 		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), seqCache: r(sqlSeqCache),
-		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
+		partitionCursors: r(sqlPartitionCursors),
+		inboxInsert:      r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 	}
 }

@@ -27,7 +27,9 @@ WITH input AS (
 )
 SELECT event_id FROM ins`
 
-// sqlInboxClaim claims the heads of up to $2 runnable keys. A head is the
+// sqlInboxClaim claims the heads of up to $2 runnable keys. Its commit is
+// asynchronous: a claim lost in a database crash only means the row runs
+// again, which the inbox absorbs. A head is the
 // key's oldest unfinished row (a DEAD row counts when $5, the group holds
 // keys behind dead rows); it runs if it is PENDING, FAILED and due, or
 // PROCESSING with an expired claim (its worker died).
@@ -35,6 +37,7 @@ const sqlInboxClaim = `
 WITH k AS (
     SELECT group_name, key FROM {schema}.inbox_keys
      WHERE group_name = $1 AND runnable_at <= now()
+       AND set_config('synchronous_commit', 'off', true) IS NOT NULL
      ORDER BY runnable_at LIMIT $2
      FOR UPDATE SKIP LOCKED
 ), head AS (

@@ -140,8 +140,8 @@ SELECT cursor, term, updated_at FROM {schema}.checkpoints WHERE feed = $1`
 // The bookkeeping commit is asynchronous: losing it in a database crash only
 // means redelivery, which the at-least-once contract allows.
 const sqlSaveCheckpoint = `
-INSERT INTO {schema}.checkpoints AS c (feed, cursor, term, updated_at)
-SELECT $1, $2, $4, now()
+INSERT INTO {schema}.checkpoints AS c (feed, cursor, term, updated_at, partition)
+SELECT $1, $2, $4, now(), $5
  WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
    AND EXISTS (SELECT 1 FROM {schema}.leases
                 WHERE name = $1 AND holder = $3 AND term = $4 AND expires_at > now()
@@ -228,5 +228,7 @@ DELETE FROM {schema}.outbox o USING (
 // sqlFeedLag counts events above a feed position (O(lag): for status only).
 const sqlFeedLag = `
 SELECT count(*), min(created_at) FROM {schema}.outbox WHERE partition = $1 AND id > $2`
+
+const sqlPartitionCursors = `SELECT cursor FROM {schema}.checkpoints WHERE partition = $1 AND cursor IS NOT NULL`
 
 const sqlCountDeadLetters = `SELECT count(*), now() FROM {schema}.dead_letters WHERE feed = $1`

@@ -27,7 +27,7 @@ func (d *Driver[TTx]) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadChe
 
 // SaveCheckpoint implements ferrydriver.Store.
 func (d *Driver[TTx]) SaveCheckpoint(ctx context.Context, p *ferrydriver.SaveCheckpointParams) error {
-	n, err := d.db.exec(ctx, d.queries.saveCheckpoint, p.Feed, p.Cursor, p.Holder, p.Term)
+	n, err := d.db.exec(ctx, d.queries.saveCheckpoint, p.Feed, p.Cursor, p.Holder, p.Term, p.Partition)
 	if err != nil {
 		return d.wrapErr("save checkpoint of "+p.Feed, err)
 	}
@@ -179,18 +179,49 @@ func (d *Driver[TTx]) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadL
 
 // DeleteDelivered implements ferrydriver.Store.
 func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
-	st, err := decodeCursor(p.Cursor)
+	cursors := [][]byte{p.Cursor}
+	r, err := d.db.query(ctx, d.queries.partitionCursors, p.Partition)
 	if err != nil {
-		return 0, err
+		return 0, d.wrapErr("read the checkpoints of partition "+strconv.Itoa(p.Partition), err)
 	}
-	if st.Low == 0 {
+	for r.Next() {
+		var c []byte
+		if err := r.Scan(&c); err != nil {
+			r.Close()
+			return 0, d.wrapErr("read checkpoints", err)
+		}
+		cursors = append(cursors, c)
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return 0, d.wrapErr("read checkpoints", err)
+	}
+	// A row may go only if every feed delivered it: at or below every
+	// feed's Low, below every PrevXmax, and in no feed's PrevXip.
+	var low int64 = -1
+	var xmax uint64
+	var xip []uint64
+	for i, c := range cursors {
+		st, err := decodeCursor(c)
+		if err != nil {
+			return 0, err
+		}
+		if i == 0 || st.Low < low {
+			low = st.Low
+		}
+		if i == 0 || st.PrevXmax < xmax {
+			xmax = st.PrevXmax
+		}
+		xip = append(xip, st.PrevXip...)
+	}
+	if low <= 0 {
 		return 0, nil
 	}
 	limit := p.Limit
 	if limit <= 0 {
 		limit = 10000
 	}
-	n, err := d.db.exec(ctx, d.queries.deleteDelivered, p.Partition, st.Low, xidStrings(st.PrevXip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(st.PrevXmax, 10))
+	n, err := d.db.exec(ctx, d.queries.deleteDelivered, p.Partition, low, xidStrings(xip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(xmax, 10))
 	if err != nil {
 		return 0, d.wrapErr("delete delivered events", err)
 	}

@@ -54,6 +54,7 @@ CREATE TABLE {schema}.listeners (
 
 CREATE TABLE {schema}.checkpoints (
     feed       text        PRIMARY KEY,
+    partition  integer     NOT NULL DEFAULT 0,
     cursor     bytea,
     term       bigint      NOT NULL DEFAULT 0,
     updated_at timestamptz NOT NULL DEFAULT now()

@@ -27,8 +27,11 @@ CREATE TABLE {schema}.inbox (
     PRIMARY KEY (group_name, event_id)
 );
 
--- A key's unfinished rows in order: its head is the first.
-CREATE INDEX inbox_unfinished_idx ON {schema}.inbox (group_name, key, pos)
+-- A key's unfinished rows in order: its head is the first. key leads, so
+-- that statements that name a row by (group_name, event_id) cannot pick
+-- this index over the primary key (with statistics that lag a fast-growing
+-- inbox the planner would, and scan every unfinished row of the group).
+CREATE INDEX inbox_unfinished_idx ON {schema}.inbox (key, group_name, pos)
     WHERE state IN ('pending', 'processing', 'failed', 'dead');
 
 -- One row per (group, key) that has or had work: when its head may run.

@@ -1,0 +1,411 @@
+package ferry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink"
+	"github.com/ferry-dev/ferry/internal/backoff"
+)
+
+// DeadPolicy says what happens to a key's later events when one of its
+// events goes DEAD.
+type DeadPolicy int
+
+const (
+	// Hold keeps the key's later events waiting until the dead event is
+	// redriven or discarded: the key's order is kept. The default.
+	Hold DeadPolicy = iota
+	// Continue lets the key's later events run.
+	Continue
+)
+
+// ConsumerConfig configures a Consumer. Group is required.
+type ConsumerConfig struct {
+	// Group names the consumer group: its inbox, its checkpoint on a feed
+	// source, its settlement answers. Required.
+	Group string
+	// Workers is how many events run at once (never two of one key).
+	// Default 8.
+	Workers int
+	// ClaimTTL is how long a worker owns an event it runs. A handler must
+	// finish within it; past it the event may run elsewhere, and this
+	// worker's commit is refused (no double effect). A crashed worker's
+	// events run again after it. Default 30 s.
+	ClaimTTL time.Duration
+	// RetryBase and RetryMax bound the backoff between attempts of a failed
+	// event (exponential, with jitter). Defaults 1 s and 5 min.
+	RetryBase, RetryMax time.Duration
+	// MaxAttempts is how many times an event runs before it is DEAD.
+	// Default 10.
+	MaxAttempts int
+	// DeadPolicy applies to a key's later events once one is DEAD.
+	// Default Hold.
+	DeadPolicy DeadPolicy
+	// OnDead is called (outside any transaction) when an event goes DEAD:
+	// alert someone. Optional.
+	OnDead func(ctx context.Context, d *DeadEvent)
+	// PollInterval is the longest an idle worker waits before looking for
+	// runnable events (retries that came due, events of other consumer
+	// processes). Events ingested by this consumer wake it at once.
+	// Default 200 ms.
+	PollInterval time.Duration
+	// Logger receives the consumer's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// DeadEvent describes an event that will not be retried.
+type DeadEvent struct {
+	Group    string
+	Event    *Event
+	Attempts int
+	Err      error
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *ConsumerConfig) WithDefaults() ConsumerConfig {
+	out := ConsumerConfig{}
+	if c != nil {
+		out = *c
+	}
+	if out.Workers == 0 {
+		out.Workers = 8
+	}
+	if out.ClaimTTL == 0 {
+		out.ClaimTTL = 30 * time.Second
+	}
+	if out.RetryBase == 0 {
+		out.RetryBase = time.Second
+	}
+	if out.RetryMax == 0 {
+		out.RetryMax = 5 * time.Minute
+	}
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = 10
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = 200 * time.Millisecond
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c *ConsumerConfig) validate() error {
+	switch {
+	case c.Group == "":
+		return errors.New("ferry: ConsumerConfig.Group is empty: name the consumer group, e.g. \"billing\"")
+	case c.Workers < 1:
+		return fmt.Errorf("ferry: ConsumerConfig.Workers is %d: use at least 1 (default 8)", c.Workers)
+	case c.ClaimTTL < time.Second:
+		return fmt.Errorf("ferry: ConsumerConfig.ClaimTTL is %v: use at least 1s (default 30s)", c.ClaimTTL)
+	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
+		return fmt.Errorf("ferry: ConsumerConfig.RetryBase (%v) must be positive and at most RetryMax (%v)", c.RetryBase, c.RetryMax)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("ferry: ConsumerConfig.MaxAttempts is %d: use at least 1 (default 10)", c.MaxAttempts)
+	case c.PollInterval < time.Millisecond:
+		return fmt.Errorf("ferry: ConsumerConfig.PollInterval is %v: use at least 1ms (default 200ms)", c.PollInterval)
+	case c.DeadPolicy != Hold && c.DeadPolicy != Continue:
+		return fmt.Errorf("ferry: ConsumerConfig.DeadPolicy %d is not Hold or Continue", c.DeadPolicy)
+	}
+	return nil
+}
+
+// HandlerFunc handles one event inside tx, the consumer database's
+// transaction in which the event is also marked processed: the handler's
+// writes and that mark commit together, exactly once per (group, event).
+// Calls to outside systems should pass ev.ID as their idempotency key.
+type HandlerFunc[TTx any] func(ctx context.Context, tx TTx, ev *Event) error
+
+// Consumer runs handlers for the events of its group's inbox: keys in
+// parallel, each key in order, with retries and dead letters.
+type Consumer[TTx any] struct {
+	driver   ferrydriver.Inbox[TTx]
+	cfg      ConsumerConfig
+	worker   string
+	retry    backoff.Policy
+	log      *slog.Logger
+	handlers map[string]HandlerFunc[TTx]
+	fallback HandlerFunc[TTx]
+	wake     chan struct{}
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	done    chan struct{}
+	started bool
+}
+
+// NewConsumer returns a consumer of group cfg.Group over driver.
+func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*Consumer[TTx], error) {
+	if driver == nil {
+		return nil, errors.New("ferry: NewConsumer needs a driver with an inbox, for example ferrypg.New(pool, nil)")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	return &Consumer[TTx]{
+		driver:   driver,
+		cfg:      c,
+		worker:   fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.IntN(1<<16)),
+		retry:    backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
+		log:      c.Logger.With("group", c.Group),
+		handlers: map[string]HandlerFunc[TTx]{},
+		wake:     make(chan struct{}, 1),
+	}, nil
+}
+
+// Handle registers fn for events of type eventType, with the payload
+// decoded from JSON into a T. A payload that does not decode is a failure
+// that retrying cannot fix: the event goes DEAD at once.
+func Handle[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx context.Context, tx TTx, ev *Event, msg T) error) {
+	c.HandleEvent(eventType, func(ctx context.Context, tx TTx, ev *Event) error {
+		var msg T
+		if err := json.Unmarshal(ev.Payload, &msg); err != nil {
+			return GiveUp(fmt.Errorf("decode %s payload into %T: %w", ev.Type, msg, err))
+		}
+		return fn(ctx, tx, ev, msg)
+	})
+}
+
+// HandleEvent registers fn for events of type eventType, undecoded.
+func (c *Consumer[TTx]) HandleEvent(eventType string, fn HandlerFunc[TTx]) {
+	c.handlers[eventType] = fn
+}
+
+// HandleAll registers fn for every event type without a handler of its own.
+// Without it, such events are acknowledged and marked processed unhandled.
+func (c *Consumer[TTx]) HandleAll(fn HandlerFunc[TTx]) {
+	c.fallback = fn
+}
+
+// Notify wakes idle workers: sources call it after ingesting events.
+func (c *Consumer[TTx]) Notify() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Ingest records events in the group's inbox, once per event ID, and wakes
+// the workers. Sources call it and acknowledge to their broker only after
+// it returned nil: then the events are durable.
+func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted int, err error) {
+	res, err := c.driver.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: c.cfg.Group, Events: events})
+	if err != nil {
+		return 0, err
+	}
+	for _, ok := range res.Inserted {
+		if ok {
+			inserted++
+		}
+	}
+	if inserted > 0 {
+		c.Notify()
+	}
+	return inserted, nil
+}
+
+// Start starts the workers. It returns at once; Stop ends them.
+func (c *Consumer[TTx]) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started {
+		return errors.New("ferry: consumer already started")
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.cancel, c.done, c.started = cancel, make(chan struct{}), true
+	go func() {
+		defer close(c.done)
+		c.run(ctx)
+	}()
+	return nil
+}
+
+// Stop stops claiming new events, waits for running handlers to finish (or
+// ctx to end) and returns. Safe to call twice or before Start.
+func (c *Consumer[TTx]) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	cancel, done := c.cancel, c.done
+	c.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run claims runnable events while workers are free and runs them.
+func (c *Consumer[TTx]) run(ctx context.Context) {
+	slots := make(chan struct{}, c.cfg.Workers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	errAttempt := 0
+	for ctx.Err() == nil {
+		free := c.cfg.Workers - len(slots)
+		var rows []*ferrydriver.InboxRow
+		var err error
+		if free > 0 {
+			rows, err = c.driver.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{
+				Group: c.cfg.Group, Worker: c.worker, Limit: free, TTL: c.cfg.ClaimTTL, HoldDead: c.cfg.DeadPolicy == Hold})
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			errAttempt++
+			c.log.Warn("ferry: claiming events failed; retrying", "err", err, "attempt", errAttempt)
+			c.retry.Sleep(ctx.Done(), errAttempt)
+			continue
+		}
+		errAttempt = 0
+		for _, row := range rows {
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots; c.Notify() }()
+				c.process(ctx, row)
+			})
+		}
+		if len(rows) == free && free > 0 {
+			continue // there may be more
+		}
+		t := time.NewTimer(c.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-c.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// process runs one claimed event and records the outcome.
+func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow) {
+	ev := &row.Event
+	handler := c.handlers[ev.Type]
+	if handler == nil {
+		handler = c.fallback
+	}
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
+	defer cancel()
+	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) (err error) {
+		if handler != nil {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
+				}
+			}()
+			if err := handler(ctx, tx, ev); err != nil {
+				return err
+			}
+		}
+		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
+			Group: c.cfg.Group, EventID: ev.ID, Worker: c.worker, HoldDead: c.cfg.DeadPolicy == Hold})
+	})
+	if err == nil {
+		return
+	}
+	if errors.Is(err, ferrydriver.ErrClaimLost) {
+		c.log.Warn("ferry: an event's claim expired before its handler committed; its effect was rolled back and it runs again", "event_id", ev.ID, "claim_ttl", c.cfg.ClaimTTL)
+		return
+	}
+	dead, retryAt := c.decide(row, err)
+	ferr := c.driver.FailInbox(context.WithoutCancel(ctx), &ferrydriver.FailInboxParams{
+		Group: c.cfg.Group, EventID: ev.ID, Worker: c.worker, Error: err.Error(), RetryAt: retryAt, Dead: dead,
+		HoldDead: c.cfg.DeadPolicy == Hold})
+	if ferr != nil {
+		// The claim expires and the event runs again: nothing is lost.
+		c.log.Warn("ferry: recording a failed attempt failed", "event_id", ev.ID, "err", ferr)
+		return
+	}
+	if dead {
+		c.log.Error("ferry: event is dead", "event_id", ev.ID, "key", ev.Key, "type", ev.Type, "attempts", row.Attempts, "err", err)
+		if c.cfg.OnDead != nil {
+			c.cfg.OnDead(ctx, &DeadEvent{Group: c.cfg.Group, Event: ev, Attempts: row.Attempts, Err: err})
+		}
+		return
+	}
+	c.log.Info("ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", retryAt, "err", err)
+}
+
+// decide turns a handler error into DEAD or a retry time.
+func (c *Consumer[TTx]) decide(row *ferrydriver.InboxRow, err error) (dead bool, retryAt time.Time) {
+	var gu *giveUpError
+	if errors.As(err, &gu) || row.Attempts >= c.cfg.MaxAttempts {
+		return true, time.Time{}
+	}
+	var ra *retryAfterError
+	if errors.As(err, &ra) {
+		return false, time.Now().Add(ra.after)
+	}
+	return false, time.Now().Add(c.retry.Delay(row.Attempts))
+}
+
+type retryAfterError struct {
+	after time.Duration
+	err   error
+}
+
+func (e *retryAfterError) Error() string {
+	return fmt.Sprintf("retry after %v: %v", e.after, e.err)
+}
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// RetryAfter makes a handler's failure retry after d instead of the
+// backoff (a rate limit's Retry-After, a dependency's maintenance window).
+// MaxAttempts still applies.
+func RetryAfter(d time.Duration, err error) error { return &retryAfterError{after: d, err: err} }
+
+type giveUpError struct{ err error }
+
+func (e *giveUpError) Error() string { return "giving up: " + e.err.Error() }
+func (e *giveUpError) Unwrap() error { return e.err }
+
+// GiveUp makes a handler's failure final: the event goes DEAD at once
+// (invalid input that no retry can fix).
+func GiveUp(err error) error { return &giveUpError{err: err} }
+
+// Sink returns a ferrysink.Sink that ingests into the consumer's inbox, for
+// consuming an outbox directly, without a broker: run a Relay from the
+// producer's store to it, with a feed name of the group's own:
+//
+//	relay, err := ferry.NewRelay(drv, consumer.Sink(), &ferry.RelayConfig{Feed: "billing"})
+//
+// The relay keeps the group's position in the outbox like any relay.
+func (c *Consumer[TTx]) Sink() ferrysink.Sink { return &inboxSink[TTx]{c: c} }
+
+type inboxSink[TTx any] struct{ c *Consumer[TTx] }
+
+// Publish ingests events in one statement: all or none.
+func (s *inboxSink[TTx]) Publish(ctx context.Context, events []*ferryevent.Event) []error {
+	errs := make([]error, len(events))
+	if _, err := s.c.Ingest(ctx, events); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	return errs
+}
+
+// OrderedBatches implements ferrysink.OrderedBatcher: one call is one
+// statement that inserts in order or not at all.
+func (s *inboxSink[TTx]) OrderedBatches() bool { return true }
+
+func (s *inboxSink[TTx]) Close(context.Context) error { return nil }

@@ -1,0 +1,243 @@
+package ferry_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// effects creates the table handlers write to, in the driver's schema.
+func effects(t *testing.T, drv *ferrypg.Driver[pgx.Tx]) string {
+	table := pgx.Identifier{drv.Schema(), "effects"}.Sanitize()
+	_, err := pgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (
+		n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL)`)
+	require.NoError(t, err)
+	return table
+}
+
+func startConsumer(t *testing.T, c *ferry.Consumer[pgx.Tx]) {
+	require.NoError(t, c.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, c.Stop(ctx))
+	})
+}
+
+func events(n, keys int) []*ferry.Event {
+	out := make([]*ferry.Event, n)
+	seq := map[string]int64{}
+	for i := range out {
+		k := "k" + strconv.Itoa(i%keys)
+		seq[k]++
+		out[i] = &ferry.Event{ID: ferry.NewID(), Topic: "orders", Key: k, Type: "OrderPlaced", Seq: seq[k],
+			Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`), CreatedAt: time.Now()}
+	}
+	return out
+}
+
+func count(t *testing.T, q string, args ...any) int {
+	var n int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), q, args...).Scan(&n))
+	return n
+}
+
+// Every event delivered three times concurrently: one effect each.
+func TestConsumerExactlyOnceEffect(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	table := effects(t, drv)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	evs := events(600, 30)
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			for i := 0; i < len(evs); i += 50 {
+				if _, err := c.Ingest(context.Background(), evs[i:i+50]); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) >= len(evs) }, 30*time.Second, 20*time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, len(evs), count(t, `SELECT count(DISTINCT event_id) FROM `+table))
+	require.Equal(t, len(evs), count(t, `SELECT count(*) FROM `+table), "no event's effect exists twice")
+}
+
+// 8 workers, 10,000 events over 200 keys, random handler latency: every
+// key in order, and keys ran in parallel.
+func TestConsumerKeyOrderAndParallelism(t *testing.T) {
+	t.Parallel()
+	n := 10000
+	if testing.Short() {
+		n = 2000
+	}
+	drv := newPG(t)
+	table := effects(t, drv)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "projector", Workers: 8, PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	var running, peak atomic.Int64
+	type decoded struct{ N int }
+	ferry.Handle(c, "OrderPlaced", func(ctx context.Context, tx pgx.Tx, ev *ferry.Event, msg decoded) error {
+		now := running.Add(1)
+		defer running.Add(-1)
+		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+		}
+		if msg.N%7 == 0 {
+			time.Sleep(time.Duration(msg.N%3) * time.Millisecond)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	evs := events(n, 200)
+	for i := 0; i < n; i += 500 {
+		_, err := c.Ingest(context.Background(), evs[i:i+500])
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) >= n }, 2*time.Minute, 50*time.Millisecond)
+	// In effect order, each key's Seq runs 1, 2, 3, ...
+	violations := count(t, `SELECT count(*) FROM (
+		SELECT seq - lag(seq) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`)
+	require.Zero(t, violations, "per-key order")
+	require.Equal(t, n, count(t, `SELECT count(*) FROM `+table))
+	t.Logf("%d events over 200 keys; up to %d handlers ran at once", n, peak.Load())
+	require.Greater(t, peak.Load(), int64(1), "keys must run in parallel")
+}
+
+// A poison event goes DEAD after MaxAttempts, with backoff between
+// attempts; its key is held, other keys flow, OnDead fires.
+func TestConsumerPoisonEventGoesDead(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	table := effects(t, drv)
+	dead := make(chan *ferry.DeadEvent, 1)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "mailer", MaxAttempts: 3,
+		RetryBase: 100 * time.Millisecond, RetryMax: time.Second, PollInterval: 10 * time.Millisecond,
+		OnDead: func(_ context.Context, d *ferry.DeadEvent) { dead <- d }})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var attempts []time.Time
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		if string(ev.Payload) == `{"n":0}` {
+			mu.Lock()
+			attempts = append(attempts, time.Now())
+			n := len(attempts)
+			mu.Unlock()
+			if n == 2 {
+				panic("boom")
+			}
+			return errors.New("cannot send mail")
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	evs := events(40, 4) // event 0 is k0's first; k0 has 9 more behind it
+	_, err = c.Ingest(context.Background(), evs)
+	require.NoError(t, err)
+	var d *ferry.DeadEvent
+	select {
+	case d = <-dead:
+	case <-time.After(30 * time.Second):
+		t.Fatal("OnDead did not fire")
+	}
+	require.Equal(t, evs[0].ID, d.Event.ID)
+	require.Equal(t, 3, d.Attempts)
+	require.ErrorContains(t, d.Err, "cannot send mail")
+	mu.Lock()
+	require.Len(t, attempts, 3)
+	for i := 1; i < len(attempts); i++ {
+		require.GreaterOrEqual(t, attempts[i].Sub(attempts[i-1]), 40*time.Millisecond, "attempts are spaced by the backoff")
+	}
+	mu.Unlock()
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 30 }, 10*time.Second, 20*time.Millisecond, "other keys flow")
+	time.Sleep(200 * time.Millisecond)
+	require.Zero(t, count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k0'`), "Hold: the dead event's key waits")
+	var lastErr string
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		`SELECT last_error FROM `+pgx.Identifier{drv.Schema(), "inbox"}.Sanitize()+` WHERE event_id = $1`, evs[0].ID).Scan(&lastErr))
+	require.Contains(t, lastErr, "cannot send mail")
+}
+
+func TestConsumerPanicIsAFailureWithStack(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", MaxAttempts: 1, PollInterval: 10 * time.Millisecond,
+		OnDead: func(context.Context, *ferry.DeadEvent) {}})
+	require.NoError(t, err)
+	c.HandleAll(func(context.Context, pgx.Tx, *ferry.Event) error { panic("nil map") })
+	startConsumer(t, c)
+	evs := events(1, 1)
+	_, err = c.Ingest(context.Background(), evs)
+	require.NoError(t, err)
+	inbox := pgx.Identifier{drv.Schema(), "inbox"}.Sanitize()
+	require.Eventually(t, func() bool {
+		return count(t, `SELECT count(*) FROM `+inbox+` WHERE state = 'dead'`) == 1
+	}, 10*time.Second, 20*time.Millisecond)
+	var lastErr string
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), `SELECT last_error FROM `+inbox).Scan(&lastErr))
+	require.Contains(t, lastErr, "handler panicked: nil map")
+	require.Contains(t, lastErr, "consumer_test.go", "the stack is kept")
+}
+
+// A consumer in the producer's database reads the outbox through a relay
+// into its inbox: no broker.
+func TestConsumerFromFeed(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	table := effects(t, drv)
+	client, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "projector", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	relay, err := ferry.NewRelay(drv, c.Sink(), &ferry.RelayConfig{Feed: "projector", PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second})
+	require.NoError(t, err)
+	run(t, relay)
+	all := emitMany(t, client, 500, 20, 4, strconv.Itoa)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) >= len(all) }, 30*time.Second, 20*time.Millisecond)
+	require.Zero(t, count(t, `SELECT count(*) FROM (
+		SELECT seq - lag(seq) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`))
+}
+
+func TestConsumerConfigValidation(t *testing.T) {
+	t.Parallel()
+	drv, err := ferrypg.New(nil, nil)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		cfg  ferry.ConsumerConfig
+		want string
+	}{
+		{ferry.ConsumerConfig{}, "Group"},
+		{ferry.ConsumerConfig{Group: "g", Workers: -1}, "Workers"},
+		{ferry.ConsumerConfig{Group: "g", ClaimTTL: time.Millisecond}, "ClaimTTL"},
+		{ferry.ConsumerConfig{Group: "g", MaxAttempts: -1}, "MaxAttempts"},
+		{ferry.ConsumerConfig{Group: "g", DeadPolicy: 7}, "DeadPolicy"},
+	} {
+		_, err := ferry.NewConsumer(drv, &tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
