@@ -21,6 +21,7 @@ const (
 	InboxProcessed  InboxState = "processed"
 	InboxFailed     InboxState = "failed"
 	InboxDead       InboxState = "dead"
+	InboxDiscarded  InboxState = "discarded"
 	InboxRetracted  InboxState = "retracted"
 )
 
@@ -50,6 +51,77 @@ type Inbox[TTx any] interface {
 	// FailInbox records a failed attempt: FAILED until p.RetryAt, or DEAD
 	// when p.Dead. ErrClaimLost if the claim is no longer p.Worker's.
 	FailInbox(ctx context.Context, p *FailInboxParams) error
+
+	// ListInbox lists inbox rows (dead letters, typically), newest first.
+	ListInbox(ctx context.Context, p *ListInboxParams) ([]*InboxRow, error)
+	// RedriveInbox makes DEAD rows PENDING again with their attempts reset;
+	// they run in their key's order. It returns how many rows changed.
+	RedriveInbox(ctx context.Context, p *InboxIDsParams) (int, error)
+	// DiscardInbox gives DEAD rows up for good (DISCARDED), releasing the
+	// keys they held. It returns how many rows changed.
+	DiscardInbox(ctx context.Context, p *InboxIDsParams) (int, error)
+	// DeleteProcessedInbox removes PROCESSED rows finished before
+	// p.OlderThan ago, at most p.Limit; it returns how many.
+	DeleteProcessedInbox(ctx context.Context, p *DeleteProcessedInboxParams) (int64, error)
+
+	Settler
+}
+
+// Settler answers whether consumer groups have settled events. It reads on
+// connections of its own, never through a caller's transaction snapshot.
+type Settler interface {
+	// InboxStates reads the current state of events for a group; events
+	// never received are absent.
+	InboxStates(ctx context.Context, p *InboxIDsParams) (map[uuid.UUID]*InboxRow, error)
+	// AwaitSettled waits until every event is finished (PROCESSED, DEAD,
+	// DISCARDED, RETRACTED) or p.Deadline passes, woken by the database when
+	// one of them finishes; it never polls. It returns the last known row
+	// of each event (absent: not received yet).
+	AwaitSettled(ctx context.Context, p *AwaitSettledParams) (map[uuid.UUID]*InboxRow, error)
+}
+
+// ListInboxParams filter inbox rows.
+type ListInboxParams struct {
+	Group string
+	// States selects rows in these states; empty means DEAD.
+	States []InboxState
+	// Key and Type filter exactly when set.
+	Key, Type string
+	// EventIDs, when set, selects only these events.
+	EventIDs []uuid.UUID
+	// Since and Until bound the time the row finished (failed, for DEAD).
+	Since, Until time.Time
+	// Limit caps the result; 0 means 100.
+	Limit int
+}
+
+// InboxIDsParams name events of a group.
+type InboxIDsParams struct {
+	Group    string
+	EventIDs []uuid.UUID
+}
+
+// DeleteProcessedInboxParams bound inbox retention.
+type DeleteProcessedInboxParams struct {
+	Group     string
+	OlderThan time.Duration
+	Limit     int
+}
+
+// AwaitSettledParams name the events to wait for.
+type AwaitSettledParams struct {
+	Group    string
+	EventIDs []uuid.UUID
+	Deadline time.Time
+}
+
+// Finished reports whether a row in state s will not run again.
+func (s InboxState) Finished() bool {
+	switch s {
+	case InboxProcessed, InboxDead, InboxDiscarded, InboxRetracted:
+		return true
+	}
+	return false
 }
 
 // InsertInboxParams are events received for a group.

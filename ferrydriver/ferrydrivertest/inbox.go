@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
 
@@ -30,6 +32,9 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("FailedRetriesWhenDue", func(t *testing.T) { t.Parallel(); testInboxRetry(t, newDriver(t)) })
 	t.Run("DeadHoldsOrContinues", func(t *testing.T) { t.Parallel(); testInboxDead(t, newDriver(t)) })
 	t.Run("ConcurrentWorkersKeepKeyOrder", func(t *testing.T) { t.Parallel(); testInboxConcurrent(t, newDriver(t)) })
+	t.Run("DeadLettersListRedriveDiscard", func(t *testing.T) { t.Parallel(); testInboxDeadLetters(t, newDriver(t)) })
+	t.Run("RetentionOfProcessed", func(t *testing.T) { t.Parallel(); testInboxRetention(t, newDriver(t)) })
+	t.Run("AwaitSettled", func(t *testing.T) { t.Parallel(); testAwaitSettled(t, newDriver(t)) })
 }
 
 const group = "g"
@@ -262,4 +267,125 @@ func testInboxConcurrent[TTx any](t *testing.T, d InboxDriver[TTx]) {
 		}
 		require.Equal(t, want, got, "key %s ran out of order", k)
 	}
+}
+
+// kill claims runnable heads, failing for good those whose payload is in
+// want and completing the others.
+func kill[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], want ...string) {
+	t.Helper()
+	for _, r := range claim(ctx, t, d, "w", true) {
+		if slices.Contains(want, string(r.Event.Payload)) {
+			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Worker: "w", Error: "bad " + string(r.Event.Payload), Dead: true, HoldDead: true}))
+		} else {
+			complete(ctx, t, d, "w", r, true)
+		}
+	}
+}
+
+func testInboxDeadLetters[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	p1, p2 := Event("t", "a", "p1"), Event("t", "b", "p2")
+	p2.Type = "Other"
+	insert(ctx, t, d, p1, Event("t", "a", "a-after"), p2, Event("t", "b", "b-after"))
+	kill(ctx, t, d, "p1", "p2")
+	dead, err := d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"p1", "p2"}, payloads(dead))
+	byType, err := d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, Type: "Other"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"p2"}, payloads(byType))
+	require.Equal(t, "bad p2", byType[0].LastError)
+	byKey, err := d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, Key: "a", Since: time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, []string{"p1"}, payloads(byKey))
+	require.Empty(t, claim(ctx, t, d, "w", true), "both keys are held")
+
+	// Redrive p1: it runs again first, with its attempts reset, then its key moves on.
+	n, err := d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p1.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	rows := claim(ctx, t, d, "w", true)
+	require.Equal(t, []string{"p1"}, payloads(rows))
+	require.Equal(t, 1, rows[0].Attempts)
+	complete(ctx, t, d, "w", rows[0], true)
+	require.Equal(t, []string{"a-after"}, payloads(claim(ctx, t, d, "w", true)))
+
+	// Discard p2: it never runs; its key is released.
+	n, err = d.DiscardInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p2.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, []string{"b-after"}, payloads(claim(ctx, t, d, "w2", true)))
+	n, err = d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p2.ID}})
+	require.NoError(t, err)
+	require.Zero(t, n, "only DEAD rows can be redriven")
+	st, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p1.ID, p2.ID}})
+	require.NoError(t, err)
+	require.Equal(t, ferrydriver.InboxProcessed, st[p1.ID].State)
+	require.Equal(t, ferrydriver.InboxDiscarded, st[p2.ID].State)
+}
+
+func testInboxRetention[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	done, open := Event("t", "a", "done"), Event("t", "b", "open")
+	insert(ctx, t, d, done, open)
+	for _, r := range claim(ctx, t, d, "w", true) {
+		if r.Event.ID == done.ID {
+			complete(ctx, t, d, "w", r, true)
+		}
+	}
+	n, err := d.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: group, OlderThan: time.Hour})
+	require.NoError(t, err)
+	require.Zero(t, n, "younger than the window")
+	n, err = d.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: group, OlderThan: 0})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only the processed row goes")
+	st, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{done.ID, open.ID}})
+	require.NoError(t, err)
+	require.NotContains(t, st, done.ID)
+	require.Contains(t, st, open.ID)
+}
+
+func testAwaitSettled[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	ok, bad, never := Event("t", "a", "ok"), Event("t", "b", "bad"), Event("t", "c", "never")
+	insert(ctx, t, d, ok, bad, never)
+	ids := []uuid.UUID{ok.ID, bad.ID, never.ID, ferryevent.NewID()}
+	rows := claim(ctx, t, d, "w", true)
+	require.Len(t, rows, 3)
+	type result struct {
+		st  map[uuid.UUID]*ferrydriver.InboxRow
+		err error
+		at  time.Time
+	}
+	res := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		st, err := d.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: group, EventIDs: ids, Deadline: time.Now().Add(3 * time.Second)})
+		res <- result{st, err, time.Now()}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	var finished time.Time
+	for _, r := range rows {
+		switch r.Event.ID {
+		case ok.ID:
+			complete(ctx, t, d, "w", r, true)
+		case bad.ID:
+			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Worker: "w", Error: "rejected", Dead: true, HoldDead: true}))
+		}
+	}
+	finished = time.Now()
+	got := <-res
+	require.NoError(t, got.err)
+	require.Equal(t, ferrydriver.InboxProcessed, got.st[ok.ID].State)
+	require.Equal(t, ferrydriver.InboxDead, got.st[bad.ID].State)
+	require.Equal(t, "rejected", got.st[bad.ID].LastError)
+	require.Equal(t, ferrydriver.InboxProcessing, got.st[never.ID].State, "still running at the deadline")
+	require.NotContains(t, got.st, ids[3], "never received")
+	require.GreaterOrEqual(t, got.at.Sub(start), 3*time.Second-50*time.Millisecond, "pending events keep it waiting until the deadline")
+	_ = finished
+
+	// Already settled events return at once.
+	st, err := d.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: group, EventIDs: []uuid.UUID{ok.ID, bad.ID}, Deadline: time.Now().Add(30 * time.Second)})
+	require.NoError(t, err)
+	require.Len(t, st, 2)
 }

@@ -28,7 +28,7 @@ const feedSettings = `SELECT set_config('enable_bitmapscan', 'off', false), set_
 // when notifications are on, it LISTENs on the outbox channel.
 type session struct {
 	exec  executor
-	wait  func(ctx context.Context) error // nil: cannot listen
+	wait  func(ctx context.Context) (string, error) // a notification's payload; nil: cannot listen
 	close func()
 }
 
@@ -45,9 +45,12 @@ func poolSession(pool *pgxpool.Pool) sessionFunc {
 		conn := c.Hijack()
 		return &session{
 			exec: pgxExec{conn},
-			wait: func(ctx context.Context) error {
-				_, err := conn.WaitForNotification(ctx)
-				return err
+			wait: func(ctx context.Context) (string, error) {
+				n, err := conn.WaitForNotification(ctx)
+				if err != nil {
+					return "", err
+				}
+				return n.Payload, nil
 			},
 			close: func() { _ = conn.Close(context.Background()) },
 		}, nil
@@ -79,9 +82,12 @@ func sqlSession(db *sql.DB) sessionFunc {
 				return nil
 			})
 			if pc != nil {
-				s.wait = func(ctx context.Context) error {
-					_, err := pc.WaitForNotification(ctx)
-					return err
+				s.wait = func(ctx context.Context) (string, error) {
+					n, err := pc.WaitForNotification(ctx)
+					if err != nil {
+						return "", err
+					}
+					return n.Payload, nil
 				}
 			}
 		}

@@ -281,6 +281,8 @@ type queries struct {
 	deleteDelivered, feedLag, armListener, seqCache                     string
 	partitionCursors                                                    string
 	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
+	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
+	waiterAdd, waiterRemove                                             string
 }
 
 func newQueries(schema string) queries {
@@ -296,6 +298,8 @@ func newQueries(schema string) queries {
 		partitionCursors: r(sqlPartitionCursors),
 		inboxInsert:      r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
+		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
+		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove),
 	}
 }
 

@@ -403,7 +403,7 @@ func (f *feed[TTx]) drain(ctx context.Context) {
 	deadline := time.Now().Add(2 * time.Millisecond)
 	for time.Now().Before(deadline) {
 		dctx, cancel := context.WithTimeout(ctx, 50*time.Microsecond)
-		err := f.sess.wait(dctx)
+		_, err := f.sess.wait(dctx)
 		cancel()
 		if err != nil {
 			if dctx.Err() == nil && ctx.Err() == nil {
@@ -422,7 +422,7 @@ func (f *feed[TTx]) wait(ctx context.Context, d time.Duration) error {
 		<-wctx.Done()
 		return ctx.Err()
 	}
-	err := f.sess.wait(wctx)
+	_, err := f.sess.wait(wctx)
 	switch {
 	case err == nil:
 		f.drain(ctx)

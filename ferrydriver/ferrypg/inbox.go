@@ -3,10 +3,13 @@ package ferrypg
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -138,7 +141,8 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 // a snapshot taken after the lock) look for the next head.
 func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, worker string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
 	var key string
-	err := queryRow(ctx, e, []any{&key}, d.queries.inboxFinish, group, id, worker, string(state), lastErr, retry)
+	var notified int
+	err := queryRow(ctx, e, []any{&key, &notified}, d.queries.inboxFinish, group, id, worker, string(state), lastErr, retry, d.settleChannel())
 	if isNoRows(err) {
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -152,6 +156,233 @@ func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, worker 
 		return d.wrapErr("refresh inbox key", err)
 	}
 	return nil
+}
+
+func (d *Driver[TTx]) settleChannel() string { return d.cfg.Schema + ".settle" }
+
+func idStrings(ids []uuid.UUID) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = id.String()
+	}
+	return out
+}
+
+func scanInboxRows(r rows, group string) ([]*ferrydriver.InboxRow, error) {
+	defer r.Close()
+	var out []*ferrydriver.InboxRow
+	for r.Next() {
+		row := &ferrydriver.InboxRow{Group: group}
+		ev := &row.Event
+		var headers *string
+		var state string
+		if err := r.Scan(&ev.ID, &ev.Key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
+			&state, &row.Attempts, &row.LastError, &row.NextAttemptAt, &row.ReceivedAt, &row.FinishedAt); err != nil {
+			return nil, err
+		}
+		row.State = ferrydriver.InboxState(state)
+		if row.FinishedAt.Unix() == 0 {
+			row.FinishedAt = time.Time{}
+		}
+		if headers != nil {
+			_ = json.Unmarshal([]byte(*headers), &ev.Headers)
+		}
+		out = append(out, row)
+	}
+	return out, r.Err()
+}
+
+// ListInbox implements ferrydriver.Inbox.
+func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
+	states := make([]string, len(p.States))
+	for i, s := range p.States {
+		states[i] = string(s)
+	}
+	if len(states) == 0 {
+		states = []string{string(ferrydriver.InboxDead)}
+	}
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	r, err := d.db.query(ctx, d.queries.inboxList, p.Group, states, p.Key, p.Type, idStrings(p.EventIDs), nullTime(p.Since), nullTime(p.Until), limit)
+	if err != nil {
+		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	}
+	out, err := scanInboxRows(r, p.Group)
+	if err != nil {
+		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	}
+	return out, nil
+}
+
+// RedriveInbox implements ferrydriver.Inbox.
+func (d *Driver[TTx]) RedriveInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error) {
+	return d.setDeadState(ctx, p, ferrydriver.InboxPending)
+}
+
+// DiscardInbox implements ferrydriver.Inbox.
+func (d *Driver[TTx]) DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error) {
+	return d.setDeadState(ctx, p, ferrydriver.InboxDiscarded)
+}
+
+// setDeadState moves DEAD rows to state, then recomputes their keys' heads
+// (a held key runs again: a redriven row first, in its order).
+func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams, state ferrydriver.InboxState) (int, error) {
+	e, commit, rollback, err := d.begin.begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("ferrypg: begin: %w", err)
+	}
+	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
+	r, err := e.query(ctx, d.queries.inboxSetState, p.Group, idStrings(p.EventIDs), string(state), d.settleChannel())
+	if err != nil {
+		return 0, d.wrapErr("mark dead letters "+string(state), err)
+	}
+	var keys []string
+	for r.Next() {
+		var key string
+		var n int
+		if err := r.Scan(&key, &n); err != nil {
+			r.Close()
+			return 0, d.wrapErr("mark dead letters", err)
+		}
+		keys = append(keys, key)
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return 0, d.wrapErr("mark dead letters", err)
+	}
+	seen := map[string]bool{}
+	for _, key := range keys {
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		if _, err := e.exec(ctx, d.queries.inboxLockKey, p.Group, key); err != nil {
+			return 0, d.wrapErr("lock inbox key", err)
+		}
+		// A key with a dead row left keeps being held; without, it runs.
+		if _, err := e.exec(ctx, d.queries.inboxRefreshKey, p.Group, key, true); err != nil {
+			return 0, d.wrapErr("refresh inbox key", err)
+		}
+	}
+	if err := commit(ctx); err != nil {
+		return 0, fmt.Errorf("ferrypg: commit: %w", err)
+	}
+	return len(keys), nil
+}
+
+// DeleteProcessedInbox implements ferrydriver.Inbox.
+func (d *Driver[TTx]) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 5000
+	}
+	n, err := d.db.exec(ctx, d.queries.inboxDeleteProcessed, p.Group, p.OlderThan.Milliseconds(), limit)
+	if err != nil {
+		return 0, d.wrapErr("delete processed inbox rows of group "+p.Group, err)
+	}
+	return n, nil
+}
+
+// InboxStates implements ferrydriver.Settler.
+func (d *Driver[TTx]) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
+	return d.inboxStates(ctx, d.db, p.Group, p.EventIDs, false)
+}
+
+func (d *Driver[TTx]) inboxStates(ctx context.Context, e executor, group string, ids []uuid.UUID, lock bool) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
+	q := d.queries.inboxStates
+	if lock {
+		// Wait for a finisher that already updated a row to commit, so that
+		// its outcome is seen (its NOTIFY predates our waiter).
+		q += " FOR SHARE"
+	}
+	r, err := e.query(ctx, q, group, idStrings(ids))
+	if err != nil {
+		return nil, d.wrapErr("read inbox states of group "+group, err)
+	}
+	rows, err := scanInboxRows(r, group)
+	if err != nil {
+		return nil, d.wrapErr("read inbox states of group "+group, err)
+	}
+	out := make(map[uuid.UUID]*ferrydriver.InboxRow, len(rows))
+	for _, row := range rows {
+		out[row.Event.ID] = row
+	}
+	return out, nil
+}
+
+// AwaitSettled implements ferrydriver.Settler. On a connection of its own
+// it LISTENs, registers a waiter row (finishing one of the events then
+// notifies), reads the events' states once (FOR SHARE, so that a finisher
+// that missed the waiter has committed by then), and then only waits:
+// one notification per finished event, no polling.
+func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
+	if !d.canWait {
+		return nil, errors.New("ferrypg: AwaitSettled needs LISTEN/NOTIFY: use a pgx pool or database/sql with the pgx driver")
+	}
+	sess, err := d.session(ctx)
+	if err != nil {
+		return nil, d.wrapErr("open settlement session", err)
+	}
+	defer sess.close()
+	if _, err := sess.exec.exec(ctx, "LISTEN "+pgx.Identifier{d.settleChannel()}.Sanitize()); err != nil {
+		return nil, d.wrapErr("listen for settlement", err)
+	}
+	waiter := uuid.New()
+	if _, err := sess.exec.exec(ctx, d.queries.waiterAdd, waiter, p.Group, idStrings(p.EventIDs), p.Deadline); err != nil {
+		return nil, d.wrapErr("register settlement waiter", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = d.db.exec(rctx, d.queries.waiterRemove, waiter)
+	}()
+	states, err := d.inboxStates(ctx, sess.exec, p.Group, p.EventIDs, true)
+	if err != nil {
+		return nil, err
+	}
+	pending := map[uuid.UUID]bool{}
+	for _, id := range p.EventIDs {
+		if row, ok := states[id]; !ok || !row.State.Finished() {
+			pending[id] = true
+		}
+	}
+	wctx, cancel := context.WithDeadline(ctx, p.Deadline)
+	defer cancel()
+	for len(pending) > 0 {
+		payload, err := sess.wait(wctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if wctx.Err() != nil {
+				return states, nil // the deadline: what is left is pending
+			}
+			return nil, d.wrapErr("wait for settlement", err)
+		}
+		idText, state, ok := strings.Cut(payload, ":")
+		id, perr := uuid.Parse(idText)
+		if !ok || perr != nil || !pending[id] {
+			continue // another waiter's event
+		}
+		delete(pending, id)
+		if ferrydriver.InboxState(state) == ferrydriver.InboxProcessed {
+			if row := states[id]; row != nil {
+				row.State = ferrydriver.InboxProcessed
+				continue
+			}
+		}
+		// A failure (or a row never seen): read it for the reason.
+		one, err := d.inboxStates(ctx, sess.exec, p.Group, []uuid.UUID{id}, false)
+		if err != nil {
+			return nil, err
+		}
+		if row := one[id]; row != nil {
+			states[id] = row
+		}
+	}
+	return states, nil
 }
 
 var _ ferrydriver.Inbox[pgx.Tx] = (*Driver[pgx.Tx])(nil)

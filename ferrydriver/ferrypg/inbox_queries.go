@@ -64,16 +64,71 @@ SELECT event_id, key, seq, topic, type, source, content_type, headers::text, pay
   FROM claimed ORDER BY pos`
 
 // sqlInboxFinish ends a claimed attempt: PROCESSED, FAILED or DEAD. It
-// matches nothing if the claim is no longer the worker's.
+// matches nothing if the claim is no longer the worker's. When the event
+// finishes and someone awaits it, it notifies them (delivered at commit).
 const sqlInboxFinish = `
-UPDATE {schema}.inbox
-   SET state = $4, claimed_by = NULL, claim_expires_at = NULL,
-       last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
-       next_attempt_at = COALESCE($6, next_attempt_at),
-       finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
- WHERE group_name = $1 AND event_id = $2 AND claimed_by = $3 AND state = 'processing'
-   AND claim_expires_at > now()
-RETURNING key`
+WITH u AS (
+    UPDATE {schema}.inbox
+       SET state = $4, claimed_by = NULL, claim_expires_at = NULL,
+           last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
+           next_attempt_at = COALESCE($6::timestamptz, next_attempt_at),
+           finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
+     WHERE group_name = $1 AND event_id = $2 AND claimed_by = $3 AND state = 'processing'
+       AND claim_expires_at > now()
+    RETURNING key, event_id, state
+)
+SELECT u.key, (SELECT count(*) FROM (
+                   SELECT pg_notify($7, u.event_id::text || ':' || u.state)
+                     FROM {schema}.settle_waiters w
+                    WHERE u.state IN ('processed', 'dead') AND w.group_name = $1
+                      AND w.until > now() AND u.event_id = ANY (w.event_ids)) n)
+  FROM u`
+
+// sqlInboxSetState moves DEAD rows to $3 (pending: redrive; discarded)
+// and returns their keys; finishing rows notify waiters as above.
+const sqlInboxSetState = `
+WITH u AS (
+    UPDATE {schema}.inbox
+       SET state = $3,
+           attempts = CASE WHEN $3 = 'pending' THEN 0 ELSE attempts END,
+           next_attempt_at = now(),
+           finished_at = CASE WHEN $3 = 'discarded' THEN now() ELSE finished_at END
+     WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) AND state = 'dead'
+    RETURNING key, event_id, state
+)
+SELECT u.key, (SELECT count(*) FROM (
+                   SELECT pg_notify($4, u.event_id::text || ':' || u.state)
+                     FROM {schema}.settle_waiters w
+                    WHERE u.state = 'discarded' AND w.group_name = $1
+                      AND w.until > now() AND u.event_id = ANY (w.event_ids)) n)
+  FROM u ORDER BY u.key`
+
+const inboxRowColumns = `event_id, key, seq, topic, type, source, content_type, headers::text, payload, created_at,
+       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, COALESCE(finished_at, 'epoch')`
+
+const sqlInboxList = `
+SELECT ` + inboxRowColumns + ` FROM {schema}.inbox
+ WHERE group_name = $1 AND state = ANY ($2::text[])
+   AND ($3 = '' OR key = $3) AND ($4 = '' OR type = $4)
+   AND (cardinality($5::uuid[]) = 0 OR event_id = ANY ($5::uuid[]))
+   AND ($6::timestamptz IS NULL OR finished_at >= $6) AND ($7::timestamptz IS NULL OR finished_at < $7)
+ ORDER BY finished_at DESC NULLS FIRST, received_at DESC LIMIT $8`
+
+const sqlInboxStates = `
+SELECT ` + inboxRowColumns + ` FROM {schema}.inbox
+ WHERE group_name = $1 AND event_id = ANY ($2::uuid[])`
+
+const sqlInboxDeleteProcessed = `
+DELETE FROM {schema}.inbox WHERE group_name = $1 AND event_id IN (
+    SELECT event_id FROM {schema}.inbox
+     WHERE group_name = $1 AND state = 'processed' AND finished_at < now() - $2 * interval '1 millisecond'
+     ORDER BY finished_at LIMIT $3)`
+
+const sqlWaiterAdd = `
+INSERT INTO {schema}.settle_waiters (id, group_name, event_ids, until)
+SELECT $1, $2, $3::uuid[], $4 WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL`
+
+const sqlWaiterRemove = `DELETE FROM {schema}.settle_waiters WHERE id = $1 OR until < now() - interval '1 minute'`
 
 const sqlInboxLockKey = `
 SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = $2 FOR UPDATE`

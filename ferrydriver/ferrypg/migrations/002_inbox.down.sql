@@ -1,2 +1,3 @@
+DROP TABLE IF EXISTS {schema}.settle_waiters;
 DROP TABLE IF EXISTS {schema}.inbox_keys;
 DROP TABLE IF EXISTS {schema}.inbox;

@@ -16,7 +16,7 @@ CREATE TABLE {schema}.inbox (
     payload          bytea       NOT NULL,
     created_at       timestamptz NOT NULL,
     state            text        NOT NULL DEFAULT 'pending'
-                     CHECK (state IN ('pending', 'processing', 'processed', 'failed', 'dead', 'retracted')),
+                     CHECK (state IN ('pending', 'processing', 'processed', 'failed', 'dead', 'discarded', 'retracted')),
     attempts         integer     NOT NULL DEFAULT 0,
     last_error       text,
     next_attempt_at  timestamptz NOT NULL DEFAULT now(),
@@ -52,3 +52,19 @@ CREATE TABLE {schema}.inbox_keys (
 
 CREATE INDEX inbox_keys_runnable_idx ON {schema}.inbox_keys (group_name, runnable_at)
     WHERE runnable_at IS NOT NULL;
+
+-- Retention of processed rows, oldest first.
+CREATE INDEX inbox_processed_idx ON {schema}.inbox (group_name, finished_at) WHERE state = 'processed';
+-- Dead letters by time, for listing.
+CREATE INDEX inbox_dead_idx ON {schema}.inbox (group_name, finished_at) WHERE state = 'dead';
+
+-- Callers of AwaitSettled that are waiting, and for which events: finishing
+-- one of those events sends a NOTIFY (only then: NOTIFY costs a
+-- cluster-wide lock at commit). Unlogged: a waiter outlives no restart.
+CREATE UNLOGGED TABLE {schema}.settle_waiters (
+    id         uuid        PRIMARY KEY,
+    group_name text        NOT NULL,
+    event_ids  uuid[]      NOT NULL,
+    until      timestamptz NOT NULL
+);
+CREATE INDEX settle_waiters_group_idx ON {schema}.settle_waiters (group_name);

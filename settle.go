@@ -1,0 +1,72 @@
+package ferry
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/google/uuid"
+)
+
+// Settlement is the state of events as seen by one consumer group.
+type Settlement struct {
+	// Settled events were processed: their handler committed.
+	Settled []uuid.UUID
+	// Failed events will not be processed (DEAD, discarded, retracted),
+	// with the reason.
+	Failed map[uuid.UUID]string
+	// Pending events were not finished at the deadline, including events the
+	// group has not received yet.
+	Pending []uuid.UUID
+}
+
+// Done reports whether every event was settled.
+func (s *Settlement) Done() bool { return len(s.Failed) == 0 && len(s.Pending) == 0 }
+
+// AwaitSettled waits until group has finished every event in ids, or
+// timeout passes, and says which settled, which failed (and why) and which
+// are still pending. It is woken by the database when an event finishes
+// (it does not poll), and it reads on a connection of its own: called inside
+// a request's transaction, it still sees the consumer's commits.
+func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, timeout time.Duration) (*Settlement, error) {
+	if group == "" {
+		return nil, errors.New("ferry: AwaitSettled needs the consumer group")
+	}
+	rows, err := s.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: group, EventIDs: ids, Deadline: time.Now().Add(timeout)})
+	if err != nil {
+		return nil, err
+	}
+	return settlementOf(ids, rows), nil
+}
+
+// Failed returns, for the events of ids that group gave up on, the reason.
+// It is the cheap predicate for a gate: ask "did it fail?", not "is it
+// done?" (right after the producer's commit the answer to that is no).
+func Failed(ctx context.Context, s ferrydriver.Settler, group string, ids ...uuid.UUID) (map[uuid.UUID]string, error) {
+	rows, err := s.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: ids})
+	if err != nil {
+		return nil, err
+	}
+	return settlementOf(ids, rows).Failed, nil
+}
+
+func settlementOf(ids []uuid.UUID, rows map[uuid.UUID]*ferrydriver.InboxRow) *Settlement {
+	out := &Settlement{Failed: map[uuid.UUID]string{}}
+	for _, id := range ids {
+		row := rows[id]
+		switch {
+		case row == nil || !row.State.Finished():
+			out.Pending = append(out.Pending, id)
+		case row.State == ferrydriver.InboxProcessed:
+			out.Settled = append(out.Settled, id)
+		default:
+			reason := row.LastError
+			if reason == "" {
+				reason = string(row.State)
+			}
+			out.Failed[id] = reason
+		}
+	}
+	return out
+}
