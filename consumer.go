@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/internal/backoff"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // DeadPolicy says what happens to a key's later events when one of its
@@ -60,8 +61,15 @@ type ConsumerConfig struct {
 	// processes). Events ingested by this consumer wake it at once.
 	// Default 200 ms.
 	PollInterval time.Duration
+	// InboxRetention is how long processed events stay in the inbox, where
+	// they make redeliveries harmless. A redelivery of an event older than
+	// this (a broker replay, say) would be applied again. Default 7 days;
+	// a negative value keeps them forever.
+	InboxRetention time.Duration
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Registerer, when set, receives the consumer's Prometheus metrics.
+	Registerer prometheus.Registerer
 }
 
 // DeadEvent describes an event that will not be retried.
@@ -95,6 +103,9 @@ func (c *ConsumerConfig) WithDefaults() ConsumerConfig {
 	}
 	if out.PollInterval == 0 {
 		out.PollInterval = 200 * time.Millisecond
+	}
+	if out.InboxRetention == 0 {
+		out.InboxRetention = 7 * 24 * time.Hour
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -139,6 +150,7 @@ type Consumer[TTx any] struct {
 	handlers map[string]HandlerFunc[TTx]
 	fallback HandlerFunc[TTx]
 	wake     chan struct{}
+	m        *consumerMetrics
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -155,8 +167,13 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	m, err := newConsumerMetrics(c.Registerer, c.Group)
+	if err != nil {
+		return nil, err
+	}
 	host, _ := os.Hostname()
 	return &Consumer[TTx]{
+		m:        m,
 		driver:   driver,
 		cfg:      c,
 		worker:   fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.IntN(1<<16)),
@@ -257,6 +274,9 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 	slots := make(chan struct{}, c.cfg.Workers)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	if c.cfg.InboxRetention >= 0 {
+		wg.Go(func() { c.retain(ctx) })
+	}
 	errAttempt := 0
 	for ctx.Err() == nil {
 		free := c.cfg.Workers - len(slots)
@@ -296,6 +316,31 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 	}
 }
 
+// retain removes processed inbox rows older than InboxRetention, every minute.
+func (c *Consumer[TTx]) retain(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		for ctx.Err() == nil {
+			n, err := c.driver.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: c.cfg.Group, OlderThan: c.cfg.InboxRetention, Limit: 5000})
+			if err != nil {
+				if ctx.Err() == nil {
+					c.log.Warn("ferry: inbox retention failed; will retry", "err", err)
+				}
+				break
+			}
+			if n < 5000 {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // process runs one claimed event and records the outcome.
 func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow) {
 	ev := &row.Event
@@ -305,6 +350,8 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow) 
 	}
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
 	defer cancel()
+	start := time.Now()
+	defer func() { c.m.handlerSeconds.Observe(time.Since(start).Seconds()) }()
 	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) (err error) {
 		if handler != nil {
 			defer func() {
@@ -320,9 +367,11 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow) 
 			Group: c.cfg.Group, EventID: ev.ID, Worker: c.worker, HoldDead: c.cfg.DeadPolicy == Hold})
 	})
 	if err == nil {
+		c.m.outcomes.WithLabelValues("processed").Inc()
 		return
 	}
 	if errors.Is(err, ferrydriver.ErrClaimLost) {
+		c.m.outcomes.WithLabelValues("claim_lost").Inc()
 		c.log.Warn("ferry: an event's claim expired before its handler committed; its effect was rolled back and it runs again", "event_id", ev.ID, "claim_ttl", c.cfg.ClaimTTL)
 		return
 	}
@@ -336,12 +385,14 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow) 
 		return
 	}
 	if dead {
+		c.m.outcomes.WithLabelValues("dead").Inc()
 		c.log.Error("ferry: event is dead", "event_id", ev.ID, "key", ev.Key, "type", ev.Type, "attempts", row.Attempts, "err", err)
 		if c.cfg.OnDead != nil {
 			c.cfg.OnDead(ctx, &DeadEvent{Group: c.cfg.Group, Event: ev, Attempts: row.Attempts, Err: err})
 		}
 		return
 	}
+	c.m.outcomes.WithLabelValues("retried").Inc()
 	c.log.Info("ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", retryAt, "err", err)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -130,7 +133,8 @@ func TestConsumerPoisonEventGoesDead(t *testing.T) {
 	drv := newPG(t)
 	table := effects(t, drv)
 	dead := make(chan *ferry.DeadEvent, 1)
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "mailer", MaxAttempts: 3,
+	reg := prometheus.NewRegistry()
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "mailer", MaxAttempts: 3, Registerer: reg,
 		RetryBase: 100 * time.Millisecond, RetryMax: time.Second, PollInterval: 10 * time.Millisecond,
 		OnDead: func(_ context.Context, d *ferry.DeadEvent) { dead <- d }})
 	require.NoError(t, err)
@@ -176,6 +180,16 @@ func TestConsumerPoisonEventGoesDead(t *testing.T) {
 	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
 		`SELECT last_error FROM `+pgx.Identifier{drv.Schema(), "inbox"}.Sanitize()+` WHERE event_id = $1`, evs[0].ID).Scan(&lastErr))
 	require.Contains(t, lastErr, "cannot send mail")
+	n, err := testutil.GatherAndCount(reg, "ferry_consumer_attempts_total")
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "processed, retried and dead series")
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP ferry_consumer_attempts_total Handler attempts by outcome: processed, retried, dead, claim_lost.
+# TYPE ferry_consumer_attempts_total counter
+ferry_consumer_attempts_total{group="mailer",outcome="dead"} 1
+ferry_consumer_attempts_total{group="mailer",outcome="processed"} 30
+ferry_consumer_attempts_total{group="mailer",outcome="retried"} 2
+`), "ferry_consumer_attempts_total"))
 }
 
 func TestConsumerPanicIsAFailureWithStack(t *testing.T) {

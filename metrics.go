@@ -48,3 +48,26 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 	}
 	return m, nil
 }
+
+type consumerMetrics struct {
+	outcomes       *prometheus.CounterVec
+	handlerSeconds prometheus.Observer
+}
+
+// newConsumerMetrics registers a consumer's metrics with reg (none if nil),
+// labelled by group.
+func newConsumerMetrics(reg prometheus.Registerer, group string) (*consumerMetrics, error) {
+	labels := prometheus.Labels{"group": group}
+	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "consumer", Name: "attempts_total",
+		Help: "Handler attempts by outcome: processed, retried, dead, claim_lost.", ConstLabels: labels}, []string{"outcome"})
+	hs := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "consumer", Name: "handler_seconds",
+		Help: "Time from claim to commit of one event, handler included.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
+	if reg != nil {
+		for _, c := range []prometheus.Collector{outcomes, hs} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("ferry: register consumer metrics for group %s: %w", group, err)
+			}
+		}
+	}
+	return &consumerMetrics{outcomes: outcomes, handlerSeconds: hs}, nil
+}
