@@ -17,8 +17,9 @@ import (
 // envFlags binds flags to FERRY_* variables: a variable sets the default,
 // a flag on the command line wins.
 type envFlags struct {
-	fs   *flag.FlagSet
-	errs []error
+	fs         *flag.FlagSet
+	errs       []error
+	positional []string
 }
 
 func newFlags(name string, stderr io.Writer) *envFlags {
@@ -74,14 +75,28 @@ func (f *envFlags) Parse(args []string) error {
 	if len(f.errs) > 0 {
 		return f.errs[0]
 	}
-	if err := f.fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
+	// Flags may come before or after positional arguments.
+	var positional []string
+	for {
+		if err := f.fs.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				return err
+			}
+			return usageError{err.Error()}
 		}
-		return usageError{err.Error()}
+		args = f.fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
 	}
+	f.positional = positional
 	return nil
 }
+
+// Args returns the positional arguments.
+func (f *envFlags) Args() []string { return f.positional }
 
 // dbFlags are shared by every command that talks to the database.
 type dbFlags struct {

@@ -106,63 +106,163 @@ func dur(sec float64) string {
 }
 
 func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "list" && args[0] != "show") {
-		return usagef("say what to do: ferry dlq list [filters] | ferry dlq show <event-id>")
+	actions := map[string]bool{"list": true, "show": true, "redrive": true, "discard": true}
+	if len(args) == 0 || !actions[args[0]] {
+		return usagef("say what to do: ferry dlq list | show <event-id> | redrive | discard  (--group for a consumer group's dead letters)")
 	}
 	action := args[0]
 	f := newFlags("dlq "+action, stderr)
 	var db dbFlags
 	db.register(f)
-	var feed, key, typ, topic, since, until string
+	var feed, group, key, typ, topic, since, until string
 	var limit int
 	var asJSON bool
-	f.String(&feed, "feed", "FERRY_FEED", "", "only this feed, e.g. default/0 (default: all)")
+	f.String(&feed, "feed", "FERRY_FEED", "", "relay dead letters of this feed only, e.g. default/0 (default: all)")
+	f.String(&group, "group", "FERRY_GROUP", "", "a consumer group: its dead letters instead of the relay's")
 	f.Bool(&asJSON, "json", "FERRY_DLQ_JSON", false, "print JSON")
-	if action == "list" {
-		f.String(&key, "key", "FERRY_DLQ_KEY", "", "only this key")
-		f.String(&typ, "type", "FERRY_DLQ_TYPE", "", "only this event type")
-		f.String(&topic, "topic", "FERRY_DLQ_TOPIC", "", "only this topic")
-		f.String(&since, "since", "FERRY_DLQ_SINCE", "", "failed at or after: RFC 3339 time or a duration ago, e.g. 1h")
-		f.String(&until, "until", "FERRY_DLQ_UNTIL", "", "failed before: RFC 3339 time or a duration ago")
-		f.Int(&limit, "limit", "FERRY_DLQ_LIMIT", 100, "most records to list")
-	}
+	f.String(&key, "key", "FERRY_DLQ_KEY", "", "only this key")
+	f.String(&typ, "type", "FERRY_DLQ_TYPE", "", "only this event type")
+	f.String(&topic, "topic", "FERRY_DLQ_TOPIC", "", "only this topic (relay dead letters)")
+	f.String(&since, "since", "FERRY_DLQ_SINCE", "", "failed at or after: RFC 3339 time or a duration ago, e.g. 1h")
+	f.String(&until, "until", "FERRY_DLQ_UNTIL", "", "failed before: RFC 3339 time or a duration ago")
+	f.Int(&limit, "limit", "FERRY_DLQ_LIMIT", 100, "most records to list (or to redrive/discard by filter)")
 	if err := f.Parse(args[1:]); err != nil {
 		return err
 	}
-	if action == "show" && f.fs.NArg() != 1 {
+	var ids []uuid.UUID
+	for _, a := range f.Args() {
+		id, err := uuid.Parse(a)
+		if err != nil {
+			return usagef("%q is not an event ID (a UUID such as 01927f6e-...)", a)
+		}
+		ids = append(ids, id)
+	}
+	if action == "show" && len(ids) != 1 {
 		return usagef("give one event ID: ferry dlq show <event-id>")
+	}
+	sinceT, err := parseWhen(since, "--since")
+	if err != nil {
+		return err
+	}
+	untilT, err := parseWhen(until, "--until")
+	if err != nil {
+		return err
+	}
+	if group == "" && (action == "redrive" || action == "discard") {
+		return usagef("%s works on a consumer group's dead letters: add --group <name>", action)
 	}
 	pool, drv, err := db.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	if group == "" {
+		return relayDLQ(ctx, stdout, drv, action, feed, ids, &ferrydriver.ListDeadLettersParams{Feed: feed, Key: key, Type: typ, Topic: topic, Since: sinceT, Until: untilT, Limit: limit}, asJSON)
+	}
+	p := &ferrydriver.ListInboxParams{Group: group, Key: key, Type: typ, EventIDs: ids, Since: sinceT, Until: untilT, Limit: limit}
 	if action == "show" {
-		id, err := uuid.Parse(f.fs.Arg(0))
-		if err != nil {
-			return usagef("%q is not an event ID (a UUID such as 01927f6e-...)", f.fs.Arg(0))
+		p.States = []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxProcessed,
+			ferrydriver.InboxFailed, ferrydriver.InboxDead, ferrydriver.InboxDiscarded, ferrydriver.InboxRetracted}
+	}
+	rows, err := drv.ListInbox(ctx, p)
+	if err != nil {
+		return err
+	}
+	switch action {
+	case "list", "show":
+		if action == "show" && len(rows) == 0 {
+			return fmt.Errorf("group %s has no event %s", group, ids[0])
 		}
-		dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: id})
+		return printInboxRows(stdout, rows, asJSON, action == "show")
+	}
+	if len(rows) == 0 {
+		fmt.Fprintf(stdout, "no dead letters of group %s match\n", group)
+		return nil
+	}
+	sel := &ferrydriver.InboxIDsParams{Group: group}
+	for _, r := range rows {
+		sel.EventIDs = append(sel.EventIDs, r.Event.ID)
+	}
+	var n int
+	if action == "redrive" {
+		n, err = drv.RedriveInbox(ctx, sel)
+	} else {
+		n, err = drv.DiscardInbox(ctx, sel)
+	}
+	if err != nil {
+		return err
+	}
+	verb := map[string]string{"redrive": "redriven: they run again, first in their keys' order", "discard": "discarded: their keys are released"}[action]
+	fmt.Fprintf(stdout, "%d dead letter(s) of group %s %s\n", n, group, verb)
+	return nil
+}
+
+func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, action, feed string, ids []uuid.UUID, p *ferrydriver.ListDeadLettersParams, asJSON bool) error {
+	if action == "show" {
+		dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: ids[0]})
 		if errors.Is(err, ferrydriver.ErrNotFound) {
-			return fmt.Errorf("no relay dead letter with event ID %s (list them with `ferry dlq list`)", id)
+			return fmt.Errorf("no relay dead letter with event ID %s (list them with `ferry dlq list`; a consumer group's with --group)", ids[0])
 		}
 		if err != nil {
 			return err
 		}
 		return printDeadLetters(stdout, []*ferrydriver.DeadLetter{dl}, asJSON, true)
 	}
-	p := &ferrydriver.ListDeadLettersParams{Feed: feed, Key: key, Type: typ, Topic: topic, Limit: limit}
-	if p.Since, err = parseWhen(since, "--since"); err != nil {
-		return err
-	}
-	if p.Until, err = parseWhen(until, "--until"); err != nil {
-		return err
-	}
 	dls, err := drv.ListDeadLetters(ctx, p)
 	if err != nil {
 		return err
 	}
 	return printDeadLetters(stdout, dls, asJSON, false)
+}
+
+func printInboxRows(w io.Writer, rows []*ferrydriver.InboxRow, asJSON, full bool) error {
+	if asJSON {
+		type rowJSON struct {
+			Group      string    `json:"group"`
+			EventID    string    `json:"event_id"`
+			Key        string    `json:"key"`
+			Seq        int64     `json:"seq"`
+			Type       string    `json:"type"`
+			State      string    `json:"state"`
+			Attempts   int       `json:"attempts"`
+			LastError  string    `json:"last_error,omitempty"`
+			ReceivedAt time.Time `json:"received_at"`
+			FinishedAt time.Time `json:"finished_at,omitempty"`
+			Payload    string    `json:"payload,omitempty"`
+		}
+		out := make([]rowJSON, len(rows))
+		for i, r := range rows {
+			out[i] = rowJSON{r.Group, r.Event.ID.String(), r.Event.Key, r.Event.Seq, r.Event.Type, string(r.State), r.Attempts, r.LastError, r.ReceivedAt, r.FinishedAt, string(r.Event.Payload)}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	if full {
+		for _, r := range rows {
+			e := r.Event
+			fmt.Fprintf(w, "event     %s\ngroup     %s\nkey       %s (seq %d)\ntype      %s\nstate     %s after %d attempt(s)\nreceived  %s\nerror     %s\npayload   %d bytes\n%s\n",
+				e.ID, r.Group, e.Key, e.Seq, e.Type, r.State, r.Attempts, r.ReceivedAt.Format(time.RFC3339Nano), r.LastError, len(e.Payload), preview(e.Payload, 4096))
+		}
+		return nil
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no dead letters")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FAILED AT\tEVENT ID\tKEY\tTYPE\tATTEMPTS\tERROR")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.FinishedAt.Format(time.RFC3339), r.Event.ID, r.Event.Key, r.Event.Type, r.Attempts, preview([]byte(firstLine(r.LastError)), 80))
+	}
+	return tw.Flush()
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 func parseWhen(s, flagName string) (time.Time, error) {
