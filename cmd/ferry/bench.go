@@ -28,8 +28,8 @@ import (
 // backlog into JetStream, and the commit-to-receive latency at a fixed
 // rate. Each run uses a fresh schema and stream and removes them after.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency") {
-		return usagef("say what to measure: ferry bench drain | latency")
+	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency" && args[0] != "consume" && args[0] != "settle") {
+		return usagef("say what to measure: ferry bench drain | latency | consume | settle")
 	}
 	mode := args[0]
 	f := newFlags("bench "+mode, stderr)
@@ -50,6 +50,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f.Duration(&poll, "poll-interval", "FERRY_POLL_INTERVAL", 500*time.Millisecond, "relay poll interval")
 	f.Bool(&keep, "keep", "FERRY_BENCH_KEEP", false, "keep the schema and stream afterwards")
 	f.String(&cpuProfile, "cpuprofile", "FERRY_BENCH_CPUPROFILE", "", "write a CPU profile of the run to this file")
+	var workers int
+	f.Int(&workers, "workers", "FERRY_BENCH_WORKERS", 8, "consume/settle: consumer workers")
 	if err := f.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -78,6 +80,13 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}()
 	if _, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{}); err != nil {
 		return err
+	}
+	if mode == "consume" || mode == "settle" {
+		fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, GOMAXPROCS %d, workers %d, keys %d\n", mode, serverVersion(ctx, pool), runtimeProcs(), workers, keys)
+		if mode == "consume" {
+			return benchConsume(ctx, stdout, pool, drv, events, keys, workers)
+		}
+		return benchSettle(ctx, stdout, pool, drv, events, keys, workers, rate)
 	}
 	nc, err := nats.Connect(natsURL)
 	if err != nil {

@@ -103,6 +103,7 @@ type Driver[TTx any] struct {
 	beginTx func(ctx context.Context) (TTx, func(context.Context) error, func(context.Context) error, error)
 	queries queries
 	channel string
+	hub     settleHub
 }
 
 // New returns a driver over a pgx pool. The pool stays the caller's: the
@@ -162,6 +163,7 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 func (d *Driver[TTx]) init() {
 	d.queries = newQueries(d.cfg.Schema)
 	d.channel = d.cfg.Schema + ".outbox"
+	d.hub.d = hubDriver[TTx]{d}
 }
 
 func isPgxDB(db *sql.DB) bool {

@@ -312,25 +312,23 @@ func (d *Driver[TTx]) inboxStates(ctx context.Context, e executor, group string,
 	return out, nil
 }
 
-// AwaitSettled implements ferrydriver.Settler. On a connection of its own
-// it LISTENs, registers a waiter row (finishing one of the events then
-// notifies), reads the events' states once (FOR SHARE, so that a finisher
-// that missed the waiter has committed by then), and then only waits:
-// one notification per finished event, no polling.
+// AwaitSettled implements ferrydriver.Settler. It subscribes to the
+// driver's settlement hub (one LISTEN connection shared by all callers),
+// registers a waiter row (finishing one of the events then notifies), reads
+// the events' states once (FOR SHARE, so that a finisher that missed the
+// waiter has committed by then), and then only waits: one notification per
+// finished event, no polling.
 func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
 	if !d.canWait {
 		return nil, errors.New("ferrypg: AwaitSettled needs LISTEN/NOTIFY: use a pgx pool or database/sql with the pgx driver")
 	}
-	sess, err := d.session(ctx)
+	notes, resync, unsubscribe, err := d.hub.subscribe(ctx, p.EventIDs)
 	if err != nil {
-		return nil, d.wrapErr("open settlement session", err)
-	}
-	defer sess.close()
-	if _, err := sess.exec.exec(ctx, "LISTEN "+pgx.Identifier{d.settleChannel()}.Sanitize()); err != nil {
 		return nil, d.wrapErr("listen for settlement", err)
 	}
+	defer unsubscribe()
 	waiter := uuid.New()
-	if _, err := sess.exec.exec(ctx, d.queries.waiterAdd, waiter, p.Group, idStrings(p.EventIDs), p.Deadline); err != nil {
+	if _, err := d.db.exec(ctx, d.queries.waiterAdd, waiter, p.Group, idStrings(p.EventIDs), p.Deadline); err != nil {
 		return nil, d.wrapErr("register settlement waiter", err)
 	}
 	defer func() {
@@ -338,7 +336,7 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 		defer cancel()
 		_, _ = d.db.exec(rctx, d.queries.waiterRemove, waiter)
 	}()
-	states, err := d.inboxStates(ctx, sess.exec, p.Group, p.EventIDs, true)
+	states, err := d.inboxStates(ctx, d.db, p.Group, p.EventIDs, true)
 	if err != nil {
 		return nil, err
 	}
@@ -348,38 +346,48 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 			pending[id] = true
 		}
 	}
-	wctx, cancel := context.WithDeadline(ctx, p.Deadline)
-	defer cancel()
+	timer := time.NewTimer(time.Until(p.Deadline))
+	defer timer.Stop()
 	for len(pending) > 0 {
-		payload, err := sess.wait(wctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+			return states, nil // the deadline: what is left is pending
+		case <-resync:
+			// The hub reconnected and may have missed notifications.
+			fresh, err := d.inboxStates(ctx, d.db, p.Group, p.EventIDs, false)
+			if err != nil {
+				return nil, err
 			}
-			if wctx.Err() != nil {
-				return states, nil // the deadline: what is left is pending
+			for id := range pending {
+				if row, ok := fresh[id]; ok {
+					states[id] = row
+					if row.State.Finished() {
+						delete(pending, id)
+					}
+				}
 			}
-			return nil, d.wrapErr("wait for settlement", err)
-		}
-		idText, state, ok := strings.Cut(payload, ":")
-		id, perr := uuid.Parse(idText)
-		if !ok || perr != nil || !pending[id] {
-			continue // another waiter's event
-		}
-		delete(pending, id)
-		if ferrydriver.InboxState(state) == ferrydriver.InboxProcessed {
-			if row := states[id]; row != nil {
-				row.State = ferrydriver.InboxProcessed
+			resync = nil // one resync is enough; a second loss shows in the deadline
+		case payload := <-notes:
+			idText, state, _ := strings.Cut(payload, ":")
+			id, perr := uuid.Parse(idText)
+			if perr != nil || !pending[id] {
 				continue
 			}
-		}
-		// A failure (or a row never seen): read it for the reason.
-		one, err := d.inboxStates(ctx, sess.exec, p.Group, []uuid.UUID{id}, false)
-		if err != nil {
-			return nil, err
-		}
-		if row := one[id]; row != nil {
-			states[id] = row
+			delete(pending, id)
+			if ferrydriver.InboxState(state) == ferrydriver.InboxProcessed && states[id] != nil {
+				states[id].State = ferrydriver.InboxProcessed
+				continue
+			}
+			// A failure (or a row not seen before): read it for the reason.
+			one, err := d.inboxStates(ctx, d.db, p.Group, []uuid.UUID{id}, false)
+			if err != nil {
+				return nil, err
+			}
+			if row := one[id]; row != nil {
+				states[id] = row
+			}
 		}
 	}
 	return states, nil
