@@ -46,6 +46,29 @@ others take over within RelayConfig.LeaseTTL if it dies. A relay that was
 paused past its lease (a GC pause, SIGSTOP, a VM migration) cannot write a
 checkpoint when it wakes up.
 
+# Consuming
+
+A Consumer applies its group's events with exactly-once effect: each
+handler runs in a transaction of the consumer's database in which the event
+is also marked processed.
+
+	billing, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing"})
+	ferry.Handle(billing, "OrderPaid", func(ctx context.Context, tx pgx.Tx, ev *ferry.Event, o OrderPaid) error {
+		_, err := tx.Exec(ctx, "INSERT INTO invoices (order_id, total) VALUES ($1, $2)", o.ID, o.Total)
+		return err
+	})
+	err = billing.Start(ctx)
+
+Events reach the group's inbox from a source: the outbox of the same
+database (a Relay into Consumer.Sink), or a broker subscription calling
+Consumer.Ingest. Keys run in parallel, each key in order; failures retry
+with backoff, then go DEAD (ConsumerConfig.OnDead, DeadPolicy).
+
+AwaitSettled tells a request path whether a group has settled events,
+failed them (and why) or not yet, woken by the database rather than
+polling, and on a connection of its own, so a caller's transaction snapshot
+cannot hide the consumer's commit. Failed is the cheap gate predicate.
+
 # Guarantees
 
   - An event is published if and only if its transaction committed.

@@ -1,11 +1,13 @@
-// Package ferrynats is a NATS JetStream sink for the Ferry relay: it
-// publishes each event as one JetStream message and reports it published
-// once the stream has acknowledged it.
+// Package ferrynats connects Ferry to NATS JetStream. Its Sink, for the
+// relay, publishes each event as one JetStream message and reports it
+// published once the stream has acknowledged it. Its Source, for a consumer
+// group, reads those messages back through a durable consumer into the
+// group's inbox.
 //
 // It is its own Go module, so that applications publishing elsewhere do not
 // download the NATS client.
 //
-// # Using it
+// # Publishing
 //
 // The sink never dials: connect with nats.Connect, hand the connection to
 // New, and close it after the sink.
@@ -89,6 +91,60 @@
 // never puts two events of one key in a call, nor publishes a key again
 // before the previous outcome is known. The sink does not implement
 // ferrysink.OrderedBatcher.
+//
+// # Consuming
+//
+// A Source reads the stream through a durable pull consumer, one per
+// consumer group, and hands the events to the group's inbox. NewSource
+// creates the durable, or updates it: explicit acks, delivery from the
+// stream's first message, no delivery limit, the subjects
+// "<SubjectPrefix>.>" (or SourceConfig.FilterSubject).
+//
+//	js, err := jetstream.New(nc)
+//	if err != nil {
+//		return err
+//	}
+//	src, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{
+//		Stream:        "ORDERS",
+//		SubjectPrefix: "acme.events",
+//		Durable:       "billing", // the consumer group
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	// Run returns nil when ctx ends.
+//	return src.Run(ctx, func(ctx context.Context, events []*ferryevent.Event) error {
+//		_, err := consumer.Ingest(ctx, events) // consumer is the group's *ferry.Consumer
+//		return err
+//	})
+//
+// What Run guarantees:
+//
+//   - Nothing is lost. A message is acknowledged to JetStream only after
+//     ingest returned nil for its batch, so every event is in the inbox
+//     before JetStream forgets it. An event may reach ingest twice (after a
+//     restart, or a lost acknowledgement); the inbox keeps one copy.
+//   - Order is kept. Events reach ingest in stream order, which is each
+//     key's order. A failed ingest stops the line: Run backs off
+//     (SourceConfig.RetryBase to RetryMax) and retries the same batch,
+//     fetching nothing else, and extends the batch's ack deadline so that
+//     JetStream does not deliver it again meanwhile.
+//   - Restarts keep the order too. When ctx ends, Run hands back the
+//     messages it held, for immediate redelivery. The messages of a crashed
+//     process come back only after SourceConfig.AckWait, so a Run that finds
+//     messages unacknowledged on its durable waits for them (at most twice
+//     AckWait) before ingesting anything newer.
+//   - Bad input cannot block the line. A message that is not a Ferry event
+//     goes to SourceConfig.OnInvalid (by default, logged) and is terminated:
+//     JetStream never delivers it again. The rest of its batch is ingested.
+//
+// The durable is one ordering line: run one Source per durable at a time.
+// A second Run on the same Source is refused; a Source in another process
+// is not, but Run notices deliveries of its durable that went elsewhere,
+// waits for JetStream to deliver them again, and logs a warning when they
+// do not come back. To spread the load, give Sources their own durables
+// and FilterSubjects, for instance one per topic, as long as no key's order
+// spans them.
 //
 // Stability: this package may change between minor versions until 1.0.
 package ferrynats

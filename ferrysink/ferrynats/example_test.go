@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
@@ -55,6 +56,45 @@ func ExampleDecode() {
 			return
 		}
 		log.Printf("%s %s (key %s, seq %d)", ev.Type, ev.ID, ev.Key, ev.Seq)
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// consumer stands for the consumer group's *ferry.Consumer, created with
+// ferry.NewConsumer.
+var consumer interface {
+	Ingest(ctx context.Context, events []*ferryevent.Event) (inserted int, err error)
+}
+
+// A consumer group reads the stream through its durable consumer and
+// records the events in its inbox; Run acknowledges them to JetStream only
+// once Ingest has returned nil.
+func ExampleSource_Run() {
+	ctx := context.Background()
+	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	src, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{
+		Stream:        "ORDERS",
+		SubjectPrefix: "acme.events",
+		Durable:       "billing", // the consumer group
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Run returns nil when ctx ends.
+	err = src.Run(ctx, func(ctx context.Context, events []*ferryevent.Event) error {
+		_, err := consumer.Ingest(ctx, events)
+		return err
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -86,7 +86,7 @@ type SourceConfig struct {
 
 	// RetryBase and RetryMax bound the exponential backoff, with jitter,
 	// between attempts to ingest a batch that failed. Defaults:
-	// DefaultRetryBase and DefaultRetryMax.
+	// DefaultRetryBase, and DefaultRetryMax or RetryBase if larger.
 	RetryBase, RetryMax time.Duration
 
 	// OnInvalid is called, from Run's goroutine, with a message that does
@@ -130,7 +130,7 @@ func (c *SourceConfig) WithDefaults() *SourceConfig {
 		out.RetryBase = DefaultRetryBase
 	}
 	if out.RetryMax == 0 {
-		out.RetryMax = DefaultRetryMax
+		out.RetryMax = max(DefaultRetryMax, out.RetryBase)
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -285,10 +285,11 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cfg *SourceConfig) (
 // When ctx ends, Run stops at once, including while ingest is retried,
 // and hands the messages it held back to JetStream for immediate
 // redelivery. When it starts, or sees that deliveries of its durable went
-// elsewhere, it waits until every message pending on the durable is in its
-// hands before ingesting, so that a message left unacknowledged by a
-// crashed process cannot fall behind a later one: at most AckWait after a
-// crash, 2 * AckWait in all.
+// elsewhere, it ingests nothing until every message pending on the durable
+// has been delivered to it, so that a message left unacknowledged by a
+// crashed process cannot fall behind a later one. JetStream delivers such
+// a message again after AckWait; Run waits at most twice AckWait, then
+// logs a warning and goes on.
 //
 // Run returns an error when ingest is nil, when Run is already running, or
 // when the durable consumer has been deleted. It retries everything else.
@@ -389,7 +390,7 @@ func (r *run) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error)
 		case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrConsumerDeleted):
 			return nil, r.gone(err)
 		}
-		r.log.Warn("ferrynats: read the durable consumer's state; retrying", "attempt", attempt, "error", err)
+		r.log.Warn("ferrynats: read the durable consumer's state; retrying", "attempt", attempt, "err", err)
 		if !r.retry.Sleep(ctx.Done(), attempt) {
 			return nil, nil
 		}
@@ -417,7 +418,7 @@ func (r *run) checkRecovered(ctx context.Context) {
 	info, err := r.s.cons.Info(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			r.log.Warn("ferrynats: read the durable consumer's state", "error", err)
+			r.log.Warn("ferrynats: read the durable consumer's state", "err", err)
 		}
 		return
 	}
@@ -457,7 +458,10 @@ func (r *run) fetch(ctx context.Context) error {
 	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
 		return r.gone(err)
 	}
-	r.log.Warn("ferrynats: fetch from the durable consumer failed; retrying", "error", err)
+	if _, infoErr := r.s.cons.Info(ctx); errors.Is(infoErr, jetstream.ErrConsumerNotFound) {
+		return r.gone(infoErr)
+	}
+	r.log.Warn("ferrynats: fetch from the durable consumer failed; retrying", "err", err)
 	t := time.NewTimer(r.s.cfg.MaxWait)
 	defer t.Stop()
 	select {
@@ -561,14 +565,14 @@ func (r *run) invalid(ctx context.Context, m jetstream.Msg, err error) {
 			r.s.cfg.OnInvalid(ctx, m, err)
 			return
 		}
-		attrs := []any{"subject", m.Subject(), "error", err}
+		attrs := []any{"subject", m.Subject(), "err", err}
 		if md, mdErr := m.Metadata(); mdErr == nil {
 			attrs = append(attrs, "stream_seq", md.Sequence.Stream)
 		}
 		r.log.Error("ferrynats: message is not a Ferry event; terminating it", attrs...)
 	}()
 	if err := m.Term(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-		r.log.Warn("ferrynats: terminate a message that is not a Ferry event; JetStream will deliver it again", "subject", m.Subject(), "error", err)
+		r.log.Warn("ferrynats: terminate a message that is not a Ferry event; JetStream will deliver it again", "subject", m.Subject(), "err", err)
 	}
 }
 
@@ -596,7 +600,7 @@ func (r *run) ingestNext(ctx context.Context) {
 			return
 		}
 		r.log.Warn("ferrynats: ingest failed; retrying the same batch",
-			"attempt", attempt, "events", len(events), "first_stream_seq", chunk[0].seq, "last_stream_seq", chunk[len(chunk)-1].seq, "error", err)
+			"attempt", attempt, "events", len(events), "first_stream_seq", chunk[0].seq, "last_stream_seq", chunk[len(chunk)-1].seq, "err", err)
 		if !r.retry.Sleep(ctx.Done(), attempt) {
 			return
 		}
@@ -632,7 +636,7 @@ func (r *run) ack(ctx context.Context, chunk []*delivery) {
 	}
 	if failed > 0 {
 		r.log.Warn("ferrynats: acknowledge ingested messages; JetStream will deliver them again and the inbox will drop the copies",
-			"failed", failed, "messages", len(chunk), "error", last)
+			"failed", failed, "messages", len(chunk), "err", last)
 	}
 }
 
@@ -678,7 +682,7 @@ func (r *run) touch() {
 	}
 	if failed > 0 {
 		r.log.Warn("ferrynats: extend the ack deadline of held messages; JetStream may deliver them again, which the inbox absorbs",
-			"failed", failed, "messages", len(msgs), "error", last)
+			"failed", failed, "messages", len(msgs), "err", last)
 	}
 }
 
@@ -700,6 +704,6 @@ func (r *run) release() {
 		}
 	}
 	if err := r.s.js.Conn().FlushTimeout(time.Second); err != nil {
-		r.log.Debug("ferrynats: flush released messages", "error", err)
+		r.log.Debug("ferrynats: flush released messages", "err", err)
 	}
 }

@@ -303,34 +303,43 @@ func TestSourceExtendsTheFailingBatch(t *testing.T) {
 	sink, stream, prefix := sourceStream(t)
 	publishKeyed(t, sink, []string{"a"}, 5)
 
-	// Ingest fails for more than twice the ack wait: without the
-	// extensions JetStream would deliver the batch again meanwhile.
-	js := testJetStream(t)
+	// Ingest fails for longer than the ack wait. Then, before it succeeds,
+	// another pull on the durable must find nothing: had the batch's
+	// deadline passed, JetStream would hand it out again.
+	src := newSource(t, stream, prefix, ferrynats.SourceConfig{AckWait: time.Second, RetryBase: 100 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	cons, err := testJetStream(t).Consumer(testContext(t), stream, testDurable)
+	require.NoError(t, err)
 	var (
-		first time.Time
-		after *jetstream.ConsumerInfo // written by Run's goroutine, read after it returned
+		first  time.Time
+		stolen = -1 // written by Run's goroutine, read after it returned
 	)
 	rec := newRecorder(5)
 	rec.fail = func(ctx context.Context, call int, _ []*ferryevent.Event) error {
 		if call == 0 {
 			first = time.Now()
 		}
-		if time.Since(first) < 2200*time.Millisecond {
+		if time.Since(first) < 1500*time.Millisecond {
 			return errors.New("inbox unavailable")
 		}
-		var err error
-		after, err = readConsumerInfo(ctx, js, stream)
-		return err
+		batch, err := cons.FetchNoWait(10)
+		if err != nil {
+			return err
+		}
+		stolen = 0
+		for range batch.Messages() {
+			stolen++
+		}
+		return batch.Error()
 	}
-	src := newSource(t, stream, prefix, ferrynats.SourceConfig{AckWait: time.Second, RetryBase: 100 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 	run := start(t, src, rec.ingest)
 	rec.wait(t)
 	require.NoError(t, run.stop(t))
 	_, inbox := rec.snapshot()
 	requireKeyOrder(t, inbox, []string{"a"}, 5)
-	require.Equal(t, uint64(5), after.Delivered.Consumer, "JetStream delivered the held batch again")
-	require.Zero(t, after.NumRedelivered)
-	require.Equal(t, uint64(5), consumerInfo(t, stream).Delivered.Consumer)
+	require.Zero(t, stolen, "JetStream handed out the held batch again")
+	info := consumerInfo(t, stream)
+	require.Equal(t, uint64(5), info.Delivered.Consumer)
+	require.Zero(t, info.NumAckPending)
 }
 
 func TestSourceTerminatesInvalidMessages(t *testing.T) {
@@ -573,6 +582,19 @@ func TestSourceStopsPromptly(t *testing.T) {
 		require.Less(t, time.Since(began), time.Second)
 		require.Zero(t, consumerInfo(t, stream).AckFloor.Stream)
 	})
+}
+
+func TestSourceDurableDeleted(t *testing.T) {
+	t.Parallel()
+	_, stream, prefix := sourceStream(t)
+	src := newSource(t, stream, prefix, ferrynats.SourceConfig{})
+	run := start(t, src, newRecorder(0).ingest)
+	require.Eventually(t, func() bool { return consumerInfo(t, stream).NumWaiting > 0 }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, testJetStream(t).DeleteConsumer(testContext(t), stream, testDurable))
+	err := run.wait(t)
+	require.ErrorIs(t, err, jetstream.ErrConsumerDeleted)
+	require.ErrorContains(t, err, `durable consumer "`+testDurable+`"`)
+	require.ErrorContains(t, err, "NewSource")
 }
 
 func TestSourceRunTwice(t *testing.T) {
