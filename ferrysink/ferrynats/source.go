@@ -436,17 +436,28 @@ func (r *run) checkRecovered(ctx context.Context) {
 
 // fetch receives the next messages into held. It returns at once the
 // messages already available, or else waits up to MaxWait for one, then
-// takes whatever else is available. It returns an error only when the
-// durable is gone.
+// takes whatever else is available. While recovering it waits MaxWait for
+// a full batch instead: a request that does not wait can stall when
+// MaxAckPending is reached, until nats.go gives up on it, and a message the
+// server sends it after that is lost to this run. fetch returns an error
+// only when the durable is gone.
 func (r *run) fetch(ctx context.Context) error {
 	batch := r.s.cfg.Batch
-	msgs, err := r.pull(ctx, batch, false)
-	if err == nil && len(msgs) == 0 {
-		msgs, err = r.pull(ctx, 1, true)
-		if err == nil && len(msgs) > 0 && batch > 1 {
-			var more []jetstream.Msg
-			more, err = r.pull(ctx, batch-1, false)
-			msgs = append(msgs, more...)
+	var (
+		msgs []jetstream.Msg
+		err  error
+	)
+	if r.recovering {
+		msgs, err = r.pull(ctx, batch, true)
+	} else {
+		msgs, err = r.pull(ctx, batch, false)
+		if err == nil && len(msgs) == 0 {
+			msgs, err = r.pull(ctx, 1, true)
+			if err == nil && len(msgs) > 0 && batch > 1 {
+				var more []jetstream.Msg
+				more, err = r.pull(ctx, batch-1, false)
+				msgs = append(msgs, more...)
+			}
 		}
 	}
 	for _, m := range msgs {
@@ -462,6 +473,9 @@ func (r *run) fetch(ctx context.Context) error {
 		return r.gone(infoErr)
 	}
 	r.log.Warn("ferrynats: fetch from the durable consumer failed; retrying", "err", err)
+	if len(msgs) > 0 {
+		return nil // ingest what arrived first
+	}
 	t := time.NewTimer(r.s.cfg.MaxWait)
 	defer t.Stop()
 	select {
