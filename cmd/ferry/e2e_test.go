@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// TestOutboxToConsumerThroughJetStream: producer transactions → relay →
+// JetStream → durable source → consumer inbox → handler, each event's
+// effect exactly once and each key in order.
+func TestOutboxToConsumerThroughJetStream(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	quiet := slog.New(slog.DiscardHandler)
+
+	nc := testNATS(t)
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: f.stream, SubjectPrefix: f.prefix, CreateStream: true})
+	require.NoError(t, err)
+	relay, err := ferry.NewRelay(f.drv, sink, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Logger: quiet})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(runCtx) }()
+
+	table := pgx.Identifier{f.schema, "effects"}.Sanitize()
+	_, err = pgtest.Pool(t).Exec(ctx, `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL)`)
+	require.NoError(t, err)
+	c, err := ferry.NewConsumer(f.drv, &ferry.ConsumerConfig{Group: "projection", PollInterval: 20 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	require.NoError(t, c.Start(ctx))
+	source, err := ferrynats.NewSource(ctx, f.js, &ferrynats.SourceConfig{Stream: f.stream, Durable: "projection", SubjectPrefix: f.prefix, Logger: quiet})
+	require.NoError(t, err)
+	sourceDone := make(chan error, 1)
+	go func() {
+		sourceDone <- source.Run(runCtx, func(ctx context.Context, evs []*ferryevent.Event) error {
+			_, err := c.Ingest(ctx, evs)
+			return err
+		})
+	}()
+
+	emitted := f.produce(ctx, 3000, 100, 4, 3000)
+	require.Eventually(t, func() bool {
+		var n int
+		return pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n) == nil && n >= len(emitted)
+	}, time.Minute, 50*time.Millisecond)
+	stop()
+	require.NoError(t, <-relayDone)
+	require.NoError(t, <-sourceDone)
+	require.NoError(t, c.Stop(ctx))
+
+	var total, distinct, violations int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+table).Scan(&total, &distinct))
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM (
+		SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`).Scan(&violations))
+	require.Equal(t, len(emitted), distinct, "every event applied")
+	require.Equal(t, distinct, total, "none applied twice")
+	require.Zero(t, violations, "each key applied in commit order")
+}
