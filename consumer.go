@@ -460,3 +460,20 @@ func (s *inboxSink[TTx]) Publish(ctx context.Context, events []*ferryevent.Event
 func (s *inboxSink[TTx]) OrderedBatches() bool { return true }
 
 func (s *inboxSink[TTx]) Close(context.Context) error { return nil }
+
+// Source delivers events from a broker to a consumer's inbox. Run calls
+// ingest with each ordering unit's events in delivery order and
+// acknowledges them to the broker only after ingest returned nil; a failed
+// ingest is retried before anything later of that unit is ingested.
+// ferrynats.Source is one; Kafka and RabbitMQ sources follow the same shape.
+type Source interface {
+	Run(ctx context.Context, ingest func(ctx context.Context, events []*Event) error) error
+}
+
+// Consume runs src into the consumer's inbox until ctx ends.
+func (c *Consumer[TTx]) Consume(ctx context.Context, src Source) error {
+	return src.Run(ctx, func(ctx context.Context, events []*Event) error {
+		_, err := c.Ingest(ctx, events)
+		return err
+	})
+}

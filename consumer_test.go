@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -140,8 +142,9 @@ func TestConsumerPoisonEventGoesDead(t *testing.T) {
 	require.NoError(t, err)
 	var mu sync.Mutex
 	var attempts []time.Time
+	var fixed atomic.Bool
 	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
-		if string(ev.Payload) == `{"n":0}` {
+		if string(ev.Payload) == `{"n":0}` && !fixed.Load() {
 			mu.Lock()
 			attempts = append(attempts, time.Now())
 			n := len(attempts)
@@ -190,6 +193,52 @@ ferry_consumer_attempts_total{group="mailer",outcome="dead"} 1
 ferry_consumer_attempts_total{group="mailer",outcome="processed"} 30
 ferry_consumer_attempts_total{group="mailer",outcome="retried"} 2
 `), "ferry_consumer_attempts_total"))
+
+	// Fix the handler, redrive: the event applies once, then its key's held
+	// events follow in order.
+	fixed.Store(true)
+	n, err = drv.RedriveInbox(context.Background(), &ferrydriver.InboxIDsParams{Group: "mailer", EventIDs: []uuid.UUID{evs[0].ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	c.Notify()
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k0'`) == 10 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, count(t, `SELECT count(*) FROM `+table+` WHERE event_id = $1`, evs[0].ID), "the redriven event applied once")
+	require.Zero(t, count(t, `SELECT count(*) FROM (
+		SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+` WHERE key = 'k0') s WHERE step <> 1`), "k0 in order, starting with the redriven event")
+}
+
+func TestConsumerRetryAfterAndGiveUp(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	dead := make(chan *ferry.DeadEvent, 1)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", RetryBase: time.Hour, RetryMax: time.Hour, PollInterval: 10 * time.Millisecond,
+		OnDead: func(_ context.Context, d *ferry.DeadEvent) { dead <- d }})
+	require.NoError(t, err)
+	var tries atomic.Int32
+	c.HandleEvent("RateLimited", func(context.Context, pgx.Tx, *ferry.Event) error {
+		if tries.Add(1) == 1 {
+			return ferry.RetryAfter(100*time.Millisecond, errors.New("429 too many requests"))
+		}
+		return nil
+	})
+	c.HandleEvent("Invalid", func(context.Context, pgx.Tx, *ferry.Event) error {
+		return ferry.GiveUp(errors.New("unknown currency"))
+	})
+	type typed struct{ Amount int }
+	ferry.Handle(c, "Typed", func(context.Context, pgx.Tx, *ferry.Event, typed) error { return nil })
+	startConsumer(t, c)
+	evs := events(3, 3)
+	evs[0].Type, evs[1].Type, evs[2].Type = "RateLimited", "Invalid", "Typed"
+	evs[2].Payload = []byte("not json")
+	_, err = c.Ingest(context.Background(), evs)
+	require.NoError(t, err)
+	s, err := ferry.AwaitSettled(context.Background(), drv, "g", []uuid.UUID{evs[0].ID, evs[1].ID, evs[2].ID}, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{evs[0].ID}, s.Settled, "RetryAfter retried after its delay, not the 1 h backoff")
+	require.EqualValues(t, 2, tries.Load())
+	require.Contains(t, s.Failed[evs[1].ID], "unknown currency", "GiveUp: dead on the first attempt")
+	require.Contains(t, s.Failed[evs[2].ID], "decode Typed payload", "an undecodable payload is dead at once")
+	<-dead
 }
 
 func TestConsumerPanicIsAFailureWithStack(t *testing.T) {

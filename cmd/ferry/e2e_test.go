@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -47,10 +46,7 @@ func TestOutboxToConsumerThroughJetStream(t *testing.T) {
 	require.NoError(t, err)
 	sourceDone := make(chan error, 1)
 	go func() {
-		sourceDone <- source.Run(runCtx, func(ctx context.Context, evs []*ferryevent.Event) error {
-			_, err := c.Ingest(ctx, evs)
-			return err
-		})
+		sourceDone <- c.Consume(runCtx, source)
 	}()
 
 	emitted := f.produce(ctx, 3000, 100, 4, 3000)
