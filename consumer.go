@@ -274,9 +274,7 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 	slots := make(chan struct{}, c.cfg.Workers)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if c.cfg.InboxRetention >= 0 {
-		wg.Go(func() { c.retain(ctx) })
-	}
+	wg.Go(func() { c.maintain(ctx) })
 	errAttempt := 0
 	for ctx.Err() == nil {
 		free := c.cfg.Workers - len(slots)
@@ -316,11 +314,33 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 	}
 }
 
-// retain removes processed inbox rows older than InboxRetention, every minute.
-func (c *Consumer[TTx]) retain(ctx context.Context) {
-	t := time.NewTicker(time.Minute)
+// maintain refreshes the inbox gauges every 15 s and removes processed
+// inbox rows older than InboxRetention every minute.
+func (c *Consumer[TTx]) maintain(ctx context.Context) {
+	t := time.NewTicker(15 * time.Second)
 	defer t.Stop()
+	var lastRetention time.Time
 	for {
+		if counts, err := c.driver.InboxCounts(ctx, c.cfg.Group); err == nil {
+			for _, s := range []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead} {
+				c.m.inbox.WithLabelValues(string(s)).Set(float64(counts[s]))
+			}
+		}
+		if c.cfg.InboxRetention >= 0 && time.Since(lastRetention) >= time.Minute {
+			lastRetention = time.Now()
+			c.retain(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// retain removes processed inbox rows older than InboxRetention.
+func (c *Consumer[TTx]) retain(ctx context.Context) {
+	{
 		for ctx.Err() == nil {
 			n, err := c.driver.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: c.cfg.Group, OlderThan: c.cfg.InboxRetention, Limit: 5000})
 			if err != nil {
@@ -332,11 +352,6 @@ func (c *Consumer[TTx]) retain(ctx context.Context) {
 			if n < 5000 {
 				break
 			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
 		}
 	}
 }

@@ -52,6 +52,7 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 type consumerMetrics struct {
 	outcomes       *prometheus.CounterVec
 	handlerSeconds prometheus.Observer
+	inbox          *prometheus.GaugeVec
 }
 
 // newConsumerMetrics registers a consumer's metrics with reg (none if nil),
@@ -62,12 +63,23 @@ func newConsumerMetrics(reg prometheus.Registerer, group string) (*consumerMetri
 		Help: "Handler attempts by outcome: processed, retried, dead, claim_lost.", ConstLabels: labels}, []string{"outcome"})
 	hs := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "consumer", Name: "handler_seconds",
 		Help: "Time from claim to commit of one event, handler included.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
+	inbox := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "ferry", Subsystem: "consumer", Name: "inbox_rows",
+		Help: "Unfinished inbox rows by state (pending, processing, failed, dead), refreshed every 15 s.", ConstLabels: labels}, []string{"state"})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{outcomes, hs} {
+		for _, c := range []prometheus.Collector{outcomes, hs, inbox} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("ferry: register consumer metrics for group %s: %w", group, err)
 			}
 		}
 	}
-	return &consumerMetrics{outcomes: outcomes, handlerSeconds: hs}, nil
+	return &consumerMetrics{outcomes: outcomes, handlerSeconds: hs, inbox: inbox}, nil
 }
+
+// settleWait observes how long AwaitSettled calls wait, by outcome.
+var settleWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "settlement", Name: "wait_seconds",
+	Help: "Time AwaitSettled waited, by outcome: settled, failed, pending (deadline).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)},
+	[]string{"outcome"})
+
+// SettlementCollector returns the collector of AwaitSettled's metrics
+// (ferry_settlement_wait_seconds); register it with your registry.
+func SettlementCollector() prometheus.Collector { return settleWait }

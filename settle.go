@@ -33,11 +33,21 @@ func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids 
 	if group == "" {
 		return nil, errors.New("ferry: AwaitSettled needs the consumer group")
 	}
-	rows, err := s.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: group, EventIDs: ids, Deadline: time.Now().Add(timeout)})
+	start := time.Now()
+	rows, err := s.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: group, EventIDs: ids, Deadline: start.Add(timeout)})
 	if err != nil {
 		return nil, err
 	}
-	return settlementOf(ids, rows), nil
+	out := settlementOf(ids, rows)
+	outcome := "settled"
+	switch {
+	case len(out.Failed) > 0:
+		outcome = "failed"
+	case len(out.Pending) > 0:
+		outcome = "pending"
+	}
+	settleWait.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+	return out, nil
 }
 
 // Failed returns, for the events of ids that group gave up on, the reason.

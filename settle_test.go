@@ -11,6 +11,7 @@ import (
 	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -76,4 +77,5 @@ func TestAwaitSettledFromInsideARepeatableReadTransaction(t *testing.T) {
 	s, err = ferry.AwaitSettled(ctx, drv, "ledger", []uuid.UUID{never}, 300*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{never}, s.Pending, "pending at the deadline")
+	require.Equal(t, 3, testutil.CollectAndCount(ferry.SettlementCollector()), "wait times by outcome: settled, failed, pending")
 }

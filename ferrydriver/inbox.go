@@ -60,6 +60,9 @@ type Inbox[TTx any] interface {
 	// DiscardInbox gives DEAD rows up for good (DISCARDED), releasing the
 	// keys they held. It returns how many rows changed.
 	DiscardInbox(ctx context.Context, p *InboxIDsParams) (int, error)
+	// InboxCounts counts a group's unfinished rows (PENDING, PROCESSING,
+	// FAILED, DEAD) by state; O(unfinished rows), for metrics.
+	InboxCounts(ctx context.Context, group string) (map[InboxState]int64, error)
 	// DeleteProcessedInbox removes PROCESSED rows finished before
 	// p.OlderThan ago, at most p.Limit; it returns how many.
 	DeleteProcessedInbox(ctx context.Context, p *DeleteProcessedInboxParams) (int64, error)

@@ -299,6 +299,9 @@ func testInboxDeadLetters[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"p1"}, payloads(byKey))
 	require.Empty(t, claim(ctx, t, d, "w", true), "both keys are held")
+	counts, err := d.InboxCounts(ctx, group)
+	require.NoError(t, err)
+	require.Equal(t, map[ferrydriver.InboxState]int64{ferrydriver.InboxDead: 2, ferrydriver.InboxPending: 2}, counts)
 
 	// Redrive p1: it runs again first, with its attempts reset, then its key moves on.
 	n, err := d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p1.ID}})

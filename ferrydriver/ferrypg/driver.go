@@ -284,7 +284,7 @@ type queries struct {
 	partitionCursors                                                    string
 	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
-	waiterAdd, waiterRemove                                             string
+	waiterAdd, waiterRemove, inboxCounts                                string
 }
 
 func newQueries(schema string) queries {
@@ -301,7 +301,7 @@ func newQueries(schema string) queries {
 		inboxInsert:      r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
-		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove),
+		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 	}
 }
 

@@ -272,6 +272,25 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 	return len(keys), nil
 }
 
+// InboxCounts implements ferrydriver.Inbox.
+func (d *Driver[TTx]) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
+	r, err := d.db.query(ctx, d.queries.inboxCounts, group)
+	if err != nil {
+		return nil, d.wrapErr("count inbox rows of group "+group, err)
+	}
+	defer r.Close()
+	out := map[ferrydriver.InboxState]int64{}
+	for r.Next() {
+		var state string
+		var n int64
+		if err := r.Scan(&state, &n); err != nil {
+			return nil, d.wrapErr("count inbox rows", err)
+		}
+		out[ferrydriver.InboxState(state)] = n
+	}
+	return out, r.Err()
+}
+
 // DeleteProcessedInbox implements ferrydriver.Inbox.
 func (d *Driver[TTx]) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
 	limit := p.Limit

@@ -118,6 +118,10 @@ const sqlInboxStates = `
 SELECT ` + inboxRowColumns + ` FROM {schema}.inbox
  WHERE group_name = $1 AND event_id = ANY ($2::uuid[])`
 
+const sqlInboxCounts = `
+SELECT state, count(*) FROM {schema}.inbox
+ WHERE group_name = $1 AND state IN ('pending', 'processing', 'failed', 'dead') GROUP BY state`
+
 const sqlInboxDeleteProcessed = `
 DELETE FROM {schema}.inbox WHERE group_name = $1 AND event_id IN (
     SELECT event_id FROM {schema}.inbox
