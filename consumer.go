@@ -235,12 +235,16 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 	return inserted, nil
 }
 
-// Start starts the workers. It returns at once; Stop ends them.
+// Start records the group's dead policy and starts the workers. It returns
+// once they run; Stop ends them.
 func (c *Consumer[TTx]) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.started {
 		return errors.New("ferry: consumer already started")
+	}
+	if err := c.driver.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: c.cfg.Group, HoldDead: c.cfg.DeadPolicy == Hold}); err != nil {
+		return fmt.Errorf("ferry: start consumer %s: %w", c.cfg.Group, err)
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel, c.done, c.started = cancel, make(chan struct{}), true
@@ -280,6 +284,9 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		free := c.cfg.Workers - len(slots)
 		var rows []*ferrydriver.InboxRow
 		var err error
+		// A handler must commit before its claim expires: its deadline is
+		// counted from before the claim, less a margin.
+		deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
 		if free > 0 {
 			rows, err = c.driver.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{
 				Group: c.cfg.Group, Worker: c.worker, Limit: free, TTL: c.cfg.ClaimTTL, HoldDead: c.cfg.DeadPolicy == Hold})
@@ -298,7 +305,7 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 			slots <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-slots; c.Notify() }()
-				c.process(ctx, row)
+				c.process(ctx, row, deadline)
 			})
 		}
 		if len(rows) == free && free > 0 {
@@ -357,13 +364,13 @@ func (c *Consumer[TTx]) retain(ctx context.Context) {
 }
 
 // process runs one claimed event and records the outcome.
-func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow) {
+func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, deadline time.Time) {
 	ev := &row.Event
 	handler := c.handlers[ev.Type]
 	if handler == nil {
 		handler = c.fallback
 	}
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
+	hctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	start := time.Now()
 	defer func() { c.m.handlerSeconds.Observe(time.Since(start).Seconds()) }()

@@ -52,6 +52,10 @@ type Inbox[TTx any] interface {
 	// when p.Dead. ErrClaimLost if the claim is no longer p.Worker's.
 	FailInbox(ctx context.Context, p *FailInboxParams) error
 
+	// SetInboxPolicy stores a group's dead policy; if it changed, every key
+	// of the group is re-evaluated under the new one. Consumers call it when
+	// they start; RedriveInbox and DiscardInbox follow the stored policy.
+	SetInboxPolicy(ctx context.Context, p *InboxPolicyParams) error
 	// ListInbox lists inbox rows (dead letters, typically), newest first.
 	ListInbox(ctx context.Context, p *ListInboxParams) ([]*InboxRow, error)
 	// RedriveInbox makes DEAD rows PENDING again with their attempts reset;
@@ -96,6 +100,12 @@ type ListInboxParams struct {
 	Since, Until time.Time
 	// Limit caps the result; 0 means 100.
 	Limit int
+}
+
+// InboxPolicyParams set a group's dead policy.
+type InboxPolicyParams struct {
+	Group    string
+	HoldDead bool
 }
 
 // InboxIDsParams name events of a group.

@@ -35,6 +35,7 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("DeadLettersListRedriveDiscard", func(t *testing.T) { t.Parallel(); testInboxDeadLetters(t, newDriver(t)) })
 	t.Run("RetentionOfProcessed", func(t *testing.T) { t.Parallel(); testInboxRetention(t, newDriver(t)) })
 	t.Run("AwaitSettled", func(t *testing.T) { t.Parallel(); testAwaitSettled(t, newDriver(t)) })
+	t.Run("PolicyChangesAndContinueRedrive", func(t *testing.T) { t.Parallel(); testInboxPolicy(t, newDriver(t)) })
 }
 
 const group = "g"
@@ -391,4 +392,49 @@ func testAwaitSettled[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	st, err := d.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: group, EventIDs: []uuid.UUID{ok.ID, bad.ID}, Deadline: time.Now().Add(30 * time.Second)})
 	require.NoError(t, err)
 	require.Len(t, st, 2)
+}
+
+// testInboxPolicy: the stored dead policy governs redrive and discard; a
+// policy change re-evaluates held keys; a key never runs two rows at once.
+func testInboxPolicy[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	setPolicy := func(hold bool) {
+		require.NoError(t, d.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: group, HoldDead: hold}))
+	}
+	fail := func(worker string, r *ferrydriver.InboxRow, hold bool) {
+		require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Worker: worker, Error: "bad", Dead: true, HoldDead: hold}))
+	}
+	// Hold: d1 holds k. Switching to Continue releases the key.
+	setPolicy(true)
+	d1, next := Event("t", "k", "d1"), Event("t", "k", "next")
+	insert(ctx, t, d, d1, next)
+	fail("w", claim(ctx, t, d, "w", true)[0], true)
+	require.Empty(t, claim(ctx, t, d, "w", true))
+	setPolicy(false)
+	rows := claim(ctx, t, d, "w", false)
+	require.Equal(t, []string{"next"}, payloads(rows), "Continue after Hold: the held key moves on")
+
+	// Continue: redriving d1 while "next" runs must not run two rows of k.
+	n, err := d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{d1.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Empty(t, claim(ctx, t, d, "w2", false), "k is busy with next")
+	complete(ctx, t, d, "w", rows[0], false)
+	again := claim(ctx, t, d, "w2", false)
+	require.Equal(t, []string{"d1"}, payloads(again), "the redriven row runs once k is free")
+	fail("w2", again[0], false)
+
+	// Continue with two dead rows: discarding the first must not strand k.
+	d2 := Event("t", "k", "d2")
+	insert(ctx, t, d, d2)
+	fail("w", claim(ctx, t, d, "w", false)[0], false)
+	n, err = d.DiscardInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{d1.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	later := Event("t", "k", "later")
+	insert(ctx, t, d, later)
+	require.Eventually(t, func() bool {
+		got := claim(ctx, t, d, "w", false)
+		return len(got) == 1 && string(got[0].Event.Payload) == "later"
+	}, 5*time.Second, 50*time.Millisecond, "k is not stranded behind d2")
 }

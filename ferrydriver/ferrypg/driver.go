@@ -285,6 +285,7 @@ type queries struct {
 	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
 	waiterAdd, waiterRemove, inboxCounts                                string
+	inboxNotify, inboxPolicy, inboxSetPolicy, inboxGroupKeys            string
 }
 
 func newQueries(schema string) queries {
@@ -302,6 +303,7 @@ func newQueries(schema string) queries {
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
+		inboxNotify: r(sqlInboxNotify), inboxPolicy: r(sqlInboxPolicy), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
 	}
 }
 

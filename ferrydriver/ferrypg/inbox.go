@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -138,22 +139,84 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 
 // finish moves a claimed row to state, then recomputes its key's head:
 // update the row, lock the key, and only then (in a new statement, so with
-// a snapshot taken after the lock) look for the next head.
+// a snapshot taken after the lock) look for the next head; last, tell the
+// callers awaiting the event.
 func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, worker string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
 	var key string
-	var notified int
-	err := queryRow(ctx, e, []any{&key, &notified}, d.queries.inboxFinish, group, id, worker, string(state), lastErr, retry, d.settleChannel())
+	err := queryRow(ctx, e, []any{&key}, d.queries.inboxFinish, group, id, worker, string(state), lastErr, retry)
 	if isNoRows(err) {
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
 	if err != nil {
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
+	if err := d.refreshKey(ctx, e, group, key, hold); err != nil {
+		return err
+	}
+	if state.Finished() {
+		return d.notifySettled(ctx, e, group, []string{id}, state)
+	}
+	return nil
+}
+
+func (d *Driver[TTx]) refreshKey(ctx context.Context, e executor, group, key string, hold bool) error {
 	if _, err := e.exec(ctx, d.queries.inboxLockKey, group, key); err != nil {
 		return d.wrapErr("lock inbox key", err)
 	}
 	if _, err := e.exec(ctx, d.queries.inboxRefreshKey, group, key, hold); err != nil {
 		return d.wrapErr("refresh inbox key", err)
+	}
+	return nil
+}
+
+func (d *Driver[TTx]) notifySettled(ctx context.Context, e executor, group string, ids []string, state ferrydriver.InboxState) error {
+	var n int
+	if err := queryRow(ctx, e, []any{&n}, d.queries.inboxNotify, group, ids, string(state), d.settleChannel()); err != nil {
+		return d.wrapErr("notify settlement waiters", err)
+	}
+	return nil
+}
+
+// SetInboxPolicy implements ferrydriver.Inbox.
+func (d *Driver[TTx]) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error {
+	var changed bool
+	if err := queryRow(ctx, d.db, []any{&changed}, d.queries.inboxSetPolicy, p.Group, p.HoldDead); err != nil {
+		return d.wrapErr("store the dead policy of group "+p.Group, err)
+	}
+	if !changed {
+		return nil
+	}
+	r, err := d.db.query(ctx, d.queries.inboxGroupKeys, p.Group)
+	if err != nil {
+		return d.wrapErr("list inbox keys", err)
+	}
+	var keys []string
+	for r.Next() {
+		var k string
+		if err := r.Scan(&k); err != nil {
+			r.Close()
+			return d.wrapErr("list inbox keys", err)
+		}
+		keys = append(keys, k)
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return d.wrapErr("list inbox keys", err)
+	}
+	for start := 0; start < len(keys); start += 500 {
+		e, commit, rollback, err := d.begin.begin(ctx)
+		if err != nil {
+			return fmt.Errorf("ferrypg: begin: %w", err)
+		}
+		for _, k := range keys[start:min(start+500, len(keys))] {
+			if err := d.refreshKey(ctx, e, p.Group, k, p.HoldDead); err != nil {
+				_ = rollback(context.WithoutCancel(ctx))
+				return err
+			}
+		}
+		if err := commit(ctx); err != nil {
+			return fmt.Errorf("ferrypg: commit: %w", err)
+		}
 	}
 	return nil
 }
@@ -227,49 +290,56 @@ func (d *Driver[TTx]) DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsP
 }
 
 // setDeadState moves DEAD rows to state, then recomputes their keys' heads
-// (a held key runs again: a redriven row first, in its order).
+// under the group's stored policy (a held key runs again: a redriven row
+// first, in its order), and tells the callers awaiting discarded events.
 func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams, state ferrydriver.InboxState) (int, error) {
 	e, commit, rollback, err := d.begin.begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("ferrypg: begin: %w", err)
 	}
 	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
-	r, err := e.query(ctx, d.queries.inboxSetState, p.Group, idStrings(p.EventIDs), string(state), d.settleChannel())
+	var hold bool
+	if err := queryRow(ctx, e, []any{&hold}, d.queries.inboxPolicy, p.Group); err != nil {
+		return 0, d.wrapErr("read the dead policy of group "+p.Group, err)
+	}
+	r, err := e.query(ctx, d.queries.inboxSetState, p.Group, idStrings(p.EventIDs), string(state))
 	if err != nil {
 		return 0, d.wrapErr("mark dead letters "+string(state), err)
 	}
-	var keys []string
+	keys := map[string]bool{}
+	var ids []string
 	for r.Next() {
-		var key string
-		var n int
-		if err := r.Scan(&key, &n); err != nil {
+		var key, id string
+		if err := r.Scan(&key, &id); err != nil {
 			r.Close()
 			return 0, d.wrapErr("mark dead letters", err)
 		}
-		keys = append(keys, key)
+		keys[key] = true
+		ids = append(ids, id)
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
 		return 0, d.wrapErr("mark dead letters", err)
 	}
-	seen := map[string]bool{}
-	for _, key := range keys {
-		if seen[key] {
-			continue
+	sorted := make([]string, 0, len(keys))
+	for k := range keys {
+		sorted = append(sorted, k)
+	}
+	slices.Sort(sorted) // lock keys in order, like ingestion
+	for _, key := range sorted {
+		if err := d.refreshKey(ctx, e, p.Group, key, hold); err != nil {
+			return 0, err
 		}
-		seen[key] = true
-		if _, err := e.exec(ctx, d.queries.inboxLockKey, p.Group, key); err != nil {
-			return 0, d.wrapErr("lock inbox key", err)
-		}
-		// A key with a dead row left keeps being held; without, it runs.
-		if _, err := e.exec(ctx, d.queries.inboxRefreshKey, p.Group, key, true); err != nil {
-			return 0, d.wrapErr("refresh inbox key", err)
+	}
+	if state.Finished() && len(ids) > 0 {
+		if err := d.notifySettled(ctx, e, p.Group, ids, state); err != nil {
+			return 0, err
 		}
 	}
 	if err := commit(ctx); err != nil {
 		return 0, fmt.Errorf("ferrypg: commit: %w", err)
 	}
-	return len(keys), nil
+	return len(ids), nil
 }
 
 // InboxCounts implements ferrydriver.Inbox.
@@ -341,13 +411,23 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 	if !d.canWait {
 		return nil, errors.New("ferrypg: AwaitSettled needs LISTEN/NOTIFY: use a pgx pool or database/sql with the pgx driver")
 	}
-	notes, resync, unsubscribe, err := d.hub.subscribe(ctx, p.EventIDs)
+	// Setting up is bounded by the deadline too: past it, the answer is
+	// "pending".
+	setup, cancelSetup := context.WithDeadline(ctx, p.Deadline)
+	defer cancelSetup()
+	sub, unsubscribe, err := d.hub.subscribe(setup, p.EventIDs)
 	if err != nil {
+		if ctx.Err() == nil && setup.Err() != nil {
+			return map[uuid.UUID]*ferrydriver.InboxRow{}, nil
+		}
 		return nil, d.wrapErr("listen for settlement", err)
 	}
 	defer unsubscribe()
 	waiter := uuid.New()
-	if _, err := d.db.exec(ctx, d.queries.waiterAdd, waiter, p.Group, idStrings(p.EventIDs), p.Deadline); err != nil {
+	if _, err := d.db.exec(setup, d.queries.waiterAdd, waiter, p.Group, idStrings(p.EventIDs), p.Deadline); err != nil {
+		if ctx.Err() == nil && setup.Err() != nil {
+			return map[uuid.UUID]*ferrydriver.InboxRow{}, nil
+		}
 		return nil, d.wrapErr("register settlement waiter", err)
 	}
 	defer func() {
@@ -355,8 +435,11 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 		defer cancel()
 		_, _ = d.db.exec(rctx, d.queries.waiterRemove, waiter)
 	}()
-	states, err := d.inboxStates(ctx, d.db, p.Group, p.EventIDs, true)
+	states, err := d.inboxStates(setup, d.db, p.Group, p.EventIDs, true)
 	if err != nil {
+		if ctx.Err() == nil && setup.Err() != nil {
+			return map[uuid.UUID]*ferrydriver.InboxRow{}, nil
+		}
 		return nil, err
 	}
 	pending := map[uuid.UUID]bool{}
@@ -373,8 +456,8 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 			return nil, ctx.Err()
 		case <-timer.C:
 			return states, nil // the deadline: what is left is pending
-		case <-resync:
-			// The hub reconnected and may have missed notifications.
+		case <-sub.dirty:
+			// Notifications may have been missed: read again.
 			fresh, err := d.inboxStates(ctx, d.db, p.Group, p.EventIDs, false)
 			if err != nil {
 				return nil, err
@@ -387,8 +470,7 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 					}
 				}
 			}
-			resync = nil // one resync is enough; a second loss shows in the deadline
-		case payload := <-notes:
+		case payload := <-sub.notes:
 			idText, state, _ := strings.Cut(payload, ":")
 			id, perr := uuid.Parse(idText)
 			if perr != nil || !pending[id] {

@@ -40,24 +40,39 @@ WITH k AS (
        AND set_config('synchronous_commit', 'off', true) IS NOT NULL
      ORDER BY runnable_at LIMIT $2
      FOR UPDATE SKIP LOCKED
-), head AS (
-    SELECT h.event_id FROM k CROSS JOIN LATERAL (
+), head AS MATERIALIZED (
+    SELECT h.event_id, k.group_name FROM k CROSS JOIN LATERAL (
         SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
          WHERE i.group_name = k.group_name AND i.key = k.key
-           AND (i.state IN ('pending', 'processing', 'failed') OR ($5 AND i.state = 'dead'))
+           AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR $5)
          ORDER BY pos LIMIT 1) h
-     WHERE h.state = 'pending'
-        OR (h.state = 'failed' AND h.next_attempt_at <= now())
-        OR (h.state = 'processing' AND h.claim_expires_at <= now())
+     WHERE (h.state = 'pending'
+            OR (h.state = 'failed' AND h.next_attempt_at <= now())
+            OR (h.state = 'processing' AND h.claim_expires_at <= now()))
+       -- never two rows of a key at once (a redriven older row under Continue)
+       AND NOT EXISTS (SELECT 1 FROM {schema}.inbox p
+                        WHERE p.key = k.key AND p.group_name = k.group_name AND p.state = 'processing'
+                          AND p.claim_expires_at > now() AND p.event_id <> h.event_id)
 ), claimed AS (
+    -- The row is re-checked: it may have changed since the snapshot. It is
+    -- found by the primary key through head's columns (a constant group
+    -- here would let the planner scan every unfinished row of the group).
     UPDATE {schema}.inbox i
        SET state = 'processing', attempts = attempts + 1, claimed_by = $3,
            claim_expires_at = now() + $4 * interval '1 millisecond'
-      FROM head WHERE i.group_name = $1 AND i.event_id = head.event_id
+      FROM head WHERE i.event_id = head.event_id AND i.group_name = head.group_name
+       AND (i.state = 'pending' OR (i.state = 'failed' AND i.next_attempt_at <= now())
+            OR (i.state = 'processing' AND i.claim_expires_at <= now()))
     RETURNING i.*
 ), keys AS (
     UPDATE {schema}.inbox_keys ik SET runnable_at = c.claim_expires_at
       FROM claimed c WHERE ik.group_name = c.group_name AND ik.key = c.key
+), idle AS (
+    -- Keys that were due but had nothing to claim go to the back for a
+    -- second, so that they cannot crowd out the others.
+    UPDATE {schema}.inbox_keys ik SET runnable_at = now() + interval '1 second'
+      FROM k WHERE ik.group_name = k.group_name AND ik.key = k.key
+       AND NOT EXISTS (SELECT 1 FROM claimed c WHERE c.key = k.key)
 )
 SELECT event_id, key, seq, topic, type, source, content_type, headers::text, payload, created_at,
        state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at
@@ -67,41 +82,50 @@ SELECT event_id, key, seq, topic, type, source, content_type, headers::text, pay
 // matches nothing if the claim is no longer the worker's. When the event
 // finishes and someone awaits it, it notifies them (delivered at commit).
 const sqlInboxFinish = `
-WITH u AS (
-    UPDATE {schema}.inbox
-       SET state = $4, claimed_by = NULL, claim_expires_at = NULL,
-           last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
-           next_attempt_at = COALESCE($6::timestamptz, next_attempt_at),
-           finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
-     WHERE group_name = $1 AND event_id = $2 AND claimed_by = $3 AND state = 'processing'
-       AND claim_expires_at > now()
-    RETURNING key, event_id, state
-)
-SELECT u.key, (SELECT count(*) FROM (
-                   SELECT pg_notify($7, u.event_id::text || ':' || u.state)
-                     FROM {schema}.settle_waiters w
-                    WHERE u.state IN ('processed', 'dead') AND w.group_name = $1
-                      AND w.until > now() AND u.event_id = ANY (w.event_ids)) n)
-  FROM u`
+UPDATE {schema}.inbox
+   SET state = $4, claimed_by = NULL, claim_expires_at = NULL,
+       last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
+       next_attempt_at = COALESCE($6::timestamptz, next_attempt_at),
+       finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
+ WHERE group_name = $1 AND event_id = $2 AND claimed_by = $3 AND state = 'processing'
+   AND claim_expires_at > clock_timestamp()
+RETURNING key`
+
+// sqlInboxNotify tells the callers awaiting events that they finished. It
+// runs as its own statement after the row changed (and its key was
+// locked), so its snapshot sees every waiter registered before: a waiter
+// registered later reads the row FOR SHARE, which waits for this commit.
+const sqlInboxNotify = `
+SELECT count(*) FROM (
+    SELECT pg_notify($4, e.id::text || ':' || $3)
+      FROM unnest($2::uuid[]) e(id)
+      JOIN {schema}.settle_waiters w ON w.group_name = $1 AND w.until > now() AND e.id = ANY (w.event_ids)) n`
 
 // sqlInboxSetState moves DEAD rows to $3 (pending: redrive; discarded)
 // and returns their keys; finishing rows notify waiters as above.
 const sqlInboxSetState = `
-WITH u AS (
-    UPDATE {schema}.inbox
-       SET state = $3,
-           attempts = CASE WHEN $3 = 'pending' THEN 0 ELSE attempts END,
-           next_attempt_at = now(),
-           finished_at = CASE WHEN $3 = 'discarded' THEN now() ELSE finished_at END
-     WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) AND state = 'dead'
-    RETURNING key, event_id, state
+UPDATE {schema}.inbox
+   SET state = $3,
+       attempts = CASE WHEN $3 = 'pending' THEN 0 ELSE attempts END,
+       next_attempt_at = now(),
+       finished_at = CASE WHEN $3 = 'discarded' THEN now() ELSE finished_at END
+ WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) AND state = 'dead'
+RETURNING key, event_id`
+
+// sqlInboxPolicy reads a group's dead policy (Hold when never set).
+const sqlInboxPolicy = `
+SELECT COALESCE((SELECT hold_dead FROM {schema}.inbox_groups WHERE group_name = $1), true)`
+
+// sqlInboxSetPolicy stores a group's dead policy and says whether it changed.
+const sqlInboxSetPolicy = `
+WITH old AS (SELECT hold_dead FROM {schema}.inbox_groups WHERE group_name = $1),
+up AS (
+    INSERT INTO {schema}.inbox_groups (group_name, hold_dead) VALUES ($1, $2)
+    ON CONFLICT (group_name) DO UPDATE SET hold_dead = excluded.hold_dead
 )
-SELECT u.key, (SELECT count(*) FROM (
-                   SELECT pg_notify($4, u.event_id::text || ':' || u.state)
-                     FROM {schema}.settle_waiters w
-                    WHERE u.state = 'discarded' AND w.group_name = $1
-                      AND w.until > now() AND u.event_id = ANY (w.event_ids)) n)
-  FROM u ORDER BY u.key`
+SELECT COALESCE((SELECT hold_dead FROM old) IS DISTINCT FROM $2, true)`
+
+const sqlInboxGroupKeys = `SELECT key FROM {schema}.inbox_keys WHERE group_name = $1 ORDER BY key`
 
 const inboxRowColumns = `event_id, key, seq, topic, type, source, content_type, headers::text, payload, created_at,
        state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, COALESCE(finished_at, 'epoch')`
@@ -144,6 +168,7 @@ SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = $2 FOR UPDATE`
 const sqlInboxRefreshKey = `
 UPDATE {schema}.inbox_keys k SET
     runnable_at = CASE
+        WHEN busy.until IS NOT NULL THEN busy.until -- a row of the key is running
         WHEN h.state = 'pending' THEN now()
         WHEN h.state = 'failed' THEN h.next_attempt_at
         WHEN h.state = 'processing' THEN h.claim_expires_at
@@ -153,6 +178,9 @@ UPDATE {schema}.inbox_keys k SET
   LEFT JOIN LATERAL (
     SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
      WHERE i.group_name = $1 AND i.key = $2
-       AND (i.state IN ('pending', 'processing', 'failed') OR ($3 AND i.state = 'dead'))
+       AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR $3)
      ORDER BY pos LIMIT 1) h ON true
+  LEFT JOIN LATERAL (
+    SELECT max(claim_expires_at) AS until FROM {schema}.inbox p
+     WHERE p.key = $2 AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
  WHERE k.group_name = $1 AND k.key = $2`

@@ -22,14 +22,26 @@ type settleHub struct {
 	}
 
 	mu      sync.Mutex
-	waiters map[uuid.UUID]map[chan string]struct{}
-	// resync is closed (and replaced) when the connection was lost:
-	// notifications may have been missed, callers must read again.
-	resync  chan struct{}
+	waiters map[uuid.UUID]map[*subscriber]struct{}
+	subs    map[*subscriber]struct{}
 	ready   chan struct{} // closed once LISTEN is in place
 	running bool
 	stop    context.CancelFunc
-	count   int
+}
+
+// subscriber receives the notifications of its events. When one cannot be
+// delivered (its buffer is full) or the hub reconnected (notifications may
+// have been lost), dirty is signalled: the caller must read states again.
+type subscriber struct {
+	notes chan string
+	dirty chan struct{}
+}
+
+func (s *subscriber) markDirty() {
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
 }
 
 type hubDriver[TTx any] struct{ d *Driver[TTx] }
@@ -37,51 +49,51 @@ type hubDriver[TTx any] struct{ d *Driver[TTx] }
 func (h hubDriver[TTx]) session(ctx context.Context) (*session, error) { return h.d.session(ctx) }
 func (h hubDriver[TTx]) channel() string                               { return h.d.settleChannel() }
 
-// subscribe registers interest in ids and returns a channel of their
-// notifications (payloads), the current resync channel, and a cancel
-// function. It returns once the hub listens, so that any notification sent
-// after it returned is received.
-func (h *settleHub) subscribe(ctx context.Context, ids []uuid.UUID) (<-chan string, <-chan struct{}, func(), error) {
-	ch := make(chan string, len(ids))
+// subscribe registers interest in ids and returns a subscriber and a
+// cancel function. It returns once the hub listens, so that any
+// notification sent after it returned is received.
+func (h *settleHub) subscribe(ctx context.Context, ids []uuid.UUID) (*subscriber, func(), error) {
+	sub := &subscriber{notes: make(chan string, 2*len(ids)+1), dirty: make(chan struct{}, 1)}
 	h.mu.Lock()
 	if h.waiters == nil {
-		h.waiters = map[uuid.UUID]map[chan string]struct{}{}
+		h.waiters = map[uuid.UUID]map[*subscriber]struct{}{}
+		h.subs = map[*subscriber]struct{}{}
 	}
 	for _, id := range ids {
 		if h.waiters[id] == nil {
-			h.waiters[id] = map[chan string]struct{}{}
+			h.waiters[id] = map[*subscriber]struct{}{}
 		}
-		h.waiters[id][ch] = struct{}{}
+		h.waiters[id][sub] = struct{}{}
 	}
-	h.count++
+	h.subs[sub] = struct{}{}
 	if !h.running {
 		hctx, cancel := context.WithCancel(context.Background())
-		h.running, h.stop, h.ready, h.resync = true, cancel, make(chan struct{}), make(chan struct{})
+		h.running, h.stop, h.ready = true, cancel, make(chan struct{})
 		go h.run(hctx, h.ready)
 	}
-	ready, resync := h.ready, h.resync
+	ready := h.ready
 	h.mu.Unlock()
 	cancel := func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		for _, id := range ids {
-			delete(h.waiters[id], ch)
+			delete(h.waiters[id], sub)
 			if len(h.waiters[id]) == 0 {
 				delete(h.waiters, id)
 			}
 		}
-		h.count--
-		if h.count == 0 && h.running {
+		delete(h.subs, sub)
+		if len(h.subs) == 0 && h.running {
 			h.stop()
 			h.running = false
 		}
 	}
 	select {
 	case <-ready:
-		return ch, resync, cancel, nil
+		return sub, cancel, nil
 	case <-ctx.Done():
 		cancel()
-		return nil, nil, nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 }
 
@@ -110,8 +122,9 @@ func (h *settleHub) run(ctx context.Context, ready chan struct{}) {
 			// Reconnected: whatever was sent meanwhile is lost; tell the
 			// callers to read their events' states again.
 			h.mu.Lock()
-			close(h.resync)
-			h.resync = make(chan struct{})
+			for sub := range h.subs {
+				sub.markDirty()
+			}
 			h.mu.Unlock()
 		}
 		for ctx.Err() == nil {
@@ -125,10 +138,11 @@ func (h *settleHub) run(ctx context.Context, ready chan struct{}) {
 				continue
 			}
 			h.mu.Lock()
-			for ch := range h.waiters[id] {
+			for sub := range h.waiters[id] {
 				select {
-				case ch <- payload:
-				default: // the channel holds one slot per awaited event
+				case sub.notes <- payload:
+				default:
+					sub.markDirty()
 				}
 			}
 			h.mu.Unlock()

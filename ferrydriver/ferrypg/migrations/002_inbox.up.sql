@@ -24,7 +24,10 @@ CREATE TABLE {schema}.inbox (
     claim_expires_at timestamptz,
     received_at      timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,
-    PRIMARY KEY (group_name, event_id)
+    -- event_id leads: a statement that names only a group (and a key) must
+    -- not be able to range over the primary key instead of the indexes
+    -- below, whatever the statistics say.
+    PRIMARY KEY (event_id, group_name)
 );
 
 -- A key's unfinished rows in order: its head is the first. key leads, so
@@ -52,6 +55,13 @@ CREATE TABLE {schema}.inbox_keys (
 
 CREATE INDEX inbox_keys_runnable_idx ON {schema}.inbox_keys (group_name, runnable_at)
     WHERE runnable_at IS NOT NULL;
+
+-- Each group's dead policy: true holds a key's later rows behind a DEAD
+-- row. Stored so that operators' redrives and discards follow it.
+CREATE TABLE {schema}.inbox_groups (
+    group_name text    PRIMARY KEY,
+    hold_dead  boolean NOT NULL
+);
 
 -- Retention of processed rows, oldest first.
 CREATE INDEX inbox_processed_idx ON {schema}.inbox (group_name, finished_at) WHERE state = 'processed';
