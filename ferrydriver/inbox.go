@@ -68,7 +68,8 @@ type Inbox[TTx any] interface {
 	// FAILED, DEAD) by state; O(unfinished rows), for metrics.
 	InboxCounts(ctx context.Context, group string) (map[InboxState]int64, error)
 	// DeleteProcessedInbox removes PROCESSED rows finished before
-	// p.OlderThan ago, at most p.Limit; it returns how many.
+	// p.OlderThan ago, at most p.Limit, and forgets keys with nothing left;
+	// it returns how many rows it removed.
 	DeleteProcessedInbox(ctx context.Context, p *DeleteProcessedInboxParams) (int64, error)
 
 	Settler

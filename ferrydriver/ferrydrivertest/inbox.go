@@ -347,6 +347,17 @@ func testInboxRetention[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	require.NoError(t, err)
 	require.NotContains(t, st, done.ID)
 	require.Contains(t, st, open.ID)
+	// A key that was forgotten comes back when an event arrives for it.
+	again := Event("t", "a", "again")
+	insert(ctx, t, d, again)
+	require.Eventually(t, func() bool {
+		for _, r := range claim(ctx, t, d, "w", true) {
+			if r.Event.ID == again.ID {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 20*time.Millisecond)
 }
 
 func testAwaitSettled[TTx any](t *testing.T, d InboxDriver[TTx]) {

@@ -371,6 +371,9 @@ func (d *Driver[TTx]) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.D
 	if err != nil {
 		return 0, d.wrapErr("delete processed inbox rows of group "+p.Group, err)
 	}
+	if _, err := d.db.exec(ctx, d.queries.inboxDeleteIdleKeys, p.Group, limit); err != nil {
+		return n, d.wrapErr("delete idle inbox keys of group "+p.Group, err)
+	}
 	return n, nil
 }
 

@@ -142,6 +142,21 @@ const sqlInboxStates = `
 SELECT ` + inboxRowColumns + ` FROM {schema}.inbox
  WHERE group_name = $1 AND event_id = ANY ($2::uuid[])`
 
+// sqlInboxDeleteIdleKeys removes keys with nothing left to run or hold, a
+// chunk at a time. Ingestion re-creates a key's row when it needs it; the
+// row lock orders the two (an ingestion that inserted a row for the key
+// either committed before this statement's snapshot, and the key is kept,
+// or waits for the lock and then inserts the row afresh).
+const sqlInboxDeleteIdleKeys = `
+DELETE FROM {schema}.inbox_keys k
+ WHERE k.group_name = $1 AND (k.group_name, k.key) IN (
+       SELECT group_name, key FROM {schema}.inbox_keys
+        WHERE group_name = $1 AND runnable_at IS NULL AND held_by IS NULL
+        LIMIT $2 FOR UPDATE SKIP LOCKED)
+   AND NOT EXISTS (SELECT 1 FROM {schema}.inbox i
+                    WHERE i.key = k.key AND i.group_name = k.group_name
+                      AND i.state IN ('pending', 'processing', 'failed', 'dead'))`
+
 const sqlInboxCounts = `
 SELECT state, count(*) FROM {schema}.inbox
  WHERE group_name = $1 AND state IN ('pending', 'processing', 'failed', 'dead') GROUP BY state`
