@@ -347,18 +347,17 @@ func (c *Consumer[TTx]) maintain(ctx context.Context) {
 
 // retain removes processed inbox rows older than InboxRetention.
 func (c *Consumer[TTx]) retain(ctx context.Context) {
-	{
-		for ctx.Err() == nil {
-			n, err := c.driver.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: c.cfg.Group, OlderThan: c.cfg.InboxRetention, Limit: 5000})
-			if err != nil {
-				if ctx.Err() == nil {
-					c.log.Warn("ferry: inbox retention failed; will retry", "err", err)
-				}
-				break
+	const chunk = 5000
+	for ctx.Err() == nil {
+		n, err := c.driver.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: c.cfg.Group, OlderThan: c.cfg.InboxRetention, Limit: chunk})
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("ferry: inbox retention failed; will retry", "err", err)
 			}
-			if n < 5000 {
-				break
-			}
+			return
+		}
+		if n < chunk {
+			return
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -82,7 +83,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if mode == "consume" || mode == "settle" {
-		fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, GOMAXPROCS %d, workers %d, keys %d\n", mode, serverVersion(ctx, pool), runtimeProcs(), workers, keys)
+		fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, GOMAXPROCS %d, workers %d, keys %d\n", mode, serverVersion(ctx, pool), runtime.GOMAXPROCS(0), workers, keys)
 		if mode == "consume" {
 			return benchConsume(ctx, stdout, pool, drv, events, keys, workers)
 		}
@@ -114,7 +115,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, NATS %s, GOMAXPROCS %d, batch %d, keys %d\n", mode, serverVersion(ctx, pool), nc.ConnectedServerVersion(), runtimeProcs(), batch, keys)
+	fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, NATS %s, GOMAXPROCS %d, batch %d, keys %d\n", mode, serverVersion(ctx, pool), nc.ConnectedServerVersion(), runtime.GOMAXPROCS(0), batch, keys)
 	if mode == "drain" {
 		return benchDrain(ctx, stdout, pool, client, relay, js, stream, events, keys, producers)
 	}
@@ -307,11 +308,4 @@ func peakRSS() int64 {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return ru.Maxrss * 1024
-}
-
-func runtimeProcs() int {
-	if v, err := strconv.Atoi(os.Getenv("GOMAXPROCS")); err == nil {
-		return v
-	}
-	return numCPU()
 }

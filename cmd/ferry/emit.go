@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -78,7 +79,7 @@ func cmdEmit(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if err := client.Emit(ctx, events...); err != nil {
 		var ve *ferry.ValidationError
-		if asValidation(err, &ve) {
+		if errors.As(err, &ve) {
 			flagOf := map[string]string{"Topic": "--topic", "Key": "--key", "Type": "--type", "Payload": "--data", "Headers": "--header", "Source": "--source", "ContentType": "--content-type"}
 			return usagef("%v (see %s)", err, flagOf[ve.Field])
 		}
@@ -158,8 +159,4 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	return nil
-}
-
-func asValidation(err error, target **ferry.ValidationError) bool {
-	return errorsAs(err, target)
 }

@@ -30,14 +30,12 @@ package ferrypg
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/jackc/pgx/v5"
@@ -226,34 +224,15 @@ func (d *Driver[TTx]) append(ctx context.Context, e executor, p *ferrydriver.App
 	if n == 0 {
 		return nil
 	}
-	ids := make([]string, n)
-	topics := make([]string, n)
-	keys := make([]string, n)
-	types := make([]string, n)
-	sources := make([]string, n)
-	cts := make([]string, n)
-	headers := make([]string, n)
-	payloads := make([][]byte, n)
-	created := make([]time.Time, n)
+	a, err := encodeEvents(p.Events)
+	if err != nil {
+		return err
+	}
 	parts := make([]int32, n)
 	for i, ev := range p.Events {
-		ids[i] = ev.ID.String()
-		topics[i], keys[i], types[i], sources[i], cts[i] = ev.Topic, ev.Key, ev.Type, ev.Source, ev.ContentType
-		if len(ev.Headers) > 0 {
-			b, err := json.Marshal(ev.Headers)
-			if err != nil {
-				return fmt.Errorf("ferrypg: encode headers of event %s: %w", ev.ID, err)
-			}
-			headers[i] = string(b)
-		}
-		payloads[i] = ev.Payload
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
-		}
-		created[i] = ev.CreatedAt
 		parts[i] = int32(d.PartitionOf(ev.Key))
 	}
-	args := []any{ids, topics, keys, types, sources, cts, headers, payloads, created, parts}
+	args := []any{a.ids, a.topics, a.keys, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created, parts}
 	q := d.queries.append
 	if !d.cfg.DisableNotify {
 		q = d.queries.appendNotify

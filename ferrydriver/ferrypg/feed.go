@@ -266,11 +266,9 @@ func (f *feed[TTx]) tickRead(ctx context.Context, limit int) (*ferrydriver.Batch
 // collect adds a scanned row to b, as an event or, if it is not a valid
 // event, as an invalid record.
 func (f *feed[TTx]) collect(b *ferrydriver.Batch, ev *ferryevent.Event, headers *string) {
-	if headers != nil {
-		if err := json.Unmarshal([]byte(*headers), &ev.Headers); err != nil {
-			b.Invalid = append(b.Invalid, invalidRecord(ev, "invalid outbox row: decode headers: "+err.Error()))
-			return
-		}
+	if err := decodeHeaders(ev, headers); err != nil {
+		b.Invalid = append(b.Invalid, invalidRecord(ev, "invalid outbox row: "+err.Error()))
+		return
 	}
 	if err := ferryevent.Validate(ev, 0, math.MaxInt); err != nil {
 		b.Invalid = append(b.Invalid, invalidRecord(ev, "invalid outbox row: "+err.Error()))

@@ -2,7 +2,6 @@ package ferrypg
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -21,28 +20,15 @@ func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInbo
 	if n == 0 {
 		return res, nil
 	}
-	ids, keys, topics, types, sources, cts, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	seqs := make([]int64, n)
-	payloads := make([][]byte, n)
-	created := make([]time.Time, n)
-	index := make(map[string]int, n)
-	for i, ev := range p.Events {
-		ids[i], keys[i], seqs[i], topics[i], types[i], sources[i], cts[i] = ev.ID.String(), ev.Key, ev.Seq, ev.Topic, ev.Type, ev.Source, ev.ContentType
-		if len(ev.Headers) > 0 {
-			b, err := json.Marshal(ev.Headers)
-			if err != nil {
-				return nil, fmt.Errorf("ferrypg: encode headers of event %s: %w", ev.ID, err)
-			}
-			headers[i] = string(b)
-		}
-		payloads[i] = ev.Payload
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
-		}
-		created[i] = ev.CreatedAt
-		index[ids[i]] = i
+	a, err := encodeEvents(p.Events)
+	if err != nil {
+		return nil, err
 	}
-	r, err := d.db.query(ctx, d.queries.inboxInsert, p.Group, ids, keys, seqs, topics, types, sources, cts, headers, payloads, created)
+	index := make(map[string]int, n)
+	for i, id := range a.ids {
+		index[id] = i
+	}
+	r, err := d.db.query(ctx, d.queries.inboxInsert, p.Group, a.ids, a.keys, a.seqs, a.topics, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created)
 	if err != nil {
 		return nil, d.wrapErr("insert into inbox of group "+p.Group, err)
 	}
@@ -68,26 +54,8 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 	if err != nil {
 		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
 	}
-	defer r.Close()
-	var out []*ferrydriver.InboxRow
-	for r.Next() {
-		row := &ferrydriver.InboxRow{Group: p.Group}
-		ev := &row.Event
-		var headers *string
-		var state string
-		if err := r.Scan(&ev.ID, &ev.Key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
-			&state, &row.Attempts, &row.LastError, &row.NextAttemptAt, &row.ReceivedAt); err != nil {
-			return nil, d.wrapErr("claim inbox rows", err)
-		}
-		row.State = ferrydriver.InboxState(state)
-		if headers != nil {
-			if err := json.Unmarshal([]byte(*headers), &ev.Headers); err != nil {
-				return nil, fmt.Errorf("ferrypg: inbox row %s has undecodable headers: %w", ev.ID, err)
-			}
-		}
-		out = append(out, row)
-	}
-	if err := r.Err(); err != nil {
+	out, err := scanInboxRows(r, p.Group)
+	if err != nil {
 		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
 	}
 	return out, nil
@@ -247,8 +215,8 @@ func scanInboxRows(r rows, group string) ([]*ferrydriver.InboxRow, error) {
 		if row.FinishedAt.Unix() == 0 {
 			row.FinishedAt = time.Time{}
 		}
-		if headers != nil {
-			_ = json.Unmarshal([]byte(*headers), &ev.Headers)
+		if err := decodeHeaders(ev, headers); err != nil {
+			return nil, err
 		}
 		out = append(out, row)
 	}

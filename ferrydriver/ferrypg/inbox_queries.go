@@ -74,9 +74,7 @@ WITH k AS (
       FROM k WHERE ik.group_name = k.group_name AND ik.key = k.key
        AND NOT EXISTS (SELECT 1 FROM claimed c WHERE c.key = k.key)
 )
-SELECT event_id, key, seq, topic, type, source, content_type, headers::text, payload, created_at,
-       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at
-  FROM claimed ORDER BY pos`
+SELECT ` + inboxRowColumns + ` FROM claimed ORDER BY pos`
 
 // sqlInboxFinish ends a claimed attempt: PROCESSED, FAILED or DEAD. It
 // matches nothing if the claim is no longer the worker's. When the event

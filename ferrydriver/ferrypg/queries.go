@@ -184,9 +184,12 @@ WITH lease AS (
 ), ins AS (
     INSERT INTO {schema}.dead_letters (feed, event_id, topic, key, seq, type, source,
                                        content_type, headers, payload, created_at, reason)
-    SELECT $1, t.* FROM unnest($4::uuid[], $5::text[], $6::text[], $7::bigint[], $8::text[],
-                               $9::text[], $10::text[], $11::jsonb[], $12::bytea[],
-                               $13::timestamptz[], $14::text[]) AS t
+    SELECT $1, t.event_id, t.topic, t.key, t.seq, t.type, t.source, t.content_type,
+           NULLIF(t.headers, '')::jsonb, t.payload, t.created_at, t.reason
+      FROM unnest($4::uuid[], $5::text[], $6::text[], $7::bigint[], $8::text[],
+                  $9::text[], $10::text[], $11::text[], $12::bytea[],
+                  $13::timestamptz[], $14::text[])
+           AS t(event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, reason)
      WHERE EXISTS (SELECT 1 FROM lease)
     ON CONFLICT (feed, event_id) DO NOTHING
 )

@@ -2,7 +2,6 @@ package ferrypg
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -86,30 +85,18 @@ func (d *Driver[TTx]) GetLease(ctx context.Context, name string) (*ferrydriver.L
 
 // InsertDeadLetters implements ferrydriver.Store.
 func (d *Driver[TTx]) InsertDeadLetters(ctx context.Context, p *ferrydriver.InsertDeadLettersParams) error {
-	n := len(p.DeadLetters)
-	ids, topics, keys, types, sources, cts, reasons := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	seqs := make([]int64, n)
-	headers := make([]*string, n)
-	payloads := make([][]byte, n)
-	created := make([]time.Time, n)
+	events := make([]*ferryevent.Event, len(p.DeadLetters))
+	reasons := make([]string, len(p.DeadLetters))
 	for i, dl := range p.DeadLetters {
-		ev := &dl.Event
-		ids[i], topics[i], keys[i], seqs[i], types[i], sources[i], cts[i] = ev.ID.String(), ev.Topic, ev.Key, ev.Seq, ev.Type, ev.Source, ev.ContentType
-		if len(ev.Headers) > 0 {
-			b, _ := json.Marshal(ev.Headers)
-			s := string(b)
-			headers[i] = &s
-		}
-		payloads[i] = ev.Payload
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
-		}
-		created[i] = ev.CreatedAt
-		reasons[i] = dl.Reason
+		events[i], reasons[i] = &dl.Event, dl.Reason
+	}
+	a, err := encodeEvents(events)
+	if err != nil {
+		return err
 	}
 	var held int
-	err := queryRow(ctx, d.db, []any{&held}, d.queries.insertDeadLetters, p.Feed, p.Holder, p.Term,
-		ids, topics, keys, seqs, types, sources, cts, headers, payloads, created, reasons)
+	err = queryRow(ctx, d.db, []any{&held}, d.queries.insertDeadLetters, p.Feed, p.Holder, p.Term,
+		a.ids, a.topics, a.keys, a.seqs, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created, reasons)
 	if err != nil {
 		return d.wrapErr("insert dead letters of "+p.Feed, err)
 	}
@@ -129,9 +116,9 @@ func (d *Driver[TTx]) scanDeadLetters(r rows) ([]*ferrydriver.DeadLetter, error)
 		if err := r.Scan(&dl.Feed, &ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt, &dl.Reason, &dl.FailedAt); err != nil {
 			return nil, err
 		}
-		if headers != nil {
-			_ = json.Unmarshal([]byte(*headers), &ev.Headers)
-		}
+		// A dead letter is shown even if its headers are unreadable: the
+		// row may be there precisely because it was malformed.
+		_ = decodeHeaders(ev, headers)
 		out = append(out, dl)
 	}
 	return out, r.Err()
