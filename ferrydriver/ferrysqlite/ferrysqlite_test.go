@@ -1,0 +1,45 @@
+package ferrysqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newDriver opens a migrated database in a fresh file.
+func newDriver(t *testing.T) *ferrysqlite.Driver {
+	t.Helper()
+	drv, err := ferrysqlite.Open(filepath.Join(t.TempDir(), "ferry.db"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, drv.Close()) })
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	return drv
+}
+
+func TestDriverSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.Exercise(t, ferrydrivertest.Harness[*sql.Tx]{
+		New: func(t *testing.T) ferrydriver.Driver[*sql.Tx] { return newDriver(t) },
+		Begin: func(ctx context.Context, t *testing.T, drv ferrydriver.Driver[*sql.Tx]) ferrydrivertest.Tx[*sql.Tx] {
+			tx, err := drv.(*ferrysqlite.Driver).DB().BeginTx(ctx, nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback() })
+			return ferrydrivertest.Tx[*sql.Tx]{Tx: tx, Commit: tx.Commit, Rollback: tx.Rollback}
+		},
+	})
+}
+
+func TestInboxSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return newDriver(t) })
+}

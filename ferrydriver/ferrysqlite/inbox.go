@@ -1,0 +1,619 @@
+package ferrysqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/google/uuid"
+)
+
+// The inbox follows the same model as ferrypg's: one row per (group,
+// event), one ferry_inbox_keys row per (group, key) saying when the key's
+// head may run. SQLite has one writer at a time, so every change below runs
+// in a write transaction and needs no row locks.
+
+const unfinished = `state IN ('pending', 'processing', 'failed', 'dead')`
+
+// settleFallback is how often AwaitSettled reads the states again when no
+// commit of this process woke it: consumers in another process sharing the
+// database file finish events without telling this one.
+const settleFallback = time.Second
+
+const inboxRowColumns = `event_id, key, seq, topic, type, source, content_type, headers, payload, created_at,
+       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, finished_at`
+
+func scanInboxRows(rows *sql.Rows, group string) ([]*ferrydriver.InboxRow, error) {
+	defer rows.Close()
+	var out []*ferrydriver.InboxRow
+	for rows.Next() {
+		row := &ferrydriver.InboxRow{Group: group}
+		ev := &row.Event
+		var id, state string
+		var headers sql.NullString
+		var created, next, received int64
+		var finished sql.NullInt64
+		if err := rows.Scan(&id, &ev.Key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created,
+			&state, &row.Attempts, &row.LastError, &next, &received, &finished); err != nil {
+			return nil, err
+		}
+		if err := ev.ID.UnmarshalText([]byte(id)); err != nil {
+			return nil, fmt.Errorf("inbox row with event id %q: %w", id, err)
+		}
+		if err := decodeHeaders(ev, headers); err != nil {
+			return nil, err
+		}
+		row.State = ferrydriver.InboxState(state)
+		ev.CreatedAt, row.NextAttemptAt, row.ReceivedAt = fromMicros(created), fromMicros(next), fromMicros(received)
+		if finished.Valid {
+			row.FinishedAt = fromMicros(finished.Int64)
+		}
+		out = append(out, row)
+	}
+	return out, rows.Err()
+}
+
+// InsertInbox implements ferrydriver.Inbox.
+func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error) {
+	res := &ferrydriver.InsertInboxResult{Inserted: make([]bool, len(p.Events))}
+	if len(p.Events) == 0 {
+		return res, nil
+	}
+	op := "insert into inbox of group " + p.Group
+	err := d.write(ctx, op, func(tx *sql.Tx) error {
+		t := micros(now())
+		ins, err := tx.PrepareContext(ctx, `
+INSERT INTO ferry_inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, next_attempt_at, received_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (group_name, event_id) DO NOTHING`)
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		defer ins.Close()
+		var keys []string
+		for i, ev := range p.Events {
+			c, err := encodeEvent(ev)
+			if err != nil {
+				return err
+			}
+			r, err := ins.ExecContext(ctx, p.Group, c.id, ev.Key, ev.Seq, ev.Topic, ev.Type, ev.Source, ev.ContentType, c.headers, c.payload, micros(ev.CreatedAt), t, t)
+			if err != nil {
+				return d.wrapErr(op, err)
+			}
+			if n, _ := r.RowsAffected(); n == 1 {
+				res.Inserted[i] = true
+				keys = append(keys, ev.Key)
+			}
+		}
+		slices.Sort(keys)
+		for _, k := range slices.Compact(keys) {
+			// A key with nothing to do becomes runnable; one that waits (a
+			// retry, a running row, a dead head) keeps its time.
+			if _, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_inbox_keys (group_name, key, runnable_at) VALUES (?, ?, ?)
+ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = excluded.runnable_at
+ WHERE runnable_at IS NULL AND held_by IS NULL`, p.Group, k, t); err != nil {
+				return d.wrapErr(op, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		clear(res.Inserted)
+		return nil, err
+	}
+	return res, nil
+}
+
+// head is a key's oldest unfinished row.
+type head struct {
+	id, state        string
+	nextAttempt      int64
+	claimExpires     sql.NullInt64
+	busyUntil        sql.NullInt64 // another row of the key runs until then
+	exists, runnable bool
+}
+
+// keyHead reads a key's head (a DEAD row counts when hold) and whether
+// another of its rows is running, as of t.
+func (d *Driver) keyHead(ctx context.Context, tx *sql.Tx, group, key string, hold bool, t int64) (*head, error) {
+	h := &head{}
+	err := tx.QueryRowContext(ctx, `
+SELECT event_id, state, next_attempt_at, claim_expires_at FROM ferry_inbox
+ WHERE group_name = ? AND key = ? AND `+unfinished+` AND (state <> 'dead' OR ?)
+ ORDER BY pos LIMIT 1`, group, key, hold).Scan(&h.id, &h.state, &h.nextAttempt, &h.claimExpires)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return nil, d.wrapErr("read the head of inbox key "+key, err)
+	default:
+		h.exists = true
+	}
+	err = tx.QueryRowContext(ctx, `
+SELECT max(claim_expires_at) FROM ferry_inbox
+ WHERE group_name = ? AND key = ? AND `+unfinished+` AND state = 'processing' AND claim_expires_at > ? AND event_id <> ?`,
+		group, key, t, h.id).Scan(&h.busyUntil)
+	if err != nil {
+		return nil, d.wrapErr("read the running rows of inbox key "+key, err)
+	}
+	if h.exists && !h.busyUntil.Valid {
+		switch h.state {
+		case "pending":
+			h.runnable = true
+		case "failed":
+			h.runnable = h.nextAttempt <= t
+		case "processing":
+			h.runnable = h.claimExpires.Valid && h.claimExpires.Int64 <= t
+		}
+	}
+	return h, nil
+}
+
+// refreshKey recomputes when a key's head may run, after its head changed.
+func (d *Driver) refreshKey(ctx context.Context, tx *sql.Tx, group, key string, hold bool, t int64) error {
+	h, err := d.keyHead(ctx, tx, group, key, hold, t)
+	if err != nil {
+		return err
+	}
+	var runnable, heldBy any
+	switch {
+	case h.busyUntil.Valid:
+		runnable = h.busyUntil.Int64
+	case !h.exists:
+	case h.state == "pending":
+		runnable = t
+	case h.state == "failed":
+		runnable = h.nextAttempt
+	case h.state == "processing":
+		runnable = h.claimExpires
+	case h.state == "dead":
+		heldBy = h.id
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ?, held_by = ? WHERE group_name = ? AND key = ?`,
+		runnable, heldBy, group, key); err != nil {
+		return d.wrapErr("refresh inbox key "+key, err)
+	}
+	return nil
+}
+
+// ClaimInbox implements ferrydriver.Inbox.
+func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	op := "claim inbox rows of group " + p.Group
+	var out []*ferrydriver.InboxRow
+	err := d.write(ctx, op, func(tx *sql.Tx) error {
+		out = nil
+		t := micros(now())
+		rows, err := tx.QueryContext(ctx, `
+SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NOT NULL AND runnable_at <= ?
+ ORDER BY runnable_at LIMIT ?`, p.Group, t, max(p.Limit, 1))
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		var keys []string
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return d.wrapErr(op, err)
+			}
+			keys = append(keys, k)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return d.wrapErr(op, err)
+		}
+		expires := t + p.TTL.Microseconds()
+		for _, k := range keys {
+			h, err := d.keyHead(ctx, tx, p.Group, k, p.HoldDead, t)
+			if err != nil {
+				return err
+			}
+			if !h.runnable {
+				// Due but nothing to run now: put the key at its real time.
+				if err := d.refreshKey(ctx, tx, p.Group, k, p.HoldDead, t); err != nil {
+					return err
+				}
+				continue
+			}
+			rows, err := tx.QueryContext(ctx, `
+UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by = ?, claim_expires_at = ?
+ WHERE group_name = ? AND event_id = ? RETURNING `+inboxRowColumns, p.Worker, expires, p.Group, h.id)
+			if err != nil {
+				return d.wrapErr(op, err)
+			}
+			claimed, err := scanInboxRows(rows, p.Group)
+			if err != nil {
+				return d.wrapErr(op, err)
+			}
+			out = append(out, claimed...)
+			if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ? WHERE group_name = ? AND key = ?`,
+				expires, p.Group, k); err != nil {
+				return d.wrapErr(op, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// RunInTx implements ferrydriver.Inbox: fn runs in a transaction of DB().
+func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	tx, err := d.w.BeginTx(ctx, nil)
+	if err != nil {
+		return d.wrapErr("begin", err)
+	}
+	if err := fn(ctx, tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return d.wrapErr("commit", err)
+	}
+	return nil
+}
+
+// CompleteInboxTx implements ferrydriver.Inbox. tx must be a transaction
+// of DB().
+func (d *Driver) CompleteInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.CompleteInboxParams) error {
+	return d.finish(ctx, tx, p.Group, p.EventID, p.Worker, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
+}
+
+// FailInbox implements ferrydriver.Inbox.
+func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) error {
+	state := ferrydriver.InboxFailed
+	var retry any
+	if p.Dead {
+		state = ferrydriver.InboxDead
+	} else {
+		retry = micros(p.RetryAt)
+	}
+	return d.write(ctx, "record a failed attempt", func(tx *sql.Tx) error {
+		return d.finish(ctx, tx, p.Group, p.EventID, p.Worker, state, p.Error, retry, p.HoldDead)
+	})
+}
+
+// finish moves a claimed row to state, recomputes its key's head and, if
+// the row finished, notes it for the callers awaiting it (told at commit).
+func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, worker string, state ferrydriver.InboxState, lastErr string, retry any, hold bool) error {
+	t := micros(now())
+	var finishedAt any
+	if state == ferrydriver.InboxProcessed || state == ferrydriver.InboxDead {
+		finishedAt = t
+	}
+	var key string
+	err := tx.QueryRowContext(ctx, `
+UPDATE ferry_inbox
+   SET state = ?1, claimed_by = NULL, claim_expires_at = NULL,
+       last_error = CASE WHEN ?1 = 'processed' THEN last_error ELSE ?2 END,
+       next_attempt_at = COALESCE(?3, next_attempt_at), finished_at = ?4
+ WHERE group_name = ?5 AND event_id = ?6 AND claimed_by = ?7 AND state = 'processing' AND claim_expires_at > ?8
+RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), worker, t).Scan(&key)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("ferrysqlite: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	}
+	if err != nil {
+		return d.wrapErr("mark inbox row "+string(state), err)
+	}
+	if err := d.refreshKey(ctx, tx, group, key, hold, t); err != nil {
+		return err
+	}
+	if state.Finished() {
+		d.events.note(settledNote{group: group, id: id, state: state})
+	}
+	return nil
+}
+
+func (d *Driver) policy(ctx context.Context, tx *sql.Tx, group string) (bool, error) {
+	var hold bool
+	err := tx.QueryRowContext(ctx, `SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?`, group).Scan(&hold)
+	if errors.Is(err, sql.ErrNoRows) {
+		return true, nil // Hold unless told otherwise
+	}
+	if err != nil {
+		return false, d.wrapErr("read the dead policy of group "+group, err)
+	}
+	return hold, nil
+}
+
+// SetInboxPolicy implements ferrydriver.Inbox.
+func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error {
+	op := "store the dead policy of group " + p.Group
+	return d.write(ctx, op, func(tx *sql.Tx) error {
+		var old sql.NullBool
+		err := tx.QueryRowContext(ctx, `SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?`, p.Group).Scan(&old)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return d.wrapErr(op, err)
+		}
+		if old.Valid && old.Bool == p.HoldDead {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_inbox_groups (group_name, hold_dead) VALUES (?, ?)
+ON CONFLICT (group_name) DO UPDATE SET hold_dead = excluded.hold_dead`, p.Group, p.HoldDead); err != nil {
+			return d.wrapErr(op, err)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT key FROM ferry_inbox_keys WHERE group_name = ? ORDER BY key`, p.Group)
+		if err != nil {
+			return d.wrapErr("list inbox keys", err)
+		}
+		var keys []string
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return d.wrapErr("list inbox keys", err)
+			}
+			keys = append(keys, k)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return d.wrapErr("list inbox keys", err)
+		}
+		t := micros(now())
+		for _, k := range keys {
+			if err := d.refreshKey(ctx, tx, p.Group, k, p.HoldDead, t); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// placeholders returns "?, ?, ..." for n values.
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+// ListInbox implements ferrydriver.Inbox.
+func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
+	states := p.States
+	if len(states) == 0 {
+		states = []ferrydriver.InboxState{ferrydriver.InboxDead}
+	}
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	q := `SELECT ` + inboxRowColumns + ` FROM ferry_inbox WHERE group_name = ? AND state IN (` + placeholders(len(states)) + `)`
+	args := []any{p.Group}
+	for _, s := range states {
+		args = append(args, string(s))
+	}
+	if p.Key != "" {
+		q += ` AND key = ?`
+		args = append(args, p.Key)
+	}
+	if p.Type != "" {
+		q += ` AND type = ?`
+		args = append(args, p.Type)
+	}
+	if len(p.EventIDs) > 0 {
+		q += ` AND event_id IN (` + placeholders(len(p.EventIDs)) + `)`
+		for _, id := range p.EventIDs {
+			args = append(args, id.String())
+		}
+	}
+	if !p.Since.IsZero() {
+		q += ` AND finished_at >= ?`
+		args = append(args, micros(p.Since))
+	}
+	if !p.Until.IsZero() {
+		q += ` AND finished_at < ?`
+		args = append(args, micros(p.Until))
+	}
+	q += ` ORDER BY finished_at IS NOT NULL, finished_at DESC, received_at DESC LIMIT ?`
+	args = append(args, limit)
+	rows, err := d.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	}
+	out, err := scanInboxRows(rows, p.Group)
+	if err != nil {
+		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	}
+	return out, nil
+}
+
+// RedriveInbox implements ferrydriver.Inbox.
+func (d *Driver) RedriveInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error) {
+	return d.setDeadState(ctx, p, ferrydriver.InboxPending)
+}
+
+// DiscardInbox implements ferrydriver.Inbox.
+func (d *Driver) DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error) {
+	return d.setDeadState(ctx, p, ferrydriver.InboxDiscarded)
+}
+
+// setDeadState moves DEAD rows to state and recomputes their keys' heads
+// under the group's stored policy.
+func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams, state ferrydriver.InboxState) (int, error) {
+	op := "mark dead letters " + string(state)
+	changed := 0
+	err := d.write(ctx, op, func(tx *sql.Tx) error {
+		changed = 0
+		hold, err := d.policy(ctx, tx, p.Group)
+		if err != nil {
+			return err
+		}
+		t := micros(now())
+		keys := map[string]bool{}
+		for _, id := range p.EventIDs {
+			var key string
+			err := tx.QueryRowContext(ctx, `
+UPDATE ferry_inbox
+   SET state = ?1,
+       attempts = CASE WHEN ?1 = 'pending' THEN 0 ELSE attempts END,
+       next_attempt_at = ?2,
+       finished_at = CASE WHEN ?1 = 'discarded' THEN ?2 ELSE finished_at END
+ WHERE group_name = ?3 AND event_id = ?4 AND state = 'dead'
+RETURNING key`, string(state), t, p.Group, id.String()).Scan(&key)
+			if errors.Is(err, sql.ErrNoRows) {
+				continue
+			}
+			if err != nil {
+				return d.wrapErr(op, err)
+			}
+			keys[key] = true
+			changed++
+			if state.Finished() {
+				d.events.note(settledNote{group: p.Group, id: id, state: state})
+			}
+		}
+		for key := range keys {
+			if err := d.refreshKey(ctx, tx, p.Group, key, hold, t); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return changed, nil
+}
+
+// InboxCounts implements ferrydriver.Inbox.
+func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
+	rows, err := d.r.QueryContext(ctx, `SELECT state, count(*) FROM ferry_inbox WHERE group_name = ? AND `+unfinished+` GROUP BY state`, group)
+	if err != nil {
+		return nil, d.wrapErr("count inbox rows of group "+group, err)
+	}
+	defer rows.Close()
+	out := map[ferrydriver.InboxState]int64{}
+	for rows.Next() {
+		var state string
+		var n int64
+		if err := rows.Scan(&state, &n); err != nil {
+			return nil, d.wrapErr("count inbox rows", err)
+		}
+		out[ferrydriver.InboxState(state)] = n
+	}
+	return out, d.wrapErr("count inbox rows", rows.Err())
+}
+
+// DeleteProcessedInbox implements ferrydriver.Inbox.
+func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 5000
+	}
+	var n int64
+	err := d.write(ctx, "delete processed inbox rows of group "+p.Group, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `
+DELETE FROM ferry_inbox WHERE pos IN (
+    SELECT pos FROM ferry_inbox WHERE group_name = ? AND state = 'processed' AND finished_at < ?
+     ORDER BY finished_at LIMIT ?)`, p.Group, micros(now())-p.OlderThan.Microseconds(), limit)
+		if err != nil {
+			return d.wrapErr("delete processed inbox rows of group "+p.Group, err)
+		}
+		n, _ = res.RowsAffected()
+		// Forget keys with nothing left to run or hold; ingestion re-creates
+		// a key's row when it needs one.
+		_, err = tx.ExecContext(ctx, `
+DELETE FROM ferry_inbox_keys WHERE group_name = ?1 AND key IN (
+    SELECT k.key FROM ferry_inbox_keys k
+     WHERE k.group_name = ?1 AND k.runnable_at IS NULL AND k.held_by IS NULL
+       AND NOT EXISTS (SELECT 1 FROM ferry_inbox i WHERE i.group_name = k.group_name AND i.key = k.key AND i.`+unfinished+`)
+     LIMIT ?2)`, p.Group, limit)
+		return d.wrapErr("delete idle inbox keys of group "+p.Group, err)
+	})
+	return n, err
+}
+
+// InboxStates implements ferrydriver.Settler.
+func (d *Driver) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
+	out := make(map[uuid.UUID]*ferrydriver.InboxRow, len(p.EventIDs))
+	for start := 0; start < len(p.EventIDs); start += 500 {
+		chunk := p.EventIDs[start:min(start+500, len(p.EventIDs))]
+		args := []any{p.Group}
+		for _, id := range chunk {
+			args = append(args, id.String())
+		}
+		rows, err := d.r.QueryContext(ctx, `SELECT `+inboxRowColumns+` FROM ferry_inbox WHERE group_name = ? AND event_id IN (`+placeholders(len(chunk))+`)`, args...)
+		if err != nil {
+			return nil, d.wrapErr("read inbox states of group "+p.Group, err)
+		}
+		got, err := scanInboxRows(rows, p.Group)
+		if err != nil {
+			return nil, d.wrapErr("read inbox states of group "+p.Group, err)
+		}
+		for _, row := range got {
+			out[row.Event.ID] = row
+		}
+	}
+	return out, nil
+}
+
+// AwaitSettled implements ferrydriver.Settler. It subscribes to this
+// driver's commits, reads the events' states once, and then waits: a
+// commit through this driver that finishes one of the events wakes it at
+// once. Events finished by another process sharing the file are seen
+// within a second (SQLite cannot tell another process of a commit).
+func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
+	sub, unsubscribe := d.events.subscribe(p.Group, p.EventIDs)
+	defer unsubscribe()
+	ids := &ferrydriver.InboxIDsParams{Group: p.Group, EventIDs: p.EventIDs}
+	states, err := d.InboxStates(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	pending := map[uuid.UUID]bool{}
+	update := func(fresh map[uuid.UUID]*ferrydriver.InboxRow) {
+		for id := range pending {
+			if row, ok := fresh[id]; ok {
+				states[id] = row
+				if row.State.Finished() {
+					delete(pending, id)
+				}
+			}
+		}
+	}
+	for _, id := range p.EventIDs {
+		pending[id] = true
+	}
+	update(states)
+	timer := time.NewTimer(time.Until(p.Deadline))
+	defer timer.Stop()
+	fallback := time.NewTicker(settleFallback)
+	defer fallback.Stop()
+	for len(pending) > 0 {
+		var reread []uuid.UUID
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+			return states, nil // the deadline: what is left is pending
+		case n := <-sub.notes:
+			if !pending[n.id] {
+				continue
+			}
+			if n.state == ferrydriver.InboxProcessed && states[n.id] != nil {
+				states[n.id].State = n.state
+				delete(pending, n.id)
+				continue
+			}
+			reread = []uuid.UUID{n.id} // read it for the reason
+		case <-sub.dirty:
+			reread = p.EventIDs
+		case <-fallback.C:
+			for id := range pending {
+				reread = append(reread, id)
+			}
+		}
+		fresh, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: p.Group, EventIDs: reread})
+		if err != nil {
+			return nil, err
+		}
+		update(fresh)
+	}
+	return states, nil
+}
+
+var _ ferrydriver.Inbox[*sql.Tx] = (*Driver)(nil)

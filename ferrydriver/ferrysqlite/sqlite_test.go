@@ -1,0 +1,120 @@
+package ferrysqlite_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/stretchr/testify/require"
+)
+
+func appendOne(ctx context.Context, t *testing.T, drv *ferrysqlite.Driver, key, payload string) *ferryevent.Event {
+	t.Helper()
+	ev := ferrydrivertest.Event("t", key, payload)
+	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ev}}))
+	return ev
+}
+
+// A second handle on the file stands in for another process: its commits
+// cannot signal this driver, and the waiting feed must still see them
+// promptly (PRAGMA data_version), not after the whole wait.
+func TestFeedSeesOtherHandlesCommits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "shared.db")
+	a, err := ferrysqlite.Open(path, nil)
+	require.NoError(t, err)
+	defer a.Close()
+	_, err = a.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	b, err := ferrysqlite.Open(path, nil)
+	require.NoError(t, err)
+	defer b.Close()
+
+	f, err := a.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "x/0"})
+	require.NoError(t, err)
+	defer f.Close()
+	got := make(chan *ferrydriver.Batch, 1)
+	go func() {
+		batch, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 20 * time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- batch
+	}()
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	ev := appendOne(ctx, t, b, "k", "from the other handle")
+	select {
+	case batch := <-got:
+		require.Len(t, batch.Events, 1)
+		require.Equal(t, ev.ID, batch.Events[0].ID)
+		t.Logf("seen %v after the other handle's commit", time.Since(start))
+	case <-time.After(10 * time.Second):
+		t.Fatal("a commit through another handle did not wake a feed waiting for 20 s")
+	}
+}
+
+// Retention may delete every row; ids must not be reused afterwards, or a
+// feed positioned past them would skip new events.
+func TestIDsAreNotReusedAfterRetention(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv := newDriver(t)
+	for i := range 5 {
+		appendOne(ctx, t, drv, "k", string(rune('a'+i)))
+	}
+	r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
+	require.Len(t, r.ReadQuiet(ctx), 5)
+	n, err := drv.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: "test/0", Cursor: r.Last, Limit: 100})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n)
+	ev := appendOne(ctx, t, drv, "k", "after")
+	got := ferrydrivertest.OpenReader(ctx, t, drv, r.Last).ReadQuiet(ctx)
+	require.Len(t, got, 1)
+	require.Equal(t, ev.ID, got[0].ID)
+	require.EqualValues(t, 6, got[0].Seq)
+}
+
+func TestMissingSchemaSaysWhatToDo(t *testing.T) {
+	drv, err := ferrysqlite.Open(filepath.Join(t.TempDir(), "empty.db"), nil)
+	require.NoError(t, err)
+	defer drv.Close()
+	err = drv.Append(context.Background(), &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}})
+	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
+	require.Contains(t, err.Error(), "ferry migrate up")
+}
+
+func TestForeignCursorIsRejected(t *testing.T) {
+	drv := newDriver(t)
+	_, err := drv.OpenFeed(context.Background(), &ferrydriver.OpenFeedParams{Feed: "x/0", Cursor: []byte("not json")})
+	require.ErrorContains(t, err, "not a SQLite feed cursor")
+}
+
+func TestMigrateDownAndUp(t *testing.T) {
+	ctx := context.Background()
+	drv := newDriver(t)
+	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true, Steps: 2})
+	require.NoError(t, err)
+	require.Len(t, res.Applied, 2)
+	require.Zero(t, res.Current)
+	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{DryRun: true})
+	require.NoError(t, err)
+	require.Len(t, res.Applied, 2)
+	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Current)
+	appendOne(ctx, t, drv, "k", "works")
+}
+
+func TestOpenRejectsBadInput(t *testing.T) {
+	_, err := ferrysqlite.Open(filepath.Join(t.TempDir(), "no", "such", "dir", "x.db"), nil)
+	require.ErrorContains(t, err, "create it first")
+	_, err = ferrysqlite.Open(filepath.Join(t.TempDir(), "x.db"), &ferrysqlite.Config{Synchronous: "sometimes"})
+	require.ErrorContains(t, err, "use FULL, NORMAL or EXTRA")
+}

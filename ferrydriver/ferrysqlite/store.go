@@ -1,0 +1,296 @@
+package ferrysqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+)
+
+// LoadCheckpoint implements ferrydriver.Store.
+func (d *Driver) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
+	cp := &ferrydriver.Checkpoint{Feed: p.Feed}
+	var updated int64
+	err := d.r.QueryRowContext(ctx, `SELECT cursor, term, updated_at FROM ferry_checkpoints WHERE feed = ?`, p.Feed).
+		Scan(&cp.Cursor, &cp.Term, &updated)
+	if errors.Is(err, sql.ErrNoRows) {
+		return cp, nil
+	}
+	if err != nil {
+		return nil, d.wrapErr("load checkpoint of "+p.Feed, err)
+	}
+	cp.UpdatedAt = fromMicros(updated)
+	return cp, nil
+}
+
+// holds reports whether holder holds the lease name at term, in tx.
+func holds(ctx context.Context, tx *sql.Tx, name, holder string, term int64, at time.Time) (bool, error) {
+	var one int
+	err := tx.QueryRowContext(ctx, `SELECT 1 FROM ferry_leases WHERE name = ? AND holder = ? AND term = ? AND expires_at > ?`,
+		name, holder, term, micros(at)).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// SaveCheckpoint implements ferrydriver.Store.
+func (d *Driver) SaveCheckpoint(ctx context.Context, p *ferrydriver.SaveCheckpointParams) error {
+	return d.write(ctx, "save checkpoint of "+p.Feed, func(tx *sql.Tx) error {
+		t := now()
+		ok, err := holds(ctx, tx, p.Feed, p.Holder, p.Term, t)
+		if err != nil {
+			return d.wrapErr("save checkpoint of "+p.Feed, err)
+		}
+		if !ok {
+			return fmt.Errorf("ferrysqlite: save checkpoint of %s at term %d: %w", p.Feed, p.Term, ferrydriver.ErrLeaseLost)
+		}
+		_, err = tx.ExecContext(ctx, `
+INSERT INTO ferry_checkpoints (feed, partition, cursor, term, updated_at) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (feed) DO UPDATE SET cursor = excluded.cursor, term = excluded.term, updated_at = excluded.updated_at`,
+			p.Feed, p.Partition, p.Cursor, p.Term, micros(t))
+		return d.wrapErr("save checkpoint of "+p.Feed, err)
+	})
+}
+
+func (d *Driver) readLease(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, name string, at time.Time) (*ferrydriver.Lease, error) {
+	l := &ferrydriver.Lease{Name: name, Now: at}
+	var expires int64
+	err := q.QueryRowContext(ctx, `SELECT holder, term, expires_at FROM ferry_leases WHERE name = ?`, name).Scan(&l.Holder, &l.Term, &expires)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("ferrysqlite: lease %s: %w", name, ferrydriver.ErrNotFound)
+	}
+	if err != nil {
+		return nil, d.wrapErr("read lease "+name, err)
+	}
+	l.ExpiresAt = fromMicros(expires)
+	return l, nil
+}
+
+// AcquireLease implements ferrydriver.Store.
+func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
+	var out *ferrydriver.Lease
+	err := d.write(ctx, "acquire lease "+p.Name, func(tx *sql.Tx) error {
+		t := now()
+		_, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_leases (name, holder, term, expires_at) VALUES (?1, ?2, 1, ?3 + ?4)
+ON CONFLICT (name) DO UPDATE SET
+    term = CASE WHEN holder = excluded.holder AND expires_at > ?3 THEN term ELSE term + 1 END,
+    holder = excluded.holder,
+    expires_at = excluded.expires_at
+ WHERE holder = excluded.holder OR expires_at <= ?3`, p.Name, p.Holder, micros(t), p.TTL.Microseconds())
+		if err != nil {
+			return d.wrapErr("acquire lease "+p.Name, err)
+		}
+		out, err = d.readLease(ctx, tx, p.Name, t)
+		return err
+	})
+	return out, err
+}
+
+// RenewLease implements ferrydriver.Store.
+func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error) {
+	var out *ferrydriver.Lease
+	err := d.write(ctx, "renew lease "+p.Name, func(tx *sql.Tx) error {
+		t := now()
+		res, err := tx.ExecContext(ctx, `UPDATE ferry_leases SET expires_at = ? WHERE name = ? AND holder = ? AND term = ? AND expires_at > ?`,
+			micros(t)+p.TTL.Microseconds(), p.Name, p.Holder, p.Term, micros(t))
+		if err != nil {
+			return d.wrapErr("renew lease "+p.Name, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("ferrysqlite: renew lease %s at term %d: %w", p.Name, p.Term, ferrydriver.ErrLeaseLost)
+		}
+		out, err = d.readLease(ctx, tx, p.Name, t)
+		return err
+	})
+	return out, err
+}
+
+// ReleaseLease implements ferrydriver.Store.
+func (d *Driver) ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error {
+	return d.write(ctx, "release lease "+p.Name, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE ferry_leases SET expires_at = ? WHERE name = ? AND holder = ? AND term = ?`,
+			micros(now())-1, p.Name, p.Holder, p.Term)
+		return d.wrapErr("release lease "+p.Name, err)
+	})
+}
+
+// GetLease implements ferrydriver.Store.
+func (d *Driver) GetLease(ctx context.Context, name string) (*ferrydriver.Lease, error) {
+	return d.readLease(ctx, d.r, name, now())
+}
+
+// InsertDeadLetters implements ferrydriver.Store.
+func (d *Driver) InsertDeadLetters(ctx context.Context, p *ferrydriver.InsertDeadLettersParams) error {
+	return d.write(ctx, "insert dead letters of "+p.Feed, func(tx *sql.Tx) error {
+		t := now()
+		ok, err := holds(ctx, tx, p.Feed, p.Holder, p.Term, t)
+		if err != nil {
+			return d.wrapErr("insert dead letters of "+p.Feed, err)
+		}
+		if !ok {
+			return fmt.Errorf("ferrysqlite: insert dead letters of %s at term %d: %w", p.Feed, p.Term, ferrydriver.ErrLeaseLost)
+		}
+		for _, dl := range p.DeadLetters {
+			ev := &dl.Event
+			c, err := encodeEvent(ev)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_dead_letters (feed, event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, reason, failed_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (feed, event_id) DO NOTHING`,
+				p.Feed, c.id, ev.Topic, ev.Key, ev.Seq, ev.Type, ev.Source, ev.ContentType, c.headers, c.payload, micros(ev.CreatedAt), dl.Reason, micros(t)); err != nil {
+				return d.wrapErr("insert dead letters of "+p.Feed, err)
+			}
+		}
+		return nil
+	})
+}
+
+const deadLetterColumns = `feed, event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, reason, failed_at`
+
+func (d *Driver) scanDeadLetters(rows *sql.Rows) ([]*ferrydriver.DeadLetter, error) {
+	defer rows.Close()
+	var out []*ferrydriver.DeadLetter
+	for rows.Next() {
+		dl := &ferrydriver.DeadLetter{}
+		ev := &dl.Event
+		var id string
+		var headers sql.NullString
+		var created, failed int64
+		if err := rows.Scan(&dl.Feed, &id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &dl.Reason, &failed); err != nil {
+			return nil, err
+		}
+		// A dead letter is shown even if it is malformed: it may be here
+		// precisely because it was.
+		_ = ev.ID.UnmarshalText([]byte(id))
+		_ = decodeHeaders(ev, headers)
+		ev.CreatedAt, dl.FailedAt = fromMicros(created), fromMicros(failed)
+		out = append(out, dl)
+	}
+	return out, rows.Err()
+}
+
+// ListDeadLetters implements ferrydriver.Store.
+func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
+ WHERE (?1 = '' OR feed = ?1) AND (?2 = '' OR key = ?2) AND (?3 = '' OR type = ?3) AND (?4 = '' OR topic = ?4)
+   AND (?5 IS NULL OR failed_at >= ?5) AND (?6 IS NULL OR failed_at < ?6)
+ ORDER BY failed_at DESC, event_id LIMIT ?7`, p.Feed, p.Key, p.Type, p.Topic, nullMicros(p.Since), nullMicros(p.Until), limit)
+	if err != nil {
+		return nil, d.wrapErr("list dead letters", err)
+	}
+	out, err := d.scanDeadLetters(rows)
+	return out, d.wrapErr("list dead letters", err)
+}
+
+// GetDeadLetter implements ferrydriver.Store.
+func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
+	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
+ WHERE (?1 = '' OR feed = ?1) AND event_id = ?2 ORDER BY failed_at DESC LIMIT 1`, p.Feed, p.EventID.String())
+	if err != nil {
+		return nil, d.wrapErr("read dead letter", err)
+	}
+	out, err := d.scanDeadLetters(rows)
+	if err != nil {
+		return nil, d.wrapErr("read dead letter", err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("ferrysqlite: dead letter %s: %w", p.EventID, ferrydriver.ErrNotFound)
+	}
+	return out[0], nil
+}
+
+// DeleteDelivered implements ferrydriver.Store: it removes events at or
+// below every feed's position (the saved checkpoints of the partition and
+// p.Cursor), older than p.OlderThan, oldest first.
+func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
+	var n int64
+	err := d.write(ctx, "delete delivered events", func(tx *sql.Tx) error {
+		low, err := decodeCursor(p.Cursor)
+		if err != nil {
+			return err
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT cursor FROM ferry_checkpoints WHERE partition = ? AND cursor IS NOT NULL`, p.Partition)
+		if err != nil {
+			return d.wrapErr("read the checkpoints of partition "+strconv.Itoa(p.Partition), err)
+		}
+		for rows.Next() {
+			var b []byte
+			if err := rows.Scan(&b); err != nil {
+				rows.Close()
+				return d.wrapErr("read checkpoints", err)
+			}
+			c, err := decodeCursor(b)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			low.After = min(low.After, c.After)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return d.wrapErr("read checkpoints", err)
+		}
+		if low.After <= 0 {
+			return nil
+		}
+		limit := p.Limit
+		if limit <= 0 {
+			limit = 10000
+		}
+		res, err := tx.ExecContext(ctx, `
+DELETE FROM ferry_outbox WHERE id IN (
+    SELECT id FROM ferry_outbox WHERE partition = ? AND id <= ? ORDER BY id LIMIT ?)
+  AND created_at < ?`, p.Partition, low.After, limit, micros(now())-p.OlderThan.Microseconds())
+		if err != nil {
+			return d.wrapErr("delete delivered events", err)
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	return n, err
+}
+
+// FeedStatus implements ferrydriver.Store.
+func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
+	st := &ferrydriver.FeedStatus{Feed: p.Feed, Now: now()}
+	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	if err != nil {
+		return nil, err
+	}
+	st.Checkpoint = cp
+	if l, err := d.GetLease(ctx, p.Feed); err == nil {
+		st.Lease = l
+	} else if !errors.Is(err, ferrydriver.ErrNotFound) {
+		return nil, err
+	}
+	pos, err := decodeCursor(cp.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	var oldest sql.NullInt64
+	if err := d.r.QueryRowContext(ctx, `SELECT count(*), min(created_at) FROM ferry_outbox WHERE partition = ? AND id > ?`,
+		p.Partition, pos.After).Scan(&st.LagEvents, &oldest); err != nil {
+		return nil, d.wrapErr("measure lag of "+p.Feed, err)
+	}
+	if oldest.Valid {
+		st.OldestPending = fromMicros(oldest.Int64)
+	}
+	if err := d.r.QueryRowContext(ctx, `SELECT count(*) FROM ferry_dead_letters WHERE feed = ?`, p.Feed).Scan(&st.DeadLetters); err != nil {
+		return nil, d.wrapErr("count dead letters of "+p.Feed, err)
+	}
+	return st, nil
+}
