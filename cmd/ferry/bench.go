@@ -69,7 +69,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	schema := fmt.Sprintf("ferrybench_%d", time.Now().UnixNano()%1e9)
 	db.schema = schema
-	pool, drv, err := db.open(ctx)
+	pool, drv, err := db.openPG(ctx)
 	if err != nil {
 		return err
 	}

@@ -64,20 +64,16 @@ func cmdEmit(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if count < 1 {
 		return usagef("--count %d: use 1 or more", count)
 	}
-	pool, drv, err := db.open(ctx)
+	b, err := db.open(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	client, err := ferry.NewClient(drv, nil)
-	if err != nil {
-		return err
-	}
+	defer b.close()
 	events := make([]*ferry.Event, count)
 	for i := range events {
 		events[i] = &ferry.Event{Topic: topic, Key: key, Type: typ, Source: source, ContentType: contentType, Headers: headers, Payload: payload}
 	}
-	if err := client.Emit(ctx, events...); err != nil {
+	if err := b.emit(ctx, events...); err != nil {
 		var ve *ferry.ValidationError
 		if errors.As(err, &ve) {
 			flagOf := map[string]string{"Topic": "--topic", "Key": "--key", "Type": "--type", "Payload": "--data", "Headers": "--header", "Source": "--source", "ContentType": "--content-type"}

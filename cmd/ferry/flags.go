@@ -6,10 +6,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -95,6 +100,17 @@ func (f *envFlags) Parse(args []string) error {
 	return nil
 }
 
+// isSet reports whether the flag was given on the command line.
+func (f *envFlags) isSet(name string) bool {
+	set := false
+	f.fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == name {
+			set = true
+		}
+	})
+	return set
+}
+
 // Args returns the positional arguments.
 func (f *envFlags) Args() []string { return f.positional }
 
@@ -104,19 +120,115 @@ type dbFlags struct {
 	schema     string
 	partitions int
 	noNotify   bool
+	dataDir    string
 }
 
 func (d *dbFlags) register(f *envFlags) {
-	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@localhost:5432/app")
-	f.String(&d.schema, "schema", "FERRY_SCHEMA", ferrypg.DefaultSchema, "schema holding Ferry's tables")
+	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", "",
+		"postgres://user@host:5432/app, or sqlite:path/to/file.db (default: the embedded database, <data-dir>/ferry.db, when it exists)")
+	f.String(&d.schema, "schema", "FERRY_SCHEMA", ferrypg.DefaultSchema, "PostgreSQL schema holding Ferry's tables")
 	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", 1, "number of outbox partitions (same for every producer and relay)")
-	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", false, "do not use LISTEN/NOTIFY: producers send no wake-ups, relays only poll")
+	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", false, "PostgreSQL: do not use LISTEN/NOTIFY: producers send no wake-ups, relays only poll")
+	f.String(&d.dataDir, "data-dir", "FERRY_DATA_DIR", "ferry-data", "directory of the embedded defaults: SQLite database ferry.db and the NATS store")
 }
 
-// open connects and returns the pool and the driver.
-func (d *dbFlags) open(ctx context.Context) (*pgxpool.Pool, *ferrypg.Driver[pgx.Tx], error) {
+// sqlitePath returns the file of a sqlite: URL.
+func sqlitePath(u string) (string, bool) {
+	for _, prefix := range []string{"sqlite://", "sqlite:"} {
+		if rest, ok := strings.CutPrefix(u, prefix); ok {
+			return rest, true
+		}
+	}
+	return "", false
+}
+
+// embeddedDB is the default SQLite database file.
+func (d *dbFlags) embeddedDB() string { return filepath.Join(d.dataDir, "ferry.db") }
+
+// backend is an open database of either kind, with what the commands need.
+type backend struct {
+	name   string // "postgres" or "sqlite"
+	label  string // "schema ferry" or "database ferry-data/ferry.db", for messages
+	store  ferrydriver.Store
+	inbox  inboxAdmin
+	emit   func(ctx context.Context, events ...*ferry.Event) error
+	ping   func(ctx context.Context) error
+	close  func()
+	sqlite *ferrysqlite.Driver // set for SQLite
+}
+
+// inboxAdmin is what operators do with consumer dead letters.
+type inboxAdmin interface {
+	ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error)
+	RedriveInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error)
+	DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error)
+}
+
+func emitter[TTx any](drv ferrydriver.Driver[TTx]) (func(ctx context.Context, events ...*ferry.Event) error, error) {
+	c, err := ferry.NewClient(drv, nil)
+	if err != nil {
+		return nil, err
+	}
+	return c.Emit, nil
+}
+
+// open opens the database named by --database-url. Without one it opens
+// the embedded SQLite database in --data-dir: always when create is set
+// (creating the directory), otherwise only if it exists.
+func (d *dbFlags) open(ctx context.Context, create bool) (*backend, error) {
+	path, isSQLite := sqlitePath(d.url)
+	if d.url == "" {
+		path, isSQLite = d.embeddedDB(), true
+		if create {
+			if err := os.MkdirAll(d.dataDir, 0o750); err != nil {
+				return nil, fmt.Errorf("create --data-dir / FERRY_DATA_DIR %s: %w", d.dataDir, err)
+			}
+		} else if _, err := os.Stat(path); err != nil {
+			return nil, usagef("no database: set --database-url or FERRY_DATABASE_URL (postgres://user@localhost:5432/app or sqlite:app.db); "+
+				"the embedded default %s does not exist (`ferry run` creates it, in --data-dir)", path)
+		}
+	}
+	if isSQLite {
+		if path == "" {
+			return nil, usagef("--database-url %q names no file: use sqlite:path/to/file.db", d.url)
+		}
+		drv, err := ferrysqlite.Open(path, &ferrysqlite.Config{Partitions: d.partitions})
+		if err != nil {
+			return nil, err
+		}
+		emit, err := emitter(drv)
+		if err != nil {
+			_ = drv.Close()
+			return nil, err
+		}
+		return &backend{
+			name: "sqlite", label: "database " + path, store: drv, inbox: drv, emit: emit,
+			ping:  func(ctx context.Context) error { return drv.DB().PingContext(ctx) },
+			close: func() { _ = drv.Close() }, sqlite: drv,
+		}, nil
+	}
+	pool, drv, err := d.openPG(ctx)
+	if err != nil {
+		return nil, err
+	}
+	emit, err := emitter(drv)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &backend{
+		name: "postgres", label: "schema " + d.schema, store: drv, inbox: drv, emit: emit,
+		ping: pool.Ping, close: pool.Close,
+	}, nil
+}
+
+// openPG connects to PostgreSQL and returns the pool and the driver.
+func (d *dbFlags) openPG(ctx context.Context) (*pgxpool.Pool, *ferrypg.Driver[pgx.Tx], error) {
 	if d.url == "" {
 		return nil, nil, usagef("no database: set --database-url or FERRY_DATABASE_URL, e.g. postgres://user@localhost:5432/app")
+	}
+	if _, ok := sqlitePath(d.url); ok {
+		return nil, nil, usagef("this command needs PostgreSQL; --database-url %s is SQLite", d.url)
 	}
 	cfg, err := pgxpool.ParseConfig(d.url)
 	if err != nil {

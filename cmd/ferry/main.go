@@ -1,6 +1,8 @@
 // Command ferry runs and operates Ferry: the relay daemon, schema
 // migrations, status and dead letters.
 //
+//	ferry demo     see Ferry work end to end, nothing to install
+//	ferry run      the daemon: relays for every partition, embedded defaults
 //	ferry relay    tail the outbox and publish to NATS JetStream
 //	ferry migrate  up | down | sql: create, revert or print the schema
 //	ferry status   checkpoint, lag, lease holder and dead letters
@@ -27,7 +29,10 @@ import (
 const usage = `ferry moves events from your database's outbox to your broker.
 
 Usage:
-  ferry relay   [flags]              tail the outbox, publish to NATS JetStream
+  ferry demo    [flags]              see Ferry work end to end on the embedded defaults (--crash: with crashes)
+  ferry run     [--config ferry.yaml] the daemon: relays into NATS JetStream; with no database or
+                                     NATS configured, embedded SQLite and JetStream in ./ferry-data
+  ferry relay   [flags]              one relay for one partition of a given database and NATS server
   ferry migrate up|down|sql [flags]  apply, revert or print the schema migrations
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json)
   ferry dlq list|show [flags]        relay dead letters
@@ -53,6 +58,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var err error
 	switch args[0] {
+	case "demo":
+		err = cmdDemo(ctx, args[1:], stdout, stderr)
+	case "run":
+		err = cmdRun(ctx, args[1:], stdout, stderr)
 	case "relay":
 		err = cmdRelay(ctx, args[1:], stdout, stderr)
 	case "migrate":

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
 )
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -31,9 +32,14 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if action == "sql" {
 		// No database needed: print the schema for the given name.
-		ms, err := ferrypg.Migrations(db.schema)
-		if err != nil {
-			return usagef("%v (set by --schema / FERRY_SCHEMA)", err)
+		var ms []ferrydriver.Migration
+		if _, ok := sqlitePath(db.url); ok {
+			ms = ferrysqlite.Migrations()
+		} else {
+			var err error
+			if ms, err = ferrypg.Migrations(db.schema); err != nil {
+				return usagef("%v (set by --schema / FERRY_SCHEMA)", err)
+			}
 		}
 		if down {
 			for i := len(ms) - 1; i >= 0; i-- {
@@ -46,12 +52,12 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		return nil
 	}
-	pool, drv, err := db.open(ctx)
+	b, err := db.open(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: action == "down", Steps: steps, DryRun: dry})
+	defer b.close()
+	res, err := b.store.Migrate(ctx, &ferrydriver.MigrateParams{Down: action == "down", Steps: steps, DryRun: dry})
 	if err != nil {
 		return err
 	}
@@ -60,13 +66,13 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		verb = "would have " + verb
 	}
 	if len(res.Applied) == 0 {
-		fmt.Fprintf(stdout, "schema %s is at version %d; nothing to do\n", db.schema, res.Current)
+		fmt.Fprintf(stdout, "%s is at version %d; nothing to do\n", b.label, res.Current)
 		return nil
 	}
 	for _, m := range res.Applied {
 		fmt.Fprintf(stdout, "%s %03d_%s\n", verb, m.Version, m.Name)
 	}
-	fmt.Fprintf(stdout, "schema %s is at version %d\n", db.schema, res.Current)
+	fmt.Fprintf(stdout, "%s is at version %d\n", b.label, res.Current)
 	return nil
 }
 

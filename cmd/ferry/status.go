@@ -43,11 +43,12 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := f.Parse(args); err != nil {
 		return err
 	}
-	pool, drv, err := db.open(ctx)
+	b, err := db.open(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer b.close()
+	drv := b.store
 	var out []statusJSON
 	for p := range db.partitions {
 		name := feed + "/" + strconv.Itoa(p)
@@ -151,13 +152,14 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if group == "" && (action == "redrive" || action == "discard") {
 		return usagef("%s works on a consumer group's dead letters: add --group <name>", action)
 	}
-	pool, drv, err := db.open(ctx)
+	b, err := db.open(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer b.close()
+	drv := b.inbox
 	if group == "" {
-		return relayDLQ(ctx, stdout, drv, action, feed, ids, &ferrydriver.ListDeadLettersParams{Feed: feed, Key: key, Type: typ, Topic: topic, Since: sinceT, Until: untilT, Limit: limit}, asJSON)
+		return relayDLQ(ctx, stdout, b.store, action, feed, ids, &ferrydriver.ListDeadLettersParams{Feed: feed, Key: key, Type: typ, Topic: topic, Since: sinceT, Until: untilT, Limit: limit}, asJSON)
 	}
 	p := &ferrydriver.ListInboxParams{Group: group, Key: key, Type: typ, EventIDs: ids, Since: sinceT, Until: untilT, Limit: limit}
 	if action == "show" {

@@ -46,6 +46,46 @@ type notifyConn struct {
 	inner  driver.Conn
 	events *commitEvents
 	inTx   bool
+	// stmts caches prepared statements by query text: SQLite parses and
+	// plans a statement each time it is prepared, which costs more than
+	// running the small statements Ferry uses.
+	stmts map[string]*cachedStmt
+}
+
+type cachedStmt struct {
+	st   driver.Stmt
+	busy bool // its rows are open
+}
+
+// maxCachedStmts bounds the cache of one connection.
+const maxCachedStmts = 256
+
+// stmt returns a prepared statement for query and a function to call when
+// the caller is done with it (rows closed, exec returned).
+func (c *notifyConn) stmt(ctx context.Context, query string) (driver.Stmt, func(), error) {
+	if cs, ok := c.stmts[query]; ok && !cs.busy {
+		cs.busy = true
+		return cs.st, func() { cs.busy = false }, nil
+	}
+	ic, err := c.full()
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := ic.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, ok := c.stmts[query]; !ok && len(c.stmts) < maxCachedStmts {
+		if c.stmts == nil {
+			c.stmts = map[string]*cachedStmt{}
+		}
+		cs := &cachedStmt{st: st, busy: true}
+		c.stmts[query] = cs
+		return st, func() { cs.busy = false }, nil
+	}
+	// In use already (a query inside the loop over its own rows), or the
+	// cache is full: a statement for this call only.
+	return st, func() { _ = st.Close() }, nil
 }
 
 var errNotSupported = errors.New("ferrysqlite: the sqlite connection lacks a method database/sql needs")
@@ -59,7 +99,13 @@ func (c *notifyConn) full() (innerConn, error) {
 }
 
 func (c *notifyConn) Prepare(query string) (driver.Stmt, error) { return c.inner.Prepare(query) }
-func (c *notifyConn) Close() error                              { return c.inner.Close() }
+func (c *notifyConn) Close() error {
+	for _, cs := range c.stmts {
+		_ = cs.st.Close()
+	}
+	c.stmts = nil
+	return c.inner.Close()
+}
 
 func (c *notifyConn) Begin() (driver.Tx, error) {
 	return c.BeginTx(context.Background(), driver.TxOptions{})
@@ -87,11 +133,12 @@ func (c *notifyConn) PrepareContext(ctx context.Context, query string) (driver.S
 }
 
 func (c *notifyConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	ic, err := c.full()
+	st, done, err := c.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	res, err := ic.ExecContext(ctx, query, args)
+	res, err := st.(driver.StmtExecContext).ExecContext(ctx, args)
+	done()
 	if err == nil && !c.inTx {
 		c.events.committed() // an autocommit statement
 	}
@@ -99,11 +146,31 @@ func (c *notifyConn) ExecContext(ctx context.Context, query string, args []drive
 }
 
 func (c *notifyConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	ic, err := c.full()
+	st, done, err := c.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	return ic.QueryContext(ctx, query, args)
+	rows, err := st.(driver.StmtQueryContext).QueryContext(ctx, args)
+	if err != nil {
+		done()
+		return nil, err
+	}
+	return &releasingRows{Rows: rows, done: done}, nil
+}
+
+// releasingRows gives its statement back to the cache when closed.
+type releasingRows struct {
+	driver.Rows
+	done func()
+}
+
+func (r *releasingRows) Close() error {
+	err := r.Rows.Close()
+	if r.done != nil {
+		r.done()
+		r.done = nil
+	}
+	return err
 }
 
 func (c *notifyConn) Ping(ctx context.Context) error {

@@ -134,6 +134,11 @@ func Open(path string, cfg *Config) (*Driver, error) {
 // wait for the transaction to end, forever.
 func (d *Driver) DB() *sql.DB { return d.w }
 
+// ReadDB returns the read handle: query_only connections that read
+// committed data while a write transaction runs, for the application's
+// reads outside transactions.
+func (d *Driver) ReadDB() *sql.DB { return d.r }
+
 // Path is the database file.
 func (d *Driver) Path() string { return d.path }
 

@@ -135,7 +135,7 @@ SELECT event_id, state, next_attempt_at, claim_expires_at FROM ferry_inbox
 	}
 	err = tx.QueryRowContext(ctx, `
 SELECT max(claim_expires_at) FROM ferry_inbox
- WHERE group_name = ? AND key = ? AND `+unfinished+` AND state = 'processing' AND claim_expires_at > ? AND event_id <> ?`,
+ WHERE group_name = ? AND key = ? AND state = 'processing' AND claim_expires_at > ? AND event_id <> ?`,
 		group, key, t, h.id).Scan(&h.busyUntil)
 	if err != nil {
 		return nil, d.wrapErr("read the running rows of inbox key "+key, err)

@@ -30,6 +30,8 @@ CREATE TABLE ferry_inbox (
 -- A key's unfinished rows in order: its head is the first.
 CREATE INDEX ferry_inbox_unfinished_idx ON ferry_inbox (group_name, key, pos)
     WHERE state IN ('pending', 'processing', 'failed', 'dead');
+-- A key's running rows: claims must never run two rows of a key at once.
+CREATE INDEX ferry_inbox_processing_idx ON ferry_inbox (group_name, key) WHERE state = 'processing';
 CREATE INDEX ferry_inbox_processed_idx ON ferry_inbox (group_name, finished_at) WHERE state = 'processed';
 CREATE INDEX ferry_inbox_dead_idx ON ferry_inbox (group_name, finished_at) WHERE state = 'dead';
 

@@ -1,0 +1,795 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// `ferry demo`: an online shop in one process. Producers create orders and
+// emit an OrderPlaced event in the same SQLite transaction; the relay
+// publishes the outbox to an embedded NATS JetStream; a consumer group
+// reads the stream into its inbox and keeps a per-customer projection,
+// each event's effect in the same transaction as its inbox completion. At
+// the end every claim is checked against the data itself.
+
+const (
+	demoStream = "FERRY_DEMO"
+	demoPrefix = "demo"
+	demoGroup  = "projection"
+)
+
+type demoConfig struct {
+	dir       string // empty: a temporary directory, removed afterwards
+	keep      bool
+	events    int
+	keys      int
+	rate      int // events per second over all producers; 0: as fast as possible
+	producers int
+	crash     bool
+	seed      uint64
+	out       io.Writer
+	tty       bool // redraw one progress line instead of printing lines
+	interval  time.Duration
+}
+
+func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("demo", stderr)
+	cfg := demoConfig{out: stdout}
+	var seed int
+	f.String(&cfg.dir, "dir", "FERRY_DEMO_DIR", "", "data directory (default: a temporary one, removed at the end)")
+	f.Bool(&cfg.keep, "keep", "FERRY_DEMO_KEEP", false, "keep the temporary data directory to look at it afterwards")
+	f.Int(&cfg.events, "events", "FERRY_DEMO_EVENTS", 20000, "orders to create, one event each")
+	f.Int(&cfg.keys, "keys", "FERRY_DEMO_KEYS", 500, "customers; each customer's events must apply in order")
+	f.Int(&cfg.rate, "rate", "FERRY_DEMO_RATE", 0, "orders per second over all producers (0: as fast as possible; 2000 with --crash)")
+	f.Int(&cfg.producers, "producers", "FERRY_DEMO_PRODUCERS", 4, "concurrent producers")
+	f.Bool(&cfg.crash, "crash", "FERRY_DEMO_CRASH", false, "crash the relay and the consumer at random moments while orders flow, and restart them")
+	f.Int(&seed, "seed", "FERRY_DEMO_SEED", 0, "random seed (0: random)")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case cfg.events < 1:
+		return usagef("--events %d: use 1 or more", cfg.events)
+	case cfg.keys < 1:
+		return usagef("--keys %d: use 1 or more", cfg.keys)
+	case cfg.producers < 1:
+		return usagef("--producers %d: use 1 or more", cfg.producers)
+	case cfg.rate < 0:
+		return usagef("--rate %d: use 0 (as fast as possible) or more", cfg.rate)
+	}
+	if cfg.crash && cfg.rate == 0 {
+		cfg.rate = 2000 // long enough for several crashes
+	}
+	cfg.seed = uint64(seed)
+	if file, ok := stdout.(*os.File); ok {
+		if st, err := file.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			cfg.tty = true
+		}
+	}
+	rep, err := runDemo(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if !rep.ok() {
+		return errors.New("verification failed: see the checks marked FAIL above")
+	}
+	return nil
+}
+
+type order struct {
+	OrderID     int64  `json:"order_id"`
+	Customer    string `json:"customer"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+type demo struct {
+	cfg     demoConfig
+	log     *slog.Logger
+	drv     *ferrysqlite.Driver
+	client  *ferry.Client[*sql.Tx]
+	natsURL string
+	js      jetstream.JetStream
+
+	produced       atomic.Int64
+	dupInbox       atomic.Int64
+	dupPublish     atomic.Uint64
+	relayCrashes   atomic.Int64
+	consumerCrashs atomic.Int64
+
+	mu       sync.Mutex
+	relay    *demoRelay
+	consumer *demoConsumer
+}
+
+// demoReport is what the verification found, from the data.
+type demoReport struct {
+	Produced, InStream, Missing, StreamDuplicates  int64
+	Applied, AppliedTwice, Violations, SeqMismatch int64
+	Customers, ProjectionMismatch, Dead            int64
+	DupPublish, DupInbox                           int64
+	RelayCrashes, ConsumerCrashes                  int64
+	Elapsed                                        time.Duration
+	checks                                         []demoCheck
+}
+
+type demoCheck struct {
+	name  string
+	value string
+	pass  bool
+}
+
+func (r *demoReport) ok() bool {
+	for _, c := range r.checks {
+		if !c.pass {
+			return false
+		}
+	}
+	return len(r.checks) > 0
+}
+
+func runDemo(ctx context.Context, cfg demoConfig) (*demoReport, error) {
+	if cfg.interval == 0 {
+		cfg.interval = 2 * time.Second
+		if cfg.tty {
+			cfg.interval = 200 * time.Millisecond
+		}
+	}
+	if cfg.seed == 0 {
+		cfg.seed = rand.Uint64()
+	}
+	dir := cfg.dir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "ferry-demo-")
+		if err != nil {
+			return nil, err
+		}
+		dir = tmp
+		if !cfg.keep {
+			defer os.RemoveAll(tmp)
+		}
+	} else {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("--dir %s: %w", dir, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "ferry.db")); err == nil {
+			return nil, usagef("--dir %s already holds a demo (ferry.db): remove it, or choose another directory", dir)
+		}
+	}
+	logFile, err := os.Create(filepath.Join(dir, "demo.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	d := &demo{cfg: cfg, log: slog.New(slog.NewJSONHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+
+	w := cfg.out
+	mode := "as fast as they can"
+	if cfg.rate > 0 {
+		mode = fmt.Sprintf("at %s orders/s", thousands(int64(cfg.rate)))
+	}
+	fmt.Fprintf(w, "Ferry demo: an order service in one process, on the embedded defaults (nothing to install).\n")
+	fmt.Fprintf(w, "  data     %s (SQLite ferry.db, NATS store nats/, logs demo.log)\n", dir)
+	fmt.Fprintf(w, "  produce  %d producers create %s orders for %s customers, %s; each order's\n", cfg.producers, thousands(int64(cfg.events)), thousands(int64(cfg.keys)), mode)
+	fmt.Fprintf(w, "           OrderPlaced event is written to the outbox in the order's own transaction\n")
+	fmt.Fprintf(w, "  relay    publishes the outbox, per customer in commit order, to JetStream stream %s\n", demoStream)
+	fmt.Fprintf(w, "  consume  group %q reads the stream into its inbox and keeps per-customer totals,\n", demoGroup)
+	fmt.Fprintf(w, "           each event's effect committed with its inbox row: applied exactly once, in order\n")
+	if cfg.crash {
+		fmt.Fprintf(w, "  crash    the relay and the consumer are killed at random moments (connections dropped,\n")
+		fmt.Fprintf(w, "           work in flight abandoned, no clean shutdown) and started again\n")
+	}
+	fmt.Fprintln(w)
+
+	en, err := startEmbeddedNATS(filepath.Join(dir, "nats"), 0)
+	if err != nil {
+		return nil, err
+	}
+	defer en.Close()
+	d.natsURL = en.url
+	nc, err := nats.Connect(en.url, nats.Name("ferry-demo"))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	if d.js, err = jetstream.New(nc); err != nil {
+		return nil, err
+	}
+	// NORMAL: each commit survives a crash of the process (what --crash
+	// shows), not of the machine; `ferry run` keeps FULL.
+	if d.drv, err = ferrysqlite.Open(filepath.Join(dir, "ferry.db"), &ferrysqlite.Config{Synchronous: "NORMAL"}); err != nil {
+		return nil, err
+	}
+	defer d.drv.Close()
+	if _, err := d.drv.Migrate(ctx, &ferrydriver.MigrateParams{}); err != nil {
+		return nil, err
+	}
+	if err := d.createTables(ctx); err != nil {
+		return nil, err
+	}
+	if d.client, err = ferry.NewClient(d.drv, nil); err != nil {
+		return nil, err
+	}
+
+	start := time.Now()
+	runCtx, stopAll := context.WithCancel(ctx)
+	defer stopAll()
+	if err := d.startRelay(runCtx); err != nil {
+		return nil, err
+	}
+	if err := d.startConsumer(runCtx); err != nil {
+		return nil, err
+	}
+	produceErr := make(chan error, 1)
+	go func() { produceErr <- d.produce(runCtx) }()
+	crashDone := make(chan struct{})
+	if cfg.crash {
+		go func() { defer close(crashDone); d.crashLoop(runCtx) }()
+	} else {
+		close(crashDone)
+	}
+	waitErr := d.waitApplied(runCtx, produceErr)
+	stopAll()
+	<-crashDone
+	d.stopAll()
+	if waitErr != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		fmt.Fprintf(w, "\nthe demo did not finish: %v (logs: %s)\n", waitErr, filepath.Join(dir, "demo.log"))
+	}
+	rep, err := d.verify(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep.Elapsed = time.Since(start)
+	if waitErr != nil {
+		rep.checks = append(rep.checks, demoCheck{name: "finished in time", value: waitErr.Error(), pass: false})
+	}
+	d.printReport(rep)
+	return rep, nil
+}
+
+func (d *demo) createTables(ctx context.Context) error {
+	_, err := d.drv.DB().ExecContext(ctx, `
+CREATE TABLE orders (
+    id           INTEGER PRIMARY KEY,
+    customer     TEXT    NOT NULL,
+    amount_cents INTEGER NOT NULL
+);
+-- The consumer's projection: per customer, how many orders and how much.
+CREATE TABLE customer_totals (
+    customer    TEXT    PRIMARY KEY,
+    orders      INTEGER NOT NULL,
+    total_cents INTEGER NOT NULL,
+    last_seq    INTEGER NOT NULL
+);
+-- Every application of an event, to count double effects from the data.
+CREATE TABLE applications (event_id TEXT NOT NULL, order_id INTEGER NOT NULL);
+-- Events that arrived out of their customer's order.
+CREATE TABLE order_violations (customer TEXT NOT NULL, want_seq INTEGER NOT NULL, got_seq INTEGER NOT NULL);`)
+	return err
+}
+
+// produce runs the producers and returns when every order is committed.
+func (d *demo) produce(ctx context.Context) error {
+	var next atomic.Int64
+	start := time.Now()
+	errs := make(chan error, d.cfg.producers)
+	var wg sync.WaitGroup
+	for p := range d.cfg.producers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(d.cfg.seed, uint64(p)))
+			for {
+				i := next.Add(1)
+				if i > int64(d.cfg.events) {
+					return
+				}
+				if d.cfg.rate > 0 {
+					due := start.Add(time.Duration(float64(i) / float64(d.cfg.rate) * float64(time.Second)))
+					if wait := time.Until(due); wait > 0 {
+						select {
+						case <-ctx.Done():
+							return
+						case <-time.After(wait):
+						}
+					}
+				}
+				customer := fmt.Sprintf("customer-%04d", rng.IntN(d.cfg.keys))
+				if err := d.placeOrder(ctx, customer, 100+rng.Int64N(99900)); err != nil {
+					if ctx.Err() == nil {
+						errs <- err
+					}
+					return
+				}
+				d.produced.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// placeOrder is what an application does: its own write and the event, in
+// one transaction.
+func (d *demo) placeOrder(ctx context.Context, customer string, amount int64) error {
+	tx, err := d.drv.DB().BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	res, err := tx.ExecContext(ctx, `INSERT INTO orders (customer, amount_cents) VALUES (?, ?)`, customer, amount)
+	if err != nil {
+		return err
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return err
+	}
+	payload, err := json.Marshal(order{OrderID: id, Customer: customer, AmountCents: amount})
+	if err != nil {
+		return err
+	}
+	if err := d.client.EmitTx(ctx, tx, &ferry.Event{Topic: "orders", Key: customer, Type: "OrderPlaced", ContentType: "application/json", Payload: payload}); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+type demoRelay struct {
+	cancel context.CancelFunc
+	done   chan error
+	nc     *nats.Conn
+	sink   *ferrynats.Sink
+}
+
+func (d *demo) startRelay(ctx context.Context) error {
+	nc, err := nats.Connect(d.natsURL, nats.Name("ferry-demo-relay"))
+	if err != nil {
+		return err
+	}
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: demoStream, SubjectPrefix: demoPrefix, CreateStream: true})
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	relay, err := ferry.NewRelay(d.drv, sink, &ferry.RelayConfig{
+		PollInterval: 100 * time.Millisecond, LeaseTTL: 2 * time.Second, HeartbeatInterval: time.Second,
+		// A crash does not shut down cleanly: no final checkpoint, the lease
+		// is not released.
+		ShutdownTimeout: time.Nanosecond,
+		Logger:          d.log,
+	})
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	r := &demoRelay{cancel: cancel, done: make(chan error, 1), nc: nc, sink: sink}
+	go func() { r.done <- relay.Run(rctx) }()
+	d.mu.Lock()
+	d.relay = r
+	d.mu.Unlock()
+	return nil
+}
+
+// kill drops the relay's connection mid-flight and abandons it.
+func (r *demoRelay) kill() uint64 {
+	r.nc.Close()
+	r.cancel()
+	<-r.done
+	return r.sink.Duplicates()
+}
+
+type demoConsumer struct {
+	cancel   context.CancelFunc
+	done     chan error
+	nc       *nats.Conn
+	consumer *ferry.Consumer[*sql.Tx]
+}
+
+func (d *demo) startConsumer(ctx context.Context) error {
+	c, err := ferry.NewConsumer(d.drv, &ferry.ConsumerConfig{
+		Group: demoGroup, Workers: 4, PollInterval: 100 * time.Millisecond,
+		// Short, so that the rows a killed consumer held run again soon.
+		ClaimTTL:  3 * time.Second,
+		RetryBase: 100 * time.Millisecond, RetryMax: time.Second,
+		Logger: d.log,
+	})
+	if err != nil {
+		return err
+	}
+	ferry.Handle(c, "OrderPlaced", d.apply)
+	nc, err := nats.Connect(d.natsURL, nats.Name("ferry-demo-consumer"))
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	src, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{
+		Stream: demoStream, Durable: demoGroup, SubjectPrefix: demoPrefix, AckWait: ferrynats.MinAckWait, Logger: d.log,
+	})
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	if err := c.Start(ctx); err != nil {
+		nc.Close()
+		return err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	dc := &demoConsumer{cancel: cancel, done: make(chan error, 1), nc: nc, consumer: c}
+	go func() {
+		dc.done <- src.Run(cctx, func(ctx context.Context, events []*ferry.Event) error {
+			n, err := c.Ingest(ctx, events)
+			if err == nil {
+				d.dupInbox.Add(int64(len(events) - n))
+			}
+			return err
+		})
+	}()
+	d.mu.Lock()
+	d.consumer = dc
+	d.mu.Unlock()
+	return nil
+}
+
+// kill drops the consumer's connection and abandons its running handlers:
+// their transactions roll back, their claims lapse after ClaimTTL.
+func (c *demoConsumer) kill() {
+	c.nc.Close()
+	c.cancel()
+	dead, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = c.consumer.Stop(dead)
+	<-c.done
+}
+
+// apply is the consumer's handler: the projection update, in the
+// transaction that also completes the event's inbox row.
+func (d *demo) apply(ctx context.Context, tx *sql.Tx, ev *ferry.Event, o order) error {
+	var last int64
+	err := tx.QueryRowContext(ctx, `SELECT last_seq FROM customer_totals WHERE customer = ?`, ev.Key).Scan(&last)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	if ev.Seq != last+1 {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO order_violations (customer, want_seq, got_seq) VALUES (?, ?, ?)`, ev.Key, last+1, ev.Seq); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `
+INSERT INTO customer_totals (customer, orders, total_cents, last_seq) VALUES (?, 1, ?, ?)
+ON CONFLICT (customer) DO UPDATE SET orders = orders + 1, total_cents = total_cents + excluded.total_cents, last_seq = excluded.last_seq`,
+		ev.Key, o.AmountCents, ev.Seq); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO applications (event_id, order_id) VALUES (?, ?)`, ev.ID.String(), o.OrderID)
+	return err
+}
+
+// crashLoop kills the relay, the consumer or both at random moments while
+// orders are produced, and starts new ones.
+func (d *demo) crashLoop(ctx context.Context) {
+	rng := rand.New(rand.NewPCG(d.cfg.seed, 99))
+	for d.produced.Load() < int64(d.cfg.events) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(700*time.Millisecond + time.Duration(rng.Int64N(int64(1800*time.Millisecond)))):
+		}
+		if d.produced.Load() >= int64(d.cfg.events) {
+			return
+		}
+		which := rng.IntN(5) // 0,1: relay; 2,3: consumer; 4: both
+		var what []string
+		if which <= 1 || which == 4 {
+			d.mu.Lock()
+			r := d.relay
+			d.mu.Unlock()
+			d.dupPublish.Add(r.kill())
+			d.relayCrashes.Add(1)
+			if err := d.startRelay(ctx); err != nil {
+				d.log.Error("restart relay", "err", err)
+				return
+			}
+			what = append(what, "relay")
+		}
+		if which >= 2 {
+			d.mu.Lock()
+			c := d.consumer
+			d.mu.Unlock()
+			c.kill()
+			d.consumerCrashs.Add(1)
+			if err := d.startConsumer(ctx); err != nil {
+				d.log.Error("restart consumer", "err", err)
+				return
+			}
+			what = append(what, "consumer")
+		}
+		d.line(fmt.Sprintf("killed the %s at %s produced; restarted", strings.Join(what, " and the "), thousands(d.produced.Load())))
+	}
+}
+
+func (d *demo) stopAll() {
+	d.mu.Lock()
+	r, c := d.relay, d.consumer
+	d.mu.Unlock()
+	if r != nil {
+		d.dupPublish.Add(r.kill())
+	}
+	if c != nil {
+		c.kill()
+	}
+}
+
+var lineMu sync.Mutex
+
+// line prints a message above the progress line.
+func (d *demo) line(s string) {
+	lineMu.Lock()
+	defer lineMu.Unlock()
+	if d.cfg.tty {
+		fmt.Fprintf(d.cfg.out, "\r\x1b[2K  %s\n", s)
+		return
+	}
+	fmt.Fprintf(d.cfg.out, "  %s\n", s)
+}
+
+func (d *demo) progress(s string) {
+	lineMu.Lock()
+	defer lineMu.Unlock()
+	if d.cfg.tty {
+		fmt.Fprintf(d.cfg.out, "\r\x1b[2K  %s", s)
+		return
+	}
+	fmt.Fprintf(d.cfg.out, "  %s\n", s)
+}
+
+// waitApplied shows progress until every order's event is applied. It
+// fails if nothing moves for 30 s, or the producers fail.
+func (d *demo) waitApplied(ctx context.Context, produceErr <-chan error) error {
+	tick := time.NewTicker(d.cfg.interval)
+	defer tick.Stop()
+	var lastApplied, lastPublished, lastProduced int64
+	lastMove := time.Now()
+	lastAt := time.Now()
+	prodDone := false
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-produceErr:
+			if err != nil {
+				return fmt.Errorf("a producer failed: %w", err)
+			}
+			prodDone = true
+			produceErr = nil
+			continue
+		case <-tick.C:
+		}
+		applied, err := d.count(ctx, `SELECT count(DISTINCT event_id) FROM applications`)
+		if err != nil {
+			return err
+		}
+		published := d.streamMsgs(ctx)
+		produced := d.produced.Load()
+		now := time.Now()
+		secs := now.Sub(lastAt).Seconds()
+		rate := func(v, last int64) string { return thousands(int64(float64(v-last)/secs)) + "/s" }
+		d.progress(fmt.Sprintf("produced %s (%s)  published %s (%s)  applied %s (%s)  lag %s",
+			thousands(produced), rate(produced, lastProduced), thousands(published), rate(published, lastPublished),
+			thousands(applied), rate(applied, lastApplied), thousands(produced-applied)))
+		if applied != lastApplied {
+			lastMove = now
+		}
+		lastProduced, lastPublished, lastApplied, lastAt = produced, published, applied, now
+		if prodDone && applied >= int64(d.cfg.events) {
+			if d.cfg.tty {
+				fmt.Fprintln(d.cfg.out)
+			}
+			return nil
+		}
+		if now.Sub(lastMove) > 30*time.Second {
+			if d.cfg.tty {
+				fmt.Fprintln(d.cfg.out)
+			}
+			return fmt.Errorf("no event applied for 30 s (%s of %s)", thousands(applied), thousands(int64(d.cfg.events)))
+		}
+	}
+}
+
+func (d *demo) count(ctx context.Context, q string, args ...any) (int64, error) {
+	var n int64
+	err := d.drv.ReadDB().QueryRowContext(ctx, q, args...).Scan(&n)
+	return n, err
+}
+
+func (d *demo) streamMsgs(ctx context.Context) int64 {
+	s, err := d.js.Stream(ctx, demoStream)
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0
+	}
+	return int64(info.State.Msgs)
+}
+
+// verify recomputes every figure from the database and the stream.
+func (d *demo) verify(ctx context.Context) (*demoReport, error) {
+	r := &demoReport{
+		DupPublish: int64(d.dupPublish.Load()), DupInbox: d.dupInbox.Load(),
+		RelayCrashes: d.relayCrashes.Load(), ConsumerCrashes: d.consumerCrashs.Load(),
+	}
+	q := func(dst *int64, query string, args ...any) error {
+		if err := d.drv.ReadDB().QueryRowContext(ctx, query, args...).Scan(dst); err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		dst   *int64
+		query string
+		args  []any
+	}{
+		{&r.Produced, `SELECT count(*) FROM orders`, nil},
+		{&r.Applied, `SELECT count(DISTINCT event_id) FROM applications`, nil},
+		{&r.AppliedTwice, `SELECT count(*) - count(DISTINCT event_id) FROM applications`, nil},
+		{&r.Violations, `SELECT count(*) FROM order_violations`, nil},
+		{&r.SeqMismatch, `SELECT count(*) FROM (SELECT customer, count(*) AS n FROM orders GROUP BY customer) o
+			LEFT JOIN customer_totals t USING (customer) WHERE t.last_seq IS NOT o.n`, nil},
+		{&r.Customers, `SELECT count(DISTINCT customer) FROM orders`, nil},
+		{&r.ProjectionMismatch, `SELECT count(*) FROM (SELECT customer, count(*) AS n, sum(amount_cents) AS total FROM orders GROUP BY customer) o
+			FULL JOIN customer_totals t USING (customer) WHERE o.n IS NOT t.orders OR o.total IS NOT t.total_cents`, nil},
+		{&r.Dead, `SELECT count(*) FROM ferry_inbox WHERE group_name = ? AND state = 'dead'`, []any{demoGroup}},
+	} {
+		if err := q(c.dst, c.query, c.args...); err != nil {
+			return nil, err
+		}
+	}
+	// Read the whole stream back: which orders reached JetStream, and how
+	// many times.
+	seen := map[int64]int{}
+	s, err := d.js.Stream(ctx, demoStream)
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	total := int64(info.State.Msgs)
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	var read int64
+	for read < total {
+		batch, err := cons.Fetch(int(min(1000, total-read)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("verify: read the stream: %w", err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			read++
+			ev, err := ferrynats.DecodeJetStream(msg)
+			if err != nil {
+				return nil, fmt.Errorf("verify: message %d of the stream: %w", read, err)
+			}
+			var o order
+			if err := json.Unmarshal(ev.Payload, &o); err != nil {
+				return nil, fmt.Errorf("verify: event %s: %w", ev.ID, err)
+			}
+			seen[o.OrderID]++
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("verify: read the stream: %w", err)
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("verify: the stream stopped after %d of %d messages", read, total)
+		}
+	}
+	rows, err := d.drv.ReadDB().QueryContext(ctx, `SELECT id FROM orders`)
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("verify: %w", err)
+		}
+		switch n := seen[id]; {
+		case n == 0:
+			r.Missing++
+		default:
+			r.InStream++
+			r.StreamDuplicates += int64(n - 1)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	want := int64(d.cfg.events)
+	r.checks = []demoCheck{
+		{"orders committed, each with its event", thousands(r.Produced), r.Produced == want},
+		{"orders whose event reached JetStream", fmt.Sprintf("%s (missing %s)", thousands(r.InStream), thousands(r.Missing)), r.Missing == 0 && r.InStream == r.Produced},
+		{"events stored twice in the stream", thousands(r.StreamDuplicates), r.StreamDuplicates == 0},
+		{"events applied by the consumer group", thousands(r.Applied), r.Applied == r.Produced},
+		{"events applied twice", thousands(r.AppliedTwice), r.AppliedTwice == 0},
+		{"events applied out of their customer's order", thousands(r.Violations), r.Violations == 0 && r.SeqMismatch == 0},
+		{"projection equals the totals recomputed from orders", fmt.Sprintf("%s of %s customers differ", thousands(r.ProjectionMismatch), thousands(r.Customers)), r.ProjectionMismatch == 0},
+		{"consumer dead letters", thousands(r.Dead), r.Dead == 0},
+	}
+	return r, nil
+}
+
+func (d *demo) printReport(r *demoReport) {
+	w := d.cfg.out
+	fmt.Fprintf(w, "\nVerification, recomputed from the database and the stream:\n")
+	width := 0
+	for _, c := range r.checks {
+		width = max(width, len(c.name))
+	}
+	for _, c := range r.checks {
+		mark := "PASS"
+		if !c.pass {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s  %-*s  %s\n", mark, width, c.name, c.value)
+	}
+	fmt.Fprintf(w, "\nAbsorbed on the way (harmless by design):\n")
+	fmt.Fprintf(w, "  %s republished events dropped by JetStream's duplicate window (Nats-Msg-Id = event ID)\n", thousands(r.DupPublish))
+	fmt.Fprintf(w, "  %s redelivered events ignored by the consumer's inbox\n", thousands(r.DupInbox))
+	if d.cfg.crash {
+		fmt.Fprintf(w, "  %d relay crashes, %d consumer crashes\n", r.RelayCrashes, r.ConsumerCrashes)
+	}
+	verdict := "All checks passed"
+	if !r.ok() {
+		verdict = "Some checks FAILED"
+	}
+	fmt.Fprintf(w, "\n%s in %.1f s.\n", verdict, r.Elapsed.Seconds())
+}
+
+// thousands formats n with thousands separators.
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// demoEvents lets a profile run the demo at full size:
+// FERRY_DEMO_TEST_EVENTS=20000 go test -run TestDemo -cpuprofile cpu.out
+func demoEvents(t *testing.T, def int) int {
+	if v := os.Getenv("FERRY_DEMO_TEST_EVENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		return n
+	}
+	return def
+}
+
+// TestDemo runs `ferry demo` in-process, small: every check must pass and
+// the summary must say so.
+func TestDemo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := runDemo(ctx, demoConfig{dir: t.TempDir(), events: demoEvents(t, 2000), keys: 50, producers: 4, seed: 1, out: &out, interval: 500 * time.Millisecond})
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.True(t, rep.ok(), "every check passes")
+	require.EqualValues(t, rep.Produced, rep.Applied)
+	require.Contains(t, out.String(), "All checks passed")
+	require.NotContains(t, out.String(), "FAIL")
+}
+
+// TestDemoCrash: the same with the relay and the consumer killed at random
+// moments; nothing lost, nothing applied twice, every key in order.
+func TestDemoCrash(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := runDemo(ctx, demoConfig{dir: t.TempDir(), events: demoEvents(t, 4000), keys: 50, producers: 4, rate: 1000, crash: true, seed: 2, out: &out, interval: 500 * time.Millisecond})
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.True(t, rep.ok(), "every check passes")
+	require.Positive(t, rep.RelayCrashes+rep.ConsumerCrashes, "crashes happened")
+}
+
+func TestDemoRejectsBadFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 2, run(context.Background(), []string{"demo", "--events", "0"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "--events 0: use 1 or more")
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(dir+"/ferry.db", nil, 0o600))
+	errOut.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"demo", "--dir", dir}, &out, &errOut))
+	require.Contains(t, errOut.String(), "already holds a demo")
+}

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.yaml.in/yaml/v3"
+	"golang.org/x/sync/errgroup"
+)
+
+// exampleConfig is the documented example of ferry.yaml; `ferry run
+// --print-config` prints it and a test checks that it loads.
+//
+//go:embed ferry.example.yaml
+var exampleConfig []byte
+
+// duration is a time.Duration written as "500ms" or "15s" in YAML.
+type duration time.Duration
+
+func (d *duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration such as 500ms, 15s or 24h", n.Line, n.Value)
+	}
+	*d = duration(v)
+	return nil
+}
+
+// runConfig is the daemon's configuration: ferry.yaml, then FERRY_*
+// variables and flags over it.
+type runConfig struct {
+	DataDir  string `yaml:"data_dir"`
+	Database struct {
+		URL        string `yaml:"url"`
+		Schema     string `yaml:"schema"`
+		Partitions int    `yaml:"partitions"`
+		NoNotify   bool   `yaml:"no_notify"`
+		Migrate    *bool  `yaml:"migrate"`
+	} `yaml:"database"`
+	NATS struct {
+		URL           string `yaml:"url"`
+		EmbeddedPort  int    `yaml:"embedded_port"`
+		Stream        string `yaml:"stream"`
+		SubjectPrefix string `yaml:"subject_prefix"`
+		CreateStream  *bool  `yaml:"create_stream"`
+	} `yaml:"nats"`
+	Relay struct {
+		Feed         string   `yaml:"feed"`
+		Holder       string   `yaml:"holder"`
+		BatchSize    int      `yaml:"batch_size"`
+		PollInterval duration `yaml:"poll_interval"`
+		LeaseTTL     duration `yaml:"lease_ttl"`
+		Retention    duration `yaml:"retention"`
+	} `yaml:"relay"`
+	Metrics struct {
+		Addr string `yaml:"addr"`
+	} `yaml:"metrics"`
+	Log struct {
+		Level string `yaml:"level"`
+	} `yaml:"log"`
+}
+
+// loadRunConfig reads a ferry.yaml; unknown keys are errors.
+func loadRunConfig(path string) (*runConfig, error) {
+	cfg := &runConfig{}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, usagef("--config %s: %v", path, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, usagef("--config %s: %v (see `ferry run --print-config` for every key)", path, err)
+	}
+	return cfg, nil
+}
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// The config file is read first: it sets the defaults the flags show.
+	cfgPath := os.Getenv("FERRY_CONFIG")
+	for i, a := range args {
+		if a == "--config" || a == "-config" {
+			if i+1 < len(args) {
+				cfgPath = args[i+1]
+			}
+		} else if v, ok := strings.CutPrefix(strings.TrimPrefix(a, "-"), "-config="); ok {
+			cfgPath = v
+		} else if v, ok := strings.CutPrefix(a, "-config="); ok {
+			cfgPath = v
+		}
+	}
+	fc := &runConfig{}
+	if cfgPath != "" {
+		var err error
+		if fc, err = loadRunConfig(cfgPath); err != nil {
+			return err
+		}
+	}
+	f := newFlags("run", stderr)
+	var (
+		dc          daemonConfig
+		printConfig bool
+		ignored     string
+	)
+	f.String(&ignored, "config", "FERRY_CONFIG", cfgPath, "YAML configuration file (see --print-config); flags and FERRY_* variables override it")
+	f.Bool(&printConfig, "print-config", "FERRY_PRINT_CONFIG", false, "print a commented example configuration and exit")
+	dc.register(f, fc)
+	f.Int(&dc.embeddedPort, "nats-port", "FERRY_NATS_PORT", or(fc.NATS.EmbeddedPort, defaultEmbeddedPort), "port of the embedded NATS server on 127.0.0.1, used when no --nats-url is set (0: any free port)")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	_, envSet := os.LookupEnv("FERRY_NATS_PORT")
+	dc.embeddedPortSet = envSet || fc.NATS.EmbeddedPort != 0 || f.isSet("nats-port")
+	if printConfig {
+		_, err := stdout.Write(exampleConfig)
+		return err
+	}
+	dc.embedded = true
+	return runDaemon(ctx, &dc, stderr)
+}
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+func orBool(v *bool, def bool) bool {
+	if v == nil {
+		return def
+	}
+	return *v
+}
+
+// daemonConfig is what runDaemon runs: `ferry run` and `ferry relay` fill it.
+type daemonConfig struct {
+	db                                                 dbFlags
+	natsURL, prefix, stream, feed, holder, metricsAddr string
+	logLevel                                           string
+	createStream, migrate                              bool
+	batch, partition                                   int
+	poll, leaseTTL, retention                          time.Duration
+	allPartitions                                      bool // one relay per partition (ferry run)
+	embedded                                           bool // no database or NATS URL: start the embedded ones
+	embeddedPort                                       int
+	embeddedPortSet                                    bool // chosen, not defaulted
+}
+
+// defaultEmbeddedPort is NATS's own default port, so that `ferry tail` and
+// the NATS tools find the embedded server without flags.
+const defaultEmbeddedPort = 4222
+
+func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
+	d := &dc.db
+	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", fc.Database.URL,
+		"postgres://user@host:5432/app, or sqlite:path/to/file.db (default: the embedded SQLite database <data-dir>/ferry.db)")
+	f.String(&d.schema, "schema", "FERRY_SCHEMA", or(fc.Database.Schema, "ferry"), "PostgreSQL schema holding Ferry's tables")
+	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", or(fc.Database.Partitions, 1), "number of outbox partitions; one relay runs per partition")
+	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", fc.Database.NoNotify, "PostgreSQL: do not use LISTEN/NOTIFY; relays only poll")
+	f.String(&d.dataDir, "data-dir", "FERRY_DATA_DIR", or(fc.DataDir, "ferry-data"), "directory of the embedded defaults: SQLite database ferry.db and the NATS store")
+	f.Bool(&dc.migrate, "migrate", "FERRY_MIGRATE", orBool(fc.Database.Migrate, true), "apply pending schema migrations before starting")
+	f.String(&dc.natsURL, "nats-url", "FERRY_NATS_URL", fc.NATS.URL, "NATS server URL (default: an embedded NATS server with JetStream, its store in <data-dir>/nats)")
+	f.String(&dc.prefix, "subject-prefix", "FERRY_SUBJECT_PREFIX", or(fc.NATS.SubjectPrefix, ferrynats.DefaultSubjectPrefix), "events go to subject <prefix>.<topic>")
+	f.String(&dc.stream, "stream", "FERRY_STREAM", or(fc.NATS.Stream, ferrynats.DefaultStream), "JetStream stream that captures <prefix>.>")
+	f.Bool(&dc.createStream, "create-stream", "FERRY_CREATE_STREAM", orBool(fc.NATS.CreateStream, true), "create the stream if it does not exist")
+	f.String(&dc.feed, "feed", "FERRY_FEED", or(fc.Relay.Feed, "default"), "feed name (checkpoints and leases are <feed>/<partition>)")
+	f.String(&dc.holder, "holder", "FERRY_HOLDER", fc.Relay.Holder, "this relay's name in the lease (default host-pid-random)")
+	f.Int(&dc.batch, "batch", "FERRY_BATCH_SIZE", or(fc.Relay.BatchSize, 500), "events read and published at once")
+	f.Duration(&dc.poll, "poll-interval", "FERRY_POLL_INTERVAL", or(time.Duration(fc.Relay.PollInterval), 500*time.Millisecond), "longest wait for new events without a wake-up")
+	f.Duration(&dc.leaseTTL, "lease-ttl", "FERRY_LEASE_TTL", or(time.Duration(fc.Relay.LeaseTTL), 15*time.Second), "leader lease; a standby takes over within about this long")
+	f.Duration(&dc.retention, "retention", "FERRY_RETENTION", or(time.Duration(fc.Relay.Retention), 24*time.Hour), "keep published events this long (negative: forever)")
+	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
+	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
+	dc.allPartitions = true
+}
+
+// runDaemon runs relays (one per partition, or the one --partition names)
+// until ctx ends.
+func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(dc.logLevel)); err != nil {
+		return usagef("--log-level / FERRY_LOG_LEVEL %q: use debug, info, warn or error", dc.logLevel)
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	var defaults []string
+	if dc.embedded && dc.db.url == "" {
+		defaults = append(defaults, "SQLite "+dc.db.embeddedDB())
+	}
+	if dc.embedded && dc.natsURL == "" {
+		defaults = append(defaults, "NATS JetStream in "+filepath.Join(dc.db.dataDir, "nats"))
+	}
+	if len(defaults) > 0 {
+		log.Info("ferry: no database or broker configured: using the embedded defaults (set --database-url and --nats-url, or a config file, for your own)",
+			"embedded", defaults, "data_dir", dc.db.dataDir)
+	}
+	b, err := dc.db.open(ctx, dc.embedded)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	if dc.migrate || (dc.embedded && dc.db.url == "") {
+		if err := migrateUp(ctx, b.store, log); err != nil {
+			return err
+		}
+	}
+	natsURL := dc.natsURL
+	if natsURL == "" {
+		if !dc.embedded {
+			natsURL = nats.DefaultURL
+		} else {
+			store := filepath.Join(dc.db.dataDir, "nats")
+			en, err := startEmbeddedNATS(store, dc.embeddedPort)
+			if errors.Is(err, errPortTaken) && dc.embeddedPort == defaultEmbeddedPort && !dc.embeddedPortSet {
+				log.Warn("ferry: port 4222 is taken (another NATS server?): the embedded one listens on a free port instead; set --nats-port to choose", "err", err)
+				en, err = startEmbeddedNATS(store, 0)
+			}
+			if err != nil {
+				return fmt.Errorf("%w (choose another with --nats-port / FERRY_NATS_PORT, 0 for any free port, or use your own server with --nats-url)", err)
+			}
+			defer en.Close()
+			natsURL = en.url
+			log.Info("ferry: embedded NATS server listening", "url", natsURL)
+		}
+	}
+	nc, err := nats.Connect(natsURL, nats.Name("ferry-relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false))
+	if err != nil {
+		return fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
+	}
+	defer nc.Close()
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{SubjectPrefix: dc.prefix, Stream: dc.stream, CreateStream: dc.createStream})
+	if err != nil {
+		return fmt.Errorf("%w (see --stream / FERRY_STREAM, --subject-prefix / FERRY_SUBJECT_PREFIX, --create-stream)", err)
+	}
+	defer sink.Close(context.WithoutCancel(ctx))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	partitions := []int{dc.partition}
+	if dc.allPartitions {
+		partitions = partitions[:0]
+		for p := range max(dc.db.partitions, 1) {
+			partitions = append(partitions, p)
+		}
+	}
+	var relays []*ferry.Relay
+	for _, p := range partitions {
+		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
+			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
+			LeaseTTL: dc.leaseTTL, Retention: dc.retention, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
+		})
+		if err != nil {
+			return usagef("%v", err)
+		}
+		relays = append(relays, relay)
+	}
+	if dc.metricsAddr != "" && dc.metricsAddr != "off" {
+		srv, err := serveMetrics(ctx, dc.metricsAddr, reg, func(ctx context.Context) error {
+			if err := b.ping(ctx); err != nil {
+				return fmt.Errorf("database: %w", err)
+			}
+			if !nc.IsConnected() {
+				return errors.New("nats: not connected")
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("serve metrics on --metrics-addr / FERRY_METRICS_ADDR %s: %w (\"off\" disables it)", dc.metricsAddr, err)
+		}
+		defer srv.Close()
+		log.Info("ferry: metrics and health endpoints", "addr", srv.Addr)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, relay := range relays {
+		log.Info("ferry: relay starting", "feed", relay.FeedName(), "database", b.label, "nats", natsURL, "stream", dc.stream, "subject_prefix", dc.prefix)
+		g.Go(func() error { return relay.Run(gctx) })
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	log.Info("ferry: stopped")
+	return nil
+}
+
+// wrapPartition labels each relay's metrics with its partition when a
+// process runs several (their metric names would collide otherwise).
+func wrapPartition(reg prometheus.Registerer, p, n int) prometheus.Registerer {
+	if n == 1 {
+		return reg
+	}
+	return prometheus.WrapRegistererWith(prometheus.Labels{"partition": strconv.Itoa(p)}, reg)
+}
