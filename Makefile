@@ -26,6 +26,10 @@ test/race: test ## Same as test (the race detector is always on)
 test/crash-long: ## The relay crash test with 100,000 events and 100 SIGKILLs
 	cd cmd/ferry && FERRY_CRASH_LONG=1 go test -race -count=1 -timeout 30m -run 'TestRelayCrash' -v .
 
+.PHONY: demo
+demo: ## See Ferry work end to end on its embedded defaults (nothing to install); demo ARGS=--crash for crashes
+	go run ./cmd/ferry demo $(ARGS)
+
 .PHONY: e2e
 e2e: ## Try Ferry end to end with its command line on the local PostgreSQL and NATS
 	@.ci/smoke

@@ -29,7 +29,9 @@ the event and the field. Event IDs are UUIDv7s filled in when empty; mint
 them yourself with NewID before a transaction you may retry, so that every
 attempt emits the same event.
 
-database/sql users pass a *sql.Tx to a driver made by ferrypg.NewSQL.
+database/sql users pass a *sql.Tx to a driver made by ferrypg.NewSQL. An
+embedded SQLite database works the same way with ferrysqlite.Open; begin
+transactions on its DB() handle and pass the *sql.Tx.
 
 # Relaying
 
