@@ -1,0 +1,100 @@
+package ferrysqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/stretchr/testify/require"
+)
+
+func benchDriver(b *testing.B, sync string) (*ferrysqlite.Driver, *ferry.Client[*sql.Tx]) {
+	b.Helper()
+	drv, err := ferrysqlite.Open(filepath.Join(b.TempDir(), "bench.db"), &ferrysqlite.Config{Synchronous: sync})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = drv.Close() })
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(b, err)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(b, err)
+	return drv, c
+}
+
+// BenchmarkEmitTx: producer transactions of one event each (256-byte
+// payload, 500 keys) from 4 goroutines, as an application writes them.
+//
+//	cd ferrydriver/ferrysqlite && go test -run '^$' -bench EmitTx
+func BenchmarkEmitTx(b *testing.B) {
+	for _, sync := range []string{"FULL", "NORMAL"} {
+		b.Run("synchronous="+sync, func(b *testing.B) {
+			drv, c := benchDriver(b, sync)
+			var n atomic.Int64
+			b.SetParallelism(2) // 2 x GOMAXPROCS goroutines
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					i := n.Add(1)
+					ev := &ferry.Event{Topic: "orders", Key: "k" + strconv.Itoa(int(i%500)), Type: "T", Payload: make([]byte, 256)}
+					tx, err := drv.DB().BeginTx(ctx, nil)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if err := c.EmitTx(ctx, tx, ev); err != nil {
+						_ = tx.Rollback()
+						b.Error(err)
+						return
+					}
+					if err := tx.Commit(); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tx/s")
+		})
+	}
+}
+
+// BenchmarkRelayDrain: the relay's path (feed read, waves, checkpoints)
+// from a SQLite backlog into an in-memory sink.
+//
+//	cd ferrydriver/ferrysqlite && go test -run '^$' -bench RelayDrain -benchtime 100000x
+func BenchmarkRelayDrain(b *testing.B) {
+	drv, c := benchDriver(b, "NORMAL")
+	ctx := context.Background()
+	for i := 0; i < b.N; i += 500 {
+		evs := make([]*ferry.Event, min(500, b.N-i))
+		for j := range evs {
+			evs[j] = &ferry.Event{Topic: "orders", Key: "k" + strconv.Itoa((i+j)%500), Type: "T", Payload: make([]byte, 256)}
+		}
+		require.NoError(b, c.Emit(ctx, evs...))
+	}
+	sink := &memsink.Sink{}
+	r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{BatchSize: 1000, PollInterval: 10 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(b, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	b.ResetTimer()
+	start := time.Now()
+	go func() { done <- r.Run(rctx) }()
+	for sink.Len() < b.N {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cancel()
+	require.NoError(b, <-done)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+}
