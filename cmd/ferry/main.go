@@ -29,17 +29,21 @@ import (
 const usage = `ferry moves events from your database's outbox to your broker.
 
 Usage:
-  ferry demo    [flags]              see Ferry work end to end on the embedded defaults (--crash: with crashes)
-  ferry run     [--config ferry.yaml] the daemon: relays into NATS JetStream; with no database or
-                                     NATS configured, embedded SQLite and JetStream in ./ferry-data
+  ferry demo    [--crash] [flags]    see Ferry work end to end on its embedded defaults, nothing to install
+  ferry run     [--config FILE]      the daemon: relays into NATS JetStream; with no database or NATS
+                                     configured, embedded SQLite and JetStream in ./ferry-data
   ferry relay   [flags]              one relay for one partition of a given database and NATS server
   ferry migrate up|down|sql [flags]  apply, revert or print the schema migrations
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json)
-  ferry dlq list|show [flags]        relay dead letters
+  ferry dlq list|show|redrive|discard [flags]
+                                     relay dead letters, or a consumer group's with --group
   ferry emit    [flags]              write events to the outbox (for trying Ferry out)
   ferry tail    [flags]              print the events stored in the JetStream stream
-  ferry bench drain|latency [flags]  measure backlog drain rate and commit-to-receive latency
+  ferry bench drain|latency|consume|settle [flags]
+                                     measure this machine (PostgreSQL)
 
+--database-url takes postgres://... or sqlite:FILE; without it, commands use
+the embedded database <data-dir>/ferry.db (--data-dir, default ferry-data).
 Run "ferry <command> -h" for a command's flags. Every flag has a FERRY_*
 environment variable; flags win over the environment.
 `
