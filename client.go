@@ -77,11 +77,12 @@ func (c *Client[TTx]) Driver() ferrydriver.Driver[TTx] { return c.driver }
 //
 // Events are validated first (topic, key and type set, payload within
 // MaxPayloadBytes); a *ValidationError says which event is wrong and
-// nothing is written. Empty IDs and CreatedAt are filled in, in place.
+// nothing is written. Empty IDs and CreatedAt are filled in, in place;
+// inside RunTx, the n-th event emitted gets the same ID on every attempt.
 // Events with the same Key are delivered in the commit order of the
 // transactions that emitted them, and in slice order within one call.
 func (c *Client[TTx]) EmitTx(ctx context.Context, tx TTx, events ...*Event) error {
-	if err := c.prepare(events); err != nil {
+	if err := c.prepare(ctx, events); err != nil {
 		return err
 	}
 	if err := c.driver.AppendTx(ctx, tx, &ferrydriver.AppendParams{Events: events}); err != nil {
@@ -93,7 +94,7 @@ func (c *Client[TTx]) EmitTx(ctx context.Context, tx TTx, events ...*Event) erro
 // Emit writes events in a transaction of their own. Use EmitTx to tie them
 // to a business write.
 func (c *Client[TTx]) Emit(ctx context.Context, events ...*Event) error {
-	if err := c.prepare(events); err != nil {
+	if err := c.prepare(ctx, events); err != nil {
 		return err
 	}
 	if err := c.driver.Append(ctx, &ferrydriver.AppendParams{Events: events}); err != nil {
@@ -102,11 +103,15 @@ func (c *Client[TTx]) Emit(ctx context.Context, events ...*Event) error {
 	return nil
 }
 
-func (c *Client[TTx]) prepare(events []*Event) error {
+func (c *Client[TTx]) prepare(ctx context.Context, events []*Event) error {
 	now := time.Now()
 	for i, ev := range events {
 		if ev == nil {
 			return fmt.Errorf("ferry: event %d is nil", i)
+		}
+		if ev.ID == uuid.Nil {
+			// Inside RunTx: the same ID as this event had on earlier attempts.
+			ev.ID = nextEventID(ctx)
 		}
 		if err := ferryevent.Prepare(ev, i, c.cfg.MaxPayloadBytes, now); err != nil {
 			return err

@@ -60,8 +60,36 @@ type Config struct {
 	// notifications on, producers notify only while a relay is idle, so a
 	// busy system does not pay NOTIFY's commit-time lock.
 	DisableNotify bool
+	// TxIsolation is the isolation level of the transactions ferry.RunTx
+	// runs: "" (the database's default, normally READ COMMITTED),
+	// ReadCommitted, RepeatableRead or Serializable. Under the last two a
+	// concurrent update makes PostgreSQL abort with a serialization
+	// failure, and RunTx runs the callback again.
+	TxIsolation Isolation
 	// Logger receives warnings (a lost listener connection). Default: discard.
 	Logger *slog.Logger
+}
+
+// Isolation is a transaction isolation level.
+type Isolation string
+
+// Isolation levels for Config.TxIsolation.
+const (
+	ReadCommitted  Isolation = "read committed"
+	RepeatableRead Isolation = "repeatable read"
+	Serializable   Isolation = "serializable"
+)
+
+func (i Isolation) sqlLevel() sql.IsolationLevel {
+	switch i {
+	case ReadCommitted:
+		return sql.LevelReadCommitted
+	case RepeatableRead:
+		return sql.LevelRepeatableRead
+	case Serializable:
+		return sql.LevelSerializable
+	}
+	return sql.LevelDefault
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -83,6 +111,11 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Partitions < 0 || out.Partitions > 4096 {
 		return out, fmt.Errorf("ferrypg: Config.Partitions %d is out of range: use 1 to 4096", out.Partitions)
 	}
+	switch out.TxIsolation {
+	case "", ReadCommitted, RepeatableRead, Serializable:
+	default:
+		return out, fmt.Errorf("ferrypg: Config.TxIsolation %q: use ferrypg.ReadCommitted, RepeatableRead or Serializable", out.TxIsolation)
+	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -98,7 +131,7 @@ type Driver[TTx any] struct {
 	session sessionFunc
 	canWait bool // sessions can LISTEN
 	wrapTx  func(TTx) executor
-	beginTx func(ctx context.Context) (TTx, func(context.Context) error, func(context.Context) error, error)
+	beginTx func(ctx context.Context, iso Isolation) (TTx, func(context.Context) error, func(context.Context) error, error)
 	queries queries
 	channel string
 	hub     settleHub
@@ -118,8 +151,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Driver[pgx.Tx], error) {
 		session: poolSession(pool),
 		canWait: true,
 		wrapTx:  func(tx pgx.Tx) executor { return pgxExec{tx} },
-		beginTx: func(ctx context.Context) (pgx.Tx, func(context.Context) error, func(context.Context) error, error) {
-			tx, err := pool.Begin(ctx)
+		beginTx: func(ctx context.Context, iso Isolation) (pgx.Tx, func(context.Context) error, func(context.Context) error, error) {
+			tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(iso)})
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -146,8 +179,8 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 		session: sqlSession(db),
 		canWait: isPgxDB(db),
 		wrapTx:  func(tx *sql.Tx) executor { return sqlExec{tx} },
-		beginTx: func(ctx context.Context) (*sql.Tx, func(context.Context) error, func(context.Context) error, error) {
-			tx, err := db.BeginTx(ctx, nil)
+		beginTx: func(ctx context.Context, iso Isolation) (*sql.Tx, func(context.Context) error, func(context.Context) error, error) {
+			tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: iso.sqlLevel()})
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -266,6 +299,7 @@ type queries struct {
 	waiterAdd, waiterRemove, inboxCounts                                string
 	inboxNotify, inboxPolicy, inboxSetPolicy, inboxGroupKeys            string
 	inboxDeleteIdleKeys                                                 string
+	requestClaim, requestFinish, requestGet, requestDelete              string
 }
 
 func newQueries(schema string) queries {
@@ -285,6 +319,10 @@ func newQueries(schema string) queries {
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxPolicy: r(sqlInboxPolicy), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
 		inboxDeleteIdleKeys: r(sqlInboxDeleteIdleKeys),
+		requestClaim:        r(sqlRequestClaim),
+		requestFinish:       r(sqlRequestFinish),
+		requestGet:          r(sqlRequestGet),
+		requestDelete:       r(sqlRequestDelete),
 	}
 }
 

@@ -114,3 +114,15 @@ func TestInboxSuiteDatabaseSQL(t *testing.T) {
 		return drv
 	})
 }
+
+func TestTransactorSuitePgx(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[pgx.Tx] { return newDriver(t, nil) })
+}
+
+func TestTransactorSuiteRepeatableRead(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[pgx.Tx] {
+		return newDriver(t, &ferrypg.Config{TxIsolation: ferrypg.RepeatableRead})
+	})
+}

@@ -63,7 +63,7 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 
 // RunInTx implements ferrydriver.Inbox.
 func (d *Driver[TTx]) RunInTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
-	tx, commit, rollback, err := d.beginTx(ctx)
+	tx, commit, rollback, err := d.beginTx(ctx, "")
 	if err != nil {
 		return fmt.Errorf("ferrypg: begin: %w", err)
 	}

@@ -235,3 +235,18 @@ SELECT count(*), min(created_at) FROM {schema}.outbox WHERE partition = $1 AND i
 const sqlPartitionCursors = `SELECT cursor FROM {schema}.checkpoints WHERE partition = $1 AND cursor IS NOT NULL`
 
 const sqlCountDeadLetters = `SELECT count(*), now() FROM {schema}.dead_letters WHERE feed = $1`
+
+// Request records (migration 003). A claim inserts the row; a concurrent
+// claim of the same ID waits for the first transaction on the primary key
+// and then inserts nothing (READ COMMITTED) or fails with a serialization
+// failure (REPEATABLE READ, SERIALIZABLE), which RunTx runs again.
+const sqlRequestClaim = `INSERT INTO {schema}.requests (id, fingerprint) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`
+
+const sqlRequestFinish = `UPDATE {schema}.requests SET result = $2, finished_at = now() WHERE id = $1`
+
+const sqlRequestGet = `SELECT fingerprint, result, created_at FROM {schema}.requests WHERE id = $1`
+
+const sqlRequestDelete = `
+DELETE FROM {schema}.requests WHERE id IN (
+    SELECT id FROM {schema}.requests WHERE created_at < now() - $1 * interval '1 millisecond'
+     ORDER BY created_at LIMIT $2)`

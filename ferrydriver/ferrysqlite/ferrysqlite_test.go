@@ -43,3 +43,8 @@ func TestInboxSuite(t *testing.T) {
 	t.Parallel()
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return newDriver(t) })
 }
+
+func TestTransactorSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[*sql.Tx] { return newDriver(t) })
+}

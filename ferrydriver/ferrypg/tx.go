@@ -1,0 +1,175 @@
+package ferrypg
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// AttemptTx implements ferrydriver.Transactor. The transaction takes its
+// transaction ID first, so that a commit whose answer is lost can be
+// resolved with pg_xact_status.
+func (d *Driver[TTx]) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
+	tx, commit, rollback, err := d.beginTx(ctx, d.cfg.TxIsolation)
+	if err != nil {
+		return err
+	}
+	var xid string
+	if err := queryRow(ctx, d.wrapTx(tx), []any{&xid}, `SELECT pg_current_xact_id()::text`); err != nil {
+		_ = rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := fn(ctx, tx); err != nil {
+		_ = rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := commit(ctx); err != nil {
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr):
+			return err // the server answered: rolled back (a serialization failure at commit, say)
+		case pgconn.SafeToRetry(err):
+			return err // COMMIT was never sent
+		case ctx.Err() != nil && !isConnError(err):
+			return err
+		}
+		return &ferrydriver.CommitUnknownError{Token: xid, Err: err}
+	}
+	return nil
+}
+
+var relationRE = regexp.MustCompile(`relation "([^"]+)"`)
+
+// ClassifyTxError implements ferrydriver.Transactor: serialization
+// failures (40001) and deadlocks (40P01) run again, and so does a
+// transaction whose connection broke before COMMIT (it rolled back).
+func (d *Driver[TTx]) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		info := ferrydriver.TxErrorInfo{Cause: pgErr.Code, Relation: pgErr.TableName}
+		switch pgErr.Code {
+		case "40001":
+			info.Class, info.Cause = ferrydriver.TxRetry, "serialization_failure"
+		case "40P01":
+			info.Class, info.Cause = ferrydriver.TxRetry, "deadlock_detected"
+		}
+		if info.Relation == "" {
+			for _, s := range []string{pgErr.Where, pgErr.Message, pgErr.Detail} {
+				if m := relationRE.FindStringSubmatch(s); m != nil {
+					info.Relation = m[1]
+					break
+				}
+			}
+		}
+		if pgErr.Where != "" && info.Class == ferrydriver.TxRetry {
+			info.Key = pgErr.Where // "while updating tuple (0,1) in relation ..."
+		}
+		return info
+	}
+	var cu *ferrydriver.CommitUnknownError
+	if errors.As(err, &cu) {
+		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxCommitUnknown, Cause: "commit_unknown"}
+	}
+	if isConnError(err) || pgconn.SafeToRetry(err) {
+		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "connection_lost"}
+	}
+	return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent}
+}
+
+// isConnError reports a broken connection (the transaction on it is gone).
+func isConnError(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var netErr net.Error
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &netErr) || errors.As(err, &connectErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, net.ErrClosed)
+}
+
+// ResolveCommit implements ferrydriver.Transactor with pg_xact_status:
+// it waits while the transaction is still in progress (its backend may
+// not have seen the connection close yet), then reports the outcome.
+func (d *Driver[TTx]) ResolveCommit(ctx context.Context, e *ferrydriver.CommitUnknownError) (ferrydriver.TxOutcome, error) {
+	if e.Token == "" {
+		return ferrydriver.TxOutcomeUnknown, nil
+	}
+	for {
+		var status *string
+		err := queryRow(ctx, d.db, []any{&status}, `SELECT pg_xact_status($1::text::xid8)`, e.Token)
+		if err != nil {
+			return ferrydriver.TxOutcomeUnknown, d.wrapErr("read the status of transaction "+e.Token, err)
+		}
+		switch {
+		case status == nil:
+			return ferrydriver.TxOutcomeUnknown, nil // too old to tell
+		case *status == "committed":
+			return ferrydriver.TxCommitted, nil
+		case *status == "aborted":
+			return ferrydriver.TxAborted, nil
+		}
+		select {
+		case <-ctx.Done():
+			return ferrydriver.TxOutcomeUnknown, fmt.Errorf("ferrypg: transaction %s still in progress: %w", e.Token, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// ClaimRequestTx implements ferrydriver.Transactor.
+func (d *Driver[TTx]) ClaimRequestTx(ctx context.Context, tx TTx, p *ferrydriver.ClaimRequestParams) error {
+	n, err := d.wrapTx(tx).exec(ctx, d.queries.requestClaim, p.ID, p.Fingerprint)
+	if err != nil {
+		return d.wrapErr("record request "+p.ID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("ferrypg: request %s: %w", p.ID, ferrydriver.ErrRequestExists)
+	}
+	return nil
+}
+
+// FinishRequestTx implements ferrydriver.Transactor.
+func (d *Driver[TTx]) FinishRequestTx(ctx context.Context, tx TTx, p *ferrydriver.FinishRequestParams) error {
+	if _, err := d.wrapTx(tx).exec(ctx, d.queries.requestFinish, p.ID, p.Result); err != nil {
+		return d.wrapErr("store the result of request "+p.ID, err)
+	}
+	return nil
+}
+
+// GetRequest implements ferrydriver.Transactor.
+func (d *Driver[TTx]) GetRequest(ctx context.Context, id string) (*ferrydriver.RequestRecord, error) {
+	rec := &ferrydriver.RequestRecord{ID: id}
+	err := queryRow(ctx, d.db, []any{&rec.Fingerprint, &rec.Result, &rec.CreatedAt}, d.queries.requestGet, id)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("ferrypg: request %s: %w", id, ferrydriver.ErrNotFound)
+	}
+	if err != nil {
+		return nil, d.wrapErr("read request "+id, err)
+	}
+	return rec, nil
+}
+
+// DeleteRequests implements ferrydriver.Transactor.
+func (d *Driver[TTx]) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 5000
+	}
+	n, err := d.db.exec(ctx, d.queries.requestDelete, p.OlderThan.Milliseconds(), limit)
+	if err != nil {
+		return 0, d.wrapErr("delete old request records", err)
+	}
+	return n, nil
+}
+var _ ferrydriver.Transactor[pgx.Tx] = (*Driver[pgx.Tx])(nil)
+var _ ferrydriver.Transactor[*sql.Tx] = (*Driver[*sql.Tx])(nil)
