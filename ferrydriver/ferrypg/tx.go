@@ -171,5 +171,6 @@ func (d *Driver[TTx]) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteR
 	}
 	return n, nil
 }
+
 var _ ferrydriver.Transactor[pgx.Tx] = (*Driver[pgx.Tx])(nil)
 var _ ferrydriver.Transactor[*sql.Tx] = (*Driver[*sql.Tx])(nil)
