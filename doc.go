@@ -33,6 +33,24 @@ database/sql users pass a *sql.Tx to a driver made by ferrypg.NewSQL. An
 embedded SQLite database works the same way with ferrysqlite.Open; begin
 transactions on its DB() handle and pass the *sql.Tx.
 
+# Transactions that retry, and idempotent requests
+
+RunTx runs a callback in a transaction and runs it again when the database
+says it lost a race (a serialization failure, a deadlock), never when a
+commit's answer was lost: that is resolved by asking the database, or the
+request record. With TxOptions.RequestID the result is stored in the same
+transaction, and a resend returns it:
+
+	res, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{RequestID: reqID, Input: in},
+		func(ctx context.Context, tx pgx.Tx) (Result, error) {
+			id := ferry.StableID(ctx, "order") // the same on every attempt
+			...
+			return Result{ID: id}, client.EmitTx(ctx, tx, ev)
+		})
+
+The callback must have no effect outside the transaction: emit an event and
+act on it in a consumer.
+
 # Relaying
 
 A Relay tails the outbox in commit order and publishes to a sink (NATS

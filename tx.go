@@ -322,7 +322,8 @@ func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 }
 
 func resolveCommit[TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], cu *ferrydriver.CommitUnknownError, o *TxOptions, log *slog.Logger, attempt int) ferrydriver.TxOutcome {
-	rctx, cancel := context.WithTimeout(ctx, o.ResolveTimeout)
+	// Resolved even if ctx ended: the caller must learn what happened.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.ResolveTimeout)
 	defer cancel()
 	outcome, err := t.ResolveCommit(rctx, cu)
 	if err != nil {

@@ -3,6 +3,7 @@ package ferrypg_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -125,4 +126,58 @@ func TestTransactorSuiteRepeatableRead(t *testing.T) {
 	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[pgx.Tx] {
 		return newDriver(t, &ferrypg.Config{TxIsolation: ferrypg.RepeatableRead})
 	})
+}
+
+// TestClassifyTxErrors: serialization failures and deadlocks run again and
+// name the contended table; other errors do not.
+func TestClassifyTxErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newDriver(t, &ferrypg.Config{TxIsolation: ferrypg.RepeatableRead})
+	pool := pgtest.Pool(t)
+	table := drv.Schema() + ".hot"
+	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL); INSERT INTO `+table+` VALUES (1, 0), (2, 0)`)
+	require.NoError(t, err)
+
+	// Two REPEATABLE READ transactions update one row: the second fails.
+	first, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	second, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	_, err = second.Exec(ctx, `SELECT n FROM `+table+` WHERE id = 1`) // take the snapshot
+	require.NoError(t, err)
+	_, err = first.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = 1`)
+	require.NoError(t, err)
+	require.NoError(t, first.Commit(ctx))
+	_, err = second.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = 1`)
+	require.Error(t, err)
+	_ = second.Rollback(ctx)
+	info := drv.ClassifyTxError(err)
+	require.Equal(t, ferrydriver.TxRetry, info.Class)
+	require.Equal(t, "serialization_failure", info.Cause)
+
+	// A deadlock: each holds one row and wants the other's.
+	a, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = a.Rollback(ctx) }()
+	b, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = b.Rollback(ctx) }()
+	_, err = a.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = 1`)
+	require.NoError(t, err)
+	_, err = b.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = 2`)
+	require.NoError(t, err)
+	errs := make(chan error, 2)
+	go func() { _, err := a.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = 2`); errs <- err }()
+	go func() { _, err := b.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = 1`); errs <- err }()
+	err = <-errs
+	if err == nil {
+		err = <-errs
+	}
+	info = drv.ClassifyTxError(err)
+	require.Equal(t, ferrydriver.TxRetry, info.Class, "%v", err)
+	require.Equal(t, "deadlock_detected", info.Cause)
+	require.Equal(t, "hot", info.Relation)
+
+	require.Equal(t, ferrydriver.TxPermanent, drv.ClassifyTxError(errors.New("boom")).Class)
 }

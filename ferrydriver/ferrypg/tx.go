@@ -35,14 +35,12 @@ func (d *Driver[TTx]) AttemptTx(ctx context.Context, fn func(ctx context.Context
 	}
 	if err := commit(ctx); err != nil {
 		var pgErr *pgconn.PgError
-		switch {
-		case errors.As(err, &pgErr):
+		if errors.As(err, &pgErr) {
 			return err // the server answered: rolled back (a serialization failure at commit, say)
-		case pgconn.SafeToRetry(err):
-			return err // COMMIT was never sent
-		case ctx.Err() != nil && !isConnError(err):
-			return err
 		}
+		// Anything else may have happened after COMMIT reached the server,
+		// whatever the error claims (pgx reports a connection it closed
+		// while waiting for COMMIT's answer as safe to retry): ask.
 		return &ferrydriver.CommitUnknownError{Token: xid, Err: err}
 	}
 	return nil

@@ -1,0 +1,257 @@
+package ferry_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeTx is the transaction of fakeTransactor: its writes apply at commit.
+type fakeTx struct{ writes []string }
+
+var errConflict = errors.New("conflict")
+
+// fakeTransactor scripts attempt outcomes: each entry of plan is the error
+// the attempt's commit returns (nil commits).
+type fakeTransactor struct {
+	mu        sync.Mutex
+	plan      []error
+	attempts  int
+	committed [][]string
+	requests  map[string]*ferrydriver.RequestRecord
+	pending   map[*fakeTx]*ferrydriver.RequestRecord
+	resolve   ferrydriver.TxOutcome
+}
+
+func newFake(plan ...error) *fakeTransactor {
+	return &fakeTransactor{plan: plan, requests: map[string]*ferrydriver.RequestRecord{}, pending: map[*fakeTx]*ferrydriver.RequestRecord{}}
+}
+
+func (f *fakeTransactor) AttemptTx(ctx context.Context, fn func(context.Context, *fakeTx) error) error {
+	f.mu.Lock()
+	f.attempts++
+	var planned error
+	if len(f.plan) > 0 {
+		planned, f.plan = f.plan[0], f.plan[1:]
+	}
+	f.mu.Unlock()
+	tx := &fakeTx{}
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var cu *ferrydriver.CommitUnknownError
+	if planned != nil && !(errors.As(planned, &cu) && f.resolve == ferrydriver.TxCommitted) {
+		delete(f.pending, tx)
+		return planned
+	}
+	f.committed = append(f.committed, tx.writes)
+	if rec := f.pending[tx]; rec != nil {
+		f.requests[rec.ID] = rec
+	}
+	return planned
+}
+
+func (f *fakeTransactor) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
+	if errors.Is(err, errConflict) {
+		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "conflict", Relation: "t"}
+	}
+	return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent}
+}
+
+func (f *fakeTransactor) ResolveCommit(context.Context, *ferrydriver.CommitUnknownError) (ferrydriver.TxOutcome, error) {
+	return f.resolve, nil
+}
+
+func (f *fakeTransactor) ClaimRequestTx(_ context.Context, tx *fakeTx, p *ferrydriver.ClaimRequestParams) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.requests[p.ID]; ok {
+		return ferrydriver.ErrRequestExists
+	}
+	f.pending[tx] = &ferrydriver.RequestRecord{ID: p.ID, Fingerprint: p.Fingerprint}
+	return nil
+}
+
+func (f *fakeTransactor) FinishRequestTx(_ context.Context, tx *fakeTx, p *ferrydriver.FinishRequestParams) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pending[tx].Result = p.Result
+	return nil
+}
+
+func (f *fakeTransactor) GetRequest(_ context.Context, id string) (*ferrydriver.RequestRecord, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r, ok := f.requests[id]; ok {
+		return r, nil
+	}
+	return nil, ferrydriver.ErrNotFound
+}
+
+func (f *fakeTransactor) DeleteRequests(context.Context, *ferrydriver.DeleteRequestsParams) (int64, error) {
+	return 0, nil
+}
+
+var quiet = &ferry.TxOptions{Logger: slog.New(slog.DiscardHandler), RetryBase: time.Millisecond, RetryMax: 2 * time.Millisecond}
+
+func opts(mod func(o *ferry.TxOptions)) *ferry.TxOptions {
+	o := *quiet
+	mod(&o)
+	return &o
+}
+
+func TestRunTxRerunsTheWholeCallbackWithStableIDs(t *testing.T) {
+	f := newFake(errConflict, errConflict, nil)
+	var named []uuid.UUID
+	var attempts []int
+	n, err := ferry.RunTx(context.Background(), f, quiet, func(ctx context.Context, tx *fakeTx) (int, error) {
+		named = append(named, ferry.StableID(ctx, "company"))
+		attempts = append(attempts, ferry.TxAttempt(ctx))
+		tx.writes = append(tx.writes, "w")
+		return 7, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 7, n)
+	require.Equal(t, []int{1, 2, 3}, attempts)
+	require.Len(t, named, 3)
+	require.Equal(t, named[0], named[1])
+	require.Equal(t, named[0], named[2])
+	require.Len(t, f.committed, 1, "only the last attempt committed")
+	require.NotEqual(t, named[0], ferry.StableID(context.Background(), "company"), "outside RunTx each call is new")
+}
+
+func TestRunTxStopsOnPermanentErrorsAndBudgets(t *testing.T) {
+	boom := errors.New("boom")
+	f := newFake()
+	_, err := ferry.RunTx(context.Background(), f, quiet, func(context.Context, *fakeTx) (int, error) { return 0, boom })
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, 1, f.attempts, "a permanent error is not retried")
+
+	f = newFake(errConflict, errConflict, errConflict, errConflict, errConflict)
+	_, err = ferry.RunTx(context.Background(), f, opts(func(o *ferry.TxOptions) { o.MaxAttempts = 3 }), func(context.Context, *fakeTx) (int, error) { return 1, nil })
+	var ex *ferry.TxRetriesExhaustedError
+	require.ErrorAs(t, err, &ex)
+	require.Equal(t, 3, ex.Attempts)
+	require.Equal(t, "conflict", ex.Cause)
+	require.ErrorIs(t, err, errConflict)
+	require.Equal(t, 3, f.attempts)
+
+	f = newFake(errConflict, errConflict, errConflict, errConflict, errConflict)
+	_, err = ferry.RunTx(context.Background(), f, opts(func(o *ferry.TxOptions) {
+		o.MaxElapsed, o.RetryBase, o.RetryMax = 30*time.Millisecond, 20*time.Millisecond, 20*time.Millisecond
+	}), func(context.Context, *fakeTx) (int, error) { return 1, nil })
+	require.ErrorAs(t, err, &ex)
+	require.Less(t, ex.Attempts, 5, "the time budget stops it first")
+
+	f = newFake(errConflict, errConflict, errConflict)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = ferry.RunTx(ctx, f, opts(func(o *ferry.TxOptions) { o.RetryBase, o.RetryMax = time.Second, time.Second }), func(context.Context, *fakeTx) (int, error) { return 1, nil })
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+func TestRunTxResolvesALostCommitAnswer(t *testing.T) {
+	lost := &ferrydriver.CommitUnknownError{Token: "1", Err: errors.New("connection reset")}
+	for _, c := range []struct {
+		outcome  ferrydriver.TxOutcome
+		attempts int
+		err      error
+	}{
+		{ferrydriver.TxCommitted, 1, nil},                         // committed: fn's result, not run again
+		{ferrydriver.TxAborted, 2, nil},                           // rolled back: run again
+		{ferrydriver.TxOutcomeUnknown, 1, ferry.ErrCommitUnknown}, // cannot tell: say so
+	} {
+		f := newFake(lost)
+		f.resolve = c.outcome
+		n, err := ferry.RunTx(context.Background(), f, quiet, func(context.Context, *fakeTx) (int, error) { return 5, nil })
+		require.Equal(t, c.attempts, f.attempts, "outcome %v", c.outcome)
+		if c.err != nil {
+			require.ErrorIs(t, err, c.err)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, 5, n)
+		require.Len(t, f.committed, 1)
+	}
+}
+
+type linkResult struct {
+	ID    uuid.UUID `json:"id"`
+	Count int       `json:"count"`
+}
+
+func TestRunTxIdempotentRequests(t *testing.T) {
+	f := newFake()
+	runs := 0
+	call := func(input string) (linkResult, error) {
+		return ferry.RunTx(context.Background(), f, opts(func(o *ferry.TxOptions) { o.RequestID, o.Input = "req-1", input }),
+			func(ctx context.Context, tx *fakeTx) (linkResult, error) {
+				runs++
+				return linkResult{ID: ferry.StableID(ctx, "x"), Count: runs}, nil
+			})
+	}
+	first, err := call("a")
+	require.NoError(t, err)
+	again, err := call("a")
+	require.NoError(t, err)
+	require.Equal(t, first, again, "a resend returns the stored result")
+	require.Equal(t, 1, runs, "without running the callback")
+	_, err = call("b")
+	var conflict *ferry.RequestConflictError
+	require.ErrorAs(t, err, &conflict)
+	require.Equal(t, 1, runs)
+
+	// The answer of the first commit was lost and nobody can tell: the
+	// request record can.
+	f = newFake(&ferrydriver.CommitUnknownError{Err: errors.New("reset")})
+	f.resolve = ferrydriver.TxCommitted
+	n, err := ferry.RunTx(context.Background(), f, opts(func(o *ferry.TxOptions) { o.RequestID = "r" }), func(context.Context, *fakeTx) (int, error) { return 3, nil })
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+}
+
+// Events emitted with EmitTx in RunTx get the same IDs on every attempt.
+func TestEmitTxIDsAreStableAcrossAttempts(t *testing.T) {
+	drv := newCapturingDriver()
+	c, err := ferry.NewClient[*fakeTx](drv, nil)
+	require.NoError(t, err)
+	f := newFake(errConflict, nil)
+	var ids [][]uuid.UUID
+	_, err = ferry.RunTx(context.Background(), f, quiet, func(ctx context.Context, tx *fakeTx) (int, error) {
+		a := &ferry.Event{Topic: "t", Key: "k", Type: "A"}
+		b := &ferry.Event{Topic: "t", Key: "k", Type: "B"}
+		if err := c.EmitTx(ctx, tx, a, b); err != nil {
+			return 0, err
+		}
+		ids = append(ids, []uuid.UUID{a.ID, b.ID})
+		return 0, nil
+	})
+	require.NoError(t, err)
+	require.Len(t, ids, 2)
+	require.Equal(t, ids[0], ids[1])
+	require.NotEqual(t, ids[0][0], ids[0][1])
+}
+
+// capturingDriver is a Driver whose AppendTx records into the fake tx.
+type capturingDriver struct {
+	ferrydriver.Store // not used by these tests
+}
+
+func newCapturingDriver() *capturingDriver { return &capturingDriver{} }
+
+func (d *capturingDriver) AppendTx(_ context.Context, tx *fakeTx, p *ferrydriver.AppendParams) error {
+	for _, ev := range p.Events {
+		tx.writes = append(tx.writes, ev.ID.String())
+	}
+	return nil
+}
