@@ -358,3 +358,42 @@ func fingerprint(input any) (string, error) {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:]), nil
 }
+
+// RequestPruner removes old request records (every Transactor is one).
+type RequestPruner interface {
+	DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error)
+}
+
+// KeepRequests removes request records older than retention every
+// interval (default: retention/10, at most an hour), in batches, until ctx
+// ends. Keep records as long as clients may resend a request: a resend
+// after its record is gone runs again. Run it in one goroutine per
+// database:
+//
+//	go ferry.KeepRequests(ctx, drv, 7*24*time.Hour, 0)
+func KeepRequests(ctx context.Context, p RequestPruner, retention, interval time.Duration) error {
+	if retention <= 0 {
+		return fmt.Errorf("ferry: KeepRequests needs a positive retention, got %v", retention)
+	}
+	if interval <= 0 {
+		interval = min(retention/10, time.Hour)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		for {
+			n, err := p.DeleteRequests(ctx, &ferrydriver.DeleteRequestsParams{OlderThan: retention, Limit: 5000})
+			if err != nil && ctx.Err() == nil {
+				slog.Default().Warn("ferry: could not delete old request records", "err", err)
+			}
+			if err != nil || n < 5000 {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

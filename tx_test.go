@@ -255,3 +255,29 @@ func (d *capturingDriver) AppendTx(_ context.Context, tx *fakeTx, p *ferrydriver
 	}
 	return nil
 }
+
+type countingPruner struct {
+	mu    sync.Mutex
+	calls int
+	left  int64
+}
+
+func (p *countingPruner) DeleteRequests(_ context.Context, d *ferrydriver.DeleteRequestsParams) (int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	n := min(p.left, int64(d.Limit))
+	p.left -= n
+	return n, nil
+}
+
+func TestKeepRequestsDeletesInBatchesUntilStopped(t *testing.T) {
+	p := &countingPruner{left: 12000}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ferry.KeepRequests(ctx, p, time.Hour, 10*time.Millisecond) }()
+	require.Eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.left == 0 && p.calls >= 4 }, 5*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.Error(t, ferry.KeepRequests(context.Background(), p, 0, 0))
+}
