@@ -170,9 +170,11 @@ func TestClassifyTxErrors(t *testing.T) {
 	errs := make(chan error, 2)
 	go func() { _, err := a.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = 2`); errs <- err }()
 	go func() { _, err := b.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = 1`); errs <- err }()
-	err = <-errs
+	// The victim fails; the other then gets its row. Wait for both, so
+	// that no Exec still runs on a connection when it is rolled back.
+	err, other := <-errs, <-errs
 	if err == nil {
-		err = <-errs
+		err = other
 	}
 	info = drv.ClassifyTxError(err)
 	require.Equal(t, ferrydriver.TxRetry, info.Class, "%v", err)
