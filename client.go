@@ -109,9 +109,11 @@ func (c *Client[TTx]) prepare(ctx context.Context, events []*Event) error {
 		if ev == nil {
 			return fmt.Errorf("ferry: event %d is nil", i)
 		}
-		if ev.ID == uuid.Nil {
-			// Inside RunTx: the same ID as this event had on earlier attempts.
-			ev.ID = nextEventID(ctx)
+		// Inside RunTx, the n-th event emitted takes the n-th ID of the
+		// call, on every attempt; an event that has an ID keeps it (and
+		// its slot), so that the others stay aligned.
+		if id := nextEventID(ctx); ev.ID == uuid.Nil {
+			ev.ID = id
 		}
 		if err := ferryevent.Prepare(ev, i, c.cfg.MaxPayloadBytes, now); err != nil {
 			return err

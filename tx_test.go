@@ -281,3 +281,24 @@ func TestKeepRequestsDeletesInBatchesUntilStopped(t *testing.T) {
 	require.NoError(t, <-done)
 	require.Error(t, ferry.KeepRequests(context.Background(), p, 0, 0))
 }
+
+// An event built outside the callback keeps the ID it got on the first
+// attempt, and the events emitted after it keep theirs: no two events of
+// one commit share an ID.
+func TestEmitTxIDsStayAlignedWithReusedEvents(t *testing.T) {
+	c, err := ferry.NewClient[*fakeTx](newCapturingDriver(), nil)
+	require.NoError(t, err)
+	outer := &ferry.Event{Topic: "t", Key: "k", Type: "Outer"}
+	f := newFake(errConflict, nil)
+	var inner []uuid.UUID
+	_, err = ferry.RunTx(context.Background(), f, quiet, func(ctx context.Context, tx *fakeTx) (int, error) {
+		b := &ferry.Event{Topic: "t", Key: "k", Type: "Inner"}
+		err := c.EmitTx(ctx, tx, outer, b)
+		inner = append(inner, b.ID)
+		return 0, err
+	})
+	require.NoError(t, err)
+	require.Equal(t, inner[0], inner[1])
+	require.NotEqual(t, outer.ID, inner[1])
+	require.Equal(t, []string{outer.ID.String(), inner[1].String()}, f.committed[0])
+}

@@ -10,12 +10,15 @@
 // by ferry.RunTx:
 //
 //   - Two requests for different companies still meet on the shared
-//     sequence row. Under REPEATABLE READ (PostgreSQL) the loser gets a
-//     serialization failure and RunTx runs the whole callback again, with
-//     fresh reads; nothing half-done survives.
+//     sequence row. Under REPEATABLE READ (PostgreSQL, as the tests run it)
+//     the loser gets a serialization failure and RunTx runs the whole
+//     callback again, with fresh reads: nothing of the failed attempt
+//     survives, and display numbers have no gaps.
 //   - Two requests for the same company meet on the unique business key:
-//     the loser's insert does nothing and it reads the winner's company (or,
-//     under REPEATABLE READ, it is aborted and its rerun sees it).
+//     under REPEATABLE READ the loser is aborted and its rerun finds the
+//     company. Under READ COMMITTED its insert does nothing and it reads the
+//     winner's company, but the sequence number it took commits unused: a
+//     gap.
 //   - A resent request (same request ID and input) returns the stored result
 //     without running again; the same ID with another input is refused.
 //   - The e-mail to the new member is not sent here: the event is, through
@@ -58,8 +61,8 @@ type App struct {
 	// sequence in a short transaction of its own, before the main one
 	// (see ReserveDisplayNumber).
 	ReserveNumbersFirst bool
-	// Exec runs statements outside a request (schema, sequence
-	// reservations); on SQLite it must be the driver's DB().
+	// exec runs statements outside a request (schema, sequence
+	// reservations); on SQLite it is the driver's DB().
 	exec *sql.DB
 }
 
@@ -181,8 +184,8 @@ func CanonicalKey(in LinkInput) (string, error) {
 // its own. Taking it before the request's transaction keeps the shared
 // sequence row out of that transaction (no request waits on or conflicts
 // over it for longer than one UPDATE) at the price of gaps: a number taken
-// for a request that then fails, or finds the company already exists, is
-// never used.
+// for a request that then fails, finds the company already exists, or is a
+// resend answered from its stored result, is never used.
 func (a *App) ReserveDisplayNumber(ctx context.Context) (int64, error) {
 	var n int64
 	err := a.exec.QueryRowContext(ctx, a.q(`UPDATE sequences SET value = value + 1 WHERE name = 'company_display_number' RETURNING value`)).Scan(&n)

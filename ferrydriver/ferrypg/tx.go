@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -34,8 +35,11 @@ func (d *Driver[TTx]) AttemptTx(ctx context.Context, fn func(ctx context.Context
 		return err
 	}
 	if err := commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxCommitRollback) {
+			return err // the transaction had failed before COMMIT: the server rolled it back
+		}
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		if errors.As(err, &pgErr) && definitive(pgErr) {
 			return err // the server answered: rolled back (a serialization failure at commit, say)
 		}
 		// Anything else may have happened after COMMIT reached the server,
@@ -44,6 +48,17 @@ func (d *Driver[TTx]) AttemptTx(ctx context.Context, fn func(ctx context.Context
 		return &ferrydriver.CommitUnknownError{Token: xid, Err: err}
 	}
 	return nil
+}
+
+// definitive reports whether an error answering COMMIT means it did not
+// happen. A FATAL or PANIC (the session was terminated, the server shut
+// down), a connection-class error (08, from a pooler) or an operator
+// intervention (57P0x) can come after the commit record was written.
+func definitive(e *pgconn.PgError) bool {
+	if e.Severity == "FATAL" || e.Severity == "PANIC" {
+		return false
+	}
+	return !strings.HasPrefix(e.Code, "08") && !strings.HasPrefix(e.Code, "57P0")
 }
 
 var relationRE = regexp.MustCompile(`relation "([^"]+)"`)
@@ -55,10 +70,14 @@ func (d *Driver[TTx]) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		info := ferrydriver.TxErrorInfo{Cause: pgErr.Code, Relation: pgErr.TableName}
-		switch pgErr.Code {
-		case "40001":
+		switch {
+		case !definitive(pgErr):
+			// The session ended (terminated, server shutdown): its
+			// transaction rolled back with it.
+			info.Class, info.Cause = ferrydriver.TxRetry, "connection_lost"
+		case pgErr.Code == "40001":
 			info.Class, info.Cause = ferrydriver.TxRetry, "serialization_failure"
-		case "40P01":
+		case pgErr.Code == "40P01":
 			info.Class, info.Cause = ferrydriver.TxRetry, "deadlock_detected"
 		}
 		if info.Relation == "" {
@@ -77,6 +96,9 @@ func (d *Driver[TTx]) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
 	var cu *ferrydriver.CommitUnknownError
 	if errors.As(err, &cu) {
 		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxCommitUnknown, Cause: "commit_unknown"}
+	}
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent, Cause: "commit_rolled_back"}
 	}
 	if isConnError(err) || pgconn.SafeToRetry(err) {
 		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "connection_lost"}

@@ -120,6 +120,9 @@ func (c *notifyConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver
 	if err != nil {
 		return nil, err
 	}
+	// Notes left by a transaction of another handle on the file belong to
+	// no transaction of this connection: drop them.
+	c.events.rolledBack()
 	c.inTx = true
 	return &notifyTx{inner: tx, conn: c}, nil
 }
@@ -155,13 +158,18 @@ func (c *notifyConn) QueryContext(ctx context.Context, query string, args []driv
 		done()
 		return nil, err
 	}
-	return &releasingRows{Rows: rows, done: done}, nil
+	rr := &releasingRows{Rows: rows, done: done}
+	if !c.inTx {
+		rr.committed = c.events.committed // an autocommit write (UPDATE ... RETURNING) commits when its rows end
+	}
+	return rr, nil
 }
 
 // releasingRows gives its statement back to the cache when closed.
 type releasingRows struct {
 	driver.Rows
-	done func()
+	done      func()
+	committed func()
 }
 
 func (r *releasingRows) Close() error {
@@ -169,6 +177,10 @@ func (r *releasingRows) Close() error {
 	if r.done != nil {
 		r.done()
 		r.done = nil
+	}
+	if r.committed != nil && err == nil {
+		r.committed()
+		r.committed = nil
 	}
 	return err
 }

@@ -79,6 +79,7 @@ type Driver struct {
 	path   string
 	w      *sql.DB // the write handle: one connection, BEGIN IMMEDIATE
 	r      *sql.DB // the read handle: query_only connections
+	rconn  *connector
 	events *commitEvents
 }
 
@@ -121,10 +122,11 @@ func Open(path string, cfg *Config) (*Driver, error) {
 	rq := url.Values{}
 	rq.Add("_pragma", "busy_timeout("+strconv.FormatInt(c.BusyTimeout.Milliseconds(), 10)+")")
 	rq.Add("_pragma", "query_only(1)")
-	r := sql.OpenDB(&connector{dsn: path + "?" + rq.Encode(), inner: &sqlite.Driver{}, events: newCommitEvents()})
+	rconn := &connector{dsn: path + "?" + rq.Encode(), inner: &sqlite.Driver{}, events: newCommitEvents()}
+	r := sql.OpenDB(rconn)
 	r.SetMaxOpenConns(c.ReadConns)
 	r.SetMaxIdleConns(c.ReadConns)
-	return &Driver{cfg: c, path: path, w: w, r: r, events: events}, nil
+	return &Driver{cfg: c, path: path, w: w, r: r, rconn: rconn, events: events}, nil
 }
 
 // DB returns the write handle, for the application's own transactions:
@@ -165,9 +167,27 @@ func (d *Driver) PartitionOf(key string) int {
 	return int(h.Sum32() % uint32(d.cfg.Partitions))
 }
 
+// holdsWriter marks a context whose goroutine holds the write connection
+// (inside RunInTx: a consumer handler, a RunTx callback).
+type holdsWriter struct{}
+
+// ErrWriterHeld is returned when a write is asked for on a context that
+// already holds the write transaction: it would wait for itself forever.
+var ErrWriterHeld = errors.New("ferrysqlite: this call needs the write connection, which the transaction of this context holds: " +
+	"inside a handler or RunTx callback, write through its tx (EmitTx, not Emit; no nested RunTx)")
+
+// beginWrite begins a transaction on the write handle, refusing to wait
+// for a connection the caller itself holds.
+func (d *Driver) beginWrite(ctx context.Context) (*sql.Tx, error) {
+	if ctx.Value(holdsWriter{}) != nil {
+		return nil, ErrWriterHeld
+	}
+	return d.w.BeginTx(ctx, nil)
+}
+
 // write runs fn in a write transaction on the write handle.
 func (d *Driver) write(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
-	tx, err := d.w.BeginTx(ctx, nil)
+	tx, err := d.beginWrite(ctx)
 	if err != nil {
 		return d.wrapErr(op, err)
 	}

@@ -2,6 +2,7 @@ package ferrysqlite
 
 import (
 	"context"
+	"errors"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -40,6 +41,7 @@ const dataVersionInterval = 20 * time.Millisecond
 
 type feed struct {
 	d         *Driver
+	db        *sql.DB // a handle of its own, so feeds never use up the read pool
 	conn      *sql.Conn
 	partition int
 	pos       cursor
@@ -53,13 +55,16 @@ func (d *Driver) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) (f
 	if err != nil {
 		return nil, err
 	}
-	conn, err := d.r.Conn(ctx)
+	db := sql.OpenDB(d.rconn)
+	db.SetMaxOpenConns(1)
+	conn, err := db.Conn(ctx)
 	if err != nil {
+		_ = db.Close()
 		return nil, d.wrapErr("open feed "+p.Feed, err)
 	}
-	f := &feed{d: d, conn: conn, partition: p.Partition, pos: pos}
+	f := &feed{d: d, db: db, conn: conn, partition: p.Partition, pos: pos}
 	if f.version, err = f.dataVersion(ctx); err != nil {
-		_ = conn.Close()
+		_ = f.Close()
 		return nil, err
 	}
 	return f, nil
@@ -113,6 +118,9 @@ func (f *feed) wait(ctx context.Context, wake <-chan struct{}, tick <-chan time.
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-wake:
+			if v, err := f.dataVersion(ctx); err == nil {
+				f.version = v // this process's commit: no second look at the next tick
+			}
 			return nil
 		case <-timer.C:
 			return nil
@@ -136,6 +144,7 @@ func (f *feed) read(ctx context.Context, limit int) (*ferrydriver.Batch, error) 
 	}
 	defer rows.Close()
 	b := &ferrydriver.Batch{}
+	pos := f.pos // moved only once the whole batch was read
 	for rows.Next() {
 		var id int64
 		ev := &ferryevent.Event{}
@@ -146,7 +155,7 @@ func (f *feed) read(ctx context.Context, limit int) (*ferrydriver.Batch, error) 
 			return nil, f.d.wrapErr("read feed", err)
 		}
 		ev.CreatedAt = fromMicros(created)
-		f.pos.After = id
+		pos.After = id
 		if err := ev.ID.UnmarshalText([]byte(eventID)); err != nil {
 			b.Invalid = append(b.Invalid, &ferrydriver.InvalidRecord{Event: *ev, Reason: "invalid outbox row: event id " + eventID + ": " + err.Error()})
 			continue
@@ -164,9 +173,10 @@ func (f *feed) read(ctx context.Context, limit int) (*ferrydriver.Batch, error) 
 	if err := rows.Err(); err != nil {
 		return nil, f.d.wrapErr("read feed", err)
 	}
+	f.pos = pos
 	b.Cursor = f.pos.encode()
 	return b, nil
 }
 
 // Close implements ferrydriver.Feed.
-func (f *feed) Close() error { return f.conn.Close() }
+func (f *feed) Close() error { return errors.Join(f.conn.Close(), f.db.Close()) }

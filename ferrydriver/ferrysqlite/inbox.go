@@ -245,11 +245,11 @@ UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by
 
 // RunInTx implements ferrydriver.Inbox: fn runs in a transaction of DB().
 func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	tx, err := d.w.BeginTx(ctx, nil)
+	tx, err := d.beginWrite(ctx)
 	if err != nil {
 		return d.wrapErr("begin", err)
 	}
-	if err := fn(ctx, tx); err != nil {
+	if err := fn(context.WithValue(ctx, holdsWriter{}, true), tx); err != nil {
 		_ = tx.Rollback()
 		return err
 	}

@@ -2,7 +2,9 @@ package ferrysqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -118,4 +120,36 @@ func TestOpenRejectsBadInput(t *testing.T) {
 	require.ErrorContains(t, err, "create it first")
 	_, err = ferrysqlite.Open(filepath.Join(t.TempDir(), "x.db"), &ferrysqlite.Config{Synchronous: "sometimes"})
 	require.ErrorContains(t, err, "use FULL, NORMAL or EXTRA")
+}
+
+// A write asked for inside a transaction of the single write connection
+// fails at once instead of waiting for itself.
+func TestWriteInsideItsOwnTransactionFailsFast(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	drv := newDriver(t)
+	err := drv.RunInTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		return drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}})
+	})
+	require.ErrorIs(t, err, ferrysqlite.ErrWriterHeld)
+	require.NoError(t, ctx.Err(), "it did not wait")
+}
+
+// Feeds have connections of their own: many open feeds leave the read
+// pool to everything else.
+func TestManyFeedsDoNotStarveReads(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	drv, err := ferrysqlite.Open(filepath.Join(t.TempDir(), "f.db"), &ferrysqlite.Config{ReadConns: 2, Partitions: 8})
+	require.NoError(t, err)
+	defer drv.Close()
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	for p := range 8 {
+		f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "f/" + strconv.Itoa(p), Partition: p})
+		require.NoError(t, err)
+		defer f.Close()
+	}
+	_, err = drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "f/0"})
+	require.NoError(t, err)
 }
