@@ -1,1 +1,75 @@
+// Package ferrymongo is Ferry's MongoDB backend, on the official driver
+// (go.mongodb.org/mongo-driver/v2). Work in progress: the outbox, its
+// change-stream feed with recovery, leases, checkpoints, dead letters and
+// retention are written; the inbox, settlement and the RunTx transactor
+// are not yet. See "How it is verified" below before relying on it.
+//
+// # Requirements
+//
+// A replica set or a sharded cluster: change streams and transactions do
+// not exist on a standalone mongod, and New refuses one, saying how to fix
+// it. For development a single-node replica set is enough:
+//
+//	mongod --replSet rs0 --dbpath /var/lib/mongodb
+//	mongosh --eval 'rs.initiate()'
+//
+// # Emitting
+//
+// Events are written in the caller's session transaction with
+// majority write concern; the transaction type is the context.Context that
+// Session.WithTransaction passes to its callback:
+//
+//	_, err := sess.WithTransaction(ctx, func(tx context.Context) (any, error) {
+//		if _, err := orders.InsertOne(tx, order); err != nil {
+//			return nil, err
+//		}
+//		return nil, client.EmitTx(ctx, tx, ev)
+//	})
+//
+// Each event takes its key's next sequence number from the keys
+// collection in the same transaction, so producers of one key conflict
+// (WriteConflict, labelled TransientTransactionError: WithTransaction runs
+// the callback again) and producers of different keys never do.
+//
+// # The feed
+//
+// The feed is a change stream on the outbox collection: inserts of its
+// partition, never projected (the driver resumes from each change's _id).
+// Its position is the resume token after the last event read, saved by the
+// relay only once the sink acknowledged the batch, and on a quiet outbox
+// the postBatchResumeToken, so that the saved position never ages out of
+// the oplog while nothing happens. The stream is opened with startAfter,
+// which also crosses an invalidate (the outbox dropped or renamed).
+//
+// When the oplog no longer holds the saved position (ChangeStreamHistoryLost,
+// an invalid token), nothing is skipped silently: the feed takes the
+// current cluster time, publishes every event of the partition created
+// since the last acknowledged one minus Config.RecoveryMargin (longer than
+// MongoDB's transaction lifetime limit plus clock skew), per key in
+// sequence order, and then opens a new stream at that cluster time. Events
+// committed during the scan come twice; consumers deduplicate by event ID.
+// Retention (the relay's DeleteDelivered) never removes events a feed
+// might need for such a scan.
+//
+// # Oplog sizing
+//
+// The oplog must cover the longest relay outage you want to survive
+// without a recovery scan: oplog size ≥ oplog GB per hour × hours of
+// outage. Check the window with rs.printReplicationInfo().
+//
+// # Sharded clusters
+//
+// Keep the outbox collection unsharded: a change stream on one unsharded
+// collection is ordered, which per-key order relies on.
+//
+// # How it is verified
+//
+// No MongoDB server runs on the machines this project is built on. The
+// decisions (resume, recover or fail after a stream error; which token to
+// save; rerun, retry the commit or give up in a transaction) are functions
+// unit-tested against every rule of the driver specifications. Error paths
+// that involve the real driver run against scripted server replies
+// (Debian's python3-mockupdb). The behavioural suite (ferrydrivertest)
+// runs only when FERRY_TEST_MONGODB_URL names a replica set; it has not
+// been run against a real server yet.
 package ferrymongo

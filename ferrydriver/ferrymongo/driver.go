@@ -1,0 +1,286 @@
+package ferrymongo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+)
+
+// Config configures a driver. The zero value is usable.
+type Config struct {
+	// Prefix names Ferry's collections: <Prefix>outbox, <Prefix>keys, ...
+	// Default "ferry_".
+	Prefix string
+	// Partitions splits the outbox by key hash, one relay per partition.
+	// Default 1; the same for every producer and relay.
+	Partitions int
+	// OutageAllowance is the longest relay outage the outbox retention
+	// must cover beyond the oplog window (checked at start-up). Default 24 h.
+	OutageAllowance time.Duration
+	// RecoveryMargin is how far before the last acknowledged event a
+	// recovery scan starts: at least the longest transaction (MongoDB's
+	// transactionLifetimeLimitSeconds, 60 s by default) plus the clock
+	// skew between producers. Default 5 min.
+	RecoveryMargin time.Duration
+	// Logger receives warnings. Default: discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Prefix == "" {
+		out.Prefix = "ferry_"
+	}
+	if out.Partitions == 0 {
+		out.Partitions = 1
+	}
+	if out.Partitions < 0 || out.Partitions > 4096 {
+		return out, fmt.Errorf("ferrymongo: Config.Partitions %d is out of range: use 1 to 4096", out.Partitions)
+	}
+	if out.OutageAllowance == 0 {
+		out.OutageAllowance = 24 * time.Hour
+	}
+	if out.RecoveryMargin == 0 {
+		out.RecoveryMargin = 5 * time.Minute
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return out, nil
+}
+
+// Driver is the MongoDB implementation of ferrydriver.Driver. Its
+// transaction type is the context.Context of a session transaction (the
+// one mongo.Session.WithTransaction passes to its callback).
+type Driver struct {
+	cfg    Config
+	client *mongo.Client
+	db     *mongo.Database
+	// collections
+	outbox, keys, checkpoints, leases, deadLetters *mongo.Collection
+}
+
+// New returns a driver over client's database dbName. It fails at once,
+// saying how to fix it, when the server is not a replica set member or
+// mongos (change streams and transactions need one). The client stays the
+// caller's.
+func New(ctx context.Context, client *mongo.Client, dbName string, cfg *Config) (*Driver, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if dbName == "" {
+		return nil, errors.New("ferrymongo: New needs a database name")
+	}
+	if err := checkTopology(ctx, client); err != nil {
+		return nil, err
+	}
+	majority := options.Collection().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Majority())
+	db := client.Database(dbName)
+	d := &Driver{cfg: c, client: client, db: db}
+	d.outbox = db.Collection(c.Prefix+"outbox", majority)
+	d.keys = db.Collection(c.Prefix+"keys", majority)
+	d.checkpoints = db.Collection(c.Prefix+"checkpoints", majority)
+	d.leases = db.Collection(c.Prefix+"leases", majority)
+	d.deadLetters = db.Collection(c.Prefix+"dead_letters", majority)
+	return d, nil
+}
+
+// hello is the part of the hello reply the topology check reads.
+type hello struct {
+	SetName string `bson:"setName"`
+	Msg     string `bson:"msg"`
+}
+
+func checkTopology(ctx context.Context, client *mongo.Client) error {
+	var h hello
+	if err := client.Database("admin").RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&h); err != nil {
+		return fmt.Errorf("ferrymongo: ask the server what it is (hello): %w", err)
+	}
+	if h.SetName == "" && h.Msg != "isdbgrid" {
+		return errors.New("ferrymongo: " + notReplicaSetHelp)
+	}
+	return nil
+}
+
+// Name implements ferrydriver.Store.
+func (d *Driver) Name() string { return "mongodb" }
+
+// Capabilities implements ferrydriver.Store: the feed is a change stream,
+// woken by the server; transactions of different keys run concurrently.
+func (d *Driver) Capabilities() ferrydriver.Capabilities {
+	return ferrydriver.Capabilities{NotifyWakeups: true, MigrationSQL: false, ConcurrentWriters: true}
+}
+
+// PartitionOf returns the outbox partition of a key.
+func (d *Driver) PartitionOf(key string) int {
+	if d.cfg.Partitions <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(d.cfg.Partitions))
+}
+
+// outboxDoc is an event as stored in the outbox collection.
+type outboxDoc struct {
+	ID          string            `bson:"_id"`
+	Partition   int               `bson:"p"`
+	Topic       string            `bson:"topic"`
+	Key         string            `bson:"key"`
+	Seq         int64             `bson:"seq"`
+	Type        string            `bson:"type"`
+	Source      string            `bson:"source,omitempty"`
+	ContentType string            `bson:"ct,omitempty"`
+	Headers     map[string]string `bson:"headers,omitempty"`
+	Payload     []byte            `bson:"payload"`
+	CreatedAt   time.Time         `bson:"created_at"`
+}
+
+func (o *outboxDoc) event() (*ferryevent.Event, error) {
+	ev := &ferryevent.Event{Topic: o.Topic, Key: o.Key, Seq: o.Seq, Type: o.Type, Source: o.Source, ContentType: o.ContentType,
+		Headers: o.Headers, Payload: o.Payload, CreatedAt: o.CreatedAt}
+	if err := ev.ID.UnmarshalText([]byte(o.ID)); err != nil {
+		return ev, fmt.Errorf("event id %q: %w", o.ID, err)
+	}
+	return ev, nil
+}
+
+// AppendTx implements ferrydriver.Driver. tx is the context of the
+// caller's session transaction (WithTransaction's callback argument); the
+// events commit or abort with it. Each event takes its key's next sequence
+// number from the keys collection in the same transaction: producers of one
+// key conflict (a TransientTransactionError, which WithTransaction and
+// ferry.RunTx run again), producers of different keys do not.
+func (d *Driver) AppendTx(_ context.Context, tx context.Context, p *ferrydriver.AppendParams) error {
+	if mongo.SessionFromContext(tx) == nil {
+		return errors.New("ferrymongo: AppendTx needs the context of a session transaction (the argument of Session.WithTransaction's callback)")
+	}
+	return d.append(tx, p)
+}
+
+// Append implements ferrydriver.Store: the events are written in a
+// transaction of their own.
+func (d *Driver) Append(ctx context.Context, p *ferrydriver.AppendParams) error {
+	return d.inTx(ctx, func(tx context.Context) error { return d.append(tx, p) })
+}
+
+// inTx runs fn in a majority transaction, retried by the driver's
+// WithTransaction rules.
+func (d *Driver) inTx(ctx context.Context, fn func(tx context.Context) error) error {
+	sess, err := d.client.StartSession()
+	if err != nil {
+		return fmt.Errorf("ferrymongo: start session: %w", err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	_, err = sess.WithTransaction(ctx, func(tx context.Context) (any, error) { return nil, fn(tx) },
+		options.Transaction().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Snapshot()))
+	return err
+}
+
+func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
+	if len(p.Events) == 0 {
+		return nil
+	}
+	docs := make([]any, len(p.Events))
+	for i, ev := range p.Events {
+		var k struct {
+			Seq int64 `bson:"seq"`
+		}
+		err := d.keys.FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: ev.Key}}, bson.D{{Key: "$inc", Value: bson.D{{Key: "seq", Value: int64(1)}}}},
+			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&k)
+		if err != nil {
+			return fmt.Errorf("ferrymongo: next sequence number of key %s: %w", ev.Key, err)
+		}
+		ev.Seq = k.Seq
+		payload := ev.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		docs[i] = &outboxDoc{ID: ev.ID.String(), Partition: d.PartitionOf(ev.Key), Topic: ev.Topic, Key: ev.Key, Seq: k.Seq, Type: ev.Type,
+			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload, CreatedAt: ev.CreatedAt.UTC()}
+	}
+	if _, err := d.outbox.InsertMany(tx, docs); err != nil {
+		return fmt.Errorf("ferrymongo: append %d event(s): %w", len(docs), err)
+	}
+	return nil
+}
+
+// index is one index Migrate ensures.
+type index struct {
+	coll  *mongo.Collection
+	model mongo.IndexModel
+}
+
+func (d *Driver) indexes() []index {
+	return []index{
+		// Recovery scans and retention read a partition by creation time.
+		{d.outbox, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}, {Key: "created_at", Value: 1}}}},
+		{d.checkpoints, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}}}},
+		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "failed_at", Value: -1}}}},
+	}
+}
+
+// Migrations implements ferrydriver.Store: MongoDB has no schema, only
+// collections and indexes, which Migrate creates.
+func (d *Driver) Migrations() []ferrydriver.Migration {
+	return []ferrydriver.Migration{{Version: 1, Name: "outbox",
+		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters} and their indexes",
+		Down: "drop them"}}
+}
+
+// Migrate implements ferrydriver.Store: it creates the collections (a
+// transaction cannot create one on servers before 4.4) and indexes.
+func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*ferrydriver.MigrateResult, error) {
+	ms := d.Migrations()
+	if p.DryRun {
+		return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
+	}
+	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters}
+	if p.Down {
+		for _, c := range colls {
+			if err := c.Drop(ctx); err != nil {
+				return nil, fmt.Errorf("ferrymongo: drop %s: %w", c.Name(), err)
+			}
+		}
+		return &ferrydriver.MigrateResult{Applied: ms, Current: 0}, nil
+	}
+	existing, err := d.db.ListCollectionNames(ctx, bson.D{})
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: list collections: %w", err)
+	}
+	have := map[string]bool{}
+	for _, n := range existing {
+		have[n] = true
+	}
+	for _, c := range colls {
+		if have[c.Name()] {
+			continue
+		}
+		if err := d.db.CreateCollection(ctx, c.Name()); err != nil && !hasCode(err, 48) { // 48: NamespaceExists
+			return nil, fmt.Errorf("ferrymongo: create %s: %w", c.Name(), err)
+		}
+	}
+	for _, ix := range d.indexes() {
+		if _, err := ix.coll.Indexes().CreateOne(ctx, ix.model); err != nil {
+			return nil, fmt.Errorf("ferrymongo: index on %s: %w", ix.coll.Name(), err)
+		}
+	}
+	return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
+}
+
+var _ ferrydriver.Driver[context.Context] = (*Driver)(nil)

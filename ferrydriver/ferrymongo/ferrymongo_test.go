@@ -1,0 +1,101 @@
+package ferrymongo_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+)
+
+// mongoClient connects to FERRY_TEST_MONGODB_URL (a replica set). Without
+// the variable the integration tests skip: no MongoDB server can run on
+// the project's machines. With it set, an unreachable server fails them.
+func mongoClient(t *testing.T) *mongo.Client {
+	t.Helper()
+	url := os.Getenv("FERRY_TEST_MONGODB_URL")
+	if url == "" {
+		t.Skip("set FERRY_TEST_MONGODB_URL to a replica set (mongodb://127.0.0.1:27017/?replicaSet=rs0) to run the MongoDB integration tests")
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(url))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, client.Ping(ctx, nil), "FERRY_TEST_MONGODB_URL=%s is set but the server does not answer", url)
+	return client
+}
+
+// newDriver returns a driver over a fresh database, dropped afterwards.
+func newDriver(t *testing.T) *ferrymongo.Driver {
+	t.Helper()
+	client := mongoClient(t)
+	name := fmt.Sprintf("ferrytest_%d_%d", time.Now().UnixNano()%1e9, rand.IntN(1e6))
+	t.Cleanup(func() { _ = client.Database(name).Drop(context.Background()) })
+	drv, err := ferrymongo.New(context.Background(), client, name, nil)
+	require.NoError(t, err)
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	return drv
+}
+
+// begin starts a session transaction; its context is the TTx.
+func begin(ctx context.Context, t *testing.T, client *mongo.Client) (context.Context, *mongo.Session) {
+	sess, err := client.StartSession()
+	require.NoError(t, err)
+	require.NoError(t, sess.StartTransaction(options.Transaction().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Snapshot())))
+	t.Cleanup(func() { _ = sess.AbortTransaction(context.Background()); sess.EndSession(context.Background()) })
+	return mongo.NewSessionContext(ctx, sess), sess
+}
+
+func TestDriverSuite(t *testing.T) {
+	client := mongoClient(t)
+	ferrydrivertest.Exercise(t, ferrydrivertest.Harness[context.Context]{
+		New: func(t *testing.T) ferrydriver.Driver[context.Context] { return newDriver(t) },
+		Begin: func(ctx context.Context, t *testing.T, drv ferrydriver.Driver[context.Context]) ferrydrivertest.Tx[context.Context] {
+			sc, sess := begin(ctx, t, client)
+			return ferrydrivertest.Tx[context.Context]{
+				Tx: sc,
+				// A write elsewhere starts the transaction on the server
+				// before it writes any event.
+				TakeXID: func() error {
+					_, err := client.Database("ferrytest_scratch").Collection("writes").InsertOne(sc, bson.D{{Key: "at", Value: time.Now()}})
+					return err
+				},
+				Commit:   func() error { return sess.CommitTransaction(ctx) },
+				Rollback: func() error { return sess.AbortTransaction(ctx) },
+			}
+		},
+		HoldWriter: func(ctx context.Context, t *testing.T) func() {
+			sc, sess := begin(ctx, t, client)
+			_, err := client.Database("ferrytest_scratch").Collection("writes").InsertOne(sc, bson.D{{Key: "held", Value: true}})
+			require.NoError(t, err)
+			return func() { _ = sess.AbortTransaction(context.Background()) }
+		},
+	})
+}
+
+// TestStandaloneIsRefused runs only against a server: a standalone one
+// (FERRY_TEST_MONGODB_STANDALONE_URL) must be refused with the fix.
+func TestStandaloneIsRefused(t *testing.T) {
+	url := os.Getenv("FERRY_TEST_MONGODB_STANDALONE_URL")
+	if url == "" {
+		t.Skip("set FERRY_TEST_MONGODB_STANDALONE_URL to a standalone mongod to run this test (the mockupdb test covers it otherwise)")
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(url))
+	require.NoError(t, err)
+	defer client.Disconnect(context.Background())
+	_, err = ferrymongo.New(context.Background(), client, "x", nil)
+	require.ErrorContains(t, err, "rs.initiate()")
+}

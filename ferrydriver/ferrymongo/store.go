@@ -1,0 +1,374 @@
+package ferrymongo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Leases use the server's clock ($$NOW), never the relays' own.
+
+type leaseDoc struct {
+	Holder    string    `bson:"holder"`
+	Term      int64     `bson:"term"`
+	ExpiresAt time.Time `bson:"expires_at"`
+	Now       time.Time `bson:"now"`
+}
+
+func (l *leaseDoc) lease(name string) *ferrydriver.Lease {
+	return &ferrydriver.Lease{Name: name, Holder: l.Holder, Term: l.Term, ExpiresAt: l.ExpiresAt, Now: l.Now}
+}
+
+func expr(op string, args ...any) bson.D { return bson.D{{Key: op, Value: bson.A(args)}} }
+
+func cond(ifExpr, then, otherwise any) bson.D {
+	return bson.D{{Key: "$cond", Value: bson.A{ifExpr, then, otherwise}}}
+}
+
+// AcquireLease implements ferrydriver.Store in one atomic update: the
+// lease is taken if free or expired (term + 1), renewed if held by holder
+// (same term), left alone otherwise; the document as it now stands comes
+// back with the server's clock.
+func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
+	expires := bson.D{{Key: "$ifNull", Value: bson.A{"$expires_at", time.Unix(0, 0)}}}
+	mine := expr("$eq", "$holder", p.Holder)
+	live := expr("$gt", expires, "$$NOW")
+	free := expr("$or", mine, expr("$not", bson.A{live}))
+	term := bson.D{{Key: "$ifNull", Value: bson.A{"$term", int64(0)}}}
+	update := mongo.Pipeline{{{Key: "$set", Value: bson.D{
+		{Key: "term", Value: cond(expr("$and", mine, live), term, cond(free, expr("$add", term, int64(1)), term))},
+		{Key: "holder", Value: cond(free, p.Holder, "$holder")},
+		{Key: "expires_at", Value: cond(free, expr("$add", "$$NOW", p.TTL.Milliseconds()), "$expires_at")},
+		{Key: "now", Value: "$$NOW"},
+	}}}}
+	var l leaseDoc
+	err := d.leases.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.Name}}, update,
+		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&l)
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: acquire lease %s: %w", p.Name, err)
+	}
+	return l.lease(p.Name), nil
+}
+
+// RenewLease implements ferrydriver.Store.
+func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error) {
+	filter := bson.D{{Key: "_id", Value: p.Name}, {Key: "holder", Value: p.Holder}, {Key: "term", Value: p.Term},
+		{Key: "$expr", Value: expr("$gt", "$expires_at", "$$NOW")}}
+	update := mongo.Pipeline{{{Key: "$set", Value: bson.D{
+		{Key: "expires_at", Value: expr("$add", "$$NOW", p.TTL.Milliseconds())}, {Key: "now", Value: "$$NOW"}}}}}
+	var l leaseDoc
+	err := d.leases.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&l)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, fmt.Errorf("ferrymongo: renew lease %s at term %d: %w", p.Name, p.Term, ferrydriver.ErrLeaseLost)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: renew lease %s: %w", p.Name, err)
+	}
+	return l.lease(p.Name), nil
+}
+
+// ReleaseLease implements ferrydriver.Store.
+func (d *Driver) ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error {
+	_, err := d.leases.UpdateOne(ctx, bson.D{{Key: "_id", Value: p.Name}, {Key: "holder", Value: p.Holder}, {Key: "term", Value: p.Term}},
+		mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "expires_at", Value: expr("$subtract", "$$NOW", int64(1))}}}}})
+	if err != nil {
+		return fmt.Errorf("ferrymongo: release lease %s: %w", p.Name, err)
+	}
+	return nil
+}
+
+// GetLease implements ferrydriver.Store.
+func (d *Driver) GetLease(ctx context.Context, name string) (*ferrydriver.Lease, error) {
+	pipeline := mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "_id", Value: name}}}},
+		{{Key: "$set", Value: bson.D{{Key: "now", Value: "$$NOW"}}}},
+	}
+	cur, err := d.leases.Aggregate(ctx, pipeline)
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: read lease %s: %w", name, err)
+	}
+	defer cur.Close(ctx)
+	if !cur.Next(ctx) {
+		if err := cur.Err(); err != nil {
+			return nil, fmt.Errorf("ferrymongo: read lease %s: %w", name, err)
+		}
+		return nil, fmt.Errorf("ferrymongo: lease %s: %w", name, ferrydriver.ErrNotFound)
+	}
+	var l leaseDoc
+	if err := cur.Decode(&l); err != nil {
+		return nil, fmt.Errorf("ferrymongo: read lease %s: %w", name, err)
+	}
+	return l.lease(name), nil
+}
+
+// fenced runs fn in a transaction that first touches the lease document
+// under the holder's term: a concurrent take-over writes the same
+// document, so one of the two transactions aborts; and an expired or lost
+// lease matches nothing, which is ErrLeaseLost.
+func (d *Driver) fenced(ctx context.Context, name, holder string, term int64, op string, fn func(tx context.Context) error) error {
+	return d.inTx(ctx, func(tx context.Context) error {
+		res, err := d.leases.UpdateOne(tx,
+			bson.D{{Key: "_id", Value: name}, {Key: "holder", Value: holder}, {Key: "term", Value: term},
+				{Key: "$expr", Value: expr("$gt", "$expires_at", "$$NOW")}},
+			mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "fenced_at", Value: "$$NOW"}}}}})
+		if err != nil {
+			return fmt.Errorf("ferrymongo: %s: %w", op, err)
+		}
+		if res.MatchedCount == 0 {
+			return fmt.Errorf("ferrymongo: %s at term %d: %w", op, term, ferrydriver.ErrLeaseLost)
+		}
+		return fn(tx)
+	})
+}
+
+type checkpointDoc struct {
+	Partition int       `bson:"p"`
+	Cursor    []byte    `bson:"cursor"`
+	Term      int64     `bson:"term"`
+	UpdatedAt time.Time `bson:"updated_at"`
+}
+
+// LoadCheckpoint implements ferrydriver.Store.
+func (d *Driver) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
+	cp := &ferrydriver.Checkpoint{Feed: p.Feed}
+	var doc checkpointDoc
+	err := d.checkpoints.FindOne(ctx, bson.D{{Key: "_id", Value: p.Feed}}).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return cp, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: load checkpoint of %s: %w", p.Feed, err)
+	}
+	cp.Cursor, cp.Term, cp.UpdatedAt = doc.Cursor, doc.Term, doc.UpdatedAt
+	return cp, nil
+}
+
+// SaveCheckpoint implements ferrydriver.Store, fenced by the lease.
+func (d *Driver) SaveCheckpoint(ctx context.Context, p *ferrydriver.SaveCheckpointParams) error {
+	return d.fenced(ctx, p.Feed, p.Holder, p.Term, "save checkpoint of "+p.Feed, func(tx context.Context) error {
+		_, err := d.checkpoints.UpdateOne(tx, bson.D{{Key: "_id", Value: p.Feed}},
+			mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "p", Value: p.Partition}, {Key: "cursor", Value: p.Cursor},
+				{Key: "term", Value: p.Term}, {Key: "updated_at", Value: "$$NOW"}}}}},
+			options.UpdateOne().SetUpsert(true))
+		if err != nil {
+			return fmt.Errorf("ferrymongo: save checkpoint of %s: %w", p.Feed, err)
+		}
+		return nil
+	})
+}
+
+type deadLetterDoc struct {
+	ID       bson.D    `bson:"_id"`
+	Feed     string    `bson:"feed"`
+	Event    outboxDoc `bson:"event"`
+	Reason   string    `bson:"reason"`
+	FailedAt time.Time `bson:"failed_at"`
+}
+
+// InsertDeadLetters implements ferrydriver.Store, fenced by the lease.
+func (d *Driver) InsertDeadLetters(ctx context.Context, p *ferrydriver.InsertDeadLettersParams) error {
+	return d.fenced(ctx, p.Feed, p.Holder, p.Term, "insert dead letters of "+p.Feed, func(tx context.Context) error {
+		for _, dl := range p.DeadLetters {
+			ev := &dl.Event
+			doc := outboxDoc{ID: ev.ID.String(), Partition: d.PartitionOf(ev.Key), Topic: ev.Topic, Key: ev.Key, Seq: ev.Seq, Type: ev.Type,
+				Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: ev.Payload, CreatedAt: ev.CreatedAt.UTC()}
+			if doc.Payload == nil {
+				doc.Payload = []byte{}
+			}
+			id := bson.D{{Key: "feed", Value: p.Feed}, {Key: "event", Value: doc.ID}}
+			_, err := d.deadLetters.UpdateOne(tx, bson.D{{Key: "_id", Value: id}},
+				bson.D{{Key: "$setOnInsert", Value: bson.D{{Key: "feed", Value: p.Feed}, {Key: "event", Value: doc},
+					{Key: "reason", Value: dl.Reason}, {Key: "failed_at", Value: time.Now().UTC()}}}},
+				options.UpdateOne().SetUpsert(true))
+			if err != nil {
+				return fmt.Errorf("ferrymongo: insert dead letter %s: %w", doc.ID, err)
+			}
+		}
+		return nil
+	})
+}
+
+func (d *Driver) decodeDeadLetters(ctx context.Context, cur *mongo.Cursor) ([]*ferrydriver.DeadLetter, error) {
+	defer cur.Close(ctx)
+	var out []*ferrydriver.DeadLetter
+	for cur.Next(ctx) {
+		var doc deadLetterDoc
+		if err := cur.Decode(&doc); err != nil {
+			return nil, err
+		}
+		ev, _ := doc.Event.event() // shown even if malformed: that may be why it is here
+		out = append(out, &ferrydriver.DeadLetter{Feed: doc.Feed, Event: *ev, Reason: doc.Reason, FailedAt: doc.FailedAt})
+	}
+	return out, cur.Err()
+}
+
+// ListDeadLetters implements ferrydriver.Store.
+func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
+	filter := bson.D{}
+	for _, f := range []struct{ field, v string }{{"feed", p.Feed}, {"event.key", p.Key}, {"event.type", p.Type}, {"event.topic", p.Topic}} {
+		if f.v != "" {
+			filter = append(filter, bson.E{Key: f.field, Value: f.v})
+		}
+	}
+	at := bson.D{}
+	if !p.Since.IsZero() {
+		at = append(at, bson.E{Key: "$gte", Value: p.Since})
+	}
+	if !p.Until.IsZero() {
+		at = append(at, bson.E{Key: "$lt", Value: p.Until})
+	}
+	if len(at) > 0 {
+		filter = append(filter, bson.E{Key: "failed_at", Value: at})
+	}
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 100
+	}
+	cur, err := d.deadLetters.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "failed_at", Value: -1}}).SetLimit(limit))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: list dead letters: %w", err)
+	}
+	return d.decodeDeadLetters(ctx, cur)
+}
+
+// GetDeadLetter implements ferrydriver.Store.
+func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
+	filter := bson.D{{Key: "event._id", Value: p.EventID.String()}}
+	if p.Feed != "" {
+		filter = append(filter, bson.E{Key: "feed", Value: p.Feed})
+	}
+	cur, err := d.deadLetters.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "failed_at", Value: -1}}).SetLimit(1))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: read dead letter: %w", err)
+	}
+	out, err := d.decodeDeadLetters(ctx, cur)
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: read dead letter: %w", err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("ferrymongo: dead letter %s: %w", p.EventID, ferrydriver.ErrNotFound)
+	}
+	return out[0], nil
+}
+
+// partitionLow is the oldest position any feed of the partition still
+// needs: the earliest acknowledged-event time among the saved checkpoints
+// (and cur), minus the recovery margin. Events created before it have been
+// delivered by every feed.
+func (d *Driver) partitionLow(ctx context.Context, partition int, cur []byte) (time.Time, error) {
+	c, err := decodeCursor(cur)
+	if err != nil {
+		return time.Time{}, err
+	}
+	low := c.At
+	found, err := d.checkpoints.Find(ctx, bson.D{{Key: "p", Value: partition}})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("ferrymongo: read the checkpoints of partition %d: %w", partition, err)
+	}
+	defer found.Close(ctx)
+	for found.Next(ctx) {
+		var doc checkpointDoc
+		if err := found.Decode(&doc); err != nil {
+			return time.Time{}, err
+		}
+		other, err := decodeCursor(doc.Cursor)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if other.recovering() {
+			return time.Time{}, nil // a feed is recovering: keep everything
+		}
+		if low.IsZero() || other.At.Before(low) {
+			low = other.At
+		}
+	}
+	if err := found.Err(); err != nil {
+		return time.Time{}, err
+	}
+	if low.IsZero() {
+		return low, nil
+	}
+	return low.Add(-d.cfg.RecoveryMargin), nil
+}
+
+// DeleteDelivered implements ferrydriver.Store: it removes events older
+// than p.OlderThan and older than what any feed of the partition may still
+// need for a recovery scan, at most p.Limit.
+func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
+	low, err := d.partitionLow(ctx, p.Partition, p.Cursor)
+	if err != nil || low.IsZero() {
+		return 0, err
+	}
+	if cut := time.Now().Add(-p.OlderThan); cut.Before(low) {
+		low = cut
+	}
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 10000
+	}
+	cur, err := d.outbox.Find(ctx, bson.D{{Key: "p", Value: p.Partition}, {Key: "created_at", Value: bson.D{{Key: "$lt", Value: low}}}},
+		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(bson.D{{Key: "created_at", Value: 1}}).SetLimit(limit))
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: find delivered events: %w", err)
+	}
+	var ids []struct {
+		ID string `bson:"_id"`
+	}
+	if err := cur.All(ctx, &ids); err != nil {
+		return 0, fmt.Errorf("ferrymongo: find delivered events: %w", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	list := make(bson.A, len(ids))
+	for i, x := range ids {
+		list[i] = x.ID
+	}
+	res, err := d.outbox.DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: list}}}})
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: delete delivered events: %w", err)
+	}
+	return res.DeletedCount, nil
+}
+
+// FeedStatus implements ferrydriver.Store. Lag counts the partition's
+// events created after the last acknowledged one: approximate, since
+// creation times come from the producers' clocks.
+func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
+	st := &ferrydriver.FeedStatus{Feed: p.Feed, Now: time.Now().UTC()}
+	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	if err != nil {
+		return nil, err
+	}
+	st.Checkpoint = cp
+	if l, err := d.GetLease(ctx, p.Feed); err == nil {
+		st.Lease, st.Now = l, l.Now
+	} else if !errors.Is(err, ferrydriver.ErrNotFound) {
+		return nil, err
+	}
+	c, err := decodeCursor(cp.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	filter := bson.D{{Key: "p", Value: p.Partition}, {Key: "created_at", Value: bson.D{{Key: "$gt", Value: c.At}}}}
+	if st.LagEvents, err = d.outbox.CountDocuments(ctx, filter); err != nil {
+		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", p.Feed, err)
+	}
+	var oldest outboxDoc
+	err = d.outbox.FindOne(ctx, filter, options.FindOne().SetSort(bson.D{{Key: "created_at", Value: 1}})).Decode(&oldest)
+	if err == nil {
+		st.OldestPending = oldest.CreatedAt
+	} else if !errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", p.Feed, err)
+	}
+	if st.DeadLetters, err = d.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: p.Feed}}); err != nil {
+		return nil, fmt.Errorf("ferrymongo: count dead letters of %s: %w", p.Feed, err)
+	}
+	return st, nil
+}
