@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
@@ -100,4 +101,16 @@ func TestRetentionCheck(t *testing.T) {
 	require.Contains(t, w, "32h0m0s")
 	require.Empty(t, retentionCheck(0, 20*time.Hour, time.Hour), "keep-forever retention needs no check")
 	require.Empty(t, retentionCheck(time.Hour, 0, time.Hour), "unknown oplog window: nothing to compare")
+}
+
+// TestClassifyTxError: what RunTx does with each MongoDB transaction error.
+func TestClassifyTxError(t *testing.T) {
+	d := &Driver{}
+	info := d.ClassifyTxError(cmdErr(codeWriteConflict, labelTransient))
+	require.Equal(t, "retry", info.Class.String())
+	require.Equal(t, "WriteConflict", info.Cause)
+	require.Equal(t, "retry", d.ClassifyTxError(cmdErr(251, labelTransient)).Class.String(), "NoSuchTransaction after a failover")
+	require.Equal(t, "permanent", d.ClassifyTxError(cmdErr(11000)).Class.String())
+	require.Equal(t, "permanent", d.ClassifyTxError(errors.New("boom")).Class.String())
+	require.Equal(t, "commit_unknown", d.ClassifyTxError(&ferrydriver.CommitUnknownError{Err: cmdErr(91, labelUnknownCommit)}).Class.String())
 }

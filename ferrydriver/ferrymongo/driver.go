@@ -232,6 +232,7 @@ func (d *Driver) indexes() []index {
 		{d.outbox, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}, {Key: "created_at", Value: 1}}}},
 		{d.checkpoints, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}}}},
 		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "failed_at", Value: -1}}}},
+		{d.requests(), mongo.IndexModel{Keys: bson.D{{Key: "created_at", Value: 1}}}},
 	}
 }
 
@@ -239,7 +240,7 @@ func (d *Driver) indexes() []index {
 // collections and indexes, which Migrate creates.
 func (d *Driver) Migrations() []ferrydriver.Migration {
 	return []ferrydriver.Migration{{Version: 1, Name: "outbox",
-		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters} and their indexes",
+		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters,requests} and their indexes",
 		Down: "drop them"}}
 }
 
@@ -250,7 +251,7 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 	if p.DryRun {
 		return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
 	}
-	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters}
+	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters, d.requests()}
 	if p.Down {
 		for _, c := range colls {
 			if err := c.Drop(ctx); err != nil {

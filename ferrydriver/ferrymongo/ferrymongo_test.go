@@ -99,3 +99,8 @@ func TestStandaloneIsRefused(t *testing.T) {
 	_, err = ferrymongo.New(context.Background(), client, "x", nil)
 	require.ErrorContains(t, err, "rs.initiate()")
 }
+
+func TestTransactorSuite(t *testing.T) {
+	mongoClient(t)
+	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[context.Context] { return newDriver(t) })
+}

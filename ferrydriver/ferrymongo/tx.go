@@ -1,0 +1,165 @@
+package ferrymongo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+)
+
+// commitBudget bounds how long AttemptTx retries a commit whose result is
+// unknown, as the convenient transactions API does by default.
+const commitBudget = 120 * time.Second
+
+// AttemptTx implements ferrydriver.Transactor: one session transaction
+// (snapshot reads, majority writes) around fn. An
+// UnknownTransactionCommitResult retries the commit only (the driver
+// applies w:majority to the retry), never the callback, until it succeeds,
+// fails otherwise, is MaxTimeMSExpired, or the budget is spent; then it is
+// a CommitUnknownError for RunTx to resolve through the request record.
+func (d *Driver) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx context.Context) error) error {
+	sess, err := d.client.StartSession()
+	if err != nil {
+		return fmt.Errorf("ferrymongo: start session: %w", err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	if err := sess.StartTransaction(options.Transaction().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Snapshot())); err != nil {
+		return fmt.Errorf("ferrymongo: start transaction: %w", err)
+	}
+	tx := mongo.NewSessionContext(ctx, sess)
+	if err := fn(tx, tx); err != nil {
+		_ = sess.AbortTransaction(context.WithoutCancel(tx))
+		return err
+	}
+	deadline := time.Now().Add(commitBudget)
+	for attempt := 1; ; attempt++ {
+		err := sess.CommitTransaction(tx)
+		if err == nil {
+			return nil
+		}
+		switch decideTxError(err, true, deadline, time.Now()) {
+		case txRetryCommit:
+			d.cfg.Logger.Info("ferrymongo: commit result unknown; committing again", "attempt", attempt, "err", err)
+			select {
+			case <-ctx.Done():
+				return &ferrydriver.CommitUnknownError{Err: err}
+			case <-time.After(min(time.Duration(attempt)*10*time.Millisecond, 500*time.Millisecond)):
+			}
+			continue
+		case txRerun:
+			return err // labelled TransientTransactionError: RunTx reruns the callback
+		}
+		if hasLabel(err, labelUnknownCommit) {
+			return &ferrydriver.CommitUnknownError{Err: err}
+		}
+		return err
+	}
+}
+
+// ClassifyTxError implements ferrydriver.Transactor.
+func (d *Driver) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
+	var cu *ferrydriver.CommitUnknownError
+	switch {
+	case errors.As(err, &cu):
+		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxCommitUnknown, Cause: "UnknownTransactionCommitResult"}
+	case hasLabel(err, labelTransient):
+		info := ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: labelTransient}
+		if hasCode(err, codeWriteConflict) {
+			info.Cause = "WriteConflict"
+		}
+		return info
+	}
+	return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent}
+}
+
+// ResolveCommit implements ferrydriver.Transactor: MongoDB offers no way
+// to ask whether a given transaction committed, so the request record is
+// the only witness.
+func (d *Driver) ResolveCommit(context.Context, *ferrydriver.CommitUnknownError) (ferrydriver.TxOutcome, error) {
+	return ferrydriver.TxOutcomeUnknown, nil
+}
+
+func (d *Driver) requests() *mongo.Collection {
+	return d.db.Collection(d.cfg.Prefix+"requests", options.Collection().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Majority()))
+}
+
+type requestDoc struct {
+	ID          string    `bson:"_id"`
+	Fingerprint string    `bson:"fingerprint"`
+	Result      []byte    `bson:"result,omitempty"`
+	CreatedAt   time.Time `bson:"created_at"`
+}
+
+// ClaimRequestTx implements ferrydriver.Transactor: the insert of the
+// request's _id conflicts with a concurrent claim (WriteConflict: RunTx
+// reruns) or fails on a committed one (duplicate key: ErrRequestExists).
+func (d *Driver) ClaimRequestTx(ctx context.Context, tx context.Context, p *ferrydriver.ClaimRequestParams) error {
+	_, err := d.requests().InsertOne(tx, &requestDoc{ID: p.ID, Fingerprint: p.Fingerprint, CreatedAt: time.Now().UTC()})
+	if mongo.IsDuplicateKeyError(err) {
+		return fmt.Errorf("ferrymongo: request %s: %w", p.ID, ferrydriver.ErrRequestExists)
+	}
+	if err != nil {
+		return fmt.Errorf("ferrymongo: record request %s: %w", p.ID, err)
+	}
+	return nil
+}
+
+// FinishRequestTx implements ferrydriver.Transactor.
+func (d *Driver) FinishRequestTx(ctx context.Context, tx context.Context, p *ferrydriver.FinishRequestParams) error {
+	_, err := d.requests().UpdateOne(tx, bson.D{{Key: "_id", Value: p.ID}}, bson.D{{Key: "$set", Value: bson.D{{Key: "result", Value: p.Result}}}})
+	if err != nil {
+		return fmt.Errorf("ferrymongo: store the result of request %s: %w", p.ID, err)
+	}
+	return nil
+}
+
+// GetRequest implements ferrydriver.Transactor, reading with majority
+// read concern outside any session.
+func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.RequestRecord, error) {
+	var doc requestDoc
+	err := d.requests().FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, fmt.Errorf("ferrymongo: request %s: %w", id, ferrydriver.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: read request %s: %w", id, err)
+	}
+	return &ferrydriver.RequestRecord{ID: doc.ID, Fingerprint: doc.Fingerprint, Result: doc.Result, CreatedAt: doc.CreatedAt}, nil
+}
+
+// DeleteRequests implements ferrydriver.Transactor.
+func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 5000
+	}
+	cur, err := d.requests().Find(ctx, bson.D{{Key: "created_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}},
+		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetLimit(limit))
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: find old request records: %w", err)
+	}
+	var ids []struct {
+		ID string `bson:"_id"`
+	}
+	if err := cur.All(ctx, &ids); err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	list := make(bson.A, len(ids))
+	for i, x := range ids {
+		list[i] = x.ID
+	}
+	res, err := d.requests().DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: list}}}})
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: delete old request records: %w", err)
+	}
+	return res.DeletedCount, nil
+}
+
+var _ ferrydriver.Transactor[context.Context] = (*Driver)(nil)
