@@ -13,8 +13,12 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -125,7 +129,7 @@ type dbFlags struct {
 
 func (d *dbFlags) register(f *envFlags) {
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", "",
-		"postgres://user@host:5432/app, or sqlite:path/to/file.db (default: the embedded database, <data-dir>/ferry.db, when it exists)")
+		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, or sqlite:path/to/file.db (default: the embedded database, <data-dir>/ferry.db, when it exists)")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", ferrypg.DefaultSchema, "PostgreSQL schema holding Ferry's tables")
 	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", 1, "number of outbox partitions (same for every producer and relay)")
 	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", false, "PostgreSQL: do not use LISTEN/NOTIFY: producers send no wake-ups, relays only poll")
@@ -188,6 +192,9 @@ func (d *dbFlags) open(ctx context.Context, create bool) (*backend, error) {
 				"the embedded default %s does not exist (`ferry run` creates it, in --data-dir)", path)
 		}
 	}
+	if strings.HasPrefix(d.url, "mongodb://") || strings.HasPrefix(d.url, "mongodb+srv://") {
+		return d.openMongo(ctx)
+	}
 	if isSQLite {
 		if path == "" {
 			return nil, usagef("--database-url %q names no file: use sqlite:path/to/file.db", d.url)
@@ -221,6 +228,58 @@ func (d *dbFlags) open(ctx context.Context, create bool) (*backend, error) {
 		ping: pool.Ping, close: pool.Close,
 	}, nil
 }
+
+// openMongo connects to MongoDB; the database is the URL's path
+// (mongodb://host/app), "ferry" when it has none.
+func (d *dbFlags) openMongo(ctx context.Context) (*backend, error) {
+	cs, err := connstring.ParseAndValidate(d.url)
+	if err != nil {
+		return nil, usagef("--database-url / FERRY_DATABASE_URL is not a MongoDB URL: %v", err)
+	}
+	dbName := cs.Database
+	if dbName == "" {
+		dbName = "ferry"
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(d.url))
+	if err != nil {
+		return nil, usagef("--database-url / FERRY_DATABASE_URL: %v", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Ping(pctx, nil); err != nil {
+		_ = client.Disconnect(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("cannot reach MongoDB at --database-url / FERRY_DATABASE_URL: %w", err)
+	}
+	drv, err := ferrymongo.New(ctx, client, dbName, &ferrymongo.Config{Partitions: d.partitions})
+	if err != nil {
+		_ = client.Disconnect(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	emit, err := emitter(drv)
+	if err != nil {
+		_ = client.Disconnect(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &backend{
+		name: "mongodb", label: "database " + dbName, store: drv, inbox: noInbox{"MongoDB"}, emit: emit,
+		ping:  func(ctx context.Context) error { return client.Ping(ctx, nil) },
+		close: func() { _ = client.Disconnect(context.Background()) },
+	}, nil
+}
+
+// noInbox answers for backends without consumer inboxes yet.
+type noInbox struct{ backend string }
+
+func (n noInbox) err() error {
+	return fmt.Errorf("consumer inboxes are not available on %s yet: relay dead letters work (omit --group)", n.backend)
+}
+
+func (n noInbox) ListInbox(context.Context, *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
+	return nil, n.err()
+}
+
+func (n noInbox) RedriveInbox(context.Context, *ferrydriver.InboxIDsParams) (int, error) { return 0, n.err() }
+func (n noInbox) DiscardInbox(context.Context, *ferrydriver.InboxIDsParams) (int, error) { return 0, n.err() }
 
 // openPG connects to PostgreSQL and returns the pool and the driver.
 func (d *dbFlags) openPG(ctx context.Context) (*pgxpool.Pool, *ferrypg.Driver[pgx.Tx], error) {

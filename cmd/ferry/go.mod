@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/ferry-dev/ferry v0.0.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrymongo v0.0.0
 	github.com/ferry-dev/ferry/ferrydriver/ferrysqlite v0.0.0
 	github.com/ferry-dev/ferry/ferrysink/ferrynats v0.0.0
 	github.com/google/uuid v1.6.0
@@ -12,6 +13,7 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/stretchr/testify v1.12.1
+	go.mongodb.org/mongo-driver/v2 v2.10.0
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/sync v0.25.0
 )
@@ -37,6 +39,9 @@ require (
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	github.com/xdg-go/scram v1.4.0 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
+	github.com/youmark/pkcs8 v0.0.0-20240726163527-a2c0da244d78 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -51,6 +56,7 @@ require (
 
 replace (
 	github.com/ferry-dev/ferry => ../..
+	github.com/ferry-dev/ferry/ferrydriver/ferrymongo => ../../ferrydriver/ferrymongo
 	github.com/ferry-dev/ferry/ferrydriver/ferrysqlite => ../../ferrydriver/ferrysqlite
 	github.com/ferry-dev/ferry/ferrysink/ferrynats => ../../ferrysink/ferrynats
 )

@@ -170,7 +170,7 @@ const defaultEmbeddedPort = 4222
 func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	d := &dc.db
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", fc.Database.URL,
-		"postgres://user@host:5432/app, or sqlite:path/to/file.db (default: the embedded SQLite database <data-dir>/ferry.db)")
+		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, or sqlite:path/to/file.db (default: the embedded SQLite database <data-dir>/ferry.db)")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", or(fc.Database.Schema, "ferry"), "PostgreSQL schema holding Ferry's tables")
 	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", or(fc.Database.Partitions, 1), "number of outbox partitions; one relay runs per partition")
 	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", fc.Database.NoNotify, "PostgreSQL: do not use LISTEN/NOTIFY; relays only poll")

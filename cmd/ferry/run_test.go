@@ -179,3 +179,9 @@ func TestSQLiteURLAcrossCommands(t *testing.T) {
 	require.Equal(t, 2, run(ctx, []string{"bench", "drain", "--database-url", db}, &out, &errOut))
 	require.Contains(t, errOut.String(), "needs PostgreSQL")
 }
+
+func TestMongoURLMistakesAreExplained(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 2, run(context.Background(), []string{"status", "--database-url", "mongodb://host:notaport/app"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "not a MongoDB URL")
+}
