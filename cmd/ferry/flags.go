@@ -16,11 +16,11 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // envFlags binds flags to FERRY_* variables: a variable sets the default,
@@ -278,8 +278,12 @@ func (n noInbox) ListInbox(context.Context, *ferrydriver.ListInboxParams) ([]*fe
 	return nil, n.err()
 }
 
-func (n noInbox) RedriveInbox(context.Context, *ferrydriver.InboxIDsParams) (int, error) { return 0, n.err() }
-func (n noInbox) DiscardInbox(context.Context, *ferrydriver.InboxIDsParams) (int, error) { return 0, n.err() }
+func (n noInbox) RedriveInbox(context.Context, *ferrydriver.InboxIDsParams) (int, error) {
+	return 0, n.err()
+}
+func (n noInbox) DiscardInbox(context.Context, *ferrydriver.InboxIDsParams) (int, error) {
+	return 0, n.err()
+}
 
 // openPG connects to PostgreSQL and returns the pool and the driver.
 func (d *dbFlags) openPG(ctx context.Context) (*pgxpool.Pool, *ferrypg.Driver[pgx.Tx], error) {
