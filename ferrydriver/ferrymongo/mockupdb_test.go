@@ -3,14 +3,19 @@ package ferrymongo_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
@@ -20,6 +25,13 @@ import (
 // that kind would. It needs Debian's python3-mockupdb (/usr/bin/python3;
 // .ci/run installs it); without it the test skips, or fails under CI=true.
 func mockServer(t *testing.T, scenario string) string {
+	uri, _ := mockServerLines(t, scenario)
+	return uri
+}
+
+// mockServerLines is mockServer with the JSON lines the script reports
+// about the commands it received.
+func mockServerLines(t *testing.T, scenario string) (string, <-chan string) {
 	t.Helper()
 	py := "/usr/bin/python3"
 	if err := exec.Command(py, "-c", "import mockupdb").Run(); err != nil {
@@ -47,9 +59,21 @@ func mockServer(t *testing.T, scenario string) string {
 			<-done
 		}
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	rd := bufio.NewReader(stdout)
+	line, err := rd.ReadString('\n')
 	require.NoError(t, err, "the mock server did not start")
-	return strings.TrimSpace(line)
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		for {
+			l, err := rd.ReadString('\n')
+			if err != nil {
+				return
+			}
+			lines <- strings.TrimSpace(l)
+		}
+	}()
+	return strings.TrimSpace(line), lines
 }
 
 func mockClient(t *testing.T, uri string) *mongo.Client {
@@ -84,4 +108,94 @@ func TestMockMongosIsAccepted(t *testing.T) {
 	defer cancel()
 	_, err := ferrymongo.New(ctx, client, "app", nil)
 	require.NoError(t, err)
+}
+
+// TestMockHistoryLostRecoversFromTheOutbox: the real driver gets error 286
+// (ChangeStreamHistoryLost) on its getMore. The feed does not skip: it
+// scans the outbox per key in sequence order, then opens a new stream at
+// the cluster time read before the scan.
+func TestMockHistoryLostRecoversFromTheOutbox(t *testing.T) {
+	uri, lines := mockServerLines(t, "historylost")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0"})
+	require.NoError(t, err)
+	defer f.Close()
+
+	_, err = f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+	require.ErrorContains(t, err, "ChangeStreamHistoryLost")
+	require.ErrorContains(t, err, "recovering from the outbox")
+
+	b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+	require.NoError(t, err)
+	var got []string
+	for _, ev := range b.Events {
+		got = append(got, ev.Key+string(ev.Payload)[1:]+"#"+strconv.FormatInt(ev.Seq, 10))
+	}
+	require.Equal(t, []string{"a1#1", "a2#2", "b1#1"}, got, "every event of the outbox, per key in order")
+
+	b, err = f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 300 * time.Millisecond})
+	require.NoError(t, err)
+	require.Empty(t, b.Events)
+
+	var reports []map[string]any
+	for len(reports) < 3 {
+		select {
+		case l := <-lines:
+			var m map[string]any
+			require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+			reports = append(reports, m)
+		case <-ctx.Done():
+			t.Fatalf("the mock server reported %d of 3 commands", len(reports))
+		}
+	}
+	require.Equal(t, "aggregate", reports[0]["kind"])
+	require.Equal(t, "find", reports[1]["kind"])
+	require.Contains(t, fmt.Sprint(reports[1]["doc"]), "sort:map[key:1 seq:1]", "the scan goes per key in sequence order")
+	require.Equal(t, "aggregate", reports[2]["kind"])
+	require.Contains(t, fmt.Sprint(reports[2]["doc"]), "startAtOperationTime", "the new stream starts at the cluster time taken before the scan")
+	require.Contains(t, fmt.Sprint(reports[2]["doc"]), "1700000000")
+}
+
+// TestMockQuietStreamPositionMoves: on a quiet outbox the feed's position
+// follows the postBatchResumeToken, so that it never ages out of the oplog;
+// a feed opened from it starts after it.
+func TestMockQuietStreamPositionMoves(t *testing.T) {
+	uri, lines := mockServerLines(t, "quiet")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0"})
+	require.NoError(t, err)
+	b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 500 * time.Millisecond})
+	require.NoError(t, err)
+	require.Empty(t, b.Events)
+	require.NoError(t, f.Close())
+	var pos struct {
+		Token []byte `json:"token"`
+	}
+	require.NoError(t, json.Unmarshal(b.Cursor, &pos))
+	require.Equal(t, "00BB", bson.Raw(pos.Token).Lookup("_data").StringValue(), "the position is the latest postBatchResumeToken")
+
+	g, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0", Cursor: b.Cursor})
+	require.NoError(t, err)
+	defer g.Close()
+	_, err = g.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 100 * time.Millisecond})
+	require.NoError(t, err)
+	var reports []string
+	for len(reports) < 2 {
+		select {
+		case l := <-lines:
+			reports = append(reports, l)
+		case <-ctx.Done():
+			t.Fatalf("the mock server reported %d of 2 commands", len(reports))
+		}
+	}
+	require.NotContains(t, reports[0], "startAfter", "a new feed starts now")
+	require.Contains(t, reports[1], `"startAfter": {"_data": "00BB"}`, "a saved feed starts after its token")
 }

@@ -5,9 +5,11 @@ Run by the Go tests with Debian's python3-mockupdb:
 It prints the server's URI on its first line, then serves the scenario
 until stdin closes.
 """
+import datetime
+import json
 import sys
-import threading
 
+from bson import Binary, Int64, Timestamp
 from mockupdb import MockupDB, OpMsg
 
 scenario = sys.argv[1]
@@ -19,14 +21,67 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
+elif scenario in ("historylost", "quiet"):
+    hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
 
+CLUSTER_TIME = Timestamp(1700000000, 7)
+
 server = MockupDB(auto_ismaster=hello)
 server.autoresponds("hello", **hello)
-server.autoresponds("ping", ok=1)
+server.autoresponds("ping", ok=1, operationTime=CLUSTER_TIME)
 server.autoresponds("endSessions", ok=1)
+# killCursors names its collection, so match by command name.
+server.autoresponds(lambda r: r.command_name == "killCursors" and r.ok(cursorsKilled=r.doc.get("cursors", []), cursorsNotFound=[],
+                                                                       cursorsAlive=[], cursorsUnknown=[]))
 port = server.run()
 print(server.uri, flush=True)
+
+
+def report(kind, doc):
+    """Tell the Go test what the driver sent (one JSON line on stdout)."""
+    print(json.dumps({"kind": kind, "doc": json.loads(json.dumps(doc, default=str))}), flush=True)
+
+
+if scenario == "historylost":
+    ns = "app.ferry_outbox"
+    # 1. The feed opens its change stream: an empty first batch.
+    r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
+    report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
+    r.ok(cursor={"id": Int64(42), "ns": ns, "firstBatch": [], "postBatchResumeToken": {"_data": "00AA"}})
+    # 2. Its getMore finds the oplog rolled over the position.
+    r = server.receives(OpMsg("getMore", Int64(42)), timeout=30)
+    r.reply({"ok": 0, "code": 286, "codeName": "ChangeStreamHistoryLost",
+             "errmsg": "Resume of change stream was not possible, as the resume point may no longer be in the oplog."})
+    # 3. The feed scans the outbox instead: key a seq 1..2, key b seq 1.
+    r = server.receives(OpMsg("find", "ferry_outbox"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort")})
+    created = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    docs = [
+        {"_id": "01a22951-45fe-71e0-943a-d0986a3e5969", "p": 0, "topic": "orders", "key": "a", "seq": 1, "type": "T", "payload": Binary(b"a1"), "created_at": created},
+        {"_id": "01a22951-45fe-71e4-abce-046e2930f327", "p": 0, "topic": "orders", "key": "a", "seq": 2, "type": "T", "payload": Binary(b"a2"), "created_at": created},
+        {"_id": "01a22951-45fe-71e6-a92f-abd12b8844ee", "p": 0, "topic": "orders", "key": "b", "seq": 1, "type": "T", "payload": Binary(b"b1"), "created_at": created},
+    ]
+    r.ok(cursor={"id": Int64(0), "ns": ns, "firstBatch": docs})
+    # 4. Back to a stream, from the cluster time taken before the scan.
+    r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
+    report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
+    r.ok(cursor={"id": Int64(0), "ns": ns, "firstBatch": [], "postBatchResumeToken": {"_data": "00BB"}})
+
+if scenario == "quiet":
+    ns = "app.ferry_outbox"
+    # A quiet outbox: every batch is empty, but the postBatchResumeToken
+    # moves on with the oplog; the feed must report it as its position.
+    r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
+    report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
+    r.ok(cursor={"id": Int64(42), "ns": ns, "firstBatch": [], "postBatchResumeToken": {"_data": "00AA"}})
+    server.autoresponds(lambda r: r.command_name == "getMore" and r.ok(
+        cursor={"id": Int64(42), "ns": ns, "nextBatch": [], "postBatchResumeToken": {"_data": "00BB"}}))
+    # A second feed opened from the saved position starts after it.
+    r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
+    report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
+    r.ok(cursor={"id": Int64(0), "ns": ns, "firstBatch": [], "postBatchResumeToken": {"_data": "00BB"}})
+
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
