@@ -221,6 +221,17 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 			return err
 		}
 	}
+	// Backends whose stream history can age out (MongoDB's oplog) check
+	// that retention covers it plus an outage.
+	if rc, ok := b.store.(interface {
+		CheckRetention(context.Context, time.Duration) (string, error)
+	}); ok && dc.retention > 0 {
+		if warning, err := rc.CheckRetention(ctx, dc.retention); err != nil {
+			log.Warn("ferry: could not compare the outbox retention with the oplog window", "err", err)
+		} else if warning != "" {
+			log.Warn("ferry: " + warning)
+		}
+	}
 	natsURL := dc.natsURL
 	if natsURL == "" {
 		if !dc.embedded {

@@ -199,3 +199,17 @@ func TestMockQuietStreamPositionMoves(t *testing.T) {
 	require.NotContains(t, reports[0], "startAfter", "a new feed starts now")
 	require.Contains(t, reports[1], `"startAfter": {"_data": "00BB"}`, "a saved feed starts after its token")
 }
+
+// TestMockRetentionCheckReadsTheOplogWindow: retention shorter than the
+// oplog window plus the outage allowance is reported with what to do.
+func TestMockRetentionCheckReadsTheOplogWindow(t *testing.T) {
+	client := mockClient(t, mockServer(t, "oplog"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", &ferrymongo.Config{OutageAllowance: 12 * time.Hour})
+	require.NoError(t, err)
+	warning, err := drv.CheckRetention(ctx, 24*time.Hour)
+	require.NoError(t, err)
+	require.Contains(t, warning, "oplog window 20h0m0s")
+	require.Contains(t, warning, "at least 32h0m0s")
+}

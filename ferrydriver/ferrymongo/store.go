@@ -372,3 +372,32 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	}
 	return st, nil
 }
+
+// OplogWindow is how far back the oplog reaches now: the time between its
+// oldest and newest entries. It needs read access to local.oplog.rs.
+func (d *Driver) OplogWindow(ctx context.Context) (time.Duration, error) {
+	oplog := d.client.Database("local").Collection("oplog.rs")
+	var first, last struct {
+		TS bson.Timestamp `bson:"ts"`
+	}
+	proj := options.FindOne().SetProjection(bson.D{{Key: "ts", Value: 1}})
+	if err := oplog.FindOne(ctx, bson.D{}, proj.SetSort(bson.D{{Key: "$natural", Value: 1}})).Decode(&first); err != nil {
+		return 0, fmt.Errorf("ferrymongo: read the oldest oplog entry (needs read access to local.oplog.rs): %w", err)
+	}
+	proj = options.FindOne().SetProjection(bson.D{{Key: "ts", Value: 1}})
+	if err := oplog.FindOne(ctx, bson.D{}, proj.SetSort(bson.D{{Key: "$natural", Value: -1}})).Decode(&last); err != nil {
+		return 0, fmt.Errorf("ferrymongo: read the newest oplog entry: %w", err)
+	}
+	return time.Duration(int64(last.TS.T)-int64(first.TS.T)) * time.Second, nil
+}
+
+// CheckRetention returns a warning when published events are kept for
+// less than the oplog window plus Config.OutageAllowance (see
+// retentionCheck), or "" when retention is long enough.
+func (d *Driver) CheckRetention(ctx context.Context, retention time.Duration) (string, error) {
+	window, err := d.OplogWindow(ctx)
+	if err != nil {
+		return "", err
+	}
+	return retentionCheck(retention, window, d.cfg.OutageAllowance), nil
+}

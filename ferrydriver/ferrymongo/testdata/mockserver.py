@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet"):
+elif scenario in ("historylost", "quiet", "oplog"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -68,6 +68,13 @@ if scenario == "historylost":
     r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
     report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
     r.ok(cursor={"id": Int64(0), "ns": ns, "firstBatch": [], "postBatchResumeToken": {"_data": "00BB"}})
+
+if scenario == "oplog":
+    # The oplog reaches back 20 hours.
+    for ts in (Timestamp(1700000000, 1), Timestamp(1700000000 + 20 * 3600, 1)):
+        r = server.receives(OpMsg("find", "oplog.rs"), timeout=30)
+        report("find", {"sort": r.doc.get("sort")})
+        r.ok(cursor={"id": Int64(0), "ns": "local.oplog.rs", "firstBatch": [{"ts": ts}]})
 
 if scenario == "quiet":
     ns = "app.ferry_outbox"
