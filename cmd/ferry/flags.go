@@ -261,28 +261,10 @@ func (d *dbFlags) openMongo(ctx context.Context) (*backend, error) {
 		return nil, err
 	}
 	return &backend{
-		name: "mongodb", label: "database " + dbName, store: drv, inbox: noInbox{"MongoDB"}, emit: emit,
+		name: "mongodb", label: "database " + dbName, store: drv, inbox: drv, emit: emit,
 		ping:  func(ctx context.Context) error { return client.Ping(ctx, nil) },
 		close: func() { _ = client.Disconnect(context.Background()) },
 	}, nil
-}
-
-// noInbox answers for backends without consumer inboxes yet.
-type noInbox struct{ backend string }
-
-func (n noInbox) err() error {
-	return fmt.Errorf("consumer inboxes are not available on %s yet: relay dead letters work (omit --group)", n.backend)
-}
-
-func (n noInbox) ListInbox(context.Context, *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
-	return nil, n.err()
-}
-
-func (n noInbox) RedriveInbox(context.Context, *ferrydriver.InboxIDsParams) (int, error) {
-	return 0, n.err()
-}
-func (n noInbox) DiscardInbox(context.Context, *ferrydriver.InboxIDsParams) (int, error) {
-	return 0, n.err()
 }
 
 // openPG connects to PostgreSQL and returns the pool and the driver.

@@ -1,8 +1,9 @@
 // Package ferrymongo is Ferry's MongoDB backend, on the official driver
 // (go.mongodb.org/mongo-driver/v2). Work in progress: the outbox, its
-// change-stream feed with recovery, leases, checkpoints, dead letters and
-// retention are written; the inbox, settlement and the RunTx transactor
-// are not yet. See "How it is verified" below before relying on it.
+// change-stream feed with recovery, leases, checkpoints, dead letters,
+// retention, the consumer inbox, settlement (a change stream on the inbox)
+// and the RunTx transactor are written, but have not yet run against a
+// real server. See "How it is verified" below before relying on it.
 //
 // # Requirements
 //

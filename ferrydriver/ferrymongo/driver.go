@@ -233,6 +233,11 @@ func (d *Driver) indexes() []index {
 		{d.checkpoints, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}}}},
 		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "failed_at", Value: -1}}}},
 		{d.requests(), mongo.IndexModel{Keys: bson.D{{Key: "created_at", Value: 1}}}},
+		// A key's head: its unfinished rows in order.
+		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "key", Value: 1}, {Key: "state", Value: 1}, {Key: "pos", Value: 1}}}},
+		// Retention of processed rows and listings of dead ones.
+		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "state", Value: 1}, {Key: "finished_at", Value: 1}}}},
+		{d.inboxKeys(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "runnable_at", Value: 1}}}},
 	}
 }
 
@@ -240,7 +245,7 @@ func (d *Driver) indexes() []index {
 // collections and indexes, which Migrate creates.
 func (d *Driver) Migrations() []ferrydriver.Migration {
 	return []ferrydriver.Migration{{Version: 1, Name: "outbox",
-		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters,requests} and their indexes",
+		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters,requests,inbox,inbox_keys,inbox_groups,counters} and their indexes",
 		Down: "drop them"}}
 }
 
@@ -251,7 +256,8 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 	if p.DryRun {
 		return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
 	}
-	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters, d.requests()}
+	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters, d.requests(),
+		d.inbox(), d.inboxKeys(), d.inboxGroups(), d.counters()}
 	if p.Down {
 		for _, c := range colls {
 			if err := c.Drop(ctx); err != nil {

@@ -104,3 +104,8 @@ func TestTransactorSuite(t *testing.T) {
 	mongoClient(t)
 	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[context.Context] { return newDriver(t) })
 }
+
+func TestInboxSuite(t *testing.T) {
+	mongoClient(t)
+	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[context.Context] { return newDriver(t) })
+}

@@ -1,0 +1,727 @@
+package ferrymongo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/google/uuid"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+)
+
+// The inbox follows the model of the relational backends: one document per
+// (group, event), one <prefix>inbox_keys document per (group, key) saying
+// when the key's head may run. Every change of a key's head writes its key
+// document in the same transaction, so that two workers changing one key
+// conflict (one transaction aborts) instead of both succeeding. Claim and
+// retry times use the workers' clocks: keep them within a few seconds.
+
+var unfinishedStates = bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxProcessing), string(ferrydriver.InboxFailed), string(ferrydriver.InboxDead)}
+
+type inboxID struct {
+	Group string `bson:"g"`
+	Event string `bson:"e"`
+}
+
+type inboxDoc struct {
+	ID             inboxID           `bson:"_id"`
+	Group          string            `bson:"g"`
+	Pos            int64             `bson:"pos"`
+	Key            string            `bson:"key"`
+	Seq            int64             `bson:"seq"`
+	Topic          string            `bson:"topic"`
+	Type           string            `bson:"type"`
+	Source         string            `bson:"source,omitempty"`
+	ContentType    string            `bson:"ct,omitempty"`
+	Headers        map[string]string `bson:"headers,omitempty"`
+	Payload        []byte            `bson:"payload"`
+	CreatedAt      time.Time         `bson:"created_at"`
+	State          string            `bson:"state"`
+	Attempts       int               `bson:"attempts"`
+	LastError      string            `bson:"last_error,omitempty"`
+	NextAttemptAt  time.Time         `bson:"next_attempt_at"`
+	ClaimedBy      string            `bson:"claimed_by,omitempty"`
+	ClaimExpiresAt *time.Time        `bson:"claim_expires_at,omitempty"`
+	ReceivedAt     time.Time         `bson:"received_at"`
+	FinishedAt     *time.Time        `bson:"finished_at,omitempty"`
+}
+
+func (d *inboxDoc) row() (*ferrydriver.InboxRow, error) {
+	o := outboxDoc{ID: d.ID.Event, Topic: d.Topic, Key: d.Key, Seq: d.Seq, Type: d.Type, Source: d.Source, ContentType: d.ContentType,
+		Headers: d.Headers, Payload: d.Payload, CreatedAt: d.CreatedAt}
+	ev, err := o.event()
+	if err != nil {
+		return nil, err
+	}
+	r := &ferrydriver.InboxRow{Group: d.Group, Event: *ev, State: ferrydriver.InboxState(d.State), Attempts: d.Attempts,
+		LastError: d.LastError, NextAttemptAt: d.NextAttemptAt, ReceivedAt: d.ReceivedAt}
+	if d.FinishedAt != nil {
+		r.FinishedAt = *d.FinishedAt
+	}
+	return r, nil
+}
+
+func (d *Driver) coll(name string) *mongo.Collection {
+	return d.db.Collection(d.cfg.Prefix+name, options.Collection().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Majority()))
+}
+
+func (d *Driver) inbox() *mongo.Collection       { return d.coll("inbox") }
+func (d *Driver) inboxKeys() *mongo.Collection   { return d.coll("inbox_keys") }
+func (d *Driver) inboxGroups() *mongo.Collection { return d.coll("inbox_groups") }
+func (d *Driver) counters() *mongo.Collection    { return d.coll("counters") }
+
+func keyID(group, key string) bson.D { return bson.D{{Key: "g", Value: group}, {Key: "k", Value: key}} }
+
+func rowID(group string, id uuid.UUID) bson.D {
+	return bson.D{{Key: "g", Value: group}, {Key: "e", Value: id.String()}}
+}
+
+func decodeRows(ctx context.Context, cur *mongo.Cursor) ([]*ferrydriver.InboxRow, error) {
+	defer cur.Close(ctx)
+	var out []*ferrydriver.InboxRow
+	for cur.Next(ctx) {
+		var doc inboxDoc
+		if err := cur.Decode(&doc); err != nil {
+			return nil, err
+		}
+		r, err := doc.row()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, cur.Err()
+}
+
+// InsertInbox implements ferrydriver.Inbox in one transaction: the events
+// not recorded yet take positions from the group's counter (so that
+// concurrent ingestions of a group serialise, keeping each key's delivery
+// order), and their keys become runnable unless they wait already.
+func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error) {
+	res := &ferrydriver.InsertInboxResult{Inserted: make([]bool, len(p.Events))}
+	if len(p.Events) == 0 {
+		return res, nil
+	}
+	err := d.inTx(ctx, func(tx context.Context) error {
+		clear(res.Inserted)
+		ids := make(bson.A, len(p.Events))
+		for i, ev := range p.Events {
+			ids[i] = rowID(p.Group, ev.ID)
+		}
+		cur, err := d.inbox().Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+		if err != nil {
+			return err
+		}
+		var have []struct {
+			ID inboxID `bson:"_id"`
+		}
+		if err := cur.All(tx, &have); err != nil {
+			return err
+		}
+		known := map[string]bool{}
+		for _, h := range have {
+			known[h.ID.Event] = true
+		}
+		var fresh []int
+		for i, ev := range p.Events {
+			if id := ev.ID.String(); !known[id] {
+				known[id] = true // a duplicate within the call inserts once
+				fresh = append(fresh, i)
+			}
+		}
+		if len(fresh) == 0 {
+			return nil
+		}
+		var counter struct {
+			N int64 `bson:"n"`
+		}
+		if err := d.counters().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: "inbox:" + p.Group}},
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: int64(len(fresh))}}}},
+			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&counter); err != nil {
+			return err
+		}
+		now := time.Now().UTC()
+		pos := counter.N - int64(len(fresh))
+		docs := make([]any, 0, len(fresh))
+		var keys []string
+		for _, i := range fresh {
+			ev := p.Events[i]
+			pos++
+			payload := ev.Payload
+			if payload == nil {
+				payload = []byte{}
+			}
+			docs = append(docs, &inboxDoc{ID: inboxID{Group: p.Group, Event: ev.ID.String()}, Group: p.Group, Pos: pos, Key: ev.Key, Seq: ev.Seq,
+				Topic: ev.Topic, Type: ev.Type, Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload,
+				CreatedAt: ev.CreatedAt.UTC(), State: string(ferrydriver.InboxPending), NextAttemptAt: now, ReceivedAt: now})
+			keys = append(keys, ev.Key)
+			res.Inserted[i] = true
+		}
+		if _, err := d.inbox().InsertMany(tx, docs); err != nil {
+			return err
+		}
+		slices.Sort(keys)
+		idle := expr("$and", expr("$eq", bson.D{{Key: "$ifNull", Value: bson.A{"$runnable_at", nil}}}, nil),
+			expr("$eq", bson.D{{Key: "$ifNull", Value: bson.A{"$held_by", nil}}}, nil))
+		for _, k := range slices.Compact(keys) {
+			if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, k)}},
+				mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "g", Value: p.Group}, {Key: "k", Value: k},
+					{Key: "runnable_at", Value: cond(idle, now, "$runnable_at")}}}}},
+				options.UpdateOne().SetUpsert(true)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: insert into inbox of group %s: %w", p.Group, err)
+	}
+	return res, nil
+}
+
+// head is a key's oldest unfinished row and whether another row runs.
+type head struct {
+	doc       *inboxDoc
+	busyUntil *time.Time
+	runnable  bool
+}
+
+func (d *Driver) keyHead(tx context.Context, group, key string, hold bool, now time.Time) (*head, error) {
+	states := unfinishedStates
+	if !hold {
+		states = unfinishedStates[:3]
+	}
+	h := &head{}
+	var doc inboxDoc
+	err := d.inbox().FindOne(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "state", Value: bson.D{{Key: "$in", Value: states}}}},
+		options.FindOne().SetSort(bson.D{{Key: "pos", Value: 1}})).Decode(&doc)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+	case err != nil:
+		return nil, err
+	default:
+		h.doc = &doc
+	}
+	busyFilter := bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "state", Value: string(ferrydriver.InboxProcessing)},
+		{Key: "claim_expires_at", Value: bson.D{{Key: "$gt", Value: now}}}}
+	if h.doc != nil {
+		busyFilter = append(busyFilter, bson.E{Key: "_id", Value: bson.D{{Key: "$ne", Value: h.doc.ID}}})
+	}
+	var busy inboxDoc
+	err = d.inbox().FindOne(tx, busyFilter, options.FindOne().SetSort(bson.D{{Key: "claim_expires_at", Value: -1}})).Decode(&busy)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+	case err != nil:
+		return nil, err
+	default:
+		h.busyUntil = busy.ClaimExpiresAt
+	}
+	if h.doc != nil && h.busyUntil == nil {
+		switch ferrydriver.InboxState(h.doc.State) {
+		case ferrydriver.InboxPending:
+			h.runnable = true
+		case ferrydriver.InboxFailed:
+			h.runnable = !h.doc.NextAttemptAt.After(now)
+		case ferrydriver.InboxProcessing:
+			h.runnable = h.doc.ClaimExpiresAt != nil && !h.doc.ClaimExpiresAt.After(now)
+		}
+	}
+	return h, nil
+}
+
+// refreshKey recomputes when a key's head may run, in tx.
+func (d *Driver) refreshKey(tx context.Context, group, key string, hold bool, now time.Time) error {
+	h, err := d.keyHead(tx, group, key, hold, now)
+	if err != nil {
+		return err
+	}
+	var runnable, heldBy any
+	switch {
+	case h.busyUntil != nil:
+		runnable = *h.busyUntil
+	case h.doc == nil:
+	case h.doc.State == string(ferrydriver.InboxPending):
+		runnable = now
+	case h.doc.State == string(ferrydriver.InboxFailed):
+		runnable = h.doc.NextAttemptAt
+	case h.doc.State == string(ferrydriver.InboxProcessing):
+		runnable = h.doc.ClaimExpiresAt
+	case h.doc.State == string(ferrydriver.InboxDead):
+		heldBy = h.doc.ID.Event
+	}
+	_, err = d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(group, key)}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "g", Value: group}, {Key: "k", Value: key}, {Key: "runnable_at", Value: runnable}, {Key: "held_by", Value: heldBy}}}},
+		options.UpdateOne().SetUpsert(true))
+	return err
+}
+
+// ClaimInbox implements ferrydriver.Inbox: for each due key, one short
+// transaction re-reads its head and claims it. A key another worker
+// claimed meanwhile conflicts and is skipped.
+func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	now := time.Now().UTC()
+	cur, err := d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "runnable_at", Value: bson.D{{Key: "$lte", Value: now}}}},
+		options.Find().SetSort(bson.D{{Key: "runnable_at", Value: 1}}).SetLimit(int64(max(p.Limit, 1))))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: claim inbox rows of group %s: %w", p.Group, err)
+	}
+	var keys []struct {
+		K string `bson:"k"`
+	}
+	if err := cur.All(ctx, &keys); err != nil {
+		return nil, fmt.Errorf("ferrymongo: claim inbox rows of group %s: %w", p.Group, err)
+	}
+	var out []*ferrydriver.InboxRow
+	for _, k := range keys {
+		row, err := d.claimKey(ctx, p, k.K)
+		if err != nil {
+			if hasLabel(err, labelTransient) || hasCode(err, codeWriteConflict) {
+				continue // another worker changed the key first
+			}
+			return out, fmt.Errorf("ferrymongo: claim key %s of group %s: %w", k.K, p.Group, err)
+		}
+		if row != nil {
+			out = append(out, row)
+		}
+	}
+	return out, nil
+}
+
+// claimKey claims the head of one key in a transaction of its own, without
+// WithTransaction's retries: a conflict means someone else has it.
+func (d *Driver) claimKey(ctx context.Context, p *ferrydriver.ClaimInboxParams, key string) (*ferrydriver.InboxRow, error) {
+	sess, err := d.client.StartSession()
+	if err != nil {
+		return nil, err
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	if err := sess.StartTransaction(options.Transaction().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Snapshot())); err != nil {
+		return nil, err
+	}
+	tx := mongo.NewSessionContext(ctx, sess)
+	row, err := d.claimKeyTx(tx, p, key)
+	if err != nil {
+		_ = sess.AbortTransaction(context.WithoutCancel(tx))
+		return nil, err
+	}
+	if err := sess.CommitTransaction(tx); err != nil {
+		return nil, err
+	}
+	return row, nil
+}
+
+func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams, key string) (*ferrydriver.InboxRow, error) {
+	now := time.Now().UTC()
+	h, err := d.keyHead(tx, p.Group, key, p.HoldDead, now)
+	if err != nil {
+		return nil, err
+	}
+	if !h.runnable {
+		return nil, d.refreshKey(tx, p.Group, key, p.HoldDead, now)
+	}
+	expires := now.Add(p.TTL)
+	var doc inboxDoc
+	err = d.inbox().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: h.doc.ID}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claimed_by", Value: p.Worker},
+			{Key: "claim_expires_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}}},
+		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: expires}}}}); err != nil {
+		return nil, err
+	}
+	return doc.row()
+}
+
+// RunInTx implements ferrydriver.Inbox: fn runs in a session transaction
+// (majority), run again by the driver on a TransientTransactionError.
+func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx context.Context) error) error {
+	return d.inTx(ctx, func(tx context.Context) error { return fn(tx, tx) })
+}
+
+// CompleteInboxTx implements ferrydriver.Inbox.
+func (d *Driver) CompleteInboxTx(_ context.Context, tx context.Context, p *ferrydriver.CompleteInboxParams) error {
+	return d.finish(tx, p.Group, p.EventID, p.Worker, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
+}
+
+// FailInbox implements ferrydriver.Inbox.
+func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) error {
+	state := ferrydriver.InboxFailed
+	var retry *time.Time
+	if p.Dead {
+		state = ferrydriver.InboxDead
+	} else {
+		at := p.RetryAt.UTC()
+		retry = &at
+	}
+	return d.inTx(ctx, func(tx context.Context) error {
+		return d.finish(tx, p.Group, p.EventID, p.Worker, state, p.Error, retry, p.HoldDead)
+	})
+}
+
+func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, worker string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
+	now := time.Now().UTC()
+	set := bson.D{{Key: "state", Value: string(state)}}
+	if state != ferrydriver.InboxProcessed {
+		set = append(set, bson.E{Key: "last_error", Value: lastErr})
+	}
+	if retry != nil {
+		set = append(set, bson.E{Key: "next_attempt_at", Value: *retry})
+	}
+	if state == ferrydriver.InboxProcessed || state == ferrydriver.InboxDead {
+		set = append(set, bson.E{Key: "finished_at", Value: now})
+	}
+	var doc inboxDoc
+	err := d.inbox().FindOneAndUpdate(tx,
+		bson.D{{Key: "_id", Value: rowID(group, id)}, {Key: "claimed_by", Value: worker}, {Key: "state", Value: string(ferrydriver.InboxProcessing)},
+			{Key: "claim_expires_at", Value: bson.D{{Key: "$gt", Value: now}}}},
+		bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_expires_at", Value: ""}}}}).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	}
+	if err != nil {
+		return fmt.Errorf("ferrymongo: mark inbox row %s: %w", state, err)
+	}
+	if err := d.refreshKey(tx, group, doc.Key, hold, now); err != nil {
+		return fmt.Errorf("ferrymongo: refresh inbox key %s: %w", doc.Key, err)
+	}
+	return nil
+}
+
+func (d *Driver) policy(ctx context.Context, group string) (bool, error) {
+	var g struct {
+		Hold bool `bson:"hold_dead"`
+	}
+	err := d.inboxGroups().FindOne(ctx, bson.D{{Key: "_id", Value: group}}).Decode(&g)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return true, nil // Hold unless told otherwise
+	}
+	return g.Hold, err
+}
+
+// SetInboxPolicy implements ferrydriver.Inbox.
+func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error {
+	var old struct {
+		Hold *bool `bson:"hold_dead"`
+	}
+	err := d.inboxGroups().FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.Group}}, bson.D{{Key: "$set", Value: bson.D{{Key: "hold_dead", Value: p.HoldDead}}}},
+		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)).Decode(&old)
+	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+		return fmt.Errorf("ferrymongo: store the dead policy of group %s: %w", p.Group, err)
+	}
+	if old.Hold != nil && *old.Hold == p.HoldDead {
+		return nil
+	}
+	cur, err := d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}}, options.Find().SetProjection(bson.D{{Key: "k", Value: 1}}))
+	if err != nil {
+		return fmt.Errorf("ferrymongo: list inbox keys: %w", err)
+	}
+	var keys []struct {
+		K string `bson:"k"`
+	}
+	if err := cur.All(ctx, &keys); err != nil {
+		return fmt.Errorf("ferrymongo: list inbox keys: %w", err)
+	}
+	for start := 0; start < len(keys); start += 200 {
+		chunk := keys[start:min(start+200, len(keys))]
+		if err := d.inTx(ctx, func(tx context.Context) error {
+			now := time.Now().UTC()
+			for _, k := range chunk {
+				if err := d.refreshKey(tx, p.Group, k.K, p.HoldDead, now); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("ferrymongo: re-evaluate the keys of group %s: %w", p.Group, err)
+		}
+	}
+	return nil
+}
+
+// ListInbox implements ferrydriver.Inbox.
+func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
+	states := bson.A{}
+	for _, s := range p.States {
+		states = append(states, string(s))
+	}
+	if len(states) == 0 {
+		states = bson.A{string(ferrydriver.InboxDead)}
+	}
+	filter := bson.D{{Key: "g", Value: p.Group}, {Key: "state", Value: bson.D{{Key: "$in", Value: states}}}}
+	if p.Key != "" {
+		filter = append(filter, bson.E{Key: "key", Value: p.Key})
+	}
+	if p.Type != "" {
+		filter = append(filter, bson.E{Key: "type", Value: p.Type})
+	}
+	if len(p.EventIDs) > 0 {
+		ids := bson.A{}
+		for _, id := range p.EventIDs {
+			ids = append(ids, rowID(p.Group, id))
+		}
+		filter = append(filter, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}})
+	}
+	at := bson.D{}
+	if !p.Since.IsZero() {
+		at = append(at, bson.E{Key: "$gte", Value: p.Since})
+	}
+	if !p.Until.IsZero() {
+		at = append(at, bson.E{Key: "$lt", Value: p.Until})
+	}
+	if len(at) > 0 {
+		filter = append(filter, bson.E{Key: "finished_at", Value: at})
+	}
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 100
+	}
+	cur, err := d.inbox().Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "finished_at", Value: -1}, {Key: "received_at", Value: -1}}).SetLimit(limit))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: list inbox of group %s: %w", p.Group, err)
+	}
+	out, err := decodeRows(ctx, cur)
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: list inbox of group %s: %w", p.Group, err)
+	}
+	return out, nil
+}
+
+// RedriveInbox implements ferrydriver.Inbox.
+func (d *Driver) RedriveInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error) {
+	return d.setDeadState(ctx, p, ferrydriver.InboxPending)
+}
+
+// DiscardInbox implements ferrydriver.Inbox.
+func (d *Driver) DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error) {
+	return d.setDeadState(ctx, p, ferrydriver.InboxDiscarded)
+}
+
+func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams, state ferrydriver.InboxState) (int, error) {
+	hold, err := d.policy(ctx, p.Group)
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: read the dead policy of group %s: %w", p.Group, err)
+	}
+	changed := 0
+	err = d.inTx(ctx, func(tx context.Context) error {
+		changed = 0
+		now := time.Now().UTC()
+		keys := map[string]bool{}
+		for _, id := range p.EventIDs {
+			set := bson.D{{Key: "state", Value: string(state)}, {Key: "next_attempt_at", Value: now}}
+			if state == ferrydriver.InboxPending {
+				set = append(set, bson.E{Key: "attempts", Value: 0})
+			} else {
+				set = append(set, bson.E{Key: "finished_at", Value: now})
+			}
+			var doc inboxDoc
+			err := d.inbox().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: rowID(p.Group, id)}, {Key: "state", Value: string(ferrydriver.InboxDead)}},
+				bson.D{{Key: "$set", Value: set}}).Decode(&doc)
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			keys[doc.Key] = true
+			changed++
+		}
+		for k := range keys {
+			if err := d.refreshKey(tx, p.Group, k, hold, now); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: mark dead letters %s: %w", state, err)
+	}
+	return changed, nil
+}
+
+// InboxCounts implements ferrydriver.Inbox.
+func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
+	cur, err := d.inbox().Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "g", Value: group}, {Key: "state", Value: bson.D{{Key: "$in", Value: unfinishedStates}}}}}},
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$state"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: count inbox rows of group %s: %w", group, err)
+	}
+	var rows []struct {
+		State string `bson:"_id"`
+		N     int64  `bson:"n"`
+	}
+	if err := cur.All(ctx, &rows); err != nil {
+		return nil, fmt.Errorf("ferrymongo: count inbox rows of group %s: %w", group, err)
+	}
+	out := map[ferrydriver.InboxState]int64{}
+	for _, r := range rows {
+		out[ferrydriver.InboxState(r.State)] = r.N
+	}
+	return out, nil
+}
+
+// DeleteProcessedInbox implements ferrydriver.Inbox.
+func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 5000
+	}
+	cur, err := d.inbox().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "state", Value: string(ferrydriver.InboxProcessed)},
+		{Key: "finished_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}},
+		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(bson.D{{Key: "finished_at", Value: 1}}).SetLimit(limit))
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: find processed inbox rows: %w", err)
+	}
+	var ids []struct {
+		ID inboxID `bson:"_id"`
+	}
+	if err := cur.All(ctx, &ids); err != nil {
+		return 0, fmt.Errorf("ferrymongo: find processed inbox rows: %w", err)
+	}
+	var n int64
+	if len(ids) > 0 {
+		list := bson.A{}
+		for _, x := range ids {
+			list = append(list, bson.D{{Key: "g", Value: x.ID.Group}, {Key: "e", Value: x.ID.Event}})
+		}
+		res, err := d.inbox().DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: list}}}, {Key: "state", Value: string(ferrydriver.InboxProcessed)}})
+		if err != nil {
+			return 0, fmt.Errorf("ferrymongo: delete processed inbox rows: %w", err)
+		}
+		n = res.DeletedCount
+	}
+	// Forget idle keys, each in a transaction that re-checks it has no
+	// unfinished row (an ingestion of the key conflicts with it).
+	kc, err := d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "runnable_at", Value: nil}, {Key: "held_by", Value: nil}},
+		options.Find().SetProjection(bson.D{{Key: "k", Value: 1}}).SetLimit(limit))
+	if err != nil {
+		return n, fmt.Errorf("ferrymongo: find idle inbox keys: %w", err)
+	}
+	var idle []struct {
+		K string `bson:"k"`
+	}
+	if err := kc.All(ctx, &idle); err != nil {
+		return n, fmt.Errorf("ferrymongo: find idle inbox keys: %w", err)
+	}
+	for _, k := range idle {
+		_ = d.inTx(ctx, func(tx context.Context) error {
+			left, err := d.inbox().CountDocuments(tx, bson.D{{Key: "g", Value: p.Group}, {Key: "key", Value: k.K}, {Key: "state", Value: bson.D{{Key: "$in", Value: unfinishedStates}}}})
+			if err != nil || left > 0 {
+				return err
+			}
+			_, err = d.inboxKeys().DeleteOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, k.K)}, {Key: "runnable_at", Value: nil}, {Key: "held_by", Value: nil}})
+			return err
+		})
+	}
+	return n, nil
+}
+
+// InboxStates implements ferrydriver.Settler, reading outside any session.
+func (d *Driver) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
+	out := make(map[uuid.UUID]*ferrydriver.InboxRow, len(p.EventIDs))
+	if len(p.EventIDs) == 0 {
+		return out, nil
+	}
+	ids := bson.A{}
+	for _, id := range p.EventIDs {
+		ids = append(ids, rowID(p.Group, id))
+	}
+	cur, err := d.inbox().Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: read inbox states of group %s: %w", p.Group, err)
+	}
+	rows, err := decodeRows(ctx, cur)
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: read inbox states of group %s: %w", p.Group, err)
+	}
+	for _, r := range rows {
+		out[r.Event.ID] = r
+	}
+	return out, nil
+}
+
+// AwaitSettled implements ferrydriver.Settler with a change stream on the
+// inbox: it opens the stream first (so that nothing finishing afterwards
+// is missed), reads the events' states once, then waits for the stream to
+// report changes of the awaited rows; it never polls.
+func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
+	wctx, cancel := context.WithDeadline(ctx, p.Deadline)
+	defer cancel()
+	ids := bson.A{}
+	for _, id := range p.EventIDs {
+		ids = append(ids, id.String())
+	}
+	pipeline := mongo.Pipeline{{{Key: "$match", Value: bson.D{
+		{Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"update", "replace", "insert"}}}},
+		{Key: "documentKey._id.g", Value: p.Group},
+		{Key: "documentKey._id.e", Value: bson.D{{Key: "$in", Value: ids}}},
+	}}}}
+	cs, err := d.inbox().Watch(wctx, pipeline, options.ChangeStream().SetMaxAwaitTime(time.Second))
+	if err != nil {
+		if ctx.Err() == nil && wctx.Err() != nil {
+			return map[uuid.UUID]*ferrydriver.InboxRow{}, nil // past the deadline: all pending
+		}
+		return nil, fmt.Errorf("ferrymongo: watch the inbox for settlement: %w", err)
+	}
+	defer cs.Close(context.WithoutCancel(ctx))
+	states, err := d.InboxStates(wctx, &ferrydriver.InboxIDsParams{Group: p.Group, EventIDs: p.EventIDs})
+	if err != nil {
+		if ctx.Err() == nil && wctx.Err() != nil {
+			return map[uuid.UUID]*ferrydriver.InboxRow{}, nil
+		}
+		return nil, err
+	}
+	pending := map[uuid.UUID]bool{}
+	for _, id := range p.EventIDs {
+		if r, ok := states[id]; !ok || !r.State.Finished() {
+			pending[id] = true
+		}
+	}
+	for len(pending) > 0 && cs.Next(wctx) {
+		var change struct {
+			Key struct {
+				ID inboxID `bson:"_id"`
+			} `bson:"documentKey"`
+		}
+		if err := cs.Decode(&change); err != nil {
+			return nil, fmt.Errorf("ferrymongo: decode an inbox change: %w", err)
+		}
+		id, err := uuid.Parse(change.Key.ID.Event)
+		if err != nil || !pending[id] {
+			continue
+		}
+		fresh, err := d.InboxStates(wctx, &ferrydriver.InboxIDsParams{Group: p.Group, EventIDs: []uuid.UUID{id}})
+		if err != nil {
+			if wctx.Err() != nil {
+				break // the deadline: what is left is pending
+			}
+			return nil, err
+		}
+		if r, ok := fresh[id]; ok {
+			states[id] = r
+			if r.State.Finished() {
+				delete(pending, id)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if err := cs.Err(); err != nil && wctx.Err() == nil {
+		return nil, fmt.Errorf("ferrymongo: watch the inbox for settlement: %w", err)
+	}
+	return states, nil
+}
+
+var _ ferrydriver.Inbox[context.Context] = (*Driver)(nil)
