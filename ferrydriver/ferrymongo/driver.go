@@ -149,11 +149,21 @@ type outboxDoc struct {
 	Headers     map[string]string `bson:"headers,omitempty"`
 	Payload     []byte            `bson:"payload"`
 	CreatedAt   time.Time         `bson:"created_at"`
+	// CreatedNS keeps CreatedAt's nanoseconds (BSON dates hold milliseconds).
+	CreatedNS int64 `bson:"created_ns,omitempty"`
+	// AppendedAt is when the producer wrote the event (its clock at append
+	// time, whatever CreatedAt it was given): recovery scans and retention
+	// go by it.
+	AppendedAt time.Time `bson:"appended_at"`
 }
 
 func (o *outboxDoc) event() (*ferryevent.Event, error) {
+	created := o.CreatedAt
+	if o.CreatedNS != 0 {
+		created = time.Unix(0, o.CreatedNS).UTC()
+	}
 	ev := &ferryevent.Event{Topic: o.Topic, Key: o.Key, Seq: o.Seq, Type: o.Type, Source: o.Source, ContentType: o.ContentType,
-		Headers: o.Headers, Payload: o.Payload, CreatedAt: o.CreatedAt}
+		Headers: o.Headers, Payload: o.Payload, CreatedAt: created}
 	if err := ev.ID.UnmarshalText([]byte(o.ID)); err != nil {
 		return ev, fmt.Errorf("event id %q: %w", o.ID, err)
 	}
@@ -167,8 +177,8 @@ func (o *outboxDoc) event() (*ferryevent.Event, error) {
 // key conflict (a TransientTransactionError, which WithTransaction and
 // ferry.RunTx run again), producers of different keys do not.
 func (d *Driver) AppendTx(_ context.Context, tx context.Context, p *ferrydriver.AppendParams) error {
-	if mongo.SessionFromContext(tx) == nil {
-		return errors.New("ferrymongo: AppendTx needs the context of a session transaction (the argument of Session.WithTransaction's callback)")
+	if sess := mongo.SessionFromContext(tx); sess == nil || !sess.TransactionRunning() {
+		return errors.New("ferrymongo: AppendTx needs the context of a running session transaction (the argument of Session.WithTransaction's callback)")
 	}
 	return d.append(tx, p)
 }
@@ -197,6 +207,7 @@ func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
 		return nil
 	}
 	docs := make([]any, len(p.Events))
+	appended := time.Now().UTC()
 	for i, ev := range p.Events {
 		var k struct {
 			Seq int64 `bson:"seq"`
@@ -212,7 +223,8 @@ func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
 			payload = []byte{}
 		}
 		docs[i] = &outboxDoc{ID: ev.ID.String(), Partition: d.PartitionOf(ev.Key), Topic: ev.Topic, Key: ev.Key, Seq: k.Seq, Type: ev.Type,
-			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload, CreatedAt: ev.CreatedAt.UTC()}
+			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload, CreatedAt: ev.CreatedAt.UTC(),
+			CreatedNS: ev.CreatedAt.UnixNano(), AppendedAt: appended}
 	}
 	if _, err := d.outbox.InsertMany(tx, docs); err != nil {
 		return fmt.Errorf("ferrymongo: append %d event(s): %w", len(docs), err)
@@ -228,8 +240,10 @@ type index struct {
 
 func (d *Driver) indexes() []index {
 	return []index{
-		// Recovery scans and retention read a partition by creation time.
-		{d.outbox, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}, {Key: "created_at", Value: 1}}}},
+		// Retention and status read a partition by append time; recovery
+		// scans it per key in sequence order.
+		{d.outbox, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}, {Key: "appended_at", Value: 1}}}},
+		{d.outbox, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}, {Key: "key", Value: 1}, {Key: "seq", Value: 1}}}},
 		{d.checkpoints, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}}}},
 		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "failed_at", Value: -1}}}},
 		{d.requests(), mongo.IndexModel{Keys: bson.D{{Key: "created_at", Value: 1}}}},
@@ -245,7 +259,7 @@ func (d *Driver) indexes() []index {
 // collections and indexes, which Migrate creates.
 func (d *Driver) Migrations() []ferrydriver.Migration {
 	return []ferrydriver.Migration{{Version: 1, Name: "outbox",
-		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters,requests,inbox,inbox_keys,inbox_groups,counters} and their indexes",
+		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters,requests,inbox,inbox_keys,inbox_groups,counters,meta} and their indexes",
 		Down: "drop them"}}
 }
 
@@ -257,7 +271,7 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 		return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
 	}
 	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters, d.requests(),
-		d.inbox(), d.inboxKeys(), d.inboxGroups(), d.counters()}
+		d.inbox(), d.inboxKeys(), d.inboxGroups(), d.counters(), d.meta()}
 	if p.Down {
 		for _, c := range colls {
 			if err := c.Drop(ctx); err != nil {
@@ -286,6 +300,16 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 		if _, err := ix.coll.Indexes().CreateOne(ctx, ix.model); err != nil {
 			return nil, fmt.Errorf("ferrymongo: index on %s: %w", ix.coll.Name(), err)
 		}
+	}
+	// A feed with no saved position reads "from the beginning": from the
+	// cluster time at which the outbox was created, kept here.
+	t, err := d.clusterTime(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.meta().UpdateOne(ctx, bson.D{{Key: "_id", Value: "outbox"}},
+		bson.D{{Key: "$setOnInsert", Value: bson.D{{Key: "created", Value: t}}}}, options.UpdateOne().SetUpsert(true)); err != nil {
+		return nil, fmt.Errorf("ferrymongo: record the outbox's creation time: %w", err)
 	}
 	return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
 }

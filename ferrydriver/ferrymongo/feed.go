@@ -91,7 +91,7 @@ func (f *feed) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferrydrive
 	}
 	if f.cs == nil {
 		if err := f.open(ctx); err != nil {
-			return nil, f.failed(ctx, err)
+			return f.failed(ctx, err)
 		}
 	}
 	b := &ferrydriver.Batch{}
@@ -123,7 +123,7 @@ func (f *feed) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferrydrive
 			if len(b.Events)+len(b.Invalid) > 0 {
 				break // deliver what was read; the error comes back on the next read
 			}
-			return nil, f.failed(ctx, err)
+			return f.failed(ctx, err)
 		}
 		if len(b.Events)+len(b.Invalid) > 0 || !time.Now().Before(deadline) {
 			break
@@ -137,8 +137,8 @@ func (f *feed) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferrydrive
 }
 
 func (f *feed) collect(b *ferrydriver.Batch, doc *outboxDoc) {
-	if doc.CreatedAt.After(f.pos.At) {
-		f.pos.At = doc.CreatedAt
+	if doc.AppendedAt.After(f.pos.At) {
+		f.pos.At = doc.AppendedAt
 	}
 	ev, err := doc.event()
 	if err == nil {
@@ -164,6 +164,20 @@ func (f *feed) open(ctx context.Context) error {
 		opts.SetStartAfter(bson.Raw(f.pos.Token)) // startAfter also crosses an invalidate
 	case f.pos.StartT != 0:
 		opts.SetStartAtOperationTime(&bson.Timestamp{T: f.pos.StartT, I: f.pos.StartI})
+	default:
+		// No position yet: from the beginning, the outbox's creation time
+		// (if the oplog no longer reaches it, the stream reports history
+		// lost and the feed scans the outbox instead).
+		var meta struct {
+			Created bson.Timestamp `bson:"created"`
+		}
+		err := f.d.meta().FindOne(ctx, bson.D{{Key: "_id", Value: "outbox"}}).Decode(&meta)
+		switch {
+		case err == nil && meta.Created.T != 0:
+			opts.SetStartAtOperationTime(&meta.Created)
+		case err != nil && !errors.Is(err, mongo.ErrNoDocuments):
+			return fmt.Errorf("ferrymongo: read the outbox's creation time: %w", err)
+		}
 	}
 	cs, err := f.d.outbox.Watch(ctx, pipeline, opts)
 	if err != nil {
@@ -174,23 +188,25 @@ func (f *feed) open(ctx context.Context) error {
 }
 
 // failed applies the stream decisions to err: a reopen comes with the
-// next Read (the relay backs off), a recovery switches the feed to a scan
-// of the outbox, anything else is returned as is.
-func (f *feed) failed(ctx context.Context, err error) error {
+// next Read (the relay backs off); a recovery switches the feed to a scan
+// of the outbox and returns an empty batch whose cursor says so, so that
+// the relay saves it (a relay that restarts then goes on scanning instead
+// of meeting the lost position again); anything else is returned as is.
+func (f *feed) failed(ctx context.Context, err error) (*ferrydriver.Batch, error) {
 	_ = f.Close()
 	action, why := decideStreamError(err)
 	switch action {
 	case streamReopen:
-		return fmt.Errorf("ferrymongo: change stream of %s interrupted (%s); it reopens from the last position: %w", f.name, why, err)
+		return nil, fmt.Errorf("ferrymongo: change stream of %s interrupted (%s); it reopens from the last position: %w", f.name, why, err)
 	case streamRecover:
 		if rerr := f.startRecovery(ctx); rerr != nil {
-			return rerr
+			return nil, rerr
 		}
 		f.d.cfg.Logger.Warn("ferrymongo: the change stream lost its position; publishing from the outbox collection instead",
-			"feed", f.name, "reason", why, "from", f.pos.From)
-		return fmt.Errorf("ferrymongo: change stream of %s: %s; recovering from the outbox: %w", f.name, why, err)
+			"feed", f.name, "reason", why, "err", err, "from", f.pos.From)
+		return &ferrydriver.Batch{Cursor: f.pos.encode()}, nil
 	}
-	return fmt.Errorf("ferrymongo: change stream of %s: %s: %w", f.name, why, err)
+	return nil, fmt.Errorf("ferrymongo: change stream of %s: %s: %w", f.name, why, err)
 }
 
 // startRecovery switches to a scan of the outbox from the last
@@ -232,7 +248,7 @@ func (d *Driver) clusterTime(ctx context.Context) (bson.Timestamp, error) {
 func (f *feed) readRecovery(ctx context.Context, limit int) (*ferrydriver.Batch, error) {
 	filter := bson.D{{Key: "p", Value: f.partition}}
 	if !f.pos.From.IsZero() {
-		filter = append(filter, bson.E{Key: "created_at", Value: bson.D{{Key: "$gte", Value: f.pos.From}}})
+		filter = append(filter, bson.E{Key: "appended_at", Value: bson.D{{Key: "$gte", Value: f.pos.From}}})
 	}
 	if f.pos.AfterKey != "" {
 		filter = append(filter, bson.E{Key: "$or", Value: bson.A{
@@ -240,12 +256,24 @@ func (f *feed) readRecovery(ctx context.Context, limit int) (*ferrydriver.Batch,
 			bson.D{{Key: "key", Value: f.pos.AfterKey}, {Key: "seq", Value: bson.D{{Key: "$gt", Value: f.pos.AfterSeq}}}},
 		}})
 	}
-	cur, err := f.d.outbox.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "key", Value: 1}, {Key: "seq", Value: 1}}).SetLimit(int64(limit)))
+	// Read at or after the cluster time taken before the scan (a causally
+	// consistent session): a transaction that committed before it is seen
+	// here, one that committed after it comes through the new stream.
+	sess, err := f.d.client.StartSession(options.Session().SetCausalConsistency(true))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: recovery scan of %s: %w", f.name, err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	if err := sess.AdvanceOperationTime(&bson.Timestamp{T: f.pos.StartT, I: f.pos.StartI}); err != nil {
+		return nil, fmt.Errorf("ferrymongo: recovery scan of %s: %w", f.name, err)
+	}
+	sctx := mongo.NewSessionContext(ctx, sess)
+	cur, err := f.d.outbox.Find(sctx, filter, options.Find().SetSort(bson.D{{Key: "key", Value: 1}, {Key: "seq", Value: 1}}).SetLimit(int64(limit)))
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: recovery scan of %s: %w", f.name, err)
 	}
 	var docs []outboxDoc
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := cur.All(sctx, &docs); err != nil {
 		return nil, fmt.Errorf("ferrymongo: recovery scan of %s: %w", f.name, err)
 	}
 	b := &ferrydriver.Batch{}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,10 @@ func mongoClient(t *testing.T) *mongo.Client {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, client.Ping(ctx, nil), "FERRY_TEST_MONGODB_URL=%s is set but the server does not answer", url)
+	// Transactions cannot race to create it implicitly.
+	if err := client.Database("ferrytest_scratch").CreateCollection(ctx, "writes"); err != nil && !strings.Contains(err.Error(), "already exists") {
+		require.NoError(t, err)
+	}
 	return client
 }
 
@@ -43,7 +48,8 @@ func newDriver(t *testing.T) *ferrymongo.Driver {
 	client := mongoClient(t)
 	name := fmt.Sprintf("ferrytest_%d_%d", time.Now().UnixNano()%1e9, rand.IntN(1e6))
 	t.Cleanup(func() { _ = client.Database(name).Drop(context.Background()) })
-	drv, err := ferrymongo.New(context.Background(), client, name, nil)
+	// A short recovery margin, so that retention tests see deletions.
+	drv, err := ferrymongo.New(context.Background(), client, name, &ferrymongo.Config{RecoveryMargin: time.Millisecond})
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)

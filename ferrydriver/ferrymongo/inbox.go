@@ -76,6 +76,7 @@ func (d *Driver) inbox() *mongo.Collection       { return d.coll("inbox") }
 func (d *Driver) inboxKeys() *mongo.Collection   { return d.coll("inbox_keys") }
 func (d *Driver) inboxGroups() *mongo.Collection { return d.coll("inbox_groups") }
 func (d *Driver) counters() *mongo.Collection    { return d.coll("counters") }
+func (d *Driver) meta() *mongo.Collection        { return d.coll("meta") }
 
 func keyID(group, key string) bson.D { return bson.D{{Key: "g", Value: group}, {Key: "k", Value: key}} }
 
@@ -172,8 +173,11 @@ func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 			expr("$eq", bson.D{{Key: "$ifNull", Value: bson.A{"$held_by", nil}}}, nil))
 		for _, k := range slices.Compact(keys) {
 			if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, k)}},
-				mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "g", Value: p.Group}, {Key: "k", Value: k},
-					{Key: "runnable_at", Value: cond(idle, now, "$runnable_at")}}}}},
+				mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "g", Value: literal(p.Group)}, {Key: "k", Value: literal(k)},
+					{Key: "runnable_at", Value: cond(idle, now, "$runnable_at")},
+					// Every write of a key document changes it, so that two
+					// transactions touching one key always conflict.
+					{Key: "v", Value: expr("$add", bson.D{{Key: "$ifNull", Value: bson.A{"$v", int64(0)}}}, int64(1))}}}}},
 				options.UpdateOne().SetUpsert(true)); err != nil {
 				return err
 			}
@@ -257,7 +261,8 @@ func (d *Driver) refreshKey(tx context.Context, group, key string, hold bool, no
 		heldBy = h.doc.ID.Event
 	}
 	_, err = d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(group, key)}},
-		bson.D{{Key: "$set", Value: bson.D{{Key: "g", Value: group}, {Key: "k", Value: key}, {Key: "runnable_at", Value: runnable}, {Key: "held_by", Value: heldBy}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "g", Value: group}, {Key: "k", Value: key}, {Key: "runnable_at", Value: runnable}, {Key: "held_by", Value: heldBy}}},
+			{Key: "$inc", Value: bson.D{{Key: "v", Value: int64(1)}}}},
 		options.UpdateOne().SetUpsert(true))
 	return err
 }
@@ -336,7 +341,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		return nil, err
 	}
 	if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
-		bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: expires}}}}); err != nil {
+		bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "v", Value: int64(1)}}}}); err != nil {
 		return nil, err
 	}
 	return doc.row()
@@ -667,21 +672,39 @@ func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledPa
 		{Key: "documentKey._id.g", Value: p.Group},
 		{Key: "documentKey._id.e", Value: bson.D{{Key: "$in", Value: ids}}},
 	}}}}
-	cs, err := d.inbox().Watch(wctx, pipeline, options.ChangeStream().SetMaxAwaitTime(time.Second))
+	// Read the states first, in a causally consistent session, then watch
+	// from that read's operation time: a change after the read is in the
+	// stream, one before it is in the read.
+	sess, err := d.client.StartSession(options.Session().SetCausalConsistency(true))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: start session: %w", err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	states, err := d.InboxStates(mongo.NewSessionContext(wctx, sess), &ferrydriver.InboxIDsParams{Group: p.Group, EventIDs: p.EventIDs})
 	if err != nil {
 		if ctx.Err() == nil && wctx.Err() != nil {
 			return map[uuid.UUID]*ferrydriver.InboxRow{}, nil // past the deadline: all pending
 		}
+		return nil, err
+	}
+	// The driver refuses to wait longer than the context allows: keep
+	// each wait well inside the deadline.
+	maxAwait := min(time.Second, time.Until(p.Deadline)/2)
+	if maxAwait <= 0 {
+		return states, nil
+	}
+	opts := options.ChangeStream().SetMaxAwaitTime(maxAwait)
+	if t := sess.OperationTime(); t != nil {
+		opts.SetStartAtOperationTime(t)
+	}
+	cs, err := d.inbox().Watch(wctx, pipeline, opts)
+	if err != nil {
+		if ctx.Err() == nil && wctx.Err() != nil {
+			return states, nil
+		}
 		return nil, fmt.Errorf("ferrymongo: watch the inbox for settlement: %w", err)
 	}
 	defer cs.Close(context.WithoutCancel(ctx))
-	states, err := d.InboxStates(wctx, &ferrydriver.InboxIDsParams{Group: p.Group, EventIDs: p.EventIDs})
-	if err != nil {
-		if ctx.Err() == nil && wctx.Err() != nil {
-			return map[uuid.UUID]*ferrydriver.InboxRow{}, nil
-		}
-		return nil, err
-	}
 	pending := map[uuid.UUID]bool{}
 	for _, id := range p.EventIDs {
 		if r, ok := states[id]; !ok || !r.State.Finished() {
@@ -718,7 +741,7 @@ func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledPa
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	if err := cs.Err(); err != nil && wctx.Err() == nil {
+	if err := cs.Err(); err != nil && wctx.Err() == nil && time.Until(p.Deadline) > maxAwait {
 		return nil, fmt.Errorf("ferrymongo: watch the inbox for settlement: %w", err)
 	}
 	return states, nil

@@ -27,6 +27,10 @@ func (l *leaseDoc) lease(name string) *ferrydriver.Lease {
 
 func expr(op string, args ...any) bson.D { return bson.D{{Key: op, Value: bson.A(args)}} }
 
+// literal keeps a user's string from being read as a field path ("$x")
+// or a variable ("$$x") inside an aggregation expression.
+func literal(v any) bson.D { return bson.D{{Key: "$literal", Value: v}} }
+
 func cond(ifExpr, then, otherwise any) bson.D {
 	return bson.D{{Key: "$cond", Value: bson.A{ifExpr, then, otherwise}}}
 }
@@ -37,13 +41,13 @@ func cond(ifExpr, then, otherwise any) bson.D {
 // back with the server's clock.
 func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
 	expires := bson.D{{Key: "$ifNull", Value: bson.A{"$expires_at", time.Unix(0, 0)}}}
-	mine := expr("$eq", "$holder", p.Holder)
+	mine := expr("$eq", "$holder", literal(p.Holder))
 	live := expr("$gt", expires, "$$NOW")
-	free := expr("$or", mine, expr("$not", bson.A{live}))
+	free := expr("$or", mine, expr("$not", live))
 	term := bson.D{{Key: "$ifNull", Value: bson.A{"$term", int64(0)}}}
 	update := mongo.Pipeline{{{Key: "$set", Value: bson.D{
 		{Key: "term", Value: cond(expr("$and", mine, live), term, cond(free, expr("$add", term, int64(1)), term))},
-		{Key: "holder", Value: cond(free, p.Holder, "$holder")},
+		{Key: "holder", Value: cond(free, literal(p.Holder), "$holder")},
 		{Key: "expires_at", Value: cond(free, expr("$add", "$$NOW", p.TTL.Milliseconds()), "$expires_at")},
 		{Key: "now", Value: "$$NOW"},
 	}}}}
@@ -116,7 +120,9 @@ func (d *Driver) fenced(ctx context.Context, name, holder string, term int64, op
 		res, err := d.leases.UpdateOne(tx,
 			bson.D{{Key: "_id", Value: name}, {Key: "holder", Value: holder}, {Key: "term", Value: term},
 				{Key: "$expr", Value: expr("$gt", "$expires_at", "$$NOW")}},
-			mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "fenced_at", Value: "$$NOW"}}}}})
+			// A counter, not a time: the write must change the document
+			// every time, or MongoDB skips it and it conflicts with nothing.
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "fence", Value: int64(1)}}}})
 		if err != nil {
 			return fmt.Errorf("ferrymongo: %s: %w", op, err)
 		}
@@ -267,6 +273,9 @@ func (d *Driver) partitionLow(ctx context.Context, partition int, cur []byte) (t
 		return time.Time{}, err
 	}
 	low := c.At
+	if low.IsZero() && len(cur) > 0 {
+		return time.Time{}, nil
+	}
 	found, err := d.checkpoints.Find(ctx, bson.D{{Key: "p", Value: partition}})
 	if err != nil {
 		return time.Time{}, fmt.Errorf("ferrymongo: read the checkpoints of partition %d: %w", partition, err)
@@ -281,8 +290,8 @@ func (d *Driver) partitionLow(ctx context.Context, partition int, cur []byte) (t
 		if err != nil {
 			return time.Time{}, err
 		}
-		if other.recovering() {
-			return time.Time{}, nil // a feed is recovering: keep everything
+		if other.recovering() || other.At.IsZero() {
+			return time.Time{}, nil // a feed is recovering or has delivered nothing: keep everything
 		}
 		if low.IsZero() || other.At.Before(low) {
 			low = other.At
@@ -312,8 +321,8 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 	if limit <= 0 {
 		limit = 10000
 	}
-	cur, err := d.outbox.Find(ctx, bson.D{{Key: "p", Value: p.Partition}, {Key: "created_at", Value: bson.D{{Key: "$lt", Value: low}}}},
-		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(bson.D{{Key: "created_at", Value: 1}}).SetLimit(limit))
+	cur, err := d.outbox.Find(ctx, bson.D{{Key: "p", Value: p.Partition}, {Key: "appended_at", Value: bson.D{{Key: "$lt", Value: low}}}},
+		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(bson.D{{Key: "appended_at", Value: 1}}).SetLimit(limit))
 	if err != nil {
 		return 0, fmt.Errorf("ferrymongo: find delivered events: %w", err)
 	}
@@ -338,8 +347,9 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 }
 
 // FeedStatus implements ferrydriver.Store. Lag counts the partition's
-// events created after the last acknowledged one: approximate, since
-// creation times come from the producers' clocks.
+// events appended after the last acknowledged one: approximate, since
+// append times come from the producers' clocks (and have millisecond
+// precision).
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: p.Feed, Now: time.Now().UTC()}
 	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
@@ -356,12 +366,12 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	if err != nil {
 		return nil, err
 	}
-	filter := bson.D{{Key: "p", Value: p.Partition}, {Key: "created_at", Value: bson.D{{Key: "$gt", Value: c.At}}}}
+	filter := bson.D{{Key: "p", Value: p.Partition}, {Key: "appended_at", Value: bson.D{{Key: "$gt", Value: c.At}}}}
 	if st.LagEvents, err = d.outbox.CountDocuments(ctx, filter); err != nil {
 		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", p.Feed, err)
 	}
 	var oldest outboxDoc
-	err = d.outbox.FindOne(ctx, filter, options.FindOne().SetSort(bson.D{{Key: "created_at", Value: 1}})).Decode(&oldest)
+	err = d.outbox.FindOne(ctx, filter, options.FindOne().SetSort(bson.D{{Key: "appended_at", Value: 1}})).Decode(&oldest)
 	if err == nil {
 		st.OldestPending = oldest.CreatedAt
 	} else if !errors.Is(err, mongo.ErrNoDocuments) {

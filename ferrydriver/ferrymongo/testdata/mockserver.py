@@ -35,6 +35,10 @@ server.autoresponds("endSessions", ok=1)
 # killCursors names its collection, so match by command name.
 server.autoresponds(lambda r: r.command_name == "killCursors" and r.ok(cursorsKilled=r.doc.get("cursors", []), cursorsNotFound=[],
                                                                        cursorsAlive=[], cursorsUnknown=[]))
+# The outbox's creation time, which feeds with no position start from.
+META = {"quiet": [{"_id": "outbox", "created": Timestamp(1690000000, 3)}]}.get(scenario, [])
+server.autoresponds(lambda r: r.command_name == "find" and r.doc.get("find") == "ferry_meta" and r.ok(
+    cursor={"id": Int64(0), "ns": "app.ferry_meta", "firstBatch": META}))
 port = server.run()
 print(server.uri, flush=True)
 
@@ -56,7 +60,7 @@ if scenario == "historylost":
              "errmsg": "Resume of change stream was not possible, as the resume point may no longer be in the oplog."})
     # 3. The feed scans the outbox instead: key a seq 1..2, key b seq 1.
     r = server.receives(OpMsg("find", "ferry_outbox"), timeout=30)
-    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort")})
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "readConcern": r.doc.get("readConcern")})
     created = datetime.datetime(2026, 1, 2, 3, 4, 5)
     docs = [
         {"_id": "01a22951-45fe-71e0-943a-d0986a3e5969", "p": 0, "topic": "orders", "key": "a", "seq": 1, "type": "T", "payload": Binary(b"a1"), "created_at": created},
