@@ -2,6 +2,7 @@ package ferrymongo_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -88,6 +89,11 @@ func TestDriverSuite(t *testing.T) {
 			_, err := client.Database("ferrytest_scratch").Collection("writes").InsertOne(sc, bson.D{{Key: "held", Value: true}})
 			require.NoError(t, err)
 			return func() { _ = sess.AbortTransaction(context.Background()) }
+		},
+		// Writers of one key conflict on its sequence document and abort.
+		Retryable: func(err error) bool {
+			var le mongo.LabeledError
+			return errors.As(err, &le) && le.HasErrorLabel("TransientTransactionError")
 		},
 	})
 }
