@@ -97,6 +97,18 @@ func (e *TxRetriesExhaustedError) Error() string {
 
 func (e *TxRetriesExhaustedError) Unwrap() error { return e.Err }
 
+// RerunTx asks RunTx to run the whole callback again (within the same
+// attempt and time bounds) after err: for a race only the application can
+// recognise, such as a unique index on a business key that a concurrent
+// request filled first. On databases where that error ends the
+// transaction (MongoDB), the rerun is the only way to read the winner.
+func RerunTx(err error) error { return &rerunError{err: err} }
+
+type rerunError struct{ err error }
+
+func (e *rerunError) Error() string { return "rerun requested: " + e.err.Error() }
+func (e *rerunError) Unwrap() error { return e.err }
+
 // txRun is the state of one RunTx call that outlives its attempts: the IDs
 // minted for it. It travels in the attempt's context.
 type txRun struct {
@@ -289,6 +301,9 @@ func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 				return zero, fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 			}
 			cause = "commit_aborted" // rolled back: safe to run again
+		} else if rr := (*rerunError)(nil); errors.As(err, &rr) {
+			cause = "rerun_requested"
+			log.Info("ferry: the callback asked for a rerun; running it again", "attempt", attempt, "cause", cause, "err", rr.err)
 		} else {
 			info := t.ClassifyTxError(err)
 			if info.Class != ferrydriver.TxRetry {

@@ -302,3 +302,25 @@ func TestEmitTxIDsStayAlignedWithReusedEvents(t *testing.T) {
 	require.NotEqual(t, outer.ID, inner[1])
 	require.Equal(t, []string{outer.ID.String(), inner[1].String()}, f.committed[0])
 }
+
+func TestRerunTxRunsTheCallbackAgain(t *testing.T) {
+	f := newFake()
+	taken := errors.New("duplicate key")
+	n := 0
+	v, err := ferry.RunTx(context.Background(), f, quiet, func(ctx context.Context, tx *fakeTx) (int, error) {
+		n++
+		if n < 3 {
+			return 0, ferry.RerunTx(taken)
+		}
+		return n, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 3, v)
+	_, err = ferry.RunTx(context.Background(), newFake(), opts(func(o *ferry.TxOptions) { o.MaxAttempts = 2 }), func(context.Context, *fakeTx) (int, error) {
+		return 0, ferry.RerunTx(taken)
+	})
+	var ex *ferry.TxRetriesExhaustedError
+	require.ErrorAs(t, err, &ex)
+	require.ErrorIs(t, err, taken)
+	require.Equal(t, "rerun_requested", ex.Cause)
+}

@@ -59,6 +59,14 @@ func (r *retryLog) Handle(_ context.Context, rec slog.Record) error {
 	return nil
 }
 
+func (r *retryLog) total() int {
+	n := 0
+	for _, v := range r.snapshot() {
+		n += v
+	}
+	return n
+}
+
 func (r *retryLog) snapshot() map[string]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
