@@ -219,3 +219,42 @@ func TestMockRetentionCheckReadsTheOplogWindow(t *testing.T) {
 	require.Contains(t, warning, "oplog window 20h0m0s")
 	require.Contains(t, warning, "at least 32h0m0s")
 }
+
+// TestMockUnknownCommitRetriesOnlyTheCommit: commits answered
+// UnknownTransactionCommitResult are retried, with majority write concern,
+// and the callback's writes are not sent again.
+func TestMockUnknownCommitRetriesOnlyTheCommit(t *testing.T) {
+	uri, lines := mockServerLines(t, "commitunknown")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	runs := 0
+	err = drv.AttemptTx(ctx, func(ctx context.Context, tx context.Context) error {
+		runs++
+		_, err := client.Database("app").Collection("things").InsertOne(tx, bson.D{{Key: "n", Value: 1}})
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, runs, "the callback ran once")
+	var reports []string
+	for len(reports) < 4 {
+		select {
+		case l := <-lines:
+			reports = append(reports, l)
+		case <-ctx.Done():
+			t.Fatalf("the mock server reported %d of 4 commands: %v", len(reports), reports)
+		}
+	}
+	require.Contains(t, reports[0], `"kind": "insert"`)
+	for _, r := range reports[1:] {
+		require.Contains(t, r, `"kind": "commit"`)
+	}
+	require.Contains(t, reports[3], `"w": "majority"`, "a retried commit uses majority write concern")
+	select {
+	case l := <-lines:
+		t.Fatalf("the driver sent more: %s", l)
+	case <-time.After(4 * time.Second):
+	}
+}

@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -79,6 +79,30 @@ if scenario == "oplog":
         r = server.receives(OpMsg("find", "oplog.rs"), timeout=30)
         report("find", {"sort": r.doc.get("sort")})
         r.ok(cursor={"id": Int64(0), "ns": "local.oplog.rs", "firstBatch": [{"ts": ts}]})
+
+if scenario == "commitunknown":
+    # The callback's one write, then three commits: the first two answer
+    # UnknownTransactionCommitResult (the driver retries a commit once by
+    # itself), the third succeeds. The write must not come again.
+    r = server.receives(OpMsg("insert", "things"), timeout=30)
+    report("insert", {"startTransaction": r.doc.get("startTransaction")})
+    r.ok(n=1)
+    for i in range(3):
+        r = server.receives(OpMsg("commitTransaction"), timeout=30)
+        report("commit", {"writeConcern": r.doc.get("writeConcern")})
+        if i < 2:
+            r.reply({"ok": 0, "code": 91, "codeName": "ShutdownInProgress", "errmsg": "shutting down",
+                     "errorLabels": ["UnknownTransactionCommitResult", "RetryableWriteError"]})
+        else:
+            r.ok()
+    # Anything else the driver sends that is not autoresponded would show
+    # up here: report it.
+    try:
+        r = server.receives(timeout=3)
+        report("unexpected", {"command": r.command_name})
+        r.ok()
+    except AssertionError:
+        pass
 
 if scenario == "quiet":
     ns = "app.ferry_outbox"
