@@ -258,3 +258,48 @@ func TestMockUnknownCommitRetriesOnlyTheCommit(t *testing.T) {
 	case <-time.After(4 * time.Second):
 	}
 }
+
+// TestMockInvalidTokenAtOpenRecovers: the saved token is refused when the
+// stream opens (InvalidResumeToken, which no driver resumes from): the
+// feed scans the outbox from the last acknowledged append time minus the
+// margin, then streams again from the cluster time read before the scan.
+func TestMockInvalidTokenAtOpenRecovers(t *testing.T) {
+	uri, lines := mockServerLines(t, "badtoken")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", &ferrymongo.Config{RecoveryMargin: time.Minute})
+	require.NoError(t, err)
+	token, err := bson.Marshal(bson.D{{Key: "_data", Value: "00AA"}})
+	require.NoError(t, err)
+	saved, err := json.Marshal(map[string]any{"token": token, "at": time.Date(2026, 1, 2, 3, 10, 0, 0, time.UTC)})
+	require.NoError(t, err)
+	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0", Cursor: saved})
+	require.NoError(t, err)
+	defer f.Close()
+
+	b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+	require.NoError(t, err)
+	require.Empty(t, b.Events)
+	require.Contains(t, string(b.Cursor), `"recover":true`)
+	b, err = f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+	require.NoError(t, err)
+	require.Len(t, b.Events, 1)
+	require.EqualValues(t, 7, b.Events[0].Seq)
+	_, err = f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 200 * time.Millisecond})
+	require.NoError(t, err)
+
+	var reports []string
+	for len(reports) < 3 {
+		select {
+		case l := <-lines:
+			reports = append(reports, l)
+		case <-ctx.Done():
+			t.Fatalf("the mock server reported %d of 3 commands: %v", len(reports), reports)
+		}
+	}
+	require.Contains(t, reports[0], "startAfter")
+	require.Contains(t, reports[1], "appended_at", "the scan starts from the last acknowledged append time")
+	require.Contains(t, reports[1], "2026-01-02 03:09:00", "minus the recovery margin")
+	require.Contains(t, reports[2], "startAtOperationTime")
+}

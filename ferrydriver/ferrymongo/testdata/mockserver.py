@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -79,6 +79,23 @@ if scenario == "oplog":
         r = server.receives(OpMsg("find", "oplog.rs"), timeout=30)
         report("find", {"sort": r.doc.get("sort")})
         r.ok(cursor={"id": Int64(0), "ns": "local.oplog.rs", "firstBatch": [{"ts": ts}]})
+
+if scenario == "badtoken":
+    ns = "app.ferry_outbox"
+    # Opening the stream after the saved token fails at once: the token is
+    # not valid any more. The feed scans the outbox, then streams again.
+    r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
+    report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
+    r.reply({"ok": 0, "code": 260, "codeName": "InvalidResumeToken", "errmsg": "resume token was not found"})
+    r = server.receives(OpMsg("find", "ferry_outbox"), timeout=30)
+    report("find", {"filter": r.doc.get("filter")})
+    created = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    r.ok(cursor={"id": Int64(0), "ns": ns, "firstBatch": [
+        {"_id": "01a22951-45fe-71e0-943a-d0986a3e5969", "p": 0, "topic": "orders", "key": "a", "seq": 7, "type": "T",
+         "payload": Binary(b"x"), "created_at": created, "appended_at": created}]})
+    r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
+    report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
+    r.ok(cursor={"id": Int64(0), "ns": ns, "firstBatch": [], "postBatchResumeToken": {"_data": "00CC"}})
 
 if scenario == "commitunknown":
     # The callback's one write, then three commits: the first two answer
