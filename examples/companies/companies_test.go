@@ -221,23 +221,11 @@ func TestSameCompanyDifferentRequests(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		spellings := []string{"Acme Inc.", "ACME, INC", "acme", "Acme Incorporated", "  acme   co "}
-		var mu sync.Mutex
-		results := map[string]companies.LinkResult{}
-		var wg sync.WaitGroup
-		for i := range 32 {
-			wg.Go(func() {
-				id := fmt.Sprintf("same-%d", i)
-				res, err := e.app.LinkCompany(ctx, id, companies.LinkInput{CompanyName: spellings[i%len(spellings)], MemberID: "m" + strconv.Itoa(i), Role: "member"})
-				if err != nil {
-					t.Errorf("request %s: %v", id, err)
-					return
-				}
-				mu.Lock()
-				results[id] = res
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
+		results := runConcurrently(t, 32, func(i int) (string, companies.LinkResult, error) {
+			id := fmt.Sprintf("same-%d", i)
+			res, err := e.app.LinkCompany(ctx, id, companies.LinkInput{CompanyName: spellings[i%len(spellings)], MemberID: "m" + strconv.Itoa(i), Role: "member"})
+			return id, res, err
+		})
 		require.Len(t, results, 32)
 		created := 0
 		for _, r := range results {
@@ -302,23 +290,11 @@ func TestDifferentCompaniesShareTheSequence(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		var mu sync.Mutex
-		results := map[string]companies.LinkResult{}
-		var wg sync.WaitGroup
-		for i := range 32 {
-			wg.Go(func() {
-				id := fmt.Sprintf("co-%d", i)
-				res, err := e.app.LinkCompany(ctx, id, companies.LinkInput{CompanyName: fmt.Sprintf("Company %d", i), MemberID: "founder", Role: "owner"})
-				if err != nil {
-					t.Errorf("request %s: %v", id, err)
-					return
-				}
-				mu.Lock()
-				results[id] = res
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
+		results := runConcurrently(t, 32, func(i int) (string, companies.LinkResult, error) {
+			id := fmt.Sprintf("co-%d", i)
+			res, err := e.app.LinkCompany(ctx, id, companies.LinkInput{CompanyName: fmt.Sprintf("Company %d", i), MemberID: "founder", Role: "owner"})
+			return id, res, err
+		})
 		require.Len(t, results, 32)
 		var numbers []int
 		for _, r := range results {
@@ -466,24 +442,12 @@ func TestReserveNumbersFirst(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		e.app.ReserveNumbersFirst = true
-		var mu sync.Mutex
-		results := map[string]companies.LinkResult{}
-		var wg sync.WaitGroup
-		for i := range 32 {
-			wg.Go(func() {
-				id := fmt.Sprintf("r-%d", i)
-				// 16 companies, each asked for twice
-				res, err := e.app.LinkCompany(ctx, id, companies.LinkInput{CompanyName: fmt.Sprintf("Firm %d", i%16), MemberID: "m" + strconv.Itoa(i), Role: "member"})
-				if err != nil {
-					t.Errorf("%s: %v", id, err)
-					return
-				}
-				mu.Lock()
-				results[id] = res
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
+		results := runConcurrently(t, 32, func(i int) (string, companies.LinkResult, error) {
+			id := fmt.Sprintf("r-%d", i)
+			// 16 companies, each asked for twice
+			res, err := e.app.LinkCompany(ctx, id, companies.LinkInput{CompanyName: fmt.Sprintf("Firm %d", i%16), MemberID: "m" + strconv.Itoa(i), Role: "member"})
+			return id, res, err
+		})
 		require.EqualValues(t, 16, count(t, e, `SELECT count(*) FROM companies`))
 		require.EqualValues(t, 32, count(t, e, `SELECT value FROM sequences`), "every request took a number")
 		checkInvariantsGaps(t, e, results, true)
@@ -510,6 +474,28 @@ func TestCanonicalKey(t *testing.T) {
 	require.ErrorIs(t, err, companies.ErrInvalidInput)
 	_, err = companies.CanonicalKey(companies.LinkInput{BusinessNumber: "12"})
 	require.True(t, errors.Is(err, companies.ErrInvalidInput))
+}
+
+// runConcurrently runs n requests at once and collects their results by
+// request ID; a failed request fails the test.
+func runConcurrently(t *testing.T, n int, f func(i int) (string, companies.LinkResult, error)) map[string]companies.LinkResult {
+	var mu sync.Mutex
+	out := map[string]companies.LinkResult{}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			id, res, err := f(i)
+			if err != nil {
+				t.Errorf("%s: %v", id, err)
+				return
+			}
+			mu.Lock()
+			out[id] = res
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

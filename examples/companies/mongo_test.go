@@ -94,26 +94,6 @@ func (e *mongoEnv) check(t *testing.T, results map[string]companies.LinkResult) 
 	}
 }
 
-func runConcurrently(t *testing.T, n int, f func(i int) (string, companies.LinkResult, error)) map[string]companies.LinkResult {
-	var mu sync.Mutex
-	out := map[string]companies.LinkResult{}
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			id, res, err := f(i)
-			if err != nil {
-				t.Errorf("%s: %v", id, err)
-				return
-			}
-			mu.Lock()
-			out[id] = res
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return out
-}
-
 func TestMongoMatrix(t *testing.T) {
 	t.Run("SameCompanyDifferentRequests", func(t *testing.T) {
 		e := newMongoEnv(t)
@@ -184,7 +164,7 @@ func TestMongoMatrix(t *testing.T) {
 					id := fmt.Sprintf("w%d-%d", w, i)
 					res, err := e.app.LinkCompany(ctx, id, companies.LinkInput{BusinessNumber: fmt.Sprintf("10000-%d", rng.IntN(8)), CompanyName: "Co", MemberID: fmt.Sprintf("m%d", rng.IntN(40)), Role: "member"})
 					var ex *ferry.TxRetriesExhaustedError
-					if errorsAs(err, &ex) {
+					if errors.As(err, &ex) {
 						continue
 					}
 					if err != nil {
@@ -202,5 +182,3 @@ func TestMongoMatrix(t *testing.T) {
 		t.Logf("%d requests in %v; retries by cause %v", len(results), d, e.retries.snapshot())
 	})
 }
-
-func errorsAs(err error, target any) bool { return err != nil && errors.As(err, target) }

@@ -16,17 +16,17 @@ import (
 
 // Server error codes the decisions depend on.
 const (
-	codeCursorNotFound         = 43
-	codeMaxTimeMSExpired       = 50
-	codeNotReplicaSet          = 40573 // "$changeStream stage is only supported on replica sets"
-	codeNoReplicationEnabled   = 76
-	codeIllegalOperation       = 20 // "Transaction numbers are only allowed on a replica set member or mongos"
-	codeUnauthorized           = 13
-	codeInvalidResumeToken     = 260
-	codeChangeStreamFatal      = 280
-	codeChangeStreamHistoryLos = 286
-	codeCappedPositionLost     = 136
-	codeWriteConflict          = 112
+	codeCursorNotFound          = 43
+	codeMaxTimeMSExpired        = 50
+	codeNotReplicaSet           = 40573 // "$changeStream stage is only supported on replica sets"
+	codeNoReplicationEnabled    = 76
+	codeIllegalOperation        = 20 // "Transaction numbers are only allowed on a replica set member or mongos"
+	codeUnauthorized            = 13
+	codeInvalidResumeToken      = 260
+	codeChangeStreamFatal       = 280
+	codeChangeStreamHistoryLost = 286
+	codeCappedPositionLost      = 136
+	codeWriteConflict           = 112
 )
 
 // Error labels (transactions and retryable-reads specifications).
@@ -94,7 +94,7 @@ func decideStreamError(err error) (streamAction, string) {
 	switch {
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return streamFail, "the context ended"
-	case hasCode(err, codeChangeStreamHistoryLos):
+	case hasCode(err, codeChangeStreamHistoryLost):
 		return streamRecover, "ChangeStreamHistoryLost (286): the oplog no longer holds the saved position"
 	case hasCode(err, codeInvalidResumeToken):
 		return streamRecover, "InvalidResumeToken (260): the saved token cannot be used"
@@ -110,7 +110,7 @@ func decideStreamError(err error) (streamAction, string) {
 		return streamReopen, "a resumable change stream error"
 	case hasCode(err, codeCursorNotFound):
 		return streamReopen, "the server forgot the cursor (43)"
-	case hasLabel(err, labelNetwork) || mongo.IsNetworkError(err) || mongo.IsTimeout(err):
+	case hasLabel(err, labelNetwork) || mongo.IsTimeout(err):
 		return streamReopen, "a network error or timeout"
 	}
 	if se, ok := serverErr(err); ok {

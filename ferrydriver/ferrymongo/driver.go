@@ -202,6 +202,63 @@ func (d *Driver) inTx(ctx context.Context, fn func(tx context.Context) error) er
 	return err
 }
 
+// startTx starts a session transaction (snapshot reads, majority writes)
+// for the callers that commit it themselves, without WithTransaction's
+// retries; end it with the returned function.
+func (d *Driver) startTx(ctx context.Context) (context.Context, *mongo.Session, func(), error) {
+	sess, err := d.client.StartSession()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("ferrymongo: start session: %w", err)
+	}
+	end := func() { sess.EndSession(context.WithoutCancel(ctx)) }
+	if err := sess.StartTransaction(options.Transaction().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Snapshot())); err != nil {
+		end()
+		return nil, nil, nil, fmt.Errorf("ferrymongo: start transaction: %w", err)
+	}
+	return mongo.NewSessionContext(ctx, sess), sess, end, nil
+}
+
+// deleteOldest removes the first limit documents of coll that match
+// filter in sort order, read first by _id and deleted by _id (DeleteMany
+// has no limit); the delete repeats filter, so that a document that
+// changed in between stays.
+func deleteOldest(ctx context.Context, coll *mongo.Collection, filter, sort bson.D, limit int64) (int64, error) {
+	cur, err := coll.Find(ctx, filter, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(sort).SetLimit(limit))
+	if err != nil {
+		return 0, err
+	}
+	var ids []struct {
+		ID bson.RawValue `bson:"_id"`
+	}
+	if err := cur.All(ctx, &ids); err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	list := make(bson.A, len(ids))
+	for i, x := range ids {
+		list[i] = x.ID
+	}
+	res, err := coll.DeleteMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: list}}}}, filter...))
+	if err != nil {
+		return 0, err
+	}
+	return res.DeletedCount, nil
+}
+
+// timeRange adds field >= since and < until to filter, for the bounds set.
+func timeRange(filter bson.D, field string, since, until time.Time) bson.D {
+	at := bson.D{}
+	if !since.IsZero() {
+		at = append(at, bson.E{Key: "$gte", Value: since})
+	}
+	if !until.IsZero() {
+		at = append(at, bson.E{Key: "$lt", Value: until})
+	}
+	if len(at) > 0 {
+		filter = append(filter, bson.E{Key: field, Value: at})
+	}
+	return filter
+}
+
 func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
 	if len(p.Events) == 0 {
 		return nil

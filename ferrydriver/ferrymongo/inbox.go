@@ -302,15 +302,11 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 // claimKey claims the head of one key in a transaction of its own, without
 // WithTransaction's retries: a conflict means someone else has it.
 func (d *Driver) claimKey(ctx context.Context, p *ferrydriver.ClaimInboxParams, key string) (*ferrydriver.InboxRow, error) {
-	sess, err := d.client.StartSession()
+	tx, sess, end, err := d.startTx(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
-	if err := sess.StartTransaction(options.Transaction().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Snapshot())); err != nil {
-		return nil, err
-	}
-	tx := mongo.NewSessionContext(ctx, sess)
+	defer end()
 	row, err := d.claimKeyTx(tx, p, key)
 	if err != nil {
 		_ = sess.AbortTransaction(context.WithoutCancel(tx))
@@ -476,16 +472,7 @@ func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) 
 		}
 		filter = append(filter, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}})
 	}
-	at := bson.D{}
-	if !p.Since.IsZero() {
-		at = append(at, bson.E{Key: "$gte", Value: p.Since})
-	}
-	if !p.Until.IsZero() {
-		at = append(at, bson.E{Key: "$lt", Value: p.Until})
-	}
-	if len(at) > 0 {
-		filter = append(filter, bson.E{Key: "finished_at", Value: at})
-	}
+	filter = timeRange(filter, "finished_at", p.Since, p.Until)
 	limit := int64(p.Limit)
 	if limit <= 0 {
 		limit = 100
@@ -582,29 +569,10 @@ func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.Delete
 	if limit <= 0 {
 		limit = 5000
 	}
-	cur, err := d.inbox().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "state", Value: string(ferrydriver.InboxProcessed)},
-		{Key: "finished_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}},
-		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(bson.D{{Key: "finished_at", Value: 1}}).SetLimit(limit))
+	n, err := deleteOldest(ctx, d.inbox(), bson.D{{Key: "g", Value: p.Group}, {Key: "state", Value: string(ferrydriver.InboxProcessed)},
+		{Key: "finished_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}}, bson.D{{Key: "finished_at", Value: 1}}, limit)
 	if err != nil {
-		return 0, fmt.Errorf("ferrymongo: find processed inbox rows: %w", err)
-	}
-	var ids []struct {
-		ID inboxID `bson:"_id"`
-	}
-	if err := cur.All(ctx, &ids); err != nil {
-		return 0, fmt.Errorf("ferrymongo: find processed inbox rows: %w", err)
-	}
-	var n int64
-	if len(ids) > 0 {
-		list := bson.A{}
-		for _, x := range ids {
-			list = append(list, bson.D{{Key: "g", Value: x.ID.Group}, {Key: "e", Value: x.ID.Event}})
-		}
-		res, err := d.inbox().DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: list}}}, {Key: "state", Value: string(ferrydriver.InboxProcessed)}})
-		if err != nil {
-			return 0, fmt.Errorf("ferrymongo: delete processed inbox rows: %w", err)
-		}
-		n = res.DeletedCount
+		return 0, fmt.Errorf("ferrymongo: delete processed inbox rows: %w", err)
 	}
 	// Forget idle keys, each in a transaction that re-checks it has no
 	// unfinished row (an ingestion of the key conflicts with it).

@@ -76,6 +76,21 @@ func mockServerLines(t *testing.T, scenario string) (string, <-chan string) {
 	return strings.TrimSpace(line), lines
 }
 
+// awaitReports waits for the next n commands the mock server reports.
+func awaitReports(ctx context.Context, t *testing.T, lines <-chan string, n int) []string {
+	t.Helper()
+	var reports []string
+	for len(reports) < n {
+		select {
+		case l := <-lines:
+			reports = append(reports, l)
+		case <-ctx.Done():
+			t.Fatalf("the mock server reported %d of %d commands: %v", len(reports), n, reports)
+		}
+	}
+	return reports
+}
+
 func mockClient(t *testing.T, uri string) *mongo.Client {
 	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetDirect(true).SetServerSelectionTimeout(5 * time.Second))
 	require.NoError(t, err)
@@ -145,15 +160,10 @@ func TestMockHistoryLostRecoversFromTheOutbox(t *testing.T) {
 	require.Empty(t, b.Events)
 
 	var reports []map[string]any
-	for len(reports) < 3 {
-		select {
-		case l := <-lines:
-			var m map[string]any
-			require.NoError(t, json.Unmarshal([]byte(l), &m), l)
-			reports = append(reports, m)
-		case <-ctx.Done():
-			t.Fatalf("the mock server reported %d of 3 commands", len(reports))
-		}
+	for _, l := range awaitReports(ctx, t, lines, 3) {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		reports = append(reports, m)
 	}
 	require.Equal(t, "aggregate", reports[0]["kind"])
 	require.Equal(t, "find", reports[1]["kind"])
@@ -192,15 +202,7 @@ func TestMockQuietStreamPositionMoves(t *testing.T) {
 	defer g.Close()
 	_, err = g.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 100 * time.Millisecond})
 	require.NoError(t, err)
-	var reports []string
-	for len(reports) < 2 {
-		select {
-		case l := <-lines:
-			reports = append(reports, l)
-		case <-ctx.Done():
-			t.Fatalf("the mock server reported %d of 2 commands", len(reports))
-		}
-	}
+	reports := awaitReports(ctx, t, lines, 2)
 	require.Contains(t, reports[0], "startAtOperationTime", "a feed with no position starts where the outbox was created")
 	require.Contains(t, reports[0], "1690000000")
 	require.Contains(t, reports[1], `"startAfter": {"_data": "00BB"}`, "a saved feed starts after its token")
@@ -238,15 +240,7 @@ func TestMockUnknownCommitRetriesOnlyTheCommit(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, 1, runs, "the callback ran once")
-	var reports []string
-	for len(reports) < 4 {
-		select {
-		case l := <-lines:
-			reports = append(reports, l)
-		case <-ctx.Done():
-			t.Fatalf("the mock server reported %d of 4 commands: %v", len(reports), reports)
-		}
-	}
+	reports := awaitReports(ctx, t, lines, 4)
 	require.Contains(t, reports[0], `"kind": "insert"`)
 	for _, r := range reports[1:] {
 		require.Contains(t, r, `"kind": "commit"`)
@@ -289,15 +283,7 @@ func TestMockInvalidTokenAtOpenRecovers(t *testing.T) {
 	_, err = f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 200 * time.Millisecond})
 	require.NoError(t, err)
 
-	var reports []string
-	for len(reports) < 3 {
-		select {
-		case l := <-lines:
-			reports = append(reports, l)
-		case <-ctx.Done():
-			t.Fatalf("the mock server reported %d of 3 commands: %v", len(reports), reports)
-		}
-	}
+	reports := awaitReports(ctx, t, lines, 3)
 	require.Contains(t, reports[0], "startAfter")
 	require.Contains(t, reports[1], "appended_at", "the scan starts from the last acknowledged append time")
 	require.Contains(t, reports[1], "2026-01-02 03:09:00", "minus the recovery margin")

@@ -222,16 +222,7 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 			filter = append(filter, bson.E{Key: f.field, Value: f.v})
 		}
 	}
-	at := bson.D{}
-	if !p.Since.IsZero() {
-		at = append(at, bson.E{Key: "$gte", Value: p.Since})
-	}
-	if !p.Until.IsZero() {
-		at = append(at, bson.E{Key: "$lt", Value: p.Until})
-	}
-	if len(at) > 0 {
-		filter = append(filter, bson.E{Key: "failed_at", Value: at})
-	}
+	filter = timeRange(filter, "failed_at", p.Since, p.Until)
 	limit := int64(p.Limit)
 	if limit <= 0 {
 		limit = 100
@@ -321,29 +312,12 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 	if limit <= 0 {
 		limit = 10000
 	}
-	cur, err := d.outbox.Find(ctx, bson.D{{Key: "p", Value: p.Partition}, {Key: "appended_at", Value: bson.D{{Key: "$lt", Value: low}}}},
-		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(bson.D{{Key: "appended_at", Value: 1}}).SetLimit(limit))
-	if err != nil {
-		return 0, fmt.Errorf("ferrymongo: find delivered events: %w", err)
-	}
-	var ids []struct {
-		ID string `bson:"_id"`
-	}
-	if err := cur.All(ctx, &ids); err != nil {
-		return 0, fmt.Errorf("ferrymongo: find delivered events: %w", err)
-	}
-	if len(ids) == 0 {
-		return 0, nil
-	}
-	list := make(bson.A, len(ids))
-	for i, x := range ids {
-		list[i] = x.ID
-	}
-	res, err := d.outbox.DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: list}}}})
+	n, err := deleteOldest(ctx, d.outbox, bson.D{{Key: "p", Value: p.Partition}, {Key: "appended_at", Value: bson.D{{Key: "$lt", Value: low}}}},
+		bson.D{{Key: "appended_at", Value: 1}}, limit)
 	if err != nil {
 		return 0, fmt.Errorf("ferrymongo: delete delivered events: %w", err)
 	}
-	return res.DeletedCount, nil
+	return n, nil
 }
 
 // FeedStatus implements ferrydriver.Store. Lag counts the partition's

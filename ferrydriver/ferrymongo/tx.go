@@ -25,15 +25,11 @@ const commitBudget = 120 * time.Second
 // fails otherwise, is MaxTimeMSExpired, or the budget is spent; then it is
 // a CommitUnknownError for RunTx to resolve through the request record.
 func (d *Driver) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx context.Context) error) error {
-	sess, err := d.client.StartSession()
+	tx, sess, end, err := d.startTx(ctx)
 	if err != nil {
-		return fmt.Errorf("ferrymongo: start session: %w", err)
+		return err
 	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
-	if err := sess.StartTransaction(options.Transaction().SetWriteConcern(writeconcern.Majority()).SetReadConcern(readconcern.Snapshot())); err != nil {
-		return fmt.Errorf("ferrymongo: start transaction: %w", err)
-	}
-	tx := mongo.NewSessionContext(ctx, sess)
+	defer end()
 	if err := fn(tx, tx); err != nil {
 		_ = sess.AbortTransaction(context.WithoutCancel(tx))
 		return err
@@ -140,26 +136,12 @@ func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteReques
 	if limit <= 0 {
 		limit = 5000
 	}
-	cur, err := d.requests().Find(ctx, bson.D{{Key: "created_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}},
-		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetLimit(limit))
-	if err != nil {
-		return 0, fmt.Errorf("ferrymongo: find old request records: %w", err)
-	}
-	var ids []struct {
-		ID string `bson:"_id"`
-	}
-	if err := cur.All(ctx, &ids); err != nil || len(ids) == 0 {
-		return 0, err
-	}
-	list := make(bson.A, len(ids))
-	for i, x := range ids {
-		list[i] = x.ID
-	}
-	res, err := d.requests().DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: list}}}})
+	n, err := deleteOldest(ctx, d.requests(), bson.D{{Key: "created_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}},
+		bson.D{{Key: "created_at", Value: 1}}, limit)
 	if err != nil {
 		return 0, fmt.Errorf("ferrymongo: delete old request records: %w", err)
 	}
-	return res.DeletedCount, nil
+	return n, nil
 }
 
 var _ ferrydriver.Transactor[context.Context] = (*Driver)(nil)

@@ -245,18 +245,9 @@ UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by
 
 // RunInTx implements ferrydriver.Inbox: fn runs in a transaction of DB().
 func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	tx, err := d.beginWrite(ctx)
-	if err != nil {
-		return d.wrapErr("begin", err)
-	}
-	if err := fn(context.WithValue(ctx, holdsWriter{}, true), tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return d.wrapErr("commit", err)
-	}
-	return nil
+	return d.write(ctx, "run a transaction", func(tx *sql.Tx) error {
+		return fn(context.WithValue(ctx, holdsWriter{}, true), tx)
+	})
 }
 
 // CompleteInboxTx implements ferrydriver.Inbox. tx must be a transaction
