@@ -172,18 +172,32 @@ func (c *child) awaitLeader(t *testing.T, within time.Duration) {
 	require.Eventually(t, c.led, within, 10*time.Millisecond, "the relay never became the leader")
 }
 
-func (c *child) duplicates() int {
-	n := 0
+// epochs splits the relay's duplicate reports by leadership: a relay that
+// loses its feed session or its lease starts again from its saved checkpoint,
+// so each "relay is the leader" begins a new redelivery window. For each epoch
+// it returns the duplicates the destination dropped and the events the relay
+// itself re-sent after a failed publish (those may have landed the first time).
+func (c *child) epochs() (dups, retried []int) {
 	for _, l := range c.logs.all() {
-		if !strings.Contains(l, "destination dropped duplicates") {
-			continue
+		var rec struct {
+			Count  int
+			Events int
 		}
-		var rec struct{ Count int }
-		if json.Unmarshal([]byte(l), &rec) == nil {
-			n += rec.Count
+		switch {
+		case strings.Contains(l, "relay is the leader"):
+			dups, retried = append(dups, 0), append(retried, 0)
+		case len(dups) == 0:
+		case strings.Contains(l, "destination dropped duplicates"):
+			if json.Unmarshal([]byte(l), &rec) == nil {
+				dups[len(dups)-1] += rec.Count
+			}
+		case strings.Contains(l, "publish failed; retrying"):
+			if json.Unmarshal([]byte(l), &rec) == nil {
+				retried[len(retried)-1] += rec.Events
+			}
 		}
 	}
-	return n
+	return dups, retried
 }
 
 // produce emits n events over keys with writers goroutines, pacing to rate
@@ -361,19 +375,28 @@ func TestRelayCrash(t *testing.T) {
 
 	stored := f.readStream(ctx)
 	f.verify(emitted, stored)
-	maxDup, total := 0, 0
-	for _, c := range lifetimes {
-		d := c.duplicates()
-		total += d
-		maxDup = max(maxDup, d)
-	}
 	// A killed relay republishes what it published after its last saved
-	// checkpoint: the batch in flight and one whose checkpoint was being
-	// saved. Each restart may therefore redeliver at most two batches.
-	window := 2 * crashBatch
-	t.Logf("%d events, %d keys, %d SIGKILLs: %d stored, %d redelivered in all (max %d after one kill, bound %d)",
-		len(emitted), keys, kills, len(stored), total, maxDup, window)
-	require.LessOrEqual(t, maxDup, window, "redeliveries after one kill exceed the in-flight window")
+	// checkpoint: the batch in flight and the one whose checkpoint was being
+	// saved, so two batches. A new leader's batches are cut from a newer
+	// snapshot than its predecessor's, though: late committers that became
+	// visible in between take room in them, and a few of the predecessor's
+	// unsaved events can fall past the next saved checkpoint and be redelivered
+	// by the leader after. The allowance for that is a tenth of a batch; the
+	// events a relay re-sent itself after a failed publish are added on top.
+	window := 2*crashBatch + crashBatch/10
+	maxDup, total, epochs := 0, 0, 0
+	for i, c := range lifetimes {
+		dups, retried := c.epochs()
+		for j := range dups {
+			epochs++
+			total += dups[j]
+			maxDup = max(maxDup, dups[j])
+			require.LessOrEqual(t, dups[j], window+retried[j],
+				"relay %d, leadership %d: %d redelivered (%d re-sent after failed publishes) exceed the in-flight window", i, j, dups[j], retried[j])
+		}
+	}
+	t.Logf("%d events, %d keys, %d SIGKILLs, %d leaderships: %d stored, %d redelivered in all (max %d in one leadership, bound %d)",
+		len(emitted), keys, kills, epochs, len(stored), total, maxDup, window)
 	for i, c := range lifetimes {
 		require.True(t, c.led(), "relay %d was killed without having led: the kill tested nothing", i)
 	}
