@@ -66,14 +66,24 @@ func testNATS(t *testing.T) *nats.Conn {
 	return nc
 }
 
-// fixture is one isolated schema and stream.
+// fixture is one isolated schema (or MongoDB database) and stream.
 type fixture struct {
 	t              *testing.T
 	schema, stream string
 	prefix         string
-	drv            *ferrypg.Driver[pgx.Tx]
-	client         *ferry.Client[pgx.Tx]
+	drv            *ferrypg.Driver[pgx.Tx] // PostgreSQL fixtures only
+	client         *ferry.Client[pgx.Tx]   // PostgreSQL fixtures only
 	js             jetstream.JetStream
+
+	// The backend seen by the crash and zombie tests.
+	store  ferrydriver.Store
+	dbArgs []string // `ferry relay` flags naming the database
+	// emit stores evs in one transaction that stays open for hold after
+	// emitting (a late committer when hold > 0).
+	emit func(ctx context.Context, evs []*ferry.Event, hold time.Duration) error
+	// terminateFeed ends the relay's feed session from the database side;
+	// nil where the backend offers no way to single it out.
+	terminateFeed func(ctx context.Context)
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -92,6 +102,26 @@ func newFixture(t *testing.T) *fixture {
 	f.js, err = jetstream.New(nc)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.js.DeleteStream(context.Background(), f.stream) })
+	f.store = f.drv
+	f.dbArgs = []string{"--database-url", pgtest.URL(), "--schema", f.schema}
+	f.emit = func(ctx context.Context, evs []*ferry.Event, hold time.Duration) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT pg_current_xact_id()") // a business write would take an xid first
+			if err != nil {
+				return err
+			}
+			if err := f.client.EmitTx(ctx, tx, evs...); err != nil {
+				return err
+			}
+			time.Sleep(hold)
+			return nil
+		})
+	}
+	f.terminateFeed = func(ctx context.Context) {
+		_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = left($1, 63)`,
+			"ferry feed "+f.schema+" default/0")
+		require.NoError(t, err)
+	}
 	return f
 }
 
@@ -114,11 +144,11 @@ func (l *lineLog) all() []string {
 }
 
 func (f *fixture) startRelay(holder string, extra ...string) *child {
-	args := append([]string{"relay",
-		"--database-url", pgtest.URL(), "--schema", f.schema, "--nats-url", natsURL(),
+	args := append([]string{"relay"}, f.dbArgs...)
+	args = append(append(args, "--nats-url", natsURL(),
 		"--stream", f.stream, "--subject-prefix", f.prefix, "--create-stream",
 		"--holder", holder, "--lease-ttl", "2s", "--poll-interval", "50ms", "--batch", strconv.Itoa(crashBatch),
-		"--metrics-addr", "", "--log-level", "debug"}, extra...)
+		"--metrics-addr", "", "--log-level", "debug"), extra...)
 	cmd := exec.Command(ferryBin, args...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(f.t, err)
@@ -206,7 +236,6 @@ func (c *child) epochs() (dups, retried []int) {
 // One transaction in 50 stays open for up to a second after emitting, so
 // that late committers (lower ids committing after higher ones) are common.
 func (f *fixture) produce(ctx context.Context, n, keys, writers, rate int) []*ferry.Event {
-	pool := pgtest.Pool(f.t)
 	var mu sync.Mutex
 	var all []*ferry.Event
 	var next atomic.Int64
@@ -232,19 +261,11 @@ func (f *fixture) produce(ctx context.Context, n, keys, writers, rate int) []*fe
 					evs[j] = &ferry.Event{Topic: "orders", Key: "customer-" + strconv.Itoa(rng.IntN(keys)), Type: "OrderPlaced",
 						Payload: []byte(fmt.Sprintf(`{"n":%d}`, first+j))}
 				}
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := tx.Exec(ctx, "SELECT pg_current_xact_id()") // a business write would take an xid first
-					if err != nil {
-						return err
-					}
-					if err := f.client.EmitTx(ctx, tx, evs...); err != nil {
-						return err
-					}
-					if rng.IntN(50) == 0 {
-						time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
-					}
-					return nil
-				})
+				var hold time.Duration
+				if rng.IntN(50) == 0 {
+					hold = time.Duration(rng.IntN(1000)) * time.Millisecond
+				}
+				err := f.emit(ctx, evs, hold)
 				if err != nil {
 					f.t.Error(err)
 					return
@@ -338,11 +359,20 @@ const crashBatch = 200
 // TestRelayCrash SIGKILLs the relay at random moments while producers emit.
 func TestRelayCrash(t *testing.T) {
 	t.Parallel()
+	relayCrash(t, newFixture(t))
+}
+
+// TestRelayCrashMongo is TestRelayCrash on MongoDB (FERRY_TEST_MONGODB_URL).
+func TestRelayCrashMongo(t *testing.T) {
+	t.Parallel()
+	relayCrash(t, newMongoFixture(t))
+}
+
+func relayCrash(t *testing.T, f *fixture) {
 	events, keys, kills := 20000, 500, 20
 	if os.Getenv("FERRY_CRASH_LONG") != "" {
 		events, kills = 100000, 100
 	}
-	f := newFixture(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
@@ -357,10 +387,10 @@ func TestRelayCrash(t *testing.T) {
 	for k := 0; k < kills; k++ {
 		relay.awaitLeader(t, 30*time.Second)
 		time.Sleep(time.Duration(150+rng.IntN(500)) * time.Millisecond)
-		if k%5 == 2 {
+		if k%5 == 2 && f.terminateFeed != nil {
 			// A database-side fault instead: the relay's feed session is
 			// terminated under it and it must reconnect by itself.
-			f.terminateFeedSession(ctx)
+			f.terminateFeed(ctx)
 			time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
 		}
 		relay.kill()
@@ -402,24 +432,26 @@ func TestRelayCrash(t *testing.T) {
 	}
 }
 
-// terminateFeedSession kills the relay's feed connection from the database side.
-func (f *fixture) terminateFeedSession(ctx context.Context) {
-	_, err := pgtest.Pool(f.t).Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = left($1, 63)`,
-		"ferry feed "+f.schema+" default/0")
-	require.NoError(f.t, err)
-}
-
 // TestZombieLeader pauses the leading relay past its lease TTL, lets a
 // standby take over, resumes the old leader and checks that it cannot save
 // a checkpoint (every checkpoint write carries the term).
 func TestZombieLeader(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	zombieLeader(t, newFixture(t))
+}
+
+// TestZombieLeaderMongo is TestZombieLeader on MongoDB (FERRY_TEST_MONGODB_URL).
+func TestZombieLeaderMongo(t *testing.T) {
+	t.Parallel()
+	zombieLeader(t, newMongoFixture(t))
+}
+
+func zombieLeader(t *testing.T, f *fixture) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	a := f.startRelay("a")
 	require.Eventually(t, func() bool {
-		l, err := f.drv.GetLease(ctx, "default/0")
+		l, err := f.store.GetLease(ctx, "default/0")
 		return err == nil && l.Held("a")
 	}, 20*time.Second, 50*time.Millisecond, "a becomes the leader")
 	b := f.startRelay("b")
@@ -432,15 +464,15 @@ func TestZombieLeader(t *testing.T) {
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 	paused := time.Now()
 	require.Eventually(t, func() bool {
-		l, err := f.drv.GetLease(ctx, "default/0")
+		l, err := f.store.GetLease(ctx, "default/0")
 		return err == nil && l.Held("b")
 	}, 20*time.Second, 50*time.Millisecond, "b takes over while a is paused")
 	t.Logf("b took over %v after a was paused", time.Since(paused).Round(time.Millisecond))
-	lb, err := f.drv.GetLease(ctx, "default/0")
+	lb, err := f.store.GetLease(ctx, "default/0")
 	require.NoError(t, err)
 	require.Greater(t, lb.Term, int64(1))
 	require.Eventually(t, func() bool {
-		cp, err := f.drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
+		cp, err := f.store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
 		return err == nil && cp.Term == lb.Term
 	}, 20*time.Second, 20*time.Millisecond, "b saves a checkpoint")
 	time.Sleep(time.Until(paused.Add(4 * time.Second))) // a stays paused for twice its TTL
@@ -449,7 +481,7 @@ func TestZombieLeader(t *testing.T) {
 	// For the next seconds the checkpoint must only ever carry b's term.
 	deadline := time.Now().Add(4 * time.Second)
 	for time.Now().Before(deadline) {
-		cp, err := f.drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
+		cp, err := f.store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
 		require.NoError(t, err)
 		require.Equal(t, lb.Term, cp.Term, "a checkpoint was written at an old term after the leader changed")
 		time.Sleep(20 * time.Millisecond)
@@ -459,7 +491,7 @@ func TestZombieLeader(t *testing.T) {
 	a.stop(t) // a first: stopping b releases the lease, which a would take
 	b.stop(t)
 	f.verify(emitted, f.readStream(ctx))
-	cp, err := f.drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
+	cp, err := f.store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
 	require.NoError(t, err)
 	require.Equal(t, lb.Term, cp.Term, "the final checkpoint is b's")
 	lost := false
