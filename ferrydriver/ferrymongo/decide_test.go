@@ -101,6 +101,13 @@ func TestRetentionCheck(t *testing.T) {
 	require.Contains(t, w, "32h0m0s")
 	require.Empty(t, retentionCheck(0, 20*time.Hour, time.Hour), "keep-forever retention needs no check")
 	require.Empty(t, retentionCheck(time.Hour, 0, time.Hour), "unknown oplog window: nothing to compare")
+
+	// A TTL index shorter than the relay's retention is what counts.
+	require.Equal(t, 6*time.Hour, effectiveRetention(48*time.Hour, 6*time.Hour))
+	require.Equal(t, 6*time.Hour, effectiveRetention(0, 6*time.Hour))
+	require.Equal(t, 48*time.Hour, effectiveRetention(48*time.Hour, 0))
+	require.Equal(t, 2*time.Hour, effectiveRetention(2*time.Hour, 6*time.Hour))
+	require.Zero(t, effectiveRetention(0, 0))
 }
 
 // TestClassifyTxError: what RunTx does with each MongoDB transaction error.

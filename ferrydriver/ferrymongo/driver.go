@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -33,6 +34,14 @@ type Config struct {
 	// transactionLifetimeLimitSeconds, 60 s by default) plus the clock
 	// skew between producers. Default 5 min.
 	RecoveryMargin time.Duration
+	// RetentionTTL, when set, makes MongoDB itself remove outbox events
+	// RetentionTTL after they were appended, through a TTL index that
+	// Migrate creates (and adjusts or drops when the setting changes). Unlike
+	// the relay's retention, a TTL index does not know what the feeds have
+	// delivered: it must exceed the oplog window plus OutageAllowance, which
+	// CheckRetention verifies. (A capped outbox is not offered: MongoDB does
+	// not allow writes to capped collections inside transactions.)
+	RetentionTTL time.Duration
 	// Logger receives warnings. Default: discard.
 	Logger *slog.Logger
 }
@@ -56,6 +65,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.RecoveryMargin == 0 {
 		out.RecoveryMargin = 5 * time.Minute
+	}
+	if out.RetentionTTL < 0 || (out.RetentionTTL > 0 && out.RetentionTTL < time.Second) {
+		return out, fmt.Errorf("ferrymongo: Config.RetentionTTL %v is too short: a TTL index counts whole seconds; use 0 (no TTL index) or at least the oplog window plus the outage allowance", out.RetentionTTL)
 	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
@@ -358,6 +370,9 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 			return nil, fmt.Errorf("ferrymongo: index on %s: %w", ix.coll.Name(), err)
 		}
 	}
+	if err := d.reconcileTTL(ctx); err != nil {
+		return nil, err
+	}
 	// A feed with no saved position reads "from the beginning": from the
 	// cluster time at which the outbox was created, kept here.
 	t, err := d.clusterTime(ctx)
@@ -369,6 +384,58 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 		return nil, fmt.Errorf("ferrymongo: record the outbox's creation time: %w", err)
 	}
 	return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
+}
+
+// ttlIndexName names the outbox's TTL index (Config.RetentionTTL).
+const ttlIndexName = "ferry_retention_ttl"
+
+// ttlSeconds is Config.RetentionTTL as a TTL index counts it.
+func ttlSeconds(ttl time.Duration) int32 { return int32(min(ttl/time.Second, math.MaxInt32)) }
+
+// reconcileTTL makes the outbox's TTL index match Config.RetentionTTL:
+// created when missing, its expiry changed in place (collMod) when it
+// differs, dropped when the setting is off.
+func (d *Driver) reconcileTTL(ctx context.Context) error {
+	cur, err := d.outbox.Indexes().List(ctx)
+	if err != nil {
+		return fmt.Errorf("ferrymongo: list the outbox's indexes: %w", err)
+	}
+	var specs []struct {
+		Name   string `bson:"name"`
+		Expire *int64 `bson:"expireAfterSeconds"`
+	}
+	if err := cur.All(ctx, &specs); err != nil {
+		return fmt.Errorf("ferrymongo: list the outbox's indexes: %w", err)
+	}
+	wantSecs := int64(ttlSeconds(d.cfg.RetentionTTL))
+	for _, s := range specs {
+		if s.Name != ttlIndexName {
+			continue
+		}
+		switch {
+		case d.cfg.RetentionTTL == 0:
+			d.cfg.Logger.Warn("ferrymongo: RetentionTTL is off; dropping the outbox's TTL index", "index", ttlIndexName)
+			if err := d.outbox.Indexes().DropOne(ctx, ttlIndexName); err != nil {
+				return fmt.Errorf("ferrymongo: drop the outbox's TTL index: %w", err)
+			}
+		case s.Expire == nil || *s.Expire != wantSecs:
+			err := d.db.RunCommand(ctx, bson.D{{Key: "collMod", Value: d.outbox.Name()}, {Key: "index", Value: bson.D{
+				{Key: "name", Value: ttlIndexName}, {Key: "expireAfterSeconds", Value: wantSecs}}}}).Err()
+			if err != nil {
+				return fmt.Errorf("ferrymongo: change the outbox's TTL to %v (collMod): %w", d.cfg.RetentionTTL, err)
+			}
+		}
+		return nil
+	}
+	if d.cfg.RetentionTTL == 0 {
+		return nil
+	}
+	want := mongo.IndexModel{Keys: bson.D{{Key: "appended_at", Value: 1}},
+		Options: options.Index().SetName(ttlIndexName).SetExpireAfterSeconds(ttlSeconds(d.cfg.RetentionTTL))}
+	if _, err := d.outbox.Indexes().CreateOne(ctx, want); err != nil {
+		return fmt.Errorf("ferrymongo: create the outbox's TTL index: %w", err)
+	}
+	return nil
 }
 
 var _ ferrydriver.Driver[context.Context] = (*Driver)(nil)

@@ -289,3 +289,30 @@ func TestMockInvalidTokenAtOpenRecovers(t *testing.T) {
 	require.Contains(t, reports[1], "2026-01-02 03:09:00", "minus the recovery margin")
 	require.Contains(t, reports[2], "startAtOperationTime")
 }
+
+// TestMockRetentionTTLIndexFollowsTheConfig: Migrate creates, changes in
+// place (collMod) or drops the outbox's TTL index to match
+// Config.RetentionTTL.
+func TestMockRetentionTTLIndexFollowsTheConfig(t *testing.T) {
+	uri, lines := mockServerLines(t, "ttl")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, ttl := range []time.Duration{2 * time.Hour, 0, time.Hour} {
+		drv, err := ferrymongo.New(ctx, client, "app", &ferrymongo.Config{RetentionTTL: ttl})
+		require.NoError(t, err)
+		_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+		require.NoError(t, err, "RetentionTTL %v", ttl)
+	}
+	reports := awaitReports(ctx, t, lines, 3)
+	require.Contains(t, reports[0], `"kind": "collMod"`)
+	require.Contains(t, reports[0], `"expireAfterSeconds": 7200`)
+	require.Contains(t, reports[1], `"kind": "dropIndexes"`)
+	require.Contains(t, reports[1], `"index": "ferry_retention_ttl"`)
+	require.Contains(t, reports[2], `"kind": "createIndexes"`)
+	require.Contains(t, reports[2], `"expireAfterSeconds": 3600`)
+	require.Contains(t, reports[2], `"appended_at": 1`)
+
+	_, err := ferrymongo.New(ctx, client, "app", &ferrymongo.Config{RetentionTTL: time.Millisecond})
+	require.ErrorContains(t, err, "RetentionTTL")
+}

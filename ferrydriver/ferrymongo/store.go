@@ -377,11 +377,24 @@ func (d *Driver) OplogWindow(ctx context.Context) (time.Duration, error) {
 
 // CheckRetention returns a warning when published events are kept for
 // less than the oplog window plus Config.OutageAllowance (see
-// retentionCheck), or "" when retention is long enough.
+// retentionCheck), or "" when retention is long enough. retention is the
+// relay's; Config.RetentionTTL, when shorter, is what counts.
 func (d *Driver) CheckRetention(ctx context.Context, retention time.Duration) (string, error) {
 	window, err := d.OplogWindow(ctx)
 	if err != nil {
 		return "", err
 	}
-	return retentionCheck(retention, window, d.cfg.OutageAllowance), nil
+	return retentionCheck(effectiveRetention(retention, d.cfg.RetentionTTL), window, d.cfg.OutageAllowance), nil
+}
+
+// effectiveRetention is the shorter of the relay's retention and the TTL
+// index's, ignoring whichever is off (0).
+func effectiveRetention(relay, ttl time.Duration) time.Duration {
+	switch {
+	case relay <= 0:
+		return ttl
+	case ttl <= 0:
+		return relay
+	}
+	return min(relay, ttl)
 }

@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -134,6 +134,33 @@ if scenario == "quiet":
     r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
     report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
     r.ok(cursor={"id": Int64(0), "ns": ns, "firstBatch": [], "postBatchResumeToken": {"_data": "00BB"}})
+
+if scenario == "ttl":
+    # Three Migrates: RetentionTTL 2h over an outbox whose TTL index says
+    # 1h (collMod), then 0 (drop), then 1h with no index (create). The
+    # rest of Migrate is answered as an empty database would.
+    server.autoresponds(lambda r: r.command_name == "listCollections" and r.ok(
+        cursor={"id": Int64(0), "ns": "app.$cmd.listCollections", "firstBatch": []}))
+    server.autoresponds(lambda r: r.command_name == "create" and r.ok())
+    server.autoresponds(lambda r: r.command_name == "update" and r.ok(n=1, nModified=0))
+
+    def indexes_created(r):
+        if r.command_name != "createIndexes":
+            return False
+        for ix in r.doc.get("indexes", []):
+            if "expireAfterSeconds" in ix:
+                report("createIndexes", ix)
+        return r.ok(createdCollectionAutomatically=False, numIndexesBefore=1, numIndexesAfter=2)
+    server.autoresponds(indexes_created)
+    ttl_index = {"v": 2, "key": {"appended_at": 1}, "name": "ferry_retention_ttl", "expireAfterSeconds": 3600}
+    plain = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+    for listing, then in (([plain, ttl_index], "collMod"), ([plain, ttl_index], "dropIndexes"), ([plain], None)):
+        r = server.receives(OpMsg("listIndexes", "ferry_outbox"), timeout=30)
+        r.ok(cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": listing})
+        if then:
+            r = server.receives(OpMsg(then, "ferry_outbox"), timeout=30)
+            report(then, {k: v for k, v in r.doc.items() if k in ("index", "collMod", "dropIndexes")})
+            r.ok(nIndexesWas=2)
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
