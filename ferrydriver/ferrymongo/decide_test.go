@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"net"
 	"testing"
 	"time"
@@ -120,4 +121,19 @@ func TestClassifyTxError(t *testing.T) {
 	require.Equal(t, "permanent", d.ClassifyTxError(cmdErr(11000)).Class.String())
 	require.Equal(t, "permanent", d.ClassifyTxError(errors.New("boom")).Class.String())
 	require.Equal(t, "commit_unknown", d.ClassifyTxError(&ferrydriver.CommitUnknownError{Err: cmdErr(91, labelUnknownCommit)}).Class.String())
+}
+
+// TestDocumentKeyString: how a captured document's _id becomes an event key.
+func TestDocumentKeyString(t *testing.T) {
+	key := func(v any) string {
+		raw, err := bson.Marshal(bson.D{{Key: "_id", Value: v}})
+		require.NoError(t, err)
+		return documentKeyString(raw)
+	}
+	oid := bson.NewObjectID()
+	require.Equal(t, "c-1", key("c-1"))
+	require.Equal(t, oid.Hex(), key(oid))
+	require.Equal(t, "42", key(int32(42)))
+	require.Equal(t, `{"tenant":"t1","n":7}`, key(bson.D{{Key: "tenant", Value: "t1"}, {Key: "n", Value: int64(7)}}))
+	require.Empty(t, documentKeyString(bson.Raw{}), "no _id: an empty key, which validation rejects")
 }

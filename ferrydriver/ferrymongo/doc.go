@@ -52,6 +52,33 @@
 // Retention (the relay's DeleteDelivered) never removes events a feed
 // might need for such a scan.
 //
+// # Retention
+//
+// The relay's retention (DeleteDelivered) removes only events every feed
+// of the partition has passed, minus the recovery margin. Config.RetentionTTL
+// adds a TTL index that removes events by age alone; Migrate creates it,
+// changes it in place or drops it to match the setting. Either must keep
+// events longer than the oplog window plus Config.OutageAllowance, or a
+// recovery scan could find them gone: CheckRetention (run by `ferry run`)
+// warns when it does not. A capped outbox is not offered: MongoDB does not
+// allow writes to capped collections inside transactions.
+//
+// # Capture mode (no outbox)
+//
+// Driver.Capture returns a Store whose feed relays the changes of business
+// collections instead of the outbox, through one database-level change
+// stream over the collections named (or every collection but Ferry's own),
+// with optional post-images (updateLookup, or the recorded image) and
+// pre-images (MongoDB 6.0+, changeStreamPreAndPostImages, which
+// Capture.EnableImages turns on). Each change becomes an event: topic from
+// the collection, key from the document's _id, type "mongodb.<operation>",
+// a JSON payload with the images and update description, and an ID derived
+// from the resume token, so that a change read twice keeps its ID. It is
+// off by default because it gives up what the outbox guarantees: events
+// follow the schema rather than the producer's intent, Seq is 0, and lost
+// oplog history cannot be recovered; the feed stops with an error saying
+// so unless CaptureConfig.ResumeFromNowOnHistoryLost accepts the gap.
+//
 // # Oplog sizing
 //
 // The oplog must cover the longest relay outage you want to survive
@@ -70,7 +97,9 @@
 // save; rerun, retry the commit or give up in a transaction) are functions
 // unit-tested against every rule of the driver specifications. Error paths
 // that involve the real driver run against scripted server replies
-// (Debian's python3-mockupdb). The behavioural suite (ferrydrivertest)
-// runs only when FERRY_TEST_MONGODB_URL names a replica set; it has not
-// been run against a real server yet.
+// (Debian's python3-mockupdb). The behavioural suites (ferrydrivertest,
+// the inbox and transactor suites, capture on a server), the companies
+// matrix and the relay crash and zombie-leader tests in cmd/ferry run only
+// when FERRY_TEST_MONGODB_URL names a replica set; they have not been run
+// against a real server yet.
 package ferrymongo

@@ -112,6 +112,9 @@ func New(ctx context.Context, client *mongo.Client, dbName string, cfg *Config) 
 	return d, nil
 }
 
+// Database is the database the driver's collections live in.
+func (d *Driver) Database() *mongo.Database { return d.db }
+
 // hello is the part of the hello reply the topology check reads.
 type hello struct {
 	SetName string `bson:"setName"`

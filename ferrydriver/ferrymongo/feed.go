@@ -95,45 +95,71 @@ func (f *feed) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferrydrive
 		}
 	}
 	b := &ferrydriver.Batch{}
-	var lastID []byte
-	deadline := time.Now().Add(p.Wait)
-	for len(b.Events)+len(b.Invalid) < max(p.Max, 1) {
-		if f.cs.TryNext(ctx) {
+	token, invalidated, err := readStream(ctx, f.cs, f.pos.Token, max(p.Max, 1), p.Wait,
+		func() int { return len(b.Events) + len(b.Invalid) },
+		func(raw bson.Raw) error {
 			var change struct {
-				OperationType string    `bson:"operationType"`
-				FullDocument  outboxDoc `bson:"fullDocument"`
+				FullDocument outboxDoc `bson:"fullDocument"`
 			}
-			if err := f.cs.Decode(&change); err != nil {
-				return nil, fmt.Errorf("ferrymongo: decode a change of %s: %w", f.d.outbox.Name(), err)
-			}
-			lastID = append([]byte(nil), f.cs.Current.Lookup("_id").Value...)
-			if change.OperationType == "invalidate" {
-				// The outbox was dropped or renamed: continue after it
-				// (startAfter), on the collection created in its place.
-				f.d.cfg.Logger.Error("ferrymongo: the outbox collection was dropped or renamed; the feed continues on the new one",
-					"feed", f.name, "collection", f.d.outbox.Name())
-				f.pos.Token = lastID
-				_ = f.Close()
-				break
+			if err := bson.Unmarshal(raw, &change); err != nil {
+				return fmt.Errorf("ferrymongo: decode a change of %s: %w", f.d.outbox.Name(), err)
 			}
 			f.collect(b, &change.FullDocument)
-			continue
+			return nil
+		})
+	if err != nil {
+		if errors.Is(err, errDecode) {
+			return nil, err
 		}
-		if err := f.cs.Err(); err != nil {
-			if len(b.Events)+len(b.Invalid) > 0 {
-				break // deliver what was read; the error comes back on the next read
-			}
-			return f.failed(ctx, err)
-		}
-		if len(b.Events)+len(b.Invalid) > 0 || !time.Now().Before(deadline) {
-			break
-		}
+		return f.failed(ctx, err)
 	}
-	if f.cs != nil {
-		f.pos.Token = nextToken(f.pos.Token, f.cs.ResumeToken(), lastID, len(b.Events)+len(b.Invalid), f.cs.RemainingBatchLength())
+	f.pos.Token = token
+	if invalidated {
+		// The outbox was dropped or renamed: continue after it
+		// (startAfter), on the collection created in its place.
+		f.d.cfg.Logger.Error("ferrymongo: the outbox collection was dropped or renamed; the feed continues on the new one",
+			"feed", f.name, "collection", f.d.outbox.Name())
+		_ = f.Close()
 	}
 	b.Cursor = f.pos.encode()
 	return b, nil
+}
+
+// errDecode marks a change that could not be decoded: not a stream error.
+var errDecode = errors.New("undecodable change")
+
+// readStream reads changes from cs into handle until n() reaches max, the
+// wait passes with nothing read, or an invalidate event ends the stream.
+// It returns the position to save after what was read (see nextToken).
+// A stream error with changes already read is held back: those are
+// delivered first and the error comes again on the next read.
+func readStream(ctx context.Context, cs *mongo.ChangeStream, prev []byte, limit int, wait time.Duration,
+	n func() int, handle func(bson.Raw) error) (token []byte, invalidated bool, err error) {
+	var lastID []byte
+	deadline := time.Now().Add(wait)
+	for n() < limit {
+		if cs.TryNext(ctx) {
+			lastID = append([]byte(nil), cs.Current.Lookup("_id").Value...)
+			if op, _ := cs.Current.Lookup("operationType").StringValueOK(); op == "invalidate" {
+				// Continue after it (startAfter); the caller closes the stream.
+				return lastID, true, nil
+			}
+			if err := handle(cs.Current); err != nil {
+				return nil, false, fmt.Errorf("%w: %w", errDecode, err)
+			}
+			continue
+		}
+		if err := cs.Err(); err != nil {
+			if n() > 0 {
+				break
+			}
+			return nil, false, err
+		}
+		if n() > 0 || !time.Now().Before(deadline) {
+			break
+		}
+	}
+	return nextToken(prev, cs.ResumeToken(), lastID, n(), cs.RemainingBatchLength()), false, nil
 }
 
 func (f *feed) collect(b *ferrydriver.Batch, doc *outboxDoc) {

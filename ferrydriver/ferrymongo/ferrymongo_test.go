@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -120,4 +121,54 @@ func TestTransactorSuite(t *testing.T) {
 func TestInboxSuite(t *testing.T) {
 	mongoClient(t)
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[context.Context] { return newDriver(t) })
+}
+
+// TestCaptureOnAServer: the non-outbox mode against a real server. Inserts,
+// updates (with pre- and post-images where the server records them) and
+// deletes of a business collection come out as events in order, and Ferry's
+// own collections are left out.
+func TestCaptureOnAServer(t *testing.T) {
+	drv := newDriver(t)
+	client := mongoClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	capture, err := drv.Capture(&ferrymongo.CaptureConfig{Collections: []string{"customers"},
+		PostImage: ferrymongo.ImageUpdateLookup, PreImage: ferrymongo.ImageWhenAvailable})
+	require.NoError(t, err)
+	db := drv.Database().Name()
+	coll := client.Database(db).Collection("customers")
+	require.NoError(t, client.Database(db).CreateCollection(ctx, "customers"))
+	imagesOn := capture.EnableImages(ctx) == nil // MongoDB 6.0+
+	f, err := capture.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "capture"})
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 100 * time.Millisecond}) // the stream starts now
+	require.NoError(t, err)
+
+	_, err = coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "c-1"}, {Key: "tier", Value: "silver"}})
+	require.NoError(t, err)
+	_, err = coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: "c-1"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "tier", Value: "gold"}}}})
+	require.NoError(t, err)
+	_, err = coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: "c-1"}})
+	require.NoError(t, err)
+	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{{ID: ferryevent.NewID(), Topic: "t", Key: "k", Type: "T", CreatedAt: time.Now()}}}))
+
+	var got []*ferryevent.Event
+	for len(got) < 3 && ctx.Err() == nil {
+		b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+		require.NoError(t, err)
+		got = append(got, b.Events...)
+	}
+	require.Len(t, got, 3)
+	for i, typ := range []string{"mongodb.insert", "mongodb.update", "mongodb.delete"} {
+		require.Equal(t, typ, got[i].Type)
+		require.Equal(t, "customers", got[i].Topic)
+		require.Equal(t, "c-1", got[i].Key)
+	}
+	if imagesOn {
+		require.Contains(t, string(got[1].Payload), `"fullDocumentBeforeChange":{"_id":"c-1","tier":"silver"}`)
+	}
+	b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 500 * time.Millisecond})
+	require.NoError(t, err)
+	require.Empty(t, b.Events, "Ferry's outbox is not captured")
 }

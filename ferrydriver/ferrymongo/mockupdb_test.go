@@ -316,3 +316,73 @@ func TestMockRetentionTTLIndexFollowsTheConfig(t *testing.T) {
 	_, err := ferrymongo.New(ctx, client, "app", &ferrymongo.Config{RetentionTTL: time.Millisecond})
 	require.ErrorContains(t, err, "RetentionTTL")
 }
+
+// TestMockCaptureRelaysChangesWithImages: the non-outbox mode watches the
+// database with the images asked for, turns each change into an event
+// (topic from the collection, key from _id, JSON payload with both
+// images), stops when history is lost unless allowed to skip to the
+// present, and then starts at the present cluster time.
+func TestMockCaptureRelaysChangesWithImages(t *testing.T) {
+	uri, lines := mockServerLines(t, "capture")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	capture, err := drv.Capture(&ferrymongo.CaptureConfig{Collections: []string{"customers", "orders"},
+		PostImage: ferrymongo.ImageWhenAvailable, PreImage: ferrymongo.ImageRequired})
+	require.NoError(t, err)
+	f, err := capture.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "capture"})
+	require.NoError(t, err)
+	defer f.Close()
+
+	b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+	require.NoError(t, err)
+	require.Len(t, b.Events, 2)
+	up, ins := b.Events[0], b.Events[1]
+	require.Equal(t, "customers", up.Topic)
+	require.Equal(t, "c-1", up.Key)
+	require.Equal(t, "mongodb.update", up.Type)
+	require.Zero(t, up.Seq, "no per-key sequence without an outbox")
+	require.Equal(t, time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC), up.CreatedAt)
+	var payload map[string]any
+	require.NoError(t, json.Unmarshal(up.Payload, &payload))
+	require.Equal(t, map[string]any{"_id": "c-1", "tier": "silver"}, payload["fullDocumentBeforeChange"])
+	require.Equal(t, map[string]any{"_id": "c-1", "tier": "gold"}, payload["fullDocument"])
+	require.Equal(t, map[string]any{"tier": "gold"}, payload["updateDescription"].(map[string]any)["updatedFields"])
+	require.Equal(t, "orders", ins.Topic)
+	require.Equal(t, "64b7f0c2a1b2c3d4e5f60718", ins.Key)
+	require.NotEqual(t, up.ID, ins.ID)
+	saved := b.Cursor
+
+	_, err = f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+	require.ErrorContains(t, err, "ResumeFromNowOnHistoryLost")
+	require.ErrorContains(t, err, "ChangeStreamHistoryLost")
+
+	skip, err := drv.Capture(&ferrymongo.CaptureConfig{Collections: []string{"customers", "orders"}, ResumeFromNowOnHistoryLost: true})
+	require.NoError(t, err)
+	g, err := skip.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "capture", Cursor: saved})
+	require.NoError(t, err)
+	defer g.Close()
+	b, err = g.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+	require.NoError(t, err)
+	require.Empty(t, b.Events)
+	b, err = g.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.Empty(t, b.Events)
+
+	reports := awaitReports(ctx, t, lines, 3)
+	require.Contains(t, reports[0], `"fullDocument": "whenAvailable"`)
+	require.Contains(t, reports[0], `"fullDocumentBeforeChange": "required"`)
+	require.Contains(t, reports[0], `"$in": ["customers", "orders"]`)
+	require.Contains(t, reports[1], `"startAfter"`, "the second feed resumes after the saved token")
+	require.Contains(t, reports[1], "82AA02")
+	require.Contains(t, reports[2], `"startAtOperationTime"`, "then starts at the present")
+
+	_, err = drv.Capture(&ferrymongo.CaptureConfig{PreImage: ferrymongo.ImageUpdateLookup})
+	require.ErrorContains(t, err, "PreImage")
+	_, err = drv.Capture(&ferrymongo.CaptureConfig{Collections: []string{"ferry_outbox"}})
+	require.ErrorContains(t, err, "Ferry's own")
+	_, err = capture.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0", Cursor: []byte(`{"token":"AA=="}`)})
+	require.ErrorContains(t, err, "not a capture position")
+}

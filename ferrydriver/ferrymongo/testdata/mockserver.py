@@ -9,7 +9,7 @@ import datetime
 import json
 import sys
 
-from bson import Binary, Int64, Timestamp
+from bson import Binary, Int64, ObjectId, Timestamp
 from mockupdb import MockupDB, OpMsg
 
 scenario = sys.argv[1]
@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -161,6 +161,32 @@ if scenario == "ttl":
             r = server.receives(OpMsg(then, "ferry_outbox"), timeout=30)
             report(then, {k: v for k, v in r.doc.items() if k in ("index", "collMod", "dropIndexes")})
             r.ok(nIndexesWas=2)
+
+if scenario == "capture":
+    # A database-level stream (aggregate: 1) over business collections.
+    r = server.receives(OpMsg("aggregate", 1), timeout=30)
+    report("aggregate", {"changeStream": r.doc["pipeline"][0]["$changeStream"], "match": r.doc["pipeline"][1]["$match"]})
+    wall = datetime.datetime(2026, 3, 4, 5, 6, 7)
+    r.ok(cursor={"id": Int64(42), "ns": "app.$cmd.aggregate", "postBatchResumeToken": {"_data": "82AA02"}, "firstBatch": [
+        {"_id": {"_data": "82AA01"}, "operationType": "update", "clusterTime": Timestamp(1700000100, 1), "wallTime": wall,
+         "ns": {"db": "app", "coll": "customers"}, "documentKey": {"_id": "c-1"},
+         "updateDescription": {"updatedFields": {"tier": "gold"}, "removedFields": [], "truncatedArrays": []},
+         "fullDocument": {"_id": "c-1", "tier": "gold"}, "fullDocumentBeforeChange": {"_id": "c-1", "tier": "silver"}},
+        {"_id": {"_data": "82AA02"}, "operationType": "insert", "clusterTime": Timestamp(1700000100, 2), "wallTime": wall,
+         "ns": {"db": "app", "coll": "orders"}, "documentKey": {"_id": ObjectId("64b7f0c2a1b2c3d4e5f60718")},
+         "fullDocument": {"_id": ObjectId("64b7f0c2a1b2c3d4e5f60718"), "total": 12}},
+    ]})
+    # The oplog rolls over the position: without the opt-in the feed stops.
+    r = server.receives(OpMsg("getMore", Int64(42)), timeout=30)
+    r.reply({"ok": 0, "code": 286, "codeName": "ChangeStreamHistoryLost", "errmsg": "Resume of change stream was not possible"})
+    # With ResumeFromNowOnHistoryLost, a feed opened after the token
+    # meets the same loss, then opens at the present cluster time.
+    r = server.receives(OpMsg("aggregate", 1), timeout=30)
+    report("aggregate", {"changeStream": r.doc["pipeline"][0]["$changeStream"]})
+    r.reply({"ok": 0, "code": 286, "codeName": "ChangeStreamHistoryLost", "errmsg": "Resume of change stream was not possible"})
+    r = server.receives(OpMsg("aggregate", 1), timeout=30)
+    report("aggregate", {"changeStream": r.doc["pipeline"][0]["$changeStream"]})
+    r.ok(cursor={"id": Int64(0), "ns": "app.$cmd.aggregate", "firstBatch": [], "postBatchResumeToken": {"_data": "82BB00"}})
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
