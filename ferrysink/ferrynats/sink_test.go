@@ -3,6 +3,7 @@ package ferrynats_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/ferry-dev/ferry/ferrysink/ferrysinktest"
+	"github.com/ferry-dev/ferry/internal/tcpproxy"
 )
 
 func TestConformance(t *testing.T) {
@@ -47,6 +49,47 @@ func TestConformance(t *testing.T) {
 			require.NoError(t, err)
 			return sink, func(ctx context.Context) ([]ferrysinktest.Stored, error) {
 				return readStream(ctx, js, stream)
+			}
+		},
+		// The sink's own connection goes through a proxy whose
+		// connections are cut for a moment: the client reconnects.
+		NewFaulty: func(t *testing.T) (ferrysink.Sink, ferrysinktest.ReadFunc, func()) {
+			stream, prefix := testNames(t)
+			proxy, err := tcpproxy.Start(testConn(t).ConnectedAddr())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = proxy.Close() })
+			pc, err := nats.Connect("nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+				nats.ReconnectJitter(0, 0), nats.Timeout(2*time.Second))
+			require.NoError(t, err)
+			t.Cleanup(pc.Close)
+			sink, err := ferrynats.New(testContext(t), pc, &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true,
+				AckTimeout: 2 * time.Second})
+			require.NoError(t, err)
+			return sink, func(ctx context.Context) ([]ferrysinktest.Stored, error) {
+				return readStream(ctx, js, stream)
+			}, func() { proxy.Outage(200 * time.Millisecond) }
+		},
+	})
+}
+
+// TestSourceConformance runs the source suite on JetStream.
+func TestSourceConformance(t *testing.T) {
+	t.Parallel()
+	js := testJetStream(t)
+	ferrysinktest.ExerciseSource(t, ferrysinktest.SourceHarness{
+		New: func(t *testing.T) (func(context.Context, []*ferryevent.Event) error, func(t *testing.T) ferrysinktest.Source) {
+			stream, prefix := testNames(t)
+			sink, err := ferrynats.New(testContext(t), testConn(t), &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = sink.Close(context.Background()) })
+			publish := func(ctx context.Context, events []*ferryevent.Event) error {
+				return errors.Join(sink.Publish(ctx, events)...)
+			}
+			return publish, func(t *testing.T) ferrysinktest.Source {
+				src, err := ferrynats.NewSource(testContext(t), js, &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix,
+					Durable: "group", MaxWait: 200 * time.Millisecond, RetryBase: 20 * time.Millisecond})
+				require.NoError(t, err)
+				return src
 			}
 		},
 	})

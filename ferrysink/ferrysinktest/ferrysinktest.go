@@ -36,6 +36,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,6 +92,14 @@ type Harness struct {
 	// destination's removal with t.Cleanup; the suite closes the sink.
 	// It is called from parallel subtests and must be safe for that.
 	New func(t *testing.T) (ferrysink.Sink, ReadFunc)
+	// NewFaulty, when set, is New plus interrupt: a function that breaks
+	// the path between this sink and its destination once (restarts the
+	// broker, resets the connection through a proxy, closes the server's
+	// sockets) and returns when the destination can be reached again. The
+	// suite then publishes as the relay does, retrying what failed, across
+	// several interruptions, and checks that nothing is lost and each
+	// key's order holds.
+	NewFaulty func(t *testing.T) (ferrysink.Sink, ReadFunc, func())
 }
 
 // Timing bounds used by the suite. They are generous guards, not
@@ -341,6 +350,97 @@ func Exercise(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("CloseFlushesInFlight", func(t *testing.T) {
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+
+		// Close while a call is in flight: every event the call reports
+		// published must be stored (a buffering sink flushes before it
+		// closes), and the call must return.
+		batch := make([]*ferryevent.Event, 300)
+		for i := range batch {
+			batch[i] = newEvent("orders", "close-"+strconv.Itoa(i), 1)
+		}
+		done := make(chan []error, 1)
+		go func() { done <- sink.Publish(ctx, batch) }()
+		time.Sleep(2 * time.Millisecond)
+		closed := make(chan error, 1)
+		go func() { closed <- sink.Close(ctx) }()
+		var errs []error
+		select {
+		case errs = <-done:
+		case <-time.After(testTimeout / 2):
+			t.Fatal("Publish did not return after Close")
+		}
+		require.Len(t, errs, len(batch))
+		select {
+		case err := <-closed:
+			require.NoError(t, err, "Close with a call in flight")
+		case <-time.After(testTimeout / 2):
+			t.Fatal("Close did not return")
+		}
+		byID := storedByID(t, readAll(ctx, t, read))
+		acked := 0
+		for i, err := range errs {
+			if err == nil {
+				acked++
+				requireSameEvent(t, batch[i], byID[batch[i].ID])
+			}
+		}
+		t.Logf("%d of %d events acknowledged before Close", acked, len(batch))
+		after := sink.Publish(ctx, []*ferryevent.Event{newEvent("orders", "after-close", 1)})
+		require.Len(t, after, 1)
+		require.Error(t, after[0], "Publish after Close must fail, not publish")
+	})
+
+	t.Run("NoLossAcrossInterruptions", func(t *testing.T) {
+		if h.NewFaulty == nil {
+			t.Skip("Harness.NewFaulty is not set: the destination offers no way to interrupt it")
+		}
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read, interrupt := h.NewFaulty(t)
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			require.NoError(t, sink.Close(cctx), "Close at the end of the test")
+		})
+		const keys, perKey, interruptions = 20, 40, 3
+		want := make(map[string][]uuid.UUID, keys)
+		queues := make([][]*ferryevent.Event, keys)
+		for k := range keys {
+			key := "faulty-" + strconv.Itoa(k)
+			for s := range perKey {
+				ev := newEvent("orders", key, int64(s+1))
+				queues[k] = append(queues[k], ev)
+				want[key] = append(want[key], ev.ID)
+			}
+		}
+		var published atomic.Int64
+		stop := make(chan struct{})
+		faults := make(chan struct{})
+		go func() {
+			defer close(faults)
+			for i := range interruptions {
+				// Interrupt at about 1/4, 2/4 and 3/4 of the way.
+				for published.Load() < int64((i+1)*keys*perKey/(interruptions+1)) {
+					select {
+					case <-stop:
+						return
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+				interrupt()
+			}
+		}()
+		failures := relayLike(ctx, t, sink, queues, &published)
+		close(stop)
+		<-faults
+		t.Logf("%d events over %d keys, %d interruptions: %d publish failures retried", keys*perKey, keys, interruptions, failures)
+		requireInOrderAtLeastOnce(t, readAll(ctx, t, read), want)
+	})
+
 	t.Run("CloseTwice", func(t *testing.T) {
 		t.Parallel()
 		ctx := testContext(t)
@@ -352,6 +452,83 @@ func Exercise(t *testing.T, h Harness) {
 		require.NoError(t, sink.Close(ctx), "second Close must be a no-op")
 		require.Len(t, readAll(ctx, t, read), 1, "an acknowledged event must stay stored after Close")
 	})
+}
+
+// relayLike publishes each key's queue in order the way the relay does:
+// one event per key per call (or whole queues to an OrderedBatcher), the
+// failed ones again after a pause, never an event before its key's
+// previous one was acknowledged. It returns the number of failures.
+func relayLike(ctx context.Context, t *testing.T, sink ferrysink.Sink, queues [][]*ferryevent.Event, published *atomic.Int64) int {
+	t.Helper()
+	ob, ordered := sink.(ferrysink.OrderedBatcher)
+	ordered = ordered && ob.OrderedBatches()
+	next := make([]int, len(queues))
+	failures := 0
+	for {
+		var batch []*ferryevent.Event
+		var owner []int
+		for k, q := range queues {
+			end := min(next[k]+1, len(q))
+			if ordered {
+				end = min(next[k]+25, len(q))
+			}
+			for _, ev := range q[next[k]:end] {
+				batch = append(batch, ev)
+				owner = append(owner, k)
+			}
+		}
+		if len(batch) == 0 {
+			return failures
+		}
+		require.NoError(t, ctx.Err(), "the events were not all published in time (%d failures so far)", failures)
+		callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		errs := publish(callCtx, t, sink, batch)
+		cancel()
+		failed := make(map[int]bool)
+		for i, err := range errs {
+			k := owner[i]
+			switch {
+			case err == nil && !failed[k]:
+				next[k]++
+				published.Add(1)
+			case err == nil:
+				t.Fatalf("key %q: event %s acknowledged after an earlier event of its key failed in the same call", batch[i].Key, batch[i].ID)
+			default:
+				require.False(t, ferrysink.IsPermanent(err), "a transient fault must not be reported as permanent: %v", err)
+				failed[k] = true
+				failures++
+			}
+		}
+		if len(failed) > 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// requireInOrderAtLeastOnce checks that stored holds every event of want,
+// each key's first copies in publish order, and that any repeated copy
+// (a retry whose first attempt did land) comes before the next event of
+// its key: the order the relay's retries can produce, and no other.
+func requireInOrderAtLeastOnce(t *testing.T, stored []Stored, want map[string][]uuid.UUID) {
+	t.Helper()
+	got := make(map[string][]uuid.UUID, len(want))
+	seen := make(map[uuid.UUID]bool)
+	dups := 0
+	for _, s := range stored {
+		ev := s.Event
+		ids := got[ev.Key]
+		if seen[ev.ID] {
+			dups++
+			require.Equal(t, ids[len(ids)-1], ev.ID, "key %q: a repeated copy of %s is stored after a later event of its key", ev.Key, ev.ID)
+			continue
+		}
+		seen[ev.ID] = true
+		got[ev.Key] = append(ids, ev.ID)
+	}
+	for key, ids := range want {
+		require.Equal(t, ids, got[key], "key %q: events lost or out of order", key)
+	}
+	t.Logf("%d stored, %d repeated copies", len(stored), dups)
 }
 
 // newSink builds a sink through the harness and closes it when the test
