@@ -3,11 +3,8 @@ package ferrynats
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -167,68 +164,10 @@ func DecodeJetStream(msg jetstream.Msg) (ferryevent.Event, error) {
 }
 
 func decode(h nats.Header, data []byte) (ferryevent.Event, error) {
-	var ev ferryevent.Event
-	attr := func(name string) string {
-		return h.Get(CloudEventsPrefix + name)
-	}
-	required := func(name string) (string, error) {
-		v := attr(name)
-		if strings.TrimSpace(v) == "" {
-			return "", fmt.Errorf("%w: header %s%s is missing or empty", ErrMalformed, CloudEventsPrefix, name)
-		}
-		return v, nil
-	}
-
-	spec, err := required(ferryevent.CESpecVersion)
+	ev, err := ferryevent.ParseCloudEventAttributes(func(name string) string { return h.Get(CloudEventsPrefix + name) }, "header "+CloudEventsPrefix)
 	if err != nil {
-		return ev, err
+		return ev, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if spec != "1.0" {
-		return ev, fmt.Errorf("%w: CloudEvents specversion %q, want 1.0", ErrMalformed, spec)
-	}
-
-	id, err := required(ferryevent.CEID)
-	if err != nil {
-		return ev, err
-	}
-	if ev.ID, err = uuid.Parse(id); err != nil {
-		return ev, fmt.Errorf("%w: header %s%s: %q is not a UUID: %v", ErrMalformed, CloudEventsPrefix, ferryevent.CEID, id, err)
-	}
-	if ev.ID == uuid.Nil {
-		return ev, fmt.Errorf("%w: header %s%s is the nil UUID", ErrMalformed, CloudEventsPrefix, ferryevent.CEID)
-	}
-
-	for _, f := range []struct {
-		attr string
-		dst  *string
-	}{
-		{ferryevent.CESource, &ev.Source},
-		{ferryevent.CEType, &ev.Type},
-		{ferryevent.CESubject, &ev.Key},
-		{ferryevent.CETopic, &ev.Topic},
-	} {
-		if *f.dst, err = required(f.attr); err != nil {
-			return ev, err
-		}
-	}
-
-	ts, err := required(ferryevent.CETime)
-	if err != nil {
-		return ev, err
-	}
-	if ev.CreatedAt, err = parseTime(ts); err != nil {
-		return ev, err
-	}
-
-	if seq := attr(ferryevent.CEKeySeq); seq != "" {
-		n, err := strconv.ParseInt(seq, 10, 64)
-		if err != nil || n <= 0 {
-			return ev, fmt.Errorf("%w: header %s%s: %q is not a positive integer", ErrMalformed, CloudEventsPrefix, ferryevent.CEKeySeq, seq)
-		}
-		ev.Seq = n
-	}
-
-	ev.ContentType = attr(ferryevent.CEDataContentType)
 	if len(data) > 0 {
 		ev.Payload = data
 	}
@@ -243,18 +182,4 @@ func decode(h nats.Header, data []byte) (ferryevent.Event, error) {
 		ev.Headers[name] = values[0]
 	}
 	return ev, nil
-}
-
-// parseTime reads a ce-time value. It keeps to the years RFC 3339 can
-// write, so that a decoded event can always be published again.
-func parseTime(s string) (time.Time, error) {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("%w: header %s%s: %q is not an RFC 3339 time: %v", ErrMalformed, CloudEventsPrefix, ferryevent.CETime, s, err)
-	}
-	t = t.UTC()
-	if t.Year() < 0 || t.Year() > 9999 {
-		return time.Time{}, fmt.Errorf("%w: header %s%s: %q is outside years 0000-9999 in UTC", ErrMalformed, CloudEventsPrefix, ferryevent.CETime, s)
-	}
-	return t, nil
 }
