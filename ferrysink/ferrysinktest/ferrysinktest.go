@@ -434,11 +434,12 @@ func Exercise(t *testing.T, h Harness) {
 				interrupt()
 			}
 		}()
-		failures := relayLike(ctx, t, sink, queues, &published)
+		failures, firstErr := relayLike(ctx, t, sink, queues, &published)
 		close(stop)
 		<-faults
-		t.Logf("%d events over %d keys, %d interruptions: %d publish failures retried", keys*perKey, keys, interruptions, failures)
-		requireInOrderAtLeastOnce(t, readAll(ctx, t, read), want)
+		t.Logf("%d events over %d keys, %d interruptions: %d publish failures retried (first: %v)", keys*perKey, keys, interruptions, failures, firstErr)
+		_, batched := sink.(ferrysink.OrderedBatcher)
+		requireInOrderAtLeastOnce(t, readAll(ctx, t, read), want, !batched)
 	})
 
 	t.Run("CloseTwice", func(t *testing.T) {
@@ -457,13 +458,15 @@ func Exercise(t *testing.T, h Harness) {
 // relayLike publishes each key's queue in order the way the relay does:
 // one event per key per call (or whole queues to an OrderedBatcher), the
 // failed ones again after a pause, never an event before its key's
-// previous one was acknowledged. It returns the number of failures.
-func relayLike(ctx context.Context, t *testing.T, sink ferrysink.Sink, queues [][]*ferryevent.Event, published *atomic.Int64) int {
+// previous one was acknowledged. It returns the number of failures and the
+// first.
+func relayLike(ctx context.Context, t *testing.T, sink ferrysink.Sink, queues [][]*ferryevent.Event, published *atomic.Int64) (int, error) {
 	t.Helper()
 	ob, ordered := sink.(ferrysink.OrderedBatcher)
 	ordered = ordered && ob.OrderedBatches()
 	next := make([]int, len(queues))
 	failures := 0
+	var firstErr error
 	for {
 		var batch []*ferryevent.Event
 		var owner []int
@@ -478,7 +481,7 @@ func relayLike(ctx context.Context, t *testing.T, sink ferrysink.Sink, queues []
 			}
 		}
 		if len(batch) == 0 {
-			return failures
+			return failures, firstErr
 		}
 		require.NoError(t, ctx.Err(), "the events were not all published in time (%d failures so far)", failures)
 		callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -497,6 +500,9 @@ func relayLike(ctx context.Context, t *testing.T, sink ferrysink.Sink, queues []
 				require.False(t, ferrysink.IsPermanent(err), "a transient fault must not be reported as permanent: %v", err)
 				failed[k] = true
 				failures++
+				if firstErr == nil {
+					firstErr = err
+				}
 			}
 		}
 		if len(failed) > 0 {
@@ -506,10 +512,13 @@ func relayLike(ctx context.Context, t *testing.T, sink ferrysink.Sink, queues []
 }
 
 // requireInOrderAtLeastOnce checks that stored holds every event of want,
-// each key's first copies in publish order, and that any repeated copy
-// (a retry whose first attempt did land) comes before the next event of
-// its key: the order the relay's retries can produce, and no other.
-func requireInOrderAtLeastOnce(t *testing.T, stored []Stored, want map[string][]uuid.UUID) {
+// each key's first copies in publish order. With strict, any repeated copy
+// (a retry whose first attempt did land) must come before the next event
+// of its key: all a sink given one event per key per call can produce. A
+// sink given whole batches (ferrysink.OrderedBatcher) can also store a
+// failed batch's head twice, the retry after the first attempt's copies:
+// later copies of earlier events, which consumers drop by event ID.
+func requireInOrderAtLeastOnce(t *testing.T, stored []Stored, want map[string][]uuid.UUID, strict bool) {
 	t.Helper()
 	got := make(map[string][]uuid.UUID, len(want))
 	seen := make(map[uuid.UUID]bool)
@@ -519,7 +528,9 @@ func requireInOrderAtLeastOnce(t *testing.T, stored []Stored, want map[string][]
 		ids := got[ev.Key]
 		if seen[ev.ID] {
 			dups++
-			require.Equal(t, ids[len(ids)-1], ev.ID, "key %q: a repeated copy of %s is stored after a later event of its key", ev.Key, ev.ID)
+			if strict {
+				require.Equal(t, ids[len(ids)-1], ev.ID, "key %q: a repeated copy of %s is stored after a later event of its key", ev.Key, ev.ID)
+			}
 			continue
 		}
 		seen[ev.ID] = true

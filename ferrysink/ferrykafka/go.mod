@@ -1,0 +1,20 @@
+module github.com/ferry-dev/ferry/ferrysink/ferrykafka
+
+go 1.26.8
+
+replace github.com/ferry-dev/ferry => ../..
+
+require (
+	github.com/ferry-dev/ferry v0.0.0
+	github.com/stretchr/testify v1.12.1
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1
+)
+
+require (
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+)
