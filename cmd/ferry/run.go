@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,6 +60,9 @@ type runConfig struct {
 		SubjectPrefix string `yaml:"subject_prefix"`
 		CreateStream  *bool  `yaml:"create_stream"`
 	} `yaml:"nats"`
+	Sink struct {
+		URL string `yaml:"url"`
+	} `yaml:"sink"`
 	Relay struct {
 		Feed         string   `yaml:"feed"`
 		Holder       string   `yaml:"holder"`
@@ -153,6 +157,7 @@ func orBool(v *bool, def bool) bool {
 type daemonConfig struct {
 	db                                                 dbFlags
 	natsURL, prefix, stream, feed, holder, metricsAddr string
+	sinkURL                                            string
 	logLevel                                           string
 	createStream, migrate                              bool
 	batch, partition                                   int
@@ -177,6 +182,7 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.String(&d.dataDir, "data-dir", "FERRY_DATA_DIR", or(fc.DataDir, "ferry-data"), "directory of the embedded defaults: SQLite database ferry.db and the NATS store")
 	f.Bool(&dc.migrate, "migrate", "FERRY_MIGRATE", orBool(fc.Database.Migrate, true), "apply pending schema migrations before starting")
 	f.String(&dc.natsURL, "nats-url", "FERRY_NATS_URL", fc.NATS.URL, "NATS server URL (default: an embedded NATS server with JetStream, its store in <data-dir>/nats)")
+	f.String(&dc.sinkURL, "sink-url", "FERRY_SINK_URL", fc.Sink.URL, "where events go, when not NATS: "+sinkURLHelp)
 	f.String(&dc.prefix, "subject-prefix", "FERRY_SUBJECT_PREFIX", or(fc.NATS.SubjectPrefix, ferrynats.DefaultSubjectPrefix), "events go to subject <prefix>.<topic>")
 	f.String(&dc.stream, "stream", "FERRY_STREAM", or(fc.NATS.Stream, ferrynats.DefaultStream), "JetStream stream that captures <prefix>.>")
 	f.Bool(&dc.createStream, "create-stream", "FERRY_CREATE_STREAM", orBool(fc.NATS.CreateStream, true), "create the stream if it does not exist")
@@ -204,7 +210,17 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	if dc.embedded && dc.db.url == "" {
 		defaults = append(defaults, "SQLite "+dc.db.embeddedDB())
 	}
-	if dc.embedded && dc.natsURL == "" {
+	if strings.HasPrefix(dc.sinkURL, "nats://") && dc.natsURL == "" {
+		dc.natsURL = dc.sinkURL
+	}
+	other, useOther, err := openSinkURL(ctx, dc.sinkURL, log)
+	if err != nil {
+		return err
+	}
+	if useOther {
+		defer other.close()
+	}
+	if dc.embedded && dc.natsURL == "" && !useOther {
 		defaults = append(defaults, "NATS JetStream in "+filepath.Join(dc.db.dataDir, "nats"))
 	}
 	if len(defaults) > 0 {
@@ -232,35 +248,21 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 			log.Warn("ferry: " + warning)
 		}
 	}
-	natsURL := dc.natsURL
-	if natsURL == "" {
-		if !dc.embedded {
-			natsURL = nats.DefaultURL
-		} else {
-			store := filepath.Join(dc.db.dataDir, "nats")
-			en, err := startEmbeddedNATS(store, dc.embeddedPort)
-			if errors.Is(err, errPortTaken) && dc.embeddedPort == defaultEmbeddedPort && !dc.embeddedPortSet {
-				log.Warn("ferry: port 4222 is taken (another NATS server?): the embedded one listens on a free port instead; set --nats-port to choose", "err", err)
-				en, err = startEmbeddedNATS(store, 0)
-			}
-			if err != nil {
-				return fmt.Errorf("%w (choose another with --nats-port / FERRY_NATS_PORT, 0 for any free port, or use your own server with --nats-url)", err)
-			}
-			defer en.Close()
-			natsURL = en.url
-			log.Info("ferry: embedded NATS server listening", "url", natsURL)
+	var (
+		sink  ferrysink.Sink
+		ready func() error
+		dest  []any
+	)
+	if useOther {
+		sink, ready, dest = other.sink, other.ready, other.label
+	} else {
+		ns, err := openNATS(ctx, dc, log)
+		if err != nil {
+			return err
 		}
+		defer ns.close()
+		sink, ready, dest = ns.sink, ns.ready, ns.label
 	}
-	nc, err := nats.Connect(natsURL, nats.Name("ferry-relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false))
-	if err != nil {
-		return fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
-	}
-	defer nc.Close()
-	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{SubjectPrefix: dc.prefix, Stream: dc.stream, CreateStream: dc.createStream})
-	if err != nil {
-		return fmt.Errorf("%w (see --stream / FERRY_STREAM, --subject-prefix / FERRY_SUBJECT_PREFIX, --create-stream)", err)
-	}
-	defer sink.Close(context.WithoutCancel(ctx))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -287,10 +289,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 			if err := b.ping(ctx); err != nil {
 				return fmt.Errorf("database: %w", err)
 			}
-			if !nc.IsConnected() {
-				return errors.New("nats: not connected")
-			}
-			return nil
+			return ready()
 		})
 		if err != nil {
 			return fmt.Errorf("serve metrics on --metrics-addr / FERRY_METRICS_ADDR %s: %w (\"off\" disables it)", dc.metricsAddr, err)
@@ -300,7 +299,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	for _, relay := range relays {
-		log.Info("ferry: relay starting", "feed", relay.FeedName(), "database", b.label, "nats", natsURL, "stream", dc.stream, "subject_prefix", dc.prefix)
+		log.Info("ferry: relay starting", append([]any{"feed", relay.FeedName(), "database", b.label}, dest...)...)
 		g.Go(func() error { return relay.Run(gctx) })
 	}
 	if err := g.Wait(); err != nil {
@@ -308,6 +307,61 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	}
 	log.Info("ferry: stopped")
 	return nil
+}
+
+// openNATS connects to --nats-url, or starts the embedded server, and
+// returns the JetStream sink.
+func openNATS(ctx context.Context, dc *daemonConfig, log *slog.Logger) (*openedSink, error) {
+	var stop []func()
+	closeAll := func() {
+		for i := len(stop) - 1; i >= 0; i-- {
+			stop[i]()
+		}
+	}
+	natsURL := dc.natsURL
+	if natsURL == "" {
+		if !dc.embedded {
+			natsURL = nats.DefaultURL
+		} else {
+			store := filepath.Join(dc.db.dataDir, "nats")
+			en, err := startEmbeddedNATS(store, dc.embeddedPort)
+			if errors.Is(err, errPortTaken) && dc.embeddedPort == defaultEmbeddedPort && !dc.embeddedPortSet {
+				log.Warn("ferry: port 4222 is taken (another NATS server?): the embedded one listens on a free port instead; set --nats-port to choose", "err", err)
+				en, err = startEmbeddedNATS(store, 0)
+			}
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("%w (choose another with --nats-port / FERRY_NATS_PORT, 0 for any free port, or use your own server with --nats-url)", err)
+			}
+			stop = append(stop, en.Close)
+			natsURL = en.url
+			log.Info("ferry: embedded NATS server listening", "url", natsURL)
+		}
+	}
+	nc, err := nats.Connect(natsURL, nats.Name("ferry-relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false))
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
+	}
+	stop = append(stop, nc.Close)
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{SubjectPrefix: dc.prefix, Stream: dc.stream, CreateStream: dc.createStream})
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("%w (see --stream / FERRY_STREAM, --subject-prefix / FERRY_SUBJECT_PREFIX, --create-stream)", err)
+	}
+	stop = append(stop, func() { _ = sink.Close(context.WithoutCancel(ctx)) })
+
+	return &openedSink{
+		sink:  sink,
+		label: []any{"nats", natsURL, "stream", dc.stream, "subject_prefix", dc.prefix},
+		ready: func() error {
+			if !nc.IsConnected() {
+				return errors.New("nats: not connected")
+			}
+			return nil
+		},
+		close: closeAll,
+	}, nil
 }
 
 // wrapPartition labels each relay's metrics with its partition when a

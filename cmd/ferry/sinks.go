@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/ferry-dev/ferry/ferrysink"
+	"github.com/ferry-dev/ferry/ferrysink/ferrykafka"
+)
+
+// sinkURLHelp lists the destinations --sink-url accepts.
+const sinkURLHelp = "nats://host:4222 (JetStream; the default), kafka://host:9092[,host2:9092][?topic_prefix=app.&tls=true&sasl=plain|scram-sha-256|scram-sha-512] (credentials as user:password@), " +
+	"amqp://user:password@host:5672/vhost[?exchange=ferry] (RabbitMQ), or https://receiver.example/hook (webhooks; secrets in FERRY_WEBHOOK_SECRETS)"
+
+// openedSink is a destination the daemon publishes to.
+type openedSink struct {
+	sink  ferrysink.Sink
+	label []any // log attributes naming it
+	ready func() error
+	close func()
+}
+
+// openSinkURL opens a non-NATS destination named by a URL; ok is false for
+// NATS (nats:// or empty), which the caller opens.
+func openSinkURL(ctx context.Context, raw string, log *slog.Logger) (s *openedSink, ok bool, err error) {
+	if raw == "" {
+		return nil, false, nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, true, usagef("--sink-url / FERRY_SINK_URL %q: %v; use %s", raw, err, sinkURLHelp)
+	}
+	switch u.Scheme {
+	case "nats", "tls":
+		return nil, false, nil
+	case "kafka":
+		s, err := openKafka(ctx, u, log)
+		return s, true, err
+	case "amqp", "amqps":
+		s, err := openRabbit(ctx, u, log)
+		return s, true, err
+	case "http", "https":
+		s, err := openWebhook(u, log)
+		return s, true, err
+	}
+	return nil, true, usagef("--sink-url / FERRY_SINK_URL: scheme %q is not a destination Ferry knows; use %s", u.Scheme, sinkURLHelp)
+}
+
+// openKafka reads kafka://[user:password@]host:port[,host:port]/[?options].
+func openKafka(ctx context.Context, u *url.URL, log *slog.Logger) (*openedSink, error) {
+	q := u.Query()
+	cfg := &ferrykafka.Config{Brokers: strings.Split(u.Host, ","), TopicPrefix: q.Get("topic_prefix"), Logger: log}
+	if v := q.Get("max_message_bytes"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, usagef("--sink-url: max_message_bytes=%q is not a number of bytes", v)
+		}
+		cfg.MaxMessageBytes = n
+	}
+	if on, _ := strconv.ParseBool(q.Get("tls")); on {
+		cfg.ClientOptions = append(cfg.ClientOptions, kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}))
+	}
+	if u.User != nil {
+		user := u.User.Username()
+		pass, _ := u.User.Password()
+		switch mech := strings.ToLower(q.Get("sasl")); mech {
+		case "", "plain":
+			cfg.ClientOptions = append(cfg.ClientOptions, kgo.SASL(plain.Auth{User: user, Pass: pass}.AsMechanism()))
+		case "scram-sha-256":
+			cfg.ClientOptions = append(cfg.ClientOptions, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()))
+		case "scram-sha-512":
+			cfg.ClientOptions = append(cfg.ClientOptions, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()))
+		default:
+			return nil, usagef("--sink-url: sasl=%q: use plain, scram-sha-256 or scram-sha-512", mech)
+		}
+	}
+	sink, err := ferrykafka.New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &openedSink{
+		sink:  sink,
+		label: []any{"kafka", strings.Join(cfg.Brokers, ","), "topic_prefix", cfg.TopicPrefix},
+		ready: func() error { return nil },
+		close: func() { _ = sink.Close(context.Background()) },
+	}, nil
+}
+
+var errSinkNotBuilt = errors.New("this build of ferry has no such sink")

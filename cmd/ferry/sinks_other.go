@@ -1,0 +1,15 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/url"
+)
+
+func openRabbit(context.Context, *url.URL, *slog.Logger) (*openedSink, error) {
+	return nil, errSinkNotBuilt
+}
+
+func openWebhook(*url.URL, *slog.Logger) (*openedSink, error) {
+	return nil, errSinkNotBuilt
+}
