@@ -86,9 +86,9 @@ type fixture struct {
 	terminateFeed func(ctx context.Context)
 
 	// The destination: JetStream unless a test swaps it (useKafka).
-	sinkArgs []string                              // `ferry relay` flags naming it
+	sinkArgs []string                                // `ferry relay` flags naming it
 	read     func(ctx context.Context) []ferry.Event // everything stored, in order per key
-	dedup    bool                                  // the destination drops republished event IDs
+	dedup    bool                                    // the destination drops republished event IDs
 }
 
 func newFixture(t *testing.T) *fixture {
