@@ -192,3 +192,39 @@ type FailInboxParams struct {
 	// HoldDead: the group's policy, as in ClaimInboxParams.
 	HoldDead bool
 }
+
+// InboxRetractor is implemented by inboxes that can retract events whose
+// source was undone (a chain reorg orphaned their block).
+type InboxRetractor interface {
+	// RetractInbox marks events of a group RETRACTED, in one transaction:
+	//   - a row not yet finished (PENDING, FAILED, PROCESSING, DEAD) never
+	//     runs; a worker still running it finds its claim lost;
+	//   - a PROCESSED row is retracted and its Compensation is inserted at
+	//     the end of its key's queue, so that the group's retraction
+	//     handler runs once, in key order;
+	//   - an event the group never received is recorded as RETRACTED, so
+	//     that a late delivery of it is ignored.
+	// Retracting an event again changes nothing. Result.Prior holds each
+	// event's state before the call ("" when it was absent).
+	RetractInbox(ctx context.Context, p *RetractInboxParams) (*RetractInboxResult, error)
+}
+
+// RetractInboxParams name the events to retract.
+type RetractInboxParams struct {
+	Group       string
+	Retractions []Retraction
+}
+
+// Retraction is one event to retract and, should the group have processed
+// it, the event that compensates it (same Key; its own ID, stable across
+// attempts, so that it is inserted once).
+type Retraction struct {
+	Event        *ferryevent.Event
+	Compensation *ferryevent.Event
+}
+
+// RetractInboxResult reports each event's state before the retraction, in
+// the order of RetractInboxParams.Retractions.
+type RetractInboxResult struct {
+	Prior []InboxState
+}

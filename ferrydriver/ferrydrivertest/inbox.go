@@ -36,6 +36,92 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("RetentionOfProcessed", func(t *testing.T) { t.Parallel(); testInboxRetention(t, newDriver(t)) })
 	t.Run("AwaitSettled", func(t *testing.T) { t.Parallel(); testAwaitSettled(t, newDriver(t)) })
 	t.Run("PolicyChangesAndContinueRedrive", func(t *testing.T) { t.Parallel(); testInboxPolicy(t, newDriver(t)) })
+	t.Run("Retract", func(t *testing.T) {
+		t.Parallel()
+		d := newDriver(t)
+		r, ok := any(d).(ferrydriver.InboxRetractor)
+		if !ok {
+			t.Logf("%s does not implement ferrydriver.InboxRetractor: chain sources cannot use it", d.Name())
+			return
+		}
+		testInboxRetract(t, d, r)
+	})
+}
+
+// testInboxRetract: retracting unfinished, running, processed and absent
+// events, and again.
+func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.InboxRetractor) {
+	ctx := ctxT(t, 30*time.Second)
+	a1, a2, a3 := Event("t", "a", "a1"), Event("t", "a", "a2"), Event("t", "a", "a3")
+	b1, b2 := Event("t", "b", "b1"), Event("t", "b", "b2")
+	insert(ctx, t, d, a1, a2, a3, b1, b2)
+	// a1 is processed, b1 is running.
+	rows := claim(ctx, t, d, "w1", true)
+	require.ElementsMatch(t, []string{"a1", "b1"}, payloads(rows))
+	for _, row := range rows {
+		if row.Event.ID == a1.ID {
+			complete(ctx, t, d, "w1", row, true)
+		}
+	}
+	ghost := Event("t", "c", "c1") // never delivered
+	comp := func(ev *ferryevent.Event) *ferryevent.Event {
+		c := Event("t", ev.Key, "undo-"+string(ev.Payload))
+		return c
+	}
+	compA1 := comp(a1)
+	retractions := []ferrydriver.Retraction{
+		{Event: a1, Compensation: compA1}, {Event: a2, Compensation: comp(a2)}, {Event: b1, Compensation: comp(b1)},
+		{Event: ghost, Compensation: comp(ghost)},
+	}
+	res, err := r.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: group, Retractions: retractions})
+	require.NoError(t, err)
+	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxPending, ferrydriver.InboxProcessing, ""}, res.Prior)
+
+	// The running b1 cannot complete: its claim is gone.
+	for _, row := range rows {
+		if row.Event.ID == b1.ID {
+			err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+				return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: b1.ID, Worker: "w1", HoldDead: true})
+			})
+			require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "a retracted row's handler must roll back")
+		}
+	}
+	// What runs now: key a's next unretracted row (a3) comes before a1's
+	// compensation, inserted at the end of the key; key b goes on with b2;
+	// a2 and the ghost never run.
+	var ran []string
+	for range 10 {
+		next := claim(ctx, t, d, "w2", true)
+		if len(next) == 0 {
+			break
+		}
+		for _, row := range next {
+			ran = append(ran, string(row.Event.Payload))
+			complete(ctx, t, d, "w2", row, true)
+		}
+	}
+	require.ElementsMatch(t, []string{"a3", "undo-a1", "b2"}, ran)
+	require.Less(t, slices.Index(ran, "a3"), slices.Index(ran, "undo-a1"), "the compensation runs in its key's order, after what was queued before it")
+
+	states, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{a1.ID, a2.ID, b1.ID, ghost.ID, compA1.ID}})
+	require.NoError(t, err)
+	for _, id := range []uuid.UUID{a1.ID, a2.ID, b1.ID, ghost.ID} {
+		require.Equal(t, ferrydriver.InboxRetracted, states[id].State)
+		require.True(t, states[id].State.Finished(), "retracted counts as settled")
+	}
+	require.Equal(t, ferrydriver.InboxProcessed, states[compA1.ID].State)
+
+	// A late delivery of the ghost is ignored; retracting again changes
+	// nothing and inserts no second compensation.
+	ins, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: group, Events: []*ferryevent.Event{ghost}})
+	require.NoError(t, err)
+	require.Equal(t, []bool{false}, ins.Inserted)
+	res, err = r.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: group, Retractions: retractions})
+	require.NoError(t, err)
+	for _, prior := range res.Prior {
+		require.Equal(t, ferrydriver.InboxRetracted, prior)
+	}
+	require.Empty(t, claim(ctx, t, d, "w3", true), "nothing new to run after a repeated retraction")
 }
 
 const group = "g"

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -112,82 +113,88 @@ func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 	}
 	err := d.inTx(ctx, func(tx context.Context) error {
 		clear(res.Inserted)
-		ids := make(bson.A, len(p.Events))
-		for i, ev := range p.Events {
-			ids[i] = rowID(p.Group, ev.ID)
-		}
-		cur, err := d.inbox().Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
-		if err != nil {
-			return err
-		}
-		var have []struct {
-			ID inboxID `bson:"_id"`
-		}
-		if err := cur.All(tx, &have); err != nil {
-			return err
-		}
-		known := map[string]bool{}
-		for _, h := range have {
-			known[h.ID.Event] = true
-		}
-		var fresh []int
-		for i, ev := range p.Events {
-			if id := ev.ID.String(); !known[id] {
-				known[id] = true // a duplicate within the call inserts once
-				fresh = append(fresh, i)
-			}
-		}
-		if len(fresh) == 0 {
-			return nil
-		}
-		var counter struct {
-			N int64 `bson:"n"`
-		}
-		if err := d.counters().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: "inbox:" + p.Group}},
-			bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: int64(len(fresh))}}}},
-			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&counter); err != nil {
-			return err
-		}
-		now := time.Now().UTC()
-		pos := counter.N - int64(len(fresh))
-		docs := make([]any, 0, len(fresh))
-		var keys []string
-		for _, i := range fresh {
-			ev := p.Events[i]
-			pos++
-			payload := ev.Payload
-			if payload == nil {
-				payload = []byte{}
-			}
-			docs = append(docs, &inboxDoc{ID: inboxID{Group: p.Group, Event: ev.ID.String()}, Group: p.Group, Pos: pos, Key: ev.Key, Seq: ev.Seq,
-				Topic: ev.Topic, Type: ev.Type, Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload,
-				CreatedAt: ev.CreatedAt.UTC(), State: string(ferrydriver.InboxPending), NextAttemptAt: now, ReceivedAt: now})
-			keys = append(keys, ev.Key)
-			res.Inserted[i] = true
-		}
-		if _, err := d.inbox().InsertMany(tx, docs); err != nil {
-			return err
-		}
-		slices.Sort(keys)
-		idle := expr("$and", expr("$eq", bson.D{{Key: "$ifNull", Value: bson.A{"$runnable_at", nil}}}, nil),
-			expr("$eq", bson.D{{Key: "$ifNull", Value: bson.A{"$held_by", nil}}}, nil))
-		for _, k := range slices.Compact(keys) {
-			if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, k)}},
-				mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "g", Value: literal(p.Group)}, {Key: "k", Value: literal(k)},
-					{Key: "runnable_at", Value: cond(idle, now, "$runnable_at")},
-					// Every write of a key document changes it, so that two
-					// transactions touching one key always conflict.
-					{Key: "v", Value: expr("$add", bson.D{{Key: "$ifNull", Value: bson.A{"$v", int64(0)}}}, int64(1))}}}}},
-				options.UpdateOne().SetUpsert(true)); err != nil {
-				return err
-			}
-		}
-		return nil
+		return d.insertInboxTx(tx, p.Group, p.Events, res.Inserted)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: insert into inbox of group %s: %w", p.Group, err)
 	}
 	return res, nil
+}
+
+// insertInboxTx records events for group inside tx, setting inserted[i]
+// for each new one, and makes the keys that had nothing to do runnable.
+func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferryevent.Event, inserted []bool) error {
+	ids := make(bson.A, len(events))
+	for i, ev := range events {
+		ids[i] = rowID(group, ev.ID)
+	}
+	cur, err := d.inbox().Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		return err
+	}
+	var have []struct {
+		ID inboxID `bson:"_id"`
+	}
+	if err := cur.All(tx, &have); err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, h := range have {
+		known[h.ID.Event] = true
+	}
+	var fresh []int
+	for i, ev := range events {
+		if id := ev.ID.String(); !known[id] {
+			known[id] = true // a duplicate within the call inserts once
+			fresh = append(fresh, i)
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	var counter struct {
+		N int64 `bson:"n"`
+	}
+	if err := d.counters().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: "inbox:" + group}},
+		bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: int64(len(fresh))}}}},
+		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&counter); err != nil {
+		return err
+	}
+	now := time.Now().UTC()
+	pos := counter.N - int64(len(fresh))
+	docs := make([]any, 0, len(fresh))
+	var keys []string
+	for _, i := range fresh {
+		ev := events[i]
+		pos++
+		payload := ev.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		docs = append(docs, &inboxDoc{ID: inboxID{Group: group, Event: ev.ID.String()}, Group: group, Pos: pos, Key: ev.Key, Seq: ev.Seq,
+			Topic: ev.Topic, Type: ev.Type, Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload,
+			CreatedAt: ev.CreatedAt.UTC(), State: string(ferrydriver.InboxPending), NextAttemptAt: now, ReceivedAt: now})
+		keys = append(keys, ev.Key)
+		inserted[i] = true
+	}
+	if _, err := d.inbox().InsertMany(tx, docs); err != nil {
+		return err
+	}
+	slices.Sort(keys)
+	idle := expr("$and", expr("$eq", bson.D{{Key: "$ifNull", Value: bson.A{"$runnable_at", nil}}}, nil),
+		expr("$eq", bson.D{{Key: "$ifNull", Value: bson.A{"$held_by", nil}}}, nil))
+	for _, k := range slices.Compact(keys) {
+		if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(group, k)}},
+			mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "g", Value: literal(group)}, {Key: "k", Value: literal(k)},
+				{Key: "runnable_at", Value: cond(idle, now, "$runnable_at")},
+				// Every write of a key document changes it, so that two
+				// transactions touching one key always conflict.
+				{Key: "v", Value: expr("$add", bson.D{{Key: "$ifNull", Value: bson.A{"$v", int64(0)}}}, int64(1))}}}}},
+			options.UpdateOne().SetUpsert(true)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // head is a key's oldest unfinished row and whether another row runs.

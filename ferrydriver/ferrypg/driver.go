@@ -298,7 +298,7 @@ type queries struct {
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
 	waiterAdd, waiterRemove, inboxCounts                                string
 	inboxNotify, inboxPolicy, inboxSetPolicy, inboxGroupKeys            string
-	inboxDeleteIdleKeys                                                 string
+	inboxDeleteIdleKeys, inboxRetract                                   string
 	requestClaim, requestFinish, requestGet, requestDelete              string
 }
 
@@ -318,7 +318,7 @@ func newQueries(schema string) queries {
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxPolicy: r(sqlInboxPolicy), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
-		inboxDeleteIdleKeys: r(sqlInboxDeleteIdleKeys),
+		inboxDeleteIdleKeys: r(sqlInboxDeleteIdleKeys), inboxRetract: r(sqlInboxRetract),
 		requestClaim:        r(sqlRequestClaim),
 		requestFinish:       r(sqlRequestFinish),
 		requestGet:          r(sqlRequestGet),

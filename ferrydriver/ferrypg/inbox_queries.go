@@ -197,3 +197,17 @@ UPDATE {schema}.inbox_keys k SET
     SELECT max(claim_expires_at) AS until FROM {schema}.inbox p
      WHERE p.key = $2 AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
  WHERE k.group_name = $1 AND k.key = $2`
+
+// sqlInboxRetract marks a group's rows RETRACTED and returns, for each
+// row found, its state before and its key. Rows are locked first (as
+// completion does), keys only after, by the caller.
+const sqlInboxRetract = `
+WITH old AS (
+    SELECT event_id, state, key FROM {schema}.inbox
+     WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) ORDER BY event_id FOR UPDATE
+), up AS (
+    UPDATE {schema}.inbox i
+       SET state = 'retracted', claimed_by = NULL, claim_expires_at = NULL, finished_at = now()
+      FROM old WHERE i.group_name = $1 AND i.event_id = old.event_id AND old.state <> 'retracted'
+)
+SELECT event_id::text, state, key FROM old`

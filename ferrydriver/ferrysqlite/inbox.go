@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
 )
 
@@ -66,47 +67,53 @@ func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 	}
 	op := "insert into inbox of group " + p.Group
 	err := d.write(ctx, op, func(tx *sql.Tx) error {
-		t := micros(now())
-		ins, err := tx.PrepareContext(ctx, `
-INSERT INTO ferry_inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, next_attempt_at, received_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (group_name, event_id) DO NOTHING`)
-		if err != nil {
-			return d.wrapErr(op, err)
-		}
-		defer ins.Close()
-		var keys []string
-		for i, ev := range p.Events {
-			c, err := encodeEvent(ev)
-			if err != nil {
-				return err
-			}
-			r, err := ins.ExecContext(ctx, p.Group, c.id, ev.Key, ev.Seq, ev.Topic, ev.Type, ev.Source, ev.ContentType, c.headers, c.payload, micros(ev.CreatedAt), t, t)
-			if err != nil {
-				return d.wrapErr(op, err)
-			}
-			if n, _ := r.RowsAffected(); n == 1 {
-				res.Inserted[i] = true
-				keys = append(keys, ev.Key)
-			}
-		}
-		slices.Sort(keys)
-		for _, k := range slices.Compact(keys) {
-			// A key with nothing to do becomes runnable; one that waits (a
-			// retry, a running row, a dead head) keeps its time.
-			if _, err := tx.ExecContext(ctx, `
-INSERT INTO ferry_inbox_keys (group_name, key, runnable_at) VALUES (?, ?, ?)
-ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = excluded.runnable_at
- WHERE runnable_at IS NULL AND held_by IS NULL`, p.Group, k, t); err != nil {
-				return d.wrapErr(op, err)
-			}
-		}
-		return nil
+		return d.insertInboxTx(ctx, tx, p.Group, p.Events, res.Inserted, micros(now()))
 	})
 	if err != nil {
 		clear(res.Inserted)
 		return nil, err
 	}
 	return res, nil
+}
+
+// insertInboxTx records events for group inside tx, setting inserted[i]
+// for each new one, and makes the keys that had nothing to do runnable.
+func (d *Driver) insertInboxTx(ctx context.Context, tx *sql.Tx, group string, events []*ferryevent.Event, inserted []bool, t int64) error {
+	op := "insert into inbox of group " + group
+	ins, err := tx.PrepareContext(ctx, `
+INSERT INTO ferry_inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, next_attempt_at, received_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (group_name, event_id) DO NOTHING`)
+	if err != nil {
+		return d.wrapErr(op, err)
+	}
+	defer ins.Close()
+	var keys []string
+	for i, ev := range events {
+		c, err := encodeEvent(ev)
+		if err != nil {
+			return err
+		}
+		r, err := ins.ExecContext(ctx, group, c.id, ev.Key, ev.Seq, ev.Topic, ev.Type, ev.Source, ev.ContentType, c.headers, c.payload, micros(ev.CreatedAt), t, t)
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		if n, _ := r.RowsAffected(); n == 1 {
+			inserted[i] = true
+			keys = append(keys, ev.Key)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range slices.Compact(keys) {
+		// A key with nothing to do becomes runnable; one that waits (a
+		// retry, a running row, a dead head) keeps its time.
+		if _, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_inbox_keys (group_name, key, runnable_at) VALUES (?, ?, ?)
+ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = excluded.runnable_at
+ WHERE runnable_at IS NULL AND held_by IS NULL`, group, k, t); err != nil {
+			return d.wrapErr(op, err)
+		}
+	}
+	return nil
 }
 
 // head is a key's oldest unfinished row.

@@ -1,0 +1,141 @@
+package ferrypg
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+)
+
+// RetractInbox implements ferrydriver.InboxRetractor. In one transaction
+// it retracts the rows the group has (rows first, then keys, in key
+// order, as completion and ingestion lock them), records the events it
+// never received as retracted, inserts the compensations of processed
+// ones, recomputes the keys' heads and tells the callers awaiting them.
+func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) (*ferrydriver.RetractInboxResult, error) {
+	res := &ferrydriver.RetractInboxResult{Prior: make([]ferrydriver.InboxState, len(p.Retractions))}
+	if len(p.Retractions) == 0 {
+		return res, nil
+	}
+	e, commit, rollback, err := d.begin.begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("ferrypg: begin: %w", err)
+	}
+	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
+	var hold bool
+	if err := queryRow(ctx, e, []any{&hold}, d.queries.inboxPolicy, p.Group); err != nil {
+		return nil, d.wrapErr("read the dead policy of group "+p.Group, err)
+	}
+	ids := make([]string, len(p.Retractions))
+	index := make(map[string]int, len(ids))
+	for i, r := range p.Retractions {
+		ids[i] = r.Event.ID.String()
+		index[ids[i]] = i
+	}
+	keys := map[string]bool{}
+	found, err := d.retractRows(ctx, e, p.Group, ids, keys)
+	if err != nil {
+		return nil, err
+	}
+	var absent, compensations []*ferryevent.Event
+	var retracted []string
+	for i, r := range p.Retractions {
+		prior, ok := found[ids[i]]
+		res.Prior[i] = prior
+		switch {
+		case !ok:
+			absent = append(absent, r.Event)
+			retracted = append(retracted, ids[i])
+		case prior == ferrydriver.InboxRetracted:
+		case prior == ferrydriver.InboxProcessed && r.Compensation != nil:
+			compensations = append(compensations, r.Compensation)
+			retracted = append(retracted, ids[i])
+		default:
+			retracted = append(retracted, ids[i])
+		}
+	}
+	// Events never received: recorded, then retracted like the others.
+	if len(absent) > 0 {
+		if err := d.insertInbox(ctx, e, p.Group, absent); err != nil {
+			return nil, err
+		}
+		absentIDs := make([]string, len(absent))
+		for i, ev := range absent {
+			absentIDs[i] = ev.ID.String()
+		}
+		if _, err := d.retractRows(ctx, e, p.Group, absentIDs, keys); err != nil {
+			return nil, err
+		}
+	}
+	if len(compensations) > 0 {
+		if err := d.insertInbox(ctx, e, p.Group, compensations); err != nil {
+			return nil, err
+		}
+		for _, ev := range compensations {
+			keys[ev.Key] = true
+		}
+	}
+	sorted := make([]string, 0, len(keys))
+	for k := range keys {
+		sorted = append(sorted, k)
+	}
+	slices.Sort(sorted)
+	for _, key := range sorted {
+		if err := d.refreshKey(ctx, e, p.Group, key, hold); err != nil {
+			return nil, err
+		}
+	}
+	if len(retracted) > 0 {
+		if err := d.notifySettled(ctx, e, p.Group, retracted, ferrydriver.InboxRetracted); err != nil {
+			return nil, err
+		}
+	}
+	if err := commit(ctx); err != nil {
+		return nil, fmt.Errorf("ferrypg: commit retraction: %w", err)
+	}
+	return res, nil
+}
+
+// retractRows retracts the group's rows among ids and returns the state
+// each had; it adds their keys to keys.
+func (d *Driver[TTx]) retractRows(ctx context.Context, e executor, group string, ids []string, keys map[string]bool) (map[string]ferrydriver.InboxState, error) {
+	r, err := e.query(ctx, d.queries.inboxRetract, group, ids)
+	if err != nil {
+		return nil, d.wrapErr("retract inbox rows of group "+group, err)
+	}
+	defer r.Close()
+	found := map[string]ferrydriver.InboxState{}
+	for r.Next() {
+		var id, state, key string
+		if err := r.Scan(&id, &state, &key); err != nil {
+			return nil, d.wrapErr("retract inbox rows", err)
+		}
+		found[id] = ferrydriver.InboxState(state)
+		keys[key] = true
+	}
+	if err := r.Err(); err != nil {
+		return nil, d.wrapErr("retract inbox rows", err)
+	}
+	return found, nil
+}
+
+// insertInbox runs the inbox insert on e (inside a caller's transaction).
+func (d *Driver[TTx]) insertInbox(ctx context.Context, e executor, group string, events []*ferryevent.Event) error {
+	a, err := encodeEvents(events)
+	if err != nil {
+		return err
+	}
+	r, err := e.query(ctx, d.queries.inboxInsert, group, a.ids, a.keys, a.seqs, a.topics, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created)
+	if err != nil {
+		return d.wrapErr("insert into inbox of group "+group, err)
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return d.wrapErr("insert into inbox of group "+group, err)
+	}
+	return nil
+}
+
+var _ ferrydriver.InboxRetractor = (*Driver[any])(nil)
