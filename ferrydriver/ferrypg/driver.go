@@ -319,10 +319,10 @@ func newQueries(schema string) queries {
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxPolicy: r(sqlInboxPolicy), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
 		inboxDeleteIdleKeys: r(sqlInboxDeleteIdleKeys), inboxRetract: r(sqlInboxRetract),
-		requestClaim:        r(sqlRequestClaim),
-		requestFinish:       r(sqlRequestFinish),
-		requestGet:          r(sqlRequestGet),
-		requestDelete:       r(sqlRequestDelete),
+		requestClaim:  r(sqlRequestClaim),
+		requestFinish: r(sqlRequestFinish),
+		requestGet:    r(sqlRequestGet),
+		requestDelete: r(sqlRequestDelete),
 	}
 }
 
