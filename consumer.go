@@ -208,6 +208,46 @@ func (c *Consumer[TTx]) HandleAll(fn HandlerFunc[TTx]) {
 	c.fallback = fn
 }
 
+// HandleRetraction registers fn to undo an event the group had processed
+// when its source was undone (a chain reorg orphaned its block): fn gets
+// the retracted event, runs in a transaction like any handler, and runs
+// once, in the event's key order. Events retracted before they ran never
+// run and need nothing.
+func (c *Consumer[TTx]) HandleRetraction(fn HandlerFunc[TTx]) {
+	c.handlers[ferryevent.TypeRetraction] = func(ctx context.Context, tx TTx, comp *Event) error {
+		ev, err := ferryevent.RetractedEvent(comp)
+		if err != nil {
+			return GiveUp(err)
+		}
+		return fn(ctx, tx, ev)
+	}
+}
+
+// Retract marks events RETRACTED in the group's inbox (see
+// ferrydriver.InboxRetractor): those not yet run never run, those already
+// processed are undone by the retraction handler, once, in key order. It
+// returns each event's state before. Chain sources call it on a reorg.
+func (c *Consumer[TTx]) Retract(ctx context.Context, events []*Event) ([]ferrydriver.InboxState, error) {
+	r, ok := c.driver.(ferrydriver.InboxRetractor)
+	if !ok {
+		return nil, fmt.Errorf("ferry: the %T inbox cannot retract events; use a backend that implements ferrydriver.InboxRetractor (PostgreSQL, SQLite, MongoDB)", c.driver)
+	}
+	p := &ferrydriver.RetractInboxParams{Group: c.cfg.Group, Retractions: make([]ferrydriver.Retraction, len(events))}
+	for i, ev := range events {
+		comp, err := ferryevent.NewRetraction(ev)
+		if err != nil {
+			return nil, err
+		}
+		p.Retractions[i] = ferrydriver.Retraction{Event: ev, Compensation: comp}
+	}
+	res, err := r.RetractInbox(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	c.Notify()
+	return res.Prior, nil
+}
+
 // Notify wakes idle workers: sources call it after ingesting events.
 func (c *Consumer[TTx]) Notify() {
 	select {
@@ -366,8 +406,12 @@ func (c *Consumer[TTx]) retain(ctx context.Context) {
 func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, deadline time.Time) {
 	ev := &row.Event
 	handler := c.handlers[ev.Type]
-	if handler == nil {
+	if handler == nil && ev.Type != ferryevent.TypeRetraction {
 		handler = c.fallback
+	}
+	if handler == nil && ev.Type == ferryevent.TypeRetraction {
+		c.log.Warn("ferry: an event this group processed was retracted, and the group has no retraction handler (HandleRetraction): nothing undoes its effect",
+			"event_id", ev.ID, "key", ev.Key)
 	}
 	hctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()

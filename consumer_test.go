@@ -304,3 +304,53 @@ func TestConsumerConfigValidation(t *testing.T) {
 		require.ErrorContains(t, err, tc.want)
 	}
 }
+
+// Retracted events: those processed are undone once by the retraction
+// handler, in key order; those not run yet never run; a second retraction
+// and a redelivery change nothing.
+func TestConsumerRetract(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	table := effects(t, drv)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "indexer", PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	gate := make(chan struct{})
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		if ev.Seq == 3 {
+			<-gate // the third event of each key waits, so it is unprocessed when retracted
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	c.HandleRetraction(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, -ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	evs := events(8, 2) // k0: seq 1..4, k1: seq 1..4
+	_, err = c.Ingest(context.Background(), evs)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 4 }, 10*time.Second, 10*time.Millisecond,
+		"seq 1 and 2 of both keys are processed; seq 3 waits")
+	// Retract seq 2, 3 and 4 of k0 (2 processed, 3 running, 4 pending).
+	var k0 []*ferry.Event
+	for _, ev := range evs {
+		if ev.Key == "k0" && ev.Seq >= 2 {
+			k0 = append(k0, ev)
+		}
+	}
+	prior, err := c.Retract(context.Background(), k0)
+	require.NoError(t, err)
+	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxProcessing, ferrydriver.InboxPending}, prior)
+	close(gate)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table+` WHERE seq < 0`) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k1'`) == 4 }, 10*time.Second, 10*time.Millisecond)
+	_, err = c.Retract(context.Background(), k0)
+	require.NoError(t, err)
+	_, err = c.Ingest(context.Background(), k0)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, 1, count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k0' AND seq = -2`), "k0 seq 2 undone once")
+	require.Equal(t, 0, count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k0' AND seq IN (3, 4)`), "retracted before running: never ran (the running one rolled back)")
+	require.Equal(t, 3, count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k0'`), "k0: seq 1, seq 2 and its undoing")
+}
