@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/internal/backoff"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -246,6 +247,23 @@ func (c *Consumer[TTx]) Retract(ctx context.Context, events []*Event) ([]ferrydr
 	}
 	c.Notify()
 	return res.Prior, nil
+}
+
+// Group is the consumer group's name.
+func (c *Consumer[TTx]) Group() string { return c.cfg.Group }
+
+// Lookup returns the events of the group's inbox among ids, as received;
+// events not in the inbox are absent from the map.
+func (c *Consumer[TTx]) Lookup(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]*Event, error) {
+	rows, err := c.driver.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: c.cfg.Group, EventIDs: ids})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uuid.UUID]*Event, len(rows))
+	for id, r := range rows {
+		out[id] = &r.Event
+	}
+	return out, nil
 }
 
 // Notify wakes idle workers: sources call it after ingesting events.
