@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 
@@ -15,11 +16,12 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrykafka"
+	"github.com/ferry-dev/ferry/ferrysink/ferrywebhook"
 )
 
 // sinkURLHelp lists the destinations --sink-url accepts.
 const sinkURLHelp = "nats://host:4222 (JetStream; the default), kafka://host:9092[,host2:9092][?topic_prefix=app.&tls=true&sasl=plain|scram-sha-256|scram-sha-512] (credentials as user:password@), " +
-	"amqp://user:password@host:5672/vhost[?exchange=ferry] (RabbitMQ), or https://receiver.example/hook (webhooks; secrets in FERRY_WEBHOOK_SECRETS)"
+	"amqp://user:password@host:5672/vhost[?exchange=ferry] (RabbitMQ), or https://receiver.example/hook (webhooks; secrets, comma-separated whsec_..., in FERRY_WEBHOOK_SECRETS)"
 
 // openedSink is a destination the daemon publishes to.
 type openedSink struct {
@@ -96,3 +98,28 @@ func openKafka(ctx context.Context, u *url.URL, log *slog.Logger) (*openedSink, 
 }
 
 var errSinkNotBuilt = errors.New("this build of ferry has no such sink")
+
+// openWebhook posts events to an http(s) URL, signed with the secrets in
+// FERRY_WEBHOOK_SECRETS (comma-separated whsec_... values; none only with
+// FERRY_WEBHOOK_UNSIGNED=true).
+func openWebhook(u *url.URL, _ *slog.Logger) (*openedSink, error) {
+	var secrets []string
+	for _, s := range strings.Split(os.Getenv("FERRY_WEBHOOK_SECRETS"), ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			secrets = append(secrets, s)
+		}
+	}
+	unsigned, _ := strconv.ParseBool(os.Getenv("FERRY_WEBHOOK_UNSIGNED"))
+	sink, err := ferrywebhook.New(&ferrywebhook.Config{URL: u.String(), Secrets: secrets, Unsigned: unsigned})
+	if err != nil {
+		return nil, usagef("%v (secrets come from FERRY_WEBHOOK_SECRETS)", err)
+	}
+	redacted := *u
+	redacted.User, redacted.RawQuery = nil, ""
+	return &openedSink{
+		sink:  sink,
+		label: []any{"webhook", redacted.String()},
+		ready: func() error { return nil },
+		close: func() { _ = sink.Close(context.Background()) },
+	}, nil
+}

@@ -9,7 +9,3 @@ import (
 func openRabbit(context.Context, *url.URL, *slog.Logger) (*openedSink, error) {
 	return nil, errSinkNotBuilt
 }
-
-func openWebhook(*url.URL, *slog.Logger) (*openedSink, error) {
-	return nil, errSinkNotBuilt
-}
