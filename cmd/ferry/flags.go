@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrychain"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
@@ -159,6 +160,8 @@ type backend struct {
 	ping   func(ctx context.Context) error
 	close  func()
 	sqlite *ferrysqlite.Driver // set for SQLite
+	// chainInbox returns a group's inbox for a chain source.
+	chainInbox func(group string) (ferrychain.Inbox, error)
 }
 
 // inboxAdmin is what operators do with consumer dead letters.
@@ -209,7 +212,7 @@ func (d *dbFlags) open(ctx context.Context, create bool) (*backend, error) {
 			return nil, err
 		}
 		return &backend{
-			name: "sqlite", label: "database " + path, store: drv, inbox: drv, emit: emit,
+			name: "sqlite", label: "database " + path, store: drv, inbox: drv, emit: emit, chainInbox: chainInboxFor(drv),
 			ping:  func(ctx context.Context) error { return drv.DB().PingContext(ctx) },
 			close: func() { _ = drv.Close() }, sqlite: drv,
 		}, nil
@@ -224,7 +227,7 @@ func (d *dbFlags) open(ctx context.Context, create bool) (*backend, error) {
 		return nil, err
 	}
 	return &backend{
-		name: "postgres", label: "schema " + d.schema, store: drv, inbox: drv, emit: emit,
+		name: "postgres", label: "schema " + d.schema, store: drv, inbox: drv, emit: emit, chainInbox: chainInboxFor(drv),
 		ping: pool.Ping, close: pool.Close,
 	}, nil
 }
@@ -261,7 +264,7 @@ func (d *dbFlags) openMongo(ctx context.Context) (*backend, error) {
 		return nil, err
 	}
 	return &backend{
-		name: "mongodb", label: "database " + dbName, store: drv, inbox: drv, emit: emit,
+		name: "mongodb", label: "database " + dbName, store: drv, inbox: drv, emit: emit, chainInbox: chainInboxFor(drv),
 		ping:  func(ctx context.Context) error { return client.Ping(ctx, nil) },
 		close: func() { _ = client.Disconnect(context.Background()) },
 	}, nil

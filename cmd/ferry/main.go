@@ -30,9 +30,12 @@ const usage = `ferry moves events from your database's outbox to your broker.
 
 Usage:
   ferry demo    [--crash] [flags]    see Ferry work end to end on its embedded defaults, nothing to install
-  ferry run     [--config FILE]      the daemon: relays into NATS JetStream; with no database or NATS
-                                     configured, embedded SQLite and JetStream in ./ferry-data
-  ferry relay   [flags]              one relay for one partition of a given database and NATS server
+  ferry run     [--config FILE]      the daemon: relays into NATS JetStream (or Kafka, RabbitMQ, webhooks
+                                     with --sink-url); with no database or broker configured, embedded
+                                     SQLite and JetStream in ./ferry-data
+  ferry relay   [flags]              one relay for one partition of a given database and destination
+  ferry chain run|status [flags]     ingest EVM contract logs into a consumer group's inbox, with reorgs
+                                     retracted and confirmation tiers; where a group's cursor is
   ferry migrate up|down|sql [flags]  apply, revert or print the schema migrations
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json)
   ferry dlq list|show|redrive|discard [flags]
@@ -42,7 +45,7 @@ Usage:
   ferry bench drain|latency|consume|settle [flags]
                                      measure this machine (PostgreSQL)
 
---database-url takes postgres://... or sqlite:FILE; without it, commands use
+--database-url takes postgres://..., mongodb://... or sqlite:FILE; without it, commands use
 the embedded database <data-dir>/ferry.db (--data-dir, default ferry-data).
 Run "ferry <command> -h" for a command's flags. Every flag has a FERRY_*
 environment variable; flags win over the environment.
@@ -80,6 +83,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdTail(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = cmdBench(ctx, args[1:], stdout, stderr)
+	case "chain":
+		err = cmdChain(ctx, args[1:], stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "ferry: unknown command %q\n\n%s", args[0], usage)
 		return 2

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/eth/ethconfig"
+	"github.com/ethereum/go-ethereum/ethclient/simulated"
+	"github.com/ethereum/go-ethereum/node"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+)
+
+// TestChainRunAndStatus runs `ferry chain run` against a simulated chain
+// served over WebSocket, then `ferry chain status --json`: the group's
+// inbox holds one event per log and the cursor is at the head.
+func TestChainRunAndStatus(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	key, err := crypto.GenerateKey()
+	require.NoError(t, err)
+	contract := common.HexToAddress("0x00000000000000000000000000000000000c0de0")
+	topic := crypto.Keccak256Hash([]byte("Noted(bytes)"))
+	code := append(append([]byte{0x36, 0x60, 0x00, 0x60, 0x00, 0x37, 0x7f}, topic.Bytes()...), 0x36, 0x60, 0x00, 0xa1, 0x00)
+	backend := simulated.NewBackend(types.GenesisAlloc{
+		crypto.PubkeyToAddress(key.PublicKey): {Balance: new(big.Int).Mul(big.NewInt(1e18), big.NewInt(100))},
+		contract:                              {Code: code},
+	}, func(n *node.Config, _ *ethconfig.Config) {
+		n.WSHost, n.WSPort, n.WSModules, n.WSOrigins = "127.0.0.1", port, []string{"eth"}, []string{"*"}
+	})
+	defer backend.Close()
+
+	schema := pgtest.Schema(t)
+	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	args := append([]string{"chain", "run", "--rpc-url", fmt.Sprintf("ws://127.0.0.1:%d", port), "--group", "indexer",
+		"--contracts", contract.Hex(), "--poll-interval", "50ms", "--metrics-addr", "off"}, db...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() { done <- run(ctx, args, &bytes.Buffer{}, &stderr) }()
+
+	for i := range 5 {
+		tx := types.MustSignNewTx(key, types.LatestSignerForChainID(big.NewInt(1337)), &types.DynamicFeeTx{
+			ChainID: big.NewInt(1337), Nonce: uint64(i), GasTipCap: big.NewInt(1e9), GasFeeCap: big.NewInt(100e9), Gas: 100000,
+			To: &contract, Data: []byte(fmt.Sprintf("note %d", i)),
+		})
+		require.NoError(t, backend.Client().SendTransaction(context.Background(), tx))
+		backend.Commit()
+	}
+	head, err := backend.Client().BlockNumber(context.Background())
+	require.NoError(t, err)
+	var status struct {
+		Block  uint64 `json:"block"`
+		Head   uint64 `json:"head"`
+		Reorgs uint64 `json:"reorgs"`
+	}
+	require.Eventually(t, func() bool {
+		var out bytes.Buffer
+		code := run(context.Background(), append([]string{"chain", "status", "--group", "indexer", "--json", "--rpc-url", fmt.Sprintf("ws://127.0.0.1:%d", port)}, db...), &out, &bytes.Buffer{})
+		return code == 0 && json.Unmarshal(out.Bytes(), &status) == nil && status.Block == head
+	}, 30*time.Second, 100*time.Millisecond, "chain run log: %s", &stderr)
+	require.Equal(t, head, status.Head)
+	cancel()
+	require.Equal(t, 0, <-done, "chain run exits cleanly on SIGTERM: %s", &stderr)
+
+	var n int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		`SELECT count(*) FROM `+schema+`.inbox WHERE group_name = 'indexer' AND state = $1`, string(ferrydriver.InboxPending)).Scan(&n))
+	require.Equal(t, 5, n, "one inbox event per log, waiting for the group's handlers")
+}
