@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrychain"
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
