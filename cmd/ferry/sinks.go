@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"log/slog"
 	"net/url"
 	"os"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrykafka"
+	"github.com/ferry-dev/ferry/ferrysink/ferryrabbit"
 	"github.com/ferry-dev/ferry/ferrysink/ferrywebhook"
 )
 
@@ -97,7 +97,6 @@ func openKafka(ctx context.Context, u *url.URL, log *slog.Logger) (*openedSink, 
 	}, nil
 }
 
-var errSinkNotBuilt = errors.New("this build of ferry has no such sink")
 
 // openWebhook posts events to an http(s) URL, signed with the secrets in
 // FERRY_WEBHOOK_SECRETS (comma-separated whsec_... values; none only with
@@ -119,6 +118,46 @@ func openWebhook(u *url.URL, _ *slog.Logger) (*openedSink, error) {
 	return &openedSink{
 		sink:  sink,
 		label: []any{"webhook", redacted.String()},
+		ready: func() error { return nil },
+		close: func() { _ = sink.Close(context.Background()) },
+	}, nil
+}
+
+// openRabbit publishes to a RabbitMQ exchange:
+// amqp://user:password@host:5672/vhost[?exchange=ferry&declare_exchange=true].
+func openRabbit(ctx context.Context, u *url.URL, log *slog.Logger) (*openedSink, error) {
+	q := u.Query()
+	cfg := &ferryrabbit.Config{Exchange: q.Get("exchange"), Logger: log}
+	if v := q.Get("declare_exchange"); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, usagef("--sink-url: declare_exchange=%q: use true or false", v)
+		}
+		cfg.DeclareExchange = on
+	}
+	if v := q.Get("max_message_bytes"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, usagef("--sink-url: max_message_bytes=%q is not a number of bytes", v)
+		}
+		cfg.MaxMessageBytes = n
+	}
+	clean := *u
+	clean.RawQuery = ""
+	cfg.URL = clean.String()
+	sink, err := ferryrabbit.New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	redacted := clean
+	redacted.User = nil
+	exchange := cfg.Exchange
+	if exchange == "" {
+		exchange = ferryrabbit.DefaultExchange
+	}
+	return &openedSink{
+		sink:  sink,
+		label: []any{"rabbitmq", redacted.String(), "exchange", exchange},
 		ready: func() error { return nil },
 		close: func() { _ = sink.Close(context.Background()) },
 	}, nil
