@@ -97,7 +97,6 @@ func openKafka(ctx context.Context, u *url.URL, log *slog.Logger) (*openedSink, 
 	}, nil
 }
 
-
 // openWebhook posts events to an http(s) URL, signed with the secrets in
 // FERRY_WEBHOOK_SECRETS (comma-separated whsec_... values; none only with
 // FERRY_WEBHOOK_UNSIGNED=true).
