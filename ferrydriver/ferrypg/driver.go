@@ -292,7 +292,7 @@ type queries struct {
 	loadCheckpoint, saveCheckpoint                                      string
 	acquireLease, renewLease, releaseLease, getLease                    string
 	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter  string
-	deleteDelivered, feedLag, armListener, seqCache                     string
+	deleteDelivered, feedLag, armListener, disarmListener, seqCache     string
 	partitionCursors                                                    string
 	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
@@ -311,7 +311,7 @@ func newQueries(schema string) queries {
 		acquireLease: r(sqlAcquireLease), renewLease: r(sqlRenewLease), releaseLease: r(sqlReleaseLease), getLease: r(sqlGetLease),
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),
 		countDeadLetter: r(sqlCountDeadLetters),
-		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), seqCache: r(sqlSeqCache),
+		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), disarmListener: r(sqlDisarmListener), seqCache: r(sqlSeqCache),
 		partitionCursors: r(sqlPartitionCursors),
 		inboxInsert:      r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),

@@ -138,7 +138,18 @@ type feed[TTx any] struct {
 	// armedUntil is when the listeners row this feed wrote expires (local
 	// clock, conservative).
 	armedUntil time.Time
+	// hotUntil: events came lately, so the feed polls every hotTick
+	// instead of asking producers to notify. A busy relay thus never makes
+	// producers send NOTIFY, whose commit-time lock would serialise them.
+	hotUntil time.Time
 }
+
+// While events keep coming, the feed looks again every hotTick, for
+// hotWindow after the last batch or wake-up that brought any.
+const (
+	hotTick   = 3 * time.Millisecond
+	hotWindow = 250 * time.Millisecond
+)
 
 // OpenFeed implements ferrydriver.Store.
 func (d *Driver[TTx]) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) (ferrydriver.Feed, error) {
@@ -312,7 +323,13 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 		if err != nil {
 			return nil, err
 		}
-		if len(batch.Events)+len(batch.Invalid) > 0 || !ticked {
+		if len(batch.Events)+len(batch.Invalid) > 0 {
+			if f.listen {
+				f.hotUntil = time.Now().Add(hotWindow)
+			}
+			return batch, nil
+		}
+		if !ticked {
 			return batch, nil
 		}
 		// Nothing new at a fresh snapshot: wait for a wake-up, then tick again.
@@ -323,6 +340,13 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 		if wait <= 0 {
 			return batch, nil
 		}
+		if time.Now().Before(f.hotUntil) {
+			// Busy lately: look again soon, without waking producers' NOTIFY.
+			if err := sleepCtx(ctx, min(hotTick, wait)); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if armed, err := f.arm(ctx, p.Wait); err != nil {
 			return nil, err
 		} else if armed {
@@ -330,10 +354,47 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 			// row was visible: look once more before sleeping.
 			continue
 		}
-		if err := f.wait(ctx, wait); err != nil {
+		woken, err := f.wait(ctx, wait)
+		if err != nil {
 			return nil, err
 		}
+		if woken {
+			// Events are coming: stop producers notifying, and poll while
+			// they keep coming.
+			if err := f.disarm(ctx); err != nil {
+				return nil, err
+			}
+			f.hotUntil = time.Now().Add(hotWindow)
+		}
 	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// disarm tells producers that this relay is no longer idle, if it had said
+// it was.
+func (f *feed[TTx]) disarm(ctx context.Context) error {
+	if f.armedUntil.IsZero() || time.Now().After(f.armedUntil) {
+		return nil
+	}
+	sess, err := f.session(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := sess.exec.exec(ctx, f.d.queries.disarmListener, f.partition); err != nil {
+		return f.fail(err, "register busy relay")
+	}
+	f.armedUntil = time.Time{}
+	return nil
 }
 
 // read returns the next rows of the current batch. The feed's state
@@ -412,30 +473,30 @@ func (f *feed[TTx]) drain(ctx context.Context) {
 	}
 }
 
-// wait blocks until a notification arrives, d passes or ctx ends.
-func (f *feed[TTx]) wait(ctx context.Context, d time.Duration) error {
+// wait blocks until a notification arrives (woken), d passes or ctx ends.
+func (f *feed[TTx]) wait(ctx context.Context, d time.Duration) (woken bool, err error) {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	if f.sess == nil || f.sess.wait == nil {
 		<-wctx.Done()
-		return ctx.Err()
+		return false, ctx.Err()
 	}
-	_, err := f.sess.wait(wctx)
+	_, err = f.sess.wait(wctx)
 	switch {
 	case err == nil:
 		f.drain(ctx)
-		return nil
+		return true, nil
 	case ctx.Err() != nil:
-		return ctx.Err()
+		return false, ctx.Err()
 	case wctx.Err() != nil:
 		// Timed out. pgx interrupts the read with a deadline and keeps the
 		// connection usable.
-		return nil
+		return false, nil
 	default:
 		// The session failed: the next call reconnects. No event is lost;
 		// wake-ups are only hints.
 		f.d.cfg.Logger.Warn("ferrypg: feed session failed while waiting; reconnecting", "feed", f.name, "err", err)
 		_ = f.fail(err, "wait")
-		return nil
+		return false, nil
 	}
 }

@@ -54,6 +54,12 @@ SELECT $1, now() + $2 * interval '1 millisecond'
  WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
 ON CONFLICT (partition) DO UPDATE SET until = GREATEST(listeners.until, excluded.until)`
 
+// sqlDisarmListener tells producers that the relay is busy again: they
+// stop notifying.
+const sqlDisarmListener = `
+UPDATE {schema}.listeners SET until = now()
+ WHERE partition = $1 AND until > now() AND set_config('synchronous_commit', 'off', true) IS NOT NULL`
+
 const eventColumns = `id, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at`
 
 // sqlReadBatch reads the next events of a feed batch: the rows that became
