@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
@@ -544,4 +545,60 @@ func TestDeepReorgHaltsTheGroup(t *testing.T) {
 	require.EqualValues(t, 1, deep.Depth, "one block the group had passed was orphaned")
 	g.settle(t)
 	require.Equal(t, 0, g.count(t, "sign = -1"), "halted without retracting")
+}
+
+// rangeLimited refuses eth_getLogs ranges wider than max blocks, as many
+// providers do.
+type rangeLimited struct {
+	ferrychain.Client
+	max     uint64
+	refused atomic.Int64
+}
+
+func (r *rangeLimited) FilterLogs(ctx context.Context, q ethereum.FilterQuery) ([]types.Log, error) {
+	if q.FromBlock != nil && q.ToBlock != nil && q.ToBlock.Uint64()-q.FromBlock.Uint64()+1 > r.max {
+		r.refused.Add(1)
+		return nil, errors.New("query returned more than 10000 results / block range too large")
+	}
+	return r.Client.FilterLogs(ctx, q)
+}
+
+// TestCatchUpSplitsRefusedRanges: a group starting far behind reads with
+// eth_getLogs ranges, halved while the provider refuses them, and then
+// block by block; every log arrives once.
+func TestCatchUpSplitsRefusedRanges(t *testing.T) {
+	t.Parallel()
+	c := newChain(t)
+	want := map[string]int{}
+	for i := range 60 {
+		if i%3 == 0 {
+			note := fmt.Sprintf("old%02d", i)
+			c.note(0, note)
+			want[note] = 1
+		}
+		c.commit()
+	}
+	drv := newDriver(t)
+	g := newGroup(t, drv, "late")
+	limited := &rangeLimited{Client: c.client, max: 7}
+	src, err := ferrychain.New(drv, g.c, &ferrychain.Config{
+		Dial:         func(context.Context) (ferrychain.Client, error) { return limited, nil },
+		Contracts:    []common.Address{contract},
+		StartBlock:   1,
+		Window:       8,
+		MaxRange:     40,
+		PollInterval: 20 * time.Millisecond,
+		LeaseTTL:     time.Second,
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	head := c.head()
+	require.Eventually(t, func() bool { return src.Status().Cursor == head }, 30*time.Second, 20*time.Millisecond)
+	g.settle(t)
+	require.Equal(t, want, g.net(t))
+	require.Equal(t, len(want), g.count(t, "sign = 1"))
+	require.Positive(t, limited.refused.Load(), "the wide ranges were refused and split")
 }

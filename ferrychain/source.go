@@ -29,7 +29,8 @@ import (
 // ancestor and the events to retract.
 type cursor struct {
 	ChainID uint64  `json:"chain_id"`
-	Window  []entry `json:"window"` // ascending; the last is the cursor
+	Tier    string  `json:"tier,omitempty"` // the tier it last ran at, for status
+	Window  []entry `json:"window"`         // ascending; the last is the cursor
 	Reorgs  uint64  `json:"reorgs"`
 	// Orphaned counts, per block hash, how often a reorg orphaned the
 	// block: if it becomes canonical again (a reorg back), its logs are
@@ -209,7 +210,7 @@ func (s *Source) lead(ctx context.Context, term int64) error {
 		return fmt.Errorf("%w: the saved cursor of %s is for chain %d but the node serves chain %d; point Dial at the right network or use another Name",
 			ErrDeepReorg, s.name, cur.ChainID, s.chainID)
 	}
-	cur.ChainID = s.chainID
+	cur.ChainID, cur.Tier = s.chainID, s.cfg.Tier.String()
 	r := &run{s: s, client: client, cur: &cur, term: term}
 
 	heads := make(chan *types.Header, 16)

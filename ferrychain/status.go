@@ -16,6 +16,7 @@ import (
 type CursorInfo struct {
 	Name    string      `json:"name"`
 	ChainID uint64      `json:"chain_id"`
+	Tier    string      `json:"tier"`
 	Block   uint64      `json:"block"`
 	Hash    common.Hash `json:"hash"`
 	Window  int         `json:"window_blocks"`
@@ -40,7 +41,7 @@ func ReadCursor(ctx context.Context, store ferrydriver.Store, name string) (*Cur
 		if err := json.Unmarshal(cp.Cursor, &cur); err != nil {
 			return nil, fmt.Errorf("ferrychain: the checkpoint %s is not a chain cursor: %w", feed, err)
 		}
-		info.ChainID, info.Reorgs, info.Window = cur.ChainID, cur.Reorgs, len(cur.Window)
+		info.ChainID, info.Tier, info.Reorgs, info.Window = cur.ChainID, cur.Tier, cur.Reorgs, len(cur.Window)
 		if last, ok := cur.last(); ok {
 			info.Block, info.Hash = last.Number, last.Hash
 		}

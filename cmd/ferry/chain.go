@@ -187,8 +187,8 @@ func cmdChainStatus(ctx context.Context, args []string, stdout, stderr io.Writer
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)
 	}
-	fmt.Fprintf(stdout, "%s: chain %d, block %d (%s), %d reorgs, window %d blocks, saved %s\n",
-		info.Name, info.ChainID, info.Block, info.Hash.Hex(), info.Reorgs, info.Window, info.SavedAt.Format(time.RFC3339))
+	fmt.Fprintf(stdout, "%s: chain %d, tier %s, block %d (%s), %d reorgs, window %d blocks, saved %s\n",
+		info.Name, info.ChainID, info.Tier, info.Block, info.Hash.Hex(), info.Reorgs, info.Window, info.SavedAt.Format(time.RFC3339))
 	if out.Head != nil {
 		fmt.Fprintf(stdout, "  head %d, %d blocks behind\n", *out.Head, *out.LagBlks)
 	}

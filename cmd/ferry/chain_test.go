@@ -67,6 +67,7 @@ func TestChainRunAndStatus(t *testing.T) {
 		Block  uint64 `json:"block"`
 		Head   uint64 `json:"head"`
 		Reorgs uint64 `json:"reorgs"`
+		Tier   string `json:"tier"`
 	}
 	require.Eventually(t, func() bool {
 		var out bytes.Buffer
@@ -74,6 +75,7 @@ func TestChainRunAndStatus(t *testing.T) {
 		return code == 0 && json.Unmarshal(out.Bytes(), &status) == nil && status.Block == head
 	}, 30*time.Second, 100*time.Millisecond, "chain run log: %s", &stderr)
 	require.Equal(t, head, status.Head)
+	require.Equal(t, "latest", status.Tier)
 	cancel()
 	require.Equal(t, 0, <-done, "chain run exits cleanly on SIGTERM: %s", &stderr)
 
