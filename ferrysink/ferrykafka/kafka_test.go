@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,6 +160,7 @@ func TestConformance(t *testing.T) {
 	ferrysinktest.Exercise(t, ferrysinktest.Harness{
 		Features: ferrysinktest.Features{
 			MaxPayloadBytes: 256 << 10, // the sink's MaxMessageBytes: a payload over it is over the limit
+			Persistent:      true,
 			UnroutableTopic: unroutable,
 		},
 		New: func(t *testing.T) (ferrysink.Sink, ferrysinktest.ReadFunc) {
@@ -167,15 +170,42 @@ func TestConformance(t *testing.T) {
 				return readAll(ctx, brokers, suiteTopics...)
 			}
 		},
-		// The interruption: the produce requests of the next moments fail,
-		// some after the broker stored them (REQUEST_TIMED_OUT, as when an
-		// acknowledgement is lost), some before (NOT_ENOUGH_REPLICAS,
-		// NOT_LEADER_FOR_PARTITION); and the partitions change leaders.
+		// The interruptions, in turn: the produce requests of the next
+		// moments fail, some after the broker stored them (REQUEST_TIMED_OUT,
+		// as when an acknowledgement is lost), some before
+		// (NOT_ENOUGH_REPLICAS, NOT_LEADER_FOR_PARTITION), and the
+		// partitions change leaders; or the whole cluster restarts on the
+		// same ports from its data directory (what it acknowledged must
+		// still be there: Features.Persistent).
 		NewFaulty: func(t *testing.T) (ferrysink.Sink, ferrysinktest.ReadFunc, func()) {
-			c := cluster(t)
+			dir := t.TempDir()
+			var mu sync.Mutex
+			c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(partitions, suiteTopics...), kfake.DataDir(dir), kfake.SyncWrites())
+			require.NoError(t, err)
+			t.Cleanup(func() { mu.Lock(); c.Close(); mu.Unlock() })
 			brokers := c.ListenAddrs()
+			var ports []int
+			for _, a := range brokers {
+				_, p, err := net.SplitHostPort(a)
+				require.NoError(t, err)
+				n, err := strconv.Atoi(p)
+				require.NoError(t, err)
+				ports = append(ports, n)
+			}
 			sink := newSink(t, brokers, &ferrykafka.Config{Topic: suiteTopic})
+			calls := 0
 			interrupt := func() {
+				mu.Lock()
+				defer mu.Unlock()
+				calls++
+				if calls%2 == 0 {
+					c.Close()
+					restarted, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.Ports(ports...), kfake.DataDir(dir), kfake.SyncWrites())
+					require.NoError(t, err, "restart the cluster")
+					c = restarted
+					t.Logf("interruption %d: the cluster restarted from %s", calls, dir)
+					return
+				}
 				produce := []kmsg.Key{kmsg.Produce}
 				h := c.Fault(
 					kfake.Fault{Keys: produce, Err: kerr.RequestTimedOut, Count: 3},

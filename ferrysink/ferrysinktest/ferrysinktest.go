@@ -60,6 +60,11 @@ type Features struct {
 	// fails with a ferrysink.PermanentError while the other events of the
 	// same call are still published.
 	MaxPayloadBytes int
+	// Persistent declares that the destination keeps what it acknowledged
+	// across a restart of the broker. The harness's NewFaulty interrupt
+	// should then restart it (at least once in three calls), so that
+	// NoLossAcrossInterruptions checks it.
+	Persistent bool
 	// UnroutableTopic, when not empty, names a topic the destination has no
 	// route for. The suite then checks that publishing it fails with a
 	// ferrysink.PermanentError.
