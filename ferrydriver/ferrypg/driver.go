@@ -266,9 +266,13 @@ func (d *Driver[TTx]) append(ctx context.Context, e executor, p *ferrydriver.App
 		parts[i] = int32(d.PartitionOf(ev.Key))
 	}
 	args := []any{a.ids, a.topics, a.keys, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created, parts}
-	q := d.queries.append
+	q, qNotify := d.queries.append, d.queries.appendNotify
+	if n == 1 {
+		args = []any{a.ids[0], a.topics[0], a.keys[0], a.types[0], a.sources[0], a.contentTypes[0], a.headers[0], a.payloads[0], a.created[0], parts[0]}
+		q, qNotify = d.queries.appendOne, d.queries.appendOneNotify
+	}
 	if !d.cfg.DisableNotify {
-		q = d.queries.appendNotify
+		q = qNotify
 		args = append(args, d.channel)
 	}
 	if _, err := e.exec(ctx, q, args...); err != nil {
@@ -289,6 +293,7 @@ func (d *Driver[TTx]) wrapErr(op string, err error) error {
 
 type queries struct {
 	append, appendNotify, tickRead, readBatch                           string
+	appendOne, appendOneNotify                                          string
 	loadCheckpoint, saveCheckpoint                                      string
 	acquireLease, renewLease, releaseLease, getLease                    string
 	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter  string
@@ -306,7 +311,7 @@ func newQueries(schema string) queries {
 	s := pgx.Identifier{schema}.Sanitize()
 	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
 	return queries{
-		append: r(sqlAppend), appendNotify: r(sqlAppendNotify), tickRead: r(sqlTickRead), readBatch: r(sqlReadBatch),
+		append: r(sqlAppend), appendNotify: r(sqlAppendNotify), appendOne: r(sqlAppendOne), appendOneNotify: r(sqlAppendOneNotify), tickRead: r(sqlTickRead), readBatch: r(sqlReadBatch),
 		loadCheckpoint: r(sqlLoadCheckpoint), saveCheckpoint: r(sqlSaveCheckpoint),
 		acquireLease: r(sqlAcquireLease), renewLease: r(sqlRenewLease), releaseLease: r(sqlReleaseLease), getLease: r(sqlGetLease),
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),

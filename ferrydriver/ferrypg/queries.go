@@ -39,6 +39,32 @@ ins AS (
 const sqlAppend = appendCTE + `
 SELECT count(*) FROM ins`
 
+// appendOneCTE is appendCTE for the common case of one event: no arrays
+// to unnest, group and number. It costs PostgreSQL noticeably less CPU per
+// producer transaction.
+const appendOneCTE = `
+WITH k AS (
+    INSERT INTO {schema}.keys AS k (key, seq) VALUES ($3::text, 1)
+    ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1
+    RETURNING k.seq
+),
+ins AS (
+    INSERT INTO {schema}.outbox (partition, event_id, topic, key, seq, type, source,
+                                 content_type, headers, payload, created_at)
+    SELECT $10::int, $1::uuid, $2::text, $3::text, k.seq, $4::text, $5::text,
+           $6::text, NULLIF($7::text, '')::jsonb, $8::bytea, $9::timestamptz
+      FROM k
+    RETURNING partition
+)`
+
+const sqlAppendOne = appendOneCTE + `
+SELECT count(*) FROM ins`
+
+const sqlAppendOneNotify = appendOneCTE + `
+SELECT pg_notify($11 || '.' || l.partition, '')
+  FROM {schema}.listeners l
+ WHERE l.until > now() AND l.partition IN (SELECT partition FROM ins)`
+
 // sqlAppendNotify also wakes the relay of each written partition that is
 // idle (see the listeners table), on the channel "$11.<partition>". NOTIFY
 // is delivered at commit, never for a rolled-back transaction.
