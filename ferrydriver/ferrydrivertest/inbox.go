@@ -328,16 +328,23 @@ func testInboxConcurrent[TTx any](t *testing.T, d InboxDriver[TTx]) {
 				}
 				for _, r := range rows {
 					err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-						return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: r.Event.ID, Worker: worker, HoldDead: true})
+						if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: r.Event.ID, Worker: worker, HoldDead: true}); err != nil {
+							return err
+						}
+						// Recorded before the commit: the key's next row can
+						// only be claimed after it, so the record's order is
+						// the order the rows ran in (recording after RunInTx
+						// returned could be overtaken by the next row's worker).
+						mu.Lock()
+						done[r.Event.Key] = append(done[r.Event.Key], string(r.Event.Payload))
+						total++
+						mu.Unlock()
+						return nil
 					})
 					if err != nil {
 						t.Error(err)
 						return
 					}
-					mu.Lock()
-					done[r.Event.Key] = append(done[r.Event.Key], string(r.Event.Payload))
-					total++
-					mu.Unlock()
 				}
 				if len(rows) == 0 {
 					time.Sleep(2 * time.Millisecond)
