@@ -149,15 +149,8 @@ func (c *Capture) DeleteDelivered(context.Context, *ferrydriver.DeleteDeliveredP
 // FeedStatus implements ferrydriver.Store: checkpoint, lease and dead
 // letters; the lag in events is not known without an outbox.
 func (c *Capture) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
-	st := &ferrydriver.FeedStatus{Feed: p.Feed, Now: time.Now().UTC()}
-	cp, err := c.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	st, err := c.checkpointStatus(ctx, p.Feed)
 	if err != nil {
-		return nil, err
-	}
-	st.Checkpoint = cp
-	if l, err := c.GetLease(ctx, p.Feed); err == nil {
-		st.Lease, st.Now = l, l.Now
-	} else if !errors.Is(err, ferrydriver.ErrNotFound) {
 		return nil, err
 	}
 	if st.DeadLetters, err = c.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: p.Feed}}); err != nil {

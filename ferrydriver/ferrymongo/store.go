@@ -325,18 +325,11 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 // append times come from the producers' clocks (and have millisecond
 // precision).
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
-	st := &ferrydriver.FeedStatus{Feed: p.Feed, Now: time.Now().UTC()}
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	st, err := d.checkpointStatus(ctx, p.Feed)
 	if err != nil {
 		return nil, err
 	}
-	st.Checkpoint = cp
-	if l, err := d.GetLease(ctx, p.Feed); err == nil {
-		st.Lease, st.Now = l, l.Now
-	} else if !errors.Is(err, ferrydriver.ErrNotFound) {
-		return nil, err
-	}
-	c, err := decodeCursor(cp.Cursor)
+	c, err := decodeCursor(st.Checkpoint.Cursor)
 	if err != nil {
 		return nil, err
 	}
@@ -353,6 +346,23 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	}
 	if st.DeadLetters, err = d.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: p.Feed}}); err != nil {
 		return nil, fmt.Errorf("ferrymongo: count dead letters of %s: %w", p.Feed, err)
+	}
+	return st, nil
+}
+
+// checkpointStatus is the part of a feed's status every feed kind has: its
+// checkpoint, its lease, and the database's time (the lease's, if any).
+func (d *Driver) checkpointStatus(ctx context.Context, feed string) (*ferrydriver.FeedStatus, error) {
+	st := &ferrydriver.FeedStatus{Feed: feed, Now: time.Now().UTC()}
+	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	if err != nil {
+		return nil, err
+	}
+	st.Checkpoint = cp
+	if l, err := d.GetLease(ctx, feed); err == nil {
+		st.Lease, st.Now = l, l.Now
+	} else if !errors.Is(err, ferrydriver.ErrNotFound) {
+		return nil, err
 	}
 	return st, nil
 }

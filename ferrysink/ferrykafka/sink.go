@@ -77,13 +77,8 @@ func (c *Config) WithDefaults() *Config {
 }
 
 func (c *Config) validate() error {
-	if len(c.Brokers) == 0 {
-		return errors.New("ferrykafka: Config.Brokers is empty: list at least one seed broker, host:port")
-	}
-	for _, b := range c.Brokers {
-		if strings.TrimSpace(b) == "" || strings.Contains(b, "://") {
-			return fmt.Errorf("ferrykafka: Config.Brokers: %q is not host:port", b)
-		}
+	if err := checkBrokers("Config", c.Brokers); err != nil {
+		return err
 	}
 	if c.MaxMessageBytes < 1024 {
 		return fmt.Errorf("ferrykafka: Config.MaxMessageBytes %d is too small: use at least 1024, at most the topic's max.message.bytes", c.MaxMessageBytes)
@@ -131,15 +126,37 @@ func New(ctx context.Context, cfg *Config) (*Sink, error) {
 		kgo.ProducerLinger(0),
 		kgo.UnknownTopicRetries(3),
 	}, c.ClientOptions...)
+	client, err := connect(ctx, c.Brokers, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Sink{cfg: c, client: client}, nil
+}
+
+// checkBrokers checks a config's seed brokers (cfg names the config type).
+func checkBrokers(cfg string, brokers []string) error {
+	if len(brokers) == 0 {
+		return fmt.Errorf("ferrykafka: %s.Brokers is empty: list at least one seed broker, host:port", cfg)
+	}
+	for _, b := range brokers {
+		if strings.TrimSpace(b) == "" || strings.Contains(b, "://") {
+			return fmt.Errorf("ferrykafka: %s.Brokers: %q is not host:port", cfg, b)
+		}
+	}
+	return nil
+}
+
+// connect creates a client and checks that a broker answers.
+func connect(ctx context.Context, brokers []string, opts []kgo.Opt) (*kgo.Client, error) {
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("ferrykafka: %w", err)
 	}
 	if err := client.Ping(ctx); err != nil {
 		client.Close()
-		return nil, fmt.Errorf("ferrykafka: no broker of %v answers: %w", c.Brokers, err)
+		return nil, fmt.Errorf("ferrykafka: no broker of %v answers: %w", brokers, err)
 	}
-	return &Sink{cfg: c, client: client}, nil
+	return client, nil
 }
 
 // OrderedBatches implements ferrysink.OrderedBatcher.

@@ -89,9 +89,10 @@ type Source struct {
 // NewSource joins the consumer group. Run starts reading.
 func NewSource(ctx context.Context, cfg *SourceConfig) (*Source, error) {
 	c := cfg.WithDefaults()
+	if err := checkBrokers("SourceConfig", c.Brokers); err != nil {
+		return nil, err
+	}
 	switch {
-	case len(c.Brokers) == 0:
-		return nil, errors.New("ferrykafka: SourceConfig.Brokers is empty: list at least one seed broker, host:port")
 	case strings.TrimSpace(c.Group) == "":
 		return nil, errors.New("ferrykafka: SourceConfig.Group is empty: name the consumer group (Kafka keeps its offsets)")
 	case len(c.Topics) == 0:
@@ -108,13 +109,9 @@ func NewSource(ctx context.Context, cfg *SourceConfig) (*Source, error) {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(200 * time.Millisecond),
 	}, c.ClientOptions...)
-	client, err := kgo.NewClient(opts...)
+	client, err := connect(ctx, c.Brokers, opts)
 	if err != nil {
-		return nil, fmt.Errorf("ferrykafka: %w", err)
-	}
-	if err := client.Ping(ctx); err != nil {
-		client.Close()
-		return nil, fmt.Errorf("ferrykafka: no broker of %v answers: %w", c.Brokers, err)
+		return nil, err
 	}
 	return &Source{cfg: c, client: client}, nil
 }

@@ -97,7 +97,7 @@ type Harness struct {
 	// destination's removal with t.Cleanup; the suite closes the sink.
 	// It is called from parallel subtests and must be safe for that.
 	New func(t *testing.T) (ferrysink.Sink, ReadFunc)
-	// NewFaulty, when set, is New plus interrupt: a function that breaks
+	// NewFaulty is New plus interrupt (required): a function that breaks
 	// the path between this sink and its destination once (restarts the
 	// broker, resets the connection through a proxy, closes the server's
 	// sockets) and returns when the destination can be reached again. The
@@ -401,7 +401,7 @@ func Exercise(t *testing.T, h Harness) {
 
 	t.Run("NoLossAcrossInterruptions", func(t *testing.T) {
 		if h.NewFaulty == nil {
-			t.Skip("Harness.NewFaulty is not set: the destination offers no way to interrupt it")
+			t.Fatal("Harness.NewFaulty is nil: give the suite a way to cut the sink's path to its destination (a tcpproxy outage, a broker restart), so that it can check nothing is lost across one")
 		}
 		t.Parallel()
 		ctx := testContext(t)

@@ -27,6 +27,8 @@ type memSink struct {
 	stored []ferrysinktest.Stored
 	seen   map[uuid.UUID]bool
 	closed bool
+	// outage fails this many coming events as a cut connection would.
+	outage int
 }
 
 func (s *memSink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
@@ -39,6 +41,9 @@ func (s *memSink) Publish(ctx context.Context, events []*ferryevent.Event) []err
 			errs[i] = errors.New("memsink: closed")
 		case ctx.Err() != nil:
 			errs[i] = fmt.Errorf("memsink: %w", ctx.Err())
+		case s.outage > 0:
+			s.outage--
+			errs[i] = errors.New("memsink: connection lost")
 		case ev.Topic == s.unroutable:
 			errs[i] = ferrysink.Permanent("no route for topic "+ev.Topic, nil)
 		case len(ev.Payload) > s.maxPayload:
@@ -81,6 +86,10 @@ func TestExerciseMemorySink(t *testing.T) {
 		New: func(t *testing.T) (ferrysink.Sink, ferrysinktest.ReadFunc) {
 			s := &memSink{maxPayload: maxPayload, unroutable: "nowhere", seen: make(map[uuid.UUID]bool)}
 			return s, s.read
+		},
+		NewFaulty: func(t *testing.T) (ferrysink.Sink, ferrysinktest.ReadFunc, func()) {
+			s := &memSink{maxPayload: maxPayload, unroutable: "nowhere", seen: make(map[uuid.UUID]bool)}
+			return s, s.read, func() { s.mu.Lock(); s.outage = 30; s.mu.Unlock() }
 		},
 	})
 }
