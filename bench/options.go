@@ -34,7 +34,10 @@ type Options struct {
 	Keep bool
 	// Profile overrides the quick/full profile (tests use a smaller one).
 	Profile *Profile
-	Log     io.Writer
+	// CPUProfiles has the relay child write a CPU profile of every phase
+	// to the results folder (pprof/<contender>-<scenario>-<param>.pprof).
+	CPUProfiles bool
+	Log         io.Writer
 	// RelayCommand builds the command that runs `relay` with args in a
 	// child process. Default: this executable, with RelayEnv=1.
 	RelayCommand func(args []string) *exec.Cmd
@@ -106,7 +109,7 @@ func FullProfile() *Profile {
 		CeilingDuration: 8 * time.Second,
 		ProduceDuration: 10 * time.Second,
 		PublishCount:    200000,
-		Ladder:          []int{1000, 2000, 5000, 10000, 20000, 40000, 80000},
+		Ladder:          []int{1000, 2000, 3000, 4000, 5000, 10000, 20000, 40000, 80000},
 		LadderDown:      true,
 		Warmup:          5 * time.Second,
 		Steady:          20 * time.Second,

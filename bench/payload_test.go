@@ -3,6 +3,7 @@ package bench
 import (
 	"math"
 	"testing"
+	"time"
 )
 
 func TestPayloadRoundTrip(t *testing.T) {
@@ -47,14 +48,20 @@ func TestTrackerChecks(t *testing.T) {
 	for g := range int64(4) {
 		tr.commit(g)
 	}
-	tr.receive(EncodePayload(Meta{G: 0, Key: 1, Seq: 1}))
-	tr.receive(EncodePayload(Meta{G: 2, Key: 1, Seq: 3}))
-	tr.receive(EncodePayload(Meta{G: 1, Key: 1, Seq: 2})) // after seq 3: inversion
-	tr.receive(EncodePayload(Meta{G: 2, Key: 1, Seq: 3})) // duplicate
-	tr.receive([]byte("other"))
+	stored := tr.base.Add(5 * time.Millisecond)
+	tr.receive(EncodePayload(Meta{G: 0, Key: 1, Seq: 1}), stored)
+	tr.receive(EncodePayload(Meta{G: 2, Key: 1, Seq: 3}), time.Time{})
+	tr.receive(EncodePayload(Meta{G: 1, Key: 1, Seq: 2}), time.Time{}) // after seq 3: inversion
+	tr.receive(EncodePayload(Meta{G: 2, Key: 1, Seq: 3}), time.Time{}) // duplicate
+	tr.receive([]byte("other"), time.Time{})
 	dups, inv, foreign := tr.counts()
 	if dups != 1 || inv != 1 || foreign != 1 {
 		t.Fatalf("dups %d inversions %d foreign %d, want 1 1 1", dups, inv, foreign)
+	}
+	// commit→stored: only event 0 has a stored time.
+	tr.committed[0].Store(int64(2 * time.Millisecond))
+	if l := tr.commitToStored(0, 0); l == nil || l.Count != 1 || math.Abs(l.P50-3) > 0.01 {
+		t.Fatalf("commit→stored %+v, want one value of 3 ms", l)
 	}
 	if m := tr.missing(); m != 1 {
 		t.Fatalf("missing %d, want 1", m)

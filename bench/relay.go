@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -36,6 +38,7 @@ type childConfig struct {
 	count   int
 	keys    int
 	nonce   uint64
+	cpuProf string
 	stderr  io.Writer
 }
 
@@ -71,6 +74,7 @@ func RelayMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.count, "count", 0, "publish-only: events to publish")
 	fs.IntVar(&c.keys, "keys", 1000, "publish-only: keys")
 	fs.Uint64Var(&c.nonce, "nonce", 0, "publish-only: event ID nonce")
+	fs.StringVar(&c.cpuProf, "cpuprofile", "", "write a CPU profile of the run (from \"go\" to the stop) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -106,6 +110,17 @@ func runChild(c *childConfig, stdin io.Reader, stdout io.Writer) error {
 	lines := bufio.NewScanner(stdin)
 	if !lines.Scan() || strings.TrimSpace(lines.Text()) != "go" {
 		return nil // the driver gave up before starting
+	}
+	if c.cpuProf != "" {
+		f, err := os.Create(c.cpuProf)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -31,6 +31,9 @@ type Result struct {
 
 	CommitLatency *Latency `json:"commit_to_receive,omitempty"`
 	IntentLatency *Latency `json:"intended_to_receive,omitempty"`
+	// StoredLatency is commit→stored: from COMMIT returned to JetStream's
+	// stored timestamp of the message, the relay's share of commit→receive.
+	StoredLatency *Latency `json:"commit_to_stored,omitempty"`
 	// ProducerTx is the producer transactions' duration, BEGIN to COMMIT.
 	ProducerTx *Latency `json:"producer_tx,omitempty"`
 

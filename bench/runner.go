@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -357,6 +358,14 @@ func (r *runner) runPhase(ctx context.Context, s phaseSpec) (res Result) {
 		if s.c != nil {
 			args = append(args, s.c.RelayArgs(r.env)...)
 		}
+		if r.o.CPUProfiles {
+			dir := filepath.Join(r.o.Out, "pprof")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return fail(err)
+			}
+			name := strings.NewReplacer("/", "_", " ", "_", "=", "").Replace(fmt.Sprintf("%s-%s-%s-r%d.pprof", s.name, s.scenario, s.param, r.rep))
+			args = append(args, "--cpuprofile", filepath.Join(dir, name))
+		}
 		if s.load == loadPublish {
 			args = append(args, "--count", strconv.Itoa(n), "--nonce", strconv.FormatUint(nonce, 10), "--keys", strconv.Itoa(r.o.Keys))
 		}
@@ -455,6 +464,7 @@ func (r *runner) runPhase(ctx context.Context, s phaseSpec) (res Result) {
 		res.ProducerTx = tr.txDurations(0, 0)
 		if relay {
 			res.CommitLatency, _ = tr.latencies(0, 0)
+			res.StoredLatency = tr.commitToStored(0, 0)
 			if last := tr.lastRecv.Load(); last > loadStart {
 				res.DeliveredRate = float64(res.Delivered) / (float64(last-loadStart) / 1e9)
 			}
@@ -513,6 +523,7 @@ func (r *runner) judge(res *Result, tr *tracker, rate int, loadStart int64, samp
 	res.BacklogSlope = slope(xs, ys)
 	res.SlopeRatio = res.BacklogSlope / float64(rate)
 	res.CommitLatency, res.IntentLatency = tr.latencies(from, to)
+	res.StoredLatency = tr.commitToStored(from, to)
 	res.ProducerTx = tr.txDurations(from, to)
 	pass := true
 	var why []string
@@ -691,7 +702,13 @@ func (r *runner) consume(ctx context.Context, stream string, tr *tracker) (func(
 	if err != nil {
 		return nil, err
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { tr.receive(m.Data()) }, jetstream.PullMaxMessages(4096))
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		var stored time.Time
+		if md, err := m.Metadata(); err == nil {
+			stored = md.Timestamp
+		}
+		tr.receive(m.Data(), stored)
+	}, jetstream.PullMaxMessages(4096))
 	if err != nil {
 		return nil, err
 	}
@@ -800,6 +817,9 @@ func oneLine(r *Result) string {
 	}
 	if l := r.CommitLatency; l != nil {
 		s += fmt.Sprintf(" commit→recv p50 %s p99 %s max %s ms", ms(l.P50), ms(l.P99), ms(l.Max))
+	}
+	if l := r.StoredLatency; l != nil {
+		s += fmt.Sprintf(" commit→stored p50 %s p99 %s ms", ms(l.P50), ms(l.P99))
 	}
 	if l := r.IntentLatency; l != nil {
 		s += fmt.Sprintf(" intended→recv p99 %s ms", ms(l.P99))

@@ -20,6 +20,7 @@ type tracker struct {
 	started   []int64        // when the producer began the transaction
 	committed []atomic.Int64 // 0: not committed (yet)
 	received  []atomic.Int64 // first receipt; 0: not received
+	stored    []int64        // JetStream's stored time of the first copy (wall clock, as ns since base)
 
 	nCommitted atomic.Int64
 	nReceived  atomic.Int64 // distinct events received
@@ -44,6 +45,7 @@ func newTracker(n, keys int) *tracker {
 		started:   make([]int64, n),
 		committed: make([]atomic.Int64, n),
 		received:  make([]atomic.Int64, n),
+		stored:    make([]int64, n),
 		lastSeq:   make([]int64, keys+1),
 	}
 }
@@ -57,8 +59,9 @@ func (t *tracker) commit(g int64) {
 	}
 }
 
-// receive records one message from the stream, in stream order.
-func (t *tracker) receive(payload []byte) {
+// receive records one message from the stream, in stream order; stored is
+// the time JetStream stored it (zero if unknown).
+func (t *tracker) receive(payload []byte, stored time.Time) {
 	now := t.now()
 	m, err := DecodePayload(payload)
 	t.mu.Lock()
@@ -70,6 +73,11 @@ func (t *tracker) receive(payload []byte) {
 	if !t.received[m.G].CompareAndSwap(0, now) {
 		t.duplicates++
 		return
+	}
+	if !stored.IsZero() {
+		// Wall clock against the base's wall clock: the same machine's
+		// clock, to well under a millisecond.
+		t.stored[m.G] = max(1, int64(stored.Sub(t.base.Round(0))))
 	}
 	t.nReceived.Add(1)
 	t.firstRecv.CompareAndSwap(0, now)
@@ -158,6 +166,24 @@ func (t *tracker) latencies(from, to int64) (fromCommit, fromIntent *Latency) {
 		}
 	}
 	return summarize(hc, lost), summarize(hi, lost)
+}
+
+// commitToStored summarizes, over the same events as latencies, the time
+// from COMMIT returned to JetStream storing the message: the relay's share
+// of commit→receive, without the bench consumer's delivery.
+func (t *tracker) commitToStored(from, to int64) *Latency {
+	h := newHist()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for g := range t.n {
+		if it := t.intended[g]; to > 0 && (it < from || it >= to) {
+			continue
+		}
+		if c, s := t.committed[g].Load(), t.stored[g]; c != 0 && s != 0 {
+			_ = h.RecordValue(max(1, (s-c)/1000))
+		}
+	}
+	return summarize(h, 0)
 }
 
 // txDurations summarizes producer transaction times (BEGIN to COMMIT

@@ -49,6 +49,7 @@ func run(args []string) int {
 	fs.IntVar(&o.Repeat, "repeat", 1, "repeats (contender order shuffled after the first; medians reported)")
 	fs.IntVar(&o.Producers, "producers", 32, "producer connections")
 	fs.IntVar(&o.Keys, "keys", 1000, "distinct keys (accounts)")
+	fs.BoolVar(&o.CPUProfiles, "cpuprofile", false, "have the relay child write a CPU profile of each phase to <out>/pprof (go tool pprof)")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the contenders' schemas afterwards")
 	fs.StringVar(&o.SchemaPrefix, "schema-prefix", "bench_", "prefix of the contenders' schema names")
 	fs.Usage = func() {
