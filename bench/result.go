@@ -1,5 +1,7 @@
 package bench
 
+import "fmt"
+
 // Result is one (contender, scenario, parameter, repeat) measurement; the
 // results folder holds them as JSON lines (results.jsonl).
 type Result struct {
@@ -73,4 +75,30 @@ func (r *Result) setPer10k(n int64) {
 		Driver:      r.CPU.Driver * f,
 		Box:         r.CPU.Box * f,
 	}
+}
+
+// FerryFailures lists what the run found wrong with Ferry's own contenders
+// (ferry, ferry-sqlite): a phase that failed to run, an event missing (its
+// delivery stalled for the grace period, or the relay exited) or a key's
+// events out of order. A phase that was still delivering when its wait
+// ended (overload) is reported, not failed. Baselines are reported, never
+// failed: the naive cursor relay loses events by design.
+func (rep *Report) FerryFailures() []string {
+	var out []string
+	for i := range rep.Results {
+		r := &rep.Results[i]
+		if r.Contender != "ferry" && r.Contender != "ferry-sqlite" {
+			continue
+		}
+		what := r.Contender + " " + r.Scenario + " " + r.Param
+		switch {
+		case r.Error != "":
+			out = append(out, what+": "+r.Error)
+		case r.Missing > 0:
+			out = append(out, fmt.Sprintf("%s: %d events missing", what, r.Missing))
+		case r.Inversions > 0:
+			out = append(out, fmt.Sprintf("%s: %d per-key order inversions", what, r.Inversions))
+		}
+	}
+	return out
 }

@@ -70,6 +70,10 @@ func run(args []string) int {
 		return 1
 	}
 	fmt.Printf("ferry-bench: %d results in %s, written to %s (summary.md, chart.png, results.jsonl)\n", len(rep.Results), time.Since(start).Round(time.Second), o.Out)
+	if bad := rep.FerryFailures(); len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "ferry-bench: Ferry failed its correctness checks; see %s/summary.md and relay.log:\n  %s\n", o.Out, strings.Join(bad, "\n  "))
+		return 1
+	}
 	return 0
 }
 
