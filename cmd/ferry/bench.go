@@ -30,7 +30,9 @@ import (
 // rate. Each run uses a fresh schema and stream and removes them after.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency" && args[0] != "consume" && args[0] != "settle") {
-		return usagef("say what to measure: ferry bench drain | latency | consume | settle")
+		return usagef("say what to measure: ferry bench drain | latency | consume | settle " +
+			"(the side-by-side comparison with Watermill, River and naive polling is the bench module: " +
+			"cd bench && go run ./cmd/ferry-bench --quick)")
 	}
 	mode := args[0]
 	f := newFlags("bench "+mode, stderr)
