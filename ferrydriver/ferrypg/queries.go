@@ -269,6 +269,10 @@ DELETE FROM {schema}.outbox o USING (
        AND h.xid < $6::text::xid8 AND h.xid <> ALL ($3::text[]::xid8[])) s
  WHERE o.partition = $1 AND o.id = s.id`
 
+// sqlIndexPlans keeps bitmap and sequential scans out of the rest of a
+// transaction's plans (see inIndexPlanTx).
+const sqlIndexPlans = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
+
 // sqlFeedLag counts events above a feed position (O(lag): for status only).
 const sqlFeedLag = `
 SELECT count(*), min(created_at) FROM {schema}.outbox WHERE partition = $1 AND id > $2`

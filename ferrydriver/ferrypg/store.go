@@ -208,11 +208,38 @@ func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.Delete
 	if limit <= 0 {
 		limit = 10000
 	}
-	n, err := d.db.exec(ctx, d.queries.deleteDelivered, p.Partition, low, xidStrings(xip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(xmax, 10))
+	var n int64
+	err = d.inIndexPlanTx(ctx, func(e executor) error {
+		var err error
+		n, err = e.exec(ctx, d.queries.deleteDelivered, p.Partition, low, xidStrings(xip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(xmax, 10))
+		return err
+	})
 	if err != nil {
 		return 0, d.wrapErr("delete delivered events", err)
 	}
 	return n, nil
+}
+
+// inIndexPlanTx runs fn in a transaction whose statements are planned
+// without bitmap or sequential scans. The retention statement reads "the
+// $5 oldest rows at or below the cursor": with statistics that lag the
+// outbox (a new outbox, a bulk load) the planner believed that range tiny
+// and read all of it with a bitmap scan and a sort, O(outbox) once a minute,
+// instead of the first $5 entries of the primary key
+// (TestRetentionIsBoundedByItsLimit).
+func (d *Driver[TTx]) inIndexPlanTx(ctx context.Context, fn func(e executor) error) error {
+	e, commit, rollback, err := d.begin.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
+	if _, err := e.exec(ctx, sqlIndexPlans); err != nil {
+		return err
+	}
+	if err := fn(e); err != nil {
+		return err
+	}
+	return commit(ctx)
 }
 
 // FeedStatus implements ferrydriver.Store.
