@@ -60,7 +60,7 @@ func TestTrackerChecks(t *testing.T) {
 	}
 	// commit→stored: only event 0 has a stored time.
 	tr.committed[0].Store(int64(2 * time.Millisecond))
-	if l := tr.commitToStored(0, 0); l == nil || l.Count != 1 || math.Abs(l.P50-3) > 0.01 {
+	if _, _, l := tr.latencies(0, 0); l == nil || l.Count != 1 || math.Abs(l.P50-3) > 0.01 {
 		t.Fatalf("commit→stored %+v, want one value of 3 ms", l)
 	}
 	if m := tr.missing(); m != 1 {

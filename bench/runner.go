@@ -463,8 +463,7 @@ func (r *runner) runPhase(ctx context.Context, s phaseSpec) (res Result) {
 		}
 		res.ProducerTx = tr.txDurations(0, 0)
 		if relay {
-			res.CommitLatency, _ = tr.latencies(0, 0)
-			res.StoredLatency = tr.commitToStored(0, 0)
+			res.CommitLatency, _, res.StoredLatency = tr.latencies(0, 0)
 			if last := tr.lastRecv.Load(); last > loadStart {
 				res.DeliveredRate = float64(res.Delivered) / (float64(last-loadStart) / 1e9)
 			}
@@ -522,8 +521,7 @@ func (r *runner) judge(res *Result, tr *tracker, rate int, loadStart int64, samp
 	}
 	res.BacklogSlope = slope(xs, ys)
 	res.SlopeRatio = res.BacklogSlope / float64(rate)
-	res.CommitLatency, res.IntentLatency = tr.latencies(from, to)
-	res.StoredLatency = tr.commitToStored(from, to)
+	res.CommitLatency, res.IntentLatency, res.StoredLatency = tr.latencies(from, to)
 	res.ProducerTx = tr.txDurations(from, to)
 	pass := true
 	var why []string

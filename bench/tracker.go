@@ -130,12 +130,15 @@ func summarize(h *hdrhistogram.Histogram, lost int64) *Latency {
 	}
 }
 
-// latencies computes commit→receive and intended→receive over the events
-// whose intended time lies in [from, to) ns (every committed event when
-// to == 0).
-func (t *tracker) latencies(from, to int64) (fromCommit, fromIntent *Latency) {
-	hc, hi := newHist(), newHist()
+// latencies computes, over the events whose intended time lies in [from,
+// to) ns (every committed event when to == 0), commit→receive,
+// intended→receive and commit→stored (JetStream's stored time: the relay's
+// share of commit→receive, without the bench consumer's delivery).
+func (t *tracker) latencies(from, to int64) (fromCommit, fromIntent, toStored *Latency) {
+	hc, hi, hs := newHist(), newHist(), newHist()
 	var lost int64
+	t.mu.Lock() // stored is written under mu
+	defer t.mu.Unlock()
 	for g := range t.n {
 		it := t.intended[g]
 		if to > 0 && (it < from || it >= to) {
@@ -164,26 +167,11 @@ func (t *tracker) latencies(from, to int64) (fromCommit, fromIntent *Latency) {
 		if it > 0 {
 			_ = hi.RecordValue(max(1, (r-it)/1000))
 		}
-	}
-	return summarize(hc, lost), summarize(hi, lost)
-}
-
-// commitToStored summarizes, over the same events as latencies, the time
-// from COMMIT returned to JetStream storing the message: the relay's share
-// of commit→receive, without the bench consumer's delivery.
-func (t *tracker) commitToStored(from, to int64) *Latency {
-	h := newHist()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for g := range t.n {
-		if it := t.intended[g]; to > 0 && (it < from || it >= to) {
-			continue
-		}
-		if c, s := t.committed[g].Load(), t.stored[g]; c != 0 && s != 0 {
-			_ = h.RecordValue(max(1, (s-c)/1000))
+		if st := t.stored[g]; st != 0 {
+			_ = hs.RecordValue(max(1, (st-c)/1000))
 		}
 	}
-	return summarize(h, 0)
+	return summarize(hc, lost), summarize(hi, lost), summarize(hs, 0)
 }
 
 // txDurations summarizes producer transaction times (BEGIN to COMMIT

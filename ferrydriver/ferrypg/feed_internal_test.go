@@ -45,6 +45,18 @@ func fillBacklog(t testing.TB, drv *Driver[pgx.Tx], n int) {
 // returns the shared buffers it touched and its execution time.
 func explainBuffers(t testing.TB, f *feed[pgx.Tx], st *feedState, limit int) (int, float64) {
 	t.Helper()
+	var raw []byte
+	err := queryRow(context.Background(), f.sess.exec, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+f.d.queries.readBatch,
+		0, max(st.After, st.Low), st.High, xidStrings(st.CurXip), limit, strconv.FormatUint(st.CurXmax, 10),
+		st.stragglers(), st.After, st.Low)
+	require.NoError(t, err)
+	return planBuffers(t, raw)
+}
+
+// planBuffers reads the shared buffers a statement touched and its execution
+// time (ms) from EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) output.
+func planBuffers(t testing.TB, raw []byte) (int, float64) {
+	t.Helper()
 	var plan []struct {
 		Plan struct {
 			SharedHit  int `json:"Shared Hit Blocks"`
@@ -52,11 +64,6 @@ func explainBuffers(t testing.TB, f *feed[pgx.Tx], st *feedState, limit int) (in
 		}
 		ExecutionTime float64 `json:"Execution Time"`
 	}
-	var raw []byte
-	err := queryRow(context.Background(), f.sess.exec, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+f.d.queries.readBatch,
-		0, max(st.After, st.Low), st.High, xidStrings(st.CurXip), limit, strconv.FormatUint(st.CurXmax, 10),
-		st.stragglers(), st.After, st.Low)
-	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(raw, &plan))
 	return plan[0].Plan.SharedHit + plan[0].Plan.SharedRead, plan[0].ExecutionTime
 }
@@ -96,14 +103,7 @@ func TestFeedBacklogQueryIsFlat(t *testing.T) {
 	var raw []byte
 	require.NoError(t, queryRow(ctx, fd.sess.exec, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.tickRead,
 		0, 500, st.Low, strconv.FormatUint(st.PrevXmax, 10), xidStrings(st.PrevXip)))
-	var plan []struct {
-		Plan struct {
-			SharedHit  int `json:"Shared Hit Blocks"`
-			SharedRead int `json:"Shared Read Blocks"`
-		}
-	}
-	require.NoError(t, json.Unmarshal(raw, &plan))
-	tickBuf := plan[0].Plan.SharedHit + plan[0].Plan.SharedRead
+	tickBuf, _ := planBuffers(t, raw)
 	t.Logf("opening a batch over the backlog: %d buffers", tickBuf)
 	require.Less(t, tickBuf, 200)
 }
@@ -158,14 +158,7 @@ func TestFeedPlansOnAnEmptyOutbox(t *testing.T) {
 		var raw []byte
 		require.NoError(t, queryRow(ctx, fd.sess.exec, []any{&raw}, fmt.Sprintf(`EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE %s(%s)`,
 			pgx.Identifier{name}.Sanitize(), args)))
-		var plan []struct {
-			Plan struct {
-				SharedHit  int `json:"Shared Hit Blocks"`
-				SharedRead int `json:"Shared Read Blocks"`
-			}
-		}
-		require.NoError(t, json.Unmarshal(raw, &plan))
-		buffers := plan[0].Plan.SharedHit + plan[0].Plan.SharedRead
+		buffers, _ := planBuffers(t, raw)
 		t.Logf("%s planned on an empty outbox, run over 20,013 rows: %d buffers", what, buffers)
 		require.Less(t, buffers, 100, "the %s must touch O(batch) pages whatever the statistics were when it was planned:\n%s", what, raw)
 	}
@@ -294,20 +287,15 @@ func TestRetentionIsBoundedByItsLimit(t *testing.T) {
 	_, err := pgtest.Pool(t).Exec(ctx, `VACUUM ANALYZE `+s+`.outbox`)
 	require.NoError(t, err)
 	fillBacklog(t, drv, 20_000)
+	// Partition 0, cursor 19,990, no running transactions, retention 24 h,
+	// limit 100, xmax beyond every row.
+	args := []any{0, int64(19_990), []string{}, (24 * time.Hour).Milliseconds(), 100, "999999999"}
 	var raw []byte
 	require.NoError(t, drv.inIndexPlanTx(ctx, func(e executor) error {
-		// Nothing is old enough to go (retention 24 h): the statement only reads.
-		return queryRow(ctx, e, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.deleteDelivered,
-			0, int64(19_990), []string{}, (24 * time.Hour).Milliseconds(), 100, "999999999")
+		// Nothing is old enough to go: the statement only reads.
+		return queryRow(ctx, e, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.deleteDelivered, args...)
 	}))
-	var plan []struct {
-		Plan struct {
-			SharedHit  int `json:"Shared Hit Blocks"`
-			SharedRead int `json:"Shared Read Blocks"`
-		}
-	}
-	require.NoError(t, json.Unmarshal(raw, &plan))
-	buffers := plan[0].Plan.SharedHit + plan[0].Plan.SharedRead
+	buffers, _ := planBuffers(t, raw)
 	t.Logf("retention over 20,000 rows below the cursor, limit 100: %d buffers", buffers)
 	require.Less(t, buffers, 60, "retention must read O(limit) rows whatever the statistics:\n%s", raw)
 
@@ -317,7 +305,7 @@ func TestRetentionIsBoundedByItsLimit(t *testing.T) {
 	var n int64
 	require.NoError(t, drv.inIndexPlanTx(ctx, func(e executor) error {
 		var err error
-		n, err = e.exec(ctx, drv.queries.deleteDelivered, 0, int64(19_990), []string{}, (24 * time.Hour).Milliseconds(), 100, "999999999")
+		n, err = e.exec(ctx, drv.queries.deleteDelivered, args...)
 		return err
 	}))
 	require.EqualValues(t, 10, n)

@@ -270,7 +270,8 @@ DELETE FROM {schema}.outbox o USING (
  WHERE o.partition = $1 AND o.id = s.id`
 
 // sqlIndexPlans keeps bitmap and sequential scans out of the rest of a
-// transaction's plans (see inIndexPlanTx).
+// transaction's plans (see inIndexPlanTx): the transaction-local form of
+// the scan settings feedSettings gives the feed's session.
 const sqlIndexPlans = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
 
 // sqlFeedLag counts events above a feed position (O(lag): for status only).
