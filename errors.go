@@ -24,3 +24,8 @@ var ErrLeaseLost = ferrydriver.ErrLeaseLost
 
 // ErrSchemaMissing is returned (wrapped) when Ferry's tables do not exist.
 var ErrSchemaMissing = ferrydriver.ErrSchemaMissing
+
+// ErrMisconfigured is returned (wrapped) by Relay.Run and the drivers for a
+// configuration that retrying cannot fix, such as a partition the schema
+// does not have. The message names the setting to change.
+var ErrMisconfigured = ferrydriver.ErrMisconfigured

@@ -31,6 +31,12 @@ var (
 	// ErrSchemaMissing is returned when Ferry's tables or collections have not
 	// been created. The message of the wrapping error says how to create them.
 	ErrSchemaMissing = errors.New("ferry schema is missing")
+	// ErrMisconfigured is returned (wrapped) for a configuration the
+	// backend cannot serve however often it is retried: a partition outside
+	// the schema's partition count, a partition count that differs from
+	// the one stored with the schema. The wrapping error names the setting
+	// to fix. The relay stops with it instead of retrying.
+	ErrMisconfigured = errors.New("ferry is misconfigured")
 )
 
 // Store is what the relay, the CLI and operators need from a backend: every
