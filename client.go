@@ -81,6 +81,14 @@ func (c *Client[TTx]) Driver() ferrydriver.Driver[TTx] { return c.driver }
 // inside RunTx, the n-th event emitted gets the same ID on every attempt.
 // Events with the same Key are delivered in the commit order of the
 // transactions that emitted them, and in slice order within one call.
+//
+// EmitTx locks each event's key until tx ends (that lock is what orders
+// same-key producers). Emit once per transaction, as its last statement:
+// the keys of one call are locked in key order, so such transactions never
+// deadlock each other, and the locks are held for the shortest time. Two
+// transactions that call EmitTx twice with the same keys in opposite
+// orders can deadlock; PostgreSQL then aborts one of them, which RunTx
+// runs again.
 func (c *Client[TTx]) EmitTx(ctx context.Context, tx TTx, events ...*Event) error {
 	if err := c.prepare(ctx, events); err != nil {
 		return err

@@ -98,7 +98,10 @@ cannot hide the consumer's commit. Failed is the cheap gate predicate.
     most two batches; JetStream drops those copies by Nats-Msg-Id.
   - Events with the same key are published in the commit order of their
     transactions (and in call order within one), also across publish
-    retries. Other keys never wait for each other.
+    retries. Consumers run keys independently. The relay publishes the
+    keys of a batch concurrently, but today a key whose destination hangs
+    or keeps failing transiently holds back the batches after it until it
+    succeeds or is dead-lettered.
   - A long transaction elsewhere in the database does not hold delivery
     back, nor does a transaction that took its id early and commits late
     get skipped.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -26,7 +27,10 @@ type RelayConfig struct {
 	Feed string
 	// Partition is the outbox partition this relay reads. Default 0.
 	Partition int
-	// HolderID identifies this relay in the lease. Default: host-pid-random.
+	// HolderID names this relay in the lease. Each Run adds a suffix of its
+	// own ("<HolderID>#<random>"), so that relays given the same name (one
+	// FERRY_HOLDER for every replica) still hold the lease one at a time.
+	// Default: host-pid-random.
 	HolderID string
 	// BatchSize is the most events read and published at once. Default 500.
 	BatchSize int
@@ -50,9 +54,12 @@ type RelayConfig struct {
 	// HeartbeatInterval is how often an idle relay still saves its checkpoint
 	// and refreshes its lag figures. Default 5 s.
 	HeartbeatInterval time.Duration
-	// ShutdownTimeout bounds how long Run, once its context is cancelled,
-	// keeps publishing the batch in flight and saving the checkpoint.
-	// Default 10 s.
+	// ShutdownTimeout bounds how long Run takes to return once its context
+	// is cancelled, whatever the sink and the database do: the batch in
+	// flight is published until the last quarter of it (at most 2 s of it)
+	// begins, then what was acknowledged is checkpointed and the lease is
+	// released. A publish the sink does not finish by then is abandoned
+	// (its events are redelivered by the next leader). Default 10 s.
 	ShutdownTimeout time.Duration
 	// Logger receives the relay's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -128,6 +135,14 @@ type Relay struct {
 	retry   backoff.Policy
 	dups    ferrysink.DuplicateReporter // nil if the sink cannot tell
 	lastDup uint64
+
+	running atomic.Bool
+	// holder is this Run's lease identity and log its logger; both are set
+	// at the start of Run, which runs once at a time.
+	holder string
+	// progress counts delivered non-empty batches and saved heartbeats: a
+	// leadership that moved it was healthy, so the backoff starts afresh.
+	progress atomic.Int64
 }
 
 // NewRelay returns a relay from store to sink.
@@ -147,7 +162,7 @@ func NewRelay(store ferrydriver.Store, sink ferrysink.Sink, cfg *RelayConfig) (*
 	ob, _ := sink.(ferrysink.OrderedBatcher)
 	return &Relay{
 		store: store, sink: sink, cfg: c, name: name, m: m,
-		log:     c.Logger.With("feed", name, "holder", c.HolderID),
+		log:     c.Logger.With("feed", name),
 		ordered: ob != nil && ob.OrderedBatches(),
 		retry:   backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
 		dups:    dupReporter(sink),
@@ -164,19 +179,29 @@ func dupReporter(s ferrysink.Sink) ferrysink.DuplicateReporter {
 func (r *Relay) FeedName() string { return r.name }
 
 // Run relays until ctx is cancelled, then finishes the batch in flight,
-// saves the checkpoint, releases the lease and returns nil. It returns an
-// error only for a configuration problem it cannot recover from (such as a
-// missing schema); database and broker outages are retried.
+// saves the checkpoint, releases the lease and returns nil, all within
+// ShutdownTimeout. It returns an error for a problem retrying cannot fix (a
+// missing schema, ErrSchemaMissing; a partition or partition count the
+// schema does not have, ErrMisconfigured); database and broker outages are
+// retried with backoff, which grows across leaderships until one of them
+// makes progress. A Relay runs once at a time: a second concurrent Run
+// returns an error.
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("ferry: Relay.Run called while this relay is already running: run each Relay once at a time (create one per partition)")
+	}
+	defer r.running.Store(false)
+	r.holder = fmt.Sprintf("%s#%08x", r.cfg.HolderID, rand.Uint32())
+	r.log = r.cfg.Logger.With("feed", r.name, "holder", r.holder)
 	attempt := 0
 	for ctx.Err() == nil {
 		asked := time.Now()
-		lease, err := r.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: r.name, Holder: r.cfg.HolderID, TTL: r.cfg.LeaseTTL})
+		lease, err := r.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: r.name, Holder: r.holder, TTL: r.cfg.LeaseTTL})
 		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
-			if errors.Is(err, ferrydriver.ErrSchemaMissing) {
+			if fatal(err) {
 				return err
 			}
 			attempt++
@@ -184,22 +209,26 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.retry.Sleep(ctx.Done(), attempt)
 			continue
 		}
-		if !lease.Held(r.cfg.HolderID) {
+		if !lease.Held(r.holder) {
 			r.m.leader.Set(0)
 			// Standby: try again well within the TTL, with jitter.
 			sleepCtx(ctx, r.cfg.LeaseTTL/4+time.Duration(rand.Int64N(int64(r.cfg.LeaseTTL/8))))
 			continue
 		}
-		attempt = 0
 		r.log.Info("ferry: relay is the leader", "term", lease.Term)
+		before := r.progress.Load()
 		err = r.lead(ctx, lease, asked)
 		r.m.leader.Set(0)
+		if r.progress.Load() != before {
+			attempt = 0
+		}
 		switch {
 		case err == nil || ctx.Err() != nil:
+		case fatal(err):
+			r.log.Error("ferry: relay stopped: this cannot be fixed by retrying", "err", err)
+			return err
 		case errors.Is(err, ferrydriver.ErrLeaseLost):
 			r.log.Warn("ferry: relay lost its lease; standing by", "term", lease.Term, "err", err)
-		case errors.Is(err, ferrydriver.ErrSchemaMissing):
-			return err
 		default:
 			attempt++
 			r.log.Error("ferry: relay stopped leading after an error; retrying", "err", err, "attempt", attempt)
@@ -207,6 +236,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// fatal reports whether err is one that retrying cannot fix.
+func fatal(err error) bool {
+	return errors.Is(err, ferrydriver.ErrSchemaMissing) || errors.Is(err, ferrydriver.ErrMisconfigured)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
@@ -236,11 +270,28 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	}()
 	wg.Go(func() { r.keepLease(leaseCtx, lease, loseLease, asked) })
 
-	cp, err := r.store.LoadCheckpoint(leaseCtx, &ferrydriver.LoadCheckpointParams{Feed: r.name})
+	// Once stop ends, the relay has ShutdownTimeout to be gone: publishing
+	// ends (pubCtx) when the reserve for the final checkpoint and the lease
+	// release begins, whether or not the sink honours its context.
+	sd := newShutdown(r.cfg.ShutdownTimeout)
+	pubCtx, endPublishing := context.WithCancelCause(leaseCtx)
+	defer endPublishing(nil)
+	stopClock := context.AfterFunc(stop, func() {
+		time.AfterFunc(time.Until(sd.begin().Add(r.cfg.ShutdownTimeout - sd.reserve)), func() { endPublishing(errShutdownTimeout) })
+	})
+	defer stopClock()
+
+	// startCtx also ends on stop: a relay stopped while it starts leading
+	// does not wait for its store.
+	startCtx, cancelStart := context.WithCancel(leaseCtx)
+	defer cancelStart()
+	stopStart := context.AfterFunc(stop, cancelStart)
+	defer stopStart()
+	cp, err := r.store.LoadCheckpoint(startCtx, &ferrydriver.LoadCheckpointParams{Feed: r.name})
 	if err != nil {
 		return err
 	}
-	feed, err := r.store.OpenFeed(leaseCtx, &ferrydriver.OpenFeedParams{Feed: r.name, Partition: r.cfg.Partition, Cursor: cp.Cursor})
+	feed, err := r.store.OpenFeed(startCtx, &ferrydriver.OpenFeedParams{Feed: r.name, Partition: r.cfg.Partition, Cursor: cp.Cursor})
 	if err != nil {
 		return err
 	}
@@ -268,6 +319,7 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	}()
 	defer func() { cancelRead(); <-readerDone }()
 
+	var readErr error
 	for stop.Err() == nil {
 		var res readResult
 		select {
@@ -281,10 +333,13 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 			if stop.Err() != nil {
 				break
 			}
-			return fmt.Errorf("read feed %s: %w", r.name, res.err)
+			// Save what was delivered before giving the feed up: the
+			// next leadership then redelivers nothing of it.
+			readErr = fmt.Errorf("read feed %s: %w", r.name, res.err)
+			break
 		}
 		batch := res.batch
-		if err := r.deliver(stop, leaseCtx, lease.Term, batch); err != nil {
+		if err := r.deliver(stop, pubCtx, lease.Term, batch); err != nil {
 			if stop.Err() != nil && leaseCtx.Err() == nil {
 				break // stopping mid-batch: not checkpointed, redelivered later
 			}
@@ -302,20 +357,52 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	}
 	cancelRead()
 	<-readerDone
-	// Stopping: save the last cursor, then hand the lease over at once.
+	// Save the last cursor. A stopping relay then hands the lease over at
+	// once; after a read error the lease is kept for the next leadership
+	// of this Run.
 	stopCk()
 	<-ckDone
-	ck.flush(stop, r.cfg.ShutdownTimeout)
-	relCtx, cancel := context.WithTimeout(context.WithoutCancel(stop), r.cfg.ShutdownTimeout)
+	deadline := time.Now().Add(r.cfg.ShutdownTimeout)
+	if stop.Err() != nil {
+		deadline = sd.begin().Add(r.cfg.ShutdownTimeout)
+	}
+	ck.flush(stop, time.Until(deadline.Add(-sd.reserve/2)))
+	if readErr != nil {
+		return readErr
+	}
+	relCtx, cancel := context.WithDeadline(context.WithoutCancel(stop), deadline)
 	defer cancel()
 	loseLease(errStopping)
-	if err := r.store.ReleaseLease(relCtx, &ferrydriver.ReleaseLeaseParams{Name: r.name, Holder: r.cfg.HolderID, Term: lease.Term}); err != nil {
+	if err := r.store.ReleaseLease(relCtx, &ferrydriver.ReleaseLeaseParams{Name: r.name, Holder: r.holder, Term: lease.Term}); err != nil {
 		r.log.Warn("ferry: could not release the lease; a standby takes over when it expires", "err", err)
 	}
 	return nil
 }
 
-var errStopping = errors.New("relay stopping")
+var (
+	errStopping        = errors.New("relay stopping")
+	errShutdownTimeout = errors.New("relay stopping: ShutdownTimeout reached with the publish in flight")
+)
+
+// shutdown measures a stopping relay's ShutdownTimeout from the moment the
+// stop was first seen.
+type shutdown struct {
+	// reserve is the end of the timeout kept for the final checkpoint and
+	// the lease release.
+	reserve time.Duration
+	once    sync.Once
+	at      time.Time
+}
+
+func newShutdown(timeout time.Duration) *shutdown {
+	return &shutdown{reserve: min(timeout/4, 2*time.Second)}
+}
+
+// begin returns when the stop was first seen, recording now if not yet.
+func (s *shutdown) begin() time.Time {
+	s.once.Do(func() { s.at = time.Now() })
+	return s.at
+}
 
 type readResult struct {
 	batch *ferrydriver.Batch
@@ -364,7 +451,7 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 			trust.Stop()
 			start := time.Now()
 			rctx, cancel := context.WithDeadline(ctx, trustUntil)
-			l, err := r.store.RenewLease(rctx, &ferrydriver.RenewLeaseParams{Name: r.name, Holder: r.cfg.HolderID, Term: lease.Term, TTL: ttl})
+			l, err := r.store.RenewLease(rctx, &ferrydriver.RenewLeaseParams{Name: r.name, Holder: r.holder, Term: lease.Term, TTL: ttl})
 			cancel()
 			switch {
 			case err == nil:
@@ -417,7 +504,7 @@ func (r *Relay) deliver(stop, leaseCtx context.Context, term int64, b *ferrydriv
 		dead = append(dead, d...)
 	}
 	if len(dead) > 0 {
-		if err := r.store.InsertDeadLetters(leaseCtx, &ferrydriver.InsertDeadLettersParams{Feed: r.name, Holder: r.cfg.HolderID, Term: term, DeadLetters: dead}); err != nil {
+		if err := r.store.InsertDeadLetters(leaseCtx, &ferrydriver.InsertDeadLettersParams{Feed: r.name, Holder: r.holder, Term: term, DeadLetters: dead}); err != nil {
 			return fmt.Errorf("store %d dead letter(s): %w", len(dead), err)
 		}
 		for _, d := range dead {
@@ -426,6 +513,7 @@ func (r *Relay) deliver(stop, leaseCtx context.Context, term int64, b *ferrydriv
 		r.m.deadLetters.Add(float64(len(dead)))
 	}
 	if n := len(b.Events); n > 0 {
+		r.progress.Add(1)
 		r.m.batches.Inc()
 		r.m.batchSize.Observe(float64(n))
 		r.m.published.Add(float64(n - len(dead) + len(b.Invalid)))
@@ -480,7 +568,7 @@ func (r *Relay) publishWave(stop, leaseCtx context.Context, events []*ferryevent
 		if err := leaseCtx.Err(); err != nil {
 			return nil, context.Cause(leaseCtx)
 		}
-		results := r.sink.Publish(leaseCtx, pending)
+		results := r.publish(leaseCtx, pending)
 		if len(results) != len(pending) {
 			return nil, fmt.Errorf("sink returned %d results for %d events", len(results), len(pending))
 		}
@@ -520,6 +608,25 @@ func (r *Relay) publishWave(stop, leaseCtx context.Context, events []*ferryevent
 		stopWait()
 		stopLease()
 		pending = retry
+	}
+}
+
+// publish calls the sink and returns when it does or when ctx ends,
+// whichever comes first: a sink that does not honour ctx cannot hold a
+// stopping relay past its ShutdownTimeout. An abandoned call's events count
+// as not acknowledged.
+func (r *Relay) publish(ctx context.Context, events []*ferryevent.Event) []error {
+	done := make(chan []error, 1)
+	go func() { done <- r.sink.Publish(ctx, events) }()
+	select {
+	case res := <-done:
+		return res
+	case <-ctx.Done():
+		res := make([]error, len(events))
+		for i := range res {
+			res[i] = fmt.Errorf("publish abandoned: %w", context.Cause(ctx))
+		}
+		return res
 	}
 }
 
@@ -642,7 +749,7 @@ func (c *checkpointer) save(ctx context.Context, heartbeat bool) error {
 		c.markSaved(cur, seq)
 		return nil
 	}
-	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Partition: c.r.cfg.Partition, Cursor: cur, Holder: c.r.cfg.HolderID, Term: c.term})
+	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Partition: c.r.cfg.Partition, Cursor: cur, Holder: c.r.holder, Term: c.term})
 	if errors.Is(err, ferrydriver.ErrLeaseLost) {
 		c.lose(err)
 		return nil
@@ -651,6 +758,7 @@ func (c *checkpointer) save(ctx context.Context, heartbeat bool) error {
 		return err
 	}
 	c.r.m.checkpoints.Inc()
+	c.r.progress.Add(1)
 	c.markSaved(cur, seq)
 	return nil
 }
@@ -669,7 +777,7 @@ func (c *checkpointer) markSaved(cur []byte, seq int64) {
 // flush saves the latest cursor before the relay stops; the saver
 // goroutine must have stopped.
 func (c *checkpointer) flush(stop context.Context, timeout time.Duration) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(stop), timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(stop), max(timeout, 0))
 	defer cancel()
 	if err := c.save(ctx, false); err != nil {
 		c.r.log.Warn("ferry: could not save the final checkpoint; the next relay redelivers the last batch", "err", err)

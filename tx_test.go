@@ -5,12 +5,14 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -323,4 +325,47 @@ func TestRerunTxRunsTheCallbackAgain(t *testing.T) {
 	require.ErrorAs(t, err, &ex)
 	require.ErrorIs(t, err, taken)
 	require.Equal(t, "rerun_requested", ex.Cause)
+}
+
+// TestRunTxRerunsAnEmitDeadlock: each EmitTx holds its keys' row locks until
+// commit, so two transactions that emit the same two keys in opposite orders
+// (two EmitTx calls each) deadlock; PostgreSQL aborts one and RunTx runs it
+// again. Emitting once, as the transaction's last statement, avoids it: one
+// EmitTx call locks its keys in key order.
+func TestRunTxRerunsAnEmitDeadlock(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	var (
+		both     sync.WaitGroup
+		attempts atomic.Int64
+	)
+	both.Add(2)
+	rec := &logRecorder{}
+	emit := func(first, second string) error {
+		var once sync.Once
+		_, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Logger: slog.New(rec)}, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			attempts.Add(1)
+			if err := c.EmitTx(ctx, tx, &ferry.Event{Topic: "t", Key: first, Type: "T"}); err != nil {
+				return struct{}{}, err
+			}
+			// On the first attempt, wait until the other transaction holds
+			// its first key too.
+			once.Do(func() { both.Done(); both.Wait() })
+			return struct{}{}, c.EmitTx(ctx, tx, &ferry.Event{Topic: "t", Key: second, Type: "T"})
+		})
+		return err
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- emit("a", "b") }()
+	go func() { errs <- emit("b", "a") }()
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	require.EqualValues(t, 3, attempts.Load(), "one of the two ran again")
+	require.Equal(t, []string{"deadlock_detected"}, rec.attrs("lost a race", "cause"))
+	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "default/0"})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, st.LagEvents, "both transactions committed their two events once")
 }

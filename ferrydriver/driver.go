@@ -170,6 +170,12 @@ type Feed interface {
 	// the position. When none are ready it waits up to p.Wait for a wake-up,
 	// then returns what it has, possibly an empty batch whose Cursor still
 	// moved (a quiet feed's position must keep up with the database).
+	//
+	// A failed Read returns a nil Batch and an error, and does not advance
+	// the position: nothing of a failed read is ever returned, so no event
+	// is lost by retrying. The caller may Read again (implementations
+	// reconnect as needed) or Close the feed and open a new one from its
+	// checkpoint.
 	Read(ctx context.Context, p *ReadParams) (*Batch, error)
 	// Close releases the feed's resources (connections, cursors).
 	Close() error

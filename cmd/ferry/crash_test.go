@@ -485,7 +485,7 @@ func zombieLeader(t *testing.T, f *fixture) {
 	a := f.startRelay("a")
 	require.Eventually(t, func() bool {
 		l, err := f.store.GetLease(ctx, "default/0")
-		return err == nil && l.Held("a")
+		return err == nil && heldBy(l, "a")
 	}, 20*time.Second, 50*time.Millisecond, "a becomes the leader")
 	b := f.startRelay("b")
 
@@ -498,7 +498,7 @@ func zombieLeader(t *testing.T, f *fixture) {
 	paused := time.Now()
 	require.Eventually(t, func() bool {
 		l, err := f.store.GetLease(ctx, "default/0")
-		return err == nil && l.Held("b")
+		return err == nil && heldBy(l, "b")
 	}, 20*time.Second, 50*time.Millisecond, "b takes over while a is paused")
 	t.Logf("b took over %v after a was paused", time.Since(paused).Round(time.Millisecond))
 	lb, err := f.store.GetLease(ctx, "default/0")
@@ -534,4 +534,10 @@ func zombieLeader(t *testing.T, f *fixture) {
 		}
 	}
 	require.True(t, lost, "the resumed relay must notice it lost the lease; its log:\n%s", strings.Join(a.logs.all(), "\n"))
+}
+
+// heldBy reports whether l is held, and by a run of the relay named name
+// (each run holds the lease as "<name>#<random>").
+func heldBy(l *ferrydriver.Lease, name string) bool {
+	return l != nil && strings.HasPrefix(l.Holder, name+"#") && l.Held(l.Holder)
 }

@@ -70,6 +70,7 @@ type runConfig struct {
 		PollInterval duration `yaml:"poll_interval"`
 		LeaseTTL     duration `yaml:"lease_ttl"`
 		Retention    duration `yaml:"retention"`
+		Shutdown     duration `yaml:"shutdown_timeout"`
 	} `yaml:"relay"`
 	Metrics struct {
 		Addr string `yaml:"addr"`
@@ -161,7 +162,7 @@ type daemonConfig struct {
 	logLevel                                           string
 	createStream, migrate                              bool
 	batch, partition                                   int
-	poll, leaseTTL, retention                          time.Duration
+	poll, leaseTTL, retention, shutdown                time.Duration
 	allPartitions                                      bool // one relay per partition (ferry run)
 	embedded                                           bool // no database or NATS URL: start the embedded ones
 	embeddedPort                                       int
@@ -192,6 +193,8 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Duration(&dc.poll, "poll-interval", "FERRY_POLL_INTERVAL", or(time.Duration(fc.Relay.PollInterval), 500*time.Millisecond), "longest wait for new events without a wake-up")
 	f.Duration(&dc.leaseTTL, "lease-ttl", "FERRY_LEASE_TTL", or(time.Duration(fc.Relay.LeaseTTL), 15*time.Second), "leader lease; a standby takes over within about this long")
 	f.Duration(&dc.retention, "retention", "FERRY_RETENTION", or(time.Duration(fc.Relay.Retention), 24*time.Hour), "keep published events this long (negative: forever)")
+	f.Duration(&dc.shutdown, "shutdown-timeout", "FERRY_SHUTDOWN_TIMEOUT", or(time.Duration(fc.Relay.Shutdown), 10*time.Second),
+		"after SIGTERM, exit within this long (plus about a second to close connections), whatever the destination does; keep it below Kubernetes' terminationGracePeriodSeconds")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
 	dc.allPartitions = true
@@ -277,7 +280,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	for _, p := range partitions {
 		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
 			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
-			LeaseTTL: dc.leaseTTL, Retention: dc.retention, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
+			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
 		})
 		if err != nil {
 			return usagef("%v", err)
@@ -349,7 +352,7 @@ func openNATS(ctx context.Context, dc *daemonConfig, log *slog.Logger) (*openedS
 		closeAll()
 		return nil, fmt.Errorf("%w (see --stream / FERRY_STREAM, --subject-prefix / FERRY_SUBJECT_PREFIX, --create-stream)", err)
 	}
-	stop = append(stop, func() { _ = sink.Close(context.WithoutCancel(ctx)) })
+	stop = append(stop, func() { closeSink(sink) })
 
 	return &openedSink{
 		sink:  sink,

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
@@ -29,6 +30,24 @@ type openedSink struct {
 	label []any // log attributes naming it
 	ready func() error
 	close func()
+}
+
+// sinkCloseTimeout bounds closing a sink once the relays have stopped:
+// what it still holds then was not acknowledged, so the relay's checkpoint
+// has not passed it and the next leader publishes it again.
+const sinkCloseTimeout = 500 * time.Millisecond
+
+// closeSink closes s within sinkCloseTimeout, so that a stopping daemon
+// exits within its ShutdownTimeout plus about a second.
+func closeSink(s ferrysink.Sink) {
+	ctx, cancel := context.WithTimeout(context.Background(), sinkCloseTimeout)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Close(ctx) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // openSinkURL opens a non-NATS destination named by a URL; ok is false for
@@ -93,7 +112,7 @@ func openKafka(ctx context.Context, u *url.URL, log *slog.Logger) (*openedSink, 
 		sink:  sink,
 		label: []any{"kafka", strings.Join(cfg.Brokers, ","), "topic_prefix", cfg.TopicPrefix},
 		ready: func() error { return nil },
-		close: func() { _ = sink.Close(context.Background()) },
+		close: func() { closeSink(sink) },
 	}, nil
 }
 
@@ -118,7 +137,7 @@ func openWebhook(u *url.URL, _ *slog.Logger) (*openedSink, error) {
 		sink:  sink,
 		label: []any{"webhook", redacted.String()},
 		ready: func() error { return nil },
-		close: func() { _ = sink.Close(context.Background()) },
+		close: func() { closeSink(sink) },
 	}, nil
 }
 
@@ -158,6 +177,6 @@ func openRabbit(ctx context.Context, u *url.URL, log *slog.Logger) (*openedSink,
 		sink:  sink,
 		label: []any{"rabbitmq", redacted.String(), "exchange", exchange},
 		ready: func() error { return nil },
-		close: func() { _ = sink.Close(context.Background()) },
+		close: func() { closeSink(sink) },
 	}, nil
 }
