@@ -277,7 +277,7 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	pubCtx, endPublishing := context.WithCancelCause(leaseCtx)
 	defer endPublishing(nil)
 	stopClock := context.AfterFunc(stop, func() {
-		time.AfterFunc(time.Until(sd.begin().Add(r.cfg.ShutdownTimeout - sd.reserve)), func() { endPublishing(errShutdownTimeout) })
+		time.AfterFunc(time.Until(sd.begin().Add(r.cfg.ShutdownTimeout-sd.reserve)), func() { endPublishing(errShutdownTimeout) })
 	})
 	defer stopClock()
 
