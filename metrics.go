@@ -7,9 +7,9 @@ import (
 )
 
 type relayMetrics struct {
-	published, batches, retries, deadLetters, checkpoints, duplicates prometheus.Counter
-	batchSize, publishSeconds                                         prometheus.Observer
-	lagEvents, lagSeconds, leader                                     prometheus.Gauge
+	published, batches, retries, deadLetters, checkpoints, duplicates, parkedEvents prometheus.Counter
+	batchSize, publishSeconds                                                       prometheus.Observer
+	lagEvents, lagSeconds, leader, parkedKeys, heldKeys                             prometheus.Gauge
 }
 
 // newRelayMetrics registers the relay's metrics with reg (none if nil),
@@ -38,9 +38,12 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 		lagEvents:      gauge("lag_events", "Events committed but not yet passed by the checkpoint (refreshed every heartbeat)."),
 		lagSeconds:     gauge("lag_seconds", "Age of the oldest event not yet published."),
 		leader:         gauge("leader", "1 while this relay holds the feed's lease."),
+		parkedEvents:   counter("parked_events_total", "Events set aside because their key's destination did not acknowledge it in time."),
+		parkedKeys:     gauge("parked_keys", "Keys whose events are set aside and published from the store (this leader's view)."),
+		heldKeys:       gauge("held_keys", "Parked keys held by DeadPolicy Hold until an operator releases them."),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, m.duplicates, bs, ps, m.lagEvents, m.lagSeconds, m.leader} {
+		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, m.duplicates, bs, ps, m.lagEvents, m.lagSeconds, m.leader, m.parkedEvents, m.parkedKeys, m.heldKeys} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("ferry: register relay metrics for feed %s: %w", feed, err)
 			}

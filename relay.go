@@ -65,6 +65,83 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Registerer, when set, receives the relay's Prometheus metrics.
 	Registerer prometheus.Registerer
+
+	// StallTimeout is how long a key's event may go unacknowledged (in
+	// flight, or failing and retried) while the destination acknowledges
+	// other keys, before the key is parked: its events are set aside in the
+	// store and published from there, in order, once it recovers, so that
+	// the checkpoint and the other keys move on. When the relay's
+	// read-ahead window is full, a tenth of it. Default 2 s. Parking needs
+	// a store that implements ferrydriver.Parker (PostgreSQL and SQLite);
+	// elsewhere a stuck key holds the checkpoint, and once the window (4
+	// batches) is full, every key.
+	StallTimeout time.Duration
+	// MaxAttempts and MaxAge bound how long the relay retries one event
+	// that fails transiently: after MaxAttempts attempts, or MaxAge after
+	// its first one, DeadPolicy applies. Defaults 0 and 0: retry forever
+	// (a destination that is down for a day is delivered to when it comes
+	// back).
+	MaxAttempts int
+	MaxAge      time.Duration
+	// DeadPolicy says what happens when a key's event reaches MaxAttempts
+	// or MaxAge: Hold (the default) parks the key and holds it: its event
+	// is not retried and its later events wait until an operator releases
+	// it (`ferry parked release`); Continue dead-letters the event and goes
+	// on with the key's next one. Hold needs a ferrydriver.Parker; on other
+	// stores the event is dead-lettered.
+	DeadPolicy DeadPolicy
+	// DisableParking keeps stuck keys in memory even when the store can
+	// park them.
+	DisableParking bool
+	// OnStuckKey, when set, is called when a key is parked, held or has an
+	// event dead-lettered by DeadPolicy, from the relay's delivery loop: it
+	// must not block (hand the alert off).
+	OnStuckKey func(ctx context.Context, k *StuckKey)
+}
+
+// StuckKey describes a key whose destination does not acknowledge it.
+type StuckKey struct {
+	Feed, Key string
+	// Event is the key's oldest event not acknowledged.
+	Event ferryevent.Event
+	State KeyState
+	// Attempts is the number of failed attempts of Event, Since the time
+	// of its first one.
+	Attempts int
+	Since    time.Time
+	// Err is the last publish error; nil when the event hung.
+	Err error
+}
+
+// KeyState is what happened to a stuck key.
+type KeyState string
+
+const (
+	// KeyParked: the key's events are set aside and retried from the store.
+	KeyParked KeyState = "parked"
+	// KeyHeld: DeadPolicy Hold stopped retrying the key until released.
+	KeyHeld KeyState = "held"
+	// KeyDeadLettered: DeadPolicy Continue dead-lettered the event.
+	KeyDeadLettered KeyState = "dead-lettered"
+)
+
+func (r *Relay) alert(ctx context.Context, k *StuckKey) {
+	if r.cfg.OnStuckKey != nil {
+		r.cfg.OnStuckKey(ctx, k)
+	}
+}
+
+// reportDuplicates logs and counts what the destination dropped as
+// duplicates since the last call.
+func (r *Relay) reportDuplicates() {
+	if r.dups == nil {
+		return
+	}
+	if n := r.dups.Duplicates(); n > r.lastDup {
+		r.log.Info("ferry: destination dropped duplicates", "count", n-r.lastDup)
+		r.m.duplicates.Add(float64(n - r.lastDup))
+		r.lastDup = n
+	}
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -96,6 +173,7 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	def(&out.RetentionInterval, time.Minute)
 	def(&out.HeartbeatInterval, 5*time.Second)
 	def(&out.ShutdownTimeout, 10*time.Second)
+	def(&out.StallTimeout, 2*time.Second)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -114,6 +192,12 @@ func (c *RelayConfig) validate() error {
 		return fmt.Errorf("ferry: RelayConfig.LeaseTTL is %v: use at least 1s (default 15s)", c.LeaseTTL)
 	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
 		return fmt.Errorf("ferry: RelayConfig.RetryBase (%v) must be positive and at most RetryMax (%v)", c.RetryBase, c.RetryMax)
+	case c.StallTimeout < 10*time.Millisecond:
+		return fmt.Errorf("ferry: RelayConfig.StallTimeout is %v: use at least 10ms (default 2s)", c.StallTimeout)
+	case c.MaxAttempts < 0 || c.MaxAge < 0:
+		return fmt.Errorf("ferry: RelayConfig.MaxAttempts (%d) and MaxAge (%v) must not be negative (0: retry forever)", c.MaxAttempts, c.MaxAge)
+	case c.DeadPolicy != Hold && c.DeadPolicy != Continue:
+		return fmt.Errorf("ferry: RelayConfig.DeadPolicy %d is not Hold or Continue", c.DeadPolicy)
 	case c.RetentionInterval <= 0 || c.HeartbeatInterval <= 0 || c.ShutdownTimeout <= 0:
 		return fmt.Errorf("ferry: RelayConfig.RetentionInterval, HeartbeatInterval and ShutdownTimeout must be positive")
 	}
@@ -268,7 +352,11 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 		loseLease(nil)
 		wg.Wait()
 	}()
-	wg.Go(func() { r.keepLease(leaseCtx, lease, loseLease, asked) })
+	// trust is the end of the lease's local trust window: no event is
+	// handed to the sink after it (keepLease ends the leadership then).
+	trust := new(atomic.Int64)
+	trust.Store(asked.Add(lease.ExpiresAt.Sub(lease.Now) - leaseMargin(r.cfg.LeaseTTL)).UnixNano())
+	wg.Go(func() { r.keepLease(leaseCtx, lease, loseLease, asked, trust) })
 
 	// Once stop ends, the relay has ShutdownTimeout to be gone: publishing
 	// ends (pubCtx) when the reserve for the final checkpoint and the lease
@@ -320,39 +408,17 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	defer func() { cancelRead(); <-readerDone }()
 
 	var readErr error
-	for stop.Err() == nil {
-		var res readResult
-		select {
-		case res = <-reads:
-		case <-readCtx.Done():
-		}
-		if res.batch == nil {
-			if leaseCtx.Err() != nil {
-				return context.Cause(leaseCtx)
-			}
-			if stop.Err() != nil {
-				break
-			}
+	if err := newPipeline(r, lease.Term, pubCtx, ck, trust).run(stop, reads); err != nil {
+		switch {
+		case leaseCtx.Err() != nil:
+			return context.Cause(leaseCtx)
+		case errors.Is(err, ferrydriver.ErrLeaseLost):
+			loseLease(err)
+			return err
+		case stop.Err() == nil:
 			// Save what was delivered before giving the feed up: the
 			// next leadership then redelivers nothing of it.
-			readErr = fmt.Errorf("read feed %s: %w", r.name, res.err)
-			break
-		}
-		batch := res.batch
-		if err := r.deliver(stop, pubCtx, lease.Term, batch); err != nil {
-			if stop.Err() != nil && leaseCtx.Err() == nil {
-				break // stopping mid-batch: not checkpointed, redelivered later
-			}
-			return err
-		}
-		// At most two delivered batches are ever unsaved: the one the
-		// checkpointer is saving and this one. That bounds what a crash
-		// redelivers.
-		if err := ck.advance(readCtx, batch.Cursor, len(batch.Events)+len(batch.Invalid) > 0); err != nil {
-			if leaseCtx.Err() != nil {
-				return context.Cause(leaseCtx)
-			}
-			break // stopping: flush below
+			readErr = fmt.Errorf("feed %s: %w", r.name, err)
 		}
 	}
 	cancelRead()
@@ -432,10 +498,11 @@ func (r *Relay) readAhead(ctx context.Context, feed ferrydriver.Feed, out chan<-
 // lost or when the local trust window ends. The window is the lease's
 // remaining time as the database granted it, minus a margin, counted on the
 // local monotonic clock from before the request that obtained it.
-func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose context.CancelCauseFunc, asked time.Time) {
+func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose context.CancelCauseFunc, asked time.Time, trusted *atomic.Int64) {
 	ttl := r.cfg.LeaseTTL
-	margin := min(ttl/5, 2*time.Second)
+	margin := leaseMargin(ttl)
 	trustUntil := asked.Add(lease.ExpiresAt.Sub(lease.Now) - margin)
+	trusted.Store(trustUntil.UnixNano())
 	tick := time.NewTicker(ttl / 3)
 	defer tick.Stop()
 	for {
@@ -456,6 +523,7 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 			switch {
 			case err == nil:
 				trustUntil = start.Add(l.ExpiresAt.Sub(l.Now) - margin)
+				trusted.Store(trustUntil.UnixNano())
 			case errors.Is(err, ferrydriver.ErrLeaseLost):
 				lose(err)
 				return
@@ -465,6 +533,10 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 		}
 	}
 }
+
+// leaseMargin is how much earlier than the lease's expiry a leader stops
+// trusting it.
+func leaseMargin(ttl time.Duration) time.Duration { return min(ttl/5, 2*time.Second) }
 
 // maintain refreshes the lag figures every heartbeat and removes published
 // events every RetentionInterval, off the publish path.
@@ -483,150 +555,6 @@ func (r *Relay) maintain(ctx context.Context, ck *checkpointer) {
 			lastRetention = time.Now()
 			r.retain(ctx, ck.savedCursor())
 		}
-	}
-}
-
-// deliver publishes a batch and dead-letters what cannot be published. It
-// returns only when every event is acknowledged or dead-lettered, or with
-// an error when the lease is lost or stop ends mid-way.
-func (r *Relay) deliver(stop, leaseCtx context.Context, term int64, b *ferrydriver.Batch) error {
-	var dead []*ferrydriver.DeadLetter
-	for _, inv := range b.Invalid {
-		dead = append(dead, &ferrydriver.DeadLetter{Feed: r.name, Event: inv.Event, Reason: inv.Reason})
-	}
-	start := time.Now()
-	waves := r.waves(b.Events)
-	for _, wave := range waves {
-		d, err := r.publishWave(stop, leaseCtx, wave)
-		if err != nil {
-			return err
-		}
-		dead = append(dead, d...)
-	}
-	if len(dead) > 0 {
-		if err := r.store.InsertDeadLetters(leaseCtx, &ferrydriver.InsertDeadLettersParams{Feed: r.name, Holder: r.holder, Term: term, DeadLetters: dead}); err != nil {
-			return fmt.Errorf("store %d dead letter(s): %w", len(dead), err)
-		}
-		for _, d := range dead {
-			r.log.Warn("ferry: event dead-lettered", "event_id", d.Event.ID, "key", d.Event.Key, "topic", d.Event.Topic, "reason", d.Reason)
-		}
-		r.m.deadLetters.Add(float64(len(dead)))
-	}
-	if n := len(b.Events); n > 0 {
-		r.progress.Add(1)
-		r.m.batches.Inc()
-		r.m.batchSize.Observe(float64(n))
-		r.m.published.Add(float64(n - len(dead) + len(b.Invalid)))
-		r.m.publishSeconds.Observe(time.Since(start).Seconds())
-		oldest := b.Events[0].CreatedAt
-		for _, e := range b.Events {
-			if e.CreatedAt.Before(oldest) {
-				oldest = e.CreatedAt
-			}
-		}
-		r.m.lagSeconds.Set(max(0, time.Since(oldest).Seconds()))
-	}
-	if r.dups != nil {
-		if n := r.dups.Duplicates(); n > r.lastDup {
-			r.log.Info("ferry: destination dropped duplicates", "count", n-r.lastDup)
-			r.m.duplicates.Add(float64(n - r.lastDup))
-			r.lastDup = n
-		}
-	}
-	return nil
-}
-
-// waves splits events so that no wave has two events of one key and each
-// key's events are in successive waves, in order. A sink that keeps order
-// within a call gets a single wave.
-func (r *Relay) waves(events []*ferryevent.Event) [][]*ferryevent.Event {
-	if len(events) == 0 {
-		return nil
-	}
-	if r.ordered {
-		return [][]*ferryevent.Event{events}
-	}
-	depth := make(map[string]int, len(events))
-	var out [][]*ferryevent.Event
-	for _, e := range events {
-		i := depth[e.Key]
-		depth[e.Key] = i + 1
-		if i == len(out) {
-			out = append(out, make([]*ferryevent.Event, 0, len(events)/(i+1)))
-		}
-		out[i] = append(out[i], e)
-	}
-	return out
-}
-
-// publishWave publishes events (distinct keys) until each is acknowledged
-// or permanently failed, retrying the rest with backoff.
-func (r *Relay) publishWave(stop, leaseCtx context.Context, events []*ferryevent.Event) ([]*ferrydriver.DeadLetter, error) {
-	var dead []*ferrydriver.DeadLetter
-	pending := events
-	for attempt := 1; ; attempt++ {
-		if err := leaseCtx.Err(); err != nil {
-			return nil, context.Cause(leaseCtx)
-		}
-		results := r.publish(leaseCtx, pending)
-		if len(results) != len(pending) {
-			return nil, fmt.Errorf("sink returned %d results for %d events", len(results), len(pending))
-		}
-		var retry []*ferryevent.Event
-		var firstErr error
-		for i, err := range results {
-			switch {
-			case err == nil:
-			case ferrysink.IsPermanent(err):
-				dead = append(dead, &ferrydriver.DeadLetter{Feed: r.name, Event: *pending[i], Reason: err.Error()})
-			default:
-				retry = append(retry, pending[i])
-				if firstErr == nil {
-					firstErr = err
-				}
-			}
-		}
-		if len(retry) == 0 {
-			return dead, nil
-		}
-		r.m.retries.Add(float64(len(retry)))
-		if leaseCtx.Err() != nil {
-			return nil, context.Cause(leaseCtx)
-		}
-		if stop.Err() != nil {
-			return nil, fmt.Errorf("stopping with %d event(s) unpublished: %w", len(retry), firstErr)
-		}
-		r.log.Warn("ferry: publish failed; retrying with backoff", "events", len(retry), "attempt", attempt, "err", firstErr)
-		done := make(chan struct{})
-		stopWait := context.AfterFunc(stop, func() { close(done) })
-		stopLease := context.AfterFunc(leaseCtx, func() {
-			if stopWait() {
-				close(done)
-			}
-		})
-		r.retry.Sleep(done, attempt)
-		stopWait()
-		stopLease()
-		pending = retry
-	}
-}
-
-// publish calls the sink and returns when it does or when ctx ends,
-// whichever comes first: a sink that does not honour ctx cannot hold a
-// stopping relay past its ShutdownTimeout. An abandoned call's events count
-// as not acknowledged.
-func (r *Relay) publish(ctx context.Context, events []*ferryevent.Event) []error {
-	done := make(chan []error, 1)
-	go func() { done <- r.sink.Publish(ctx, events) }()
-	select {
-	case res := <-done:
-		return res
-	case <-ctx.Done():
-		res := make([]error, len(events))
-		for i := range res {
-			res[i] = fmt.Errorf("publish abandoned: %w", context.Cause(ctx))
-		}
-		return res
 	}
 }
 
@@ -662,10 +590,10 @@ type checkpointer struct {
 	wake chan struct{}
 
 	mu sync.Mutex // guards the fields below
-	// latest is the newest cursor, seq the number of non-empty batches
-	// delivered up to it; saved and savedSeq what the store has.
-	latest, saved []byte
-	seq, savedSeq int64
+	// latest is the newest cursor, offered the number of events delivered
+	// up to it; saved and savedEvents what the store has.
+	latest, saved        []byte
+	offered, savedEvents int64
 	// progress is closed and replaced after every save.
 	progress chan struct{}
 }
@@ -674,36 +602,36 @@ func newCheckpointer(r *Relay, term int64, saved []byte, lose context.CancelCaus
 	return &checkpointer{r: r, term: term, lose: lose, wake: make(chan struct{}, 1), saved: saved, latest: saved, progress: make(chan struct{})}
 }
 
-// advance records a delivered batch's cursor. A batch with events wakes the
-// saver; then advance waits until at most this batch and the one before it
-// are unsaved. An empty batch's cursor waits for the next heartbeat.
-func (c *checkpointer) advance(ctx context.Context, cursor []byte, delivered bool) error {
+// offer records the cursor up to which every event was delivered, events
+// more than the previous one. Delivered events wake the saver; an empty
+// stretch's cursor waits for the next heartbeat.
+func (c *checkpointer) offer(cursor []byte, events int) {
 	c.mu.Lock()
 	c.latest = cursor
-	if !delivered {
-		c.mu.Unlock()
-		return nil
-	}
-	c.seq++
-	want := c.seq - 1
+	c.offered += int64(events)
 	c.mu.Unlock()
+	if events == 0 {
+		return
+	}
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
-	for {
-		c.mu.Lock()
-		ok, progress := c.savedSeq >= want, c.progress
-		c.mu.Unlock()
-		if ok {
-			return nil
-		}
-		select {
-		case <-progress:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+}
+
+// unsaved returns how many delivered events the store's checkpoint has not
+// passed yet: what a crash now would redeliver on top of the pipeline.
+func (c *checkpointer) unsaved() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(c.offered - c.savedEvents)
+}
+
+// progressed returns a channel closed at the next save.
+func (c *checkpointer) progressed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.progress
 }
 
 func (c *checkpointer) savedCursor() []byte {
@@ -743,7 +671,7 @@ func (c *checkpointer) run(ctx context.Context) {
 // which also shows operators that the relay is alive).
 func (c *checkpointer) save(ctx context.Context, heartbeat bool) error {
 	c.mu.Lock()
-	cur, seq, saved := c.latest, c.seq, c.saved
+	cur, seq, saved := c.latest, c.offered, c.saved
 	c.mu.Unlock()
 	if cur == nil || (!heartbeat && bytes.Equal(cur, saved)) {
 		c.markSaved(cur, seq)
@@ -767,8 +695,8 @@ func (c *checkpointer) markSaved(cur []byte, seq int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.saved = cur
-	if seq > c.savedSeq {
-		c.savedSeq = seq
+	if seq > c.savedEvents {
+		c.savedEvents = seq
 	}
 	close(c.progress)
 	c.progress = make(chan struct{})

@@ -10,6 +10,13 @@
 // OrderedBatcher and returns true. A sink may therefore publish everything in
 // one call concurrently.
 //
+// Concurrency: the relay runs several Publish calls at once, never with one
+// key in two of them, so every Sink must be safe for concurrent use. A sink
+// that implements EachPublisher reports each event's outcome as soon as it
+// is known; a key's next call may then start while other events of the
+// earlier call are still in flight, so that one slow event holds back only
+// its own key.
+//
 // Stability: this package may change between minor versions until 1.0.
 package ferrysink
 
@@ -43,6 +50,17 @@ type Sink interface {
 // relay retries the failed ones in a later call.
 type OrderedBatcher interface {
 	OrderedBatches() bool
+}
+
+// EachPublisher is implemented by sinks that can report each event's
+// outcome as soon as the destination answers for it, rather than when the
+// slowest event of the call is done.
+type EachPublisher interface {
+	// PublishEach is Publish that also calls done(i, err) once for every
+	// event, with the error Publish returns for it, as soon as that
+	// outcome is known: from any goroutine, and always before PublishEach
+	// returns. done must not block for long.
+	PublishEach(ctx context.Context, events []*ferryevent.Event, done func(i int, err error)) []error
 }
 
 // DuplicateReporter is implemented by sinks whose destination reports the

@@ -133,6 +133,7 @@ type Driver[TTx any] struct {
 	wrapTx  func(TTx) executor
 	beginTx func(ctx context.Context, iso Isolation) (TTx, func(context.Context) error, func(context.Context) error, error)
 	queries queries
+	park    parkQueries
 	channel string
 	hub     settleHub
 }
@@ -193,6 +194,7 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 
 func (d *Driver[TTx]) init() {
 	d.queries = newQueries(d.cfg.Schema)
+	d.park = newParkQueries(d.cfg.Schema)
 	d.channel = d.cfg.Schema + ".outbox"
 	d.hub.d = hubDriver[TTx]{d}
 }

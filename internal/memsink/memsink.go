@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink"
@@ -16,6 +17,7 @@ import (
 type Sink struct {
 	mu     sync.Mutex
 	stored []ferryevent.Event
+	at     []time.Time
 	calls  int
 	// FailRate is the probability that one publish fails transiently.
 	FailRate float64
@@ -23,6 +25,13 @@ type Sink struct {
 	Permanent func(*ferryevent.Event) bool
 	// OnPublish, when set, runs before each call (e.g. to block).
 	OnPublish func(ctx context.Context, events []*ferryevent.Event)
+	// Fail reports whether an event must fail transiently (now).
+	Fail func(*ferryevent.Event) bool
+	// Stall reports whether an event is answered only after StallWait
+	// returns (a destination that hangs for some keys); the call's other
+	// events are answered first.
+	Stall     func(*ferryevent.Event) bool
+	StallWait func(ctx context.Context)
 }
 
 // ErrInjected is the transient failure FailRate injects.
@@ -30,26 +39,57 @@ var ErrInjected = errors.New("memsink: injected transient failure")
 
 // Publish implements ferrysink.Sink.
 func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
+	return s.PublishEach(ctx, events, nil)
+}
+
+// PublishEach implements ferrysink.EachPublisher. Events for which Stall
+// returns true are answered last, after Stall's wait; the others at once.
+func (s *Sink) PublishEach(ctx context.Context, events []*ferryevent.Event, done func(int, error)) []error {
 	if s.OnPublish != nil {
 		s.OnPublish(ctx, events)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.calls++
 	out := make([]error, len(events))
+	var stalled []int
 	for i, e := range events {
-		switch {
-		case ctx.Err() != nil:
-			out[i] = ctx.Err()
-		case s.Permanent != nil && s.Permanent(e):
-			out[i] = ferrysink.Permanent("rejected by memsink", nil)
-		case s.FailRate > 0 && rand.Float64() < s.FailRate:
-			out[i] = ErrInjected
-		default:
-			s.stored = append(s.stored, *e)
+		if s.Stall != nil && s.Stall(e) {
+			stalled = append(stalled, i)
+			continue
+		}
+		out[i] = s.one(ctx, e)
+		if done != nil {
+			done(i, out[i])
+		}
+	}
+	if len(stalled) > 0 {
+		s.StallWait(ctx)
+		for _, i := range stalled {
+			out[i] = s.one(ctx, events[i])
+			if done != nil {
+				done(i, out[i])
+			}
 		}
 	}
 	return out
+}
+
+func (s *Sink) one(ctx context.Context, e *ferryevent.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case s.Permanent != nil && s.Permanent(e):
+		return ferrysink.Permanent("rejected by memsink", nil)
+	case s.Fail != nil && s.Fail(e):
+		return ErrInjected
+	case s.FailRate > 0 && rand.Float64() < s.FailRate:
+		return ErrInjected
+	default:
+		s.stored = append(s.stored, *e)
+		s.at = append(s.at, time.Now())
+		return nil
+	}
 }
 
 // Close implements ferrysink.Sink.
@@ -60,6 +100,13 @@ func (s *Sink) Stored() []ferryevent.Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]ferryevent.Event(nil), s.stored...)
+}
+
+// StoredAt returns when each stored event was stored, in Stored's order.
+func (s *Sink) StoredAt() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.at...)
 }
 
 // Len returns the number of stored events.

@@ -1,0 +1,114 @@
+package ferrypg
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/jackc/pgx/v5"
+)
+
+var _ ferrydriver.Parker = (*Driver[pgx.Tx])(nil)
+
+// parkQueries are the parked-event statements with the schema filled in.
+type parkQueries struct {
+	park, headsOf, heads, unpark, hold, release string
+}
+
+func newParkQueries(schema string) parkQueries {
+	s := pgx.Identifier{schema}.Sanitize()
+	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
+	return parkQueries{park: r(sqlParkEvents), headsOf: r(sqlParkedHeadsOf), heads: r(sqlParkedHeads),
+		unpark: r(sqlUnparkEvent), hold: r(sqlHoldParked), release: r(sqlReleaseParked)}
+}
+
+// fenced runs a statement that returns the number of matching lease rows.
+func (d *Driver[TTx]) fenced(ctx context.Context, op, feed string, term int64, q string, args ...any) error {
+	var held int
+	if err := queryRow(ctx, d.db, []any{&held}, q, args...); err != nil {
+		return d.wrapErr(op+" of "+feed, err)
+	}
+	if held == 0 {
+		return fmt.Errorf("ferrypg: %s of %s at term %d: %w", op, feed, term, ferrydriver.ErrLeaseLost)
+	}
+	return nil
+}
+
+// ParkEvents implements ferrydriver.Parker.
+func (d *Driver[TTx]) ParkEvents(ctx context.Context, p *ferrydriver.ParkEventsParams) error {
+	if len(p.Events) == 0 {
+		return nil
+	}
+	a, err := encodeEvents(p.Events)
+	if err != nil {
+		return err
+	}
+	return d.fenced(ctx, "park events", p.Feed, p.Term, d.park.park, p.Feed, p.Holder, p.Term,
+		a.ids, a.topics, a.keys, a.seqs, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created, p.Reason)
+}
+
+// ParkedHeads implements ferrydriver.Parker.
+func (d *Driver[TTx]) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsParams) ([]*ferrydriver.ParkedEvent, error) {
+	var (
+		r   rows
+		err error
+	)
+	if p.Keys != nil {
+		r, err = d.db.query(ctx, d.park.headsOf, p.Feed, p.Keys)
+	} else {
+		limit := p.Limit
+		if limit <= 0 {
+			limit = 1000
+		}
+		r, err = d.db.query(ctx, d.park.heads, p.Feed, limit)
+	}
+	if err != nil {
+		return nil, d.wrapErr("read parked events of "+p.Feed, err)
+	}
+	defer r.Close()
+	var out []*ferrydriver.ParkedEvent
+	for r.Next() {
+		pe := &ferrydriver.ParkedEvent{Feed: p.Feed}
+		ev := &pe.Event
+		var headers *string
+		if err := r.Scan(&ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
+			&pe.ParkedAt, &pe.Held, &pe.Reason, &pe.Queued); err != nil {
+			return nil, d.wrapErr("read parked events of "+p.Feed, err)
+		}
+		if err := decodeHeaders(ev, headers); err != nil {
+			return nil, fmt.Errorf("ferrypg: parked event of %s: %w", p.Feed, err)
+		}
+		out = append(out, pe)
+	}
+	if err := r.Err(); err != nil {
+		return nil, d.wrapErr("read parked events of "+p.Feed, err)
+	}
+	return out, nil
+}
+
+// UnparkEvent implements ferrydriver.Parker.
+func (d *Driver[TTx]) UnparkEvent(ctx context.Context, p *ferrydriver.UnparkEventParams) error {
+	var reason *string
+	if p.DeadLetter != nil {
+		reason = &p.DeadLetter.Reason
+	}
+	return d.fenced(ctx, "unpark an event", p.Feed, p.Term, d.park.unpark, p.Feed, p.Holder, p.Term, p.Key, p.EventID, reason)
+}
+
+// HoldParked implements ferrydriver.Parker.
+func (d *Driver[TTx]) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams) error {
+	return d.fenced(ctx, "hold a parked key", p.Feed, p.Term, d.park.hold, p.Feed, p.Holder, p.Term, p.Key, p.EventID, p.Reason)
+}
+
+// ReleaseParked implements ferrydriver.Parker.
+func (d *Driver[TTx]) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParkedParams) error {
+	var n int
+	if err := queryRow(ctx, d.db, []any{&n}, d.park.release, p.Feed, p.Key, p.Skip); err != nil {
+		return d.wrapErr("release parked key "+p.Key+" of "+p.Feed, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("ferrypg: key %q of feed %s has nothing parked: %w", p.Key, p.Feed, ferrydriver.ErrNotFound)
+	}
+	return nil
+}

@@ -1,0 +1,288 @@
+package ferry_test
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// stuckRelay is a relay with a short StallTimeout for the stuck-key tests.
+func stuckRelay(t *testing.T, store ferrydriver.Store, sink *memsink.Sink, mod func(*ferry.RelayConfig)) *ferry.Relay {
+	t.Helper()
+	cfg := &ferry.RelayConfig{
+		HolderID: "stuck", PollInterval: 20 * time.Millisecond, LeaseTTL: 5 * time.Second,
+		RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
+		StallTimeout: 300 * time.Millisecond,
+	}
+	if mod != nil {
+		mod(cfg)
+	}
+	r, err := ferry.NewRelay(store, sink, cfg)
+	require.NoError(t, err)
+	return r
+}
+
+// paced emits n events round-robin over keys, one every gap, and returns
+// them with their commit times.
+func paced(t *testing.T, c *ferry.Client[pgx.Tx], keys []string, n int, gap time.Duration) ([]*ferry.Event, map[string]time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	var out []*ferry.Event
+	committed := map[string]time.Time{}
+	for i := range n {
+		ev := &ferry.Event{Topic: "t", Key: keys[i%len(keys)], Type: "T", Payload: []byte(strconv.Itoa(i))}
+		require.NoError(t, c.Emit(ctx, ev))
+		committed[ev.ID.String()] = time.Now()
+		out = append(out, ev)
+		time.Sleep(gap)
+	}
+	return out, committed
+}
+
+// latencies returns commit→stored for the stored events of keys other than
+// skip, sorted.
+func latencies(sink *memsink.Sink, committed map[string]time.Time, skip string) []time.Duration {
+	var out []time.Duration
+	at := sink.StoredAt()
+	for i, ev := range sink.Stored() {
+		if ev.Key == skip {
+			continue
+		}
+		if c, ok := committed[ev.ID.String()]; ok {
+			out = append(out, at[i].Sub(c))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func p99(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[(len(d)*99)/100]
+}
+
+// keysFor returns "stuck" and n other keys.
+func keysFor(n int) []string {
+	keys := []string{"stuck"}
+	for i := range n {
+		keys = append(keys, "k"+strconv.Itoa(i))
+	}
+	return keys
+}
+
+// TestRelayKeyThatHangsCostsOnlyItself: the destination hangs for one key;
+// every other key's events keep arriving promptly; once the destination
+// answers again, the stuck key's events arrive, in order; nothing is lost.
+func TestRelayKeyThatHangsCostsOnlyItself(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	sink := &memsink.Sink{
+		Stall: func(e *ferryevent.Event) bool {
+			select {
+			case <-release:
+				return false
+			default:
+				return e.Key == "stuck"
+			}
+		},
+		StallWait: func(ctx context.Context) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		},
+	}
+	var parked atomic.Int64
+	r := stuckRelay(t, drv, sink, func(c *ferry.RelayConfig) {
+		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
+			if k.State == ferry.KeyParked && k.Key == "stuck" {
+				parked.Add(1)
+			}
+		}
+	})
+	run(t, r)
+	keys := keysFor(9)
+	events, committed := paced(t, c, keys, 400, 5*time.Millisecond)
+	others := 0
+	for _, e := range events {
+		if e.Key != "stuck" {
+			others++
+		}
+	}
+	require.Eventually(t, func() bool { return len(latencies(sink, committed, "stuck")) >= others }, 20*time.Second, 10*time.Millisecond,
+		"the other keys' events arrive while one key hangs")
+	lat := latencies(sink, committed, "stuck")
+	t.Logf("other keys while one hangs: %d events, p99 commit→stored %v, max %v", len(lat), p99(lat), lat[len(lat)-1])
+	require.Less(t, p99(lat), time.Second)
+	require.EqualValues(t, 1, parked.Load(), "the stuck key was parked once")
+
+	close(release)
+	require.Eventually(t, func() bool { return sink.Len() >= len(events) }, 20*time.Second, 10*time.Millisecond, "the stuck key's events arrive once it answers")
+	checkDelivery(t, events, sink.Stored(), true)
+	heads, err := drv.ParkedHeads(context.Background(), &ferrydriver.ParkedHeadsParams{Feed: "default/0"})
+	require.NoError(t, err)
+	require.Empty(t, heads, "nothing stays parked")
+}
+
+// TestRelayFailingKeyRecovers: one key's publishes fail for a while (as a
+// receiver answering 503), the others flow; it then recovers and its events
+// arrive in order.
+func TestRelayFailingKeyRecovers(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	var failing atomic.Bool
+	failing.Store(true)
+	sink := &memsink.Sink{Fail: func(e *ferryevent.Event) bool { return e.Key == "stuck" && failing.Load() }}
+	run(t, stuckRelay(t, drv, sink, nil))
+	events, committed := paced(t, c, keysFor(9), 300, 5*time.Millisecond)
+	stuck := 0
+	for _, e := range events {
+		if e.Key == "stuck" {
+			stuck++
+		}
+	}
+	require.Eventually(t, func() bool { return len(latencies(sink, committed, "stuck")) >= len(events)-stuck }, 20*time.Second, 10*time.Millisecond)
+	lat := latencies(sink, committed, "stuck")
+	t.Logf("other keys while one fails: p99 commit→stored %v", p99(lat))
+	require.Less(t, p99(lat), time.Second)
+	failing.Store(false)
+	require.Eventually(t, func() bool { return sink.Len() >= len(events) }, 20*time.Second, 10*time.Millisecond)
+	checkDelivery(t, events, sink.Stored(), true)
+}
+
+// TestRelayContinuePolicyDeadLettersAKeyThatKeepsFailing: after MaxAttempts
+// the event is dead-lettered and the key's next one is tried.
+func TestRelayContinuePolicyDeadLettersAKeyThatKeepsFailing(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	bad := &ferry.Event{Topic: "t", Key: "stuck", Type: "T", Payload: []byte("bad")}
+	next := &ferry.Event{Topic: "t", Key: "stuck", Type: "T", Payload: []byte("next")}
+	other := &ferry.Event{Topic: "t", Key: "k0", Type: "T"}
+	require.NoError(t, c.Emit(ctx, bad, next, other))
+	sink := &memsink.Sink{Fail: func(e *ferryevent.Event) bool { return string(e.Payload) == "bad" }}
+	var mu sync.Mutex
+	var alerts []ferry.KeyState
+	run(t, stuckRelay(t, drv, sink, func(c *ferry.RelayConfig) {
+		c.MaxAttempts, c.DeadPolicy = 3, ferry.Continue
+		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
+			mu.Lock()
+			defer mu.Unlock()
+			alerts = append(alerts, k.State)
+		}
+	}))
+	require.Eventually(t, func() bool { return sink.Len() == 2 }, 20*time.Second, 10*time.Millisecond)
+	got := sink.Stored()
+	require.ElementsMatch(t, []string{next.ID.String(), other.ID.String()}, []string{got[0].ID.String(), got[1].ID.String()})
+	require.Eventually(t, func() bool {
+		dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "default/0"})
+		return err == nil && len(dls) == 1 && dls[0].Event.ID == bad.ID
+	}, 10*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, alerts, ferry.KeyDeadLettered)
+}
+
+// TestRelayHoldPolicyHoldsAKeyUntilReleased: after MaxAttempts the key is
+// held with its later events parked behind it; skipping the head releases
+// them, in order.
+func TestRelayHoldPolicyHoldsAKeyUntilReleased(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	bad := &ferry.Event{Topic: "t", Key: "stuck", Type: "T", Payload: []byte("bad")}
+	require.NoError(t, c.Emit(ctx, bad))
+	sink := &memsink.Sink{Fail: func(e *ferryevent.Event) bool { return string(e.Payload) == "bad" }}
+	held := make(chan struct{}, 1)
+	run(t, stuckRelay(t, drv, sink, func(c *ferry.RelayConfig) {
+		c.MaxAttempts = 3
+		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
+			if k.State == ferry.KeyHeld {
+				held <- struct{}{}
+			}
+		}
+	}))
+	select {
+	case <-held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the key was not held")
+	}
+	var later []*ferry.Event
+	for i := range 5 {
+		ev := &ferry.Event{Topic: "t", Key: "stuck", Type: "T", Payload: []byte(strconv.Itoa(i))}
+		require.NoError(t, c.Emit(ctx, ev))
+		later = append(later, ev)
+	}
+	other := &ferry.Event{Topic: "t", Key: "k0", Type: "T"}
+	require.NoError(t, c.Emit(ctx, other))
+	require.Eventually(t, func() bool { return sink.Len() == 1 }, 10*time.Second, 10*time.Millisecond, "other keys flow")
+	require.Equal(t, other.ID, sink.Stored()[0].ID)
+	require.Eventually(t, func() bool {
+		heads, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "default/0"})
+		return err == nil && len(heads) == 1 && heads[0].Held && heads[0].Queued == 6
+	}, 10*time.Second, 10*time.Millisecond, "the held key's later events are parked behind it")
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, 1, sink.Len(), "a held key's later events wait")
+
+	require.NoError(t, drv.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: "default/0", Key: "stuck", Skip: true}))
+	require.Eventually(t, func() bool { return sink.Len() == 6 }, 20*time.Second, 10*time.Millisecond, "released: the later events go, in order")
+	var got []string
+	for _, e := range sink.Stored()[1:] {
+		got = append(got, e.ID.String())
+	}
+	var want []string
+	for _, e := range later {
+		want = append(want, e.ID.String())
+	}
+	require.Equal(t, want, got, "the held key's later events, once each, in order")
+	dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: "default/0", EventID: bad.ID})
+	require.NoError(t, err)
+	require.Contains(t, dl.Reason, "skipped by an operator")
+}
+
+// TestRelayResumesParkedKeysAfterRestart: a key parked by one relay is
+// published, in order, by the next one once its destination answers.
+func TestRelayResumesParkedKeysAfterRestart(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	var failing atomic.Bool
+	failing.Store(true)
+	sink := &memsink.Sink{Fail: func(e *ferryevent.Event) bool { return e.Key == "stuck" && failing.Load() }}
+	stop := run(t, stuckRelay(t, drv, sink, nil))
+	events, _ := paced(t, c, keysFor(3), 60, 5*time.Millisecond)
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		heads, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "default/0"})
+		return err == nil && len(heads) == 1 && heads[0].Queued == 15
+	}, 20*time.Second, 10*time.Millisecond, "the stuck key's 15 events are parked")
+	require.Eventually(t, func() bool { return sink.Len() == 45 }, 20*time.Second, 10*time.Millisecond)
+	stop()
+	failing.Store(false)
+	run(t, stuckRelay(t, drv, sink, nil))
+	require.Eventually(t, func() bool { return sink.Len() >= 60 }, 20*time.Second, 10*time.Millisecond)
+	checkDelivery(t, events, sink.Stored(), true)
+}
