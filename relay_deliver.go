@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,15 +24,18 @@ import (
 // that the checkpoint and the read-ahead move on, and are published from
 // there, in order, once the destination recovers.
 //
-// Bounds: the pipeline holds at most 4 batches' worth of events read after
-// the oldest one not yet acknowledged (or parked); with one more batch
-// handed to the checkpointer, that is what a crash can redeliver, plus the
-// head of each parked key. All state is owned by the goroutine running
+// Bounds: a batch is taken only while the events read since the oldest one
+// not yet acknowledged (or parked) are fewer than a batch, and those plus
+// the ones delivered but not yet checkpointed fewer than two batches. So at
+// most two batches lie past the saved checkpoint, which is what a crash
+// can redeliver, plus the head of each parked key (it may have reached the
+// destination before the crash and is published again from the store),
+// and the next batch's publishing overlaps the previous one's checkpoint. All state is owned by the goroutine running
 // pipeline.run; sink calls report back through outcomes.
 
-// windowBatches is how many batches' worth of events may be read past the
-// oldest unacknowledged one.
-const windowBatches = 4
+// windowBatches is how many batches' worth of events may lie past the saved
+// checkpoint.
+const windowBatches = 2
 
 // pipeline is one leadership's delivery state.
 type pipeline struct {
@@ -175,10 +179,13 @@ func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 		var readCh <-chan readResult
 		var saved <-chan struct{}
 		if !stopping {
+			// The channel is taken before the second look, so that a save
+			// completing in between still wakes the loop.
+			progressed := p.ck.progressed()
 			if p.canRead() {
 				readCh = reads
 			} else if p.ck.unsaved() > 0 {
-				saved = p.ck.progressed()
+				saved = progressed
 			}
 		}
 		var wakeC <-chan time.Time
@@ -272,7 +279,8 @@ func (p *pipeline) minCall() int { return min(64, p.r.cfg.BatchSize) }
 // canRead reports whether the next batch may be taken: the window has room
 // and the checkpointer is not more than one position behind.
 func (p *pipeline) canRead() bool {
-	return p.behind+p.ck.unsaved() < windowBatches*p.r.cfg.BatchSize
+	b := p.r.cfg.BatchSize
+	return p.behind < b && p.behind+p.ck.unsaved() < windowBatches*b
 }
 
 // nextWake returns the earliest retry time among keys in backoff, or the
@@ -559,9 +567,11 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 	if (cfg.MaxAttempts > 0 && k.attempts >= cfg.MaxAttempts) || (cfg.MaxAge > 0 && age >= cfg.MaxAge) {
 		return p.giveUp(k, err, age)
 	}
-	if k.attempts == 1 || k.attempts%10 == 0 {
-		p.r.log.Warn("ferry: publish failed; retrying this key with backoff (other keys go on)", "key", k.key, "event_id", k.q[0].ev.ID, "attempt", k.attempts, "err", err)
+	level := slog.LevelDebug
+	if k.attempts == 1 {
+		level = slog.LevelWarn
 	}
+	p.r.log.Log(p.pubCtx, level, "ferry: publish failed; retrying this key with backoff (other keys go on)", "key", k.key, "event_id", k.q[0].ev.ID, "events", 1, "attempt", k.attempts, "err", err)
 	k.retryAt = now.Add(p.r.retry.Delay(k.attempts))
 	heap.Push(&p.backoff, k)
 	return nil
