@@ -326,9 +326,10 @@ const parkedColumns = `p.event_id, p.topic, p.key, p.seq, p.type, p.source, p.co
 
 // sqlParkedHeadsOf reads the head of each key named: one primary-key probe
 // per key, whatever the length of its queue.
-//   Nested Loop -> Function Scan on unnest k
-//               -> Limit -> Index Scan using parked_pkey on parked p
-//                             Index Cond: ((feed = $1) AND (key = k.key))
+//
+//	Nested Loop -> Function Scan on unnest k
+//	            -> Limit -> Index Scan using parked_pkey on parked p
+//	                          Index Cond: ((feed = $1) AND (key = k.key))
 const sqlParkedHeadsOf = `
 SELECT ` + parkedColumns + `, 0::bigint
   FROM unnest($2::text[]) AS k(key)
