@@ -69,6 +69,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, h) })
 	t.Run("RetentionKeepsWhatASlowFeedNeeds", func(t *testing.T) { t.Parallel(); testRetentionSlowestFeed(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
+	t.Run("Parking", func(t *testing.T) { t.Parallel(); testParking(t, h) })
 }
 
 // Event builds a valid, prepared event.

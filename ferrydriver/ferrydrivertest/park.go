@@ -1,0 +1,89 @@
+package ferrydrivertest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/stretchr/testify/require"
+)
+
+// testParking exercises ferrydriver.Parker: per-key queues in order,
+// fencing, heads by key and for the whole feed, unpark with and without a
+// dead letter, hold and release (retry or skip).
+func testParking[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	pk, ok := any(drv).(ferrydriver.Parker)
+	if !ok {
+		t.Logf("%s does not implement ferrydriver.Parker: the relay keeps stuck keys in memory", drv.Name())
+		return
+	}
+	const feed = "park/0"
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
+	require.NoError(t, err)
+	a1, a2, a3 := Event("t", "a", "a1"), Event("t", "a", "a2"), Event("t", "a", "a3")
+	b1 := Event("t", "b", "b1")
+	a1.Headers = map[string]string{"traceparent": "00-x"}
+	park := func(term int64, evs ...*ferryevent.Event) error {
+		return pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: feed, Holder: "a", Term: term, Events: evs, Reason: "503"})
+	}
+	require.NoError(t, park(l.Term, a1, b1, a2))
+	require.NoError(t, park(l.Term, a3))
+	require.NoError(t, park(l.Term, a1), "parking an event again is harmless")
+	require.ErrorIs(t, park(l.Term+1, Event("t", "a", "x")), ferrydriver.ErrLeaseLost)
+
+	all, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed})
+	require.NoError(t, err)
+	require.Len(t, all, 2)
+	byKey := map[string]*ferrydriver.ParkedEvent{}
+	for _, h := range all {
+		byKey[h.Event.Key] = h
+	}
+	require.Equal(t, a1.ID, byKey["a"].Event.ID)
+	require.Equal(t, a1.Headers, byKey["a"].Event.Headers)
+	require.Equal(t, a1.Payload, byKey["a"].Event.Payload)
+	require.EqualValues(t, 3, byKey["a"].Queued)
+	require.EqualValues(t, 1, byKey["b"].Queued)
+	require.Equal(t, "503", byKey["a"].Reason)
+	require.False(t, byKey["a"].Held)
+
+	heads := func(keys ...string) []string {
+		hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: keys})
+		require.NoError(t, err)
+		var out []string
+		for _, h := range hs {
+			out = append(out, string(h.Event.Payload))
+		}
+		return out
+	}
+	unpark := func(term int64, ev *ferryevent.Event, dl *ferrydriver.DeadLetter) error {
+		return pk.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: feed, Holder: "a", Term: term, Key: ev.Key, EventID: ev.ID, DeadLetter: dl})
+	}
+	require.ElementsMatch(t, []string{"a1", "b1"}, heads("a", "b", "none"))
+	require.ErrorIs(t, unpark(l.Term+1, a1, nil), ferrydriver.ErrLeaseLost)
+	require.NoError(t, unpark(l.Term, a1, nil))
+	require.Equal(t, []string{"a2"}, heads("a"), "the queue keeps its order")
+	require.NoError(t, unpark(l.Term, a2, &ferrydriver.DeadLetter{Feed: feed, Event: *a2, Reason: "gave up"}))
+	dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: a2.ID})
+	require.NoError(t, err)
+	require.Equal(t, "gave up", dl.Reason)
+	require.Equal(t, a2.Payload, dl.Event.Payload)
+
+	require.NoError(t, pk.HoldParked(ctx, &ferrydriver.HoldParkedParams{Feed: feed, Holder: "a", Term: l.Term, Key: "a", EventID: a3.ID, Reason: "gave up after 10 attempts"}))
+	hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"a"}})
+	require.NoError(t, err)
+	require.True(t, hs[0].Held)
+	require.NoError(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a"}))
+	hs, err = pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"a"}})
+	require.NoError(t, err)
+	require.False(t, hs[0].Held, "released: the relay retries it")
+	require.NoError(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a", Skip: true}))
+	require.Empty(t, heads("a"), "skipped: moved to the dead letters")
+	dl, err = drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: a3.ID})
+	require.NoError(t, err)
+	require.Contains(t, dl.Reason, "skipped by an operator")
+	require.ErrorIs(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a"}), ferrydriver.ErrNotFound)
+	require.Equal(t, []string{"b1"}, heads("a", "b"))
+}
