@@ -100,3 +100,46 @@ func IsPermanent(err error) bool {
 	var pe *PermanentError
 	return errors.As(err, &pe)
 }
+
+// Outcomes helps a sink implement both Publish and EachPublisher with one
+// body: it holds a call's errors and reports each to done once. Use it from
+// the goroutine running the call.
+type Outcomes struct {
+	errs     []error
+	done     func(int, error)
+	reported []bool
+}
+
+// NewOutcomes returns the outcomes of a call of n events; done may be nil
+// (plain Publish).
+func NewOutcomes(n int, done func(int, error)) *Outcomes {
+	o := &Outcomes{errs: make([]error, n), done: done}
+	if done != nil {
+		o.reported = make([]bool, n)
+	}
+	return o
+}
+
+// Errs returns the call's errors; writing to it records an outcome that
+// Finish reports.
+func (o *Outcomes) Errs() []error { return o.errs }
+
+// Set records event i's outcome and reports it now.
+func (o *Outcomes) Set(i int, err error) {
+	o.errs[i] = err
+	if o.done != nil && !o.reported[i] {
+		o.reported[i] = true
+		o.done(i, err)
+	}
+}
+
+// Finish reports every outcome not reported yet and returns the errors.
+func (o *Outcomes) Finish() []error {
+	for i := range o.reported {
+		if !o.reported[i] {
+			o.reported[i] = true
+			o.done(i, o.errs[i])
+		}
+	}
+	return o.errs
+}

@@ -177,7 +177,19 @@ var errClosed = errors.New("ferrykafka: the sink is closed")
 // every event has an outcome or ctx ends; records already sent when ctx
 // ends may still be stored, and the relay publishes them again.
 func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
-	errs := make([]error, len(events))
+	return s.publish(ctx, events, nil)
+}
+
+// PublishEach implements ferrysink.EachPublisher: each record's outcome is
+// reported when its produce request is answered, so a partition without a
+// leader holds back only the keys it holds.
+func (s *Sink) PublishEach(ctx context.Context, events []*ferryevent.Event, report func(int, error)) []error {
+	return s.publish(ctx, events, report)
+}
+
+func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report func(int, error)) []error {
+	out := ferrysink.NewOutcomes(len(events), report)
+	errs := out.Errs()
 	if len(events) == 0 {
 		return errs
 	}
@@ -187,7 +199,7 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 		for i := range errs {
 			errs[i] = errClosed
 		}
-		return errs
+		return out.Finish()
 	}
 	type outcome struct {
 		i   int
@@ -211,7 +223,8 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 	for pending > 0 {
 		select {
 		case o := <-results:
-			errs[o.i], done[o.i] = s.classify(events[o.i], o.err), true
+			done[o.i] = true
+			out.Set(o.i, s.classify(events[o.i], o.err))
 			pending--
 		case <-ctx.Done():
 			for i := range errs {
@@ -219,10 +232,10 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 					errs[i] = ctx.Err()
 				}
 			}
-			return errs
+			return out.Finish()
 		}
 	}
-	return errs
+	return out.Finish()
 }
 
 // classify turns a produce error into a relay outcome.

@@ -155,7 +155,18 @@ type ackResult struct {
 // an error wrapping context.Cause(ctx). Those may still be stored: a retry within the
 // duplicate window is dropped by JetStream.
 func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
-	errs := make([]error, len(events))
+	return s.publish(ctx, events, nil)
+}
+
+// PublishEach implements ferrysink.EachPublisher: each acknowledgement is
+// reported as it arrives; failures when the call ends.
+func (s *Sink) PublishEach(ctx context.Context, events []*ferryevent.Event, done func(int, error)) []error {
+	return s.publish(ctx, events, done)
+}
+
+func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, done func(int, error)) []error {
+	out := ferrysink.NewOutcomes(len(events), done)
+	errs := out.Errs()
 	if len(events) == 0 {
 		return errs
 	}
@@ -163,7 +174,7 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 		for i := range errs {
 			errs[i] = ErrClosed
 		}
-		return errs
+		return out.Finish()
 	}
 	defer s.inflight.Done()
 
@@ -210,9 +221,11 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 			}
 		}
 		if r.err != nil {
-			r.err = s.classify(events[r.index], subjects[r.index], r.err)
+			// Reported when the call ends: explainNoResponders may say more.
+			errs[r.index] = s.classify(events[r.index], subjects[r.index], r.err)
+			return
 		}
-		errs[r.index] = r.err
+		out.Set(r.index, nil)
 	}
 	for pending > 0 {
 		select {
@@ -239,7 +252,7 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 	}
 
 	s.explainNoResponders(ctx, subjects, errs)
-	return errs
+	return out.Finish()
 }
 
 // enter registers a Publish call, unless the sink is closed.

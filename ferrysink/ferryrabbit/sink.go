@@ -182,7 +182,18 @@ type flight struct {
 // error wrapping context.Cause(ctx), never a permanent one. Those may still
 // be stored: consumers deduplicate by event ID.
 func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
-	errs := make([]error, len(events))
+	return s.publish(ctx, events, nil)
+}
+
+// PublishEach implements ferrysink.EachPublisher: each event's outcome is
+// reported when RabbitMQ confirms (or returns) it.
+func (s *Sink) PublishEach(ctx context.Context, events []*ferryevent.Event, report func(int, error)) []error {
+	return s.publish(ctx, events, report)
+}
+
+func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report func(int, error)) []error {
+	out := ferrysink.NewOutcomes(len(events), report)
+	errs := out.Errs()
 	if len(events) == 0 {
 		return errs
 	}
@@ -190,13 +201,13 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 		for i, ev := range events {
 			errs[i] = notSent(ctx, ev)
 		}
-		return errs
+		return out.Finish()
 	}
 	if !s.enter() {
 		for i, ev := range events {
 			errs[i] = fmt.Errorf("ferryrabbit: event %s not published: %w", ev.ID, ErrClosed)
 		}
-		return errs
+		return out.Finish()
 	}
 	results := make(chan result, len(events)) // never blocks a sender
 	// The sender runs apart so that Publish can return when ctx ends even
@@ -207,14 +218,16 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 	for pending := len(events); pending > 0; {
 		select {
 		case r := <-results:
-			errs[r.index], done[r.index] = r.err, true
+			done[r.index] = true
+			out.Set(r.index, r.err)
 			pending--
 		case <-ctx.Done():
 			// Keep the outcomes that have arrived, give up on the rest.
 			for drained := false; !drained; {
 				select {
 				case r := <-results:
-					errs[r.index], done[r.index] = r.err, true
+					done[r.index] = true
+					out.Set(r.index, r.err)
 				default:
 					drained = true
 				}
@@ -228,7 +241,7 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 			pending = 0
 		}
 	}
-	return errs
+	return out.Finish()
 }
 
 // enter registers the sender of a Publish call, unless the sink is closed.

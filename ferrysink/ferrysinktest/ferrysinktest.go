@@ -255,6 +255,73 @@ func Exercise(t *testing.T, h Harness) {
 		requireSameEvent(t, other, byID[other.ID])
 	})
 
+	t.Run("EachReportsEveryOutcome", func(t *testing.T) {
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+		ep, ok := sink.(ferrysink.EachPublisher)
+		if !ok {
+			t.Log("the sink does not implement ferrysink.EachPublisher: the relay learns outcomes when a call returns")
+			return
+		}
+		// Calls of distinct keys run at once, as the relay runs them; one
+		// event per call is refused for good where the destination can
+		// tell, so that failures are reported too.
+		const calls, keys = 4, 25
+		type outcome struct {
+			batch    []*ferryevent.Event
+			big      bool
+			errs     []error
+			reported []int
+			got      []error
+		}
+		outcomes := make([]*outcome, calls)
+		var wg sync.WaitGroup
+		for c := range calls {
+			o := &outcome{}
+			outcomes[c] = o
+			for k := range keys {
+				o.batch = append(o.batch, newEvent("orders", fmt.Sprintf("each-%d-%d", c, k), 1))
+			}
+			if h.Features.MaxPayloadBytes > 0 {
+				big := newEvent("orders", fmt.Sprintf("each-big-%d", c), 1)
+				big.Payload = bytes.Repeat([]byte{'x'}, h.Features.MaxPayloadBytes+1)
+				o.batch, o.big = append(o.batch, big), true
+			}
+			o.reported, o.got = make([]int, len(o.batch)), make([]error, len(o.batch))
+			wg.Go(func() {
+				var mu sync.Mutex
+				errs := ep.PublishEach(ctx, o.batch, func(i int, err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					o.reported[i]++
+					o.got[i] = err
+				})
+				mu.Lock()
+				defer mu.Unlock()
+				o.errs = errs
+			})
+		}
+		wg.Wait()
+		var sent []*ferryevent.Event
+		for _, o := range outcomes {
+			require.Len(t, o.errs, len(o.batch))
+			for i := range o.batch {
+				require.Equal(t, 1, o.reported[i], "event %d: done must be called exactly once, before PublishEach returns", i)
+				require.Equal(t, o.errs[i], o.got[i], "event %d: done must report the error PublishEach returns", i)
+			}
+			small := o.batch
+			if o.big {
+				requirePermanent(t, o.errs[len(o.errs)-1], "an event over MaxPayloadBytes")
+				small = o.batch[:len(o.batch)-1]
+			}
+			requireAllPublished(t, o.errs[:len(small)], small)
+			sent = append(sent, small...)
+		}
+		byID := storedByID(t, readAll(ctx, t, read))
+		require.Len(t, byID, len(sent), "the destination must hold exactly the acknowledged events")
+	})
+
 	t.Run("PayloadTooLarge", func(t *testing.T) {
 		if h.Features.MaxPayloadBytes <= 0 {
 			t.Log("the harness does not declare Features.MaxPayloadBytes: the destination has no size limit to check")

@@ -162,7 +162,19 @@ type result struct {
 // requests end, the sink may still read the events: do not modify them
 // after the call.
 func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
-	errs := make([]error, len(events))
+	return s.publish(ctx, events, nil)
+}
+
+// PublishEach implements ferrysink.EachPublisher: each event's outcome is
+// reported as soon as its endpoint answers (or its retries give up), so a
+// receiver that hangs for one key holds back only that key.
+func (s *Sink) PublishEach(ctx context.Context, events []*ferryevent.Event, done func(int, error)) []error {
+	return s.publish(ctx, events, done)
+}
+
+func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, done func(int, error)) []error {
+	out := ferrysink.NewOutcomes(len(events), done)
+	errs := out.Errs()
 	if len(events) == 0 {
 		return errs
 	}
@@ -170,7 +182,7 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 		for i := range errs {
 			errs[i] = ErrClosed
 		}
-		return errs
+		return out.Finish()
 	}
 	defer s.inflight.Done()
 
@@ -211,7 +223,7 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 		select {
 		case r := <-results:
 			waiting[r.index] = false
-			errs[r.index] = r.err
+			out.Set(r.index, r.err)
 			pending--
 		case <-ctx.Done():
 			// Keep outcomes that have already arrived, give up on the rest.
@@ -219,7 +231,7 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 				select {
 				case r := <-results:
 					waiting[r.index] = false
-					errs[r.index] = r.err
+					out.Set(r.index, r.err)
 				default:
 					drained = true
 				}
@@ -233,7 +245,7 @@ func (s *Sink) Publish(ctx context.Context, events []*ferryevent.Event) []error 
 			pending = 0
 		}
 	}
-	return errs
+	return out.Finish()
 }
 
 // enter registers a Publish call, unless the sink is closed.
