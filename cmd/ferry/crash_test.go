@@ -87,6 +87,7 @@ type fixture struct {
 
 	// The destination: JetStream unless a test swaps it (useKafka).
 	sinkArgs []string                                // `ferry relay` flags naming it
+	env      []string                                // extra variables of the relay child
 	read     func(ctx context.Context) []ferry.Event // everything stored, in order per key
 	dedup    bool                                    // the destination drops republished event IDs
 }
@@ -161,6 +162,7 @@ func (f *fixture) startRelay(holder string, extra ...string) *child {
 		"--holder", holder, "--lease-ttl", "2s", "--poll-interval", "50ms", "--batch", strconv.Itoa(crashBatch),
 		"--metrics-addr", "", "--log-level", "debug"), extra...)
 	cmd := exec.Command(ferryBin, args...)
+	cmd.Env = append(os.Environ(), f.env...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(f.t, err)
 	require.NoError(f.t, cmd.Start())

@@ -40,6 +40,8 @@ Usage:
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json)
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group
+  ferry parked  list|release|skip [key] [flags]
+                                     keys the relay set aside while their destination failed
   ferry emit    [flags]              write events to the outbox (for trying Ferry out)
   ferry tail    [flags]              print the events stored in the JetStream stream
   ferry bench drain|latency|consume|settle [flags]
@@ -77,6 +79,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdStatus(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		err = cmdDLQ(ctx, args[1:], stdout, stderr)
+	case "parked":
+		err = cmdParked(ctx, args[1:], stdout, stderr)
 	case "emit":
 		err = cmdEmit(ctx, args[1:], stdout, stderr)
 	case "tail":

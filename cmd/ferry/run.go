@@ -71,6 +71,10 @@ type runConfig struct {
 		LeaseTTL     duration `yaml:"lease_ttl"`
 		Retention    duration `yaml:"retention"`
 		Shutdown     duration `yaml:"shutdown_timeout"`
+		StallTimeout duration `yaml:"stall_timeout"`
+		MaxAttempts  int      `yaml:"max_attempts"`
+		MaxAge       duration `yaml:"max_age"`
+		DeadPolicy   string   `yaml:"dead_policy"`
 	} `yaml:"relay"`
 	Metrics struct {
 		Addr string `yaml:"addr"`
@@ -162,7 +166,9 @@ type daemonConfig struct {
 	logLevel                                           string
 	createStream, migrate                              bool
 	batch, partition                                   int
-	poll, leaseTTL, retention, shutdown                time.Duration
+	poll, leaseTTL, retention, shutdown, stall, maxAge time.Duration
+	maxAttempts                                        int
+	deadPolicy                                         string
 	allPartitions                                      bool // one relay per partition (ferry run)
 	embedded                                           bool // no database or NATS URL: start the embedded ones
 	embeddedPort                                       int
@@ -195,6 +201,12 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Duration(&dc.retention, "retention", "FERRY_RETENTION", or(time.Duration(fc.Relay.Retention), 24*time.Hour), "keep published events this long (negative: forever)")
 	f.Duration(&dc.shutdown, "shutdown-timeout", "FERRY_SHUTDOWN_TIMEOUT", or(time.Duration(fc.Relay.Shutdown), 10*time.Second),
 		"after SIGTERM, exit within this long (plus about a second to close connections), whatever the destination does; keep it below Kubernetes' terminationGracePeriodSeconds")
+	f.Duration(&dc.stall, "stall-timeout", "FERRY_STALL_TIMEOUT", or(time.Duration(fc.Relay.StallTimeout), 2*time.Second),
+		"a key whose event goes unacknowledged this long while others flow is parked: set aside in the database and published from there once its destination answers")
+	f.Int(&dc.maxAttempts, "max-attempts", "FERRY_MAX_ATTEMPTS", fc.Relay.MaxAttempts, "give up on an event after this many failed attempts (0: never)")
+	f.Duration(&dc.maxAge, "max-age", "FERRY_MAX_AGE", time.Duration(fc.Relay.MaxAge), "give up on an event this long after its first failed attempt (0: never)")
+	f.String(&dc.deadPolicy, "dead-policy", "FERRY_DEAD_POLICY", or(fc.Relay.DeadPolicy, "hold"),
+		"on giving up: hold (the key waits until `ferry parked release|skip`) or continue (dead-letter the event, go on with the key)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
 	dc.allPartitions = true
@@ -267,6 +279,15 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		sink, ready, dest = ns.sink, ns.ready, ns.label
 	}
 
+	var policy ferry.DeadPolicy
+	switch dc.deadPolicy {
+	case "hold":
+		policy = ferry.Hold
+	case "continue":
+		policy = ferry.Continue
+	default:
+		return usagef("--dead-policy / FERRY_DEAD_POLICY %q: use hold or continue", dc.deadPolicy)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	partitions := []int{dc.partition}
@@ -281,6 +302,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
 			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
 			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
+			StallTimeout: dc.stall, MaxAttempts: dc.maxAttempts, MaxAge: dc.maxAge, DeadPolicy: policy,
 		})
 		if err != nil {
 			return usagef("%v", err)

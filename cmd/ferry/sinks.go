@@ -127,7 +127,14 @@ func openWebhook(u *url.URL, _ *slog.Logger) (*openedSink, error) {
 		}
 	}
 	unsigned, _ := strconv.ParseBool(os.Getenv("FERRY_WEBHOOK_UNSIGNED"))
-	sink, err := ferrywebhook.New(&ferrywebhook.Config{URL: u.String(), Secrets: secrets, Unsigned: unsigned})
+	var timeout time.Duration
+	if v := os.Getenv("FERRY_WEBHOOK_TIMEOUT"); v != "" {
+		var err error
+		if timeout, err = time.ParseDuration(v); err != nil || timeout <= 0 {
+			return nil, usagef("FERRY_WEBHOOK_TIMEOUT %q: give a positive duration such as 10s (the longest one request may take)", v)
+		}
+	}
+	sink, err := ferrywebhook.New(&ferrywebhook.Config{URL: u.String(), Secrets: secrets, Unsigned: unsigned, Timeout: timeout})
 	if err != nil {
 		return nil, usagef("%v (secrets come from FERRY_WEBHOOK_SECRETS)", err)
 	}

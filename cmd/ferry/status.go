@@ -30,6 +30,20 @@ type statusJSON struct {
 	DeadLetters     int64      `json:"dead_letters"`
 	DatabaseNow     time.Time  `json:"database_now"`
 	PartitionsTotal int        `json:"partitions"`
+	// Parked lists the keys whose events the relay set aside because their
+	// destination did not acknowledge them (oldest first, at most 20).
+	Parked     []parkedJSON `json:"parked,omitempty"`
+	ParkedKeys int          `json:"parked_keys"`
+	HeldKeys   int          `json:"held_keys"`
+}
+
+type parkedJSON struct {
+	Key      string    `json:"key"`
+	Events   int64     `json:"events"`
+	Head     string    `json:"head_event_id"`
+	ParkedAt time.Time `json:"parked_at"`
+	Held     bool      `json:"held"`
+	Reason   string    `json:"reason"`
 }
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -72,6 +86,21 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				s.LeaseExpiresIn = st.Lease.ExpiresAt.Sub(st.Lease.Now).Seconds()
 			}
 		}
+		if pk, ok := drv.(ferrydriver.Parker); ok {
+			heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: 100000})
+			if err != nil {
+				return err
+			}
+			s.ParkedKeys = len(heads)
+			for i, h := range heads {
+				if h.Held {
+					s.HeldKeys++
+				}
+				if i < 20 {
+					s.Parked = append(s.Parked, parkedJSON{Key: h.Event.Key, Events: h.Queued, Head: h.Event.ID.String(), ParkedAt: h.ParkedAt, Held: h.Held, Reason: h.Reason})
+				}
+			}
+		}
 		out = append(out, s)
 	}
 	if asJSON {
@@ -99,7 +128,24 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\n", s.Feed, s.LagEvents, dur(s.LagSeconds), cp, lease, s.DeadLetters)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range out {
+		if s.ParkedKeys == 0 {
+			continue
+		}
+		fmt.Fprintf(stdout, "\n%s: %d key(s) parked (their destination did not acknowledge them), %d held; see `ferry parked list --feed %s`\n",
+			s.Feed, s.ParkedKeys, s.HeldKeys, s.Feed)
+		for _, p := range s.Parked {
+			state := "retrying"
+			if p.Held {
+				state = "held"
+			}
+			fmt.Fprintf(stdout, "  %s: %d event(s), %s since %s: %s\n", p.Key, p.Events, state, dur(s.DatabaseNow.Sub(p.ParkedAt).Seconds())+" ago", p.Reason)
+		}
+	}
+	return nil
 }
 
 func dur(sec float64) string {
