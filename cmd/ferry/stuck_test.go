@@ -18,7 +18,15 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrysink/ferrykafka"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/ferry-dev/ferry/ferrysink/ferrywebhook"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // The stuck-key tests run `ferry relay` against a destination that refuses
@@ -37,14 +45,17 @@ func newArrivals() *arrivals {
 	return &arrivals{first: map[string]time.Time{}, seqs: map[string][]int64{}}
 }
 
-func (a *arrivals) record(ev ferry.Event) {
+func (a *arrivals) record(ev ferry.Event) { a.recordAt(ev, time.Now()) }
+
+// recordAt records ev as stored at t (the destination's own timestamp).
+func (a *arrivals) recordAt(ev ferry.Event, t time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	id := ev.ID.String()
 	if _, ok := a.first[id]; ok {
 		return
 	}
-	a.first[id] = time.Now()
+	a.first[id] = t
 	a.seqs[ev.Key] = append(a.seqs[ev.Key], ev.Seq)
 }
 
@@ -61,8 +72,8 @@ type emitted struct {
 }
 
 // pacedEmit emits one event per transaction at rate per second for d,
-// round-robin over keys, on topics[i % len(topics)] for key i.
-func pacedEmit(ctx context.Context, t *testing.T, f *fixture, keys, topics []string, rate int, d time.Duration) *emitted {
+// round-robin over keys, on topic "orders" or, for a key, topicOf's.
+func pacedEmit(ctx context.Context, t *testing.T, f *fixture, keys []string, topicOf func(key string) string, rate int, d time.Duration) *emitted {
 	t.Helper()
 	out := &emitted{committed: map[string]time.Time{}}
 	start := time.Now()
@@ -70,8 +81,12 @@ func pacedEmit(ctx context.Context, t *testing.T, f *fixture, keys, topics []str
 		if due := start.Add(time.Duration(i) * time.Second / time.Duration(rate)); time.Until(due) > 0 {
 			time.Sleep(time.Until(due))
 		}
-		k := i % len(keys)
-		ev := &ferry.Event{Topic: topics[k%len(topics)], Key: keys[k], Type: "T", Payload: []byte(strconv.Itoa(i))}
+		key := keys[i%len(keys)]
+		topic := "orders"
+		if topicOf != nil {
+			topic = topicOf(key)
+		}
+		ev := &ferry.Event{Topic: topic, Key: key, Type: "T", Payload: []byte(strconv.Itoa(i))}
 		require.NoError(t, f.client.Emit(ctx, ev))
 		out.committed[ev.ID.String()] = time.Now()
 		out.events = append(out.events, ev)
@@ -81,12 +96,12 @@ func pacedEmit(ctx context.Context, t *testing.T, f *fixture, keys, topics []str
 
 // othersLatency returns the commit→arrival p99 and maximum of the events of
 // keys other than stuck, and how many of them arrived.
-func othersLatency(e *emitted, a *arrivals, stuck string) (p99, worst time.Duration, n int) {
+func othersLatency(e *emitted, a *arrivals, stuck func(key string) bool) (p99, worst time.Duration, n int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var lat []time.Duration
 	for _, ev := range e.events {
-		if ev.Key == stuck {
+		if stuck(ev.Key) {
 			continue
 		}
 		if at, ok := a.first[ev.ID.String()]; ok {
@@ -102,20 +117,22 @@ func othersLatency(e *emitted, a *arrivals, stuck string) (p99, worst time.Durat
 
 // requireOthersPrompt waits until every other key's event arrived and checks
 // their p99 commit→arrival is under a second.
-func requireOthersPrompt(t *testing.T, e *emitted, a *arrivals, stuck string) {
+func requireOthersPrompt(t *testing.T, e *emitted, a *arrivals, stuck func(key string) bool) {
 	t.Helper()
 	others := 0
 	for _, ev := range e.events {
-		if ev.Key != stuck {
+		if !stuck(ev.Key) {
 			others++
 		}
 	}
 	require.Eventually(t, func() bool { _, _, n := othersLatency(e, a, stuck); return n == others }, 30*time.Second, 20*time.Millisecond,
-		"the other keys' events arrive while %q is stuck", stuck)
+		"the other keys' events arrive while some are stuck")
 	p99, worst, n := othersLatency(e, a, stuck)
-	t.Logf("other keys while %q was stuck: %d events, commit→arrival p99 %v, max %v", stuck, n, p99.Round(time.Microsecond), worst.Round(time.Microsecond))
+	t.Logf("other keys while some were stuck: %d events, commit→arrival p99 %v, max %v", n, p99.Round(time.Microsecond), worst.Round(time.Microsecond))
 	require.Less(t, p99, time.Second)
 }
+
+func isStuck(key string) bool { return key == "stuck" }
 
 // requireAllInOrder waits for every event and checks each key's first
 // copies arrived in Seq order.
@@ -182,8 +199,8 @@ func TestWebhookKeyThatHangsIsHeldAndReleased(t *testing.T) {
 	relay := f.startRelay("hang", "--stall-timeout", "500ms", "--max-age", "3s")
 	relay.awaitLeader(t, 30*time.Second)
 	ctx := context.Background()
-	e := pacedEmit(ctx, t, f, stuckKeys(), []string{"orders"}, 200, 6*time.Second)
-	requireOthersPrompt(t, e, a, "stuck")
+	e := pacedEmit(ctx, t, f, stuckKeys(), nil, 200, 6*time.Second)
+	requireOthersPrompt(t, e, a, isStuck)
 
 	pk := f.store.(ferrydriver.Parker)
 	require.Eventually(t, func() bool {
@@ -240,8 +257,8 @@ func TestWebhookKeyFailingForAMinuteRecovers(t *testing.T) {
 	f.sinkArgs = []string{"--sink-url", srv.URL + "/hooks"}
 	relay := f.startRelay("fail", "--stall-timeout", "500ms")
 	relay.awaitLeader(t, 30*time.Second)
-	e := pacedEmit(context.Background(), t, f, stuckKeys(), []string{"orders"}, 50, failFor)
-	requireOthersPrompt(t, e, a, "stuck")
+	e := pacedEmit(context.Background(), t, f, stuckKeys(), nil, 50, failFor)
+	requireOthersPrompt(t, e, a, isStuck)
 	requireAllInOrder(t, e, a, 60*time.Second)
 	parked := false
 	for _, l := range relay.logs.all() {
@@ -250,5 +267,159 @@ func TestWebhookKeyFailingForAMinuteRecovers(t *testing.T) {
 		}
 	}
 	require.True(t, parked, "the failing key was parked")
+	relay.stop(t)
+}
+
+// TestJetStreamSubjectAtItsLimitCostsOnlyItsKeys: the stream refuses one
+// subject (filled to its per-subject limit beforehand, discard new); the
+// other subjects' events keep being stored; once the limit is raised the
+// refused ones are stored, in order.
+func TestJetStreamSubjectAtItsLimitCostsOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	_, err := f.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: f.stream, Subjects: []string{f.prefix + ".>"}, Duplicates: 2 * time.Minute,
+		MaxMsgsPerSubject: 150, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
+	})
+	require.NoError(t, err)
+	for i := range 150 {
+		_, err := f.js.PublishMsg(ctx, &nats.Msg{Subject: f.prefix + ".full", Header: nats.Header{"Prefill": []string{strconv.Itoa(i)}}})
+		require.NoError(t, err)
+	}
+	a := newArrivals()
+	s, err := f.js.Stream(ctx, f.stream)
+	require.NoError(t, err)
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		if msg.Headers().Get("Prefill") != "" {
+			return
+		}
+		ev, err := ferrynats.DecodeJetStream(msg)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		a.recordAt(ev, md.Timestamp)
+	})
+	require.NoError(t, err)
+	defer cc.Stop()
+
+	relay := f.startRelay("full", "--stall-timeout", "500ms")
+	relay.awaitLeader(t, 30*time.Second)
+	topicOf := func(key string) string {
+		if key == "stuck" {
+			return "full"
+		}
+		return "orders-" + key // a subject each, under the limit
+	}
+	e := pacedEmit(ctx, t, f, stuckKeys(), topicOf, 200, 5*time.Second)
+	defer func() {
+		if t.Failed() {
+			t.Logf("relay log:\n%s", strings.Join(relay.logs.all(), "\n"))
+		}
+	}()
+	requireOthersPrompt(t, e, a, isStuck)
+	a.mu.Lock()
+	require.Empty(t, a.seqs["stuck"], "the full subject took nothing")
+	a.mu.Unlock()
+
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	cfg := info.Config
+	cfg.MaxMsgsPerSubject = 1000
+	_, err = f.js.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	requireAllInOrder(t, e, a, 60*time.Second)
+	relay.stop(t)
+}
+
+// TestKafkaPartitionRefusingCostsOnlyItsKeys: kfake refuses every produce
+// to one partition (NOT_ENOUGH_REPLICAS); keys on the other partitions keep
+// flowing; once it accepts again, the refused keys' records are stored, in
+// order.
+func TestKafkaPartitionRefusingCostsOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(4, "orders"))
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	// The refused partition is the one key "stuck" maps to, alone on its
+	// broker; every produce request that broker gets is refused.
+	bad := ferrykafka.Partition([]byte("stuck"), 4)
+	node := c.LeaderFor("orders", bad)
+	for p := range int32(4) {
+		if p != bad && c.LeaderFor("orders", p) == node {
+			require.NoError(t, c.MoveTopicPartition("orders", p, (node+1)%3))
+		}
+	}
+	var refusing atomic.Bool
+	refusing.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !refusing.Load() || c.CurrentNode() != node {
+			return nil, nil, false
+		}
+		req := kreq.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotEnoughReplicas.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	brokers := c.ListenAddrs()
+	f.sinkArgs = []string{"--sink-url", "kafka://" + strings.Join(brokers, ",") + "/"}
+
+	a := newArrivals()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("orders"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var consumed sync.WaitGroup
+	consumed.Go(func() {
+		for ctx.Err() == nil {
+			fetches := cl.PollFetches(ctx)
+			for _, r := range fetches.Records() {
+				ev, err := ferrykafka.Decode(r)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				a.record(ev)
+			}
+		}
+	})
+	defer func() { cancel(); consumed.Wait(); cl.Close() }()
+
+	relay := f.startRelay("refused", "--stall-timeout", "500ms")
+	relay.awaitLeader(t, 30*time.Second)
+	keys := stuckKeys()
+	onBad := func(key string) bool { return ferrykafka.Partition([]byte(key), 4) == bad }
+	e := pacedEmit(ctx, t, f, keys, nil, 200, 5*time.Second)
+	requireOthersPrompt(t, e, a, onBad)
+	a.mu.Lock()
+	for _, k := range keys {
+		if onBad(k) {
+			require.Empty(t, a.seqs[k], "nothing of key %s (refused partition %d) was stored", k, bad)
+		}
+	}
+	a.mu.Unlock()
+	refusing.Store(false)
+	requireAllInOrder(t, e, a, 90*time.Second)
 	relay.stop(t)
 }
