@@ -297,7 +297,7 @@ DELETE FROM {schema}.requests WHERE id IN (
     SELECT id FROM {schema}.requests WHERE created_at < now() - $1 * interval '1 millisecond'
      ORDER BY created_at LIMIT $2)`
 
-// Parked events (migration 004). The relay's writes are fenced like
+// Parked events (migration 006). The relay's writes are fenced like
 // sqlInsertDeadLetters.
 
 const sqlLeaseShare = `

@@ -1,4 +1,4 @@
--- Ferry schema version 4: parked events. When a key's destination stops
+-- Ferry schema version 6: parked events. When a key's destination stops
 -- acknowledging it while other keys flow, the relay moves the key's events
 -- here (fenced by its lease) so that its checkpoint can pass them, and
 -- publishes them from here, in id order per key, once the key recovers.
