@@ -3,6 +3,7 @@ package ferry
 import (
 	"fmt"
 
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -35,7 +36,7 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 		duplicates:     counter("destination_duplicates_total", "Publishes the destination dropped as duplicates (redeliveries after a crash or retry)."),
 		batchSize:      bs,
 		publishSeconds: ps,
-		lagEvents:      gauge("lag_events", "Events committed but not yet passed by the checkpoint (refreshed every heartbeat)."),
+		lagEvents:      gauge("lag_events", fmt.Sprintf("Events committed but not yet passed by the checkpoint, refreshed every heartbeat: exact up to %d, estimated beyond (see ferrydriver.FeedLag).", ferrydriver.ExactCountLimit)),
 		lagSeconds:     gauge("lag_seconds", "Age of the oldest event not yet published."),
 		leader:         gauge("leader", "1 while this relay holds the feed's lease."),
 	}

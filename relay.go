@@ -676,15 +676,18 @@ func (c *checkpointer) flush(stop context.Context, timeout time.Duration) {
 	}
 }
 
+// refreshLag sets the lag gauges from FeedLag, whose cost does not grow
+// with the backlog (an estimate beyond ferrydriver.ExactCountLimit
+// events); dead letters are not counted here at all.
 func (r *Relay) refreshLag(ctx context.Context) {
-	st, err := r.store.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: r.name, Partition: r.cfg.Partition})
+	lag, err := r.store.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: r.name, Partition: r.cfg.Partition})
 	if err != nil {
 		return
 	}
-	r.m.lagEvents.Set(float64(st.LagEvents))
-	if st.OldestPending.IsZero() {
+	r.m.lagEvents.Set(float64(lag.Events))
+	if lag.OldestPending.IsZero() {
 		r.m.lagSeconds.Set(0)
 	} else {
-		r.m.lagSeconds.Set(max(0, st.Now.Sub(st.OldestPending).Seconds()))
+		r.m.lagSeconds.Set(max(0, lag.Now.Sub(lag.OldestPending).Seconds()))
 	}
 }

@@ -93,9 +93,25 @@ type Store interface {
 	// removes an event a feed has not delivered.
 	DeleteDelivered(ctx context.Context, p *DeleteDeliveredParams) (int64, error)
 
-	// FeedStatus reports a feed's checkpoint, lease, lag and dead letters.
+	// FeedLag measures how far a feed's saved checkpoint is behind the
+	// newest event of its partition at a cost that does not grow with the
+	// backlog or the history: the relay refreshes its lag gauges with it
+	// every heartbeat. Beyond ExactCountLimit events it is an estimate
+	// (see FeedLag.Events).
+	FeedLag(ctx context.Context, p *FeedLagParams) (*FeedLag, error)
+
+	// FeedStatus reports a feed's checkpoint, lease, lag and dead letters,
+	// for operators. Without p.Exact it costs what FeedLag does plus a
+	// count of at most ExactCountLimit+1 dead letters; with p.Exact it
+	// counts every pending event and dead letter of the feed: O(lag +
+	// dead letters), for a person asking, never for a periodic task.
 	FeedStatus(ctx context.Context, p *FeedStatusParams) (*FeedStatus, error)
 }
+
+// ExactCountLimit is how many pending events FeedLag (and dead letters
+// FeedStatus without Exact) count one by one. Beyond it the lag is
+// extrapolated and the dead letters are reported as "more than".
+const ExactCountLimit = 1000
 
 // Driver is a Store that can also write events inside a caller's
 // transaction of type TTx (pgx.Tx, *sql.Tx, a MongoDB session context).
@@ -306,10 +322,43 @@ type DeleteDeliveredParams struct {
 	Limit     int
 }
 
+// FeedLagParams select a feed.
+type FeedLagParams struct {
+	Feed      string
+	Partition int
+}
+
+// FeedLag is a feed's lag behind its partition's newest event.
+type FeedLag struct {
+	// Events counts the events committed after the feed's checkpoint:
+	// exactly when there are at most ExactCountLimit, otherwise an
+	// estimate (Estimated). The backend counts the first ExactCountLimit
+	// events after the checkpoint and extrapolates their density over the
+	// positions up to the partition's newest event. The estimate is off
+	// when the density is uneven: positions used by rolled-back
+	// transactions or by other partitions (PostgreSQL draws the ids of all
+	// partitions from one sequence), bursts and lulls (MongoDB measures
+	// positions by append time). Like the exact count, it leaves out
+	// events of transactions that were still running below the
+	// checkpoint's position: the feed delivers them in its next batches.
+	Events int64
+	// Estimated is set when Events was extrapolated.
+	Estimated bool
+	// OldestPending is the earliest creation time among the first
+	// ExactCountLimit events after the checkpoint; zero if none.
+	OldestPending time.Time
+	// Now is the database clock at the time of the measurement.
+	Now time.Time
+}
+
 // FeedStatusParams select a feed.
 type FeedStatusParams struct {
 	Feed      string
 	Partition int
+	// Exact counts every pending event and dead letter of the feed, at a
+	// cost that grows with both; without it LagEvents is FeedLag's
+	// estimate and dead letters are counted up to ExactCountLimit.
+	Exact bool
 }
 
 // FeedStatus describes a feed for operators.
@@ -318,12 +367,30 @@ type FeedStatus struct {
 	Checkpoint *Checkpoint
 	// Lease is nil when no relay ever held the feed.
 	Lease *Lease
-	// LagEvents counts events committed but not yet passed by the checkpoint.
+	// LagEvents counts events committed but not yet passed by the
+	// checkpoint: an estimate when LagEstimated (see FeedLag.Events).
 	LagEvents int64
-	// OldestPending is the creation time of the oldest such event; zero if none.
+	// LagEstimated is set when LagEvents was extrapolated, not counted.
+	LagEstimated bool
+	// OldestPending is the creation time of the oldest such event (without
+	// Exact, of the oldest among the first ExactCountLimit); zero if none.
 	OldestPending time.Time
-	// DeadLetters counts relay dead letters of the feed.
-	DeadLetters int64
+	// DeadLetters counts relay dead letters of the feed; when
+	// DeadLettersMore, counting stopped there and the feed has more.
+	DeadLetters     int64
+	DeadLettersMore bool
 	// Now is the database clock at the time of the report.
 	Now time.Time
+}
+
+// ExtrapolateLag is the estimate behind FeedLag.Events, for backends:
+// counted events were found after position from, up to and including
+// position last, when counting stopped at ExactCountLimit; head is the
+// position of the partition's newest event. Below the limit, or when
+// last is the head, the count is exact and returned as is.
+func ExtrapolateLag(counted int64, from, last, head float64) (events int64, estimated bool) {
+	if counted < ExactCountLimit || head <= last || last <= from {
+		return counted, false
+	}
+	return int64(float64(counted) * (head - from) / (last - from)), true
 }

@@ -18,6 +18,7 @@ import (
 type statusJSON struct {
 	Feed            string     `json:"feed"`
 	LagEvents       int64      `json:"lag_events"`
+	LagEstimated    bool       `json:"lag_estimated"`
 	LagSeconds      float64    `json:"lag_seconds"`
 	OldestPending   *time.Time `json:"oldest_pending,omitempty"`
 	CheckpointAt    *time.Time `json:"checkpoint_at,omitempty"`
@@ -28,6 +29,7 @@ type statusJSON struct {
 	LeaseHeld       bool       `json:"lease_held"`
 	LeaseExpiresIn  float64    `json:"lease_expires_in_seconds,omitempty"`
 	DeadLetters     int64      `json:"dead_letters"`
+	DeadLettersMore bool       `json:"dead_letters_more,omitempty"`
 	DatabaseNow     time.Time  `json:"database_now"`
 	PartitionsTotal int        `json:"partitions"`
 }
@@ -37,9 +39,10 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var db dbFlags
 	db.register(f)
 	var feed string
-	var asJSON bool
+	var asJSON, exact bool
 	f.String(&feed, "feed", "FERRY_FEED", "default", "feed name")
 	f.Bool(&asJSON, "json", "FERRY_STATUS_JSON", false, "print JSON")
+	f.Bool(&exact, "exact", "FERRY_STATUS_EXACT", false, fmt.Sprintf("count every pending event and dead letter (reads all of them); without it the lag beyond %d events is estimated and dead letters are counted to %d", ferrydriver.ExactCountLimit, ferrydriver.ExactCountLimit))
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -52,11 +55,12 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var out []statusJSON
 	for p := range db.partitions {
 		name := feed + "/" + strconv.Itoa(p)
-		st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: name, Partition: p})
+		st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: name, Partition: p, Exact: exact})
 		if err != nil {
 			return err
 		}
-		s := statusJSON{Feed: name, LagEvents: st.LagEvents, DeadLetters: st.DeadLetters, DatabaseNow: st.Now, PartitionsTotal: db.partitions, CheckpointTerm: st.Checkpoint.Term}
+		s := statusJSON{Feed: name, LagEvents: st.LagEvents, LagEstimated: st.LagEstimated, DeadLetters: st.DeadLetters, DeadLettersMore: st.DeadLettersMore,
+			DatabaseNow: st.Now, PartitionsTotal: db.partitions, CheckpointTerm: st.Checkpoint.Term}
 		if !st.OldestPending.IsZero() {
 			s.OldestPending = &st.OldestPending
 			s.LagSeconds = st.Now.Sub(st.OldestPending).Seconds()
@@ -84,6 +88,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "FEED\tLAG EVENTS\tLAG\tCHECKPOINT\tLEASE\tDEAD LETTERS")
+	estimated := false
 	for _, s := range out {
 		cp := "never saved"
 		if s.CheckpointAt != nil {
@@ -97,9 +102,23 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				lease = fmt.Sprintf("free (last %s, term %d)", s.LeaseHolder, s.LeaseTerm)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\n", s.Feed, s.LagEvents, dur(s.LagSeconds), cp, lease, s.DeadLetters)
+		lag, dead := strconv.FormatInt(s.LagEvents, 10), strconv.FormatInt(s.DeadLetters, 10)
+		if s.LagEstimated {
+			lag, estimated = "~"+lag, true
+		}
+		if s.DeadLettersMore {
+			dead, estimated = ">"+dead, true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Feed, lag, dur(s.LagSeconds), cp, lease, dead)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if estimated {
+		fmt.Fprintf(stdout, "~ estimated from the first %d pending events, > counted to %d (LAG is the oldest of those): --exact counts them all\n",
+			ferrydriver.ExactCountLimit, ferrydriver.ExactCountLimit)
+	}
+	return nil
 }
 
 func dur(sec float64) string {

@@ -69,6 +69,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, h) })
 	t.Run("RetentionKeepsWhatASlowFeedNeeds", func(t *testing.T) { t.Parallel(); testRetentionSlowestFeed(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
+	t.Run("LagBeyondTheExactCount", func(t *testing.T) { t.Parallel(); testLagEstimate(t, h) })
 }
 
 // Event builds a valid, prepared event.
@@ -745,8 +746,15 @@ func testStatus[TTx any](t *testing.T, h Harness[TTx]) {
 	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "s/0"})
 	require.NoError(t, err)
 	require.EqualValues(t, 5, st.LagEvents)
+	require.False(t, st.LagEstimated, "below ExactCountLimit the lag is counted")
 	require.False(t, st.OldestPending.IsZero())
 	require.Nil(t, st.Lease)
+	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "s/0"})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, lag.Events)
+	require.False(t, lag.Estimated)
+	require.Equal(t, st.OldestPending, lag.OldestPending)
+	require.False(t, lag.Now.IsZero())
 
 	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "s/0", Holder: "r1", TTL: time.Minute})
 	require.NoError(t, err)
@@ -763,6 +771,50 @@ func testStatus[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, "r1", st.Lease.Holder)
 	require.Equal(t, l.Term, st.Checkpoint.Term)
 	require.Zero(t, st.DeadLetters)
+	require.False(t, st.DeadLettersMore)
+	lag, err = drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "s/0"})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lag.Events, "FeedLag measures from the saved checkpoint")
+	exact, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "s/0", Exact: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, exact.LagEvents)
+	require.False(t, exact.LagEstimated)
+
+	err = drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "s/0", Holder: "r1", Term: l.Term,
+		DeadLetters: []*ferrydriver.DeadLetter{{Event: *Event("t", "k", "bad"), Reason: "unroutable"}}})
+	require.NoError(t, err)
+	for _, exact := range []bool{false, true} {
+		st, err = drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "s/0", Exact: exact})
+		require.NoError(t, err)
+		require.EqualValues(t, 1, st.DeadLetters)
+		require.False(t, st.DeadLettersMore)
+	}
+}
+
+// testLagEstimate: beyond ExactCountLimit events the lag is extrapolated
+// from the first ExactCountLimit, at a cost that does not grow with the
+// backlog; it stays in the right range, and Exact still counts it all.
+func testLagEstimate[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	drv := h.New(t)
+	const calls, per = 25, ferrydriver.ExactCountLimit / 10
+	for c := range calls {
+		var evs []*ferryevent.Event
+		for i := range per {
+			evs = append(evs, Event("t", "k"+strconv.Itoa(i%7), strconv.Itoa(c*per+i)))
+		}
+		require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+		time.Sleep(2 * time.Millisecond) // backends that position by append time see distinct times
+	}
+	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "big/0"})
+	require.NoError(t, err)
+	require.True(t, lag.Estimated, "%d events: more than ExactCountLimit", calls*per)
+	require.InEpsilon(t, calls*per, lag.Events, 0.5, "the estimate is in the right range")
+	require.False(t, lag.OldestPending.IsZero())
+	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "big/0", Exact: true})
+	require.NoError(t, err)
+	require.False(t, st.LagEstimated)
+	require.EqualValues(t, calls*per, st.LagEvents)
 }
 
 // testRetentionSlowestFeed: two feeds read one partition; retention driven

@@ -153,10 +153,17 @@ func (c *Capture) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParam
 	if err != nil {
 		return nil, err
 	}
-	if st.DeadLetters, err = c.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: p.Feed}}); err != nil {
-		return nil, fmt.Errorf("ferrymongo: count dead letters of %s: %w", p.Feed, err)
+	return st, c.countDeadLetters(ctx, st, p.Exact)
+}
+
+// FeedLag implements ferrydriver.Store: without an outbox the lag in
+// events is not known; it is reported as zero.
+func (c *Capture) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	st, err := c.checkpointStatus(ctx, p.Feed)
+	if err != nil {
+		return nil, err
 	}
-	return st, nil
+	return &ferrydriver.FeedLag{Now: st.Now}, nil
 }
 
 // captureCursor is a capture feed's position: the resume token after the

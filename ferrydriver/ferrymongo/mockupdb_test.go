@@ -386,3 +386,28 @@ func TestMockCaptureRelaysChangesWithImages(t *testing.T) {
 	_, err = capture.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0", Cursor: []byte(`{"token":"AA=="}`)})
 	require.ErrorContains(t, err, "not a capture position")
 }
+
+// TestMockFeedLagIsBoundedAndExtrapolated: the relay's heartbeat counts at
+// most ExactCountLimit events after the checkpoint (sorted by append
+// time, so by the (p, appended_at) index) and extrapolates their density
+// up to the partition's newest append: 1000 events in the first 10 s of
+// 30 s of backlog are about 3000.
+func TestMockFeedLagIsBoundedAndExtrapolated(t *testing.T) {
+	uri, lines := mockServerLines(t, "lag")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "default/0"})
+	require.NoError(t, err)
+	require.True(t, lag.Estimated)
+	require.InDelta(t, 3000, lag.Events, 5)
+	require.Equal(t, time.Date(2026, 5, 1, 11, 59, 0, 0, time.UTC), lag.OldestPending.UTC())
+
+	reports := awaitReports(ctx, t, lines, 2)
+	require.Contains(t, reports[0], `"$limit": 1000`, "the count stops at ExactCountLimit")
+	require.Contains(t, reports[0], `"$sort": {"appended_at": 1}`)
+	require.Contains(t, reports[0], `"$gt": "2026-05-01 11:59:59`, "it counts after the checkpoint's position")
+	require.Contains(t, reports[1], `"sort": {"appended_at": -1}`, "the newest append, by index")
+}

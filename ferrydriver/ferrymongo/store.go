@@ -320,14 +320,86 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 	return n, nil
 }
 
+// FeedLag implements ferrydriver.Store. Positions are append times: the
+// first ferrydriver.ExactCountLimit events appended after the last
+// acknowledged one are counted, and their density in time is extrapolated
+// up to the partition's newest append, both by the (p, appended_at)
+// index. Approximate even when exact: append times come from the
+// producers' clocks, with millisecond precision.
+func (d *Driver) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	st, err := d.checkpointStatus(ctx, p.Feed)
+	if err != nil {
+		return nil, err
+	}
+	return d.feedLag(ctx, p.Feed, p.Partition, st)
+}
+
+func (d *Driver) feedLag(ctx context.Context, feed string, partition int, st *ferrydriver.FeedStatus) (*ferrydriver.FeedLag, error) {
+	c, err := decodeCursor(st.Checkpoint.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	lag := &ferrydriver.FeedLag{Now: st.Now}
+	filter := bson.D{{Key: "p", Value: partition}, {Key: "appended_at", Value: bson.D{{Key: "$gt", Value: c.At}}}}
+	cur, err := d.outbox.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: filter}},
+		{{Key: "$sort", Value: bson.D{{Key: "appended_at", Value: 1}}}},
+		{{Key: "$limit", Value: ferrydriver.ExactCountLimit}},
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: nil}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
+			{Key: "first", Value: bson.D{{Key: "$min", Value: "$appended_at"}}}, {Key: "last", Value: bson.D{{Key: "$max", Value: "$appended_at"}}},
+			{Key: "oldest", Value: bson.D{{Key: "$min", Value: "$created_at"}}}}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", feed, err)
+	}
+	var sample []struct {
+		N      int64     `bson:"n"`
+		First  time.Time `bson:"first"`
+		Last   time.Time `bson:"last"`
+		Oldest time.Time `bson:"oldest"`
+	}
+	if err := cur.All(ctx, &sample); err != nil {
+		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", feed, err)
+	}
+	if len(sample) == 0 {
+		return lag, nil
+	}
+	s := sample[0]
+	lag.Events, lag.OldestPending = s.N, s.Oldest
+	if s.N < ferrydriver.ExactCountLimit {
+		return lag, nil
+	}
+	var newest struct {
+		At time.Time `bson:"appended_at"`
+	}
+	err = d.outbox.FindOne(ctx, bson.D{{Key: "p", Value: partition}},
+		options.FindOne().SetSort(bson.D{{Key: "appended_at", Value: -1}}).SetProjection(bson.D{{Key: "appended_at", Value: 1}, {Key: "_id", Value: 0}})).Decode(&newest)
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", feed, err)
+	}
+	// The sample's first append stands for the checkpoint's position: the
+	// two clocks need not agree.
+	from := float64(s.First.UnixMicro() - 1)
+	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(s.N, from, float64(s.Last.UnixMicro()), float64(newest.At.UnixMicro()))
+	return lag, nil
+}
+
 // FeedStatus implements ferrydriver.Store. Lag counts the partition's
 // events appended after the last acknowledged one: approximate, since
 // append times come from the producers' clocks (and have millisecond
-// precision).
+// precision); without Exact, it is FeedLag's.
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st, err := d.checkpointStatus(ctx, p.Feed)
 	if err != nil {
 		return nil, err
+	}
+	if !p.Exact {
+		lag, err := d.feedLag(ctx, p.Feed, p.Partition, st)
+		if err != nil {
+			return nil, err
+		}
+		st.LagEvents, st.LagEstimated, st.OldestPending = lag.Events, lag.Estimated, lag.OldestPending
+		return st, d.countDeadLetters(ctx, st, false)
 	}
 	c, err := decodeCursor(st.Checkpoint.Cursor)
 	if err != nil {
@@ -344,10 +416,25 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	} else if !errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", p.Feed, err)
 	}
-	if st.DeadLetters, err = d.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: p.Feed}}); err != nil {
-		return nil, fmt.Errorf("ferrymongo: count dead letters of %s: %w", p.Feed, err)
+	return st, d.countDeadLetters(ctx, st, true)
+}
+
+// countDeadLetters counts the feed's dead letters into st: all of them
+// when exact, else at most ferrydriver.ExactCountLimit+1.
+func (d *Driver) countDeadLetters(ctx context.Context, st *ferrydriver.FeedStatus, exact bool) error {
+	opts := options.Count()
+	if !exact {
+		opts.SetLimit(ferrydriver.ExactCountLimit + 1)
 	}
-	return st, nil
+	n, err := d.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: st.Feed}}, opts)
+	if err != nil {
+		return fmt.Errorf("ferrymongo: count dead letters of %s: %w", st.Feed, err)
+	}
+	st.DeadLetters = n
+	if !exact && n > ferrydriver.ExactCountLimit {
+		st.DeadLetters, st.DeadLettersMore = ferrydriver.ExactCountLimit, true
+	}
+	return nil
 }
 
 // checkpointStatus is the part of a feed's status every feed kind has: its

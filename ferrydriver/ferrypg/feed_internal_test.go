@@ -310,3 +310,85 @@ func TestRetentionIsBoundedByItsLimit(t *testing.T) {
 	}))
 	require.EqualValues(t, 10, n)
 }
+
+// TestHeartbeatLagIsBounded: the relay refreshes its lag every heartbeat
+// (5 s by default). What it runs must cost the same over 200,000 events of
+// lag and 100,000 dead letters as over a handful, whatever the statistics
+// (taken here on an empty outbox): before, it was FeedStatus's count(*)
+// over the lag and over the feed's dead letters, O(lag + dead letters)
+// every heartbeat. The exact statements, now only for `ferry status
+// --exact`, are measured too, for comparison. Buffers are compared, not
+// times.
+func TestHeartbeatLagIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newTestDriver(t)
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.outbox, `+s+`.dead_letters`)
+	require.NoError(t, err)
+	explain := func(indexPlans bool, query string, args ...any) int {
+		t.Helper()
+		var raw []byte
+		run := func(e executor) error {
+			return queryRow(ctx, e, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+query, args...)
+		}
+		if indexPlans {
+			require.NoError(t, drv.inIndexPlanTx(ctx, run))
+		} else {
+			require.NoError(t, run(drv.db))
+		}
+		buffers, _ := planBuffers(t, raw)
+		return buffers
+	}
+	const feed = "hb/0"
+	heartbeat := func() int {
+		return explain(true, drv.queries.feedLag, 0, int64(0), ferrydriver.ExactCountLimit)
+	}
+	deadLetters := func() int {
+		return explain(false, drv.queries.countDeadLetter, feed, ferrydriver.ExactCountLimit+1)
+	}
+
+	fillBacklog(t, drv, 10)
+	smallLag, smallDL := heartbeat(), deadLetters()
+	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: feed})
+	require.NoError(t, err)
+	require.EqualValues(t, 10, lag.Events)
+	require.False(t, lag.Estimated)
+
+	n := 200_000
+	if testing.Short() {
+		n = 100_000
+	}
+	fillBacklog(t, drv, n)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.dead_letters (feed, event_id, topic, key, seq, type, source, content_type, payload, created_at, reason)
+		SELECT $1, gen_random_uuid(), 'orders', 'k' || g, 1, 'T', '', '', '\x00', now(), 'unroutable' FROM generate_series(1, 100000) g`, feed)
+	require.NoError(t, err)
+	bigLag, bigDL := heartbeat(), deadLetters()
+	exactLag := explain(false, drv.queries.feedLagExact, 0, int64(0))
+	exactDL := explain(false, drv.queries.countDeadLetterExact, feed)
+	t.Logf("heartbeat lag: %d buffers at 10 events, %d at %d; dead letters counted to %d: %d buffers at 0, %d at 100,000; exact (status --exact): lag %d, dead letters %d buffers",
+		smallLag, bigLag, n+10, ferrydriver.ExactCountLimit, smallDL, bigDL, exactLag, exactDL)
+	require.Less(t, bigLag, 120, "the heartbeat's lag must touch O(ExactCountLimit) pages, not O(lag)")
+	// An index-only range of at most ExactCountLimit+1 entries of the
+	// primary key; until VACUUM sets the visibility map each entry may
+	// cost a heap page (event IDs are random, so the heap is in another
+	// order). Bounded, whatever the number of dead letters.
+	require.Less(t, bigDL, ferrydriver.ExactCountLimit+64, "counting dead letters without Exact must touch O(ExactCountLimit) pages")
+	require.Greater(t, exactLag, 10*bigLag, "the exact count does grow with the lag (a sanity check of the setup)")
+
+	lag, err = drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: feed})
+	require.NoError(t, err)
+	require.True(t, lag.Estimated)
+	require.InEpsilon(t, n+10, lag.Events, 0.05, "one partition, no gaps: the estimate is close")
+	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: feed})
+	require.NoError(t, err)
+	require.True(t, st.LagEstimated)
+	require.True(t, st.DeadLettersMore)
+	require.EqualValues(t, ferrydriver.ExactCountLimit, st.DeadLetters)
+	st, err = drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: feed, Exact: true})
+	require.NoError(t, err)
+	require.False(t, st.LagEstimated)
+	require.EqualValues(t, n+10, st.LagEvents)
+	require.EqualValues(t, 100_000, st.DeadLetters)
+}

@@ -274,13 +274,41 @@ DELETE FROM {schema}.outbox o USING (
 // the scan settings feedSettings gives the feed's session.
 const sqlIndexPlans = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
 
-// sqlFeedLag counts events above a feed position (O(lag): for status only).
+// sqlFeedLag measures the lag of a feed position for the relay's
+// heartbeat, O($3) whatever the backlog: it counts the first $3 events
+// above the position and reads the partition's highest id ("ORDER BY id
+// DESC LIMIT 1": only outbox_pkey gives that order), from which the
+// driver extrapolates (ferrydriver.ExtrapolateLag). It runs in an
+// index-plan transaction (inIndexPlanTx), so stale statistics cannot turn
+// the bounded range into a sequential scan and a sort. On an outbox
+// analysed empty and then loaded with 200,000 rows of lag, 50 buffers and
+// 0.4 ms, against 8,770 buffers for the count(*) it replaces
+// (TestHeartbeatLagIsBounded):
+//
+//	Aggregate
+//	  InitPlan 1 (returns $0)
+//	    -> Limit -> Index Only Scan Backward using outbox_pkey on outbox outbox_1  Index Cond: (partition = 0)
+//	  -> Limit (rows=1000) -> Index Scan using outbox_pkey on outbox  Index Cond: ((partition = 0) AND (id > '0'::bigint))
 const sqlFeedLag = `
+SELECT count(*), COALESCE(max(s.id), 0), min(s.created_at),
+       COALESCE((SELECT id FROM {schema}.outbox WHERE partition = $1 ORDER BY id DESC LIMIT 1), 0), now()
+  FROM (SELECT id, created_at FROM {schema}.outbox
+         WHERE partition = $1 AND id > $2 ORDER BY id LIMIT $3) s`
+
+// sqlFeedLagExact counts every event above a feed position: O(lag), for
+// `ferry status --exact` only.
+const sqlFeedLagExact = `
 SELECT count(*), min(created_at) FROM {schema}.outbox WHERE partition = $1 AND id > $2`
 
 const sqlPartitionCursors = `SELECT cursor FROM {schema}.checkpoints WHERE partition = $1 AND cursor IS NOT NULL`
 
-const sqlCountDeadLetters = `SELECT count(*), now() FROM {schema}.dead_letters WHERE feed = $1`
+// sqlCountDeadLetters counts a feed's dead letters, at most $2 of them: an
+// index-only range of the primary key, O($2).
+const sqlCountDeadLetters = `
+SELECT count(*), now() FROM (SELECT 1 FROM {schema}.dead_letters WHERE feed = $1 LIMIT $2) d`
+
+// sqlCountDeadLettersExact counts all of them (`ferry status --exact`).
+const sqlCountDeadLettersExact = `SELECT count(*), now() FROM {schema}.dead_letters WHERE feed = $1`
 
 // Request records (migration 003). A claim inserts the row; a concurrent
 // claim of the same ID waits for the first transaction on the primary key

@@ -242,6 +242,38 @@ func (d *Driver[TTx]) inIndexPlanTx(ctx context.Context, fn func(e executor) err
 	return commit(ctx)
 }
 
+// FeedLag implements ferrydriver.Store: one statement bounded by
+// ferrydriver.ExactCountLimit (sqlFeedLag) after the checkpoint's primary
+// key lookup.
+func (d *Driver[TTx]) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	if err != nil {
+		return nil, err
+	}
+	cur, err := decodeCursor(cp.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	return d.feedLag(ctx, p.Feed, p.Partition, cur.delivered())
+}
+
+func (d *Driver[TTx]) feedLag(ctx context.Context, feed string, partition int, after int64) (*ferrydriver.FeedLag, error) {
+	lag := &ferrydriver.FeedLag{}
+	var n, last, high int64
+	var oldest *time.Time
+	err := d.inIndexPlanTx(ctx, func(e executor) error {
+		return queryRow(ctx, e, []any{&n, &last, &oldest, &high, &lag.Now}, d.queries.feedLag, partition, after, ferrydriver.ExactCountLimit)
+	})
+	if err != nil {
+		return nil, d.wrapErr("measure lag of "+feed, err)
+	}
+	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(n, float64(after), float64(last), float64(high))
+	if oldest != nil {
+		lag.OldestPending = *oldest
+	}
+	return lag, nil
+}
+
 // FeedStatus implements ferrydriver.Store.
 func (d *Driver[TTx]) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: p.Feed}
@@ -259,15 +291,29 @@ func (d *Driver[TTx]) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusP
 	if err != nil {
 		return nil, err
 	}
-	var oldest *time.Time
-	if err := queryRow(ctx, d.db, []any{&st.LagEvents, &oldest}, d.queries.feedLag, p.Partition, cur.delivered()); err != nil {
-		return nil, d.wrapErr("measure lag of "+p.Feed, err)
+	if p.Exact {
+		var oldest *time.Time
+		if err := queryRow(ctx, d.db, []any{&st.LagEvents, &oldest}, d.queries.feedLagExact, p.Partition, cur.delivered()); err != nil {
+			return nil, d.wrapErr("measure lag of "+p.Feed, err)
+		}
+		if oldest != nil {
+			st.OldestPending = *oldest
+		}
+		if err := queryRow(ctx, d.db, []any{&st.DeadLetters, &st.Now}, d.queries.countDeadLetterExact, p.Feed); err != nil {
+			return nil, d.wrapErr("count dead letters of "+p.Feed, err)
+		}
+		return st, nil
 	}
-	if oldest != nil {
-		st.OldestPending = *oldest
+	lag, err := d.feedLag(ctx, p.Feed, p.Partition, cur.delivered())
+	if err != nil {
+		return nil, err
 	}
-	if err := queryRow(ctx, d.db, []any{&st.DeadLetters, &st.Now}, d.queries.countDeadLetter, p.Feed); err != nil {
+	st.LagEvents, st.LagEstimated, st.OldestPending = lag.Events, lag.Estimated, lag.OldestPending
+	if err := queryRow(ctx, d.db, []any{&st.DeadLetters, &st.Now}, d.queries.countDeadLetter, p.Feed, ferrydriver.ExactCountLimit+1); err != nil {
 		return nil, d.wrapErr("count dead letters of "+p.Feed, err)
+	}
+	if st.DeadLetters > ferrydriver.ExactCountLimit {
+		st.DeadLetters, st.DeadLettersMore = ferrydriver.ExactCountLimit, true
 	}
 	return st, nil
 }

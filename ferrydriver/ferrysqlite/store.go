@@ -264,6 +264,40 @@ DELETE FROM ferry_outbox WHERE id IN (
 	return n, err
 }
 
+// FeedLag implements ferrydriver.Store: the first
+// ferrydriver.ExactCountLimit events after the checkpoint and the
+// partition's highest id, both ranges of ferry_outbox_partition_idx.
+func (d *Driver) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	if err != nil {
+		return nil, err
+	}
+	pos, err := decodeCursor(cp.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	return d.feedLag(ctx, p.Feed, p.Partition, pos.After)
+}
+
+func (d *Driver) feedLag(ctx context.Context, feed string, partition int, after int64) (*ferrydriver.FeedLag, error) {
+	lag := &ferrydriver.FeedLag{Now: now()}
+	var n, last, high int64
+	var oldest sql.NullInt64
+	err := d.r.QueryRowContext(ctx, `
+SELECT count(*), COALESCE(max(id), 0), min(created_at),
+       COALESCE((SELECT id FROM ferry_outbox WHERE partition = ?1 ORDER BY id DESC LIMIT 1), 0)
+  FROM (SELECT id, created_at FROM ferry_outbox WHERE partition = ?1 AND id > ?2 ORDER BY id LIMIT ?3)`,
+		partition, after, ferrydriver.ExactCountLimit).Scan(&n, &last, &oldest, &high)
+	if err != nil {
+		return nil, d.wrapErr("measure lag of "+feed, err)
+	}
+	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(n, float64(after), float64(last), float64(high))
+	if oldest.Valid {
+		lag.OldestPending = fromMicros(oldest.Int64)
+	}
+	return lag, nil
+}
+
 // FeedStatus implements ferrydriver.Store.
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: p.Feed, Now: now()}
@@ -280,6 +314,21 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	pos, err := decodeCursor(cp.Cursor)
 	if err != nil {
 		return nil, err
+	}
+	if !p.Exact {
+		lag, err := d.feedLag(ctx, p.Feed, p.Partition, pos.After)
+		if err != nil {
+			return nil, err
+		}
+		st.LagEvents, st.LagEstimated, st.OldestPending = lag.Events, lag.Estimated, lag.OldestPending
+		if err := d.r.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM ferry_dead_letters WHERE feed = ? LIMIT ?)`,
+			p.Feed, ferrydriver.ExactCountLimit+1).Scan(&st.DeadLetters); err != nil {
+			return nil, d.wrapErr("count dead letters of "+p.Feed, err)
+		}
+		if st.DeadLetters > ferrydriver.ExactCountLimit {
+			st.DeadLetters, st.DeadLettersMore = ferrydriver.ExactCountLimit, true
+		}
+		return st, nil
 	}
 	var oldest sql.NullInt64
 	if err := d.r.QueryRowContext(ctx, `SELECT count(*), min(created_at) FROM ferry_outbox WHERE partition = ? AND id > ?`,

@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -187,6 +187,25 @@ if scenario == "capture":
     r = server.receives(OpMsg("aggregate", 1), timeout=30)
     report("aggregate", {"changeStream": r.doc["pipeline"][0]["$changeStream"]})
     r.ok(cursor={"id": Int64(0), "ns": "app.$cmd.aggregate", "firstBatch": [], "postBatchResumeToken": {"_data": "82BB00"}})
+
+if scenario == "lag":
+    # FeedLag: the checkpoint, the lease (none), then the counted sample
+    # of the first 1000 events after the checkpoint (appended over 10 s)
+    # and the partition's newest event (30 s after the first).
+    first = datetime.datetime(2026, 5, 1, 12, 0, 0)
+    r = server.receives(OpMsg("find", "ferry_checkpoints"), timeout=30)
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_checkpoints", "firstBatch": [
+        {"_id": "default/0", "p": 0, "cursor": Binary(b'{"at":"2026-05-01T11:59:59Z"}'), "term": Int64(3), "updated_at": first}]})
+    r = server.receives(OpMsg("aggregate", "ferry_leases"), timeout=30)
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_leases", "firstBatch": []})
+    r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
+    report("aggregate", {"pipeline": r.doc.get("pipeline")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": [
+        {"_id": None, "n": 1000, "first": first, "last": first + datetime.timedelta(seconds=10),
+         "oldest": first - datetime.timedelta(minutes=1)}]})
+    r = server.receives(OpMsg("find", "ferry_outbox"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": [{"appended_at": first + datetime.timedelta(seconds=30)}]})
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
