@@ -11,6 +11,7 @@ type relayMetrics struct {
 	published, batches, retries, deadLetters, checkpoints, duplicates prometheus.Counter
 	batchSize, publishSeconds                                         prometheus.Observer
 	lagEvents, lagSeconds, leader                                     prometheus.Gauge
+	removed                                                           *prometheus.CounterVec
 }
 
 // newRelayMetrics registers the relay's metrics with reg (none if nil),
@@ -39,9 +40,11 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 		lagEvents:      gauge("lag_events", fmt.Sprintf("Events committed but not yet passed by the checkpoint, refreshed every heartbeat: exact up to %d, estimated beyond (see ferrydriver.FeedLag).", ferrydriver.ExactCountLimit)),
 		lagSeconds:     gauge("lag_seconds", "Age of the oldest event not yet published."),
 		leader:         gauge("leader", "1 while this relay holds the feed's lease."),
+		removed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "relay", Name: "retention_removed_total",
+			Help: "Rows the relay's retention pass removed, by kind: events (published), dead_letters (expired).", ConstLabels: labels}, []string{"kind"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, m.duplicates, bs, ps, m.lagEvents, m.lagSeconds, m.leader} {
+		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, m.duplicates, bs, ps, m.lagEvents, m.lagSeconds, m.leader, m.removed} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("ferry: register relay metrics for feed %s: %w", feed, err)
 			}

@@ -58,6 +58,11 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Registerer, when set, receives the relay's Prometheus metrics.
 	Registerer prometheus.Registerer
+	// DeadLetterRetention is how long the relay keeps the events it
+	// dead-lettered (`ferry dlq list|show|redrive|discard`); its retention
+	// pass, every RetentionInterval, removes older ones. Default 14 days; a
+	// negative value keeps them forever.
+	DeadLetterRetention time.Duration
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -89,6 +94,7 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	def(&out.RetentionInterval, time.Minute)
 	def(&out.HeartbeatInterval, 5*time.Second)
 	def(&out.ShutdownTimeout, 10*time.Second)
+	def(&out.DeadLetterRetention, 14*24*time.Hour)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -379,8 +385,9 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 	}
 }
 
-// maintain refreshes the lag figures every heartbeat and removes published
-// events every RetentionInterval, off the publish path.
+// maintain refreshes the lag figures every heartbeat and, every
+// RetentionInterval, removes published events and expired dead letters,
+// off the publish path (see relay_upkeep.go).
 func (r *Relay) maintain(ctx context.Context, ck *checkpointer) {
 	hb := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer hb.Stop()
@@ -392,9 +399,10 @@ func (r *Relay) maintain(ctx context.Context, ck *checkpointer) {
 		case <-hb.C:
 		}
 		r.refreshLag(ctx)
-		if r.cfg.Retention >= 0 && time.Since(lastRetention) >= r.cfg.RetentionInterval {
+		if r.retains() && time.Since(lastRetention) >= r.cfg.RetentionInterval {
 			lastRetention = time.Now()
 			r.retain(ctx, ck.savedCursor())
+			r.retainDeadLetters(ctx)
 		}
 	}
 }
@@ -525,7 +533,7 @@ func (r *Relay) publishWave(stop, leaseCtx context.Context, events []*ferryevent
 
 // retain removes published events older than Retention, in chunks.
 func (r *Relay) retain(ctx context.Context, cursor []byte) {
-	if cursor == nil {
+	if cursor == nil || r.cfg.Retention < 0 {
 		return
 	}
 	const chunk = 5000
@@ -542,6 +550,7 @@ func (r *Relay) retain(ctx context.Context, cursor []byte) {
 		}
 	}
 	if total > 0 {
+		r.m.removed.WithLabelValues("events").Add(float64(total))
 		r.log.Debug("ferry: removed published events", "count", total)
 	}
 }

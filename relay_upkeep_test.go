@@ -6,10 +6,46 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
+
+// upkeepRelay is quickRelay with retention settings and a registry.
+func upkeepRelay(t *testing.T, drv ferrydriver.Store, sink *memsink.Sink, cfg ferry.RelayConfig) (*ferry.Relay, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.HolderID, cfg.PollInterval, cfg.LeaseTTL, cfg.Registerer = "r1", 20*time.Millisecond, 2*time.Second, reg
+	cfg.RetryBase, cfg.RetryMax, cfg.HeartbeatInterval, cfg.RetentionInterval = 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+	r, err := ferry.NewRelay(drv, sink, &cfg)
+	require.NoError(t, err)
+	return r, reg
+}
+
+// counter reads a counter of reg; with a kind, the series of that kind.
+func counter(t *testing.T, reg *prometheus.Registry, name, kind string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			ok := kind == ""
+			for _, l := range m.GetLabel() {
+				ok = ok || (l.GetName() == "kind" && l.GetValue() == kind)
+			}
+			if ok {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
 
 // statusSpy counts the relay's status reads.
 type statusSpy struct {
@@ -36,4 +72,25 @@ func TestRelayHeartbeatDoesNotCount(t *testing.T) {
 	run(t, quickRelay(t, spy, &memsink.Sink{}, "r1"))
 	require.Eventually(t, func() bool { return spy.lag.Load() >= 3 }, 10*time.Second, 10*time.Millisecond, "the heartbeat measures the lag")
 	require.Zero(t, spy.status.Load(), "the heartbeat must not call FeedStatus")
+}
+
+// TestRelayRemovesExpiredDeadLetters: dead letters are kept for
+// DeadLetterRetention (14 days by default), then the retention pass
+// removes them; before, nothing ever did.
+func TestRelayRemovesExpiredDeadLetters(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	ctx := context.Background()
+	sink := &memsink.Sink{Permanent: func(e *ferryevent.Event) bool { return string(e.Payload) == "poison" }}
+	r, reg := upkeepRelay(t, drv, sink, ferry.RelayConfig{DeadLetterRetention: time.Nanosecond})
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: []byte("poison")}, &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: []byte("fine")}))
+	run(t, r)
+	require.Eventually(t, func() bool { return counter(t, reg, "ferry_relay_retention_removed_total", "dead_letters") == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the expired dead letter is removed")
+	require.Equal(t, 1.0, counter(t, reg, "ferry_relay_dead_letters_total", ""), "it was dead-lettered first")
+	dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
+	require.NoError(t, err)
+	require.Empty(t, dls)
 }

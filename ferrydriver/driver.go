@@ -87,6 +87,12 @@ type Store interface {
 	// GetDeadLetter returns one dead letter by event ID, or ErrNotFound.
 	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
 
+	// DeleteDeadLetters removes p.Feed's dead letters that failed more
+	// than p.OlderThan ago, oldest first, at most p.Limit of them: the
+	// relay's retention of its dead letters. It reads O(p.Limit) entries
+	// of an index on (feed, failed_at), however many dead letters are kept.
+	DeleteDeadLetters(ctx context.Context, p *DeleteDeadLettersParams) (int64, error)
+
 	// DeleteDelivered removes events of p.Partition that are older than
 	// p.OlderThan and that every feed of the partition has passed (the
 	// saved checkpoints, and p.Cursor), at most p.Limit of them. It never
@@ -310,6 +316,14 @@ type ListDeadLettersParams struct {
 type GetDeadLetterParams struct {
 	Feed    string
 	EventID uuid.UUID
+}
+
+// DeleteDeadLettersParams bound the retention of dead letters.
+type DeleteDeadLettersParams struct {
+	Feed      string
+	OlderThan time.Duration
+	// Limit caps the dead letters removed; 0 means 10,000.
+	Limit int
 }
 
 // DeleteDeliveredParams bound retention.

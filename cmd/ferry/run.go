@@ -64,12 +64,13 @@ type runConfig struct {
 		URL string `yaml:"url"`
 	} `yaml:"sink"`
 	Relay struct {
-		Feed         string   `yaml:"feed"`
-		Holder       string   `yaml:"holder"`
-		BatchSize    int      `yaml:"batch_size"`
-		PollInterval duration `yaml:"poll_interval"`
-		LeaseTTL     duration `yaml:"lease_ttl"`
-		Retention    duration `yaml:"retention"`
+		Feed                string   `yaml:"feed"`
+		Holder              string   `yaml:"holder"`
+		BatchSize           int      `yaml:"batch_size"`
+		PollInterval        duration `yaml:"poll_interval"`
+		LeaseTTL            duration `yaml:"lease_ttl"`
+		Retention           duration `yaml:"retention"`
+		DeadLetterRetention duration `yaml:"dead_letter_retention"`
 	} `yaml:"relay"`
 	Metrics struct {
 		Addr string `yaml:"addr"`
@@ -161,7 +162,7 @@ type daemonConfig struct {
 	logLevel                                           string
 	createStream, migrate                              bool
 	batch, partition                                   int
-	poll, leaseTTL, retention                          time.Duration
+	poll, leaseTTL, retention, deadLetterRetention     time.Duration
 	allPartitions                                      bool // one relay per partition (ferry run)
 	embedded                                           bool // no database or NATS URL: start the embedded ones
 	embeddedPort                                       int
@@ -192,6 +193,7 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Duration(&dc.poll, "poll-interval", "FERRY_POLL_INTERVAL", or(time.Duration(fc.Relay.PollInterval), 500*time.Millisecond), "longest wait for new events without a wake-up")
 	f.Duration(&dc.leaseTTL, "lease-ttl", "FERRY_LEASE_TTL", or(time.Duration(fc.Relay.LeaseTTL), 15*time.Second), "leader lease; a standby takes over within about this long")
 	f.Duration(&dc.retention, "retention", "FERRY_RETENTION", or(time.Duration(fc.Relay.Retention), 24*time.Hour), "keep published events this long (negative: forever)")
+	f.Duration(&dc.deadLetterRetention, "dead-letter-retention", "FERRY_DEAD_LETTER_RETENTION", or(time.Duration(fc.Relay.DeadLetterRetention), 14*24*time.Hour), "keep the relay's dead letters this long (negative: forever)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
 	dc.allPartitions = true
@@ -277,7 +279,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	for _, p := range partitions {
 		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
 			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
-			LeaseTTL: dc.leaseTTL, Retention: dc.retention, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
+			LeaseTTL: dc.leaseTTL, Retention: dc.retention, DeadLetterRetention: dc.deadLetterRetention, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
 		})
 		if err != nil {
 			return usagef("%v", err)

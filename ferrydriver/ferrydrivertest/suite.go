@@ -66,6 +66,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("Lease", func(t *testing.T) { t.Parallel(); testLease(t, h) })
 	t.Run("CheckpointFencing", func(t *testing.T) { t.Parallel(); testCheckpointFencing(t, h) })
 	t.Run("DeadLetters", func(t *testing.T) { t.Parallel(); testDeadLetters(t, h) })
+	t.Run("DeadLetterRetention", func(t *testing.T) { t.Parallel(); testDeadLetterRetention(t, h) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, h) })
 	t.Run("RetentionKeepsWhatASlowFeedNeeds", func(t *testing.T) { t.Parallel(); testRetentionSlowestFeed(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
@@ -693,6 +694,48 @@ func testDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, e1.Headers, got.Event.Headers)
 	_, err = drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: ferryevent.NewID()})
 	require.ErrorIs(t, err, ferrydriver.ErrNotFound)
+}
+
+// insertDeadLetters stores events as feed's dead letters under a lease.
+func insertDeadLetters(ctx context.Context, t *testing.T, drv ferrydriver.Store, feed string, evs ...*ferryevent.Event) {
+	t.Helper()
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "dl", TTL: time.Minute})
+	require.NoError(t, err)
+	var dls []*ferrydriver.DeadLetter
+	for _, ev := range evs {
+		dls = append(dls, &ferrydriver.DeadLetter{Event: *ev, Reason: "rejected"})
+	}
+	require.NoError(t, drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "dl", Term: l.Term, DeadLetters: dls}))
+}
+
+// testDeadLetterRetention: a feed's dead letters go once older than the
+// retention, oldest first, a limited number per call; other feeds' stay.
+func testDeadLetterRetention[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	a1, a2, a3, b1 := Event("t", "k", "a1"), Event("t", "k", "a2"), Event("t", "k", "a3"), Event("t", "k", "b1")
+	insertDeadLetters(ctx, t, drv, "a/0", a1)
+	time.Sleep(5 * time.Millisecond) // failure times (milliseconds on MongoDB) must differ
+	insertDeadLetters(ctx, t, drv, "a/0", a2, a3)
+	insertDeadLetters(ctx, t, drv, "b/0", b1)
+	time.Sleep(5 * time.Millisecond)
+
+	n, err := drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "a/0", OlderThan: time.Hour, Limit: 10})
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing is an hour old")
+	n, err = drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "a/0", Limit: 1})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "at most Limit")
+	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "a/0"})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{a2.ID.String(), a3.ID.String()}, []string{left[0].Event.ID.String(), left[1].Event.ID.String()}, "the oldest went first")
+	n, err = drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "a/0", Limit: 10})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	left, err = drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+	require.Equal(t, b1.ID, left[0].Event.ID, "another feed's dead letters stay")
 }
 
 func testRetention[TTx any](t *testing.T, h Harness[TTx]) {

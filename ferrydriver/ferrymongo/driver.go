@@ -318,6 +318,8 @@ func (d *Driver) indexes() []index {
 		{d.outbox, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}, {Key: "key", Value: 1}, {Key: "seq", Value: 1}}}},
 		{d.checkpoints, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}}}},
 		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "failed_at", Value: -1}}}},
+		// Retention of dead letters: a feed's oldest first.
+		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "failed_at", Value: 1}}}},
 		{d.requests(), mongo.IndexModel{Keys: bson.D{{Key: "created_at", Value: 1}}}},
 		// A key's head: its unfinished rows in order.
 		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "key", Value: 1}, {Key: "state", Value: 1}, {Key: "pos", Value: 1}}}},

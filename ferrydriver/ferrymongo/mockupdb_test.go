@@ -411,3 +411,25 @@ func TestMockFeedLagIsBoundedAndExtrapolated(t *testing.T) {
 	require.Contains(t, reports[0], `"$gt": "2026-05-01 11:59:59`, "it counts after the checkpoint's position")
 	require.Contains(t, reports[1], `"sort": {"appended_at": -1}`, "the newest append, by index")
 }
+
+// TestMockDeadLetterRetentionIsBounded: the relay's retention of dead
+// letters reads the feed's oldest expired ones, a chunk at a time, by the
+// (feed, failed_at) index, and deletes those, repeating the filter.
+func TestMockDeadLetterRetentionIsBounded(t *testing.T) {
+	uri, lines := mockServerLines(t, "dlretention")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	n, err := drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "default/0", OlderThan: time.Hour, Limit: 500})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	reports := awaitReports(ctx, t, lines, 2)
+	require.Contains(t, reports[0], `"feed": "default/0"`)
+	require.Contains(t, reports[0], `"failed_at": {"$lt"`)
+	require.Contains(t, reports[0], `"sort": {"failed_at": 1}`)
+	require.Contains(t, reports[0], `"limit": 500`)
+	require.Contains(t, reports[1], `"event": "e1"`)
+	require.Contains(t, reports[1], `"failed_at": {"$lt"`, "the delete repeats the filter")
+}

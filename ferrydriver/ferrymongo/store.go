@@ -320,6 +320,21 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 	return n, nil
 }
 
+// DeleteDeadLetters implements ferrydriver.Store: the oldest of a feed's
+// expired dead letters, by the (feed, failed_at) index.
+func (d *Driver) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 10000
+	}
+	n, err := deleteOldest(ctx, d.deadLetters, bson.D{{Key: "feed", Value: p.Feed}, {Key: "failed_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}},
+		bson.D{{Key: "failed_at", Value: 1}}, limit)
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: delete old dead letters of %s: %w", p.Feed, err)
+	}
+	return n, nil
+}
+
 // FeedLag implements ferrydriver.Store. Positions are append times: the
 // first ferrydriver.ExactCountLimit events appended after the last
 // acknowledged one are counted, and their density in time is extrapolated

@@ -299,6 +299,7 @@ type queries struct {
 	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter  string
 	deleteDelivered, feedLag, armListener, disarmListener, seqCache     string
 	partitionCursors, feedLagExact, countDeadLetterExact                string
+	deleteDeadLetters                                                   string
 	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
 	waiterAdd, waiterRemove, inboxCounts                                string
@@ -318,7 +319,8 @@ func newQueries(schema string) queries {
 		countDeadLetter: r(sqlCountDeadLetters),
 		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), disarmListener: r(sqlDisarmListener), seqCache: r(sqlSeqCache),
 		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
-		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
+		deleteDeadLetters: r(sqlDeleteDeadLetters),
+		inboxInsert:       r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),

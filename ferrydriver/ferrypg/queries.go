@@ -269,6 +269,26 @@ DELETE FROM {schema}.outbox o USING (
        AND h.xid < $6::text::xid8 AND h.xid <> ALL ($3::text[]::xid8[])) s
  WHERE o.partition = $1 AND o.id = s.id`
 
+// sqlDeleteDeadLetters removes a feed's dead letters older than the
+// retention, oldest first, $3 at a time: a range of
+// dead_letters_feed_failed_at_idx (migration 005), O($3) however many are
+// kept. It runs in an index-plan transaction (inIndexPlanTx). Over 100,000
+// dead letters analysed as none: 2 buffers when none is old enough (below),
+// 505 for a chunk of 100 when all are (TestDeadLetterRetentionIsBounded):
+//
+//	Delete on dead_letters d
+//	  -> Nested Loop
+//	       -> Subquery Scan on s -> Limit
+//	            -> Index Scan using dead_letters_feed_failed_at_idx on dead_letters
+//	                 Index Cond: ((feed = 'dl/0'::text) AND (failed_at < (now() - '01:00:00'::interval)))
+//	       -> Index Scan using dead_letters_pkey on dead_letters d  Index Cond: ((feed = s.feed) AND (event_id = s.event_id))
+const sqlDeleteDeadLetters = `
+DELETE FROM {schema}.dead_letters d USING (
+    SELECT feed, event_id FROM {schema}.dead_letters
+     WHERE feed = $1 AND failed_at < now() - $2 * interval '1 millisecond'
+     ORDER BY failed_at LIMIT $3) s
+ WHERE d.feed = s.feed AND d.event_id = s.event_id`
+
 // sqlIndexPlans keeps bitmap and sequential scans out of the rest of a
 // transaction's plans (see inIndexPlanTx): the transaction-local form of
 // the scan settings feedSettings gives the feed's session.

@@ -220,6 +220,24 @@ func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.Delete
 	return n, nil
 }
 
+// DeleteDeadLetters implements ferrydriver.Store (sqlDeleteDeadLetters).
+func (d *Driver[TTx]) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 10000
+	}
+	var n int64
+	err := d.inIndexPlanTx(ctx, func(e executor) error {
+		var err error
+		n, err = e.exec(ctx, d.queries.deleteDeadLetters, p.Feed, p.OlderThan.Milliseconds(), limit)
+		return err
+	})
+	if err != nil {
+		return 0, d.wrapErr("delete old dead letters of "+p.Feed, err)
+	}
+	return n, nil
+}
+
 // inIndexPlanTx runs fn in a transaction whose statements are planned
 // without bitmap or sequential scans. The retention statement reads "the
 // $5 oldest rows at or below the cursor": with statistics that lag the

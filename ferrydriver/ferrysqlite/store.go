@@ -213,6 +213,28 @@ func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetter
 	return out[0], nil
 }
 
+// DeleteDeadLetters implements ferrydriver.Store: a range of
+// ferry_dead_letters_feed_failed_at_idx (migration 005).
+func (d *Driver) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 10000
+	}
+	var n int64
+	err := d.write(ctx, "delete old dead letters of "+p.Feed, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `
+DELETE FROM ferry_dead_letters WHERE rowid IN (
+    SELECT rowid FROM ferry_dead_letters WHERE feed = ? AND failed_at < ? ORDER BY failed_at LIMIT ?)`,
+			p.Feed, micros(now())-p.OlderThan.Microseconds(), limit)
+		if err != nil {
+			return d.wrapErr("delete old dead letters of "+p.Feed, err)
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	return n, err
+}
+
 // DeleteDelivered implements ferrydriver.Store: it removes events at or
 // below every feed's position (the saved checkpoints of the partition and
 // p.Cursor), older than p.OlderThan, oldest first.

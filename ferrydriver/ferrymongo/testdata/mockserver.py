@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -206,6 +206,18 @@ if scenario == "lag":
     r = server.receives(OpMsg("find", "ferry_outbox"), timeout=30)
     report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort")})
     r.ok(cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": [{"appended_at": first + datetime.timedelta(seconds=30)}]})
+
+if scenario == "dlretention":
+    # DeleteDeadLetters: the oldest expired dead letters of the feed by
+    # the (feed, failed_at) index, then a delete of those that repeats the
+    # filter.
+    r = server.receives(OpMsg("find", "ferry_dead_letters"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_dead_letters", "firstBatch": [
+        {"_id": {"feed": "default/0", "event": "e1"}}, {"_id": {"feed": "default/0", "event": "e2"}}]})
+    r = server.receives(OpMsg("delete", "ferry_dead_letters"), timeout=30)
+    report("delete", {"deletes": r.doc.get("deletes")})
+    r.ok(n=2)
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()

@@ -1,0 +1,7 @@
+-- Ferry schema version 5: what the relay's retention pass needs so that
+-- no table grows with history.
+
+-- Relay dead letters are removed per feed, oldest first, once they are
+-- older than RelayConfig.DeadLetterRetention: a range of this index, O(chunk)
+-- however many are kept (see sqlDeleteDeadLetters).
+CREATE INDEX dead_letters_feed_failed_at_idx ON {schema}.dead_letters (feed, failed_at);

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS ferry_dead_letters_feed_failed_at_idx;
