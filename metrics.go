@@ -41,7 +41,7 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 		lagSeconds:     gauge("lag_seconds", "Age of the oldest event not yet published."),
 		leader:         gauge("leader", "1 while this relay holds the feed's lease."),
 		removed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "relay", Name: "retention_removed_total",
-			Help: "Rows the relay's retention pass removed, by kind: events (published), dead_letters (expired).", ConstLabels: labels}, []string{"kind"}),
+			Help: "Rows the relay's retention pass removed, by kind: events (published), keys (idle, delivered), dead_letters (expired).", ConstLabels: labels}, []string{"kind"}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, m.duplicates, bs, ps, m.lagEvents, m.lagSeconds, m.leader, m.removed} {

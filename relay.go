@@ -63,6 +63,14 @@ type RelayConfig struct {
 	// pass, every RetentionInterval, removes older ones. Default 14 days; a
 	// negative value keeps them forever.
 	DeadLetterRetention time.Duration
+	// KeyRetention is how long a key must have had no new event, with
+	// every event of it delivered, before the retention pass forgets its
+	// sequence: the key's next event starts Seq at 1 again (see
+	// ferryevent.Event.Seq), and the outbox's keys table stays bounded.
+	// Default: Retention, so that a key is forgotten about when its events
+	// have left the outbox; a negative value never forgets a key (Seq
+	// never restarts, and the table keeps a row for every key ever used).
+	KeyRetention time.Duration
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -95,6 +103,7 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	def(&out.HeartbeatInterval, 5*time.Second)
 	def(&out.ShutdownTimeout, 10*time.Second)
 	def(&out.DeadLetterRetention, 14*24*time.Hour)
+	def(&out.KeyRetention, out.Retention)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -386,12 +395,13 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 }
 
 // maintain refreshes the lag figures every heartbeat and, every
-// RetentionInterval, removes published events and expired dead letters,
-// off the publish path (see relay_upkeep.go).
+// RetentionInterval, removes published events, forgets idle keys and
+// removes expired dead letters, off the publish path (see relay_upkeep.go).
 func (r *Relay) maintain(ctx context.Context, ck *checkpointer) {
 	hb := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer hb.Stop()
 	var lastRetention time.Time
+	var keys keySweep
 	for {
 		select {
 		case <-ctx.Done():
@@ -401,7 +411,9 @@ func (r *Relay) maintain(ctx context.Context, ck *checkpointer) {
 		r.refreshLag(ctx)
 		if r.retains() && time.Since(lastRetention) >= r.cfg.RetentionInterval {
 			lastRetention = time.Now()
-			r.retain(ctx, ck.savedCursor())
+			cursor := ck.savedCursor()
+			r.retain(ctx, cursor)
+			r.pruneKeys(ctx, cursor, &keys)
 			r.retainDeadLetters(ctx)
 		}
 	}

@@ -2,6 +2,7 @@ package ferry_test
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +11,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
@@ -93,4 +96,49 @@ func TestRelayRemovesExpiredDeadLetters(t *testing.T) {
 	dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
 	require.NoError(t, err)
 	require.Empty(t, dls)
+}
+
+// TestRelayForgetsIdleDeliveredKeys: the retention pass forgets the keys
+// whose events were all delivered and that were idle for KeyRetention
+// (Retention by default); the outbox's keys table does not keep a row per
+// key forever, and a forgotten key's next event starts at Seq 1, after its
+// earlier ones. Before, every key ever used kept its row.
+func TestRelayForgetsIdleDeliveredKeys(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	ctx := context.Background()
+	sink := &memsink.Sink{}
+	r, reg := upkeepRelay(t, drv, sink, ferry.RelayConfig{Retention: time.Nanosecond})
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	first := emitMany(t, c, 60, 6, 2, strconv.Itoa)
+	run(t, r)
+	keys := func() (n int) {
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{drv.Schema()}.Sanitize()+`.keys`).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return sink.Len() == len(first) && keys() == 0 }, 20*time.Second, 10*time.Millisecond,
+		"idle keys whose events were delivered are forgotten")
+	require.GreaterOrEqual(t, counter(t, reg, "ferry_relay_retention_removed_total", "keys"), 6.0)
+	checkDelivery(t, first, sink.Stored(), false)
+
+	again := &ferry.Event{Topic: "orders", Key: "k1", Type: "T", Payload: []byte("again")}
+	require.NoError(t, c.Emit(ctx, again))
+	require.Eventually(t, func() bool { return sink.Len() == len(first)+1 }, 10*time.Second, 10*time.Millisecond)
+	stored := sink.Stored()
+	last := stored[len(stored)-1]
+	require.Equal(t, again.ID, last.ID, "after every earlier event of k1")
+	require.EqualValues(t, 1, last.Seq, "a forgotten key starts again at 1")
+}
+
+// TestKeyRetentionDefaultsToRetention: keys are forgotten when their
+// events have left the outbox, unless KeyRetention says otherwise; never
+// when the outbox is kept forever.
+func TestKeyRetentionDefaultsToRetention(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 24*time.Hour, (&ferry.RelayConfig{}).WithDefaults().KeyRetention)
+	require.Equal(t, time.Hour, (&ferry.RelayConfig{Retention: time.Hour}).WithDefaults().KeyRetention)
+	require.Negative(t, (&ferry.RelayConfig{Retention: -1}).WithDefaults().KeyRetention)
+	require.Negative(t, (&ferry.RelayConfig{KeyRetention: -1}).WithDefaults().KeyRetention)
+	require.Equal(t, 14*24*time.Hour, (&ferry.RelayConfig{}).WithDefaults().DeadLetterRetention)
 }

@@ -99,6 +99,20 @@ type Store interface {
 	// removes an event a feed has not delivered.
 	DeleteDelivered(ctx context.Context, p *DeleteDeliveredParams) (int64, error)
 
+	// PruneKeys bounds the per-key sequences: it forgets the keys of
+	// p.Partition that have had no new event for longer than p.IdleFor and
+	// whose every event every feed of the partition has delivered (the
+	// saved checkpoints, and p.Cursor), so that their next event starts
+	// Seq at 1 again (see ferryevent.Event.Seq). It looks at p.Limit keys
+	// after p.After in key order, by index, and returns where the sweep
+	// goes on (Next; "" once it reached the end): O(p.Limit) per call,
+	// however many keys there are. A key with a writer in flight is never
+	// forgotten under it, and a writer that re-creates a key as it is
+	// forgotten waits for the pruner or conflicts with it: same-key
+	// writers stay serialised and each key's commit order stays the feed's
+	// order.
+	PruneKeys(ctx context.Context, p *PruneKeysParams) (*PruneKeysResult, error)
+
 	// FeedLag measures how far a feed's saved checkpoint is behind the
 	// newest event of its partition at a cost that does not grow with the
 	// backlog or the history: the relay refreshes its lag gauges with it
@@ -316,6 +330,30 @@ type ListDeadLettersParams struct {
 type GetDeadLetterParams struct {
 	Feed    string
 	EventID uuid.UUID
+}
+
+// PruneKeysParams select what PruneKeys looks at.
+type PruneKeysParams struct {
+	Partition int
+	// Cursor is the relay's saved checkpoint; a key goes only if it and
+	// every saved checkpoint of the partition have passed its events.
+	Cursor []byte
+	// IdleFor is how long a key must have had no new event.
+	IdleFor time.Duration
+	// After is where the sweep goes on: keys after it, in key order; ""
+	// starts from the first key.
+	After string
+	// Limit caps the keys looked at; 0 means 5,000.
+	Limit int
+}
+
+// PruneKeysResult says what PruneKeys did.
+type PruneKeysResult struct {
+	// Pruned counts the keys forgotten.
+	Pruned int64
+	// Next is the After of the next call; "" when the sweep reached the
+	// last key and starts over.
+	Next string
 }
 
 // DeleteDeadLettersParams bound the retention of dead letters.

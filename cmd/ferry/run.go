@@ -71,6 +71,7 @@ type runConfig struct {
 		LeaseTTL            duration `yaml:"lease_ttl"`
 		Retention           duration `yaml:"retention"`
 		DeadLetterRetention duration `yaml:"dead_letter_retention"`
+		KeyRetention        duration `yaml:"key_retention"`
 	} `yaml:"relay"`
 	Metrics struct {
 		Addr string `yaml:"addr"`
@@ -163,6 +164,7 @@ type daemonConfig struct {
 	createStream, migrate                              bool
 	batch, partition                                   int
 	poll, leaseTTL, retention, deadLetterRetention     time.Duration
+	keyRetention                                       time.Duration
 	allPartitions                                      bool // one relay per partition (ferry run)
 	embedded                                           bool // no database or NATS URL: start the embedded ones
 	embeddedPort                                       int
@@ -194,6 +196,7 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Duration(&dc.leaseTTL, "lease-ttl", "FERRY_LEASE_TTL", or(time.Duration(fc.Relay.LeaseTTL), 15*time.Second), "leader lease; a standby takes over within about this long")
 	f.Duration(&dc.retention, "retention", "FERRY_RETENTION", or(time.Duration(fc.Relay.Retention), 24*time.Hour), "keep published events this long (negative: forever)")
 	f.Duration(&dc.deadLetterRetention, "dead-letter-retention", "FERRY_DEAD_LETTER_RETENTION", or(time.Duration(fc.Relay.DeadLetterRetention), 14*24*time.Hour), "keep the relay's dead letters this long (negative: forever)")
+	f.Duration(&dc.keyRetention, "key-retention", "FERRY_KEY_RETENTION", time.Duration(fc.Relay.KeyRetention), "forget a key's sequence once it is idle this long with every event delivered; its next Seq is 1 (0: as --retention; negative: never)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
 	dc.allPartitions = true
@@ -279,7 +282,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	for _, p := range partitions {
 		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
 			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
-			LeaseTTL: dc.leaseTTL, Retention: dc.retention, DeadLetterRetention: dc.deadLetterRetention, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
+			LeaseTTL: dc.leaseTTL, Retention: dc.retention, DeadLetterRetention: dc.deadLetterRetention, KeyRetention: dc.keyRetention, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
 		})
 		if err != nil {
 			return usagef("%v", err)

@@ -69,6 +69,8 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("DeadLetterRetention", func(t *testing.T) { t.Parallel(); testDeadLetterRetention(t, h) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, h) })
 	t.Run("RetentionKeepsWhatASlowFeedNeeds", func(t *testing.T) { t.Parallel(); testRetentionSlowestFeed(t, h) })
+	t.Run("IdleDeliveredKeysArePruned", func(t *testing.T) { t.Parallel(); testPruneKeys(t, h) })
+	t.Run("PruneKeysSweepsInChunks", func(t *testing.T) { t.Parallel(); testPruneKeysSweep(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
 	t.Run("LagBeyondTheExactCount", func(t *testing.T) { t.Parallel(); testLagEstimate(t, h) })
 }
@@ -888,4 +890,109 @@ func testRetentionSlowestFeed[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, err)
 	rest := OpenReader(ctx, t, drv, slow.Last).ReadQuiet(ctx)
 	require.Len(t, rest, 6, "the slow feed still gets everything after its checkpoint")
+}
+
+// seqOf returns the Seq of the event with payload in evs.
+func seqOf(t *testing.T, evs []*ferryevent.Event, key, payload string) int64 {
+	t.Helper()
+	for _, e := range evs {
+		if e.Key == key && string(e.Payload) == payload {
+			return e.Seq
+		}
+	}
+	t.Fatalf("no event %s/%s among %d", key, payload, len(evs))
+	return 0
+}
+
+// testPruneKeys: after retention, the sequence of a key that is idle and
+// whose events were all delivered is forgotten, and its next event starts
+// again at Seq 1, after the key's earlier events; a key written while the
+// pruner runs is never forgotten under its writer; a key with an event not
+// yet delivered, or not idle for long enough, is kept.
+func testPruneKeys[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	emit(ctx, t, h, drv, Event("t", "idle", "1"), Event("t", "idle", "2"), Event("t", "busy", "1"))
+	r := OpenReader(ctx, t, drv, nil)
+	require.Len(t, r.ReadQuiet(ctx), 3)
+	time.Sleep(5 * time.Millisecond) // clocks of millisecond precision see the next events as later
+	emit(ctx, t, h, drv, Event("t", "tick", "1"))
+	require.Len(t, r.ReadQuiet(ctx), 1)
+	// Retention as the relay runs it: published events first (MongoDB
+	// forgets a key only once none of its events is left in the outbox).
+	_, err := drv.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: "test/0", Cursor: r.Last, Limit: 1000})
+	require.NoError(t, err)
+	undelivered := Event("t", "pending", "1") // committed after the cursor the pruner is given
+	emit(ctx, t, h, drv, undelivered)
+	time.Sleep(5 * time.Millisecond)
+
+	res, err := drv.PruneKeys(ctx, &ferrydriver.PruneKeysParams{Cursor: r.Last, IdleFor: time.Hour, Limit: 1000})
+	require.NoError(t, err)
+	require.Zero(t, res.Pruned, "no key has been idle for an hour")
+
+	// A writer of "busy" is in flight while the pruner runs.
+	tx := h.Begin(ctx, t, drv)
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", "busy", "2")}}))
+	type result struct {
+		res *ferrydriver.PruneKeysResult
+		err error
+	}
+	pruned := make(chan result, 1)
+	go func() {
+		res, err := drv.PruneKeys(ctx, &ferrydriver.PruneKeysParams{Cursor: r.Last, Limit: 1000})
+		pruned <- result{res, err}
+	}()
+	var got result
+	select {
+	case got = <-pruned: // PostgreSQL skips the locked key
+	case <-time.After(300 * time.Millisecond): // SQLite waits for the writer, MongoDB for its transaction
+	}
+	require.NoError(t, tx.Commit())
+	if got.res == nil && got.err == nil {
+		got = <-pruned
+	}
+	require.NoError(t, got.err)
+	require.GreaterOrEqual(t, got.res.Pruned, int64(1), "the idle, delivered key is forgotten")
+	require.Empty(t, got.res.Next, "one call swept every key")
+
+	emit(ctx, t, h, drv, Event("t", "idle", "3"), Event("t", "busy", "3"), Event("t", "pending", "2"))
+	evs := r.ReadQuiet(ctx)
+	require.EqualValues(t, 1, seqOf(t, evs, "idle", "3"), "a forgotten key starts again at 1")
+	require.EqualValues(t, 2, seqOf(t, evs, "busy", "2"))
+	require.EqualValues(t, 3, seqOf(t, evs, "busy", "3"), "a key written while the pruner ran is not forgotten under its writer")
+	require.EqualValues(t, 2, seqOf(t, evs, "pending", "2"), "a key with an event the cursor had not passed is kept")
+	var order []string
+	for _, e := range evs {
+		if e.Key == "idle" || e.Key == "busy" {
+			order = append(order, e.Key+string(e.Payload))
+		}
+	}
+	require.Equal(t, []string{"busy2", "idle3", "busy3"}, order, "the feed keeps commit order across a restarted key")
+}
+
+// testPruneKeysSweep: PruneKeys looks at Limit keys per call and says
+// where to go on; the sweep ends with Next "".
+func testPruneKeysSweep[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	var evs []*ferryevent.Event
+	for i := range 7 {
+		evs = append(evs, Event("t", "k"+strconv.Itoa(i), ""))
+	}
+	emit(ctx, t, h, drv, evs...)
+	r := OpenReader(ctx, t, drv, nil)
+	require.Len(t, r.ReadQuiet(ctx), 7)
+	calls, after := 0, ""
+	for {
+		res, err := drv.PruneKeys(ctx, &ferrydriver.PruneKeysParams{Cursor: r.Last, IdleFor: time.Hour, After: after, Limit: 3})
+		require.NoError(t, err)
+		calls++
+		if res.Next == "" {
+			break
+		}
+		require.Greater(t, res.Next, after, "the sweep moves on")
+		after = res.Next
+		require.Less(t, calls, 10)
+	}
+	require.Equal(t, 3, calls, "7 keys, 3 per call")
 }

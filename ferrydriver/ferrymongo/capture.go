@@ -156,6 +156,12 @@ func (c *Capture) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParam
 	return st, c.countDeadLetters(ctx, st, p.Exact)
 }
 
+// PruneKeys implements ferrydriver.Store: a capture has no per-key
+// sequences to forget.
+func (c *Capture) PruneKeys(context.Context, *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	return &ferrydriver.PruneKeysResult{}, nil
+}
+
 // FeedLag implements ferrydriver.Store: without an outbox the lag in
 // events is not known; it is reported as zero.
 func (c *Capture) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {

@@ -284,7 +284,10 @@ func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
 		var k struct {
 			Seq int64 `bson:"seq"`
 		}
-		err := d.keys.FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: ev.Key}}, bson.D{{Key: "$inc", Value: bson.D{{Key: "seq", Value: int64(1)}}}},
+		// touched_at (the server's clock) tells PruneKeys how long the
+		// key has been idle; a key it forgot is upserted afresh, Seq 1.
+		err := d.keys.FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: ev.Key}},
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "seq", Value: int64(1)}}}, {Key: "$currentDate", Value: bson.D{{Key: "touched_at", Value: true}}}},
 			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&k)
 		if err != nil {
 			return fmt.Errorf("ferrymongo: next sequence number of key %s: %w", ev.Key, err)

@@ -433,3 +433,29 @@ func TestMockDeadLetterRetentionIsBounded(t *testing.T) {
 	require.Contains(t, reports[1], `"event": "e1"`)
 	require.Contains(t, reports[1], `"failed_at": {"$lt"`, "the delete repeats the filter")
 }
+
+// TestMockPruneKeysForgetsOnlyKeysWithNothingLeft: a chunk of the keys
+// collection in _id order; a key goes when it has been idle for IdleFor
+// and none of its events is left in the outbox (one distinct per chunk),
+// and only if its sequence is still the one read.
+func TestMockPruneKeysForgetsOnlyKeysWithNothingLeft(t *testing.T) {
+	uri, lines := mockServerLines(t, "prunekeys")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	res, err := drv.PruneKeys(ctx, &ferrydriver.PruneKeysParams{IdleFor: 24 * time.Hour, After: "0", Limit: 3})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Pruned)
+	require.Equal(t, "c", res.Next, "a full chunk: the sweep goes on after its last key")
+	reports := awaitReports(ctx, t, lines, 3)
+	require.Contains(t, reports[0], `"_id": {"$gt": "0"}`)
+	require.Contains(t, reports[0], `"sort": {"_id": 1}`)
+	require.Contains(t, reports[0], `"limit": 3`)
+	require.Contains(t, reports[1], `"key": "key"`)
+	require.Contains(t, reports[1], `"$in": ["a", "b"]`, "only the idle keys are looked up")
+	require.Contains(t, reports[2], `{"_id": "a", "seq": 4}`, "compare-and-delete")
+	require.NotContains(t, reports[2], `"b"`)
+	require.NotContains(t, reports[2], `"c"`)
+}

@@ -320,6 +320,77 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 	return n, nil
 }
 
+// PruneKeys implements ferrydriver.Store: a chunk of the keys collection in
+// _id order; a key of the partition goes when it was last appended to more
+// than p.IdleFor ago and none of its events is left in the outbox (they
+// were all delivered and removed by retention: the recovery scan orders a
+// key's events by Seq, so a restarted key must not meet its old events
+// there). The outbox is asked once per chunk, by the (p, key, seq) index;
+// each key is deleted only if its sequence is still the one read. A writer
+// whose transaction changes the key meanwhile makes the delete wait for it
+// and then match nothing; one whose transaction read the key before the
+// delete and writes it after aborts with a write conflict
+// (TransientTransactionError) and runs again, creating the key afresh.
+func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 5000
+	}
+	cur, err := d.keys.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$gt", Value: p.After}}}},
+		options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(limit))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: prune idle keys: %w", err)
+	}
+	var chunk []struct {
+		Key     string    `bson:"_id"`
+		Seq     int64     `bson:"seq"`
+		Touched time.Time `bson:"touched_at"`
+	}
+	if err := cur.All(ctx, &chunk); err != nil {
+		return nil, fmt.Errorf("ferrymongo: prune idle keys: %w", err)
+	}
+	res := &ferrydriver.PruneKeysResult{}
+	if int64(len(chunk)) == limit {
+		res.Next = chunk[len(chunk)-1].Key
+	}
+	cut := time.Now().Add(-p.IdleFor)
+	seqs := map[string]int64{}
+	var idle bson.A
+	for _, k := range chunk {
+		// Keys written before touched_at was recorded count as idle: the
+		// outbox check decides.
+		if d.PartitionOf(k.Key) == p.Partition && k.Touched.Before(cut) {
+			seqs[k.Key] = k.Seq
+			idle = append(idle, k.Key)
+		}
+	}
+	if len(idle) == 0 {
+		return res, nil
+	}
+	var live []string
+	if err := d.outbox.Distinct(ctx, "key", bson.D{{Key: "p", Value: p.Partition}, {Key: "key", Value: bson.D{{Key: "$in", Value: idle}}}}).Decode(&live); err != nil {
+		return nil, fmt.Errorf("ferrymongo: prune idle keys: %w", err)
+	}
+	for _, k := range live {
+		delete(seqs, k)
+	}
+	if len(seqs) == 0 {
+		return res, nil
+	}
+	models := make([]mongo.WriteModel, 0, len(seqs))
+	for _, k := range idle {
+		if seq, ok := seqs[k.(string)]; ok {
+			models = append(models, mongo.NewDeleteOneModel().SetFilter(bson.D{{Key: "_id", Value: k}, {Key: "seq", Value: seq}}))
+		}
+	}
+	bw, err := d.keys.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: prune idle keys: %w", err)
+	}
+	res.Pruned = bw.DeletedCount
+	return res, nil
+}
+
 // DeleteDeadLetters implements ferrydriver.Store: the oldest of a feed's
 // expired dead letters, by the (feed, failed_at) index.
 func (d *Driver) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {

@@ -8,7 +8,9 @@ package ferrypg
 // appends cannot deadlock each other) and gives the transaction its xid;
 // only then are outbox ids drawn. Hence, for one key, id order is commit
 // order, and every row's xid was assigned before its id was drawn; the feed
-// depends on both. ORDER BY ord makes ids follow the caller's order.
+// depends on both. ORDER BY ord makes ids follow the caller's order. The
+// key's row also records the appending transaction and the time, for
+// PruneKeys; a key forgotten by PruneKeys is inserted afresh, Seq from 1.
 const appendCTE = `
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
@@ -20,9 +22,9 @@ counts AS (
     SELECT key, count(*) AS n FROM input GROUP BY key
 ),
 k AS (
-    INSERT INTO {schema}.keys AS k (key, seq)
-    SELECT key, n FROM counts ORDER BY key
-    ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq
+    INSERT INTO {schema}.keys AS k (key, seq, xid, touched_at)
+    SELECT key, n, pg_current_xact_id(), statement_timestamp() FROM counts ORDER BY key
+    ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq, xid = excluded.xid, touched_at = excluded.touched_at
     RETURNING k.key, k.seq
 ),
 ins AS (
@@ -44,8 +46,8 @@ SELECT count(*) FROM ins`
 // producer transaction.
 const appendOneCTE = `
 WITH k AS (
-    INSERT INTO {schema}.keys AS k (key, seq) VALUES ($3::text, 1)
-    ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1
+    INSERT INTO {schema}.keys AS k (key, seq, xid, touched_at) VALUES ($3::text, 1, pg_current_xact_id(), statement_timestamp())
+    ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1, xid = excluded.xid, touched_at = excluded.touched_at
     RETURNING k.seq
 ),
 ins AS (
@@ -288,6 +290,41 @@ DELETE FROM {schema}.dead_letters d USING (
      WHERE feed = $1 AND failed_at < now() - $2 * interval '1 millisecond'
      ORDER BY failed_at LIMIT $3) s
  WHERE d.feed = s.feed AND d.event_id = s.event_id`
+
+// sqlKeysChunk reads the next $2 keys of the sweep after $1, in primary
+// key order (O($2), in an index-plan transaction), with the transaction
+// that last appended to each and whether that was longer than $3 ms ago.
+// Over 100,000 keys (TestKeySweepIsBounded):
+//
+//	Limit -> Index Scan using keys_pkey on keys  Index Cond: (key > 'k000500'::text)
+//
+// 3 buffers for a chunk of 100, at the start of the table as at its end.
+const sqlKeysChunk = `
+SELECT key, xid::text, touched_at < now() - $3 * interval '1 millisecond'
+  FROM {schema}.keys WHERE key > $1 ORDER BY key LIMIT $2`
+
+// sqlPruneKeys forgets the keys $1 whose row still names the transaction
+// $2 the sweep read: a row locked by a writer in flight is skipped (SKIP
+// LOCKED), and one a writer changed since is dropped when FOR UPDATE
+// re-checks it against its newest version. A writer that reaches a row
+// while it is locked here waits for this transaction, then finds it
+// deleted and inserts the key afresh (ON CONFLICT retries the insert): it
+// is serialised with the other writers of the key as before, and draws its
+// outbox ids after every earlier event of the key committed. Two probes
+// of keys_pkey per key (TestKeySweepIsBounded: 800 buffers for 100 keys):
+//
+//	Delete on keys k
+//	  -> Nested Loop
+//	       -> Subquery Scan on s -> LockRows -> Nested Loop
+//	            -> Function Scan on c
+//	            -> Index Scan using keys_pkey on keys  Index Cond: (key = c.key)  Filter: ((c.xid)::xid8 = xid)
+//	       -> Index Scan using keys_pkey on keys k  Index Cond: (key = s.key)
+const sqlPruneKeys = `
+DELETE FROM {schema}.keys k USING (
+    SELECT keys.key FROM {schema}.keys
+      JOIN unnest($1::text[], $2::text[]) AS c(key, xid) ON keys.key = c.key AND keys.xid = c.xid::xid8
+     FOR UPDATE OF keys SKIP LOCKED) s
+ WHERE k.key = s.key`
 
 // sqlIndexPlans keeps bitmap and sequential scans out of the rest of a
 // transaction's plans (see inIndexPlanTx): the transaction-local form of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -164,44 +165,68 @@ func (d *Driver[TTx]) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadL
 	return out[0], nil
 }
 
-// DeleteDelivered implements ferrydriver.Store.
-func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
-	cursors := [][]byte{p.Cursor}
-	r, err := d.db.query(ctx, d.queries.partitionCursors, p.Partition)
+// horizon is what every feed of a partition has delivered: the rows at or
+// below Low that were visible to every feed's previous snapshot (xid below
+// every PrevXmax and in no feed's PrevXip).
+type horizon struct {
+	low  int64
+	xmax uint64
+	xip  []uint64
+}
+
+// delivered reports whether every event of transaction xid was delivered
+// by every feed: it committed (or aborted) before every feed's previous
+// snapshot, so its rows, if any, were visible to it and are at or below Low.
+func (h *horizon) delivered(xid uint64) bool {
+	return h.low > 0 && xid < h.xmax && !slices.Contains(h.xip, xid)
+}
+
+// partitionHorizon reads the saved checkpoints of partition and combines
+// them with cursor (the caller's own, possibly newer than its saved one).
+func (d *Driver[TTx]) partitionHorizon(ctx context.Context, partition int, cursor []byte) (*horizon, error) {
+	cursors := [][]byte{cursor}
+	r, err := d.db.query(ctx, d.queries.partitionCursors, partition)
 	if err != nil {
-		return 0, d.wrapErr("read the checkpoints of partition "+strconv.Itoa(p.Partition), err)
+		return nil, d.wrapErr("read the checkpoints of partition "+strconv.Itoa(partition), err)
 	}
 	for r.Next() {
 		var c []byte
 		if err := r.Scan(&c); err != nil {
 			r.Close()
-			return 0, d.wrapErr("read checkpoints", err)
+			return nil, d.wrapErr("read checkpoints", err)
 		}
 		cursors = append(cursors, c)
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
-		return 0, d.wrapErr("read checkpoints", err)
+		return nil, d.wrapErr("read checkpoints", err)
 	}
-	// A row may go only if every feed delivered it: at or below every
-	// feed's Low, below every PrevXmax, and in no feed's PrevXip.
-	var low int64 = -1
-	var xmax uint64
-	var xip []uint64
+	h := &horizon{low: -1}
 	for i, c := range cursors {
 		st, err := decodeCursor(c)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		if i == 0 || st.Low < low {
-			low = st.Low
+		if i == 0 || st.Low < h.low {
+			h.low = st.Low
 		}
-		if i == 0 || st.PrevXmax < xmax {
-			xmax = st.PrevXmax
+		if i == 0 || st.PrevXmax < h.xmax {
+			h.xmax = st.PrevXmax
 		}
-		xip = append(xip, st.PrevXip...)
+		h.xip = append(h.xip, st.PrevXip...)
 	}
-	if low <= 0 {
+	return h, nil
+}
+
+// DeleteDelivered implements ferrydriver.Store.
+func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
+	h, err := d.partitionHorizon(ctx, p.Partition, p.Cursor)
+	if err != nil {
+		return 0, err
+	}
+	// A row may go only if every feed delivered it: at or below every
+	// feed's Low, below every PrevXmax, and in no feed's PrevXip.
+	if h.low <= 0 {
 		return 0, nil
 	}
 	limit := p.Limit
@@ -211,13 +236,72 @@ func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.Delete
 	var n int64
 	err = d.inIndexPlanTx(ctx, func(e executor) error {
 		var err error
-		n, err = e.exec(ctx, d.queries.deleteDelivered, p.Partition, low, xidStrings(xip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(xmax, 10))
+		n, err = e.exec(ctx, d.queries.deleteDelivered, p.Partition, h.low, xidStrings(h.xip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(h.xmax, 10))
 		return err
 	})
 	if err != nil {
 		return 0, d.wrapErr("delete delivered events", err)
 	}
 	return n, nil
+}
+
+// PruneKeys implements ferrydriver.Store: a chunk of the keys table in
+// primary-key order (sqlKeysChunk), filtered here (the key's partition is
+// a hash computed in Go, its last transaction is compared with the
+// partition's horizon), then a compare-and-delete of the keys that can go
+// (sqlPruneKeys), in one index-plan transaction.
+func (d *Driver[TTx]) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	res := &ferrydriver.PruneKeysResult{Next: p.After}
+	h, err := d.partitionHorizon(ctx, p.Partition, p.Cursor)
+	if err != nil || h.low <= 0 {
+		return res, err
+	}
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 5000
+	}
+	err = d.inIndexPlanTx(ctx, func(e executor) error {
+		r, err := e.query(ctx, d.queries.keysChunk, p.After, limit, p.IdleFor.Milliseconds())
+		if err != nil {
+			return err
+		}
+		var keys, xids []string
+		read, last := 0, ""
+		for r.Next() {
+			var key, xid string
+			var idle bool
+			if err := r.Scan(&key, &xid, &idle); err != nil {
+				r.Close()
+				return err
+			}
+			read, last = read+1, key
+			if !idle || d.PartitionOf(key) != p.Partition {
+				continue
+			}
+			x, err := strconv.ParseUint(xid, 10, 64)
+			if err != nil || !h.delivered(x) {
+				continue
+			}
+			keys, xids = append(keys, key), append(xids, xid)
+		}
+		r.Close()
+		if err := r.Err(); err != nil {
+			return err
+		}
+		res.Next = last
+		if read < limit {
+			res.Next = ""
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		res.Pruned, err = e.exec(ctx, d.queries.pruneKeys, keys, xids)
+		return err
+	})
+	if err != nil {
+		return nil, d.wrapErr("prune idle keys of partition "+strconv.Itoa(p.Partition), err)
+	}
+	return res, nil
 }
 
 // DeleteDeadLetters implements ferrydriver.Store (sqlDeleteDeadLetters).

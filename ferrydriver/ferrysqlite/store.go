@@ -235,39 +235,44 @@ DELETE FROM ferry_dead_letters WHERE rowid IN (
 	return n, err
 }
 
+// partitionLow is the id every feed of partition has passed: the lowest
+// position among the saved checkpoints and cursor (0: nothing yet).
+func (d *Driver) partitionLow(ctx context.Context, tx *sql.Tx, partition int, cursor []byte) (int64, error) {
+	low, err := decodeCursor(cursor)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT cursor FROM ferry_checkpoints WHERE partition = ? AND cursor IS NOT NULL`, partition)
+	if err != nil {
+		return 0, d.wrapErr("read the checkpoints of partition "+strconv.Itoa(partition), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return 0, d.wrapErr("read checkpoints", err)
+		}
+		c, err := decodeCursor(b)
+		if err != nil {
+			return 0, err
+		}
+		low.After = min(low.After, c.After)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, d.wrapErr("read checkpoints", err)
+	}
+	return max(low.After, 0), nil
+}
+
 // DeleteDelivered implements ferrydriver.Store: it removes events at or
 // below every feed's position (the saved checkpoints of the partition and
 // p.Cursor), older than p.OlderThan, oldest first.
 func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
 	var n int64
 	err := d.write(ctx, "delete delivered events", func(tx *sql.Tx) error {
-		low, err := decodeCursor(p.Cursor)
-		if err != nil {
+		low, err := d.partitionLow(ctx, tx, p.Partition, p.Cursor)
+		if err != nil || low == 0 {
 			return err
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT cursor FROM ferry_checkpoints WHERE partition = ? AND cursor IS NOT NULL`, p.Partition)
-		if err != nil {
-			return d.wrapErr("read the checkpoints of partition "+strconv.Itoa(p.Partition), err)
-		}
-		for rows.Next() {
-			var b []byte
-			if err := rows.Scan(&b); err != nil {
-				rows.Close()
-				return d.wrapErr("read checkpoints", err)
-			}
-			c, err := decodeCursor(b)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			low.After = min(low.After, c.After)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return d.wrapErr("read checkpoints", err)
-		}
-		if low.After <= 0 {
-			return nil
 		}
 		limit := p.Limit
 		if limit <= 0 {
@@ -276,7 +281,7 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 		res, err := tx.ExecContext(ctx, `
 DELETE FROM ferry_outbox WHERE id IN (
     SELECT id FROM ferry_outbox WHERE partition = ? AND id <= ? ORDER BY id LIMIT ?)
-  AND created_at < ?`, p.Partition, low.After, limit, micros(now())-p.OlderThan.Microseconds())
+  AND created_at < ?`, p.Partition, low, limit, micros(now())-p.OlderThan.Microseconds())
 		if err != nil {
 			return d.wrapErr("delete delivered events", err)
 		}
@@ -284,6 +289,65 @@ DELETE FROM ferry_outbox WHERE id IN (
 		return nil
 	})
 	return n, err
+}
+
+// PruneKeys implements ferrydriver.Store: a chunk of ferry_keys in key
+// order; a key of the partition goes when its newest event is at or below
+// every feed's position and it was appended more than p.IdleFor ago. The
+// single writer keeps appends out while the chunk is pruned.
+func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	res := &ferrydriver.PruneKeysResult{Next: p.After}
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 5000
+	}
+	err := d.write(ctx, "prune idle keys", func(tx *sql.Tx) error {
+		low, err := d.partitionLow(ctx, tx, p.Partition, p.Cursor)
+		if err != nil || low == 0 {
+			return err
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT key, last_id, touched_at FROM ferry_keys WHERE key > ? ORDER BY key LIMIT ?`, p.After, limit)
+		if err != nil {
+			return d.wrapErr("prune idle keys", err)
+		}
+		defer rows.Close()
+		cut := micros(now()) - p.IdleFor.Microseconds()
+		var keys []string
+		read := 0
+		res.Next = ""
+		for rows.Next() {
+			var key string
+			var lastID, touched int64
+			if err := rows.Scan(&key, &lastID, &touched); err != nil {
+				return d.wrapErr("prune idle keys", err)
+			}
+			read++
+			res.Next = key
+			if lastID <= low && touched < cut && d.PartitionOf(key) == p.Partition {
+				keys = append(keys, key)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return d.wrapErr("prune idle keys", err)
+		}
+		rows.Close()
+		if read < limit {
+			res.Next = ""
+		}
+		for _, k := range keys {
+			r, err := tx.ExecContext(ctx, `DELETE FROM ferry_keys WHERE key = ?`, k)
+			if err != nil {
+				return d.wrapErr("prune idle keys", err)
+			}
+			n, _ := r.RowsAffected()
+			res.Pruned += n
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
 }
 
 // FeedLag implements ferrydriver.Store: the first

@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -218,6 +218,24 @@ if scenario == "dlretention":
     r = server.receives(OpMsg("delete", "ferry_dead_letters"), timeout=30)
     report("delete", {"deletes": r.doc.get("deletes")})
     r.ok(n=2)
+
+if scenario == "prunekeys":
+    # PruneKeys over a chunk of three keys: a and b idle for two days, c
+    # appended just now; b still has an event in the outbox. Only a goes,
+    # if its sequence is still 4.
+    now = datetime.datetime.now(datetime.timezone.utc)
+    r = server.receives(OpMsg("find", "ferry_keys"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_keys", "firstBatch": [
+        {"_id": "a", "seq": Int64(4), "touched_at": now - datetime.timedelta(days=2)},
+        {"_id": "b", "seq": Int64(9), "touched_at": now - datetime.timedelta(days=2)},
+        {"_id": "c", "seq": Int64(1), "touched_at": now}]})
+    r = server.receives(OpMsg("distinct", "ferry_outbox"), timeout=30)
+    report("distinct", {"key": r.doc.get("key"), "query": r.doc.get("query")})
+    r.ok(values=["b"])
+    r = server.receives(OpMsg("delete", "ferry_keys"), timeout=30)
+    report("delete", {"deletes": r.doc.get("deletes"), "ordered": r.doc.get("ordered")})
+    r.ok(n=1)
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
