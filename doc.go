@@ -103,7 +103,9 @@ cannot hide the consumer's commit. Failed is the cheap gate predicate.
     back, nor does a transaction that took its id early and commits late
     get skipped.
   - An event the broker rejects for good (too large, unroutable) goes to
-    the relay's dead-letter table with the reason; `ferry dlq list` shows it.
+    the relay's dead-letter table with the reason; `ferry dlq list` shows it
+    and `ferry dlq redrive` appends it to the outbox again, with the same
+    event ID and a new place in its key's order (RedriveDeadLetters).
     Dead letters are kept for RelayConfig.DeadLetterRetention (14 days).
 
 # Operating

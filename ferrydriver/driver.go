@@ -86,6 +86,21 @@ type Store interface {
 	ListDeadLetters(ctx context.Context, p *ListDeadLettersParams) ([]*DeadLetter, error)
 	// GetDeadLetter returns one dead letter by event ID, or ErrNotFound.
 	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
+	// RedriveDeadLetters appends the selected relay dead letters back to
+	// the outbox and removes them, in one transaction, oldest failure
+	// first, and returns how many dead letters it removed. Each event
+	// keeps its ID, so brokers and consumers that deduplicate drop a copy
+	// that did arrive, and is appended as a new event of its key with a
+	// new Seq: it is delivered after the key's events committed before the
+	// redrive and before those committed after it, not at its first place
+	// in the key's order. Every feed of its partition delivers it again. An
+	// event dead-lettered by several feeds is appended once. If a selected
+	// dead letter is not a valid event (a record the feed could not
+	// decode), nothing changes and the error names it: discard it.
+	RedriveDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
+	// DiscardDeadLetters removes the selected relay dead letters for good
+	// and returns how many.
+	DiscardDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
 
 	// DeleteDeadLetters removes p.Feed's dead letters that failed more
 	// than p.OlderThan ago, oldest first, at most p.Limit of them: the
@@ -322,7 +337,24 @@ type ListDeadLettersParams struct {
 	Key, Type, Topic string
 	// Since and Until bound FailedAt when set.
 	Since, Until time.Time
+	// EventIDs, when set, selects only these events.
+	EventIDs []uuid.UUID
 	// Limit caps the result; 0 means 100.
+	Limit int
+}
+
+// DeadLetterSelection selects relay dead letters to redrive or discard:
+// those matching every field that is set, the oldest failures first.
+type DeadLetterSelection struct {
+	// Feed, when set, limits the selection to one feed.
+	Feed string
+	// EventIDs, when set, selects only these events.
+	EventIDs []uuid.UUID
+	// Key, Type and Topic filter exactly when set.
+	Key, Type, Topic string
+	// Since and Until bound FailedAt when set.
+	Since, Until time.Time
+	// Limit caps the dead letters selected; 0 means 100.
 	Limit int
 }
 

@@ -70,7 +70,8 @@ type Event struct {
 	// counter or to deduplicate (a consumer that skips events whose Seq is
 	// at most the last one it applied would drop a restarted key's
 	// events; deduplicate by ID, as the inbox does). A relay with a
-	// negative KeyRetention never forgets a key.
+	// negative KeyRetention never forgets a key. A redriven dead letter is
+	// appended again as a new event of its key: same ID, a new Seq.
 	Seq int64
 }
 

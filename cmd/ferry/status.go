@@ -136,7 +136,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	db.register(f)
 	var feed, group, key, typ, topic, since, until string
 	var limit int
-	var asJSON bool
+	var asJSON, dryRun bool
 	f.String(&feed, "feed", "FERRY_FEED", "", "relay dead letters of this feed only, e.g. default/0 (default: all)")
 	f.String(&group, "group", "FERRY_GROUP", "", "a consumer group: its dead letters instead of the relay's")
 	f.Bool(&asJSON, "json", "FERRY_DLQ_JSON", false, "print JSON")
@@ -146,6 +146,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	f.String(&since, "since", "FERRY_DLQ_SINCE", "", "failed at or after: RFC 3339 time or a duration ago, e.g. 1h")
 	f.String(&until, "until", "FERRY_DLQ_UNTIL", "", "failed before: RFC 3339 time or a duration ago")
 	f.Int(&limit, "limit", "FERRY_DLQ_LIMIT", 100, "most records to list (or to redrive/discard by filter)")
+	f.Bool(&dryRun, "dry-run", "FERRY_DLQ_DRY_RUN", false, "redrive, discard: list what would be acted on and change nothing")
 	if err := f.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -168,8 +169,8 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if group == "" && (action == "redrive" || action == "discard") {
-		return usagef("%s works on a consumer group's dead letters: add --group <name>", action)
+	if group != "" && topic != "" {
+		return usagef("--topic selects relay dead letters; a consumer group's are selected by --key, --type, --since, --until or event IDs")
 	}
 	b, err := db.open(ctx, false)
 	if err != nil {
@@ -178,7 +179,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer b.close()
 	drv := b.inbox
 	if group == "" {
-		return relayDLQ(ctx, stdout, b.store, action, feed, ids, &ferrydriver.ListDeadLettersParams{Feed: feed, Key: key, Type: typ, Topic: topic, Since: sinceT, Until: untilT, Limit: limit}, asJSON)
+		return relayDLQ(ctx, stdout, b.store, action, ids, &ferrydriver.ListDeadLettersParams{Feed: feed, Key: key, Type: typ, Topic: topic, Since: sinceT, Until: untilT, EventIDs: ids, Limit: limit}, asJSON, dryRun)
 	}
 	p := &ferrydriver.ListInboxParams{Group: group, Key: key, Type: typ, EventIDs: ids, Since: sinceT, Until: untilT, Limit: limit}
 	if action == "show" {
@@ -200,6 +201,15 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "no dead letters of group %s match\n", group)
 		return nil
 	}
+	if dryRun {
+		if err := printInboxRows(stdout, rows, asJSON, false); err != nil {
+			return err
+		}
+		if !asJSON {
+			fmt.Fprintf(stdout, "%d dead letter(s) of group %s would be %s; nothing changed (--dry-run)\n", len(rows), group, pastTense(action))
+		}
+		return nil
+	}
 	sel := &ferrydriver.InboxIDsParams{Group: group}
 	for _, r := range rows {
 		sel.EventIDs = append(sel.EventIDs, r.Event.ID)
@@ -218,9 +228,17 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
-func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, action, feed string, ids []uuid.UUID, p *ferrydriver.ListDeadLettersParams, asJSON bool) error {
+func pastTense(action string) string {
+	return map[string]string{"redrive": "redriven", "discard": "discarded"}[action]
+}
+
+// relayDLQ lists, shows, redrives or discards relay dead letters. Like a
+// group's, redrive and discard act on exactly what list shows with the same
+// flags (by event ID, at most --limit), so that `ferry dlq list ...` is
+// the preview and --dry-run says it again.
+func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, action string, ids []uuid.UUID, p *ferrydriver.ListDeadLettersParams, asJSON, dryRun bool) error {
 	if action == "show" {
-		dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: ids[0]})
+		dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: p.Feed, EventID: ids[0]})
 		if errors.Is(err, ferrydriver.ErrNotFound) {
 			return fmt.Errorf("no relay dead letter with event ID %s (list them with `ferry dlq list`; a consumer group's with --group)", ids[0])
 		}
@@ -233,7 +251,45 @@ func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, acti
 	if err != nil {
 		return err
 	}
-	return printDeadLetters(stdout, dls, asJSON, false)
+	if action == "list" {
+		return printDeadLetters(stdout, dls, asJSON, false)
+	}
+	if len(dls) == 0 {
+		fmt.Fprintln(stdout, "no relay dead letters match")
+		return nil
+	}
+	if dryRun {
+		if err := printDeadLetters(stdout, dls, asJSON, false); err != nil {
+			return err
+		}
+		if !asJSON {
+			fmt.Fprintf(stdout, "%d relay dead letter(s) would be %s; nothing changed (--dry-run)\n", len(dls), pastTense(action))
+		}
+		return nil
+	}
+	sel := &ferrydriver.DeadLetterSelection{Feed: p.Feed, Limit: len(dls)}
+	seen := map[uuid.UUID]bool{}
+	for _, d := range dls {
+		if !seen[d.Event.ID] {
+			seen[d.Event.ID] = true
+			sel.EventIDs = append(sel.EventIDs, d.Event.ID)
+		}
+	}
+	var n int
+	if action == "redrive" {
+		n, err = drv.RedriveDeadLetters(ctx, sel)
+	} else {
+		n, err = drv.DiscardDeadLetters(ctx, sel)
+	}
+	if err != nil {
+		return err
+	}
+	verb := map[string]string{
+		"redrive": "redriven: appended to the outbox again with the same event IDs, each after what its key committed before now",
+		"discard": "discarded",
+	}[action]
+	fmt.Fprintf(stdout, "%d relay dead letter(s) %s\n", n, verb)
+	return nil
 }
 
 func printInboxRows(w io.Writer, rows []*ferrydriver.InboxRow, asJSON, full bool) error {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
 
@@ -67,6 +68,8 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("CheckpointFencing", func(t *testing.T) { t.Parallel(); testCheckpointFencing(t, h) })
 	t.Run("DeadLetters", func(t *testing.T) { t.Parallel(); testDeadLetters(t, h) })
 	t.Run("DeadLetterRetention", func(t *testing.T) { t.Parallel(); testDeadLetterRetention(t, h) })
+	t.Run("RedriveDeadLetters", func(t *testing.T) { t.Parallel(); testRedriveDeadLetters(t, h) })
+	t.Run("RedriveAndDiscardSelect", func(t *testing.T) { t.Parallel(); testRedriveSelection(t, h) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, h) })
 	t.Run("RetentionKeepsWhatASlowFeedNeeds", func(t *testing.T) { t.Parallel(); testRetentionSlowestFeed(t, h) })
 	t.Run("IdleDeliveredKeysArePruned", func(t *testing.T) { t.Parallel(); testPruneKeys(t, h) })
@@ -738,6 +741,104 @@ func testDeadLetterRetention[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, err)
 	require.Len(t, left, 1)
 	require.Equal(t, b1.ID, left[0].Event.ID, "another feed's dead letters stay")
+}
+
+// testRedriveDeadLetters: a redriven dead letter goes back to the outbox
+// with its ID, as a new event of its key: after the key's events committed
+// before the redrive, before those committed after, with a new Seq; the
+// dead letter is gone, so a second redrive finds nothing.
+func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	emit(ctx, t, h, drv, Event("t", "K", "first"))
+	r := OpenReader(ctx, t, drv, nil)
+	read := r.ReadQuiet(ctx)
+	require.Len(t, read, 1)
+	first := read[0]
+	first.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	insertDeadLetters(ctx, t, drv, "dl/0", first) // as the relay does, with the event as read
+	emit(ctx, t, h, drv, Event("t", "K", "second"))
+
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "dl/0", Key: "K"})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	emit(ctx, t, h, drv, Event("t", "K", "third"))
+
+	got := r.ReadQuiet(ctx)
+	require.Len(t, got, 3)
+	require.Equal(t, []string{"second", "first", "third"}, []string{string(got[0].Payload), string(got[1].Payload), string(got[2].Payload)},
+		"the redriven event comes after what the key committed before the redrive")
+	require.Equal(t, first.ID, got[1].ID, "the same event ID: consumers deduplicate")
+	require.Equal(t, first.Headers, got[1].Headers)
+	require.True(t, first.CreatedAt.Equal(got[1].CreatedAt))
+	require.EqualValues(t, []int64{2, 3, 4}, []int64{got[0].Seq, got[1].Seq, got[2].Seq}, "a new Seq of the key")
+
+	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
+	require.NoError(t, err)
+	require.Empty(t, left)
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "dl/0"})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Empty(t, r.ReadQuiet(ctx))
+}
+
+// testRedriveSelection: redrive and discard select like the list (feed,
+// key, type, topic, event IDs, failure time) with a limit, oldest first;
+// an event dead-lettered by two feeds is appended once; a dead letter
+// that is not a valid event stops the redrive, changing nothing, and can
+// be discarded.
+func testRedriveSelection[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	r := OpenReader(ctx, t, drv, nil)
+	a, b, c := Event("orders", "ka", "a"), Event("payments", "kb", "b"), Event("orders", "kc", "c")
+	b.Type = "Refund"
+	insertDeadLetters(ctx, t, drv, "f/0", a, b, c)
+	insertDeadLetters(ctx, t, drv, "g/0", c)
+
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Topic: "payments", Type: "Refund"})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, []string{b.ID.String()}, ids(r.ReadQuiet(ctx)))
+
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{EventIDs: []uuid.UUID{c.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "both feeds' dead letters of c")
+	require.Equal(t, []string{c.ID.String()}, ids(r.ReadQuiet(ctx)), "appended once")
+
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "g/0"})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Until: time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	require.Zero(t, n, "failed an hour ago: none")
+
+	bad := Event("orders", "kx", "undecodable")
+	bad.Topic = "" // as a record the feed could not decode is dead-lettered
+	insertDeadLetters(ctx, t, drv, "f/0", bad)
+	_, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "f/0"})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), bad.ID.String())
+	require.Contains(t, err.Error(), "discard")
+	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "f/0"})
+	require.NoError(t, err)
+	require.Len(t, left, 2, "nothing changed: a and bad are still there")
+	require.Empty(t, r.ReadQuiet(ctx), "and nothing was appended")
+
+	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "f/0", EventIDs: []uuid.UUID{bad.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	got, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{a.ID, bad.ID}})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, a.ID, got[0].Event.ID, "the list selects by event ID too")
+	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Key: "ka", Limit: 5})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Empty(t, r.ReadQuiet(ctx), "a discarded dead letter is not published")
 }
 
 func testRetention[TTx any](t *testing.T, h Harness[TTx]) {

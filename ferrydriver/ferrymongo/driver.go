@@ -153,7 +153,11 @@ func (d *Driver) PartitionOf(key string) int {
 
 // outboxDoc is an event as stored in the outbox collection.
 type outboxDoc struct {
+	// ID is the event's ID, or for a redriven dead letter, which may still
+	// be in the outbox under its ID, a fresh one; EventID then holds the
+	// event's.
 	ID          string            `bson:"_id"`
+	EventID     string            `bson:"eid,omitempty"`
 	Partition   int               `bson:"p"`
 	Topic       string            `bson:"topic"`
 	Key         string            `bson:"key"`
@@ -179,8 +183,12 @@ func (o *outboxDoc) event() (*ferryevent.Event, error) {
 	}
 	ev := &ferryevent.Event{Topic: o.Topic, Key: o.Key, Seq: o.Seq, Type: o.Type, Source: o.Source, ContentType: o.ContentType,
 		Headers: o.Headers, Payload: o.Payload, CreatedAt: created}
-	if err := ev.ID.UnmarshalText([]byte(o.ID)); err != nil {
-		return ev, fmt.Errorf("event id %q: %w", o.ID, err)
+	id := o.ID
+	if o.EventID != "" {
+		id = o.EventID
+	}
+	if err := ev.ID.UnmarshalText([]byte(id)); err != nil {
+		return ev, fmt.Errorf("event id %q: %w", id, err)
 	}
 	return ev, nil
 }
@@ -275,6 +283,11 @@ func timeRange(filter bson.D, field string, since, until time.Time) bson.D {
 }
 
 func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
+	return d.appendDocs(tx, p, false)
+}
+
+// appendDocs appends events; redriven ones are stored under fresh _ids.
+func (d *Driver) appendDocs(tx context.Context, p *ferrydriver.AppendParams, redrive bool) error {
 	if len(p.Events) == 0 {
 		return nil
 	}
@@ -300,6 +313,9 @@ func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
 		docs[i] = &outboxDoc{ID: ev.ID.String(), Partition: d.PartitionOf(ev.Key), Topic: ev.Topic, Key: ev.Key, Seq: k.Seq, Type: ev.Type,
 			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload, CreatedAt: ev.CreatedAt.UTC(),
 			CreatedNS: ev.CreatedAt.UnixNano(), AppendedAt: appended}
+		if redrive {
+			docs[i].(*outboxDoc).ID, docs[i].(*outboxDoc).EventID = ferryevent.NewID().String(), ev.ID.String()
+		}
 	}
 	if _, err := d.outbox.InsertMany(tx, docs); err != nil {
 		return fmt.Errorf("ferrymongo: append %d event(s): %w", len(docs), err)

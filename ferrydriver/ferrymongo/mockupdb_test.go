@@ -459,3 +459,30 @@ func TestMockPruneKeysForgetsOnlyKeysWithNothingLeft(t *testing.T) {
 	require.NotContains(t, reports[2], `"b"`)
 	require.NotContains(t, reports[2], `"c"`)
 }
+
+// TestMockRedriveAppendsUnderAFreshID: a redriven dead letter is appended
+// in the same transaction that deletes it, with its key's next sequence
+// number, under a fresh _id (its first copy may still be in the outbox)
+// with the event ID in eid, which the feed reads back as the ID.
+func TestMockRedriveAppendsUnderAFreshID(t *testing.T) {
+	uri, lines := mockServerLines(t, "redrive")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Key: "k"})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	reports := awaitReports(ctx, t, lines, 5)
+	require.Contains(t, reports[0], `"event.key": "k"`)
+	require.Contains(t, reports[0], `"sort": {"failed_at": 1, "event.seq": 1}`, "oldest first, in the key's order")
+	require.Contains(t, reports[0], `"startTransaction": true`)
+	require.Contains(t, reports[1], `"$inc": {"seq": 1}`, "a new sequence number of the key")
+	const eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
+	require.Contains(t, reports[2], `"eid": "`+eid+`"`)
+	require.NotContains(t, reports[2], `"_id": "`+eid+`"`, "a fresh _id")
+	require.Contains(t, reports[2], `"seq": 12`)
+	require.Contains(t, reports[3], `"event": "`+eid+`"`)
+	require.Contains(t, reports[4], `"kind": "commit"`)
+}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -214,15 +217,98 @@ func (d *Driver) decodeDeadLetters(ctx context.Context, cur *mongo.Cursor) ([]*f
 	return out, cur.Err()
 }
 
-// ListDeadLetters implements ferrydriver.Store.
-func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
+// deadLetterFilter selects dead letters by each criterion that is set.
+func deadLetterFilter(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID) bson.D {
 	filter := bson.D{}
-	for _, f := range []struct{ field, v string }{{"feed", p.Feed}, {"event.key", p.Key}, {"event.type", p.Type}, {"event.topic", p.Topic}} {
+	for _, f := range []struct{ field, v string }{{"feed", feed}, {"event.key", key}, {"event.type", typ}, {"event.topic", topic}} {
 		if f.v != "" {
 			filter = append(filter, bson.E{Key: f.field, Value: f.v})
 		}
 	}
-	filter = timeRange(filter, "failed_at", p.Since, p.Until)
+	if len(ids) > 0 {
+		list := make(bson.A, len(ids))
+		for i, id := range ids {
+			list[i] = id.String()
+		}
+		filter = append(filter, bson.E{Key: "event._id", Value: bson.D{{Key: "$in", Value: list}}})
+	}
+	return timeRange(filter, "failed_at", since, until)
+}
+
+// RedriveDeadLetters implements ferrydriver.Store: in one transaction, the
+// selected dead letters are appended as new events of their keys (each
+// takes its key's next Seq) and deleted. A redriven event is stored under
+// a fresh _id, with its ID in eid: its first copy may still be in the
+// outbox.
+func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	var n int
+	err := d.inTx(ctx, func(tx context.Context) error {
+		n = 0
+		cur, err := d.deadLetters.Find(tx, deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs),
+			options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "event.seq", Value: 1}}).SetLimit(selectionLimit(p)))
+		if err != nil {
+			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
+		}
+		var docs []deadLetterDoc
+		if err := cur.All(tx, &docs); err != nil {
+			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
+		}
+		ids := make(bson.A, 0, len(docs))
+		var events []*ferryevent.Event
+		seen := map[string]bool{}
+		for i := range docs {
+			ev, err := docs[i].Event.event()
+			if err == nil {
+				// No size limit: the event was accepted once, under the producer's.
+				err = ferryevent.Validate(ev, 0, math.MaxInt)
+			}
+			if err != nil {
+				return fmt.Errorf("ferrymongo: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
+					docs[i].Event.ID, docs[i].Feed, err, docs[i].Feed, docs[i].Event.ID)
+			}
+			ids = append(ids, docs[i].ID)
+			if !seen[ev.ID.String()] {
+				seen[ev.ID.String()] = true
+				ev.Seq = 0
+				events = append(events, ev)
+			}
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		if err := d.appendDocs(tx, &ferrydriver.AppendParams{Events: events}, true); err != nil {
+			return err
+		}
+		res, err := d.deadLetters.DeleteMany(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+		if err != nil {
+			return fmt.Errorf("ferrymongo: delete redriven dead letters: %w", err)
+		}
+		n = int(res.DeletedCount)
+		return nil
+	})
+	return n, err
+}
+
+// DiscardDeadLetters implements ferrydriver.Store.
+func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	n, err := deleteOldest(ctx, d.deadLetters, deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs),
+		bson.D{{Key: "failed_at", Value: 1}}, selectionLimit(p))
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: discard dead letters: %w", err)
+	}
+	return int(n), nil
+}
+
+func selectionLimit(p *ferrydriver.DeadLetterSelection) int64 {
+	if p.Limit <= 0 {
+		return 100
+	}
+	return int64(p.Limit)
+}
+
+// ListDeadLetters implements ferrydriver.Store.
+func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
+	filter := deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs)
 	limit := int64(p.Limit)
 	if limit <= 0 {
 		limit = 100

@@ -303,6 +303,7 @@ type queries struct {
 	deleteDelivered, feedLag, armListener, disarmListener, seqCache     string
 	partitionCursors, feedLagExact, countDeadLetterExact                string
 	deleteDeadLetters, keysChunk, pruneKeys                             string
+	selectRedrive, deleteRedriven, discardDeadLetters                   string
 	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
 	waiterAdd, waiterRemove, inboxCounts                                string
@@ -323,6 +324,7 @@ func newQueries(schema string) queries {
 		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), disarmListener: r(sqlDisarmListener), seqCache: r(sqlSeqCache),
 		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
 		deleteDeadLetters: r(sqlDeleteDeadLetters), keysChunk: r(sqlKeysChunk), pruneKeys: r(sqlPruneKeys),
+		selectRedrive: r(sqlSelectRedrive), deleteRedriven: r(sqlDeleteRedriven), discardDeadLetters: r(sqlDiscardDeadLetters),
 		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),

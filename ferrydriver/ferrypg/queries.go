@@ -240,12 +240,41 @@ SELECT count(*) FROM lease`
 
 const deadLetterColumns = `feed, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at, reason, failed_at`
 
-const sqlListDeadLetters = `
-SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
- WHERE ($1 = '' OR feed = $1) AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
+// deadLetterFilter selects dead letters by feed $1, key $2, type $3, topic
+// $4, failed at or after $5 and before $6, and event IDs $8 (each when
+// set); $7 is the limit of the statement that uses it. For operators: no
+// index serves every combination.
+const deadLetterFilter = `
+       ($1 = '' OR feed = $1) AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
    AND ($4 = '' OR topic = $4)
    AND ($5::timestamptz IS NULL OR failed_at >= $5) AND ($6::timestamptz IS NULL OR failed_at < $6)
+   AND (cardinality($8::uuid[]) = 0 OR event_id = ANY ($8::uuid[]))`
+
+const sqlListDeadLetters = `
+SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
+ WHERE ` + deadLetterFilter + `
  ORDER BY failed_at DESC, event_id LIMIT $7`
+
+// sqlSelectRedrive locks the dead letters to redrive, oldest failure
+// first and, within a failure (one relay batch), in the key's order. A
+// concurrent redrive of the same ones waits and then finds them gone.
+const sqlSelectRedrive = `
+SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
+ WHERE ` + deadLetterFilter + `
+ ORDER BY failed_at, seq, event_id LIMIT $7 FOR UPDATE`
+
+// sqlDeleteRedriven removes the dead letters ($1 feeds, $2 event IDs) a
+// redrive appended again, in its transaction.
+const sqlDeleteRedriven = `
+DELETE FROM {schema}.dead_letters d USING unnest($1::text[], $2::uuid[]) AS s(feed, event_id)
+ WHERE d.feed = s.feed AND d.event_id = s.event_id`
+
+const sqlDiscardDeadLetters = `
+DELETE FROM {schema}.dead_letters d USING (
+    SELECT feed, event_id FROM {schema}.dead_letters
+     WHERE ` + deadLetterFilter + `
+     ORDER BY failed_at, event_id LIMIT $7 FOR UPDATE) s
+ WHERE d.feed = s.feed AND d.event_id = s.event_id`
 
 const sqlGetDeadLetter = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters

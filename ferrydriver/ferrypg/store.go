@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -138,7 +139,7 @@ func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDe
 	if limit <= 0 {
 		limit = 100
 	}
-	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit)
+	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs))
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}
@@ -147,6 +148,94 @@ func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDe
 		return nil, d.wrapErr("list dead letters", err)
 	}
 	return out, nil
+}
+
+// selectionArgs are the arguments of deadLetterFilter and its limit.
+func selectionArgs(p *ferrydriver.DeadLetterSelection) []any {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	return []any{p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs)}
+}
+
+// RedriveDeadLetters implements ferrydriver.Store: the selected dead
+// letters are locked, appended as new events of their keys (the append's
+// row lock on each key orders them after the key's committed events) and
+// deleted, in one transaction.
+func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	e, commit, rollback, err := d.begin.begin(ctx)
+	if err != nil {
+		return 0, d.wrapErr("begin redrive", err)
+	}
+	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
+	r, err := e.query(ctx, d.queries.selectRedrive, selectionArgs(p)...)
+	if err != nil {
+		return 0, d.wrapErr("select dead letters to redrive", err)
+	}
+	defer r.Close()
+	var feeds, ids []string
+	var events []*ferryevent.Event
+	seen := map[string]bool{}
+	for r.Next() {
+		var dl ferrydriver.DeadLetter
+		ev := &dl.Event
+		var headers *string
+		if err := r.Scan(&dl.Feed, &ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt, &dl.Reason, &dl.FailedAt); err != nil {
+			return 0, d.wrapErr("select dead letters to redrive", err)
+		}
+		if err := redrivable(&dl, decodeHeaders(ev, headers)); err != nil {
+			return 0, err
+		}
+		feeds, ids = append(feeds, dl.Feed), append(ids, ev.ID.String())
+		if !seen[ev.ID.String()] {
+			seen[ev.ID.String()] = true
+			ev.Seq = 0
+			events = append(events, ev)
+		}
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return 0, d.wrapErr("select dead letters to redrive", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if err := d.append(ctx, e, &ferrydriver.AppendParams{Events: events}); err != nil {
+		return 0, err
+	}
+	n, err := e.exec(ctx, d.queries.deleteRedriven, feeds, ids)
+	if err != nil {
+		return 0, d.wrapErr("delete redriven dead letters", err)
+	}
+	if err := commit(ctx); err != nil {
+		return 0, d.wrapErr("commit redrive", err)
+	}
+	return int(n), nil
+}
+
+// redrivable refuses a dead letter that is not a valid event: appended
+// again, it would only be dead-lettered again (or lose its headers).
+func redrivable(dl *ferrydriver.DeadLetter, decodeErr error) error {
+	err := decodeErr
+	if err == nil {
+		// No size limit: the event was accepted once, under the producer's.
+		err = ferryevent.Validate(&dl.Event, 0, math.MaxInt)
+	}
+	if err != nil {
+		return fmt.Errorf("ferrypg: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
+			dl.Event.ID, dl.Feed, err, dl.Feed, dl.Event.ID)
+	}
+	return nil
+}
+
+// DiscardDeadLetters implements ferrydriver.Store.
+func (d *Driver[TTx]) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	n, err := d.db.exec(ctx, d.queries.discardDeadLetters, selectionArgs(p)...)
+	if err != nil {
+		return 0, d.wrapErr("discard dead letters", err)
+	}
+	return int(n), nil
 }
 
 // GetDeadLetter implements ferrydriver.Store.

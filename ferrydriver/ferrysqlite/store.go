@@ -3,12 +3,16 @@ package ferrysqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 )
 
 // LoadCheckpoint implements ferrydriver.Store.
@@ -186,14 +190,117 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 		limit = 100
 	}
 	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
- WHERE (?1 = '' OR feed = ?1) AND (?2 = '' OR key = ?2) AND (?3 = '' OR type = ?3) AND (?4 = '' OR topic = ?4)
-   AND (?5 IS NULL OR failed_at >= ?5) AND (?6 IS NULL OR failed_at < ?6)
- ORDER BY failed_at DESC, event_id LIMIT ?7`, p.Feed, p.Key, p.Type, p.Topic, nullMicros(p.Since), nullMicros(p.Until), limit)
+ WHERE `+deadLetterFilter+`
+ ORDER BY failed_at DESC, event_id LIMIT ?7`, deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit)...)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}
 	out, err := d.scanDeadLetters(rows)
 	return out, d.wrapErr("list dead letters", err)
+}
+
+// deadLetterFilter selects dead letters by feed ?1, key ?2, type ?3,
+// topic ?4, failed at or after ?5 and before ?6, and the event IDs of the
+// JSON array ?8 (each when set); ?7 is the limit of the statement.
+const deadLetterFilter = `(?1 = '' OR feed = ?1) AND (?2 = '' OR key = ?2) AND (?3 = '' OR type = ?3) AND (?4 = '' OR topic = ?4)
+   AND (?5 IS NULL OR failed_at >= ?5) AND (?6 IS NULL OR failed_at < ?6)
+   AND (?8 = '[]' OR event_id IN (SELECT value FROM json_each(?8)))`
+
+func deadLetterArgs(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID, limit int) []any {
+	list := make([]string, len(ids))
+	for i, id := range ids {
+		list[i] = id.String()
+	}
+	js, _ := json.Marshal(list)
+	return []any{feed, key, typ, topic, nullMicros(since), nullMicros(until), limit, string(js)}
+}
+
+func selectionArgs(p *ferrydriver.DeadLetterSelection) []any {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	return deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit)
+}
+
+// RedriveDeadLetters implements ferrydriver.Store: in one write
+// transaction, the selected dead letters are appended as new events of
+// their keys and deleted.
+func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	var n int
+	err := d.write(ctx, "redrive dead letters", func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+deadLetterFilter+`
+ ORDER BY failed_at, seq, event_id LIMIT ?7`, selectionArgs(p)...)
+		if err != nil {
+			return d.wrapErr("select dead letters to redrive", err)
+		}
+		defer rows.Close()
+		type row struct{ feed, id string }
+		var selected []row
+		var events []*ferryevent.Event
+		seen := map[string]bool{}
+		for rows.Next() {
+			dl := &ferrydriver.DeadLetter{}
+			ev := &dl.Event
+			var id string
+			var headers sql.NullString
+			var created, failed int64
+			if err := rows.Scan(&dl.Feed, &id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &dl.Reason, &failed); err != nil {
+				return d.wrapErr("select dead letters to redrive", err)
+			}
+			err := ev.ID.UnmarshalText([]byte(id))
+			if err == nil {
+				err = decodeHeaders(ev, headers)
+			}
+			if err == nil {
+				// No size limit: the event was accepted once, under the producer's.
+				err = ferryevent.Validate(ev, 0, math.MaxInt)
+			}
+			if err != nil {
+				return fmt.Errorf("ferrysqlite: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
+					id, dl.Feed, err, dl.Feed, id)
+			}
+			ev.CreatedAt, ev.Seq = fromMicros(created), 0
+			selected = append(selected, row{dl.Feed, id})
+			if !seen[id] {
+				seen[id] = true
+				events = append(events, ev)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return d.wrapErr("select dead letters to redrive", err)
+		}
+		rows.Close()
+		if err := d.append(ctx, tx, &ferrydriver.AppendParams{Events: events}); err != nil {
+			return err
+		}
+		for _, r := range selected {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE feed = ? AND event_id = ?`, r.feed, r.id); err != nil {
+				return d.wrapErr("delete redriven dead letters", err)
+			}
+		}
+		n = len(selected)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// DiscardDeadLetters implements ferrydriver.Store.
+func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	var n int64
+	err := d.write(ctx, "discard dead letters", func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE rowid IN (
+    SELECT rowid FROM ferry_dead_letters WHERE `+deadLetterFilter+` ORDER BY failed_at, event_id LIMIT ?7)`, selectionArgs(p)...)
+		if err != nil {
+			return d.wrapErr("discard dead letters", err)
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	return int(n), err
 }
 
 // GetDeadLetter implements ferrydriver.Store.

@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -236,6 +236,32 @@ if scenario == "prunekeys":
     r = server.receives(OpMsg("delete", "ferry_keys"), timeout=30)
     report("delete", {"deletes": r.doc.get("deletes"), "ordered": r.doc.get("ordered")})
     r.ok(n=1)
+
+if scenario == "redrive":
+    # RedriveDeadLetters, in one transaction: the dead letter, the key's
+    # next sequence number, the event appended under a fresh _id with its
+    # ID in eid, the dead letter deleted, the commit.
+    eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
+    created = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    r = server.receives(OpMsg("find", "ferry_dead_letters"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit"),
+                    "startTransaction": r.doc.get("startTransaction")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_dead_letters", "firstBatch": [
+        {"_id": {"feed": "default/0", "event": eid}, "feed": "default/0", "reason": "unroutable", "failed_at": created,
+         "event": {"_id": eid, "p": 0, "topic": "orders", "key": "k", "seq": Int64(5), "type": "T", "payload": Binary(b"x"),
+                   "created_at": created}}]})
+    r = server.receives(OpMsg("findAndModify", "ferry_keys"), timeout=30)
+    report("findAndModify", {"query": r.doc.get("query"), "update": r.doc.get("update")})
+    r.ok(value={"_id": "k", "seq": Int64(12)}, lastErrorObject={"n": 1, "updatedExisting": True})
+    r = server.receives(OpMsg("insert", "ferry_outbox"), timeout=30)
+    report("insert", {"documents": r.doc.get("documents")})
+    r.ok(n=1)
+    r = server.receives(OpMsg("delete", "ferry_dead_letters"), timeout=30)
+    report("delete", {"deletes": r.doc.get("deletes")})
+    r.ok(n=1)
+    r = server.receives(OpMsg("commitTransaction"), timeout=30)
+    report("commit", {})
+    r.ok()
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
