@@ -106,13 +106,20 @@ cannot hide the consumer's commit. Failed is the cheap gate predicate.
     back, nor does a transaction that took its id early and commits late
     get skipped.
   - An event the broker rejects for good (too large, unroutable) goes to
-    the relay's dead-letter table with the reason; `ferry dlq list` shows it.
+    the relay's dead-letter table with the reason; `ferry dlq list` shows it
+    and `ferry dlq redrive` appends it to the outbox again, with the same
+    event ID and a new place in its key's order (RedriveDeadLetters).
+    Dead letters are kept for RelayConfig.DeadLetterRetention (14 days).
 
 # Operating
 
 The ferry command runs the relay (`ferry relay`), creates the schema
 (`ferry migrate up`, or `ferry migrate sql` for your own migration tool) and
-reports checkpoint, lag, lease and dead letters (`ferry status`). The relay
-exports Prometheus metrics (RelayConfig.Registerer) and logs with log/slog.
+reports checkpoint, lag, lease and dead letters (`ferry status`; the lag
+beyond 1,000 events is an estimate, `--exact` counts). The relay exports
+Prometheus metrics (RelayConfig.Registerer) and logs with log/slog. Its
+periodic work costs the same however long the backlog and the history: the
+heartbeat estimates the lag (Store.FeedLag), and the retention pass removes
+published events and expired dead letters in bounded chunks.
 */
 package ferry

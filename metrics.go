@@ -3,6 +3,7 @@ package ferry
 import (
 	"fmt"
 
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -10,6 +11,7 @@ type relayMetrics struct {
 	published, batches, retries, deadLetters, checkpoints, duplicates, parkedEvents prometheus.Counter
 	batchSize, publishSeconds                                                       prometheus.Observer
 	lagEvents, lagSeconds, leader, parkedKeys, heldKeys                             prometheus.Gauge
+	removed                                                                         *prometheus.CounterVec
 }
 
 // newRelayMetrics registers the relay's metrics with reg (none if nil),
@@ -35,15 +37,17 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 		duplicates:     counter("destination_duplicates_total", "Publishes the destination dropped as duplicates (redeliveries after a crash or retry)."),
 		batchSize:      bs,
 		publishSeconds: ps,
-		lagEvents:      gauge("lag_events", "Events committed but not yet passed by the checkpoint (refreshed every heartbeat)."),
+		lagEvents:      gauge("lag_events", fmt.Sprintf("Events committed but not yet passed by the checkpoint, refreshed every heartbeat: exact up to %d, estimated beyond (see ferrydriver.FeedLag).", ferrydriver.ExactCountLimit)),
 		lagSeconds:     gauge("lag_seconds", "Age of the oldest event not yet published."),
 		leader:         gauge("leader", "1 while this relay holds the feed's lease."),
 		parkedEvents:   counter("parked_events_total", "Events set aside because their key's destination did not acknowledge it in time."),
 		parkedKeys:     gauge("parked_keys", "Keys whose events are set aside and published from the store (this leader's view)."),
 		heldKeys:       gauge("held_keys", "Parked keys held by DeadPolicy Hold until an operator releases them."),
+		removed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "relay", Name: "retention_removed_total",
+			Help: "Rows the relay's retention pass removed, by kind: events (published), keys (idle, delivered), dead_letters (expired).", ConstLabels: labels}, []string{"kind"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, m.duplicates, bs, ps, m.lagEvents, m.lagSeconds, m.leader, m.parkedEvents, m.parkedKeys, m.heldKeys} {
+		for _, c := range []prometheus.Collector{m.published, m.batches, m.retries, m.deadLetters, m.checkpoints, m.duplicates, bs, ps, m.lagEvents, m.lagSeconds, m.leader, m.parkedEvents, m.parkedKeys, m.heldKeys, m.removed} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("ferry: register relay metrics for feed %s: %w", feed, err)
 			}

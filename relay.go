@@ -65,6 +65,19 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Registerer, when set, receives the relay's Prometheus metrics.
 	Registerer prometheus.Registerer
+	// DeadLetterRetention is how long the relay keeps the events it
+	// dead-lettered (`ferry dlq list|show|redrive|discard`); its retention
+	// pass, every RetentionInterval, removes older ones. Default 14 days; a
+	// negative value keeps them forever.
+	DeadLetterRetention time.Duration
+	// KeyRetention is how long a key must have had no new event, with
+	// every event of it delivered, before the retention pass forgets its
+	// sequence: the key's next event starts Seq at 1 again (see
+	// ferryevent.Event.Seq), and the outbox's keys table stays bounded.
+	// Default: Retention, so that a key is forgotten about when its events
+	// have left the outbox; a negative value never forgets a key (Seq
+	// never restarts, and the table keeps a row for every key ever used).
+	KeyRetention time.Duration
 
 	// StallTimeout is how long a key's event may go unacknowledged (in
 	// flight, or failing and retried) while the destination acknowledges
@@ -174,6 +187,8 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	def(&out.HeartbeatInterval, 5*time.Second)
 	def(&out.ShutdownTimeout, 10*time.Second)
 	def(&out.StallTimeout, 2*time.Second)
+	def(&out.DeadLetterRetention, 14*24*time.Hour)
+	def(&out.KeyRetention, out.Retention)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -538,12 +553,14 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 // trusting it.
 func leaseMargin(ttl time.Duration) time.Duration { return min(ttl/5, 2*time.Second) }
 
-// maintain refreshes the lag figures every heartbeat and removes published
-// events every RetentionInterval, off the publish path.
+// maintain refreshes the lag figures every heartbeat and, every
+// RetentionInterval, removes published events, forgets idle keys and
+// removes expired dead letters, off the publish path (see relay_upkeep.go).
 func (r *Relay) maintain(ctx context.Context, ck *checkpointer) {
 	hb := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer hb.Stop()
 	var lastRetention time.Time
+	var keys keySweep
 	for {
 		select {
 		case <-ctx.Done():
@@ -551,16 +568,19 @@ func (r *Relay) maintain(ctx context.Context, ck *checkpointer) {
 		case <-hb.C:
 		}
 		r.refreshLag(ctx)
-		if r.cfg.Retention >= 0 && time.Since(lastRetention) >= r.cfg.RetentionInterval {
+		if r.retains() && time.Since(lastRetention) >= r.cfg.RetentionInterval {
 			lastRetention = time.Now()
-			r.retain(ctx, ck.savedCursor())
+			cursor := ck.savedCursor()
+			r.retain(ctx, cursor)
+			r.pruneKeys(ctx, cursor, &keys)
+			r.retainDeadLetters(ctx)
 		}
 	}
 }
 
 // retain removes published events older than Retention, in chunks.
 func (r *Relay) retain(ctx context.Context, cursor []byte) {
-	if cursor == nil {
+	if cursor == nil || r.cfg.Retention < 0 {
 		return
 	}
 	const chunk = 5000
@@ -577,6 +597,7 @@ func (r *Relay) retain(ctx context.Context, cursor []byte) {
 		}
 	}
 	if total > 0 {
+		r.m.removed.WithLabelValues("events").Add(float64(total))
 		r.log.Debug("ferry: removed published events", "count", total)
 	}
 }
@@ -712,15 +733,18 @@ func (c *checkpointer) flush(stop context.Context, timeout time.Duration) {
 	}
 }
 
+// refreshLag sets the lag gauges from FeedLag, whose cost does not grow
+// with the backlog (an estimate beyond ferrydriver.ExactCountLimit
+// events); dead letters are not counted here at all.
 func (r *Relay) refreshLag(ctx context.Context) {
-	st, err := r.store.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: r.name, Partition: r.cfg.Partition})
+	lag, err := r.store.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: r.name, Partition: r.cfg.Partition})
 	if err != nil {
 		return
 	}
-	r.m.lagEvents.Set(float64(st.LagEvents))
-	if st.OldestPending.IsZero() {
+	r.m.lagEvents.Set(float64(lag.Events))
+	if lag.OldestPending.IsZero() {
 		r.m.lagSeconds.Set(0)
 	} else {
-		r.m.lagSeconds.Set(max(0, st.Now.Sub(st.OldestPending).Seconds()))
+		r.m.lagSeconds.Set(max(0, lag.Now.Sub(lag.OldestPending).Seconds()))
 	}
 }

@@ -86,6 +86,27 @@ type Store interface {
 	ListDeadLetters(ctx context.Context, p *ListDeadLettersParams) ([]*DeadLetter, error)
 	// GetDeadLetter returns one dead letter by event ID, or ErrNotFound.
 	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
+	// RedriveDeadLetters appends the selected relay dead letters back to
+	// the outbox and removes them, in one transaction, oldest failure
+	// first, and returns how many dead letters it removed. Each event
+	// keeps its ID, so brokers and consumers that deduplicate drop a copy
+	// that did arrive, and is appended as a new event of its key with a
+	// new Seq: it is delivered after the key's events committed before the
+	// redrive and before those committed after it, not at its first place
+	// in the key's order. Every feed of its partition delivers it again. An
+	// event dead-lettered by several feeds is appended once. If a selected
+	// dead letter is not a valid event (a record the feed could not
+	// decode), nothing changes and the error names it: discard it.
+	RedriveDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
+	// DiscardDeadLetters removes the selected relay dead letters for good
+	// and returns how many.
+	DiscardDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
+
+	// DeleteDeadLetters removes p.Feed's dead letters that failed more
+	// than p.OlderThan ago, oldest first, at most p.Limit of them: the
+	// relay's retention of its dead letters. It reads O(p.Limit) entries
+	// of an index on (feed, failed_at), however many dead letters are kept.
+	DeleteDeadLetters(ctx context.Context, p *DeleteDeadLettersParams) (int64, error)
 
 	// DeleteDelivered removes events of p.Partition that are older than
 	// p.OlderThan and that every feed of the partition has passed (the
@@ -93,9 +114,39 @@ type Store interface {
 	// removes an event a feed has not delivered.
 	DeleteDelivered(ctx context.Context, p *DeleteDeliveredParams) (int64, error)
 
-	// FeedStatus reports a feed's checkpoint, lease, lag and dead letters.
+	// PruneKeys bounds the per-key sequences: it forgets the keys of
+	// p.Partition that have had no new event for longer than p.IdleFor and
+	// whose every event every feed of the partition has delivered (the
+	// saved checkpoints, and p.Cursor), so that their next event starts
+	// Seq at 1 again (see ferryevent.Event.Seq). It looks at p.Limit keys
+	// after p.After in key order, by index, and returns where the sweep
+	// goes on (Next; "" once it reached the end): O(p.Limit) per call,
+	// however many keys there are. A key with a writer in flight is never
+	// forgotten under it, and a writer that re-creates a key as it is
+	// forgotten waits for the pruner or conflicts with it: same-key
+	// writers stay serialised and each key's commit order stays the feed's
+	// order.
+	PruneKeys(ctx context.Context, p *PruneKeysParams) (*PruneKeysResult, error)
+
+	// FeedLag measures how far a feed's saved checkpoint is behind the
+	// newest event of its partition at a cost that does not grow with the
+	// backlog or the history: the relay refreshes its lag gauges with it
+	// every heartbeat. Beyond ExactCountLimit events it is an estimate
+	// (see FeedLag.Events).
+	FeedLag(ctx context.Context, p *FeedLagParams) (*FeedLag, error)
+
+	// FeedStatus reports a feed's checkpoint, lease, lag and dead letters,
+	// for operators. Without p.Exact it costs what FeedLag does plus a
+	// count of at most ExactCountLimit+1 dead letters; with p.Exact it
+	// counts every pending event and dead letter of the feed: O(lag +
+	// dead letters), for a person asking, never for a periodic task.
 	FeedStatus(ctx context.Context, p *FeedStatusParams) (*FeedStatus, error)
 }
+
+// ExactCountLimit is how many pending events FeedLag (and dead letters
+// FeedStatus without Exact) count one by one. Beyond it the lag is
+// extrapolated and the dead letters are reported as "more than".
+const ExactCountLimit = 1000
 
 // Driver is a Store that can also write events inside a caller's
 // transaction of type TTx (pgx.Tx, *sql.Tx, a MongoDB session context).
@@ -292,7 +343,24 @@ type ListDeadLettersParams struct {
 	Key, Type, Topic string
 	// Since and Until bound FailedAt when set.
 	Since, Until time.Time
+	// EventIDs, when set, selects only these events.
+	EventIDs []uuid.UUID
 	// Limit caps the result; 0 means 100.
+	Limit int
+}
+
+// DeadLetterSelection selects relay dead letters to redrive or discard:
+// those matching every field that is set, the oldest failures first.
+type DeadLetterSelection struct {
+	// Feed, when set, limits the selection to one feed.
+	Feed string
+	// EventIDs, when set, selects only these events.
+	EventIDs []uuid.UUID
+	// Key, Type and Topic filter exactly when set.
+	Key, Type, Topic string
+	// Since and Until bound FailedAt when set.
+	Since, Until time.Time
+	// Limit caps the dead letters selected; 0 means 100.
 	Limit int
 }
 
@@ -300,6 +368,38 @@ type ListDeadLettersParams struct {
 type GetDeadLetterParams struct {
 	Feed    string
 	EventID uuid.UUID
+}
+
+// PruneKeysParams select what PruneKeys looks at.
+type PruneKeysParams struct {
+	Partition int
+	// Cursor is the relay's saved checkpoint; a key goes only if it and
+	// every saved checkpoint of the partition have passed its events.
+	Cursor []byte
+	// IdleFor is how long a key must have had no new event.
+	IdleFor time.Duration
+	// After is where the sweep goes on: keys after it, in key order; ""
+	// starts from the first key.
+	After string
+	// Limit caps the keys looked at; 0 means 5,000.
+	Limit int
+}
+
+// PruneKeysResult says what PruneKeys did.
+type PruneKeysResult struct {
+	// Pruned counts the keys forgotten.
+	Pruned int64
+	// Next is the After of the next call; "" when the sweep reached the
+	// last key and starts over.
+	Next string
+}
+
+// DeleteDeadLettersParams bound the retention of dead letters.
+type DeleteDeadLettersParams struct {
+	Feed      string
+	OlderThan time.Duration
+	// Limit caps the dead letters removed; 0 means 10,000.
+	Limit int
 }
 
 // DeleteDeliveredParams bound retention.
@@ -312,10 +412,43 @@ type DeleteDeliveredParams struct {
 	Limit     int
 }
 
+// FeedLagParams select a feed.
+type FeedLagParams struct {
+	Feed      string
+	Partition int
+}
+
+// FeedLag is a feed's lag behind its partition's newest event.
+type FeedLag struct {
+	// Events counts the events committed after the feed's checkpoint:
+	// exactly when there are at most ExactCountLimit, otherwise an
+	// estimate (Estimated). The backend counts the first ExactCountLimit
+	// events after the checkpoint and extrapolates their density over the
+	// positions up to the partition's newest event. The estimate is off
+	// when the density is uneven: positions used by rolled-back
+	// transactions or by other partitions (PostgreSQL draws the ids of all
+	// partitions from one sequence), bursts and lulls (MongoDB measures
+	// positions by append time). Like the exact count, it leaves out
+	// events of transactions that were still running below the
+	// checkpoint's position: the feed delivers them in its next batches.
+	Events int64
+	// Estimated is set when Events was extrapolated.
+	Estimated bool
+	// OldestPending is the earliest creation time among the first
+	// ExactCountLimit events after the checkpoint; zero if none.
+	OldestPending time.Time
+	// Now is the database clock at the time of the measurement.
+	Now time.Time
+}
+
 // FeedStatusParams select a feed.
 type FeedStatusParams struct {
 	Feed      string
 	Partition int
+	// Exact counts every pending event and dead letter of the feed, at a
+	// cost that grows with both; without it LagEvents is FeedLag's
+	// estimate and dead letters are counted up to ExactCountLimit.
+	Exact bool
 }
 
 // FeedStatus describes a feed for operators.
@@ -324,12 +457,30 @@ type FeedStatus struct {
 	Checkpoint *Checkpoint
 	// Lease is nil when no relay ever held the feed.
 	Lease *Lease
-	// LagEvents counts events committed but not yet passed by the checkpoint.
+	// LagEvents counts events committed but not yet passed by the
+	// checkpoint: an estimate when LagEstimated (see FeedLag.Events).
 	LagEvents int64
-	// OldestPending is the creation time of the oldest such event; zero if none.
+	// LagEstimated is set when LagEvents was extrapolated, not counted.
+	LagEstimated bool
+	// OldestPending is the creation time of the oldest such event (without
+	// Exact, of the oldest among the first ExactCountLimit); zero if none.
 	OldestPending time.Time
-	// DeadLetters counts relay dead letters of the feed.
-	DeadLetters int64
+	// DeadLetters counts relay dead letters of the feed; when
+	// DeadLettersMore, counting stopped there and the feed has more.
+	DeadLetters     int64
+	DeadLettersMore bool
 	// Now is the database clock at the time of the report.
 	Now time.Time
+}
+
+// ExtrapolateLag is the estimate behind FeedLag.Events, for backends:
+// counted events were found after position from, up to and including
+// position last, when counting stopped at ExactCountLimit; head is the
+// position of the partition's newest event. Below the limit, or when
+// last is the head, the count is exact and returned as is.
+func ExtrapolateLag(counted int64, from, last, head float64) (events int64, estimated bool) {
+	if counted < ExactCountLimit || head <= last || last <= from {
+		return counted, false
+	}
+	return int64(float64(counted) * (head - from) / (last - from)), true
 }

@@ -20,7 +20,8 @@ const (
 	CESubject         = "subject"
 	CETime            = "time"
 	CEDataContentType = "datacontenttype"
-	// CEKeySeq is a Ferry extension attribute: the event's Seq within its key.
+	// CEKeySeq is a Ferry extension attribute: the event's Seq within its
+	// key (which restarts at 1 for a key idle long enough: see Event.Seq).
 	// Consumers use it to detect gaps and regressions.
 	CEKeySeq = "ferrykeyseq"
 	// CETopic is a Ferry extension attribute carrying the event's Topic.

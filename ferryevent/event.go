@@ -55,9 +55,23 @@ type Event struct {
 	// CreatedAt is when the event was created. Set to the current time when zero.
 	CreatedAt time.Time
 
-	// Seq is the event's position among the events of its Key, starting at 1
-	// and without gaps. It is assigned by the outbox when the event is
-	// written; producers leave it zero.
+	// Seq is the event's position among the events of its Key: 1 for the
+	// key's first event, then one more for each committed event (a
+	// rolled-back append uses no number). It is assigned by the outbox
+	// when the event is written; producers leave it zero.
+	//
+	// The outbox does not remember a key forever: once a key has had no
+	// new event for the relay's KeyRetention (by default its Retention,
+	// 24 h) and every feed has delivered all its events, the relay forgets
+	// it, and the key's next event has Seq 1 again. It is still delivered
+	// after every earlier event of the key. So Seq is gapless within a run
+	// of a key's events, not over its whole life: use it to check order
+	// and gaps between events that are close in time, never as a lifetime
+	// counter or to deduplicate (a consumer that skips events whose Seq is
+	// at most the last one it applied would drop a restarted key's
+	// events; deduplicate by ID, as the inbox does). A relay with a
+	// negative KeyRetention never forgets a key. A redriven dead letter is
+	// appended again as a new event of its key: same ID, a new Seq.
 	Seq int64
 }
 

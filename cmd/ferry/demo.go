@@ -377,7 +377,11 @@ func (d *demo) startRelay(ctx context.Context) error {
 		// A crash does not shut down cleanly: no final checkpoint, the lease
 		// is not released.
 		ShutdownTimeout: time.Nanosecond,
-		Logger:          d.log,
+		// The verification checks that every key's Seq goes up by one
+		// without gaps: keep every key's sequence (Seq restarts at 1 for a
+		// key forgotten after KeyRetention).
+		KeyRetention: -1,
+		Logger:       d.log,
 	})
 	if err != nil {
 		nc.Close()

@@ -6,7 +6,7 @@
 //	ferry relay    tail the outbox and publish to NATS JetStream
 //	ferry migrate  up | down | sql: create, revert or print the schema
 //	ferry status   checkpoint, lag, lease holder and dead letters
-//	ferry dlq      list | show: relay dead letters
+//	ferry dlq      list | show | redrive | discard: relay dead letters (--group: a consumer group's)
 //	ferry emit     write events to the outbox from the command line
 //	ferry tail     print the events in the JetStream stream
 //	ferry bench    drain | latency: measure the relay on this machine
@@ -37,9 +37,10 @@ Usage:
   ferry chain run|status [flags]     ingest EVM contract logs into a consumer group's inbox, with reorgs
                                      retracted and confirmation tiers; where a group's cursor is
   ferry migrate up|down|sql [flags]  apply, revert or print the schema migrations
-  ferry status  [flags]              checkpoint, lag, lease and dead letters (--json)
+  ferry status  [flags]              checkpoint, lag, lease and dead letters (--json; --exact counts)
   ferry dlq list|show|redrive|discard [flags]
-                                     relay dead letters, or a consumer group's with --group
+                                     relay dead letters, or a consumer group's with --group;
+                                     redrive and discard act on what list shows (--dry-run)
   ferry parked  list|release|skip [key] [flags]
                                      keys the relay set aside while their destination failed
   ferry emit    [flags]              write events to the outbox (for trying Ferry out)

@@ -64,17 +64,19 @@ type runConfig struct {
 		URL string `yaml:"url"`
 	} `yaml:"sink"`
 	Relay struct {
-		Feed         string   `yaml:"feed"`
-		Holder       string   `yaml:"holder"`
-		BatchSize    int      `yaml:"batch_size"`
-		PollInterval duration `yaml:"poll_interval"`
-		LeaseTTL     duration `yaml:"lease_ttl"`
-		Retention    duration `yaml:"retention"`
-		Shutdown     duration `yaml:"shutdown_timeout"`
-		StallTimeout duration `yaml:"stall_timeout"`
-		MaxAttempts  int      `yaml:"max_attempts"`
-		MaxAge       duration `yaml:"max_age"`
-		DeadPolicy   string   `yaml:"dead_policy"`
+		Feed                string   `yaml:"feed"`
+		Holder              string   `yaml:"holder"`
+		BatchSize           int      `yaml:"batch_size"`
+		PollInterval        duration `yaml:"poll_interval"`
+		LeaseTTL            duration `yaml:"lease_ttl"`
+		Retention           duration `yaml:"retention"`
+		Shutdown            duration `yaml:"shutdown_timeout"`
+		StallTimeout        duration `yaml:"stall_timeout"`
+		MaxAttempts         int      `yaml:"max_attempts"`
+		MaxAge              duration `yaml:"max_age"`
+		DeadPolicy          string   `yaml:"dead_policy"`
+		DeadLetterRetention duration `yaml:"dead_letter_retention"`
+		KeyRetention        duration `yaml:"key_retention"`
 	} `yaml:"relay"`
 	Metrics struct {
 		Addr string `yaml:"addr"`
@@ -167,6 +169,7 @@ type daemonConfig struct {
 	createStream, migrate                              bool
 	batch, partition                                   int
 	poll, leaseTTL, retention, shutdown, stall, maxAge time.Duration
+	deadLetterRetention, keyRetention                  time.Duration
 	maxAttempts                                        int
 	deadPolicy                                         string
 	allPartitions                                      bool // one relay per partition (ferry run)
@@ -207,6 +210,8 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Duration(&dc.maxAge, "max-age", "FERRY_MAX_AGE", time.Duration(fc.Relay.MaxAge), "give up on an event this long after its first failed attempt (0: never)")
 	f.String(&dc.deadPolicy, "dead-policy", "FERRY_DEAD_POLICY", or(fc.Relay.DeadPolicy, "hold"),
 		"on giving up: hold (the key waits until `ferry parked release|skip`) or continue (dead-letter the event, go on with the key)")
+	f.Duration(&dc.deadLetterRetention, "dead-letter-retention", "FERRY_DEAD_LETTER_RETENTION", or(time.Duration(fc.Relay.DeadLetterRetention), 14*24*time.Hour), "keep the relay's dead letters this long (negative: forever)")
+	f.Duration(&dc.keyRetention, "key-retention", "FERRY_KEY_RETENTION", time.Duration(fc.Relay.KeyRetention), "forget a key's sequence once it is idle this long with every event delivered; its next Seq is 1 (0: as --retention; negative: never)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
 	dc.allPartitions = true
@@ -303,6 +308,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
 			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
 			StallTimeout: dc.stall, MaxAttempts: dc.maxAttempts, MaxAge: dc.maxAge, DeadPolicy: policy,
+			DeadLetterRetention: dc.deadLetterRetention, KeyRetention: dc.keyRetention,
 		})
 		if err != nil {
 			return usagef("%v", err)

@@ -18,6 +18,7 @@ import (
 type statusJSON struct {
 	Feed            string     `json:"feed"`
 	LagEvents       int64      `json:"lag_events"`
+	LagEstimated    bool       `json:"lag_estimated"`
 	LagSeconds      float64    `json:"lag_seconds"`
 	OldestPending   *time.Time `json:"oldest_pending,omitempty"`
 	CheckpointAt    *time.Time `json:"checkpoint_at,omitempty"`
@@ -28,6 +29,7 @@ type statusJSON struct {
 	LeaseHeld       bool       `json:"lease_held"`
 	LeaseExpiresIn  float64    `json:"lease_expires_in_seconds,omitempty"`
 	DeadLetters     int64      `json:"dead_letters"`
+	DeadLettersMore bool       `json:"dead_letters_more,omitempty"`
 	DatabaseNow     time.Time  `json:"database_now"`
 	PartitionsTotal int        `json:"partitions"`
 	// Parked lists the keys whose events the relay set aside because their
@@ -51,9 +53,10 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var db dbFlags
 	db.register(f)
 	var feed string
-	var asJSON bool
+	var asJSON, exact bool
 	f.String(&feed, "feed", "FERRY_FEED", "default", "feed name")
 	f.Bool(&asJSON, "json", "FERRY_STATUS_JSON", false, "print JSON")
+	f.Bool(&exact, "exact", "FERRY_STATUS_EXACT", false, fmt.Sprintf("count every pending event and dead letter (reads all of them); without it the lag beyond %d events is estimated and dead letters are counted to %d", ferrydriver.ExactCountLimit, ferrydriver.ExactCountLimit))
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -66,11 +69,12 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var out []statusJSON
 	for p := range db.partitions {
 		name := feed + "/" + strconv.Itoa(p)
-		st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: name, Partition: p})
+		st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: name, Partition: p, Exact: exact})
 		if err != nil {
 			return err
 		}
-		s := statusJSON{Feed: name, LagEvents: st.LagEvents, DeadLetters: st.DeadLetters, DatabaseNow: st.Now, PartitionsTotal: db.partitions, CheckpointTerm: st.Checkpoint.Term}
+		s := statusJSON{Feed: name, LagEvents: st.LagEvents, LagEstimated: st.LagEstimated, DeadLetters: st.DeadLetters, DeadLettersMore: st.DeadLettersMore,
+			DatabaseNow: st.Now, PartitionsTotal: db.partitions, CheckpointTerm: st.Checkpoint.Term}
 		if !st.OldestPending.IsZero() {
 			s.OldestPending = &st.OldestPending
 			s.LagSeconds = st.Now.Sub(st.OldestPending).Seconds()
@@ -113,6 +117,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "FEED\tLAG EVENTS\tLAG\tCHECKPOINT\tLEASE\tDEAD LETTERS")
+	estimated := false
 	for _, s := range out {
 		cp := "never saved"
 		if s.CheckpointAt != nil {
@@ -126,10 +131,21 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				lease = fmt.Sprintf("free (last %s, term %d)", s.LeaseHolder, s.LeaseTerm)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\n", s.Feed, s.LagEvents, dur(s.LagSeconds), cp, lease, s.DeadLetters)
+		lag, dead := strconv.FormatInt(s.LagEvents, 10), strconv.FormatInt(s.DeadLetters, 10)
+		if s.LagEstimated {
+			lag, estimated = "~"+lag, true
+		}
+		if s.DeadLettersMore {
+			dead, estimated = ">"+dead, true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Feed, lag, dur(s.LagSeconds), cp, lease, dead)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if estimated {
+		fmt.Fprintf(stdout, "~ estimated from the first %d pending events, > counted to %d (LAG is the oldest of those): --exact counts them all\n",
+			ferrydriver.ExactCountLimit, ferrydriver.ExactCountLimit)
 	}
 	for _, s := range out {
 		if s.ParkedKeys == 0 {
@@ -163,7 +179,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	db.register(f)
 	var feed, group, key, typ, topic, since, until string
 	var limit int
-	var asJSON bool
+	var asJSON, dryRun bool
 	f.String(&feed, "feed", "FERRY_FEED", "", "relay dead letters of this feed only, e.g. default/0 (default: all)")
 	f.String(&group, "group", "FERRY_GROUP", "", "a consumer group: its dead letters instead of the relay's")
 	f.Bool(&asJSON, "json", "FERRY_DLQ_JSON", false, "print JSON")
@@ -173,6 +189,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	f.String(&since, "since", "FERRY_DLQ_SINCE", "", "failed at or after: RFC 3339 time or a duration ago, e.g. 1h")
 	f.String(&until, "until", "FERRY_DLQ_UNTIL", "", "failed before: RFC 3339 time or a duration ago")
 	f.Int(&limit, "limit", "FERRY_DLQ_LIMIT", 100, "most records to list (or to redrive/discard by filter)")
+	f.Bool(&dryRun, "dry-run", "FERRY_DLQ_DRY_RUN", false, "redrive, discard: list what would be acted on and change nothing")
 	if err := f.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -195,8 +212,8 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if group == "" && (action == "redrive" || action == "discard") {
-		return usagef("%s works on a consumer group's dead letters: add --group <name>", action)
+	if group != "" && topic != "" {
+		return usagef("--topic selects relay dead letters; a consumer group's are selected by --key, --type, --since, --until or event IDs")
 	}
 	b, err := db.open(ctx, false)
 	if err != nil {
@@ -205,7 +222,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer b.close()
 	drv := b.inbox
 	if group == "" {
-		return relayDLQ(ctx, stdout, b.store, action, feed, ids, &ferrydriver.ListDeadLettersParams{Feed: feed, Key: key, Type: typ, Topic: topic, Since: sinceT, Until: untilT, Limit: limit}, asJSON)
+		return relayDLQ(ctx, stdout, b.store, action, ids, &ferrydriver.ListDeadLettersParams{Feed: feed, Key: key, Type: typ, Topic: topic, Since: sinceT, Until: untilT, EventIDs: ids, Limit: limit}, asJSON, dryRun)
 	}
 	p := &ferrydriver.ListInboxParams{Group: group, Key: key, Type: typ, EventIDs: ids, Since: sinceT, Until: untilT, Limit: limit}
 	if action == "show" {
@@ -227,6 +244,15 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "no dead letters of group %s match\n", group)
 		return nil
 	}
+	if dryRun {
+		if err := printInboxRows(stdout, rows, asJSON, false); err != nil {
+			return err
+		}
+		if !asJSON {
+			fmt.Fprintf(stdout, "%d dead letter(s) of group %s would be %s; nothing changed (--dry-run)\n", len(rows), group, pastTense(action))
+		}
+		return nil
+	}
 	sel := &ferrydriver.InboxIDsParams{Group: group}
 	for _, r := range rows {
 		sel.EventIDs = append(sel.EventIDs, r.Event.ID)
@@ -245,9 +271,17 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
-func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, action, feed string, ids []uuid.UUID, p *ferrydriver.ListDeadLettersParams, asJSON bool) error {
+func pastTense(action string) string {
+	return map[string]string{"redrive": "redriven", "discard": "discarded"}[action]
+}
+
+// relayDLQ lists, shows, redrives or discards relay dead letters. Like a
+// group's, redrive and discard act on exactly what list shows with the same
+// flags (by event ID, at most --limit), so that `ferry dlq list ...` is
+// the preview and --dry-run says it again.
+func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, action string, ids []uuid.UUID, p *ferrydriver.ListDeadLettersParams, asJSON, dryRun bool) error {
 	if action == "show" {
-		dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: ids[0]})
+		dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: p.Feed, EventID: ids[0]})
 		if errors.Is(err, ferrydriver.ErrNotFound) {
 			return fmt.Errorf("no relay dead letter with event ID %s (list them with `ferry dlq list`; a consumer group's with --group)", ids[0])
 		}
@@ -260,7 +294,45 @@ func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, acti
 	if err != nil {
 		return err
 	}
-	return printDeadLetters(stdout, dls, asJSON, false)
+	if action == "list" {
+		return printDeadLetters(stdout, dls, asJSON, false)
+	}
+	if len(dls) == 0 {
+		fmt.Fprintln(stdout, "no relay dead letters match")
+		return nil
+	}
+	if dryRun {
+		if err := printDeadLetters(stdout, dls, asJSON, false); err != nil {
+			return err
+		}
+		if !asJSON {
+			fmt.Fprintf(stdout, "%d relay dead letter(s) would be %s; nothing changed (--dry-run)\n", len(dls), pastTense(action))
+		}
+		return nil
+	}
+	sel := &ferrydriver.DeadLetterSelection{Feed: p.Feed, Limit: len(dls)}
+	seen := map[uuid.UUID]bool{}
+	for _, d := range dls {
+		if !seen[d.Event.ID] {
+			seen[d.Event.ID] = true
+			sel.EventIDs = append(sel.EventIDs, d.Event.ID)
+		}
+	}
+	var n int
+	if action == "redrive" {
+		n, err = drv.RedriveDeadLetters(ctx, sel)
+	} else {
+		n, err = drv.DiscardDeadLetters(ctx, sel)
+	}
+	if err != nil {
+		return err
+	}
+	verb := map[string]string{
+		"redrive": "redriven: appended to the outbox again with the same event IDs, each after what its key committed before now",
+		"discard": "discarded",
+	}[action]
+	fmt.Fprintf(stdout, "%d relay dead letter(s) %s\n", n, verb)
+	return nil
 }
 
 func printInboxRows(w io.Writer, rows []*ferrydriver.InboxRow, asJSON, full bool) error {

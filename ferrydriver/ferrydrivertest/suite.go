@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
 
@@ -66,10 +67,16 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("Lease", func(t *testing.T) { t.Parallel(); testLease(t, h) })
 	t.Run("CheckpointFencing", func(t *testing.T) { t.Parallel(); testCheckpointFencing(t, h) })
 	t.Run("DeadLetters", func(t *testing.T) { t.Parallel(); testDeadLetters(t, h) })
+	t.Run("DeadLetterRetention", func(t *testing.T) { t.Parallel(); testDeadLetterRetention(t, h) })
+	t.Run("RedriveDeadLetters", func(t *testing.T) { t.Parallel(); testRedriveDeadLetters(t, h) })
+	t.Run("RedriveAndDiscardSelect", func(t *testing.T) { t.Parallel(); testRedriveSelection(t, h) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, h) })
 	t.Run("RetentionKeepsWhatASlowFeedNeeds", func(t *testing.T) { t.Parallel(); testRetentionSlowestFeed(t, h) })
+	t.Run("IdleDeliveredKeysArePruned", func(t *testing.T) { t.Parallel(); testPruneKeys(t, h) })
+	t.Run("PruneKeysSweepsInChunks", func(t *testing.T) { t.Parallel(); testPruneKeysSweep(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
 	t.Run("Parking", func(t *testing.T) { t.Parallel(); testParking(t, h) })
+	t.Run("LagBeyondTheExactCount", func(t *testing.T) { t.Parallel(); testLagEstimate(t, h) })
 }
 
 // Event builds a valid, prepared event.
@@ -695,6 +702,146 @@ func testDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	require.ErrorIs(t, err, ferrydriver.ErrNotFound)
 }
 
+// insertDeadLetters stores events as feed's dead letters under a lease.
+func insertDeadLetters(ctx context.Context, t *testing.T, drv ferrydriver.Store, feed string, evs ...*ferryevent.Event) {
+	t.Helper()
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "dl", TTL: time.Minute})
+	require.NoError(t, err)
+	var dls []*ferrydriver.DeadLetter
+	for _, ev := range evs {
+		dls = append(dls, &ferrydriver.DeadLetter{Event: *ev, Reason: "rejected"})
+	}
+	require.NoError(t, drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "dl", Term: l.Term, DeadLetters: dls}))
+}
+
+// testDeadLetterRetention: a feed's dead letters go once older than the
+// retention, oldest first, a limited number per call; other feeds' stay.
+func testDeadLetterRetention[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	a1, a2, a3, b1 := Event("t", "k", "a1"), Event("t", "k", "a2"), Event("t", "k", "a3"), Event("t", "k", "b1")
+	insertDeadLetters(ctx, t, drv, "a/0", a1)
+	time.Sleep(5 * time.Millisecond) // failure times (milliseconds on MongoDB) must differ
+	insertDeadLetters(ctx, t, drv, "a/0", a2, a3)
+	insertDeadLetters(ctx, t, drv, "b/0", b1)
+	time.Sleep(5 * time.Millisecond)
+
+	n, err := drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "a/0", OlderThan: time.Hour, Limit: 10})
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing is an hour old")
+	n, err = drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "a/0", Limit: 1})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "at most Limit")
+	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "a/0"})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{a2.ID.String(), a3.ID.String()}, []string{left[0].Event.ID.String(), left[1].Event.ID.String()}, "the oldest went first")
+	n, err = drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "a/0", Limit: 10})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	left, err = drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+	require.Equal(t, b1.ID, left[0].Event.ID, "another feed's dead letters stay")
+}
+
+// testRedriveDeadLetters: a redriven dead letter goes back to the outbox
+// with its ID, as a new event of its key: after the key's events committed
+// before the redrive, before those committed after, with a new Seq; the
+// dead letter is gone, so a second redrive finds nothing.
+func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	emit(ctx, t, h, drv, Event("t", "K", "first"))
+	r := OpenReader(ctx, t, drv, nil)
+	read := r.ReadQuiet(ctx)
+	require.Len(t, read, 1)
+	first := read[0]
+	first.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	insertDeadLetters(ctx, t, drv, "dl/0", first) // as the relay does, with the event as read
+	emit(ctx, t, h, drv, Event("t", "K", "second"))
+
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "dl/0", Key: "K"})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	emit(ctx, t, h, drv, Event("t", "K", "third"))
+
+	got := r.ReadQuiet(ctx)
+	require.Len(t, got, 3)
+	require.Equal(t, []string{"second", "first", "third"}, []string{string(got[0].Payload), string(got[1].Payload), string(got[2].Payload)},
+		"the redriven event comes after what the key committed before the redrive")
+	require.Equal(t, first.ID, got[1].ID, "the same event ID: consumers deduplicate")
+	require.Equal(t, first.Headers, got[1].Headers)
+	require.True(t, first.CreatedAt.Equal(got[1].CreatedAt))
+	require.EqualValues(t, []int64{2, 3, 4}, []int64{got[0].Seq, got[1].Seq, got[2].Seq}, "a new Seq of the key")
+
+	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
+	require.NoError(t, err)
+	require.Empty(t, left)
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "dl/0"})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Empty(t, r.ReadQuiet(ctx))
+}
+
+// testRedriveSelection: redrive and discard select like the list (feed,
+// key, type, topic, event IDs, failure time) with a limit, oldest first;
+// an event dead-lettered by two feeds is appended once; a dead letter
+// that is not a valid event stops the redrive, changing nothing, and can
+// be discarded.
+func testRedriveSelection[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	r := OpenReader(ctx, t, drv, nil)
+	a, b, c := Event("orders", "ka", "a"), Event("payments", "kb", "b"), Event("orders", "kc", "c")
+	b.Type = "Refund"
+	insertDeadLetters(ctx, t, drv, "f/0", a, b, c)
+	insertDeadLetters(ctx, t, drv, "g/0", c)
+
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Topic: "payments", Type: "Refund"})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, []string{b.ID.String()}, ids(r.ReadQuiet(ctx)))
+
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{EventIDs: []uuid.UUID{c.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "both feeds' dead letters of c")
+	require.Equal(t, []string{c.ID.String()}, ids(r.ReadQuiet(ctx)), "appended once")
+
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "g/0"})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Until: time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	require.Zero(t, n, "failed an hour ago: none")
+
+	bad := Event("orders", "kx", "undecodable")
+	bad.Topic = "" // as a record the feed could not decode is dead-lettered
+	insertDeadLetters(ctx, t, drv, "f/0", bad)
+	_, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "f/0"})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), bad.ID.String())
+	require.Contains(t, err.Error(), "discard")
+	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "f/0"})
+	require.NoError(t, err)
+	require.Len(t, left, 2, "nothing changed: a and bad are still there")
+	require.Empty(t, r.ReadQuiet(ctx), "and nothing was appended")
+
+	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "f/0", EventIDs: []uuid.UUID{bad.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	got, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{a.ID, bad.ID}})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, a.ID, got[0].Event.ID, "the list selects by event ID too")
+	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Key: "ka", Limit: 5})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Empty(t, r.ReadQuiet(ctx), "a discarded dead letter is not published")
+}
+
 func testRetention[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
@@ -746,8 +893,15 @@ func testStatus[TTx any](t *testing.T, h Harness[TTx]) {
 	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "s/0"})
 	require.NoError(t, err)
 	require.EqualValues(t, 5, st.LagEvents)
+	require.False(t, st.LagEstimated, "below ExactCountLimit the lag is counted")
 	require.False(t, st.OldestPending.IsZero())
 	require.Nil(t, st.Lease)
+	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "s/0"})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, lag.Events)
+	require.False(t, lag.Estimated)
+	require.Equal(t, st.OldestPending, lag.OldestPending)
+	require.False(t, lag.Now.IsZero())
 
 	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "s/0", Holder: "r1", TTL: time.Minute})
 	require.NoError(t, err)
@@ -764,6 +918,50 @@ func testStatus[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, "r1", st.Lease.Holder)
 	require.Equal(t, l.Term, st.Checkpoint.Term)
 	require.Zero(t, st.DeadLetters)
+	require.False(t, st.DeadLettersMore)
+	lag, err = drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "s/0"})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lag.Events, "FeedLag measures from the saved checkpoint")
+	exact, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "s/0", Exact: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, exact.LagEvents)
+	require.False(t, exact.LagEstimated)
+
+	err = drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "s/0", Holder: "r1", Term: l.Term,
+		DeadLetters: []*ferrydriver.DeadLetter{{Event: *Event("t", "k", "bad"), Reason: "unroutable"}}})
+	require.NoError(t, err)
+	for _, exact := range []bool{false, true} {
+		st, err = drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "s/0", Exact: exact})
+		require.NoError(t, err)
+		require.EqualValues(t, 1, st.DeadLetters)
+		require.False(t, st.DeadLettersMore)
+	}
+}
+
+// testLagEstimate: beyond ExactCountLimit events the lag is extrapolated
+// from the first ExactCountLimit, at a cost that does not grow with the
+// backlog; it stays in the right range, and Exact still counts it all.
+func testLagEstimate[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	drv := h.New(t)
+	const calls, per = 25, ferrydriver.ExactCountLimit / 10
+	for c := range calls {
+		var evs []*ferryevent.Event
+		for i := range per {
+			evs = append(evs, Event("t", "k"+strconv.Itoa(i%7), strconv.Itoa(c*per+i)))
+		}
+		require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+		time.Sleep(2 * time.Millisecond) // backends that position by append time see distinct times
+	}
+	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "big/0"})
+	require.NoError(t, err)
+	require.True(t, lag.Estimated, "%d events: more than ExactCountLimit", calls*per)
+	require.InEpsilon(t, calls*per, lag.Events, 0.5, "the estimate is in the right range")
+	require.False(t, lag.OldestPending.IsZero())
+	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "big/0", Exact: true})
+	require.NoError(t, err)
+	require.False(t, st.LagEstimated)
+	require.EqualValues(t, calls*per, st.LagEvents)
 }
 
 // testRetentionSlowestFeed: two feeds read one partition; retention driven
@@ -794,4 +992,109 @@ func testRetentionSlowestFeed[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, err)
 	rest := OpenReader(ctx, t, drv, slow.Last).ReadQuiet(ctx)
 	require.Len(t, rest, 6, "the slow feed still gets everything after its checkpoint")
+}
+
+// seqOf returns the Seq of the event with payload in evs.
+func seqOf(t *testing.T, evs []*ferryevent.Event, key, payload string) int64 {
+	t.Helper()
+	for _, e := range evs {
+		if e.Key == key && string(e.Payload) == payload {
+			return e.Seq
+		}
+	}
+	t.Fatalf("no event %s/%s among %d", key, payload, len(evs))
+	return 0
+}
+
+// testPruneKeys: after retention, the sequence of a key that is idle and
+// whose events were all delivered is forgotten, and its next event starts
+// again at Seq 1, after the key's earlier events; a key written while the
+// pruner runs is never forgotten under its writer; a key with an event not
+// yet delivered, or not idle for long enough, is kept.
+func testPruneKeys[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	emit(ctx, t, h, drv, Event("t", "idle", "1"), Event("t", "idle", "2"), Event("t", "busy", "1"))
+	r := OpenReader(ctx, t, drv, nil)
+	require.Len(t, r.ReadQuiet(ctx), 3)
+	time.Sleep(5 * time.Millisecond) // clocks of millisecond precision see the next events as later
+	emit(ctx, t, h, drv, Event("t", "tick", "1"))
+	require.Len(t, r.ReadQuiet(ctx), 1)
+	// Retention as the relay runs it: published events first (MongoDB
+	// forgets a key only once none of its events is left in the outbox).
+	_, err := drv.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: "test/0", Cursor: r.Last, Limit: 1000})
+	require.NoError(t, err)
+	undelivered := Event("t", "pending", "1") // committed after the cursor the pruner is given
+	emit(ctx, t, h, drv, undelivered)
+	time.Sleep(5 * time.Millisecond)
+
+	res, err := drv.PruneKeys(ctx, &ferrydriver.PruneKeysParams{Cursor: r.Last, IdleFor: time.Hour, Limit: 1000})
+	require.NoError(t, err)
+	require.Zero(t, res.Pruned, "no key has been idle for an hour")
+
+	// A writer of "busy" is in flight while the pruner runs.
+	tx := h.Begin(ctx, t, drv)
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", "busy", "2")}}))
+	type result struct {
+		res *ferrydriver.PruneKeysResult
+		err error
+	}
+	pruned := make(chan result, 1)
+	go func() {
+		res, err := drv.PruneKeys(ctx, &ferrydriver.PruneKeysParams{Cursor: r.Last, Limit: 1000})
+		pruned <- result{res, err}
+	}()
+	var got result
+	select {
+	case got = <-pruned: // PostgreSQL skips the locked key
+	case <-time.After(300 * time.Millisecond): // SQLite waits for the writer, MongoDB for its transaction
+	}
+	require.NoError(t, tx.Commit())
+	if got.res == nil && got.err == nil {
+		got = <-pruned
+	}
+	require.NoError(t, got.err)
+	require.GreaterOrEqual(t, got.res.Pruned, int64(1), "the idle, delivered key is forgotten")
+	require.Empty(t, got.res.Next, "one call swept every key")
+
+	emit(ctx, t, h, drv, Event("t", "idle", "3"), Event("t", "busy", "3"), Event("t", "pending", "2"))
+	evs := r.ReadQuiet(ctx)
+	require.EqualValues(t, 1, seqOf(t, evs, "idle", "3"), "a forgotten key starts again at 1")
+	require.EqualValues(t, 2, seqOf(t, evs, "busy", "2"))
+	require.EqualValues(t, 3, seqOf(t, evs, "busy", "3"), "a key written while the pruner ran is not forgotten under its writer")
+	require.EqualValues(t, 2, seqOf(t, evs, "pending", "2"), "a key with an event the cursor had not passed is kept")
+	var order []string
+	for _, e := range evs {
+		if e.Key == "idle" || e.Key == "busy" {
+			order = append(order, e.Key+string(e.Payload))
+		}
+	}
+	require.Equal(t, []string{"busy2", "idle3", "busy3"}, order, "the feed keeps commit order across a restarted key")
+}
+
+// testPruneKeysSweep: PruneKeys looks at Limit keys per call and says
+// where to go on; the sweep ends with Next "".
+func testPruneKeysSweep[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	var evs []*ferryevent.Event
+	for i := range 7 {
+		evs = append(evs, Event("t", "k"+strconv.Itoa(i), ""))
+	}
+	emit(ctx, t, h, drv, evs...)
+	r := OpenReader(ctx, t, drv, nil)
+	require.Len(t, r.ReadQuiet(ctx), 7)
+	calls, after := 0, ""
+	for {
+		res, err := drv.PruneKeys(ctx, &ferrydriver.PruneKeysParams{Cursor: r.Last, IdleFor: time.Hour, After: after, Limit: 3})
+		require.NoError(t, err)
+		calls++
+		if res.Next == "" {
+			break
+		}
+		require.Greater(t, res.Next, after, "the sweep moves on")
+		after = res.Next
+		require.Less(t, calls, 10)
+	}
+	require.Equal(t, 3, calls, "7 keys, 3 per call")
 }

@@ -153,10 +153,29 @@ func (c *Capture) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParam
 	if err != nil {
 		return nil, err
 	}
-	if st.DeadLetters, err = c.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: p.Feed}}); err != nil {
-		return nil, fmt.Errorf("ferrymongo: count dead letters of %s: %w", p.Feed, err)
+	return st, c.countDeadLetters(ctx, st, p.Exact)
+}
+
+// RedriveDeadLetters implements ferrydriver.Store: a capture has no outbox
+// to append its dead letters to; it refuses, changing nothing.
+func (c *Capture) RedriveDeadLetters(context.Context, *ferrydriver.DeadLetterSelection) (int, error) {
+	return 0, errors.New("ferrymongo: a capture feed has no outbox to redrive its dead letters into: republish them from `ferry dlq show`, or discard them (ferry dlq discard)")
+}
+
+// PruneKeys implements ferrydriver.Store: a capture has no per-key
+// sequences to forget.
+func (c *Capture) PruneKeys(context.Context, *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	return &ferrydriver.PruneKeysResult{}, nil
+}
+
+// FeedLag implements ferrydriver.Store: without an outbox the lag in
+// events is not known; it is reported as zero.
+func (c *Capture) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	st, err := c.checkpointStatus(ctx, p.Feed)
+	if err != nil {
+		return nil, err
 	}
-	return st, nil
+	return &ferrydriver.FeedLag{Now: st.Now}, nil
 }
 
 // captureCursor is a capture feed's position: the resume token after the

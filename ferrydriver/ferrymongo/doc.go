@@ -30,7 +30,11 @@
 // Each event takes its key's next sequence number from the keys
 // collection in the same transaction, so producers of one key conflict
 // (WriteConflict, labelled TransientTransactionError: WithTransaction runs
-// the callback again) and producers of different keys never do.
+// the callback again) and producers of different keys never do. The
+// relay's PruneKeys forgets a key once it has been idle for KeyRetention and
+// none of its events is left in the outbox (the recovery scan orders a
+// key's events by sequence number, so a restarted key must not meet its old
+// ones); a producer that re-creates it concurrently conflicts and runs again.
 //
 // # The feed
 //

@@ -153,7 +153,11 @@ func (d *Driver) PartitionOf(key string) int {
 
 // outboxDoc is an event as stored in the outbox collection.
 type outboxDoc struct {
+	// ID is the event's ID, or for a redriven dead letter, which may still
+	// be in the outbox under its ID, a fresh one; EventID then holds the
+	// event's.
 	ID          string            `bson:"_id"`
+	EventID     string            `bson:"eid,omitempty"`
 	Partition   int               `bson:"p"`
 	Topic       string            `bson:"topic"`
 	Key         string            `bson:"key"`
@@ -179,8 +183,12 @@ func (o *outboxDoc) event() (*ferryevent.Event, error) {
 	}
 	ev := &ferryevent.Event{Topic: o.Topic, Key: o.Key, Seq: o.Seq, Type: o.Type, Source: o.Source, ContentType: o.ContentType,
 		Headers: o.Headers, Payload: o.Payload, CreatedAt: created}
-	if err := ev.ID.UnmarshalText([]byte(o.ID)); err != nil {
-		return ev, fmt.Errorf("event id %q: %w", o.ID, err)
+	id := o.ID
+	if o.EventID != "" {
+		id = o.EventID
+	}
+	if err := ev.ID.UnmarshalText([]byte(id)); err != nil {
+		return ev, fmt.Errorf("event id %q: %w", id, err)
 	}
 	return ev, nil
 }
@@ -275,6 +283,11 @@ func timeRange(filter bson.D, field string, since, until time.Time) bson.D {
 }
 
 func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
+	return d.appendDocs(tx, p, false)
+}
+
+// appendDocs appends events; redriven ones are stored under fresh _ids.
+func (d *Driver) appendDocs(tx context.Context, p *ferrydriver.AppendParams, redrive bool) error {
 	if len(p.Events) == 0 {
 		return nil
 	}
@@ -284,7 +297,10 @@ func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
 		var k struct {
 			Seq int64 `bson:"seq"`
 		}
-		err := d.keys.FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: ev.Key}}, bson.D{{Key: "$inc", Value: bson.D{{Key: "seq", Value: int64(1)}}}},
+		// touched_at (the server's clock) tells PruneKeys how long the
+		// key has been idle; a key it forgot is upserted afresh, Seq 1.
+		err := d.keys.FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: ev.Key}},
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "seq", Value: int64(1)}}}, {Key: "$currentDate", Value: bson.D{{Key: "touched_at", Value: true}}}},
 			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&k)
 		if err != nil {
 			return fmt.Errorf("ferrymongo: next sequence number of key %s: %w", ev.Key, err)
@@ -297,6 +313,9 @@ func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
 		docs[i] = &outboxDoc{ID: ev.ID.String(), Partition: d.PartitionOf(ev.Key), Topic: ev.Topic, Key: ev.Key, Seq: k.Seq, Type: ev.Type,
 			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload, CreatedAt: ev.CreatedAt.UTC(),
 			CreatedNS: ev.CreatedAt.UnixNano(), AppendedAt: appended}
+		if redrive {
+			docs[i].(*outboxDoc).ID, docs[i].(*outboxDoc).EventID = ferryevent.NewID().String(), ev.ID.String()
+		}
 	}
 	if _, err := d.outbox.InsertMany(tx, docs); err != nil {
 		return fmt.Errorf("ferrymongo: append %d event(s): %w", len(docs), err)
@@ -318,6 +337,8 @@ func (d *Driver) indexes() []index {
 		{d.outbox, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}, {Key: "key", Value: 1}, {Key: "seq", Value: 1}}}},
 		{d.checkpoints, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}}}},
 		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "failed_at", Value: -1}}}},
+		// Retention of dead letters: a feed's oldest first.
+		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "failed_at", Value: 1}}}},
 		{d.requests(), mongo.IndexModel{Keys: bson.D{{Key: "created_at", Value: 1}}}},
 		// A key's head: its unfinished rows in order.
 		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "key", Value: 1}, {Key: "state", Value: 1}, {Key: "pos", Value: 1}}}},

@@ -386,3 +386,103 @@ func TestMockCaptureRelaysChangesWithImages(t *testing.T) {
 	_, err = capture.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0", Cursor: []byte(`{"token":"AA=="}`)})
 	require.ErrorContains(t, err, "not a capture position")
 }
+
+// TestMockFeedLagIsBoundedAndExtrapolated: the relay's heartbeat counts at
+// most ExactCountLimit events after the checkpoint (sorted by append
+// time, so by the (p, appended_at) index) and extrapolates their density
+// up to the partition's newest append: 1000 events in the first 10 s of
+// 30 s of backlog are about 3000.
+func TestMockFeedLagIsBoundedAndExtrapolated(t *testing.T) {
+	uri, lines := mockServerLines(t, "lag")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "default/0"})
+	require.NoError(t, err)
+	require.True(t, lag.Estimated)
+	require.InDelta(t, 3000, lag.Events, 5)
+	require.Equal(t, time.Date(2026, 5, 1, 11, 59, 0, 0, time.UTC), lag.OldestPending.UTC())
+
+	reports := awaitReports(ctx, t, lines, 2)
+	require.Contains(t, reports[0], `"$limit": 1000`, "the count stops at ExactCountLimit")
+	require.Contains(t, reports[0], `"$sort": {"appended_at": 1}`)
+	require.Contains(t, reports[0], `"$gt": "2026-05-01 11:59:59`, "it counts after the checkpoint's position")
+	require.Contains(t, reports[1], `"sort": {"appended_at": -1}`, "the newest append, by index")
+}
+
+// TestMockDeadLetterRetentionIsBounded: the relay's retention of dead
+// letters reads the feed's oldest expired ones, a chunk at a time, by the
+// (feed, failed_at) index, and deletes those, repeating the filter.
+func TestMockDeadLetterRetentionIsBounded(t *testing.T) {
+	uri, lines := mockServerLines(t, "dlretention")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	n, err := drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "default/0", OlderThan: time.Hour, Limit: 500})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	reports := awaitReports(ctx, t, lines, 2)
+	require.Contains(t, reports[0], `"feed": "default/0"`)
+	require.Contains(t, reports[0], `"failed_at": {"$lt"`)
+	require.Contains(t, reports[0], `"sort": {"failed_at": 1}`)
+	require.Contains(t, reports[0], `"limit": 500`)
+	require.Contains(t, reports[1], `"event": "e1"`)
+	require.Contains(t, reports[1], `"failed_at": {"$lt"`, "the delete repeats the filter")
+}
+
+// TestMockPruneKeysForgetsOnlyKeysWithNothingLeft: a chunk of the keys
+// collection in _id order; a key goes when it has been idle for IdleFor
+// and none of its events is left in the outbox (one distinct per chunk),
+// and only if its sequence is still the one read.
+func TestMockPruneKeysForgetsOnlyKeysWithNothingLeft(t *testing.T) {
+	uri, lines := mockServerLines(t, "prunekeys")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	res, err := drv.PruneKeys(ctx, &ferrydriver.PruneKeysParams{IdleFor: 24 * time.Hour, After: "0", Limit: 3})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Pruned)
+	require.Equal(t, "c", res.Next, "a full chunk: the sweep goes on after its last key")
+	reports := awaitReports(ctx, t, lines, 3)
+	require.Contains(t, reports[0], `"_id": {"$gt": "0"}`)
+	require.Contains(t, reports[0], `"sort": {"_id": 1}`)
+	require.Contains(t, reports[0], `"limit": 3`)
+	require.Contains(t, reports[1], `"key": "key"`)
+	require.Contains(t, reports[1], `"$in": ["a", "b"]`, "only the idle keys are looked up")
+	require.Contains(t, reports[2], `{"_id": "a", "seq": 4}`, "compare-and-delete")
+	require.NotContains(t, reports[2], `"b"`)
+	require.NotContains(t, reports[2], `"c"`)
+}
+
+// TestMockRedriveAppendsUnderAFreshID: a redriven dead letter is appended
+// in the same transaction that deletes it, with its key's next sequence
+// number, under a fresh _id (its first copy may still be in the outbox)
+// with the event ID in eid, which the feed reads back as the ID.
+func TestMockRedriveAppendsUnderAFreshID(t *testing.T) {
+	uri, lines := mockServerLines(t, "redrive")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Key: "k"})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	reports := awaitReports(ctx, t, lines, 5)
+	require.Contains(t, reports[0], `"event.key": "k"`)
+	require.Contains(t, reports[0], `"sort": {"failed_at": 1, "event.seq": 1}`, "oldest first, in the key's order")
+	require.Contains(t, reports[0], `"startTransaction": true`)
+	require.Contains(t, reports[1], `"$inc": {"seq": 1}`, "a new sequence number of the key")
+	const eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
+	require.Contains(t, reports[2], `"eid": "`+eid+`"`)
+	require.NotContains(t, reports[2], `"_id": "`+eid+`"`, "a fresh _id")
+	require.Contains(t, reports[2], `"seq": 12`)
+	require.Contains(t, reports[3], `"event": "`+eid+`"`)
+	require.Contains(t, reports[4], `"kind": "commit"`)
+}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -214,15 +217,98 @@ func (d *Driver) decodeDeadLetters(ctx context.Context, cur *mongo.Cursor) ([]*f
 	return out, cur.Err()
 }
 
-// ListDeadLetters implements ferrydriver.Store.
-func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
+// deadLetterFilter selects dead letters by each criterion that is set.
+func deadLetterFilter(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID) bson.D {
 	filter := bson.D{}
-	for _, f := range []struct{ field, v string }{{"feed", p.Feed}, {"event.key", p.Key}, {"event.type", p.Type}, {"event.topic", p.Topic}} {
+	for _, f := range []struct{ field, v string }{{"feed", feed}, {"event.key", key}, {"event.type", typ}, {"event.topic", topic}} {
 		if f.v != "" {
 			filter = append(filter, bson.E{Key: f.field, Value: f.v})
 		}
 	}
-	filter = timeRange(filter, "failed_at", p.Since, p.Until)
+	if len(ids) > 0 {
+		list := make(bson.A, len(ids))
+		for i, id := range ids {
+			list[i] = id.String()
+		}
+		filter = append(filter, bson.E{Key: "event._id", Value: bson.D{{Key: "$in", Value: list}}})
+	}
+	return timeRange(filter, "failed_at", since, until)
+}
+
+// RedriveDeadLetters implements ferrydriver.Store: in one transaction, the
+// selected dead letters are appended as new events of their keys (each
+// takes its key's next Seq) and deleted. A redriven event is stored under
+// a fresh _id, with its ID in eid: its first copy may still be in the
+// outbox.
+func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	var n int
+	err := d.inTx(ctx, func(tx context.Context) error {
+		n = 0
+		cur, err := d.deadLetters.Find(tx, deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs),
+			options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "event.seq", Value: 1}}).SetLimit(selectionLimit(p)))
+		if err != nil {
+			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
+		}
+		var docs []deadLetterDoc
+		if err := cur.All(tx, &docs); err != nil {
+			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
+		}
+		ids := make(bson.A, 0, len(docs))
+		var events []*ferryevent.Event
+		seen := map[string]bool{}
+		for i := range docs {
+			ev, err := docs[i].Event.event()
+			if err == nil {
+				// No size limit: the event was accepted once, under the producer's.
+				err = ferryevent.Validate(ev, 0, math.MaxInt)
+			}
+			if err != nil {
+				return fmt.Errorf("ferrymongo: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
+					docs[i].Event.ID, docs[i].Feed, err, docs[i].Feed, docs[i].Event.ID)
+			}
+			ids = append(ids, docs[i].ID)
+			if !seen[ev.ID.String()] {
+				seen[ev.ID.String()] = true
+				ev.Seq = 0
+				events = append(events, ev)
+			}
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		if err := d.appendDocs(tx, &ferrydriver.AppendParams{Events: events}, true); err != nil {
+			return err
+		}
+		res, err := d.deadLetters.DeleteMany(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+		if err != nil {
+			return fmt.Errorf("ferrymongo: delete redriven dead letters: %w", err)
+		}
+		n = int(res.DeletedCount)
+		return nil
+	})
+	return n, err
+}
+
+// DiscardDeadLetters implements ferrydriver.Store.
+func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	n, err := deleteOldest(ctx, d.deadLetters, deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs),
+		bson.D{{Key: "failed_at", Value: 1}}, selectionLimit(p))
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: discard dead letters: %w", err)
+	}
+	return int(n), nil
+}
+
+func selectionLimit(p *ferrydriver.DeadLetterSelection) int64 {
+	if p.Limit <= 0 {
+		return 100
+	}
+	return int64(p.Limit)
+}
+
+// ListDeadLetters implements ferrydriver.Store.
+func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
+	filter := deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs)
 	limit := int64(p.Limit)
 	if limit <= 0 {
 		limit = 100
@@ -320,14 +406,172 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 	return n, nil
 }
 
+// PruneKeys implements ferrydriver.Store: a chunk of the keys collection in
+// _id order; a key of the partition goes when it was last appended to more
+// than p.IdleFor ago and none of its events is left in the outbox (they
+// were all delivered and removed by retention: the recovery scan orders a
+// key's events by Seq, so a restarted key must not meet its old events
+// there). The outbox is asked once per chunk, by the (p, key, seq) index;
+// each key is deleted only if its sequence is still the one read. A writer
+// whose transaction changes the key meanwhile makes the delete wait for it
+// and then match nothing; one whose transaction read the key before the
+// delete and writes it after aborts with a write conflict
+// (TransientTransactionError) and runs again, creating the key afresh.
+func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 5000
+	}
+	cur, err := d.keys.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$gt", Value: p.After}}}},
+		options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(limit))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: prune idle keys: %w", err)
+	}
+	var chunk []struct {
+		Key     string    `bson:"_id"`
+		Seq     int64     `bson:"seq"`
+		Touched time.Time `bson:"touched_at"`
+	}
+	if err := cur.All(ctx, &chunk); err != nil {
+		return nil, fmt.Errorf("ferrymongo: prune idle keys: %w", err)
+	}
+	res := &ferrydriver.PruneKeysResult{}
+	if int64(len(chunk)) == limit {
+		res.Next = chunk[len(chunk)-1].Key
+	}
+	cut := time.Now().Add(-p.IdleFor)
+	seqs := map[string]int64{}
+	var idle bson.A
+	for _, k := range chunk {
+		// Keys written before touched_at was recorded count as idle: the
+		// outbox check decides.
+		if d.PartitionOf(k.Key) == p.Partition && k.Touched.Before(cut) {
+			seqs[k.Key] = k.Seq
+			idle = append(idle, k.Key)
+		}
+	}
+	if len(idle) == 0 {
+		return res, nil
+	}
+	var live []string
+	if err := d.outbox.Distinct(ctx, "key", bson.D{{Key: "p", Value: p.Partition}, {Key: "key", Value: bson.D{{Key: "$in", Value: idle}}}}).Decode(&live); err != nil {
+		return nil, fmt.Errorf("ferrymongo: prune idle keys: %w", err)
+	}
+	for _, k := range live {
+		delete(seqs, k)
+	}
+	if len(seqs) == 0 {
+		return res, nil
+	}
+	models := make([]mongo.WriteModel, 0, len(seqs))
+	for _, k := range idle {
+		if seq, ok := seqs[k.(string)]; ok {
+			models = append(models, mongo.NewDeleteOneModel().SetFilter(bson.D{{Key: "_id", Value: k}, {Key: "seq", Value: seq}}))
+		}
+	}
+	bw, err := d.keys.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: prune idle keys: %w", err)
+	}
+	res.Pruned = bw.DeletedCount
+	return res, nil
+}
+
+// DeleteDeadLetters implements ferrydriver.Store: the oldest of a feed's
+// expired dead letters, by the (feed, failed_at) index.
+func (d *Driver) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {
+	limit := int64(p.Limit)
+	if limit <= 0 {
+		limit = 10000
+	}
+	n, err := deleteOldest(ctx, d.deadLetters, bson.D{{Key: "feed", Value: p.Feed}, {Key: "failed_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}},
+		bson.D{{Key: "failed_at", Value: 1}}, limit)
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: delete old dead letters of %s: %w", p.Feed, err)
+	}
+	return n, nil
+}
+
+// FeedLag implements ferrydriver.Store. Positions are append times: the
+// first ferrydriver.ExactCountLimit events appended after the last
+// acknowledged one are counted, and their density in time is extrapolated
+// up to the partition's newest append, both by the (p, appended_at)
+// index. Approximate even when exact: append times come from the
+// producers' clocks, with millisecond precision.
+func (d *Driver) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	st, err := d.checkpointStatus(ctx, p.Feed)
+	if err != nil {
+		return nil, err
+	}
+	return d.feedLag(ctx, p.Feed, p.Partition, st)
+}
+
+func (d *Driver) feedLag(ctx context.Context, feed string, partition int, st *ferrydriver.FeedStatus) (*ferrydriver.FeedLag, error) {
+	c, err := decodeCursor(st.Checkpoint.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	lag := &ferrydriver.FeedLag{Now: st.Now}
+	filter := bson.D{{Key: "p", Value: partition}, {Key: "appended_at", Value: bson.D{{Key: "$gt", Value: c.At}}}}
+	cur, err := d.outbox.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: filter}},
+		{{Key: "$sort", Value: bson.D{{Key: "appended_at", Value: 1}}}},
+		{{Key: "$limit", Value: ferrydriver.ExactCountLimit}},
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: nil}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
+			{Key: "first", Value: bson.D{{Key: "$min", Value: "$appended_at"}}}, {Key: "last", Value: bson.D{{Key: "$max", Value: "$appended_at"}}},
+			{Key: "oldest", Value: bson.D{{Key: "$min", Value: "$created_at"}}}}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", feed, err)
+	}
+	var sample []struct {
+		N      int64     `bson:"n"`
+		First  time.Time `bson:"first"`
+		Last   time.Time `bson:"last"`
+		Oldest time.Time `bson:"oldest"`
+	}
+	if err := cur.All(ctx, &sample); err != nil {
+		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", feed, err)
+	}
+	if len(sample) == 0 {
+		return lag, nil
+	}
+	s := sample[0]
+	lag.Events, lag.OldestPending = s.N, s.Oldest
+	if s.N < ferrydriver.ExactCountLimit {
+		return lag, nil
+	}
+	var newest struct {
+		At time.Time `bson:"appended_at"`
+	}
+	err = d.outbox.FindOne(ctx, bson.D{{Key: "p", Value: partition}},
+		options.FindOne().SetSort(bson.D{{Key: "appended_at", Value: -1}}).SetProjection(bson.D{{Key: "appended_at", Value: 1}, {Key: "_id", Value: 0}})).Decode(&newest)
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", feed, err)
+	}
+	// The sample's first append stands for the checkpoint's position: the
+	// two clocks need not agree.
+	from := float64(s.First.UnixMicro() - 1)
+	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(s.N, from, float64(s.Last.UnixMicro()), float64(newest.At.UnixMicro()))
+	return lag, nil
+}
+
 // FeedStatus implements ferrydriver.Store. Lag counts the partition's
 // events appended after the last acknowledged one: approximate, since
 // append times come from the producers' clocks (and have millisecond
-// precision).
+// precision); without Exact, it is FeedLag's.
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st, err := d.checkpointStatus(ctx, p.Feed)
 	if err != nil {
 		return nil, err
+	}
+	if !p.Exact {
+		lag, err := d.feedLag(ctx, p.Feed, p.Partition, st)
+		if err != nil {
+			return nil, err
+		}
+		st.LagEvents, st.LagEstimated, st.OldestPending = lag.Events, lag.Estimated, lag.OldestPending
+		return st, d.countDeadLetters(ctx, st, false)
 	}
 	c, err := decodeCursor(st.Checkpoint.Cursor)
 	if err != nil {
@@ -344,10 +588,25 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	} else if !errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", p.Feed, err)
 	}
-	if st.DeadLetters, err = d.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: p.Feed}}); err != nil {
-		return nil, fmt.Errorf("ferrymongo: count dead letters of %s: %w", p.Feed, err)
+	return st, d.countDeadLetters(ctx, st, true)
+}
+
+// countDeadLetters counts the feed's dead letters into st: all of them
+// when exact, else at most ferrydriver.ExactCountLimit+1.
+func (d *Driver) countDeadLetters(ctx context.Context, st *ferrydriver.FeedStatus, exact bool) error {
+	opts := options.Count()
+	if !exact {
+		opts.SetLimit(ferrydriver.ExactCountLimit + 1)
 	}
-	return st, nil
+	n, err := d.deadLetters.CountDocuments(ctx, bson.D{{Key: "feed", Value: st.Feed}}, opts)
+	if err != nil {
+		return fmt.Errorf("ferrymongo: count dead letters of %s: %w", st.Feed, err)
+	}
+	st.DeadLetters = n
+	if !exact && n > ferrydriver.ExactCountLimit {
+		st.DeadLetters, st.DeadLettersMore = ferrydriver.ExactCountLimit, true
+	}
+	return nil
 }
 
 // checkpointStatus is the part of a feed's status every feed kind has: its

@@ -21,7 +21,10 @@
 // the previous snapshot, and are read by an index probe per such
 // transaction. Both are O(batch). Per-key order comes from the keys table:
 // appending an event row-locks its key until commit, so for one key, id order
-// is commit order, and the feed returns every batch in id order.
+// is commit order, and the feed returns every batch in id order. The relay
+// keeps that table bounded (PruneKeys): a key idle for its KeyRetention whose
+// last appending transaction every feed's previous snapshot saw is deleted
+// under the same row lock, and its next append inserts it afresh.
 //
 // Stability: the schema may change between minor versions before 1.0, always
 // with a migration.
@@ -300,7 +303,9 @@ type queries struct {
 	acquireLease, renewLease, releaseLease, getLease                    string
 	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter  string
 	deleteDelivered, feedLag, armListener, disarmListener, seqCache     string
-	partitionCursors                                                    string
+	partitionCursors, feedLagExact, countDeadLetterExact                string
+	deleteDeadLetters, keysChunk, pruneKeys                             string
+	selectRedrive, deleteRedriven, discardDeadLetters                   string
 	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
 	waiterAdd, waiterRemove, inboxCounts                                string
@@ -319,8 +324,10 @@ func newQueries(schema string) queries {
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),
 		countDeadLetter: r(sqlCountDeadLetters),
 		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), disarmListener: r(sqlDisarmListener), seqCache: r(sqlSeqCache),
-		partitionCursors: r(sqlPartitionCursors),
-		inboxInsert:      r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
+		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
+		deleteDeadLetters: r(sqlDeleteDeadLetters), keysChunk: r(sqlKeysChunk), pruneKeys: r(sqlPruneKeys),
+		selectRedrive: r(sqlSelectRedrive), deleteRedriven: r(sqlDeleteRedriven), discardDeadLetters: r(sqlDiscardDeadLetters),
+		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),

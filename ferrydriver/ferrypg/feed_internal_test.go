@@ -3,6 +3,7 @@ package ferrypg
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
@@ -180,7 +181,7 @@ func TestMigrateDownAndUp(t *testing.T) {
 	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: nil}))
 	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
 	require.NoError(t, err)
-	require.Equal(t, len(allMigrations)-1, res.Current, "down reverts one migration by default")
+	require.Equal(t, allMigrations[len(allMigrations)-2].Version, res.Current, "down reverts one migration by default")
 	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true, Steps: 99})
 	require.NoError(t, err)
 	require.Equal(t, 0, res.Current)
@@ -189,7 +190,7 @@ func TestMigrateDownAndUp(t *testing.T) {
 	require.Contains(t, err.Error(), "ferry migrate up")
 	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
-	require.Equal(t, len(allMigrations), res.Current)
+	require.Equal(t, allMigrations[len(allMigrations)-1].Version, res.Current)
 }
 
 func TestInvalidRowsAreReported(t *testing.T) {
@@ -309,4 +310,259 @@ func TestRetentionIsBoundedByItsLimit(t *testing.T) {
 		return err
 	}))
 	require.EqualValues(t, 10, n)
+}
+
+// TestHeartbeatLagIsBounded: the relay refreshes its lag every heartbeat
+// (5 s by default). What it runs must cost the same over 200,000 events of
+// lag and 100,000 dead letters as over a handful, whatever the statistics
+// (taken here on an empty outbox): before, it was FeedStatus's count(*)
+// over the lag and over the feed's dead letters, O(lag + dead letters)
+// every heartbeat. The exact statements, now only for `ferry status
+// --exact`, are measured too, for comparison. Buffers are compared, not
+// times.
+func TestHeartbeatLagIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newTestDriver(t)
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.outbox, `+s+`.dead_letters`)
+	require.NoError(t, err)
+	explain := func(indexPlans bool, query string, args ...any) int {
+		t.Helper()
+		var raw []byte
+		run := func(e executor) error {
+			return queryRow(ctx, e, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+query, args...)
+		}
+		if indexPlans {
+			require.NoError(t, drv.inIndexPlanTx(ctx, run))
+		} else {
+			require.NoError(t, run(drv.db))
+		}
+		buffers, _ := planBuffers(t, raw)
+		return buffers
+	}
+	const feed = "hb/0"
+	heartbeat := func() int {
+		return explain(true, drv.queries.feedLag, 0, int64(0), ferrydriver.ExactCountLimit)
+	}
+	deadLetters := func() int {
+		return explain(false, drv.queries.countDeadLetter, feed, ferrydriver.ExactCountLimit+1)
+	}
+
+	fillBacklog(t, drv, 10)
+	smallLag, smallDL := heartbeat(), deadLetters()
+	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: feed})
+	require.NoError(t, err)
+	require.EqualValues(t, 10, lag.Events)
+	require.False(t, lag.Estimated)
+
+	n := 200_000
+	if testing.Short() {
+		n = 100_000
+	}
+	fillBacklog(t, drv, n)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.dead_letters (feed, event_id, topic, key, seq, type, source, content_type, payload, created_at, reason)
+		SELECT $1, gen_random_uuid(), 'orders', 'k' || g, 1, 'T', '', '', '\x00', now(), 'unroutable' FROM generate_series(1, 100000) g`, feed)
+	require.NoError(t, err)
+	bigLag, bigDL := heartbeat(), deadLetters()
+	exactLag := explain(false, drv.queries.feedLagExact, 0, int64(0))
+	exactDL := explain(false, drv.queries.countDeadLetterExact, feed)
+	t.Logf("heartbeat lag: %d buffers at 10 events, %d at %d; dead letters counted to %d: %d buffers at 0, %d at 100,000; exact (status --exact): lag %d, dead letters %d buffers",
+		smallLag, bigLag, n+10, ferrydriver.ExactCountLimit, smallDL, bigDL, exactLag, exactDL)
+	require.Less(t, bigLag, 120, "the heartbeat's lag must touch O(ExactCountLimit) pages, not O(lag)")
+	// An index-only range of at most ExactCountLimit+1 entries of the
+	// primary key; until VACUUM sets the visibility map each entry may
+	// cost a heap page (event IDs are random, so the heap is in another
+	// order). Bounded, whatever the number of dead letters.
+	require.Less(t, bigDL, ferrydriver.ExactCountLimit+64, "counting dead letters without Exact must touch O(ExactCountLimit) pages")
+	require.Greater(t, exactLag, 10*bigLag, "the exact count does grow with the lag (a sanity check of the setup)")
+
+	lag, err = drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: feed})
+	require.NoError(t, err)
+	require.True(t, lag.Estimated)
+	require.InEpsilon(t, n+10, lag.Events, 0.05, "one partition, no gaps: the estimate is close")
+	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: feed})
+	require.NoError(t, err)
+	require.True(t, st.LagEstimated)
+	require.True(t, st.DeadLettersMore)
+	require.EqualValues(t, ferrydriver.ExactCountLimit, st.DeadLetters)
+	st, err = drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: feed, Exact: true})
+	require.NoError(t, err)
+	require.False(t, st.LagEstimated)
+	require.EqualValues(t, n+10, st.LagEvents)
+	require.EqualValues(t, 100_000, st.DeadLetters)
+}
+
+// TestDeadLetterRetentionIsBounded: the relay's retention pass removes
+// expired dead letters a chunk at a time. Over 100,000 dead letters (with
+// statistics taken when there were none) it reads O(chunk) index entries:
+// none when nothing is old enough, the chunk when everything is.
+func TestDeadLetterRetentionIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newTestDriver(t)
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.dead_letters`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.dead_letters (feed, event_id, topic, key, seq, type, source, content_type, payload, created_at, reason)
+		SELECT 'dl/' || (g % 2), gen_random_uuid(), 'orders', 'k' || g, 1, 'T', '', '', '\x00', now(), 'unroutable' FROM generate_series(1, 100000) g`)
+	require.NoError(t, err)
+	explain := func(olderThan time.Duration) (int, []byte) {
+		t.Helper()
+		var raw []byte
+		errMeasured := errors.New("measured") // rolls the delete back
+		err := drv.inIndexPlanTx(ctx, func(e executor) error {
+			err := queryRow(ctx, e, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.deleteDeadLetters, "dl/0", olderThan.Milliseconds(), 100)
+			if err != nil {
+				return err
+			}
+			return errMeasured
+		})
+		require.ErrorIs(t, err, errMeasured)
+		buffers, _ := planBuffers(t, raw)
+		return buffers, raw
+	}
+	young, raw := explain(time.Hour)
+	require.Less(t, young, 10, "nothing is old enough: an empty index range\n%s", raw)
+	old, raw := explain(0)
+	t.Logf("dead letter retention over 100,000 dead letters, chunk 100: %d buffers when none expired, %d when all did", young, old)
+	require.Less(t, old, 600, "a chunk of 100 costs O(100) pages\n%s", raw)
+	n, err := drv.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: "dl/0", Limit: 100})
+	require.NoError(t, err)
+	require.EqualValues(t, 100, n)
+}
+
+// TestPrunedKeyRecreatedConcurrently: writers that reach a key's row while
+// the pruner has it locked wait for the pruner, then re-create the key:
+// the first inserts it afresh (Seq 1), the second waits for the first (Seq
+// 2). Same-key writers stay serialised, and the feed delivers the key's
+// events in commit order, the old one first.
+func TestPrunedKeyRecreatedConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv := newTestDriver(t)
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "old")}}))
+	var xid string
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT xid::text FROM `+s+`.keys WHERE key = 'k'`).Scan(&xid))
+
+	pruner, commit, rollback, err := drv.begin.begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = rollback(context.Background()) }()
+	n, err := pruner.exec(ctx, drv.queries.pruneKeys, []string{"k"}, []string{xid})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+
+	done := make(chan error, 2)
+	for _, payload := range []string{"a", "b"} {
+		go func() {
+			done <- drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", payload)}})
+		}()
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("a writer of k finished (%v) while the pruner held the key", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, commit(ctx))
+	require.NoError(t, <-done)
+	require.NoError(t, <-done)
+
+	got := ferrydrivertest.OpenReader(ctx, t, drv, nil).ReadQuiet(ctx)
+	require.Len(t, got, 3)
+	require.Equal(t, "old", string(got[0].Payload))
+	require.EqualValues(t, []int64{1, 1, 2}, []int64{got[0].Seq, got[1].Seq, got[2].Seq}, "re-created at 1, then serialised")
+}
+
+// TestKeySweepIsBounded: the retention pass sweeps the keys table a chunk
+// at a time in primary-key order. Over 100,000 keys, with statistics taken
+// on an empty table, reading a chunk of 100 and deleting what can go both
+// touch O(chunk) pages, wherever the sweep stands.
+func TestKeySweepIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newTestDriver(t)
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.keys`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.keys (key, seq, xid, touched_at)
+		SELECT 'k' || lpad(g::text, 6, '0'), 1, pg_current_xact_id(), now() - interval '2 days' FROM generate_series(1, 100000) g`)
+	require.NoError(t, err)
+	var keys, xids []string
+	measure := func(after string) (int, int) {
+		t.Helper()
+		var chunkRaw, pruneRaw []byte
+		errMeasured := errors.New("measured") // rolls the delete back
+		err := drv.inIndexPlanTx(ctx, func(e executor) error {
+			if err := queryRow(ctx, e, []any{&chunkRaw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.keysChunk, after, 100, (24 * time.Hour).Milliseconds()); err != nil {
+				return err
+			}
+			r, err := e.query(ctx, drv.queries.keysChunk, after, 100, (24 * time.Hour).Milliseconds())
+			if err != nil {
+				return err
+			}
+			keys, xids = keys[:0], xids[:0]
+			for r.Next() {
+				var k, x string
+				var idle bool
+				if err := r.Scan(&k, &x, &idle); err != nil {
+					return err
+				}
+				require.True(t, idle)
+				keys, xids = append(keys, k), append(xids, x)
+			}
+			r.Close()
+			if err := queryRow(ctx, e, []any{&pruneRaw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.pruneKeys, keys, xids); err != nil {
+				return err
+			}
+			return errMeasured
+		})
+		require.ErrorIs(t, err, errMeasured)
+		chunk, _ := planBuffers(t, chunkRaw)
+		prune, _ := planBuffers(t, pruneRaw)
+		require.Len(t, keys, 100)
+		return chunk, prune
+	}
+	startChunk, startPrune := measure("")
+	endChunk, endPrune := measure("k099800")
+	t.Logf("key sweep over 100,000 keys, chunk 100: read %d / %d buffers, prune %d / %d buffers (start / end of the table)", startChunk, endChunk, startPrune, endPrune)
+	require.Less(t, max(startChunk, endChunk), 20, "reading a chunk touches O(chunk) pages")
+	// Per key: two probes of keys_pkey (the locking subquery, then the
+	// delete's join), the lock and the delete: 8 pages.
+	require.Less(t, max(startPrune, endPrune), 1000, "pruning a chunk of 100 touches O(chunk) pages")
+}
+
+// TestMigration005KeepsExistingKeys: keys written before migration 005
+// keep their sequence and get the migration's transaction and time, so
+// that they are pruned only once a feed's snapshot has seen the migration
+// commit and KeyRetention has passed since.
+func TestMigration005KeepsExistingKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newTestDriver(t)
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	pool := pgtest.Pool(t)
+	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
+	require.NoError(t, err)
+	require.Equal(t, 5, res.Applied[0].Version)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.keys (key, seq) VALUES ('old', 7)`)
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	var xid string
+	var age time.Duration
+	require.NoError(t, pool.QueryRow(ctx, `SELECT xid::text, (extract(epoch FROM now() - touched_at) * 1e9)::bigint FROM `+s+`.keys WHERE key = 'old'`).Scan(&xid, &age))
+	require.Less(t, age, time.Minute, "touched at the migration")
+	var visible bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_visible_in_snapshot($1::xid8, pg_current_snapshot())`, xid).Scan(&visible))
+	require.True(t, visible, "the migration's own, committed, transaction")
+
+	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "old", "after")}}))
+	got := ferrydrivertest.OpenReader(ctx, t, drv, nil).ReadQuiet(ctx)
+	require.Len(t, got, 1)
+	require.EqualValues(t, 8, got[0].Seq, "the sequence goes on")
 }

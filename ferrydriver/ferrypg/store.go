@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -137,7 +139,7 @@ func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDe
 	if limit <= 0 {
 		limit = 100
 	}
-	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit)
+	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs))
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}
@@ -146,6 +148,94 @@ func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDe
 		return nil, d.wrapErr("list dead letters", err)
 	}
 	return out, nil
+}
+
+// selectionArgs are the arguments of deadLetterFilter and its limit.
+func selectionArgs(p *ferrydriver.DeadLetterSelection) []any {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	return []any{p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs)}
+}
+
+// RedriveDeadLetters implements ferrydriver.Store: the selected dead
+// letters are locked, appended as new events of their keys (the append's
+// row lock on each key orders them after the key's committed events) and
+// deleted, in one transaction.
+func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	e, commit, rollback, err := d.begin.begin(ctx)
+	if err != nil {
+		return 0, d.wrapErr("begin redrive", err)
+	}
+	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
+	r, err := e.query(ctx, d.queries.selectRedrive, selectionArgs(p)...)
+	if err != nil {
+		return 0, d.wrapErr("select dead letters to redrive", err)
+	}
+	defer r.Close()
+	var feeds, ids []string
+	var events []*ferryevent.Event
+	seen := map[string]bool{}
+	for r.Next() {
+		var dl ferrydriver.DeadLetter
+		ev := &dl.Event
+		var headers *string
+		if err := r.Scan(&dl.Feed, &ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt, &dl.Reason, &dl.FailedAt); err != nil {
+			return 0, d.wrapErr("select dead letters to redrive", err)
+		}
+		if err := redrivable(&dl, decodeHeaders(ev, headers)); err != nil {
+			return 0, err
+		}
+		feeds, ids = append(feeds, dl.Feed), append(ids, ev.ID.String())
+		if !seen[ev.ID.String()] {
+			seen[ev.ID.String()] = true
+			ev.Seq = 0
+			events = append(events, ev)
+		}
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return 0, d.wrapErr("select dead letters to redrive", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if err := d.append(ctx, e, &ferrydriver.AppendParams{Events: events}); err != nil {
+		return 0, err
+	}
+	n, err := e.exec(ctx, d.queries.deleteRedriven, feeds, ids)
+	if err != nil {
+		return 0, d.wrapErr("delete redriven dead letters", err)
+	}
+	if err := commit(ctx); err != nil {
+		return 0, d.wrapErr("commit redrive", err)
+	}
+	return int(n), nil
+}
+
+// redrivable refuses a dead letter that is not a valid event: appended
+// again, it would only be dead-lettered again (or lose its headers).
+func redrivable(dl *ferrydriver.DeadLetter, decodeErr error) error {
+	err := decodeErr
+	if err == nil {
+		// No size limit: the event was accepted once, under the producer's.
+		err = ferryevent.Validate(&dl.Event, 0, math.MaxInt)
+	}
+	if err != nil {
+		return fmt.Errorf("ferrypg: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
+			dl.Event.ID, dl.Feed, err, dl.Feed, dl.Event.ID)
+	}
+	return nil
+}
+
+// DiscardDeadLetters implements ferrydriver.Store.
+func (d *Driver[TTx]) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	n, err := d.db.exec(ctx, d.queries.discardDeadLetters, selectionArgs(p)...)
+	if err != nil {
+		return 0, d.wrapErr("discard dead letters", err)
+	}
+	return int(n), nil
 }
 
 // GetDeadLetter implements ferrydriver.Store.
@@ -164,44 +254,68 @@ func (d *Driver[TTx]) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadL
 	return out[0], nil
 }
 
-// DeleteDelivered implements ferrydriver.Store.
-func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
-	cursors := [][]byte{p.Cursor}
-	r, err := d.db.query(ctx, d.queries.partitionCursors, p.Partition)
+// horizon is what every feed of a partition has delivered: the rows at or
+// below Low that were visible to every feed's previous snapshot (xid below
+// every PrevXmax and in no feed's PrevXip).
+type horizon struct {
+	low  int64
+	xmax uint64
+	xip  []uint64
+}
+
+// delivered reports whether every event of transaction xid was delivered
+// by every feed: it committed (or aborted) before every feed's previous
+// snapshot, so its rows, if any, were visible to it and are at or below Low.
+func (h *horizon) delivered(xid uint64) bool {
+	return h.low > 0 && xid < h.xmax && !slices.Contains(h.xip, xid)
+}
+
+// partitionHorizon reads the saved checkpoints of partition and combines
+// them with cursor (the caller's own, possibly newer than its saved one).
+func (d *Driver[TTx]) partitionHorizon(ctx context.Context, partition int, cursor []byte) (*horizon, error) {
+	cursors := [][]byte{cursor}
+	r, err := d.db.query(ctx, d.queries.partitionCursors, partition)
 	if err != nil {
-		return 0, d.wrapErr("read the checkpoints of partition "+strconv.Itoa(p.Partition), err)
+		return nil, d.wrapErr("read the checkpoints of partition "+strconv.Itoa(partition), err)
 	}
 	for r.Next() {
 		var c []byte
 		if err := r.Scan(&c); err != nil {
 			r.Close()
-			return 0, d.wrapErr("read checkpoints", err)
+			return nil, d.wrapErr("read checkpoints", err)
 		}
 		cursors = append(cursors, c)
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
-		return 0, d.wrapErr("read checkpoints", err)
+		return nil, d.wrapErr("read checkpoints", err)
 	}
-	// A row may go only if every feed delivered it: at or below every
-	// feed's Low, below every PrevXmax, and in no feed's PrevXip.
-	var low int64 = -1
-	var xmax uint64
-	var xip []uint64
+	h := &horizon{low: -1}
 	for i, c := range cursors {
 		st, err := decodeCursor(c)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		if i == 0 || st.Low < low {
-			low = st.Low
+		if i == 0 || st.Low < h.low {
+			h.low = st.Low
 		}
-		if i == 0 || st.PrevXmax < xmax {
-			xmax = st.PrevXmax
+		if i == 0 || st.PrevXmax < h.xmax {
+			h.xmax = st.PrevXmax
 		}
-		xip = append(xip, st.PrevXip...)
+		h.xip = append(h.xip, st.PrevXip...)
 	}
-	if low <= 0 {
+	return h, nil
+}
+
+// DeleteDelivered implements ferrydriver.Store.
+func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
+	h, err := d.partitionHorizon(ctx, p.Partition, p.Cursor)
+	if err != nil {
+		return 0, err
+	}
+	// A row may go only if every feed delivered it: at or below every
+	// feed's Low, below every PrevXmax, and in no feed's PrevXip.
+	if h.low <= 0 {
 		return 0, nil
 	}
 	limit := p.Limit
@@ -211,11 +325,88 @@ func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.Delete
 	var n int64
 	err = d.inIndexPlanTx(ctx, func(e executor) error {
 		var err error
-		n, err = e.exec(ctx, d.queries.deleteDelivered, p.Partition, low, xidStrings(xip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(xmax, 10))
+		n, err = e.exec(ctx, d.queries.deleteDelivered, p.Partition, h.low, xidStrings(h.xip), p.OlderThan.Milliseconds(), limit, strconv.FormatUint(h.xmax, 10))
 		return err
 	})
 	if err != nil {
 		return 0, d.wrapErr("delete delivered events", err)
+	}
+	return n, nil
+}
+
+// PruneKeys implements ferrydriver.Store: a chunk of the keys table in
+// primary-key order (sqlKeysChunk), filtered here (the key's partition is
+// a hash computed in Go, its last transaction is compared with the
+// partition's horizon), then a compare-and-delete of the keys that can go
+// (sqlPruneKeys), in one index-plan transaction.
+func (d *Driver[TTx]) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	res := &ferrydriver.PruneKeysResult{Next: p.After}
+	h, err := d.partitionHorizon(ctx, p.Partition, p.Cursor)
+	if err != nil || h.low <= 0 {
+		return res, err
+	}
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 5000
+	}
+	err = d.inIndexPlanTx(ctx, func(e executor) error {
+		r, err := e.query(ctx, d.queries.keysChunk, p.After, limit, p.IdleFor.Milliseconds())
+		if err != nil {
+			return err
+		}
+		var keys, xids []string
+		read, last := 0, ""
+		for r.Next() {
+			var key, xid string
+			var idle bool
+			if err := r.Scan(&key, &xid, &idle); err != nil {
+				r.Close()
+				return err
+			}
+			read, last = read+1, key
+			if !idle || d.PartitionOf(key) != p.Partition {
+				continue
+			}
+			x, err := strconv.ParseUint(xid, 10, 64)
+			if err != nil || !h.delivered(x) {
+				continue
+			}
+			keys, xids = append(keys, key), append(xids, xid)
+		}
+		r.Close()
+		if err := r.Err(); err != nil {
+			return err
+		}
+		res.Next = last
+		if read < limit {
+			res.Next = ""
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		res.Pruned, err = e.exec(ctx, d.queries.pruneKeys, keys, xids)
+		return err
+	})
+	if err != nil {
+		return nil, d.wrapErr("prune idle keys of partition "+strconv.Itoa(p.Partition), err)
+	}
+	return res, nil
+}
+
+// DeleteDeadLetters implements ferrydriver.Store (sqlDeleteDeadLetters).
+func (d *Driver[TTx]) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 10000
+	}
+	var n int64
+	err := d.inIndexPlanTx(ctx, func(e executor) error {
+		var err error
+		n, err = e.exec(ctx, d.queries.deleteDeadLetters, p.Feed, p.OlderThan.Milliseconds(), limit)
+		return err
+	})
+	if err != nil {
+		return 0, d.wrapErr("delete old dead letters of "+p.Feed, err)
 	}
 	return n, nil
 }
@@ -242,6 +433,38 @@ func (d *Driver[TTx]) inIndexPlanTx(ctx context.Context, fn func(e executor) err
 	return commit(ctx)
 }
 
+// FeedLag implements ferrydriver.Store: one statement bounded by
+// ferrydriver.ExactCountLimit (sqlFeedLag) after the checkpoint's primary
+// key lookup.
+func (d *Driver[TTx]) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	if err != nil {
+		return nil, err
+	}
+	cur, err := decodeCursor(cp.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	return d.feedLag(ctx, p.Feed, p.Partition, cur.delivered())
+}
+
+func (d *Driver[TTx]) feedLag(ctx context.Context, feed string, partition int, after int64) (*ferrydriver.FeedLag, error) {
+	lag := &ferrydriver.FeedLag{}
+	var n, last, high int64
+	var oldest *time.Time
+	err := d.inIndexPlanTx(ctx, func(e executor) error {
+		return queryRow(ctx, e, []any{&n, &last, &oldest, &high, &lag.Now}, d.queries.feedLag, partition, after, ferrydriver.ExactCountLimit)
+	})
+	if err != nil {
+		return nil, d.wrapErr("measure lag of "+feed, err)
+	}
+	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(n, float64(after), float64(last), float64(high))
+	if oldest != nil {
+		lag.OldestPending = *oldest
+	}
+	return lag, nil
+}
+
 // FeedStatus implements ferrydriver.Store.
 func (d *Driver[TTx]) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: p.Feed}
@@ -259,15 +482,29 @@ func (d *Driver[TTx]) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusP
 	if err != nil {
 		return nil, err
 	}
-	var oldest *time.Time
-	if err := queryRow(ctx, d.db, []any{&st.LagEvents, &oldest}, d.queries.feedLag, p.Partition, cur.delivered()); err != nil {
-		return nil, d.wrapErr("measure lag of "+p.Feed, err)
+	if p.Exact {
+		var oldest *time.Time
+		if err := queryRow(ctx, d.db, []any{&st.LagEvents, &oldest}, d.queries.feedLagExact, p.Partition, cur.delivered()); err != nil {
+			return nil, d.wrapErr("measure lag of "+p.Feed, err)
+		}
+		if oldest != nil {
+			st.OldestPending = *oldest
+		}
+		if err := queryRow(ctx, d.db, []any{&st.DeadLetters, &st.Now}, d.queries.countDeadLetterExact, p.Feed); err != nil {
+			return nil, d.wrapErr("count dead letters of "+p.Feed, err)
+		}
+		return st, nil
 	}
-	if oldest != nil {
-		st.OldestPending = *oldest
+	lag, err := d.feedLag(ctx, p.Feed, p.Partition, cur.delivered())
+	if err != nil {
+		return nil, err
 	}
-	if err := queryRow(ctx, d.db, []any{&st.DeadLetters, &st.Now}, d.queries.countDeadLetter, p.Feed); err != nil {
+	st.LagEvents, st.LagEstimated, st.OldestPending = lag.Events, lag.Estimated, lag.OldestPending
+	if err := queryRow(ctx, d.db, []any{&st.DeadLetters, &st.Now}, d.queries.countDeadLetter, p.Feed, ferrydriver.ExactCountLimit+1); err != nil {
 		return nil, d.wrapErr("count dead letters of "+p.Feed, err)
+	}
+	if st.DeadLetters > ferrydriver.ExactCountLimit {
+		st.DeadLetters, st.DeadLettersMore = ferrydriver.ExactCountLimit, true
 	}
 	return st, nil
 }

@@ -29,7 +29,9 @@
 // drawn in commit order. The feed reads "id > position" and can neither skip
 // a late committer nor stall behind a long one: neither can exist. Per-key
 // sequence numbers come from a keys table updated in the same transaction,
-// gapless because a rollback undoes them too. The capability
+// gapless because a rollback undoes them too; PruneKeys forgets a key whose
+// newest event every feed has passed once it has been idle long enough (see
+// ferryevent.Event.Seq). The capability
 // ConcurrentWriters is false and the driver suite says so.
 //
 // # Wake-ups

@@ -223,42 +223,48 @@ func (d *Driver) Append(ctx context.Context, p *ferrydriver.AppendParams) error 
 	return d.write(ctx, "append", func(tx *sql.Tx) error { return d.append(ctx, tx, p) })
 }
 
-const sqlNextSeq = `
-INSERT INTO ferry_keys (key, seq) VALUES (?, 1)
-ON CONFLICT (key) DO UPDATE SET seq = seq + 1 RETURNING seq`
-
+// sqlAppend writes one event with its key's next sequence number. The
+// single writer makes the read of the key's row and the write of the
+// outbox row atomic; sqlKeyAppended then records the number, the row's id
+// and the time for PruneKeys. A key PruneKeys forgot has no row: Seq 1.
 const sqlAppend = `
 INSERT INTO ferry_outbox (partition, event_id, topic, key, seq, type, source, content_type, headers, payload, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+VALUES (?1, ?2, ?3, ?4, COALESCE((SELECT seq FROM ferry_keys WHERE key = ?4), 0) + 1, ?5, ?6, ?7, ?8, ?9, ?10)
+RETURNING id, seq`
+
+const sqlKeyAppended = `
+INSERT INTO ferry_keys (key, seq, last_id, touched_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, last_id = excluded.last_id, touched_at = excluded.touched_at`
 
 func (d *Driver) append(ctx context.Context, tx *sql.Tx, p *ferrydriver.AppendParams) error {
 	if len(p.Events) == 0 {
 		return nil
 	}
-	seqStmt, err := tx.PrepareContext(ctx, sqlNextSeq)
-	if err != nil {
-		return d.wrapErr("append", err)
-	}
-	defer seqStmt.Close()
 	ins, err := tx.PrepareContext(ctx, sqlAppend)
 	if err != nil {
 		return d.wrapErr("append", err)
 	}
 	defer ins.Close()
+	keyStmt, err := tx.PrepareContext(ctx, sqlKeyAppended)
+	if err != nil {
+		return d.wrapErr("append", err)
+	}
+	defer keyStmt.Close()
+	t := micros(now())
 	for _, ev := range p.Events {
 		c, err := encodeEvent(ev)
 		if err != nil {
 			return err
 		}
-		var seq int64
-		if err := seqStmt.QueryRowContext(ctx, ev.Key).Scan(&seq); err != nil {
-			return d.wrapErr("append: next sequence of key "+ev.Key, err)
-		}
-		ev.Seq = seq
-		if _, err := ins.ExecContext(ctx, d.PartitionOf(ev.Key), c.id, ev.Topic, ev.Key, seq, ev.Type, ev.Source, ev.ContentType,
-			c.headers, c.payload, micros(ev.CreatedAt)); err != nil {
+		var id, seq int64
+		if err := ins.QueryRowContext(ctx, d.PartitionOf(ev.Key), c.id, ev.Topic, ev.Key, ev.Type, ev.Source, ev.ContentType,
+			c.headers, c.payload, micros(ev.CreatedAt)).Scan(&id, &seq); err != nil {
 			return d.wrapErr("append", err)
 		}
+		if _, err := keyStmt.ExecContext(ctx, ev.Key, seq, id, t); err != nil {
+			return d.wrapErr("append: sequence of key "+ev.Key, err)
+		}
+		ev.Seq = seq
 	}
 	return nil
 }

@@ -3,12 +3,16 @@ package ferrysqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 )
 
 // LoadCheckpoint implements ferrydriver.Store.
@@ -186,14 +190,117 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 		limit = 100
 	}
 	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
- WHERE (?1 = '' OR feed = ?1) AND (?2 = '' OR key = ?2) AND (?3 = '' OR type = ?3) AND (?4 = '' OR topic = ?4)
-   AND (?5 IS NULL OR failed_at >= ?5) AND (?6 IS NULL OR failed_at < ?6)
- ORDER BY failed_at DESC, event_id LIMIT ?7`, p.Feed, p.Key, p.Type, p.Topic, nullMicros(p.Since), nullMicros(p.Until), limit)
+ WHERE `+deadLetterFilter+`
+ ORDER BY failed_at DESC, event_id LIMIT ?7`, deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit)...)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}
 	out, err := d.scanDeadLetters(rows)
 	return out, d.wrapErr("list dead letters", err)
+}
+
+// deadLetterFilter selects dead letters by feed ?1, key ?2, type ?3,
+// topic ?4, failed at or after ?5 and before ?6, and the event IDs of the
+// JSON array ?8 (each when set); ?7 is the limit of the statement.
+const deadLetterFilter = `(?1 = '' OR feed = ?1) AND (?2 = '' OR key = ?2) AND (?3 = '' OR type = ?3) AND (?4 = '' OR topic = ?4)
+   AND (?5 IS NULL OR failed_at >= ?5) AND (?6 IS NULL OR failed_at < ?6)
+   AND (?8 = '[]' OR event_id IN (SELECT value FROM json_each(?8)))`
+
+func deadLetterArgs(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID, limit int) []any {
+	list := make([]string, len(ids))
+	for i, id := range ids {
+		list[i] = id.String()
+	}
+	js, _ := json.Marshal(list)
+	return []any{feed, key, typ, topic, nullMicros(since), nullMicros(until), limit, string(js)}
+}
+
+func selectionArgs(p *ferrydriver.DeadLetterSelection) []any {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	return deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit)
+}
+
+// RedriveDeadLetters implements ferrydriver.Store: in one write
+// transaction, the selected dead letters are appended as new events of
+// their keys and deleted.
+func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	var n int
+	err := d.write(ctx, "redrive dead letters", func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+deadLetterFilter+`
+ ORDER BY failed_at, seq, event_id LIMIT ?7`, selectionArgs(p)...)
+		if err != nil {
+			return d.wrapErr("select dead letters to redrive", err)
+		}
+		defer rows.Close()
+		type row struct{ feed, id string }
+		var selected []row
+		var events []*ferryevent.Event
+		seen := map[string]bool{}
+		for rows.Next() {
+			dl := &ferrydriver.DeadLetter{}
+			ev := &dl.Event
+			var id string
+			var headers sql.NullString
+			var created, failed int64
+			if err := rows.Scan(&dl.Feed, &id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &dl.Reason, &failed); err != nil {
+				return d.wrapErr("select dead letters to redrive", err)
+			}
+			err := ev.ID.UnmarshalText([]byte(id))
+			if err == nil {
+				err = decodeHeaders(ev, headers)
+			}
+			if err == nil {
+				// No size limit: the event was accepted once, under the producer's.
+				err = ferryevent.Validate(ev, 0, math.MaxInt)
+			}
+			if err != nil {
+				return fmt.Errorf("ferrysqlite: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
+					id, dl.Feed, err, dl.Feed, id)
+			}
+			ev.CreatedAt, ev.Seq = fromMicros(created), 0
+			selected = append(selected, row{dl.Feed, id})
+			if !seen[id] {
+				seen[id] = true
+				events = append(events, ev)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return d.wrapErr("select dead letters to redrive", err)
+		}
+		rows.Close()
+		if err := d.append(ctx, tx, &ferrydriver.AppendParams{Events: events}); err != nil {
+			return err
+		}
+		for _, r := range selected {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE feed = ? AND event_id = ?`, r.feed, r.id); err != nil {
+				return d.wrapErr("delete redriven dead letters", err)
+			}
+		}
+		n = len(selected)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// DiscardDeadLetters implements ferrydriver.Store.
+func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	var n int64
+	err := d.write(ctx, "discard dead letters", func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE rowid IN (
+    SELECT rowid FROM ferry_dead_letters WHERE `+deadLetterFilter+` ORDER BY failed_at, event_id LIMIT ?7)`, selectionArgs(p)...)
+		if err != nil {
+			return d.wrapErr("discard dead letters", err)
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	return int(n), err
 }
 
 // GetDeadLetter implements ferrydriver.Store.
@@ -213,39 +320,66 @@ func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetter
 	return out[0], nil
 }
 
+// DeleteDeadLetters implements ferrydriver.Store: a range of
+// ferry_dead_letters_feed_failed_at_idx (migration 005).
+func (d *Driver) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 10000
+	}
+	var n int64
+	err := d.write(ctx, "delete old dead letters of "+p.Feed, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `
+DELETE FROM ferry_dead_letters WHERE rowid IN (
+    SELECT rowid FROM ferry_dead_letters WHERE feed = ? AND failed_at < ? ORDER BY failed_at LIMIT ?)`,
+			p.Feed, micros(now())-p.OlderThan.Microseconds(), limit)
+		if err != nil {
+			return d.wrapErr("delete old dead letters of "+p.Feed, err)
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	return n, err
+}
+
+// partitionLow is the id every feed of partition has passed: the lowest
+// position among the saved checkpoints and cursor (0: nothing yet).
+func (d *Driver) partitionLow(ctx context.Context, tx *sql.Tx, partition int, cursor []byte) (int64, error) {
+	low, err := decodeCursor(cursor)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT cursor FROM ferry_checkpoints WHERE partition = ? AND cursor IS NOT NULL`, partition)
+	if err != nil {
+		return 0, d.wrapErr("read the checkpoints of partition "+strconv.Itoa(partition), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return 0, d.wrapErr("read checkpoints", err)
+		}
+		c, err := decodeCursor(b)
+		if err != nil {
+			return 0, err
+		}
+		low.After = min(low.After, c.After)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, d.wrapErr("read checkpoints", err)
+	}
+	return max(low.After, 0), nil
+}
+
 // DeleteDelivered implements ferrydriver.Store: it removes events at or
 // below every feed's position (the saved checkpoints of the partition and
 // p.Cursor), older than p.OlderThan, oldest first.
 func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
 	var n int64
 	err := d.write(ctx, "delete delivered events", func(tx *sql.Tx) error {
-		low, err := decodeCursor(p.Cursor)
-		if err != nil {
+		low, err := d.partitionLow(ctx, tx, p.Partition, p.Cursor)
+		if err != nil || low == 0 {
 			return err
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT cursor FROM ferry_checkpoints WHERE partition = ? AND cursor IS NOT NULL`, p.Partition)
-		if err != nil {
-			return d.wrapErr("read the checkpoints of partition "+strconv.Itoa(p.Partition), err)
-		}
-		for rows.Next() {
-			var b []byte
-			if err := rows.Scan(&b); err != nil {
-				rows.Close()
-				return d.wrapErr("read checkpoints", err)
-			}
-			c, err := decodeCursor(b)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			low.After = min(low.After, c.After)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return d.wrapErr("read checkpoints", err)
-		}
-		if low.After <= 0 {
-			return nil
 		}
 		limit := p.Limit
 		if limit <= 0 {
@@ -254,7 +388,7 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 		res, err := tx.ExecContext(ctx, `
 DELETE FROM ferry_outbox WHERE id IN (
     SELECT id FROM ferry_outbox WHERE partition = ? AND id <= ? ORDER BY id LIMIT ?)
-  AND created_at < ?`, p.Partition, low.After, limit, micros(now())-p.OlderThan.Microseconds())
+  AND created_at < ?`, p.Partition, low, limit, micros(now())-p.OlderThan.Microseconds())
 		if err != nil {
 			return d.wrapErr("delete delivered events", err)
 		}
@@ -262,6 +396,99 @@ DELETE FROM ferry_outbox WHERE id IN (
 		return nil
 	})
 	return n, err
+}
+
+// PruneKeys implements ferrydriver.Store: a chunk of ferry_keys in key
+// order; a key of the partition goes when its newest event is at or below
+// every feed's position and it was appended more than p.IdleFor ago. The
+// single writer keeps appends out while the chunk is pruned.
+func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	res := &ferrydriver.PruneKeysResult{Next: p.After}
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 5000
+	}
+	err := d.write(ctx, "prune idle keys", func(tx *sql.Tx) error {
+		low, err := d.partitionLow(ctx, tx, p.Partition, p.Cursor)
+		if err != nil || low == 0 {
+			return err
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT key, last_id, touched_at FROM ferry_keys WHERE key > ? ORDER BY key LIMIT ?`, p.After, limit)
+		if err != nil {
+			return d.wrapErr("prune idle keys", err)
+		}
+		defer rows.Close()
+		cut := micros(now()) - p.IdleFor.Microseconds()
+		var keys []string
+		read := 0
+		res.Next = ""
+		for rows.Next() {
+			var key string
+			var lastID, touched int64
+			if err := rows.Scan(&key, &lastID, &touched); err != nil {
+				return d.wrapErr("prune idle keys", err)
+			}
+			read++
+			res.Next = key
+			if lastID <= low && touched < cut && d.PartitionOf(key) == p.Partition {
+				keys = append(keys, key)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return d.wrapErr("prune idle keys", err)
+		}
+		rows.Close()
+		if read < limit {
+			res.Next = ""
+		}
+		for _, k := range keys {
+			r, err := tx.ExecContext(ctx, `DELETE FROM ferry_keys WHERE key = ?`, k)
+			if err != nil {
+				return d.wrapErr("prune idle keys", err)
+			}
+			n, _ := r.RowsAffected()
+			res.Pruned += n
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// FeedLag implements ferrydriver.Store: the first
+// ferrydriver.ExactCountLimit events after the checkpoint and the
+// partition's highest id, both ranges of ferry_outbox_partition_idx.
+func (d *Driver) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	if err != nil {
+		return nil, err
+	}
+	pos, err := decodeCursor(cp.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	return d.feedLag(ctx, p.Feed, p.Partition, pos.After)
+}
+
+func (d *Driver) feedLag(ctx context.Context, feed string, partition int, after int64) (*ferrydriver.FeedLag, error) {
+	lag := &ferrydriver.FeedLag{Now: now()}
+	var n, last, high int64
+	var oldest sql.NullInt64
+	err := d.r.QueryRowContext(ctx, `
+SELECT count(*), COALESCE(max(id), 0), min(created_at),
+       COALESCE((SELECT id FROM ferry_outbox WHERE partition = ?1 ORDER BY id DESC LIMIT 1), 0)
+  FROM (SELECT id, created_at FROM ferry_outbox WHERE partition = ?1 AND id > ?2 ORDER BY id LIMIT ?3)`,
+		partition, after, ferrydriver.ExactCountLimit).Scan(&n, &last, &oldest, &high)
+	if err != nil {
+		return nil, d.wrapErr("measure lag of "+feed, err)
+	}
+	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(n, float64(after), float64(last), float64(high))
+	if oldest.Valid {
+		lag.OldestPending = fromMicros(oldest.Int64)
+	}
+	return lag, nil
 }
 
 // FeedStatus implements ferrydriver.Store.
@@ -280,6 +507,21 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	pos, err := decodeCursor(cp.Cursor)
 	if err != nil {
 		return nil, err
+	}
+	if !p.Exact {
+		lag, err := d.feedLag(ctx, p.Feed, p.Partition, pos.After)
+		if err != nil {
+			return nil, err
+		}
+		st.LagEvents, st.LagEstimated, st.OldestPending = lag.Events, lag.Estimated, lag.OldestPending
+		if err := d.r.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM ferry_dead_letters WHERE feed = ? LIMIT ?)`,
+			p.Feed, ferrydriver.ExactCountLimit+1).Scan(&st.DeadLetters); err != nil {
+			return nil, d.wrapErr("count dead letters of "+p.Feed, err)
+		}
+		if st.DeadLetters > ferrydriver.ExactCountLimit {
+			st.DeadLetters, st.DeadLettersMore = ferrydriver.ExactCountLimit, true
+		}
+		return st, nil
 	}
 	var oldest sql.NullInt64
 	if err := d.r.QueryRowContext(ctx, `SELECT count(*), min(created_at) FROM ferry_outbox WHERE partition = ? AND id > ?`,

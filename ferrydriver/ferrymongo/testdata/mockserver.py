@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -187,6 +187,81 @@ if scenario == "capture":
     r = server.receives(OpMsg("aggregate", 1), timeout=30)
     report("aggregate", {"changeStream": r.doc["pipeline"][0]["$changeStream"]})
     r.ok(cursor={"id": Int64(0), "ns": "app.$cmd.aggregate", "firstBatch": [], "postBatchResumeToken": {"_data": "82BB00"}})
+
+if scenario == "lag":
+    # FeedLag: the checkpoint, the lease (none), then the counted sample
+    # of the first 1000 events after the checkpoint (appended over 10 s)
+    # and the partition's newest event (30 s after the first).
+    first = datetime.datetime(2026, 5, 1, 12, 0, 0)
+    r = server.receives(OpMsg("find", "ferry_checkpoints"), timeout=30)
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_checkpoints", "firstBatch": [
+        {"_id": "default/0", "p": 0, "cursor": Binary(b'{"at":"2026-05-01T11:59:59Z"}'), "term": Int64(3), "updated_at": first}]})
+    r = server.receives(OpMsg("aggregate", "ferry_leases"), timeout=30)
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_leases", "firstBatch": []})
+    r = server.receives(OpMsg("aggregate", "ferry_outbox"), timeout=30)
+    report("aggregate", {"pipeline": r.doc.get("pipeline")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": [
+        {"_id": None, "n": 1000, "first": first, "last": first + datetime.timedelta(seconds=10),
+         "oldest": first - datetime.timedelta(minutes=1)}]})
+    r = server.receives(OpMsg("find", "ferry_outbox"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": [{"appended_at": first + datetime.timedelta(seconds=30)}]})
+
+if scenario == "dlretention":
+    # DeleteDeadLetters: the oldest expired dead letters of the feed by
+    # the (feed, failed_at) index, then a delete of those that repeats the
+    # filter.
+    r = server.receives(OpMsg("find", "ferry_dead_letters"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_dead_letters", "firstBatch": [
+        {"_id": {"feed": "default/0", "event": "e1"}}, {"_id": {"feed": "default/0", "event": "e2"}}]})
+    r = server.receives(OpMsg("delete", "ferry_dead_letters"), timeout=30)
+    report("delete", {"deletes": r.doc.get("deletes")})
+    r.ok(n=2)
+
+if scenario == "prunekeys":
+    # PruneKeys over a chunk of three keys: a and b idle for two days, c
+    # appended just now; b still has an event in the outbox. Only a goes,
+    # if its sequence is still 4.
+    now = datetime.datetime.now(datetime.timezone.utc)
+    r = server.receives(OpMsg("find", "ferry_keys"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_keys", "firstBatch": [
+        {"_id": "a", "seq": Int64(4), "touched_at": now - datetime.timedelta(days=2)},
+        {"_id": "b", "seq": Int64(9), "touched_at": now - datetime.timedelta(days=2)},
+        {"_id": "c", "seq": Int64(1), "touched_at": now}]})
+    r = server.receives(OpMsg("distinct", "ferry_outbox"), timeout=30)
+    report("distinct", {"key": r.doc.get("key"), "query": r.doc.get("query")})
+    r.ok(values=["b"])
+    r = server.receives(OpMsg("delete", "ferry_keys"), timeout=30)
+    report("delete", {"deletes": r.doc.get("deletes"), "ordered": r.doc.get("ordered")})
+    r.ok(n=1)
+
+if scenario == "redrive":
+    # RedriveDeadLetters, in one transaction: the dead letter, the key's
+    # next sequence number, the event appended under a fresh _id with its
+    # ID in eid, the dead letter deleted, the commit.
+    eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
+    created = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    r = server.receives(OpMsg("find", "ferry_dead_letters"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit"),
+                    "startTransaction": r.doc.get("startTransaction")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_dead_letters", "firstBatch": [
+        {"_id": {"feed": "default/0", "event": eid}, "feed": "default/0", "reason": "unroutable", "failed_at": created,
+         "event": {"_id": eid, "p": 0, "topic": "orders", "key": "k", "seq": Int64(5), "type": "T", "payload": Binary(b"x"),
+                   "created_at": created}}]})
+    r = server.receives(OpMsg("findAndModify", "ferry_keys"), timeout=30)
+    report("findAndModify", {"query": r.doc.get("query"), "update": r.doc.get("update")})
+    r.ok(value={"_id": "k", "seq": Int64(12)}, lastErrorObject={"n": 1, "updatedExisting": True})
+    r = server.receives(OpMsg("insert", "ferry_outbox"), timeout=30)
+    report("insert", {"documents": r.doc.get("documents")})
+    r.ok(n=1)
+    r = server.receives(OpMsg("delete", "ferry_dead_letters"), timeout=30)
+    report("delete", {"deletes": r.doc.get("deletes")})
+    r.ok(n=1)
+    r = server.receives(OpMsg("commitTransaction"), timeout=30)
+    report("commit", {})
+    r.ok()
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()

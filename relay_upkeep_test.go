@@ -1,0 +1,144 @@
+package ferry_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+)
+
+// upkeepRelay is quickRelay with retention settings and a registry.
+func upkeepRelay(t *testing.T, drv ferrydriver.Store, sink *memsink.Sink, cfg ferry.RelayConfig) (*ferry.Relay, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.HolderID, cfg.PollInterval, cfg.LeaseTTL, cfg.Registerer = "r1", 20*time.Millisecond, 2*time.Second, reg
+	cfg.RetryBase, cfg.RetryMax, cfg.HeartbeatInterval, cfg.RetentionInterval = 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+	r, err := ferry.NewRelay(drv, sink, &cfg)
+	require.NoError(t, err)
+	return r, reg
+}
+
+// counter reads a counter of reg; with a kind, the series of that kind.
+func counter(t *testing.T, reg *prometheus.Registry, name, kind string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			ok := kind == ""
+			for _, l := range m.GetLabel() {
+				ok = ok || (l.GetName() == "kind" && l.GetValue() == kind)
+			}
+			if ok {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// statusSpy counts the relay's status reads.
+type statusSpy struct {
+	ferrydriver.Store
+	status, lag atomic.Int64
+}
+
+func (s *statusSpy) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
+	s.status.Add(1)
+	return s.Store.FeedStatus(ctx, p)
+}
+
+func (s *statusSpy) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	s.lag.Add(1)
+	return s.Store.FeedLag(ctx, p)
+}
+
+// TestRelayHeartbeatDoesNotCount: the heartbeat refreshes the lag through
+// FeedLag, whose cost is bounded, and never through FeedStatus, which
+// counts dead letters (and, with Exact, the whole lag).
+func TestRelayHeartbeatDoesNotCount(t *testing.T) {
+	t.Parallel()
+	spy := &statusSpy{Store: newPG(t)}
+	run(t, quickRelay(t, spy, &memsink.Sink{}, "r1"))
+	require.Eventually(t, func() bool { return spy.lag.Load() >= 3 }, 10*time.Second, 10*time.Millisecond, "the heartbeat measures the lag")
+	require.Zero(t, spy.status.Load(), "the heartbeat must not call FeedStatus")
+}
+
+// TestRelayRemovesExpiredDeadLetters: dead letters are kept for
+// DeadLetterRetention (14 days by default), then the retention pass
+// removes them; before, nothing ever did.
+func TestRelayRemovesExpiredDeadLetters(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	ctx := context.Background()
+	sink := &memsink.Sink{Permanent: func(e *ferryevent.Event) bool { return string(e.Payload) == "poison" }}
+	r, reg := upkeepRelay(t, drv, sink, ferry.RelayConfig{DeadLetterRetention: time.Nanosecond})
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: []byte("poison")}, &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: []byte("fine")}))
+	run(t, r)
+	require.Eventually(t, func() bool { return counter(t, reg, "ferry_relay_retention_removed_total", "dead_letters") == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the expired dead letter is removed")
+	require.Equal(t, 1.0, counter(t, reg, "ferry_relay_dead_letters_total", ""), "it was dead-lettered first")
+	dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
+	require.NoError(t, err)
+	require.Empty(t, dls)
+}
+
+// TestRelayForgetsIdleDeliveredKeys: the retention pass forgets the keys
+// whose events were all delivered and that were idle for KeyRetention
+// (Retention by default); the outbox's keys table does not keep a row per
+// key forever, and a forgotten key's next event starts at Seq 1, after its
+// earlier ones. Before, every key ever used kept its row.
+func TestRelayForgetsIdleDeliveredKeys(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	ctx := context.Background()
+	sink := &memsink.Sink{}
+	r, reg := upkeepRelay(t, drv, sink, ferry.RelayConfig{Retention: time.Nanosecond})
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	first := emitMany(t, c, 60, 6, 2, strconv.Itoa)
+	run(t, r)
+	keys := func() (n int) {
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{drv.Schema()}.Sanitize()+`.keys`).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return sink.Len() == len(first) && keys() == 0 }, 20*time.Second, 10*time.Millisecond,
+		"idle keys whose events were delivered are forgotten")
+	require.GreaterOrEqual(t, counter(t, reg, "ferry_relay_retention_removed_total", "keys"), 6.0)
+	checkDelivery(t, first, sink.Stored(), false)
+
+	again := &ferry.Event{Topic: "orders", Key: "k1", Type: "T", Payload: []byte("again")}
+	require.NoError(t, c.Emit(ctx, again))
+	require.Eventually(t, func() bool { return sink.Len() == len(first)+1 }, 10*time.Second, 10*time.Millisecond)
+	stored := sink.Stored()
+	last := stored[len(stored)-1]
+	require.Equal(t, again.ID, last.ID, "after every earlier event of k1")
+	require.EqualValues(t, 1, last.Seq, "a forgotten key starts again at 1")
+}
+
+// TestKeyRetentionDefaultsToRetention: keys are forgotten when their
+// events have left the outbox, unless KeyRetention says otherwise; never
+// when the outbox is kept forever.
+func TestKeyRetentionDefaultsToRetention(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 24*time.Hour, (&ferry.RelayConfig{}).WithDefaults().KeyRetention)
+	require.Equal(t, time.Hour, (&ferry.RelayConfig{Retention: time.Hour}).WithDefaults().KeyRetention)
+	require.Negative(t, (&ferry.RelayConfig{Retention: -1}).WithDefaults().KeyRetention)
+	require.Negative(t, (&ferry.RelayConfig{KeyRetention: -1}).WithDefaults().KeyRetention)
+	require.Equal(t, 14*24*time.Hour, (&ferry.RelayConfig{}).WithDefaults().DeadLetterRetention)
+}
