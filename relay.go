@@ -110,6 +110,11 @@ type RelayConfig struct {
 	// event dead-lettered by DeadPolicy, from the relay's delivery loop: it
 	// must not block (hand the alert off).
 	OnStuckKey func(ctx context.Context, k *StuckKey)
+	// Balancer, when set, shares the feed's partitions among the processes
+	// that run relays for them: give every Relay of a process the same one
+	// and run it (see Balancer). Without it every relay competes for its
+	// partition's lease, and one process may lead them all.
+	Balancer *Balancer
 }
 
 // StuckKey describes a key whose destination does not acknowledge it.
@@ -213,6 +218,8 @@ func (c *RelayConfig) validate() error {
 		return fmt.Errorf("ferry: RelayConfig.MaxAttempts (%d) and MaxAge (%v) must not be negative (0: retry forever)", c.MaxAttempts, c.MaxAge)
 	case c.DeadPolicy != Hold && c.DeadPolicy != Continue:
 		return fmt.Errorf("ferry: RelayConfig.DeadPolicy %d is not Hold or Continue", c.DeadPolicy)
+	case c.Balancer != nil && (c.Balancer.cfg.Feed != c.Feed || c.Partition >= c.Balancer.cfg.Partitions):
+		return fmt.Errorf("ferry: RelayConfig.Balancer shares feed %q's %d partitions; this relay is partition %d of feed %q", c.Balancer.cfg.Feed, c.Balancer.cfg.Partitions, c.Partition, c.Feed)
 	case c.RetentionInterval <= 0 || c.HeartbeatInterval <= 0 || c.ShutdownTimeout <= 0:
 		return fmt.Errorf("ferry: RelayConfig.RetentionInterval, HeartbeatInterval and ShutdownTimeout must be positive")
 	}
@@ -293,9 +300,22 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.holder = fmt.Sprintf("%s#%08x", r.cfg.HolderID, rand.Uint32())
 	r.log = r.cfg.Logger.With("feed", r.name, "holder", r.holder)
 	attempt := 0
+	bal := r.cfg.Balancer
+	standby := func() {
+		r.m.leader.Set(0)
+		// Try again well within the TTL, with jitter.
+		sleepCtx(ctx, r.cfg.LeaseTTL/4+time.Duration(rand.Int64N(int64(r.cfg.LeaseTTL/8))))
+	}
 	for ctx.Err() == nil {
+		if bal != nil && !bal.reserve(ctx, r.cfg.Partition) {
+			standby() // this process leads its share already
+			continue
+		}
 		asked := time.Now()
 		lease, err := r.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: r.name, Holder: r.holder, TTL: r.cfg.LeaseTTL})
+		if bal != nil && (err != nil || !lease.Held(r.holder)) {
+			bal.release(r.cfg.Partition)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -309,14 +329,30 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		if !lease.Held(r.holder) {
-			r.m.leader.Set(0)
-			// Standby: try again well within the TTL, with jitter.
-			sleepCtx(ctx, r.cfg.LeaseTTL/4+time.Duration(rand.Int64N(int64(r.cfg.LeaseTTL/8))))
+			standby()
 			continue
 		}
 		r.log.Info("ferry: relay is the leader", "term", lease.Term)
 		before := r.progress.Load()
-		err = r.lead(ctx, lease, asked)
+		leadCtx, endLead := context.WithCancel(ctx)
+		if bal != nil {
+			// Handing the partition over is a graceful stop of this
+			// leadership: checkpoint saved, lease released.
+			yield := bal.yielding(r.cfg.Partition)
+			go func() {
+				select {
+				case <-yield:
+					r.log.Info("ferry: handing the partition over to another member of the relay group", "term", lease.Term)
+					endLead()
+				case <-leadCtx.Done():
+				}
+			}()
+		}
+		err = r.lead(leadCtx, lease, asked)
+		endLead()
+		if bal != nil {
+			bal.release(r.cfg.Partition)
+		}
 		r.m.leader.Set(0)
 		if r.progress.Load() != before {
 			attempt = 0

@@ -100,3 +100,12 @@ type ReleaseParkedParams struct {
 	// Skip dead-letters the head instead of retrying it.
 	Skip bool
 }
+
+// LeaseLister is implemented by stores that can list leases by name
+// prefix. Relays that share partitions through a ferry.Balancer use it to
+// count the live members of their group.
+type LeaseLister interface {
+	// ListLeases returns the leases whose name starts with prefix,
+	// expired ones included (compare ExpiresAt with Now).
+	ListLeases(ctx context.Context, prefix string) ([]*Lease, error)
+}

@@ -92,14 +92,17 @@ type fixture struct {
 	dedup    bool                                    // the destination drops republished event IDs
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, 1) }
+
+// newFixtureWith is newFixture with an outbox of the given partitions.
+func newFixtureWith(t *testing.T, partitions int) *fixture {
 	nc := testNATS(t)
 	pool := pgtest.Pool(t)
 	f := &fixture{t: t, schema: pgtest.Schema(t)}
 	f.stream = strings.ToUpper(f.schema)
 	f.prefix = f.schema
 	var err error
-	f.drv, err = ferrypg.New(pool, &ferrypg.Config{Schema: f.schema})
+	f.drv, err = ferrypg.New(pool, &ferrypg.Config{Schema: f.schema, Partitions: partitions})
 	require.NoError(t, err)
 	_, err = f.drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -110,7 +113,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Cleanup(func() { _ = f.js.DeleteStream(context.Background(), f.stream) })
 	f.useJetStream()
 	f.store = f.drv
-	f.dbArgs = []string{"--database-url", pgtest.URL(), "--schema", f.schema}
+	f.dbArgs = []string{"--database-url", pgtest.URL(), "--schema", f.schema, "--partitions", strconv.Itoa(partitions)}
 	f.emit = func(ctx context.Context, evs []*ferry.Event, hold time.Duration) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SELECT pg_current_xact_id()") // a business write would take an xid first
@@ -157,7 +160,12 @@ func (l *lineLog) all() []string {
 }
 
 func (f *fixture) startRelay(holder string, extra ...string) *child {
-	args := append([]string{"relay"}, f.dbArgs...)
+	return f.start("relay", holder, extra...)
+}
+
+// start runs `ferry <command>` (relay or run) on the fixture.
+func (f *fixture) start(command, holder string, extra ...string) *child {
+	args := append([]string{command}, f.dbArgs...)
 	args = append(append(append(args, f.sinkArgs...),
 		"--holder", holder, "--lease-ttl", "2s", "--poll-interval", "50ms", "--batch", strconv.Itoa(crashBatch),
 		"--metrics-addr", "", "--log-level", "debug"), extra...)

@@ -302,13 +302,22 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 			partitions = append(partitions, p)
 		}
 	}
+	// ferry run shares the partitions with the other processes running
+	// relays for the feed; ferry relay --partition runs just one.
+	var bal *ferry.Balancer
+	if dc.allPartitions {
+		bal, err = ferry.NewBalancer(b.store, &ferry.BalancerConfig{Feed: dc.feed, Partitions: len(partitions), HolderID: dc.holder, LeaseTTL: dc.leaseTTL, Logger: log})
+		if err != nil {
+			return err
+		}
+	}
 	var relays []*ferry.Relay
 	for _, p := range partitions {
 		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
 			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
 			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
 			StallTimeout: dc.stall, MaxAttempts: dc.maxAttempts, MaxAge: dc.maxAge, DeadPolicy: policy,
-			DeadLetterRetention: dc.deadLetterRetention, KeyRetention: dc.keyRetention,
+			DeadLetterRetention: dc.deadLetterRetention, KeyRetention: dc.keyRetention, Balancer: bal,
 		})
 		if err != nil {
 			return usagef("%v", err)
@@ -329,6 +338,9 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		log.Info("ferry: metrics and health endpoints", "addr", srv.Addr)
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	if bal != nil {
+		g.Go(func() error { return bal.Run(gctx) })
+	}
 	for _, relay := range relays {
 		log.Info("ferry: relay starting", append([]any{"feed", relay.FeedName(), "database", b.label}, dest...)...)
 		g.Go(func() error { return relay.Run(gctx) })

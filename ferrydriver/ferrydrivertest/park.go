@@ -87,3 +87,38 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	require.ErrorIs(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a"}), ferrydriver.ErrNotFound)
 	require.Equal(t, []string{"b1"}, heads("a", "b"))
 }
+
+// testListLeases exercises ferrydriver.LeaseLister.
+func testListLeases[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	ll, ok := any(drv).(ferrydriver.LeaseLister)
+	if !ok {
+		t.Logf("%s does not implement ferrydriver.LeaseLister: relays cannot balance partitions", drv.Name())
+		return
+	}
+	for _, n := range []string{"members/f/b", "members/f/a", "members/g/a", "members/f"} {
+		_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: n, Holder: "h-" + n, TTL: time.Minute})
+		require.NoError(t, err)
+	}
+	_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "members/f/short", Holder: "x", TTL: time.Second})
+	require.NoError(t, err)
+	got, err := ll.ListLeases(ctx, "members/f/")
+	require.NoError(t, err)
+	var names []string
+	for _, l := range got {
+		names = append(names, l.Name)
+	}
+	require.Equal(t, []string{"members/f/a", "members/f/b", "members/f/short"}, names, "prefix match, in name order")
+	require.Equal(t, "h-members/f/a", got[0].Holder)
+	require.True(t, got[0].Held(got[0].Holder))
+	none, err := ll.ListLeases(ctx, "members/zz")
+	require.NoError(t, err)
+	require.Empty(t, none)
+	// A prefix is not a pattern.
+	_, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "m_x", Holder: "y", TTL: time.Minute})
+	require.NoError(t, err)
+	under, err := ll.ListLeases(ctx, "m_")
+	require.NoError(t, err)
+	require.Len(t, under, 1)
+}

@@ -76,6 +76,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("PruneKeysSweepsInChunks", func(t *testing.T) { t.Parallel(); testPruneKeysSweep(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
 	t.Run("Parking", func(t *testing.T) { t.Parallel(); testParking(t, h) })
+	t.Run("ListLeases", func(t *testing.T) { t.Parallel(); testListLeases(t, h) })
 	t.Run("LagBeyondTheExactCount", func(t *testing.T) { t.Parallel(); testLagEstimate(t, h) })
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -112,6 +113,39 @@ func (d *Driver) GetLease(ctx context.Context, name string) (*ferrydriver.Lease,
 		return nil, fmt.Errorf("ferrymongo: read lease %s: %w", name, err)
 	}
 	return l.lease(name), nil
+}
+
+var _ ferrydriver.LeaseLister = (*Driver)(nil)
+
+// ListLeases implements ferrydriver.LeaseLister: the leases whose _id
+// starts with prefix (an anchored regular expression, served by the _id
+// index), each with the server's clock.
+func (d *Driver) ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error) {
+	pipeline := mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "_id", Value: bson.D{{Key: "$regex", Value: "^" + regexp.QuoteMeta(prefix)}}}}}},
+		{{Key: "$sort", Value: bson.D{{Key: "_id", Value: 1}}}},
+		{{Key: "$set", Value: bson.D{{Key: "now", Value: "$$NOW"}}}},
+	}
+	cur, err := d.leases.Aggregate(ctx, pipeline)
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: list leases %s*: %w", prefix, err)
+	}
+	defer cur.Close(ctx)
+	var out []*ferrydriver.Lease
+	for cur.Next(ctx) {
+		var l struct {
+			ID       string `bson:"_id"`
+			leaseDoc `bson:",inline"`
+		}
+		if err := cur.Decode(&l); err != nil {
+			return nil, fmt.Errorf("ferrymongo: list leases %s*: %w", prefix, err)
+		}
+		out = append(out, l.lease(l.ID))
+	}
+	if err := cur.Err(); err != nil {
+		return nil, fmt.Errorf("ferrymongo: list leases %s*: %w", prefix, err)
+	}
+	return out, nil
 }
 
 // fenced runs fn in a transaction that first touches the lease document

@@ -13,14 +13,14 @@ var _ ferrydriver.Parker = (*Driver[pgx.Tx])(nil)
 
 // parkQueries are the parked-event statements with the schema filled in.
 type parkQueries struct {
-	park, headsOf, heads, unpark, hold, release string
+	park, headsOf, heads, unpark, hold, release, listLeases string
 }
 
 func newParkQueries(schema string) parkQueries {
 	s := pgx.Identifier{schema}.Sanitize()
 	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
 	return parkQueries{park: r(sqlParkEvents), headsOf: r(sqlParkedHeadsOf), heads: r(sqlParkedHeads),
-		unpark: r(sqlUnparkEvent), hold: r(sqlHoldParked), release: r(sqlReleaseParked)}
+		unpark: r(sqlUnparkEvent), hold: r(sqlHoldParked), release: r(sqlReleaseParked), listLeases: r(sqlListLeases)}
 }
 
 // fenced runs a statement that returns the number of matching lease rows.
@@ -111,4 +111,27 @@ func (d *Driver[TTx]) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseP
 		return fmt.Errorf("ferrypg: key %q of feed %s has nothing parked: %w", p.Key, p.Feed, ferrydriver.ErrNotFound)
 	}
 	return nil
+}
+
+var _ ferrydriver.LeaseLister = (*Driver[pgx.Tx])(nil)
+
+// ListLeases implements ferrydriver.LeaseLister.
+func (d *Driver[TTx]) ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error) {
+	r, err := d.db.query(ctx, d.park.listLeases, prefix)
+	if err != nil {
+		return nil, d.wrapErr("list leases "+prefix+"*", err)
+	}
+	defer r.Close()
+	var out []*ferrydriver.Lease
+	for r.Next() {
+		l := &ferrydriver.Lease{}
+		if err := r.Scan(scanLease(nil, l)...); err != nil {
+			return nil, d.wrapErr("list leases "+prefix+"*", err)
+		}
+		out = append(out, l)
+	}
+	if err := r.Err(); err != nil {
+		return nil, d.wrapErr("list leases "+prefix+"*", err)
+	}
+	return out, nil
 }

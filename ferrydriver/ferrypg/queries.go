@@ -510,3 +510,9 @@ WITH h AS (
     ON CONFLICT (feed, event_id) DO NOTHING
 )
 SELECT count(*) FROM h`
+
+// sqlListLeases reads the leases whose name starts with $1. The leases
+// table has a row per feed partition, relay group member and chain group:
+// small enough to scan.
+const sqlListLeases = `SELECT ` + leaseColumns + ` FROM {schema}.leases
+ WHERE left(name, length($1)) = $1 ORDER BY name`

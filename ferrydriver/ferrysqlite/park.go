@@ -164,3 +164,29 @@ func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParked
 		return d.wrapErr("release parked key "+p.Key, err)
 	})
 }
+
+var _ ferrydriver.LeaseLister = (*Driver)(nil)
+
+// ListLeases implements ferrydriver.LeaseLister.
+func (d *Driver) ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error) {
+	at := now()
+	rows, err := d.r.QueryContext(ctx, `SELECT name, holder, term, expires_at FROM ferry_leases WHERE substr(name, 1, length(?1)) = ?1 ORDER BY name`, prefix)
+	if err != nil {
+		return nil, d.wrapErr("list leases "+prefix+"*", err)
+	}
+	defer rows.Close()
+	var out []*ferrydriver.Lease
+	for rows.Next() {
+		l := &ferrydriver.Lease{Now: at}
+		var expires int64
+		if err := rows.Scan(&l.Name, &l.Holder, &l.Term, &expires); err != nil {
+			return nil, d.wrapErr("list leases "+prefix+"*", err)
+		}
+		l.ExpiresAt = fromMicros(expires)
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrapErr("list leases "+prefix+"*", err)
+	}
+	return out, nil
+}
