@@ -95,13 +95,16 @@ cannot hide the consumer's commit. Failed is the cheap gate predicate.
   - Every committed event is published at least once, across relay
     crashes, database restarts and broker outages. The checkpoint never
     passes an event the sink has not acknowledged. A crash republishes at
-    most two batches; JetStream drops those copies by Nats-Msg-Id.
+    most two batches (plus the head event of each parked key); JetStream
+    drops those copies by Nats-Msg-Id.
   - Events with the same key are published in the commit order of their
     transactions (and in call order within one), also across publish
-    retries. Consumers run keys independently. The relay publishes the
-    keys of a batch concurrently, but today a key whose destination hangs
-    or keeps failing transiently holds back the batches after it until it
-    succeeds or is dead-lettered.
+    retries. Other keys never wait for each other: in the relay every key
+    is a queue of its own, and a key whose destination hangs or keeps
+    failing while others are acknowledged is parked after StallTimeout:
+    its events are set aside in the database and published from there, in
+    order, once it recovers (DeadPolicy decides after MaxAttempts or
+    MaxAge). Consumers run keys independently too.
   - A long transaction elsewhere in the database does not hold delivery
     back, nor does a transaction that took its id early and commits late
     get skipped.
