@@ -405,8 +405,8 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	}()
 	// trust is the end of the lease's local trust window: no event is
 	// handed to the sink after it (keepLease ends the leadership then).
-	trust := new(atomic.Int64)
-	trust.Store(asked.Add(lease.ExpiresAt.Sub(lease.Now) - leaseMargin(r.cfg.LeaseTTL)).UnixNano())
+	trust := new(trustWindow)
+	trust.set(asked.Add(lease.ExpiresAt.Sub(lease.Now) - leaseMargin(r.cfg.LeaseTTL)))
 	wg.Go(func() { r.keepLease(leaseCtx, lease, loseLease, asked, trust) })
 
 	// Once stop ends, the relay has ShutdownTimeout to be gone: publishing
@@ -549,11 +549,11 @@ func (r *Relay) readAhead(ctx context.Context, feed ferrydriver.Feed, out chan<-
 // lost or when the local trust window ends. The window is the lease's
 // remaining time as the database granted it, minus a margin, counted on the
 // local monotonic clock from before the request that obtained it.
-func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose context.CancelCauseFunc, asked time.Time, trusted *atomic.Int64) {
+func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose context.CancelCauseFunc, asked time.Time, trusted *trustWindow) {
 	ttl := r.cfg.LeaseTTL
 	margin := leaseMargin(ttl)
 	trustUntil := asked.Add(lease.ExpiresAt.Sub(lease.Now) - margin)
-	trusted.Store(trustUntil.UnixNano())
+	trusted.set(trustUntil)
 	tick := time.NewTicker(ttl / 3)
 	defer tick.Stop()
 	for {
@@ -574,7 +574,7 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 			switch {
 			case err == nil:
 				trustUntil = start.Add(l.ExpiresAt.Sub(l.Now) - margin)
-				trusted.Store(trustUntil.UnixNano())
+				trusted.set(trustUntil)
 			case errors.Is(err, ferrydriver.ErrLeaseLost):
 				lose(err)
 				return
@@ -583,6 +583,22 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 			}
 		}
 	}
+}
+
+// trustWindow is the end of a leader's local trust in its lease, read by
+// the sink calls before every hand-off. The time keeps its monotonic
+// reading: a process paused past it (SIGSTOP) finds it passed on resume,
+// whatever the wall clock did.
+type trustWindow struct{ until atomic.Pointer[time.Time] }
+
+func (w *trustWindow) set(t time.Time) { w.until.Store(&t) }
+
+// check returns errTrustExpired once the window has ended.
+func (w *trustWindow) check() error {
+	if u := w.until.Load(); u == nil || !time.Now().Before(*u) {
+		return errTrustExpired
+	}
+	return nil
 }
 
 // leaseMargin is how much earlier than the lease's expiry a leader stops

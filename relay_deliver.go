@@ -44,7 +44,7 @@ type pipeline struct {
 	pubCtx context.Context // ends when publishing must: lease lost, shutdown timeout
 	ck     *checkpointer
 	parker ferrydriver.Parker // nil: keys are kept apart in memory only
-	trust  *atomic.Int64      // the lease's trust deadline (UnixNano)
+	trust  *trustWindow       // no hand-off to the sink after it ends
 
 	keys    map[string]*keyState
 	ready   []*keyState // keys whose head can be sent now, oldest first
@@ -140,7 +140,7 @@ func (q *outcomeQueue) take() []callOutcome {
 	return out
 }
 
-func newPipeline(r *Relay, term int64, pubCtx context.Context, ck *checkpointer, trust *atomic.Int64) *pipeline {
+func newPipeline(r *Relay, term int64, pubCtx context.Context, ck *checkpointer, trust *trustWindow) *pipeline {
 	p := &pipeline{r: r, term: term, pubCtx: pubCtx, ck: ck, trust: trust,
 		keys: map[string]*keyState{}, needHeads: map[*keyState]bool{}, lastAck: time.Now()}
 	p.outcomes.signal = make(chan struct{}, 1)
@@ -371,7 +371,7 @@ func (p *pipeline) releaseBackoff(now time.Time) {
 func (p *pipeline) dispatch() {
 	limit := windowBatches * p.r.cfg.BatchSize
 	for len(p.ready) > 0 && p.inFlight < limit {
-		if time.Now().UnixNano() >= p.trust.Load() {
+		if p.trust.check() != nil {
 			// The lease can no longer be proven: hand nothing more to
 			// the sink. keepLease ends the leadership.
 			return
@@ -406,8 +406,11 @@ func (p *pipeline) dispatch() {
 		}
 		p.inFlight += len(c.events)
 		p.calls++
+		// The sink checks the fence before it hands each event over: a
+		// leader paused mid-call hands nothing more over once resumed.
+		ctx := ferrysink.WithFence(p.pubCtx, p.trust.check)
 		p.wg.Go(func() {
-			p.r.publishEach(p.pubCtx, c.events, func(i int, err error) { p.outcomes.push(callOutcome{c: c, i: i, err: err}) })
+			p.r.publishEach(ctx, c.events, func(i int, err error) { p.outcomes.push(callOutcome{c: c, i: i, err: err}) })
 			p.outcomes.push(callOutcome{c: c, end: true})
 		})
 	}

@@ -143,3 +143,27 @@ func (o *Outcomes) Finish() []error {
 	}
 	return o.errs
 }
+
+type fenceKey struct{}
+
+// WithFence returns a context that carries fence, a check that a sink
+// makes (through Fenced) right before it hands each event to its
+// destination, within a Publish call: the relay's says whether it can
+// still prove its lease. A leader paused in the middle of a call (a long
+// GC, SIGSTOP) then hands nothing more over once resumed, even though its
+// call carries on.
+func WithFence(ctx context.Context, fence func() error) context.Context {
+	return context.WithValue(ctx, fenceKey{}, fence)
+}
+
+// Fenced returns the error of ctx's fence (nil when there is none, or it
+// passes). A sink that gets an error must not hand the event over and
+// reports the error, wrapped, as that event's (transient) outcome.
+func Fenced(ctx context.Context) error {
+	if f, ok := ctx.Value(fenceKey{}).(func() error); ok {
+		if err := f(); err != nil {
+			return fmt.Errorf("not handed over: %w", err)
+		}
+	}
+	return nil
+}

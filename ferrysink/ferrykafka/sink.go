@@ -217,6 +217,11 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report f
 			done[i] = true
 			continue
 		}
+		if err := ferrysink.Fenced(ctx); err != nil {
+			errs[i] = fmt.Errorf("ferrykafka: event %s %w", ev.ID, err)
+			done[i] = true
+			continue
+		}
 		pending++
 		s.client.Produce(ctx, rec, func(_ *kgo.Record, err error) { results <- outcome{i, err} })
 	}

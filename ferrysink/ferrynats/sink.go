@@ -199,6 +199,11 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, done fun
 			errs[i] = notSent(ctx, ev)
 			continue
 		}
+		if err := ferrysink.Fenced(ctx); err != nil {
+			<-s.slots
+			errs[i] = fmt.Errorf("ferrynats: event %s %w", ev.ID, err)
+			continue
+		}
 		paf, err := s.js.PublishMsgAsync(msg)
 		if err != nil {
 			<-s.slots

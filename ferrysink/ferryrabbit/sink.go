@@ -310,6 +310,11 @@ func (s *Sink) send(ctx context.Context, events []*ferryevent.Event, results cha
 			fail(fmt.Errorf("ferryrabbit: event %s not published: %w", ev.ID, ErrClosed))
 			continue
 		}
+		if err := ferrysink.Fenced(ctx); err != nil {
+			<-s.slots
+			fail(fmt.Errorf("ferryrabbit: event %s %w", ev.ID, err))
+			continue
+		}
 		s.hold()
 		sess, err := s.session(ctx)
 		if err != nil {

@@ -322,6 +322,44 @@ func Exercise(t *testing.T, h Harness) {
 		require.Len(t, byID, len(sent), "the destination must hold exactly the acknowledged events")
 	})
 
+	t.Run("FenceStopsHandOff", func(t *testing.T) {
+		t.Parallel()
+		ctx := testContext(t)
+		sink, read := newSink(t, h)
+		// The fence lets the first 5 hand-offs through, then refuses: as a
+		// relay that lost its lease in the middle of a call.
+		errFenced := errors.New("lease lost")
+		var mu sync.Mutex
+		passed := 0
+		fctx := ferrysink.WithFence(ctx, func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if passed >= 5 {
+				return errFenced
+			}
+			passed++
+			return nil
+		})
+		batch := make([]*ferryevent.Event, 20)
+		for i := range batch {
+			batch[i] = newEvent("orders", fmt.Sprintf("fence-%d", i), 1)
+		}
+		errs := publish(fctx, t, sink, batch)
+		stored := storedByID(t, readAll(ctx, t, read))
+		refused := 0
+		for i, err := range errs {
+			if err == nil {
+				require.Contains(t, stored, batch[i].ID, "event %d was acknowledged", i)
+				continue
+			}
+			refused++
+			require.ErrorIs(t, err, errFenced, "event %d: a fenced event reports the fence's error", i)
+			require.False(t, ferrysink.IsPermanent(err), "event %d: a fenced event is retried by the next leader, not dead-lettered", i)
+			require.NotContains(t, stored, batch[i].ID, "event %d was handed over after the fence refused", i)
+		}
+		require.GreaterOrEqual(t, refused, len(batch)-5, "the sink must check the fence before each hand-off")
+	})
+
 	t.Run("PayloadTooLarge", func(t *testing.T) {
 		if h.Features.MaxPayloadBytes <= 0 {
 			t.Log("the harness does not declare Features.MaxPayloadBytes: the destination has no size limit to check")

@@ -41,6 +41,8 @@ func (s *memSink) Publish(ctx context.Context, events []*ferryevent.Event) []err
 			errs[i] = errors.New("memsink: closed")
 		case ctx.Err() != nil:
 			errs[i] = fmt.Errorf("memsink: %w", ctx.Err())
+		case ferrysink.Fenced(ctx) != nil:
+			errs[i] = fmt.Errorf("memsink: event %s %w", ev.ID, ferrysink.Fenced(ctx))
 		case s.outage > 0:
 			s.outage--
 			errs[i] = errors.New("memsink: connection lost")

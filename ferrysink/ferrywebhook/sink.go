@@ -361,6 +361,9 @@ func (s *Sink) deliver(ctx context.Context, ev *ferryevent.Event) error {
 			// transport.
 			header = header.Clone()
 		}
+		if err := ferrysink.Fenced(ctx); err != nil {
+			return fmt.Errorf("ferrywebhook: event %s %w", ev.ID, err)
+		}
 		o := s.attempt(ctx, ev, target, header)
 		if o.err == nil || o.final {
 			return o.err

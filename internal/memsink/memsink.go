@@ -79,6 +79,8 @@ func (s *Sink) one(ctx context.Context, e *ferryevent.Event) error {
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
+	case ferrysink.Fenced(ctx) != nil:
+		return ferrysink.Fenced(ctx)
 	case s.Permanent != nil && s.Permanent(e):
 		return ferrysink.Permanent("rejected by memsink", nil)
 	case s.Fail != nil && s.Fail(e):
