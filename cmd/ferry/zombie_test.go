@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // TestZombieLeaderPausedPastTheDuplicateWindow pauses the leading relay
