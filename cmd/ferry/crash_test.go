@@ -86,10 +86,19 @@ type fixture struct {
 	terminateFeed func(ctx context.Context)
 
 	// The destination: JetStream unless a test swaps it (useKafka).
-	sinkArgs []string                                // `ferry relay` flags naming it
-	env      []string                                // extra variables of the relay child
-	read     func(ctx context.Context) []ferry.Event // everything stored, in order per key
-	dedup    bool                                    // the destination drops republished event IDs
+	sinkArgs  []string // `ferry relay` flags naming it
+	env       []string // extra variables of the relay child
+	relayArgs []string // extra flags of every relay child
+
+	// A crash test with stuck keys: stuck emits events that the
+	// destination refuses while the relay is killed (stuckKeys keys of
+	// them), unstick lets them through once the kills are over.
+	stuck     func(ctx context.Context) []*ferry.Event
+	unstick   func()
+	stuckKeys int
+	filler    uint64 // messages in the stream that are not events
+	read      func(ctx context.Context) []ferry.Event // everything stored, in order per key
+	dedup     bool                                    // the destination drops republished event IDs
 }
 
 func newFixture(t *testing.T) *fixture { return newFixtureWith(t, 1) }
@@ -168,7 +177,7 @@ func (f *fixture) start(command, holder string, extra ...string) *child {
 	args := append([]string{command}, f.dbArgs...)
 	args = append(append(append(args, f.sinkArgs...),
 		"--holder", holder, "--lease-ttl", "2s", "--poll-interval", "50ms", "--batch", strconv.Itoa(crashBatch),
-		"--metrics-addr", "", "--log-level", "debug"), extra...)
+		"--metrics-addr", "", "--log-level", "debug"), append(f.relayArgs, extra...)...)
 	cmd := exec.Command(ferryBin, args...)
 	cmd.Env = append(os.Environ(), f.env...)
 	stderr, err := cmd.StderrPipe()
@@ -310,10 +319,14 @@ func (f *fixture) readStream(ctx context.Context) []ferry.Event {
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	require.NoError(f.t, err)
 	var out []ferry.Event
-	for uint64(len(out)) < info.State.Msgs {
+	for read := uint64(0); read < info.State.Msgs; {
 		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
 		require.NoError(f.t, err)
 		for msg := range batch.Messages() {
+			read++
+			if msg.Headers().Get("Prefill") != "" {
+				continue // a test's filler, not an event
+			}
 			ev, err := ferrynats.DecodeJetStream(msg)
 			require.NoError(f.t, err)
 			out = append(out, ev)
@@ -331,7 +344,7 @@ func (f *fixture) waitStored(ctx context.Context, n int, within time.Duration) {
 			s, err := f.js.Stream(ctx, f.stream)
 			if err == nil {
 				info, err := s.Info(ctx)
-				if err == nil && info.State.Msgs >= uint64(n) {
+				if err == nil && info.State.Msgs >= uint64(n)+f.filler {
 					return
 				}
 			}
@@ -404,7 +417,8 @@ func TestRelayCrashMongo(t *testing.T) {
 	relayCrash(t, newMongoFixture(t))
 }
 
-func relayCrash(t *testing.T, f *fixture) {
+// relayCrash runs the crash test on f and returns the relays it ran.
+func relayCrash(t *testing.T, f *fixture) []*child {
 	events, keys, kills := 20000, 500, 20
 	if os.Getenv("FERRY_CRASH_LONG") != "" {
 		events, kills = 100000, 100
@@ -413,9 +427,15 @@ func relayCrash(t *testing.T, f *fixture) {
 	defer cancel()
 
 	rate := events / 10 // spread the production over ~10 s of kills
-	var emitted []*ferry.Event
-	produced := make(chan struct{})
+	var emitted, stuck []*ferry.Event
+	produced, stuckDone := make(chan struct{}), make(chan struct{})
 	go func() { emitted = f.produce(ctx, events, keys, 8, rate); close(produced) }()
+	go func() {
+		defer close(stuckDone)
+		if f.stuck != nil {
+			stuck = f.stuck(ctx)
+		}
+	}()
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	var lifetimes []*child
@@ -434,7 +454,12 @@ func relayCrash(t *testing.T, f *fixture) {
 		relay = f.startRelay("crash")
 	}
 	<-produced
+	<-stuckDone
 	require.False(t, t.Failed())
+	emitted = append(emitted, stuck...)
+	if f.unstick != nil {
+		f.unstick()
+	}
 	f.waitStored(ctx, len(emitted), 2*time.Minute)
 	// The last relay may find everything published by the one killed
 	// before it; it must still take over before it is stopped.
@@ -453,7 +478,9 @@ func relayCrash(t *testing.T, f *fixture) {
 	// unsaved events can fall past the next saved checkpoint and be redelivered
 	// by the leader after. The allowance for that is a tenth of a batch; the
 	// events a relay re-sent itself after a failed publish are added on top.
-	window := 2*crashBatch + crashBatch/10
+	// A parked key's head may have reached the destination before a kill
+	// and is published again from the store: one more per stuck key.
+	window := 2*crashBatch + crashBatch/10 + f.stuckKeys
 	maxDup, total, epochs, resent := 0, 0, 0, 0
 	for i, c := range lifetimes {
 		dups, retried := c.epochs()
@@ -477,6 +504,7 @@ func relayCrash(t *testing.T, f *fixture) {
 	for i, c := range lifetimes {
 		require.True(t, c.led(), "relay %d was killed without having led: the kill tested nothing", i)
 	}
+	return lifetimes
 }
 
 // TestZombieLeader pauses the leading relay past its lease TTL, lets a
@@ -554,4 +582,65 @@ func zombieLeader(t *testing.T, f *fixture) {
 // (each run holds the lease as "<name>#<random>").
 func heldBy(l *ferrydriver.Lease, name string) bool {
 	return l != nil && strings.HasPrefix(l.Holder, name+"#") && l.Held(l.Holder)
+}
+
+// TestRelayCrashWhileKeysAreStuck is TestRelayCrash while five keys' subject
+// is at its limit in JetStream: the relay parks them, is killed 20 times
+// meanwhile, and the bound on redeliveries still holds (plus one head per
+// parked key); once the limit is raised they are stored, in order.
+func TestRelayCrashWhileKeysAreStuck(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	const limit = 25000
+	_, err := f.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: f.stream, Subjects: []string{f.prefix + ".>"}, Duplicates: 2 * time.Minute,
+		MaxMsgsPerSubject: limit, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
+	})
+	require.NoError(t, err)
+	for i := range limit {
+		_, err := f.js.PublishMsgAsync(&nats.Msg{Subject: f.prefix + ".full", Header: nats.Header{"Prefill": []string{strconv.Itoa(i)}}})
+		require.NoError(t, err)
+	}
+	select {
+	case <-f.js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		t.Fatal("prefilling the stream took over a minute")
+	}
+	f.filler = limit
+	f.relayArgs = []string{"--stall-timeout", "300ms"}
+	f.stuckKeys = 5
+	f.stuck = func(ctx context.Context) []*ferry.Event {
+		var out []*ferry.Event
+		for i := range 250 {
+			ev := &ferry.Event{Topic: "full", Key: "stuck-" + strconv.Itoa(i%f.stuckKeys), Type: "T", Payload: []byte(strconv.Itoa(i))}
+			if err := f.emit(ctx, []*ferry.Event{ev}, 0); err != nil {
+				t.Error(err)
+				return out
+			}
+			out = append(out, ev)
+			time.Sleep(40 * time.Millisecond)
+		}
+		return out
+	}
+	f.unstick = func() {
+		s, err := f.js.Stream(ctx, f.stream)
+		require.NoError(t, err)
+		info, err := s.Info(ctx)
+		require.NoError(t, err)
+		cfg := info.Config
+		cfg.MaxMsgsPerSubject = 2 * limit
+		_, err = f.js.UpdateStream(ctx, cfg)
+		require.NoError(t, err)
+	}
+	parked := 0
+	for _, c := range relayCrash(t, f) {
+		for _, l := range c.logs.all() {
+			if strings.Contains(l, "key parked") || strings.Contains(l, "resuming parked keys") {
+				parked++
+			}
+		}
+	}
+	t.Logf("%d parkings and resumptions of parked keys across the relays", parked)
+	require.NotZero(t, parked, "the stuck keys were parked")
 }
