@@ -96,7 +96,7 @@ type fixture struct {
 	stuck     func(ctx context.Context) []*ferry.Event
 	unstick   func()
 	stuckKeys int
-	filler    uint64 // messages in the stream that are not events
+	filler    uint64                                  // messages in the stream that are not events
 	read      func(ctx context.Context) []ferry.Event // everything stored, in order per key
 	dedup     bool                                    // the destination drops republished event IDs
 }
