@@ -57,7 +57,7 @@ type pipeline struct {
 	// needHeads are parked keys whose next event must be read from the store.
 	needHeads map[*keyState]bool
 	lastAck   time.Time
-	lastHeld  time.Time
+	lastScan  time.Time
 	outcomes  outcomeQueue
 	wg        sync.WaitGroup
 }
@@ -469,8 +469,11 @@ func (p *pipeline) settle(outs []callOutcome) error {
 		p.inFlight--
 		touched[k] = true
 	}
+	// Refused events' batches count them as done only once their dead
+	// letters are stored: a checkpoint must not pass an event that is
+	// neither published nor dead-lettered.
 	var dead []*ferrydriver.DeadLetter
-	var deadFrom []*keyState
+	var deadIn []*batchState
 	acked := 0
 	now := time.Now()
 	for k := range touched {
@@ -509,12 +512,9 @@ func (p *pipeline) settle(outs []callOutcome) error {
 					}
 				} else {
 					dead = append(dead, dl)
-					deadFrom = append(deadFrom, k)
+					deadIn = append(deadIn, e.b)
 					k.q = k.q[1:]
 					k.attempts, k.since, k.lastErr = 0, time.Time{}, nil
-					if e.b != nil {
-						e.b.left--
-					}
 				}
 			default:
 				failed = e.err
@@ -532,6 +532,11 @@ func (p *pipeline) settle(outs []callOutcome) error {
 	if len(dead) > 0 {
 		if err := p.deadLetter(dead); err != nil {
 			return err
+		}
+		for _, b := range deadIn {
+			if b != nil {
+				b.left--
+			}
 		}
 	}
 	if acked > 0 {
@@ -689,6 +694,11 @@ func (p *pipeline) park() error {
 		stall /= 10
 	}
 	now := time.Now()
+	// The scan visits every key with work: at most a few times per stall.
+	if now.Sub(p.lastScan) < stall/4 {
+		return nil
+	}
+	p.lastScan = now
 	var stuck []*keyState
 	for _, k := range p.keys {
 		if k.parked || len(k.q) == 0 || k.since.IsZero() {
