@@ -1,0 +1,129 @@
+package ferrypg_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPartitionsMigrationKeepsAnOutboxsCount: migration 004 on a schema
+// that predates it stores the migrating driver's count, or, with none, the
+// count the outbox already uses; it reverts and applies again.
+func TestPartitionsMigrationKeepsAnOutboxsCount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	for _, tc := range []struct {
+		configured, want int
+	}{{0, 4}, {6, 6}} {
+		schema := pgtest.Schema(t)
+		drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema, Partitions: tc.configured})
+		require.NoError(t, err)
+		_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Steps: 3})
+		require.NoError(t, err)
+		// Four relays ran; partition 2 has an event.
+		_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.checkpoints (feed, partition, cursor) VALUES ('default/0', 0, NULL), ('default/3', 3, NULL)`)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.outbox (partition, event_id, topic, key, seq, type, payload, created_at)
+			VALUES (2, gen_random_uuid(), 't', 'k', 1, 'T', '', now())`)
+		require.NoError(t, err)
+		res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+		require.NoError(t, err)
+		require.Equal(t, len(drv.Migrations()), res.Current)
+		n, err := drv.StoredPartitions(ctx)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, n, "configured %d", tc.configured)
+
+		// Revert down to before 004, whatever comes after it.
+		for {
+			res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
+			require.NoError(t, err)
+			require.NotEmpty(t, res.Applied)
+			if res.Applied[0].Version <= 4 {
+				require.Equal(t, 4, res.Applied[0].Version)
+				break
+			}
+		}
+		_, err = drv.StoredPartitions(ctx)
+		require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
+		require.ErrorContains(t, err, "ferry migrate up")
+		_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+		require.NoError(t, err)
+		n, err = drv.StoredPartitions(ctx)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, n)
+	}
+
+	ms, err := ferrypg.MigrationsFor(&ferrypg.Config{Schema: "app", Partitions: 8})
+	require.NoError(t, err)
+	require.Contains(t, ms[3].Up, "NULLIF(8, 0)")
+	ms, err = ferrypg.Migrations("app")
+	require.NoError(t, err)
+	require.Contains(t, ms[3].Up, "NULLIF(0, 0)", "printed without a count, the migration keeps the outbox's")
+	require.NotContains(t, ms[3].Up, "{")
+}
+
+// TestPartitionsChangeUnderARepeatableReadProducer: a producer whose
+// snapshot was taken before the count changed sees no stored count at all
+// (not the old one): it writes nothing and is told to run again.
+func TestPartitionsChangeUnderARepeatableReadProducer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newDriver(t, nil)
+	tx, err := pgtest.Pool(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT count(*) FROM `+drv.Schema()+`.keys`) // the snapshot
+	require.NoError(t, err)
+
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 3})
+	require.NoError(t, err)
+
+	err = drv.AppendTx(ctx, tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "run the transaction again")
+	require.Equal(t, ferrydriver.TxRetry, drv.ClassifyTxError(err).Class, "ferry.RunTx runs it again")
+	require.NoError(t, tx.Commit(ctx))
+	var n int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+drv.Schema()+`.outbox`).Scan(&n))
+	require.Zero(t, n)
+}
+
+// TestPartitionsChangeWaitsForProducers: a producer transaction that has
+// appended and not ended holds the change back; the change gives up after
+// its lock timeout, saying to stop the producers. Force skips the checks,
+// not the lock.
+func TestPartitionsChangeWaitsForProducers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newDriver(t, nil)
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.NoError(t, drv.AppendTx(ctx, tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}}))
+
+	start := time.Now()
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2, Force: true})
+	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe)
+	require.ErrorContains(t, err, "stop the producers")
+	t.Logf("gave up after %v", time.Since(start))
+	require.NoError(t, tx.Commit(ctx))
+
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
+	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe)
+	require.ErrorContains(t, err, "partition 0 has events and no feed has read it")
+	res, err := drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2, Force: true})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Previous)
+	n, err := drv.StoredPartitions(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+}
