@@ -203,12 +203,13 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	_, err = old.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "test/0", Cursor: cursors[0]})
 	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
 
-	// The follower, which last wrote with 4, writes with 8 now.
+	// The follower, which last wrote with 4, writes with 8 now (where a
+	// refused write aborts the transaction, after running it again).
 	var after []*ferryevent.Event
 	for _, k := range keys {
 		ev := Event("t", k, "after")
 		after = append(after, ev)
-		emit(ctx, t, h, follower, ev)
+		emitRetrying(ctx, t, h, follower, ev)
 	}
 	relay := open(8)
 	got := map[string]int{}
@@ -223,6 +224,25 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Len(t, got, len(after))
 	_, err = ps.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 0})
 	require.Error(t, err, "0 partitions")
+}
+
+// emitRetrying is emit, running the transaction again (at most twice) after
+// an error Harness.Retryable accepts.
+func emitRetrying[TTx any](ctx context.Context, t *testing.T, h Harness[TTx], drv ferrydriver.Driver[TTx], evs ...*ferryevent.Event) {
+	t.Helper()
+	for attempt := 0; ; attempt++ {
+		tx := h.Begin(ctx, t, drv)
+		err := drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: evs})
+		if err == nil {
+			err = tx.Commit()
+		}
+		if err != nil && attempt < 2 && h.Retryable != nil && h.Retryable(err) {
+			_ = tx.Rollback()
+			continue
+		}
+		require.NoError(t, err)
+		return
+	}
 }
 
 // openPartition opens feed "test/<p>" of partition p from cursor.
