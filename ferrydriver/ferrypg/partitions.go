@@ -58,9 +58,10 @@ const undeliveredLimit = 10000
 
 // SetPartitions implements ferrydriver.PartitionStore.
 //
-// It runs in one transaction that first locks the settings table: that
-// waits (up to 5 s) for every producer transaction that has appended, and
-// holds new appends back until it ends. Then, unless p.Force, it refuses
+// It runs in one READ COMMITTED transaction that first locks the settings
+// table: that waits (up to 5 s) for every producer transaction that has
+// appended, and holds new appends back until it ends; the checks that
+// follow see what those transactions wrote. Then, unless p.Force, it refuses
 // with ferrydriver.ErrPartitionChangeUnsafe while a relay holds a lease on
 // a feed ("<feed>/<partition>"), while a feed's checkpoint has not passed
 // every event of its partition, or while a partition has events and no
@@ -81,10 +82,7 @@ func (d *Driver[TTx]) SetPartitions(ctx context.Context, p *ferrydriver.SetParti
 		return nil, d.wrapErr(op, err)
 	}
 	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
-	if _, err := e.exec(ctx, sqlIndexPlans); err != nil {
-		return nil, d.wrapErr(op, err)
-	}
-	if _, err := e.exec(ctx, sqlLockTimeout, lockTimeout); err != nil {
+	if _, err := e.exec(ctx, sqlChangeSettingsTx); err != nil {
 		return nil, d.wrapErr(op, err)
 	}
 	if _, err := e.exec(ctx, d.queries.lockSettings); err != nil {
@@ -92,6 +90,9 @@ func (d *Driver[TTx]) SetPartitions(ctx context.Context, p *ferrydriver.SetParti
 			return nil, fmt.Errorf("ferrypg: %s: %w: a producer transaction that appended events did not end within %s; stop the producers and run this again",
 				op, ferrydriver.ErrPartitionChangeUnsafe, lockTimeout)
 		}
+		return nil, d.wrapErr(op, err)
+	}
+	if _, err := e.exec(ctx, sqlIndexPlans); err != nil {
 		return nil, d.wrapErr(op, err)
 	}
 	prev, err := d.storedPartitions(ctx, e)

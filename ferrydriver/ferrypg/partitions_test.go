@@ -2,6 +2,8 @@ package ferrypg_test
 
 import (
 	"context"
+	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,4 +128,47 @@ func TestPartitionsChangeWaitsForProducers(t *testing.T) {
 	n, err := drv.StoredPartitions(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
+}
+
+// TestPartitionsChangeSeesTheProducersItWaitedFor: the change waits for a
+// producer transaction that appended, and then sees its event, even on a
+// database whose default isolation is REPEATABLE READ (whose snapshot,
+// taken before the wait, would not).
+func TestPartitionsChangeSeesTheProducersItWaitedFor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	sep := "?"
+	if strings.Contains(pgtest.URL(), "?") {
+		sep = "&"
+	}
+	db, err := sql.Open("pgx", pgtest.URL()+sep+"default_transaction_isolation=repeatable%20read")
+	require.NoError(t, err)
+	defer db.Close()
+	drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+
+	producer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = producer.Rollback(ctx) }()
+	other, err := ferrypg.New(pool, &ferrypg.Config{Schema: drv.Schema()})
+	require.NoError(t, err)
+	require.NoError(t, other.AppendTx(ctx, producer, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}}))
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE relation = $1::regclass AND NOT granted)`, drv.Schema()+".settings").Scan(&waiting)
+		return err == nil && waiting
+	}, 4*time.Second, 10*time.Millisecond, "the change waits for the producer")
+	require.NoError(t, producer.Commit(ctx))
+	err = <-done
+	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe)
+	require.ErrorContains(t, err, "partition 0 has events and no feed has read it")
 }

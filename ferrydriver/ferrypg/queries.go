@@ -547,7 +547,11 @@ const sqlStoredPartitions = `SELECT partitions FROM {schema}.settings`
 // bounds the wait, which new producers would spend queued behind it.
 const sqlLockSettings = `LOCK TABLE {schema}.settings IN ACCESS EXCLUSIVE MODE`
 
-const sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+// sqlChangeSettingsTx starts SetPartitions' transaction: READ COMMITTED
+// whatever default_transaction_isolation says, so that the checks after
+// the lock see every producer transaction it waited for (a REPEATABLE READ
+// snapshot could predate them), and a bounded wait for the lock.
+const sqlChangeSettingsTx = `SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '` + lockTimeout + `'`
 
 // sqlTruncateSettings empties settings for the new row. TRUNCATE is not
 // MVCC-safe, and that is why it is used: a REPEATABLE READ producer whose
