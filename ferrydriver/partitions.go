@@ -40,7 +40,9 @@ type PartitionStore interface {
 	StoredPartitions(ctx context.Context) (int, error)
 	// SetPartitions changes the stored count. It refuses with
 	// ErrPartitionChangeUnsafe unless no relay holds a feed of the outbox
-	// and every feed has delivered every event of its partition: then no
+	// and every feed has delivered every event of its partition (a Parker's
+	// parked events are not delivered, though the checkpoint passed them):
+	// then no
 	// event written under the old count can be delivered after one written
 	// under the new count, whose key may map to another partition.
 	// Producers are held back while the change is checked and made.

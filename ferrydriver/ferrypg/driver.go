@@ -413,7 +413,7 @@ type queries struct {
 	requestClaim, requestFinish, requestGet, requestDelete              string
 	storedPartitions, lockSettings, truncateSettings, insertSettings    string
 	liveLeases, allCheckpoints, highestPartition, partitionHasEvents    string
-	undelivered                                                         string
+	undelivered, parkedByFeed                                           string
 }
 
 func newQueries(schema string) queries {
@@ -444,7 +444,7 @@ func newQueries(schema string) queries {
 		truncateSettings: r(sqlTruncateSettings), insertSettings: r(sqlInsertSettings),
 		liveLeases: r(sqlLiveLeases), allCheckpoints: r(sqlAllCheckpoints),
 		highestPartition: r(sqlHighestPartition), partitionHasEvents: r(sqlPartitionHasEvents),
-		undelivered: r(sqlUndelivered),
+		undelivered: r(sqlUndelivered), parkedByFeed: r(sqlParkedByFeed),
 	}
 }
 

@@ -64,8 +64,9 @@ const undeliveredLimit = 10000
 // follow see what those transactions wrote. Then, unless p.Force, it refuses
 // with ferrydriver.ErrPartitionChangeUnsafe while a relay holds a lease on
 // a feed ("<feed>/<partition>"), while a feed's checkpoint has not passed
-// every event of its partition, or while a partition has events and no
-// feed has a checkpoint for it. Otherwise it replaces the stored count.
+// every event of its partition or the feed has parked events (a stuck key's,
+// which its checkpoint passed undelivered), or while a partition has events
+// and no feed has a checkpoint for it. Otherwise it replaces the stored count.
 //
 // Why this keeps each key's order: every event written under the old count
 // has been delivered, none can be written under it any more (see
@@ -201,6 +202,23 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 		if n > 0 {
 			problems = append(problems, fmt.Sprintf("feed %s has not delivered %s event(s) of partition %d", c.feed, countString(n), c.partition))
 		}
+	}
+	r, err = e.query(ctx, d.queries.parkedByFeed)
+	if err != nil {
+		return nil, err
+	}
+	for r.Next() {
+		var feed string
+		var n int64
+		if err := r.Scan(&feed, &n); err != nil {
+			r.Close()
+			return nil, err
+		}
+		problems = append(problems, fmt.Sprintf("feed %s has %d parked event(s) of stuck keys, not delivered yet", feed, n))
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return nil, err
 	}
 	for part := range max(stored, highest+1) {
 		if read[part] {

@@ -576,6 +576,11 @@ SELECT COALESCE((SELECT partition FROM {schema}.outbox ORDER BY partition DESC L
 
 const sqlPartitionHasEvents = `SELECT EXISTS (SELECT FROM {schema}.outbox WHERE partition = $1)`
 
+// sqlParkedByFeed counts the events relays have parked (migration 006),
+// per feed: a feed's checkpoint passes them, but they are not delivered.
+// O(parked events), which are a stuck key's few.
+const sqlParkedByFeed = `SELECT feed, count(*) FROM {schema}.parked GROUP BY feed ORDER BY feed`
+
 // sqlUndelivered counts, up to $8, the events of partition $1 that a feed
 // at a given cursor has not delivered (see feedState): every event visible
 // to the cursor's base snapshot was delivered ($2 xmax, $3 running xids:

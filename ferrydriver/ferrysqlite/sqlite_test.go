@@ -190,3 +190,25 @@ func TestPartitionsMigrationKeepsAnOutboxsCount(t *testing.T) {
 	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
 	require.ErrorContains(t, err, "migration 004")
 }
+
+// A stuck key's parked events are not delivered, though the feed's
+// checkpoint has passed them: the partition count cannot change.
+func TestPartitionsChangeWaitsForParkedEvents(t *testing.T) {
+	ctx := context.Background()
+	drv := newDriver(t)
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "relay", TTL: time.Minute})
+	require.NoError(t, err)
+	ev := ferrydrivertest.Event("t", "stuck", "")
+	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "relay", Term: l.Term, Events: []*ferryevent.Event{ev}, Reason: "503"}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "relay", Term: l.Term}))
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
+	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe)
+	require.ErrorContains(t, err, "feed default/0 has 1 parked event(s)")
+
+	l, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "relay", TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, drv.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: "default/0", Holder: "relay", Term: l.Term, Key: "stuck", EventID: ev.ID}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "relay", Term: l.Term}))
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
+	require.NoError(t, err)
+}
