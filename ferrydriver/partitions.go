@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"strings"
 )
 
 // MaxPartitions is the largest partition count a backend accepts.
@@ -87,4 +88,15 @@ func FeedPartition(name string) (int, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// IsRelayLease reports whether a lease is held by a relay process: a
+// feed's ("<feed>/<partition>", see FeedPartition) or a ferry.Balancer
+// membership ("members/<feed>/<holder>"). SetPartitions refuses while one
+// is live.
+func IsRelayLease(name string) bool {
+	if _, ok := FeedPartition(name); ok {
+		return true
+	}
+	return strings.HasPrefix(name, "members/")
 }

@@ -302,8 +302,8 @@ func (d *Driver) changeProblems(ctx context.Context, stored int) ([]string, erro
 		return nil, fmt.Errorf("read the leases: %w", err)
 	}
 	for _, l := range leases {
-		if _, ok := ferrydriver.FeedPartition(l.Name); ok {
-			problems = append(problems, fmt.Sprintf("relay %s holds feed %s (until %s)", l.Holder, l.Name, l.Until.UTC().Format(time.RFC3339)))
+		if ferrydriver.IsRelayLease(l.Name) {
+			problems = append(problems, fmt.Sprintf("relay %s holds lease %s (until %s)", l.Holder, l.Name, l.Until.UTC().Format(time.RFC3339)))
 		}
 	}
 

@@ -143,8 +143,8 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 			r.Close()
 			return nil, err
 		}
-		if _, ok := ferrydriver.FeedPartition(name); ok {
-			problems = append(problems, fmt.Sprintf("relay %s holds feed %s (its lease expires in %.0fs)", holder, name, secs))
+		if ferrydriver.IsRelayLease(name) {
+			problems = append(problems, fmt.Sprintf("relay %s holds lease %s (its lease expires in %.0fs)", holder, name, secs))
 		}
 	}
 	r.Close()

@@ -195,3 +195,23 @@ func TestPartitionsChangeWaitsForParkedEvents(t *testing.T) {
 	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
 	require.NoError(t, err)
 }
+
+// TestPartitionsChangeWaitsForRelayProcesses: a live ferry.Balancer
+// membership is a running relay process, like a feed's lease; a chain
+// source's lease is not.
+func TestPartitionsChangeWaitsForRelayProcesses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newDriver(t, nil)
+	_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "chain/orders", Holder: "chain", TTL: time.Minute})
+	require.NoError(t, err)
+	m, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "members/default/host-1", Holder: "host-1", TTL: time.Minute})
+	require.NoError(t, err)
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
+	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe)
+	require.ErrorContains(t, err, "relay host-1 holds lease members/default/host-1")
+	require.NotContains(t, err.Error(), "chain/orders")
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: m.Name, Holder: "host-1", Term: m.Term}))
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
+	require.NoError(t, err)
+}

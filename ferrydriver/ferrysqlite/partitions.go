@@ -142,8 +142,8 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 			rows.Close()
 			return nil, err
 		}
-		if _, ok := ferrydriver.FeedPartition(name); ok {
-			problems = append(problems, fmt.Sprintf("relay %s holds feed %s (its lease expires in %s)", holder, name,
+		if ferrydriver.IsRelayLease(name) {
+			problems = append(problems, fmt.Sprintf("relay %s holds lease %s (its lease expires in %s)", holder, name,
 				fromMicros(expires).Sub(t).Round(time.Second)))
 		}
 	}

@@ -352,7 +352,8 @@ if scenario == "setpartitions":
     server.autoresponds(lambda r: r.command_name == "aggregate" and r.doc.get("aggregate") == "ferry_outbox" and r.ok(
         cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": []}))
     leases = [[{"_id": "default/0", "holder": "relay-1", "term": Int64(3), "expires_at": datetime.datetime(2030, 1, 1)},
-               {"_id": "chain/orders", "holder": "chain-1", "term": Int64(1), "expires_at": datetime.datetime(2030, 1, 1)}]]
+               {"_id": "chain/orders", "holder": "chain-1", "term": Int64(1), "expires_at": datetime.datetime(2030, 1, 1)},
+               {"_id": "members/default/host-1", "holder": "host-1", "term": Int64(1), "expires_at": datetime.datetime(2030, 1, 1)}]]
 
     def lease_find(r):
         if r.command_name != "find" or r.doc.get("find") != "ferry_leases":
