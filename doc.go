@@ -66,6 +66,14 @@ others take over within RelayConfig.LeaseTTL if it dies. A relay that was
 paused past its lease (a GC pause, SIGSTOP, a VM migration) cannot write a
 checkpoint when it wakes up.
 
+The outbox can be split by key hash into partitions, one relay each
+(RelayConfig.Partition). The count is stored with the schema when it is
+migrated and changed with `ferry partitions set N` once the relays have
+delivered everything and stopped; a driver configured with Partitions 0
+(the default) follows it, and a producer or relay configured with another
+count is refused with an error wrapping ErrMisconfigured instead of
+splitting a key's events across partitions.
+
 # Consuming
 
 A Consumer applies its group's events with exactly-once effect: each
@@ -119,7 +127,8 @@ cannot hide the consumer's commit. Failed is the cheap gate predicate.
 The ferry command runs the relay (`ferry relay`), creates the schema
 (`ferry migrate up`, or `ferry migrate sql` for your own migration tool) and
 reports checkpoint, lag, lease and dead letters (`ferry status`; the lag
-beyond 1,000 events is an estimate, `--exact` counts). The relay exports
+beyond 1,000 events is an estimate, `--exact` counts), and shows or changes
+the partition count (`ferry partitions show|set`). The relay exports
 Prometheus metrics (RelayConfig.Registerer) and logs with log/slog. Its
 periodic work costs the same however long the backlog and the history: the
 heartbeat estimates the lag (Store.FeedLag), and the retention pass removes

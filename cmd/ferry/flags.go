@@ -132,7 +132,7 @@ func (d *dbFlags) register(f *envFlags) {
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", "",
 		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, or sqlite:path/to/file.db (default: the embedded database, <data-dir>/ferry.db, when it exists)")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", ferrypg.DefaultSchema, "PostgreSQL schema holding Ferry's tables")
-	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", 1, "number of outbox partitions (same for every producer and relay)")
+	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", 0, "number of outbox partitions; 0: the count stored with the schema (`ferry partitions show`), another value must match it")
 	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", false, "PostgreSQL: do not use LISTEN/NOTIFY: producers send no wake-ups, relays only poll")
 	f.String(&d.dataDir, "data-dir", "FERRY_DATA_DIR", "ferry-data", "directory of the embedded defaults: SQLite database ferry.db and the NATS store")
 }

@@ -5,6 +5,7 @@
 //	ferry run      the daemon: relays for every partition, embedded defaults
 //	ferry relay    tail the outbox and publish to NATS JetStream
 //	ferry migrate  up | down | sql: create, revert or print the schema
+//	ferry partitions  show | set N: the outbox's partition count
 //	ferry status   checkpoint, lag, lease holder and dead letters
 //	ferry dlq      list | show | redrive | discard: relay dead letters (--group: a consumer group's)
 //	ferry emit     write events to the outbox from the command line
@@ -37,6 +38,9 @@ Usage:
   ferry chain run|status [flags]     ingest EVM contract logs into a consumer group's inbox, with reorgs
                                      retracted and confirmation tiers; where a group's cursor is
   ferry migrate up|down|sql [flags]  apply, revert or print the schema migrations
+  ferry partitions show|set N [flags]
+                                     the outbox's partition count, stored with the schema; set refuses
+                                     until every relay has delivered everything and stopped
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json; --exact counts)
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group;
@@ -76,6 +80,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdRelay(ctx, args[1:], stdout, stderr)
 	case "migrate":
 		err = cmdMigrate(ctx, args[1:], stdout, stderr)
+	case "partitions":
+		err = cmdPartitions(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = cmdStatus(ctx, args[1:], stdout, stderr)
 	case "dlq":

@@ -34,11 +34,11 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		// No database needed: print the schema for the given name.
 		var ms []ferrydriver.Migration
 		if _, ok := sqlitePath(db.url); ok {
-			ms = ferrysqlite.Migrations()
+			ms = ferrysqlite.MigrationsFor(&ferrysqlite.Config{Partitions: db.partitions})
 		} else {
 			var err error
-			if ms, err = ferrypg.Migrations(db.schema); err != nil {
-				return usagef("%v (set by --schema / FERRY_SCHEMA)", err)
+			if ms, err = ferrypg.MigrationsFor(&ferrypg.Config{Schema: db.schema, Partitions: db.partitions}); err != nil {
+				return usagef("%v (set by --schema / FERRY_SCHEMA or --partitions / FERRY_PARTITIONS)", err)
 			}
 		}
 		if down {

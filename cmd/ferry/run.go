@@ -187,7 +187,7 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", fc.Database.URL,
 		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, or sqlite:path/to/file.db (default: the embedded SQLite database <data-dir>/ferry.db)")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", or(fc.Database.Schema, "ferry"), "PostgreSQL schema holding Ferry's tables")
-	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", or(fc.Database.Partitions, 1), "number of outbox partitions; one relay runs per partition")
+	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", fc.Database.Partitions, "number of outbox partitions, one relay each; 0: the count stored with the schema (`ferry partitions show`), another value must match it")
 	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", fc.Database.NoNotify, "PostgreSQL: do not use LISTEN/NOTIFY; relays only poll")
 	f.String(&d.dataDir, "data-dir", "FERRY_DATA_DIR", or(fc.DataDir, "ferry-data"), "directory of the embedded defaults: SQLite database ferry.db and the NATS store")
 	f.Bool(&dc.migrate, "migrate", "FERRY_MIGRATE", orBool(fc.Database.Migrate, true), "apply pending schema migrations before starting")
@@ -295,10 +295,14 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	n, err := partitionCount(ctx, b, dc.db.partitions)
+	if err != nil {
+		return err
+	}
 	partitions := []int{dc.partition}
 	if dc.allPartitions {
 		partitions = partitions[:0]
-		for p := range max(dc.db.partitions, 1) {
+		for p := range n {
 			partitions = append(partitions, p)
 		}
 	}

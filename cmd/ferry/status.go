@@ -66,15 +66,19 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer b.close()
 	drv := b.store
+	n, err := partitionCount(ctx, b, db.partitions)
+	if err != nil {
+		return err
+	}
 	var out []statusJSON
-	for p := range db.partitions {
+	for p := range n {
 		name := feed + "/" + strconv.Itoa(p)
 		st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: name, Partition: p, Exact: exact})
 		if err != nil {
 			return err
 		}
 		s := statusJSON{Feed: name, LagEvents: st.LagEvents, LagEstimated: st.LagEstimated, DeadLetters: st.DeadLetters, DeadLettersMore: st.DeadLettersMore,
-			DatabaseNow: st.Now, PartitionsTotal: db.partitions, CheckpointTerm: st.Checkpoint.Term}
+			DatabaseNow: st.Now, PartitionsTotal: n, CheckpointTerm: st.Checkpoint.Term}
 		if !st.OldestPending.IsZero() {
 			s.OldestPending = &st.OldestPending
 			s.LagSeconds = st.Now.Sub(st.OldestPending).Seconds()

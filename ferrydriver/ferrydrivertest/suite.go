@@ -40,6 +40,13 @@ type Harness[TTx any] struct {
 	// it reports an error after which the transaction is run again. The
 	// ordering tests then check the abort-and-retry form.
 	Retryable func(error) bool
+	// NewPartitioned returns a driver over a fresh, isolated namespace
+	// that a driver configured with `partitions` outbox partitions
+	// migrated (0: the backend's default), and open, which returns another
+	// driver over the same namespace configured with n partitions (0:
+	// follow the count stored with the schema). Required when the store
+	// implements ferrydriver.PartitionStore.
+	NewPartitioned func(t *testing.T, partitions int) (drv ferrydriver.Driver[TTx], open func(n int) ferrydriver.Driver[TTx])
 }
 
 // Tx is a caller transaction under test.
@@ -78,6 +85,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("Parking", func(t *testing.T) { t.Parallel(); testParking(t, h) })
 	t.Run("ListLeases", func(t *testing.T) { t.Parallel(); testListLeases(t, h) })
 	t.Run("LagBeyondTheExactCount", func(t *testing.T) { t.Parallel(); testLagEstimate(t, h) })
+	exercisePartitions(t, h)
 }
 
 // Event builds a valid, prepared event.

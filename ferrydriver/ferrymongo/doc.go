@@ -83,6 +83,27 @@
 // oplog history cannot be recovered; the feed stops with an error saying
 // so unless CaptureConfig.ResumeFromNowOnHistoryLost accepts the gap.
 //
+// # Partitions
+//
+// The outbox can be split by key hash (ferrydriver.PartitionOf) into
+// partitions, one relay each. The count is stored in <Prefix>meta by
+// Migrate (Config.Partitions, or the count an existing outbox uses, or 1)
+// and enforced by the outbox collection's validator: every event carries
+// the count its partition was computed with, and an insert with another
+// one fails, aborting the producer's transaction before it commits. This
+// costs producers no round trip: a driver reads the count once. One with
+// Config.Partitions 0 follows it: when its insert is refused it reads the
+// count again and reports a TransientTransactionError, so that
+// WithTransaction and ferry.RunTx run the transaction again. One with
+// another value is refused (ferrydriver.ErrMisconfigured), as is a feed of
+// another count or of a partition out of range. Change the count with
+// Driver.SetPartitions (`ferry partitions set N`) once the relays have
+// delivered everything and stopped: it refuses otherwise, since a key whose
+// partition changes must have nothing left undelivered in the old one.
+// While it checks, the validator refuses every event; if it is
+// interrupted, Migrate sets the validator back to the stored count.
+// Migrate and SetPartitions need the collMod privilege.
+//
 // # Oplog sizing
 //
 // The oplog must cover the longest relay outage you want to survive
@@ -101,9 +122,15 @@
 // save; rerun, retry the commit or give up in a transaction) are functions
 // unit-tested against every rule of the driver specifications. Error paths
 // that involve the real driver run against scripted server replies
-// (Debian's python3-mockupdb). The behavioural suites (ferrydrivertest,
-// the inbox and transactor suites, capture on a server), the companies
-// matrix and the relay crash and zombie-leader tests in cmd/ferry run only
-// when FERRY_TEST_MONGODB_URL names a replica set; they have not been run
-// against a real server yet.
+// (Debian's python3-mockupdb), as does the partition guard: an insert
+// refused by the validator run again with the new count, a misconfigured
+// producer refused before it writes, Migrate storing the count an old
+// outbox uses, SetPartitions refusing while a relay holds a feed. The
+// behavioural suites (ferrydrivertest, with its partition tests, the inbox
+// and transactor suites, capture on a server), the companies matrix and the
+// relay crash and zombie-leader tests in cmd/ferry run only when
+// FERRY_TEST_MONGODB_URL names a replica set; they have not been run
+// against a real server yet. Nor has the validator's interplay with
+// transactions whose snapshot predates a collMod (expected: a transient
+// error, so the transaction runs again).
 package ferrymongo

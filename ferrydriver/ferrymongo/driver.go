@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -23,8 +23,16 @@ type Config struct {
 	// Prefix names Ferry's collections: <Prefix>outbox, <Prefix>keys, ...
 	// Default "ferry_".
 	Prefix string
-	// Partitions splits the outbox by key hash, one relay per partition.
-	// Default 1; the same for every producer and relay.
+	// Partitions is the number of outbox partitions: the outbox is split
+	// by key hash, one relay per partition. The count is stored in
+	// <Prefix>meta (Migrate stores this value, or 1) and changed only by
+	// SetPartitions; the outbox's validator refuses events computed with
+	// another.
+	//
+	// 0, the default, follows the stored count. Any other value is an
+	// assertion: a driver whose count differs from the stored one refuses
+	// to append and to open feeds, with an error wrapping
+	// ferrydriver.ErrMisconfigured.
 	Partitions int
 	// OutageAllowance is the longest relay outage the outbox retention
 	// must cover beyond the oplog window (checked at start-up). Default 24 h.
@@ -54,11 +62,8 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Prefix == "" {
 		out.Prefix = "ferry_"
 	}
-	if out.Partitions == 0 {
-		out.Partitions = 1
-	}
-	if out.Partitions < 0 || out.Partitions > 4096 {
-		return out, fmt.Errorf("ferrymongo: Config.Partitions %d is out of range: use 1 to 4096", out.Partitions)
+	if out.Partitions < 0 || out.Partitions > ferrydriver.MaxPartitions {
+		return out, fmt.Errorf("ferrymongo: Config.Partitions %d is out of range: use 1 to %d, or 0 to follow the count stored in the database", out.Partitions, ferrydriver.MaxPartitions)
 	}
 	if out.OutageAllowance == 0 {
 		out.OutageAllowance = 24 * time.Hour
@@ -84,6 +89,8 @@ type Driver struct {
 	db     *mongo.Database
 	// collections
 	outbox, keys, checkpoints, leases, deadLetters *mongo.Collection
+	// stored is the partition count the driver last read; 0 until then.
+	stored atomic.Int64
 }
 
 // New returns a driver over client's database dbName. It fails at once,
@@ -141,14 +148,15 @@ func (d *Driver) Capabilities() ferrydriver.Capabilities {
 	return ferrydriver.Capabilities{NotifyWakeups: true, MigrationSQL: false, ConcurrentWriters: true}
 }
 
-// PartitionOf returns the outbox partition of a key.
+// PartitionOf returns the outbox partition Append writes key to
+// (ferrydriver.PartitionOf): by Config.Partitions, or, when that is 0, by
+// the stored count as the driver last read it (1 before it read one).
 func (d *Driver) PartitionOf(key string) int {
-	if d.cfg.Partitions <= 1 {
-		return 0
+	n := d.cfg.Partitions
+	if n == 0 {
+		n = int(d.stored.Load())
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(d.cfg.Partitions))
+	return ferrydriver.PartitionOf(key, n)
 }
 
 // outboxDoc is an event as stored in the outbox collection.
@@ -174,6 +182,9 @@ type outboxDoc struct {
 	// time, whatever CreatedAt it was given): recovery scans and retention
 	// go by it.
 	AppendedAt time.Time `bson:"appended_at"`
+	// Partitions is the partition count Partition was computed with, which
+	// the outbox's validator checks (see partitions.go).
+	Partitions int `bson:"pc,omitempty"`
 }
 
 func (o *outboxDoc) event() (*ferryevent.Event, error) {
@@ -199,17 +210,17 @@ func (o *outboxDoc) event() (*ferryevent.Event, error) {
 // number from the keys collection in the same transaction: producers of one
 // key conflict (a TransientTransactionError, which WithTransaction and
 // ferry.RunTx run again), producers of different keys do not.
-func (d *Driver) AppendTx(_ context.Context, tx context.Context, p *ferrydriver.AppendParams) error {
+func (d *Driver) AppendTx(ctx context.Context, tx context.Context, p *ferrydriver.AppendParams) error {
 	if sess := mongo.SessionFromContext(tx); sess == nil || !sess.TransactionRunning() {
 		return errors.New("ferrymongo: AppendTx needs the context of a running session transaction (the argument of Session.WithTransaction's callback)")
 	}
-	return d.append(tx, p)
+	return d.append(ctx, tx, p)
 }
 
 // Append implements ferrydriver.Store: the events are written in a
 // transaction of their own.
 func (d *Driver) Append(ctx context.Context, p *ferrydriver.AppendParams) error {
-	return d.inTx(ctx, func(tx context.Context) error { return d.append(tx, p) })
+	return d.inTx(ctx, func(tx context.Context) error { return d.append(ctx, tx, p) })
 }
 
 // inTx runs fn in a majority transaction, retried by the driver's
@@ -282,14 +293,20 @@ func timeRange(filter bson.D, field string, since, until time.Time) bson.D {
 	return filter
 }
 
-func (d *Driver) append(tx context.Context, p *ferrydriver.AppendParams) error {
-	return d.appendDocs(tx, p, false)
+func (d *Driver) append(ctx, tx context.Context, p *ferrydriver.AppendParams) error {
+	return d.appendDocs(ctx, tx, p, false)
 }
 
-// appendDocs appends events; redriven ones are stored under fresh _ids.
-func (d *Driver) appendDocs(tx context.Context, p *ferrydriver.AppendParams, redrive bool) error {
+// appendDocs appends events in the session transaction tx (ctx, outside
+// it, reads the stored partition count when the driver has none cached);
+// redriven ones are stored under fresh _ids.
+func (d *Driver) appendDocs(ctx, tx context.Context, p *ferrydriver.AppendParams, redrive bool) error {
 	if len(p.Events) == 0 {
 		return nil
+	}
+	count, err := d.writeCount(ctx)
+	if err != nil {
+		return err
 	}
 	docs := make([]any, len(p.Events))
 	appended := time.Now().UTC()
@@ -310,14 +327,17 @@ func (d *Driver) appendDocs(tx context.Context, p *ferrydriver.AppendParams, red
 		if payload == nil {
 			payload = []byte{}
 		}
-		docs[i] = &outboxDoc{ID: ev.ID.String(), Partition: d.PartitionOf(ev.Key), Topic: ev.Topic, Key: ev.Key, Seq: k.Seq, Type: ev.Type,
+		docs[i] = &outboxDoc{ID: ev.ID.String(), Partition: ferrydriver.PartitionOf(ev.Key, count), Topic: ev.Topic, Key: ev.Key, Seq: k.Seq, Type: ev.Type,
 			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload, CreatedAt: ev.CreatedAt.UTC(),
-			CreatedNS: ev.CreatedAt.UnixNano(), AppendedAt: appended}
+			CreatedNS: ev.CreatedAt.UnixNano(), AppendedAt: appended, Partitions: count}
 		if redrive {
 			docs[i].(*outboxDoc).ID, docs[i].(*outboxDoc).EventID = ferryevent.NewID().String(), ev.ID.String()
 		}
 	}
 	if _, err := d.outbox.InsertMany(tx, docs); err != nil {
+		if hasCode(err, codeDocumentValidationFailure) {
+			return d.refused(ctx, count, err)
+		}
 		return fmt.Errorf("ferrymongo: append %d event(s): %w", len(docs), err)
 	}
 	return nil
@@ -353,7 +373,10 @@ func (d *Driver) indexes() []index {
 func (d *Driver) Migrations() []ferrydriver.Migration {
 	return []ferrydriver.Migration{{Version: 1, Name: "outbox",
 		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters,requests,inbox,inbox_keys,inbox_groups,counters,meta} and their indexes",
-		Down: "drop them"}}
+		Down: "drop them"}, {Version: 2, Name: "partitions",
+		Up: "store the partition count in " + d.cfg.Prefix + "meta (Config.Partitions, or what an existing outbox uses, or 1) " +
+			"and set the outbox's validator to refuse events computed with another count",
+		Down: "dropped with the collections"}}
 }
 
 // Migrate implements ferrydriver.Store: it creates the collections (a
@@ -361,7 +384,7 @@ func (d *Driver) Migrations() []ferrydriver.Migration {
 func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*ferrydriver.MigrateResult, error) {
 	ms := d.Migrations()
 	if p.DryRun {
-		return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
+		return &ferrydriver.MigrateResult{Applied: ms, Current: len(ms)}, nil
 	}
 	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters, d.requests(),
 		d.inbox(), d.inboxKeys(), d.inboxGroups(), d.counters(), d.meta()}
@@ -407,7 +430,10 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 		bson.D{{Key: "$setOnInsert", Value: bson.D{{Key: "created", Value: t}}}}, options.UpdateOne().SetUpsert(true)); err != nil {
 		return nil, fmt.Errorf("ferrymongo: record the outbox's creation time: %w", err)
 	}
-	return &ferrydriver.MigrateResult{Applied: ms, Current: 1}, nil
+	if err := d.migratePartitions(ctx); err != nil {
+		return nil, err
+	}
+	return &ferrydriver.MigrateResult{Applied: ms, Current: len(ms)}, nil
 }
 
 // ttlIndexName names the outbox's TTL index (Config.RetentionTTL).

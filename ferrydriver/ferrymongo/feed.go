@@ -64,7 +64,10 @@ type feed struct {
 // OpenFeed implements ferrydriver.Store. The stream opens lazily, on the
 // first Read, so that its errors go through the same decisions as later
 // ones.
-func (d *Driver) OpenFeed(_ context.Context, p *ferrydriver.OpenFeedParams) (ferrydriver.Feed, error) {
+func (d *Driver) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) (ferrydriver.Feed, error) {
+	if err := d.checkFeed(ctx, p); err != nil {
+		return nil, err
+	}
 	pos, err := decodeCursor(p.Cursor)
 	if err != nil {
 		return nil, err

@@ -47,15 +47,27 @@ func mongoClient(t *testing.T) *mongo.Client {
 // newDriver returns a driver over a fresh database, dropped afterwards.
 func newDriver(t *testing.T) *ferrymongo.Driver {
 	t.Helper()
+	drv, _ := newPartitioned(t, 0)
+	return drv
+}
+
+// newPartitioned returns a driver over a fresh database migrated with n
+// partitions, and a function that opens others on it.
+func newPartitioned(t *testing.T, n int) (*ferrymongo.Driver, func(int) *ferrymongo.Driver) {
+	t.Helper()
 	client := mongoClient(t)
 	name := fmt.Sprintf("ferrytest_%d_%d", time.Now().UnixNano()%1e9, rand.IntN(1e6))
 	t.Cleanup(func() { _ = client.Database(name).Drop(context.Background()) })
-	// A short recovery margin, so that retention tests see deletions.
-	drv, err := ferrymongo.New(context.Background(), client, name, &ferrymongo.Config{RecoveryMargin: time.Millisecond})
+	open := func(n int) *ferrymongo.Driver {
+		// A short recovery margin, so that retention tests see deletions.
+		drv, err := ferrymongo.New(context.Background(), client, name, &ferrymongo.Config{RecoveryMargin: time.Millisecond, Partitions: n})
+		require.NoError(t, err)
+		return drv
+	}
+	drv := open(n)
+	_, err := drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
-	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
-	require.NoError(t, err)
-	return drv
+	return drv, open
 }
 
 // begin starts a session transaction; its context is the TTx.
@@ -90,6 +102,10 @@ func TestDriverSuite(t *testing.T) {
 			_, err := client.Database("ferrytest_scratch").Collection("writes").InsertOne(sc, bson.D{{Key: "held", Value: true}})
 			require.NoError(t, err)
 			return func() { _ = sess.AbortTransaction(context.Background()) }
+		},
+		NewPartitioned: func(t *testing.T, n int) (ferrydriver.Driver[context.Context], func(int) ferrydriver.Driver[context.Context]) {
+			drv, open := newPartitioned(t, n)
+			return drv, func(n int) ferrydriver.Driver[context.Context] { return open(n) }
 		},
 		// Writers of one key conflict on its sequence document and abort.
 		Retryable: func(err error) bool {

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -485,4 +487,116 @@ func TestMockRedriveAppendsUnderAFreshID(t *testing.T) {
 	require.Contains(t, reports[2], `"seq": 12`)
 	require.Contains(t, reports[3], `"event": "`+eid+`"`)
 	require.Contains(t, reports[4], `"kind": "commit"`)
+}
+
+// TestMockPartitionGuardFollowsAChangedCount: the stored count is 4 when a
+// producer that follows it first reads it; it has become 8 by the time
+// the producer inserts, and the outbox's validator refuses the insert. The
+// transaction runs again, with partitions computed by 8. A producer that
+// asserts another count is refused before it writes anything, and so are
+// feeds of another count or out of range.
+func TestMockPartitionGuardFollowsAChangedCount(t *testing.T) {
+	uri, lines := mockServerLines(t, "partitionguard")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	keys := []string{"order-1", "order-2", "order-3"}
+	var evs []*ferryevent.Event
+	for _, k := range keys {
+		evs = append(evs, ferrydrivertest.Event("orders", k, ""))
+	}
+	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+	reports := awaitReports(ctx, t, lines, 2)
+	for i, n := range []int{4, 8} {
+		var r struct {
+			Doc []struct {
+				Key string `json:"key"`
+				P   int    `json:"p"`
+				PC  int    `json:"pc"`
+			} `json:"doc"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(reports[i]), &r), reports[i])
+		require.Len(t, r.Doc, len(keys))
+		for j, d := range r.Doc {
+			require.Equal(t, keys[j], d.Key)
+			require.Equal(t, n, d.PC, "insert %d carries the count it was computed with", i+1)
+			require.Equal(t, ferrydriver.PartitionOf(d.Key, n), d.P)
+		}
+	}
+	require.Equal(t, ferrydriver.PartitionOf("order-1", 8), drv.PartitionOf("order-1"))
+
+	stale, err := ferrymongo.New(ctx, client, "app", &ferrymongo.Config{Partitions: 4})
+	require.NoError(t, err)
+	err = stale.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("orders", "order-1", "")}})
+	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
+	require.ErrorContains(t, err, "Config.Partitions (--partitions / FERRY_PARTITIONS) is 4 but database app stores 8")
+	_, err = stale.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0"})
+	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
+	_, err = drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/8", Partition: 8})
+	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
+	require.ErrorContains(t, err, "out of range")
+	select {
+	case l := <-lines:
+		t.Fatalf("a refused producer or feed sent: %s", l)
+	case <-time.After(500 * time.Millisecond):
+	}
+}
+
+// TestMockMigrateStoresThePartitionCount: Migrate with no count over an
+// outbox whose checkpoints reach partition 2 and events partition 3 stores
+// 4, only if no count is stored yet, and sets the outbox's validator to it.
+func TestMockMigrateStoresThePartitionCount(t *testing.T) {
+	uri, lines := mockServerLines(t, "migratepartitions")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Current)
+	reports := awaitReports(ctx, t, lines, 2)
+	require.Contains(t, reports[0], `"kind": "update"`)
+	require.Contains(t, reports[0], `"$setOnInsert": {"n": 4}`)
+	require.Contains(t, reports[0], `"upsert": true`)
+	require.Contains(t, reports[1], `"kind": "validator"`)
+	require.Contains(t, reports[1], `"validator": {"$or": [{"pc": {"$exists": false}}, {"pc": 4}]}`)
+	n, err := drv.StoredPartitions(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+}
+
+// TestMockSetPartitionsRefusesWhileARelayHoldsAFeed: the change holds
+// producers back (the validator refuses every guarded event), finds a
+// relay's lease (not the chain source's), refuses naming it and restores
+// the validator; once no relay holds a feed and the outbox is empty, it
+// stores the new count and sets the validator to it.
+func TestMockSetPartitionsRefusesWhileARelayHoldsAFeed(t *testing.T) {
+	uri, lines := mockServerLines(t, "setpartitions")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
+	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe)
+	require.ErrorContains(t, err, "relay relay-1 holds lease default/0")
+	require.ErrorContains(t, err, "members/default/host-1", "a ferry run process's membership counts too")
+	require.NotContains(t, err.Error(), "chain/orders")
+	reports := awaitReports(ctx, t, lines, 2)
+	require.Contains(t, reports[0], `"validator": {"pc": {"$exists": false}}`, "producers are held back first")
+	require.Contains(t, reports[1], `{"pc": 4}`, "and let go again")
+
+	res, err := drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Previous)
+	reports = awaitReports(ctx, t, lines, 3)
+	require.Contains(t, reports[0], `"validator": {"pc": {"$exists": false}}`)
+	require.Contains(t, reports[1], `"$set": {"n": 8}`)
+	require.Contains(t, reports[2], `{"pc": 8}`)
+	n, err := drv.StoredPartitions(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
 }

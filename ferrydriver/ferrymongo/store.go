@@ -310,7 +310,7 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 		if len(ids) == 0 {
 			return nil
 		}
-		if err := d.appendDocs(tx, &ferrydriver.AppendParams{Events: events}, true); err != nil {
+		if err := d.appendDocs(ctx, tx, &ferrydriver.AppendParams{Events: events}, true); err != nil {
 			return err
 		}
 		res, err := d.deadLetters.DeleteMany(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})

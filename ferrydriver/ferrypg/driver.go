@@ -26,6 +26,25 @@
 // last appending transaction every feed's previous snapshot saw is deleted
 // under the same row lock, and its next append inserts it afresh.
 //
+// # Partitions
+//
+// The outbox can be split by key hash (ferrydriver.PartitionOf) into
+// partitions, one relay each. The count is stored with the schema
+// (<schema>.settings, migration 004) and every producer statement is
+// guarded by it: an append computed with another count writes nothing, so a
+// key's events never land in two partitions. A driver with
+// Config.Partitions 0 follows the stored count, also across a change; one
+// with another value is refused (ferrydriver.ErrMisconfigured) once the
+// stored count differs, as is a feed of a partition outside the count.
+//
+// Change the count with Driver.SetPartitions (`ferry partitions set N`): stop
+// the producers, let the relays deliver everything (`ferry status` shows no
+// lag), stop the relays, set the count, start the relays and then the
+// producers. SetPartitions refuses while a relay holds a feed or a feed has
+// not delivered every event of its partition, because a key whose partition
+// changes must have nothing left undelivered in the old one; it holds
+// producers back while it checks and changes the count (up to 5 s).
+//
 // Stability: the schema may change between minor versions before 1.0, always
 // with a migration.
 package ferrypg
@@ -35,10 +54,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"regexp"
 	"strings"
+	"sync/atomic"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/jackc/pgx/v5"
@@ -54,9 +73,17 @@ type Config struct {
 	// Schema holds Ferry's tables. Default "ferry". Must be a plain
 	// identifier (letters, digits, underscores).
 	Schema string
-	// Partitions splits the outbox by key hash so that several relays can
-	// share the work, one per partition. Default 1. Every producer and
-	// relay of a schema must use the same value.
+	// Partitions is the number of outbox partitions: the outbox is split
+	// by key hash so that several relays can share the work, one per
+	// partition. The count is stored with the schema (migration 004 stores
+	// this value, or 1) and changed only by SetPartitions.
+	//
+	// 0, the default, follows the stored count: producers load it and pick
+	// up a change by themselves. Any other value is an assertion: a driver
+	// whose count differs from the stored one refuses to append and to
+	// open feeds, with an error wrapping ferrydriver.ErrMisconfigured,
+	// rather than put a key's events into another partition than the
+	// other producers (which would lose their order).
 	Partitions int
 	// DisableNotify stops producers from sending NOTIFY on append, and
 	// relays from listening: they find new events by polling only. With
@@ -108,11 +135,8 @@ func (c *Config) withDefaults() (Config, error) {
 	if !identRE.MatchString(out.Schema) {
 		return out, fmt.Errorf("ferrypg: Config.Schema %q is not a plain identifier: use letters, digits and underscores, starting with a letter", out.Schema)
 	}
-	if out.Partitions == 0 {
-		out.Partitions = 1
-	}
-	if out.Partitions < 0 || out.Partitions > 4096 {
-		return out, fmt.Errorf("ferrypg: Config.Partitions %d is out of range: use 1 to 4096", out.Partitions)
+	if out.Partitions < 0 || out.Partitions > ferrydriver.MaxPartitions {
+		return out, fmt.Errorf("ferrypg: Config.Partitions %d is out of range: use 1 to %d, or 0 to follow the count stored with the schema", out.Partitions, ferrydriver.MaxPartitions)
 	}
 	switch out.TxIsolation {
 	case "", ReadCommitted, RepeatableRead, Serializable:
@@ -139,6 +163,9 @@ type Driver[TTx any] struct {
 	park    parkQueries
 	channel string
 	hub     settleHub
+	// stored is the partition count the driver last read from the schema;
+	// 0 until it read one.
+	stored atomic.Int64
 }
 
 // New returns a driver over a pgx pool. The pool stays the caller's: the
@@ -210,7 +237,9 @@ func isPgxDB(db *sql.DB) bool {
 // Schema returns the schema the driver's tables live in.
 func (d *Driver[TTx]) Schema() string { return d.cfg.Schema }
 
-// Partitions returns the configured number of outbox partitions.
+// Partitions returns Config.Partitions: the partition count the driver
+// asserts, or 0 when it follows the count stored with the schema (see
+// StoredPartitions).
 func (d *Driver[TTx]) Partitions() int { return d.cfg.Partitions }
 
 // Name implements ferrydriver.Store.
@@ -225,14 +254,22 @@ func (d *Driver[TTx]) Capabilities() ferrydriver.Capabilities {
 	}
 }
 
-// PartitionOf returns the outbox partition of key: FNV-1a modulo Partitions.
+// PartitionOf returns the outbox partition Append writes key to
+// (ferrydriver.PartitionOf): by Config.Partitions, or, when that is 0, by
+// the stored count as the driver last read it (1 before it read one).
 func (d *Driver[TTx]) PartitionOf(key string) int {
-	if d.cfg.Partitions <= 1 {
-		return 0
+	return ferrydriver.PartitionOf(key, d.writeCount())
+}
+
+// writeCount is the partition count appends compute partitions with.
+func (d *Driver[TTx]) writeCount() int {
+	if d.cfg.Partitions > 0 {
+		return d.cfg.Partitions
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(d.cfg.Partitions))
+	if n := d.stored.Load(); n > 0 {
+		return int(n)
+	}
+	return 1 // a guess, which the first append's guard corrects
 }
 
 // AppendTx implements ferrydriver.Driver: the events are written in tx and
@@ -266,30 +303,92 @@ func (d *Driver[TTx]) append(ctx context.Context, e executor, p *ferrydriver.App
 	if err != nil {
 		return err
 	}
-	parts := make([]int32, n)
-	for i, ev := range p.Events {
-		parts[i] = int32(d.PartitionOf(ev.Key))
-	}
-	args := []any{a.ids, a.topics, a.keys, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created, parts}
 	q, qNotify := d.queries.append, d.queries.appendNotify
 	if n == 1 {
-		args = []any{a.ids[0], a.topics[0], a.keys[0], a.types[0], a.sources[0], a.contentTypes[0], a.headers[0], a.payloads[0], a.created[0], parts[0]}
 		q, qNotify = d.queries.appendOne, d.queries.appendOneNotify
 	}
 	if !d.cfg.DisableNotify {
 		q = qNotify
-		args = append(args, d.channel)
 	}
-	if _, err := e.exec(ctx, q, args...); err != nil {
-		return d.wrapErr("append events to outbox", err)
+	parts := make([]int32, n)
+	// The statement writes only if the schema's stored partition count is
+	// the one the partitions were computed with, and returns the stored
+	// count (see appendGuard). A driver that follows the schema computes
+	// them again with the count returned and runs the statement again, in
+	// the same transaction: a statement that wrote nothing raised no
+	// error, so the caller's transaction is intact.
+	for attempt := 0; ; attempt++ {
+		count := d.writeCount()
+		for i, ev := range p.Events {
+			parts[i] = int32(ferrydriver.PartitionOf(ev.Key, count))
+		}
+		args := []any{a.ids, a.topics, a.keys, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created, parts}
+		if n == 1 {
+			args = []any{a.ids[0], a.topics[0], a.keys[0], a.types[0], a.sources[0], a.contentTypes[0], a.headers[0], a.payloads[0], a.created[0], parts[0]}
+		}
+		args = append(args, count)
+		if !d.cfg.DisableNotify {
+			args = append(args, d.channel)
+		}
+		var written, notified int64
+		var stored *int32
+		dest := []any{&written, &stored}
+		if !d.cfg.DisableNotify {
+			dest = append(dest, &notified)
+		}
+		if err := queryRow(ctx, e, dest, q, args...); err != nil {
+			return d.wrapErr("append events to outbox", err)
+		}
+		switch {
+		case stored != nil && int(*stored) == count:
+			if written != int64(n) {
+				return fmt.Errorf("ferrypg: append events to outbox: %d of %d events written", written, n)
+			}
+			return nil
+		case stored != nil && d.cfg.Partitions > 0:
+			return d.mismatch("append events to outbox", int(*stored))
+		case stored != nil:
+			d.stored.Store(int64(*stored))
+		}
+		// No settings row was visible, or the count changed: a READ
+		// COMMITTED transaction sees the new row in its next statement.
+		if attempt == 2 {
+			if stored == nil {
+				return &partitionsChangedError{schema: d.cfg.Schema}
+			}
+			return fmt.Errorf("ferrypg: append events to outbox: the stored partition count of schema %q keeps changing (now %d); run the transaction again", d.cfg.Schema, *stored)
+		}
 	}
-	return nil
+}
+
+// mismatch is the error for a Config.Partitions that differs from the
+// stored count.
+func (d *Driver[TTx]) mismatch(op string, stored int) error {
+	return fmt.Errorf("ferrypg: %s: %w: Config.Partitions (--partitions / FERRY_PARTITIONS) is %d but schema %q stores %d partition(s): "+
+		"set it to %d, or to 0 to follow the schema; to change the schema's count use `ferry partitions set` (Driver.SetPartitions)",
+		op, ferrydriver.ErrMisconfigured, d.cfg.Partitions, d.cfg.Schema, stored, stored)
+}
+
+// partitionsChangedError: the transaction's snapshot shows no settings
+// row, because the partition count was changed after the snapshot was
+// taken (REPEATABLE READ or SERIALIZABLE). Nothing was written; the
+// transaction must run again, and ClassifyTxError says so.
+type partitionsChangedError struct{ schema string }
+
+func (e *partitionsChangedError) Error() string {
+	return fmt.Sprintf("ferrypg: append events to outbox: the partition count of schema %q was changed while this transaction ran "+
+		"(its snapshot shows no stored count); nothing was written: run the transaction again. If this persists, the row of %s.settings is missing: "+
+		"restore it with `ferry partitions set N --force`", e.schema, e.schema)
 }
 
 // wrapErr describes err, turning "relation does not exist" into a hint.
 func (d *Driver[TTx]) wrapErr(op string, err error) error {
 	switch pgErrCode(err) {
 	case "42P01", "3F000": // undefined_table, invalid_schema_name
+		if strings.Contains(err.Error(), "settings") {
+			return fmt.Errorf("ferrypg: %s: %w: schema %q has no stored partition count (migration 004); apply it with `ferry migrate up --schema %s` or Driver.Migrate (%v)",
+				op, ferrydriver.ErrSchemaMissing, d.cfg.Schema, d.cfg.Schema, err)
+		}
 		return fmt.Errorf("ferrypg: %s: %w: schema %q has no Ferry tables; create them with `ferry migrate up --schema %s` or Driver.Migrate (%v)",
 			op, ferrydriver.ErrSchemaMissing, d.cfg.Schema, d.cfg.Schema, err)
 	}
@@ -312,6 +411,9 @@ type queries struct {
 	inboxNotify, inboxPolicy, inboxSetPolicy, inboxGroupKeys            string
 	inboxDeleteIdleKeys, inboxRetract                                   string
 	requestClaim, requestFinish, requestGet, requestDelete              string
+	storedPartitions, lockSettings, truncateSettings, insertSettings    string
+	liveLeases, allCheckpoints, highestPartition, partitionHasEvents    string
+	undelivered, parkedByFeed                                           string
 }
 
 func newQueries(schema string) queries {
@@ -337,6 +439,12 @@ func newQueries(schema string) queries {
 		requestFinish: r(sqlRequestFinish),
 		requestGet:    r(sqlRequestGet),
 		requestDelete: r(sqlRequestDelete),
+		// The partition count (partitions.go).
+		storedPartitions: r(sqlStoredPartitions), lockSettings: r(sqlLockSettings),
+		truncateSettings: r(sqlTruncateSettings), insertSettings: r(sqlInsertSettings),
+		liveLeases: r(sqlLiveLeases), allCheckpoints: r(sqlAllCheckpoints),
+		highestPartition: r(sqlHighestPartition), partitionHasEvents: r(sqlPartitionHasEvents),
+		undelivered: r(sqlUndelivered), parkedByFeed: r(sqlParkedByFeed),
 	}
 }
 

@@ -153,8 +153,8 @@ const (
 
 // OpenFeed implements ferrydriver.Store.
 func (d *Driver[TTx]) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) (ferrydriver.Feed, error) {
-	if p.Partition < 0 || p.Partition >= d.cfg.Partitions {
-		return nil, fmt.Errorf("ferrypg: partition %d is out of range: the outbox has %d partition(s), numbered from 0 (fix the relay's partition, or Config.Partitions / --partitions): %w", p.Partition, d.cfg.Partitions, ferrydriver.ErrMisconfigured)
+	if err := d.checkFeed(ctx, p); err != nil {
+		return nil, err
 	}
 	st, err := decodeCursor(p.Cursor)
 	if err != nil {

@@ -61,6 +61,14 @@ func TestDriverSuitePgx(t *testing.T) {
 			}
 		},
 		HoldWriter: holdWriter,
+		NewPartitioned: func(t *testing.T, n int) (ferrydriver.Driver[pgx.Tx], func(int) ferrydriver.Driver[pgx.Tx]) {
+			drv := newDriver(t, &ferrypg.Config{Partitions: n})
+			return drv, func(n int) ferrydriver.Driver[pgx.Tx] {
+				other, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: drv.Schema(), Partitions: n})
+				require.NoError(t, err)
+				return other
+			}
+		},
 	})
 }
 
@@ -93,6 +101,18 @@ func TestDriverSuiteDatabaseSQL(t *testing.T) {
 			}
 		},
 		HoldWriter: holdWriter,
+		NewPartitioned: func(t *testing.T, n int) (ferrydriver.Driver[*sql.Tx], func(int) ferrydriver.Driver[*sql.Tx]) {
+			schema := pgtest.Schema(t)
+			open := func(n int) ferrydriver.Driver[*sql.Tx] {
+				drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: schema, Partitions: n})
+				require.NoError(t, err)
+				return drv
+			}
+			drv := open(n)
+			_, err := drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+			require.NoError(t, err)
+			return drv, open
+		},
 	})
 }
 

@@ -53,29 +53,41 @@ func loadMigrations() []ferrydriver.Migration {
 
 var allMigrations = loadMigrations()
 
-// Migrations implements ferrydriver.Store. The SQL has the schema name
-// filled in, ready for `ferry migrate sql` and users' own tools; record the
-// version in <schema>.migrations yourself if you apply it that way.
+// Migrations implements ferrydriver.Store. The SQL has the schema name and
+// the driver's Config.Partitions filled in (see MigrationsFor), ready for
+// `ferry migrate sql` and users' own tools; record the version in
+// <schema>.migrations yourself if you apply it that way.
 func (d *Driver[TTx]) Migrations() []ferrydriver.Migration {
-	return migrationsFor(d.cfg.Schema)
+	return migrationsFor(d.cfg.Schema, d.cfg.Partitions)
 }
 
 // Migrations returns the migrations for schema without a database, for
-// printing (`ferry migrate sql`).
+// printing (`ferry migrate sql`). It is MigrationsFor with no partition
+// count: migration 004 then stores the count an existing outbox already
+// uses, or 1.
 func Migrations(schema string) ([]ferrydriver.Migration, error) {
-	c, err := (&Config{Schema: schema}).withDefaults()
+	return MigrationsFor(&Config{Schema: schema})
+}
+
+// MigrationsFor returns the migrations for cfg.Schema without a database.
+// Migration 004 stores cfg.Partitions as the outbox's partition count; with
+// 0 it stores the count an existing outbox already uses (one more than the
+// highest partition with a checkpoint or an event), or 1 for a new one.
+func MigrationsFor(cfg *Config) ([]ferrydriver.Migration, error) {
+	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	return migrationsFor(c.Schema), nil
+	return migrationsFor(c.Schema, c.Partitions), nil
 }
 
-func migrationsFor(schema string) []ferrydriver.Migration {
+func migrationsFor(schema string, partitions int) []ferrydriver.Migration {
 	s := pgx.Identifier{schema}.Sanitize()
+	r := strings.NewReplacer("{schema}", s, "{partitions}", strconv.Itoa(partitions))
 	out := make([]ferrydriver.Migration, len(allMigrations))
 	for i, m := range allMigrations {
-		m.Up = strings.ReplaceAll(m.Up, "{schema}", s)
-		m.Down = strings.ReplaceAll(m.Down, "{schema}", s)
+		m.Up = r.Replace(m.Up)
+		m.Down = r.Replace(m.Down)
 		out[i] = m
 	}
 	return out

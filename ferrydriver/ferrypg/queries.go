@@ -3,6 +3,20 @@ package ferrypg
 // All of ferrypg's SQL is in this file and in migrations/. {schema} is
 // replaced by the quoted schema name when a driver is created.
 
+// The append statements are guarded by the schema's stored partition
+// count: $11 is the count the producer computed the partitions with, and
+// the statement writes nothing (not even the keys row, so no sequence
+// number is used up) unless settings holds the same count. It returns the
+// stored count, which the driver compares with its own: a misconfigured
+// producer is refused and one that follows the schema computes the
+// partitions again, without a round trip of its own and without an error
+// that would abort the caller's transaction. Reading the one-row settings
+// table costs a producer statement about nothing; the ACCESS SHARE lock it
+// takes, held to commit, is what SetPartitions' TRUNCATE waits for.
+const appendGuard = `
+s AS (SELECT partitions FROM {schema}.settings),
+ok AS (SELECT 1 FROM s WHERE partitions = $11::int)`
+
 // appendCTE writes a batch of events in one statement. The upsert into keys
 // comes first and takes each key's row lock (in key order, so multi-key
 // appends cannot deadlock each other) and gives the transaction its xid;
@@ -12,7 +26,8 @@ package ferrypg
 // key's row also records the appending transaction and the time, for
 // PruneKeys; a key forgotten by PruneKeys is inserted afresh, Seq from 1.
 const appendCTE = `
-WITH input AS (
+WITH ` + appendGuard + `,
+input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::bytea[], $9::timestamptz[], $10::int[])
         WITH ORDINALITY AS t(event_id, topic, key, type, source, content_type, headers,
@@ -23,7 +38,7 @@ counts AS (
 ),
 k AS (
     INSERT INTO {schema}.keys AS k (key, seq, xid, touched_at)
-    SELECT key, n, pg_current_xact_id(), statement_timestamp() FROM counts ORDER BY key
+    SELECT key, n, pg_current_xact_id(), statement_timestamp() FROM counts WHERE EXISTS (SELECT FROM ok) ORDER BY key
     ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq, xid = excluded.xid, touched_at = excluded.touched_at
     RETURNING k.key, k.seq
 ),
@@ -38,15 +53,22 @@ ins AS (
     RETURNING partition
 )`
 
-const sqlAppend = appendCTE + `
-SELECT count(*) FROM ins`
+// appendResult is what every append statement returns: the events written
+// and the stored partition count (NULL when the statement's snapshot shows
+// no settings row: see SetPartitions).
+const appendResult = `
+SELECT (SELECT count(*) FROM ins), (SELECT partitions FROM s)`
+
+const sqlAppend = appendCTE + appendResult
 
 // appendOneCTE is appendCTE for the common case of one event: no arrays
 // to unnest, group and number. It costs PostgreSQL noticeably less CPU per
 // producer transaction.
 const appendOneCTE = `
-WITH k AS (
-    INSERT INTO {schema}.keys AS k (key, seq, xid, touched_at) VALUES ($3::text, 1, pg_current_xact_id(), statement_timestamp())
+WITH ` + appendGuard + `,
+k AS (
+    INSERT INTO {schema}.keys AS k (key, seq, xid, touched_at)
+    SELECT $3::text, 1, pg_current_xact_id(), statement_timestamp() WHERE EXISTS (SELECT FROM ok)
     ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1, xid = excluded.xid, touched_at = excluded.touched_at
     RETURNING k.seq
 ),
@@ -59,21 +81,20 @@ ins AS (
     RETURNING partition
 )`
 
-const sqlAppendOne = appendOneCTE + `
-SELECT count(*) FROM ins`
+const sqlAppendOne = appendOneCTE + appendResult
 
-const sqlAppendOneNotify = appendOneCTE + `
-SELECT pg_notify($11 || '.' || l.partition, '')
-  FROM {schema}.listeners l
- WHERE l.until > now() AND l.partition IN (SELECT partition FROM ins)`
+const sqlAppendOneNotify = appendOneCTE + appendResult + `,
+       (SELECT count(pg_notify($12 || '.' || l.partition, ''))
+          FROM {schema}.listeners l
+         WHERE l.until > now() AND l.partition IN (SELECT partition FROM ins))`
 
 // sqlAppendNotify also wakes the relay of each written partition that is
-// idle (see the listeners table), on the channel "$11.<partition>". NOTIFY
+// idle (see the listeners table), on the channel "$12.<partition>". NOTIFY
 // is delivered at commit, never for a rolled-back transaction.
-const sqlAppendNotify = appendCTE + `
-SELECT pg_notify($11 || '.' || l.partition, '')
-  FROM {schema}.listeners l
- WHERE l.until > now() AND l.partition IN (SELECT DISTINCT partition FROM ins)`
+const sqlAppendNotify = appendCTE + appendResult + `,
+       (SELECT count(pg_notify($12 || '.' || l.partition, ''))
+          FROM {schema}.listeners l
+         WHERE l.until > now() AND l.partition IN (SELECT DISTINCT partition FROM ins))`
 
 // sqlArmListener tells producers that a relay is idle until now() + $2 ms.
 const sqlArmListener = `
@@ -516,3 +537,83 @@ SELECT count(*) FROM h`
 // small enough to scan.
 const sqlListLeases = `SELECT ` + leaseColumns + ` FROM {schema}.leases
  WHERE left(name, length($1)) = $1 ORDER BY name`
+
+// Partition count (migration 004; see appendGuard and SetPartitions).
+const sqlStoredPartitions = `SELECT partitions FROM {schema}.settings`
+
+// sqlLockSettings takes the lock that every producer statement's ACCESS
+// SHARE conflicts with: it waits for the producer transactions that read
+// the count and holds new ones back until the change commits. lock_timeout
+// bounds the wait, which new producers would spend queued behind it.
+const sqlLockSettings = `LOCK TABLE {schema}.settings IN ACCESS EXCLUSIVE MODE`
+
+// sqlChangeSettingsTx starts SetPartitions' transaction: READ COMMITTED
+// whatever default_transaction_isolation says, so that the checks after
+// the lock see every producer transaction it waited for (a REPEATABLE READ
+// snapshot could predate them), and a bounded wait for the lock.
+const sqlChangeSettingsTx = `SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '` + lockTimeout + `'`
+
+// sqlTruncateSettings empties settings for the new row. TRUNCATE is not
+// MVCC-safe, and that is why it is used: a REPEATABLE READ producer whose
+// snapshot predates the change sees no row at all, not the old count, so
+// its append writes nothing and asks for the transaction to run again.
+const sqlTruncateSettings = `TRUNCATE {schema}.settings`
+
+const sqlInsertSettings = `INSERT INTO {schema}.settings (partitions) VALUES ($1)`
+
+// sqlLiveLeases lists the leases that have not expired (relays' and
+// others'; SetPartitions keeps the relays' by name).
+const sqlLiveLeases = `
+SELECT name, holder, extract(epoch FROM expires_at - now())::float8 FROM {schema}.leases
+ WHERE expires_at > now() ORDER BY name`
+
+const sqlAllCheckpoints = `SELECT feed, partition, cursor FROM {schema}.checkpoints ORDER BY feed`
+
+// sqlHighestPartition is the highest partition with an event, or -1: the
+// last entry of outbox_pkey.
+const sqlHighestPartition = `
+SELECT COALESCE((SELECT partition FROM {schema}.outbox ORDER BY partition DESC LIMIT 1), -1)`
+
+const sqlPartitionHasEvents = `SELECT EXISTS (SELECT FROM {schema}.outbox WHERE partition = $1)`
+
+// sqlParkedByFeed counts the events relays have parked (migration 006),
+// per feed: a feed's checkpoint passes them, but they are not delivered.
+// O(parked events), which are a stuck key's few.
+const sqlParkedByFeed = `SELECT feed, count(*) FROM {schema}.parked GROUP BY feed ORDER BY feed`
+
+// sqlUndelivered counts, up to $8, the events of partition $1 that a feed
+// at a given cursor has not delivered (see feedState): every event visible
+// to the cursor's base snapshot was delivered ($2 xmax, $3 running xids:
+// the current snapshot when the batch is done, $4, else the previous one),
+// and so was every event of an unfinished batch at or below After ($5)
+// that the current snapshot ($6, $7) sees. The candidates, the events the
+// base snapshot does not see, are found through outbox_xid_idx: the
+// transactions that started since, and those it saw running. With no
+// writer left (SetPartitions holds them back) that is O(events since the
+// cursor), not O(outbox); the transaction is planned without sequential
+// or bitmap scans (sqlIndexPlans). On a 20,000-row outbox, one event since
+// the cursor, 10 buffers (TestPartitionsUndeliveredIsCountedByIndex):
+//
+//	Aggregate
+//	  -> Limit
+//	       -> Append
+//	            -> Subquery Scan on "*SELECT* 1"
+//	                 -> Index Only Scan using outbox_xid_idx on outbox
+//	                      Index Cond: (xid >= '62860'::xid8)
+//	                      Filter: ((partition + 0) = 0)
+//	            -> Subquery Scan on "*SELECT* 2"
+//	                 -> Index Only Scan using outbox_xid_idx on outbox outbox_1
+//	                      Index Cond: ((xid = ANY ('{62855,62856}'::xid8[])) AND (xid < '62860'::xid8))
+//	                      Filter: ((partition + 0) = 0)
+const sqlUndelivered = `
+SELECT count(*) FROM (
+    SELECT FROM (
+        SELECT id, xid FROM {schema}.outbox
+         WHERE xid >= $2::text::xid8 AND partition + 0 = $1
+        UNION ALL
+        SELECT id, xid FROM {schema}.outbox
+         WHERE xid = ANY ($3::text[]::xid8[]) AND xid < $2::text::xid8 AND partition + 0 = $1
+    ) c
+     WHERE $4 OR c.id > $5 OR NOT (c.xid < $6::text::xid8 AND c.xid <> ALL ($7::text[]::xid8[]))
+     LIMIT $8
+) u`

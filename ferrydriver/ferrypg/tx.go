@@ -93,6 +93,10 @@ func (d *Driver[TTx]) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
 		}
 		return info
 	}
+	var pc *partitionsChangedError
+	if errors.As(err, &pc) {
+		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "partitions_changed", Relation: pc.schema + ".settings"}
+	}
 	var cu *ferrydriver.CommitUnknownError
 	if errors.As(err, &cu) {
 		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxCommitUnknown, Cause: "commit_unknown"}

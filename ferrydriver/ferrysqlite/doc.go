@@ -41,6 +41,18 @@
 // through PRAGMA data_version, which a waiting feed reads every 20 ms, and
 // by AwaitSettled reading the awaited events again every second.
 //
+// # Partitions
+//
+// The outbox can be split by key hash (ferrydriver.PartitionOf) into
+// partitions, one relay each. The count is stored in the database
+// (ferry_settings, migration 004), and every append reads it in its write
+// transaction: a driver with Config.Partitions 0 writes by it, one with
+// another value is refused (ferrydriver.ErrMisconfigured) when it differs,
+// and so is a feed of a partition outside it. Change it with
+// Driver.SetPartitions (`ferry partitions set N`) once the relays have
+// delivered everything and stopped; it refuses otherwise, since a key whose
+// partition changes must have nothing left undelivered in the old one.
+//
 // Times are stored as microseconds since the Unix epoch; leases and claims
 // use the host's clock, shared by every process that can open the file.
 package ferrysqlite

@@ -7,13 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -23,9 +23,16 @@ import (
 
 // Config configures a driver. The zero value is usable.
 type Config struct {
-	// Partitions splits the outbox by key hash so that several relays can
-	// share the work, one per partition. Default 1. Every producer and
-	// relay of a database must use the same value.
+	// Partitions is the number of outbox partitions: the outbox is split
+	// by key hash so that several relays can share the work, one per
+	// partition. The count is stored in the database (migration 004 stores
+	// this value, or 1) and changed only by SetPartitions.
+	//
+	// 0, the default, follows the stored count. Any other value is an
+	// assertion: a driver whose count differs from the stored one refuses
+	// to append and to open feeds, with an error wrapping
+	// ferrydriver.ErrMisconfigured, rather than put a key's events into
+	// another partition than the other producers.
 	Partitions int
 	// Synchronous is SQLite's synchronous setting for the write handle:
 	// "FULL" (default) makes every commit durable before it returns;
@@ -46,11 +53,8 @@ func (c *Config) withDefaults() (Config, error) {
 	if c != nil {
 		out = *c
 	}
-	if out.Partitions == 0 {
-		out.Partitions = 1
-	}
-	if out.Partitions < 0 || out.Partitions > 4096 {
-		return out, fmt.Errorf("ferrysqlite: Config.Partitions %d is out of range: use 1 to 4096", out.Partitions)
+	if out.Partitions < 0 || out.Partitions > ferrydriver.MaxPartitions {
+		return out, fmt.Errorf("ferrysqlite: Config.Partitions %d is out of range: use 1 to %d, or 0 to follow the count stored in the database", out.Partitions, ferrydriver.MaxPartitions)
 	}
 	switch strings.ToUpper(out.Synchronous) {
 	case "":
@@ -81,6 +85,8 @@ type Driver struct {
 	r      *sql.DB // the read handle: query_only connections
 	rconn  *connector
 	events *commitEvents
+	// stored is the partition count the driver last read; 0 until then.
+	stored atomic.Int64
 }
 
 // Open opens (creating it if needed) the SQLite database file at path and
@@ -157,14 +163,15 @@ func (d *Driver) Capabilities() ferrydriver.Capabilities {
 	return ferrydriver.Capabilities{NotifyWakeups: true, MigrationSQL: true, ConcurrentWriters: false}
 }
 
-// PartitionOf returns the outbox partition of a key.
+// PartitionOf returns the outbox partition Append writes key to
+// (ferrydriver.PartitionOf): by Config.Partitions, or, when that is 0, by
+// the stored count as the driver last read it (1 before it read one).
 func (d *Driver) PartitionOf(key string) int {
-	if d.cfg.Partitions <= 1 {
-		return 0
+	n := d.cfg.Partitions
+	if n == 0 {
+		n = int(d.stored.Load())
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(d.cfg.Partitions))
+	return ferrydriver.PartitionOf(key, n)
 }
 
 // holdsWriter marks a context whose goroutine holds the write connection
@@ -205,6 +212,10 @@ func (d *Driver) wrapErr(op string, err error) error {
 	if err == nil {
 		return nil
 	}
+	if strings.Contains(err.Error(), "no such table: ferry_settings") {
+		return fmt.Errorf("ferrysqlite: %s: %w: database %s has no stored partition count (migration 004); apply it with `ferry migrate up --database-url sqlite:%s` or Driver.Migrate (%v)",
+			op, ferrydriver.ErrSchemaMissing, d.path, d.path, err)
+	}
 	if strings.Contains(err.Error(), "no such table: ferry_") {
 		return fmt.Errorf("ferrysqlite: %s: %w: database %s has no Ferry tables; create them with `ferry migrate up --database-url sqlite:%s` or Driver.Migrate (%v)",
 			op, ferrydriver.ErrSchemaMissing, d.path, d.path, err)
@@ -240,6 +251,13 @@ func (d *Driver) append(ctx context.Context, tx *sql.Tx, p *ferrydriver.AppendPa
 	if len(p.Events) == 0 {
 		return nil
 	}
+	// The stored partition count, read in the write transaction: no other
+	// writer can change it before this one commits. In process, that costs
+	// microseconds, no round trip.
+	partitions, err := d.writeCount(ctx, tx, "append")
+	if err != nil {
+		return err
+	}
 	ins, err := tx.PrepareContext(ctx, sqlAppend)
 	if err != nil {
 		return d.wrapErr("append", err)
@@ -257,7 +275,7 @@ func (d *Driver) append(ctx context.Context, tx *sql.Tx, p *ferrydriver.AppendPa
 			return err
 		}
 		var id, seq int64
-		if err := ins.QueryRowContext(ctx, d.PartitionOf(ev.Key), c.id, ev.Topic, ev.Key, ev.Type, ev.Source, ev.ContentType,
+		if err := ins.QueryRowContext(ctx, ferrydriver.PartitionOf(ev.Key, partitions), c.id, ev.Topic, ev.Key, ev.Type, ev.Source, ev.ContentType,
 			c.headers, c.payload, micros(ev.CreatedAt)).Scan(&id, &seq); err != nil {
 			return d.wrapErr("append", err)
 		}

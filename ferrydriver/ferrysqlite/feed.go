@@ -51,6 +51,9 @@ type feed struct {
 // OpenFeed implements ferrydriver.Store. The feed holds one connection of
 // the read handle until Close.
 func (d *Driver) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) (ferrydriver.Feed, error) {
+	if err := d.checkFeed(ctx, p); err != nil {
+		return nil, err
+	}
 	pos, err := decodeCursor(p.Cursor)
 	if err != nil {
 		return nil, err

@@ -36,6 +36,19 @@ func TestDriverSuite(t *testing.T) {
 			t.Cleanup(func() { _ = tx.Rollback() })
 			return ferrydrivertest.Tx[*sql.Tx]{Tx: tx, Commit: tx.Commit, Rollback: tx.Rollback}
 		},
+		NewPartitioned: func(t *testing.T, n int) (ferrydriver.Driver[*sql.Tx], func(int) ferrydriver.Driver[*sql.Tx]) {
+			path := filepath.Join(t.TempDir(), "ferry.db")
+			open := func(n int) ferrydriver.Driver[*sql.Tx] {
+				drv, err := ferrysqlite.Open(path, &ferrysqlite.Config{Partitions: n})
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, drv.Close()) })
+				return drv
+			}
+			drv := open(n)
+			_, err := drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+			require.NoError(t, err)
+			return drv, open
+		},
 	})
 }
 

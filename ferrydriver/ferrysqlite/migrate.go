@@ -14,8 +14,21 @@ import (
 
 // Migrations lists Ferry's SQLite schema migrations, oldest first. Their Up
 // and Down are SQL that can be applied with other tools; record the version
-// in ferry_migrations yourself if you apply them that way.
-func Migrations() []ferrydriver.Migration {
+// in ferry_migrations yourself if you apply them that way. It is
+// MigrationsFor with no partition count: migration 004 then stores the count
+// an existing outbox already uses, or 1.
+func Migrations() []ferrydriver.Migration { return MigrationsFor(nil) }
+
+// MigrationsFor lists the migrations with cfg's partition count filled in:
+// migration 004 stores cfg.Partitions as the outbox's partition count, or,
+// when it is 0, the count an existing outbox already uses (one more than
+// the highest partition with a checkpoint or an event), or 1.
+func MigrationsFor(cfg *Config) []ferrydriver.Migration {
+	partitions := 0
+	if cfg != nil {
+		partitions = cfg.Partitions
+	}
+	fill := strings.NewReplacer("{partitions}", strconv.Itoa(partitions))
 	entries, err := fs.ReadDir(migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // embedded at build time
@@ -39,9 +52,9 @@ func Migrations() []ferrydriver.Migration {
 		}
 		switch {
 		case strings.HasSuffix(rest, ".up.sql"):
-			m.Name, m.Up = strings.TrimSuffix(rest, ".up.sql"), string(body)
+			m.Name, m.Up = strings.TrimSuffix(rest, ".up.sql"), fill.Replace(string(body))
 		case strings.HasSuffix(rest, ".down.sql"):
-			m.Down = string(body)
+			m.Down = fill.Replace(string(body))
 		}
 	}
 	out := make([]ferrydriver.Migration, 0, len(byVersion))
@@ -52,8 +65,9 @@ func Migrations() []ferrydriver.Migration {
 	return out
 }
 
-// Migrations implements ferrydriver.Store.
-func (d *Driver) Migrations() []ferrydriver.Migration { return Migrations() }
+// Migrations implements ferrydriver.Store: MigrationsFor the driver's
+// configuration.
+func (d *Driver) Migrations() []ferrydriver.Migration { return MigrationsFor(&d.cfg) }
 
 // Migrate implements ferrydriver.Store. It runs in one transaction.
 func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*ferrydriver.MigrateResult, error) {
@@ -67,7 +81,7 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(max(version), 0) FROM ferry_migrations`).Scan(&current); err != nil {
 			return fmt.Errorf("ferrysqlite: read schema version: %w", err)
 		}
-		all := Migrations()
+		all := d.Migrations()
 		if !p.Down {
 			for _, m := range all {
 				if m.Version <= current || (p.Steps > 0 && len(res.Applied) >= p.Steps) {

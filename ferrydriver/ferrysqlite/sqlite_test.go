@@ -153,3 +153,62 @@ func TestManyFeedsDoNotStarveReads(t *testing.T) {
 	_, err = drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "f/0"})
 	require.NoError(t, err)
 }
+
+// Migration 004 on a database that predates it stores the migrating
+// driver's count, or, with none, the count the outbox already uses.
+func TestPartitionsMigrationKeepsAnOutboxsCount(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct{ configured, want int }{{0, 3}, {5, 5}} {
+		drv, err := ferrysqlite.Open(filepath.Join(t.TempDir(), "old.db"), &ferrysqlite.Config{Partitions: tc.configured})
+		require.NoError(t, err)
+		defer drv.Close()
+		_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Steps: 3})
+		require.NoError(t, err)
+		_, err = drv.DB().ExecContext(ctx, `INSERT INTO ferry_outbox (partition, event_id, topic, key, seq, type, payload, created_at)
+			VALUES (2, 'x', 't', 'k', 1, 'T', x'', 0)`)
+		require.NoError(t, err)
+		res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+		require.NoError(t, err)
+		require.Equal(t, len(drv.Migrations()), res.Current)
+		n, err := drv.StoredPartitions(ctx)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, n, "configured %d", tc.configured)
+	}
+	require.Contains(t, ferrysqlite.Migrations()[3].Up, "NULLIF(0, 0)")
+	require.Contains(t, ferrysqlite.MigrationsFor(&ferrysqlite.Config{Partitions: 8})[3].Up, "NULLIF(8, 0)")
+
+	drv := newDriver(t)
+	for { // down to before 004, whatever comes after it
+		res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
+		require.NoError(t, err)
+		require.NotEmpty(t, res.Applied)
+		if res.Applied[0].Version <= 4 {
+			break
+		}
+	}
+	err := drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}})
+	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
+	require.ErrorContains(t, err, "migration 004")
+}
+
+// A stuck key's parked events are not delivered, though the feed's
+// checkpoint has passed them: the partition count cannot change.
+func TestPartitionsChangeWaitsForParkedEvents(t *testing.T) {
+	ctx := context.Background()
+	drv := newDriver(t)
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "relay", TTL: time.Minute})
+	require.NoError(t, err)
+	ev := ferrydrivertest.Event("t", "stuck", "")
+	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "relay", Term: l.Term, Events: []*ferryevent.Event{ev}, Reason: "503"}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "relay", Term: l.Term}))
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
+	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe)
+	require.ErrorContains(t, err, "feed default/0 has 1 parked event(s)")
+
+	l, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "relay", TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, drv.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: "default/0", Holder: "relay", Term: l.Term, Key: "stuck", EventID: ev.ID}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "relay", Term: l.Term}))
+	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
+	require.NoError(t, err)
+}

@@ -21,7 +21,8 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive"):
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive",
+                  "partitionguard", "migratepartitions", "setpartitions"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -35,10 +36,23 @@ server.autoresponds("endSessions", ok=1)
 # killCursors names its collection, so match by command name.
 server.autoresponds(lambda r: r.command_name == "killCursors" and r.ok(cursorsKilled=r.doc.get("cursors", []), cursorsNotFound=[],
                                                                        cursorsAlive=[], cursorsUnknown=[]))
-# The outbox's creation time, which feeds with no position start from.
+# The outbox's creation time, which feeds with no position start from, and
+# the stored partition count (state["n"]; None: not migrated yet).
+state = {"n": {"partitionguard": 4, "migratepartitions": None, "setpartitions": 4}.get(scenario, 1)}
 META = {"quiet": [{"_id": "outbox", "created": Timestamp(1690000000, 3)}]}.get(scenario, [])
-server.autoresponds(lambda r: r.command_name == "find" and r.doc.get("find") == "ferry_meta" and r.ok(
-    cursor={"id": Int64(0), "ns": "app.ferry_meta", "firstBatch": META}))
+
+
+def meta_find(r):
+    if r.command_name != "find" or r.doc.get("find") != "ferry_meta":
+        return False
+    want = (r.doc.get("filter") or {}).get("_id")
+    docs = [d for d in META if want in (None, d["_id"])]
+    if want == "partitions" and state["n"] is not None:
+        docs = [{"_id": "partitions", "n": state["n"]}]
+    return r.ok(cursor={"id": Int64(0), "ns": "app.ferry_meta", "firstBatch": docs})
+
+
+server.autoresponds(meta_find)
 port = server.run()
 print(server.uri, flush=True)
 
@@ -135,14 +149,37 @@ if scenario == "quiet":
     report("aggregate", r.doc.get("pipeline", [{}])[0].get("$changeStream", {}))
     r.ok(cursor={"id": Int64(0), "ns": ns, "firstBatch": [], "postBatchResumeToken": {"_data": "00BB"}})
 
-if scenario == "ttl":
-    # Three Migrates: RetentionTTL 2h over an outbox whose TTL index says
-    # 1h (collMod), then 0 (drop), then 1h with no index (create). The
-    # rest of Migrate is answered as an empty database would.
+
+
+def empty_database():
+    """Answer Migrate's commands as an empty database would (but the TTL
+    index's listIndexes, the partition count's update and the validator's
+    collMod, which scenarios answer themselves)."""
     server.autoresponds(lambda r: r.command_name == "listCollections" and r.ok(
         cursor={"id": Int64(0), "ns": "app.$cmd.listCollections", "firstBatch": []}))
     server.autoresponds(lambda r: r.command_name == "create" and r.ok())
     server.autoresponds(lambda r: r.command_name == "update" and r.ok(n=1, nModified=0))
+    server.autoresponds(lambda r: r.command_name == "createIndexes" and r.ok(
+        createdCollectionAutomatically=False, numIndexesBefore=1, numIndexesAfter=2))
+    for coll in ("ferry_checkpoints", "ferry_outbox"):
+        server.autoresponds(lambda r, coll=coll: r.command_name == "find" and r.doc.get("find") == coll and r.ok(
+            cursor={"id": Int64(0), "ns": "app." + coll, "firstBatch": []}))
+
+
+def validator_set(r):
+    """Report a collMod that sets the outbox's validator."""
+    if r.command_name != "collMod" or "validator" not in r.doc:
+        return False
+    report("validator", {"collMod": r.doc["collMod"], "validator": r.doc["validator"]})
+    return r.ok()
+
+
+if scenario == "ttl":
+    # Three Migrates: RetentionTTL 2h over an outbox whose TTL index says
+    # 1h (collMod), then 0 (drop), then 1h with no index (create). The
+    # rest of Migrate is answered as an empty database would.
+    empty_database()
+    server.autoresponds(lambda r: r.command_name == "collMod" and "validator" in r.doc and r.ok())
 
     def indexes_created(r):
         if r.command_name != "createIndexes":
@@ -262,6 +299,76 @@ if scenario == "redrive":
     r = server.receives(OpMsg("commitTransaction"), timeout=30)
     report("commit", {})
     r.ok()
+
+if scenario == "migratepartitions":
+    # An outbox of Ferry before the count was stored: its relays'
+    # checkpoints reach partition 2, its events partition 3. Migrate with
+    # no count stores 4 and sets the validator to it.
+    empty_database()
+    server.autoresponds(lambda r: r.command_name == "listIndexes" and r.ok(
+        cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": [{"v": 2, "key": {"_id": 1}, "name": "_id_"}]}))
+    server.autoresponds(validator_set)
+    for coll, p in (("ferry_checkpoints", 2), ("ferry_outbox", 3)):
+        server.autoresponds(lambda r, coll=coll, p=p: r.command_name == "find" and r.doc.get("find") == coll and r.ok(
+            cursor={"id": Int64(0), "ns": "app." + coll, "firstBatch": [{"_id": "x", "p": p}]}))
+
+    def count_stored(r):
+        if r.command_name != "update" or r.doc.get("update") != "ferry_meta":
+            return False
+        for u in r.doc.get("updates", []):
+            if u.get("q", {}).get("_id") == "partitions":
+                report("update", u)
+                state["n"] = u["u"]["$setOnInsert"]["n"]
+        return r.ok(n=1, nModified=0)
+    server.autoresponds(count_stored)
+
+if scenario == "partitionguard":
+    # The stored count is 4. A producer that follows it inserts with 4; the
+    # count has just changed to 8, so the validator refuses the insert;
+    # the producer's transaction runs again, with 8.
+    inserts = []
+    server.autoresponds(lambda r: r.command_name == "findAndModify" and r.ok(value={"_id": r.doc["query"]["_id"], "seq": Int64(1)}))
+    server.autoresponds(lambda r: r.command_name in ("commitTransaction", "abortTransaction") and r.ok())
+
+    def outbox_insert(r):
+        if r.command_name != "insert" or r.doc.get("insert") != "ferry_outbox":
+            return False
+        docs = r.doc.get("documents", [])
+        inserts.append(docs)
+        report("insert", [{"key": d["key"], "p": d["p"], "pc": d.get("pc")} for d in docs])
+        if len(inserts) == 1:
+            state["n"] = 8
+            return r.ok(n=0, writeErrors=[{"index": 0, "code": 121, "errmsg": "Document failed validation"}])
+        return r.ok(n=len(docs))
+    server.autoresponds(outbox_insert)
+
+if scenario == "setpartitions":
+    # A relay holds default/0: the change is refused and the validator
+    # restored. Then, with no lease left and nothing in the outbox, the
+    # change to 8 stores the count and sets the validator to it.
+    server.autoresponds(validator_set)
+    server.autoresponds(lambda r: r.command_name == "find" and r.doc.get("find") in ("ferry_checkpoints", "ferry_outbox") and r.ok(
+        cursor={"id": Int64(0), "ns": "app." + r.doc["find"], "firstBatch": []}))
+    server.autoresponds(lambda r: r.command_name == "aggregate" and r.doc.get("aggregate") == "ferry_outbox" and r.ok(
+        cursor={"id": Int64(0), "ns": "app.ferry_outbox", "firstBatch": []}))
+    leases = [[{"_id": "default/0", "holder": "relay-1", "term": Int64(3), "expires_at": datetime.datetime(2030, 1, 1)},
+               {"_id": "chain/orders", "holder": "chain-1", "term": Int64(1), "expires_at": datetime.datetime(2030, 1, 1)},
+               {"_id": "members/default/host-1", "holder": "host-1", "term": Int64(1), "expires_at": datetime.datetime(2030, 1, 1)}]]
+
+    def lease_find(r):
+        if r.command_name != "find" or r.doc.get("find") != "ferry_leases":
+            return False
+        return r.ok(cursor={"id": Int64(0), "ns": "app.ferry_leases", "firstBatch": leases.pop(0) if leases else []})
+    server.autoresponds(lease_find)
+
+    def count_changed(r):
+        if r.command_name != "update" or r.doc.get("update") != "ferry_meta":
+            return False
+        for u in r.doc.get("updates", []):
+            report("update", u)
+            state["n"] = u["u"]["$set"]["n"]
+        return r.ok(n=1, nModified=1)
+    server.autoresponds(count_changed)
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()

@@ -1,0 +1,102 @@
+package ferrydriver
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"strings"
+)
+
+// MaxPartitions is the largest partition count a backend accepts.
+const MaxPartitions = 4096
+
+// ErrPartitionChangeUnsafe is returned (wrapped) by SetPartitions when
+// changing the count now could deliver a key's events out of order: a
+// relay still holds a feed, or a feed has not delivered every event. The
+// wrapping error names the feed and says what to do; the change can be
+// asked for again once it is safe.
+var ErrPartitionChangeUnsafe = errors.New("changing the partition count now could reorder a key's events")
+
+// PartitionOf returns the outbox partition of key among partitions:
+// FNV-1a (32 bits) of the key's bytes modulo partitions. Every backend
+// uses it, so that the mapping is the same whatever the database.
+func PartitionOf(key string, partitions int) int {
+	if partitions <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(partitions))
+}
+
+// PartitionStore is implemented by stores that keep the outbox's partition
+// count with the schema (written when the schema is migrated) and hold
+// every producer and relay to it.
+//
+// A backend that implements it refuses, with an error wrapping
+// ErrMisconfigured, a feed or an append by a process configured with
+// another count, and an OpenFeed of a partition outside the stored range.
+type PartitionStore interface {
+	// StoredPartitions returns the partition count stored with the schema.
+	StoredPartitions(ctx context.Context) (int, error)
+	// SetPartitions changes the stored count. It refuses with
+	// ErrPartitionChangeUnsafe unless no relay holds a feed of the outbox
+	// and every feed has delivered every event of its partition (a Parker's
+	// parked events are not delivered, though the checkpoint passed them):
+	// then no
+	// event written under the old count can be delivered after one written
+	// under the new count, whose key may map to another partition.
+	// Producers are held back while the change is checked and made.
+	SetPartitions(ctx context.Context, p *SetPartitionsParams) (*SetPartitionsResult, error)
+}
+
+// SetPartitionsParams ask for a new partition count.
+type SetPartitionsParams struct {
+	// Partitions is the new count, 1 to MaxPartitions.
+	Partitions int
+	// Force records the count without the safety checks. It is for
+	// correcting a stored count that does not describe what producers
+	// already write (for instance one inferred by the migration of an
+	// older schema), never for changing the count of a live outbox.
+	Force bool
+}
+
+// SetPartitionsResult reports a change.
+type SetPartitionsResult struct {
+	// Previous is the count stored before the call.
+	Previous int
+	// Partitions is the count stored now.
+	Partitions int
+}
+
+// FeedPartition returns the partition of a relay feed name: relays name
+// their feed (checkpoint and lease) "<feed>/<partition>" (ferry.Relay).
+// Other names (a chain source's "chain/<name>") report false.
+func FeedPartition(name string) (int, bool) {
+	i := len(name)
+	for i > 0 && name[i-1] >= '0' && name[i-1] <= '9' {
+		i--
+	}
+	if i == len(name) || i < 2 || name[i-1] != '/' || len(name)-i > 4 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range name[i:] {
+		n = n*10 + int(c-'0')
+	}
+	if n >= MaxPartitions || (len(name)-i > 1 && name[i] == '0') {
+		return 0, false
+	}
+	return n, true
+}
+
+// IsRelayLease reports whether a lease is held by a relay process: a
+// feed's ("<feed>/<partition>", see FeedPartition) or a ferry.Balancer
+// membership ("members/<feed>/<holder>"). SetPartitions refuses while one
+// is live.
+func IsRelayLease(name string) bool {
+	if _, ok := FeedPartition(name); ok {
+		return true
+	}
+	return strings.HasPrefix(name, "members/")
+}
