@@ -85,9 +85,9 @@ type RelayConfig struct {
 	// store and published from there, in order, once it recovers, so that
 	// the checkpoint and the other keys move on. When the relay's
 	// read-ahead window is full, a tenth of it. Default 2 s. Parking needs
-	// a store that implements ferrydriver.Parker (PostgreSQL and SQLite);
-	// elsewhere a stuck key holds the checkpoint, and once the window (4
-	// batches) is full, every key.
+	// a store that implements ferrydriver.Parker (PostgreSQL, SQLite,
+	// MongoDB); elsewhere a stuck key holds the checkpoint, and once the
+	// read-ahead window (two batches) is full, every key.
 	StallTimeout time.Duration
 	// MaxAttempts and MaxAge bound how long the relay retries one event
 	// that fails transiently: after MaxAttempts attempts, or MaxAge after

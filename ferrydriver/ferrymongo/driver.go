@@ -365,6 +365,8 @@ func (d *Driver) indexes() []index {
 		// Retention of processed rows and listings of dead ones.
 		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "state", Value: 1}, {Key: "finished_at", Value: 1}}}},
 		{d.inboxKeys(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "runnable_at", Value: 1}}}},
+		// A parked key's head: its first document by pos.
+		{d.parked(), mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "key", Value: 1}, {Key: "pos", Value: 1}}}},
 	}
 }
 
@@ -372,7 +374,7 @@ func (d *Driver) indexes() []index {
 // collections and indexes, which Migrate creates.
 func (d *Driver) Migrations() []ferrydriver.Migration {
 	return []ferrydriver.Migration{{Version: 1, Name: "outbox",
-		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters,requests,inbox,inbox_keys,inbox_groups,counters,meta} and their indexes",
+		Up:   "create the collections " + d.cfg.Prefix + "{outbox,keys,checkpoints,leases,dead_letters,requests,inbox,inbox_keys,inbox_groups,counters,meta,parked} and their indexes",
 		Down: "drop them"}, {Version: 2, Name: "partitions",
 		Up: "store the partition count in " + d.cfg.Prefix + "meta (Config.Partitions, or what an existing outbox uses, or 1) " +
 			"and set the outbox's validator to refuse events computed with another count",
@@ -387,7 +389,7 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 		return &ferrydriver.MigrateResult{Applied: ms, Current: len(ms)}, nil
 	}
 	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters, d.requests(),
-		d.inbox(), d.inboxKeys(), d.inboxGroups(), d.counters(), d.meta()}
+		d.inbox(), d.inboxKeys(), d.inboxGroups(), d.counters(), d.meta(), d.parked()}
 	if p.Down {
 		for _, c := range colls {
 			if err := c.Drop(ctx); err != nil {
