@@ -60,7 +60,8 @@ func (f *ferryPG) Setup(ctx context.Context, e *env) error {
 }
 
 func (f *ferryPG) Reset(ctx context.Context, e *env, checkpoint bool) error {
-	return resetPG(ctx, e, f.schema(), []string{"migrations"}, checkpoint)
+	// The settings row (the stored partition count) is schema, not data.
+	return resetPG(ctx, e, f.schema(), []string{"migrations", "settings"}, checkpoint)
 }
 
 func (f *ferryPG) Producer(ctx context.Context, e *env, async bool) (producer, error) {
