@@ -208,6 +208,11 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report f
 	// Buffered for every promise, so that promises never block, even
 	// after Publish returned on a cancelled context.
 	results := make(chan outcome, len(events))
+	// The records carry the relay's fence into the client: franz-go looks
+	// at a batch's context when it builds a produce request, so a leader
+	// paused with records still buffered fails them on resume instead of
+	// sending them.
+	fenceCtx := context.Context(fencedContext{ctx})
 	pending := 0
 	done := make([]bool, len(events))
 	for i, ev := range events {
@@ -223,7 +228,7 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report f
 			continue
 		}
 		pending++
-		s.client.Produce(ctx, rec, func(_ *kgo.Record, err error) { results <- outcome{i, err} })
+		s.client.Produce(fenceCtx, rec, func(_ *kgo.Record, err error) { results <- outcome{i, err} })
 	}
 	for pending > 0 {
 		select {
@@ -316,4 +321,29 @@ func Murmur2(data []byte) uint32 {
 // this sink) gives a key: murmur2(key) & 0x7fffffff % n.
 func Partition(key []byte, n int32) int32 {
 	return int32(Murmur2(key)&0x7fffffff) % n
+}
+
+// fencedContext is a record's context whose Done and Err also report the
+// relay's fence (ferrysink.Fenced), checked when asked: franz-go asks when
+// it puts a buffered batch into a produce request, which is after a pause
+// however long, so the check needs no timer to have fired.
+type fencedContext struct{ context.Context }
+
+var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (c fencedContext) Done() <-chan struct{} {
+	if ferrysink.Fenced(c.Context) != nil {
+		return closedDone
+	}
+	return c.Context.Done()
+}
+
+func (c fencedContext) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if err := ferrysink.Fenced(c.Context); err != nil {
+		return fmt.Errorf("%w: %w", context.Canceled, err)
+	}
+	return nil
 }
