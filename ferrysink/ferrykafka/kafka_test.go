@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"sync"
 	"testing"
 	"time"
@@ -353,4 +354,62 @@ func TestConfigErrors(t *testing.T) {
 	}
 	_, err := ferrykafka.NewSource(ctx, &ferrykafka.SourceConfig{Brokers: []string{"x:1"}, Topics: []string{"t"}})
 	require.ErrorContains(t, err, "Group")
+}
+
+// TestFenceFailsBufferedRecords: records that franz-go still buffers when
+// the relay's fence starts refusing (a paused leader resuming past its
+// lease) fail instead of being sent; the request already in flight is
+// answered as usual.
+func TestFenceFailsBufferedRecords(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	c := cluster(t)
+	// Hold the first produce request until released, so that the next
+	// records of its partition wait in the client's buffer behind it.
+	release := make(chan struct{})
+	var held atomic.Bool
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if held.CompareAndSwap(false, true) {
+			c.SleepControl(func() { <-release })
+		}
+		return nil, nil, false
+	})
+	sink := newSink(t, c.ListenAddrs(), nil)
+	defer sink.Close(ctx)
+	var fenced atomic.Bool
+	errFenced := errors.New("lease lost")
+	fctx := ferrysink.WithFence(ctx, func() error {
+		if fenced.Load() {
+			return errFenced
+		}
+		return nil
+	})
+	first := &ferryevent.Event{Topic: "orders", Key: "hot", Type: "T"}
+	require.NoError(t, ferryevent.Prepare(first, 0, 0, time.Now()))
+	firstErr := make(chan error, 1)
+	go func() { firstErr <- sink.Publish(fctx, []*ferryevent.Event{first})[0] }()
+	require.Eventually(t, held.Load, 10*time.Second, time.Millisecond, "the first request reached the broker")
+
+	// Same key, so same partition: buffered behind the held request.
+	var later []*ferryevent.Event
+	for range 5 {
+		ev := &ferryevent.Event{Topic: "orders", Key: "hot", Type: "T"}
+		require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+		later = append(later, ev)
+	}
+	laterErrs := make(chan []error, 1)
+	go func() { laterErrs <- sink.Publish(fctx, later) }()
+	time.Sleep(200 * time.Millisecond) // let them reach the client's buffer
+	fenced.Store(true)
+	close(release)
+
+	require.NoError(t, <-firstErr, "the request in flight is answered")
+	for i, err := range <-laterErrs {
+		require.ErrorIs(t, err, errFenced, "buffered record %d", i)
+	}
+	stored, err := readAll(ctx, c.ListenAddrs(), "orders")
+	require.NoError(t, err)
+	require.Len(t, stored, 1, "only the record sent before the fence refused is stored")
+	require.Equal(t, first.ID, stored[0].Event.ID)
 }

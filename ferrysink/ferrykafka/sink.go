@@ -125,6 +125,13 @@ func New(ctx context.Context, cfg *Config) (*Sink, error) {
 		kgo.ProducerBatchMaxBytes(int32(max(c.MaxMessageBytes+1024, 1<<20))),
 		kgo.ProducerLinger(0),
 		kgo.UnknownTopicRetries(3),
+		// Lets a record's context fail it while buffered or in flight:
+		// the relay's fence (see fencedContext) and the delivery timeout
+		// need it with an idempotent producer. The cost franz-go warns of,
+		// a failed record that did land being stored twice when retried,
+		// is the relay's at-least-once contract anyway (consumers dedup by
+		// event ID), and the retry comes before the key's next event.
+		kgo.AllowIdempotentProduceCancellation(),
 	}, c.ClientOptions...)
 	client, err := connect(ctx, c.Brokers, opts)
 	if err != nil {
