@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"sync/atomic"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
