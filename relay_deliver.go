@@ -63,21 +63,18 @@ type pipeline struct {
 }
 
 type batchState struct {
-	cursor   []byte
-	left     int // events neither acknowledged, dead-lettered nor parked
-	size     int
-	invalid  int
-	nonEmpty bool
-	read     time.Time
-	oldest   time.Time
+	cursor  []byte
+	left    int // events neither acknowledged, dead-lettered nor parked
+	size    int
+	invalid int
+	read    time.Time
+	oldest  time.Time
 }
 
 // entry is one event in a key's queue.
 type entry struct {
-	ev *ferryevent.Event
-	b  *batchState // nil once parked, and for heads loaded from the store
-	// sent is when the current attempt was handed to the sink.
-	sent time.Time
+	ev   *ferryevent.Event
+	b    *batchState // nil once parked, and for heads loaded from the store
 	done bool
 	err  error
 }
@@ -99,6 +96,9 @@ type keyState struct {
 	// head; held: the head is not retried until an operator releases it.
 	parked, held bool
 }
+
+// fresh forgets the failures of k's previous head.
+func (k *keyState) fresh() { k.attempts, k.since, k.lastErr = 0, time.Time{}, nil }
 
 // callOutcome is one event's outcome reported by a sink call.
 type callOutcome struct {
@@ -303,7 +303,7 @@ func (p *pipeline) nextWake() (time.Time, bool) {
 
 // add takes a batch into the pipeline.
 func (p *pipeline) add(b *ferrydriver.Batch) error {
-	bs := &batchState{cursor: b.Cursor, size: len(b.Events), invalid: len(b.Invalid), nonEmpty: len(b.Events)+len(b.Invalid) > 0, read: time.Now()}
+	bs := &batchState{cursor: b.Cursor, size: len(b.Events), invalid: len(b.Invalid), read: time.Now()}
 	if len(b.Invalid) > 0 {
 		dead := make([]*ferrydriver.DeadLetter, 0, len(b.Invalid))
 		for _, inv := range b.Invalid {
@@ -394,7 +394,7 @@ func (p *pipeline) dispatch() {
 				k.since = now
 			}
 			for _, e := range k.q[:n] {
-				e.sent, e.done, e.err = now, false, nil
+				e.done, e.err = false, nil
 				c.events = append(c.events, e.ev)
 				c.owners = append(c.owners, k)
 				c.items = append(c.items, e)
@@ -514,7 +514,7 @@ func (p *pipeline) settle(outs []callOutcome) error {
 					dead = append(dead, dl)
 					deadIn = append(deadIn, e.b)
 					k.q = k.q[1:]
-					k.attempts, k.since, k.lastErr = 0, time.Time{}, nil
+					k.fresh()
 				}
 			default:
 				failed = e.err
@@ -556,7 +556,7 @@ func (p *pipeline) finish(k *keyState, e *entry, dl *ferrydriver.DeadLetter) err
 		p.needHeads[k] = true
 	}
 	k.q = k.q[1:]
-	k.attempts, k.since, k.lastErr = 0, time.Time{}, nil
+	k.fresh()
 	if e.b != nil {
 		e.b.left--
 	}
@@ -604,23 +604,22 @@ func (p *pipeline) giveUp(k *keyState, err error, age time.Duration) error {
 		p.r.alert(p.pubCtx, &StuckKey{Feed: p.r.name, Key: k.key, Event: *e.ev, State: KeyHeld, Attempts: k.attempts, Since: k.since, Err: err})
 		return nil
 	}
+	attempts, since := k.attempts, k.since
 	dl := &ferrydriver.DeadLetter{Feed: p.r.name, Event: *e.ev, Reason: reason}
-	if k.parked {
-		if err := p.finish(k, e, dl); err != nil {
-			return err
-		}
-		p.r.m.deadLetters.Inc()
-	} else {
-		k.q = k.q[1:]
-		if e.b != nil {
-			e.b.left--
-		}
+	if !k.parked {
+		// Stored before the event counts as done for its batch; a parked
+		// head is removed and dead-lettered in one write by finish.
 		if err := p.deadLetter([]*ferrydriver.DeadLetter{dl}); err != nil {
 			return err
 		}
+		dl = nil
 	}
-	attempts, since := k.attempts, k.since
-	k.attempts, k.since, k.lastErr = 0, time.Time{}, nil
+	if err := p.finish(k, e, dl); err != nil {
+		return err
+	}
+	if dl != nil {
+		p.r.m.deadLetters.Inc()
+	}
 	p.r.alert(p.pubCtx, &StuckKey{Feed: p.r.name, Key: k.key, Event: *e.ev, State: KeyDeadLettered, Attempts: attempts, Since: since, Err: err})
 	p.markReady(k)
 	p.forget(k)
@@ -669,7 +668,7 @@ func (p *pipeline) advance() {
 		p.behind -= b.size
 		cursor = b.cursor
 		events += b.size + b.invalid
-		if b.nonEmpty {
+		if b.size+b.invalid > 0 {
 			p.r.progress.Add(1)
 			p.r.m.publishSeconds.Observe(now.Sub(b.read).Seconds())
 			p.r.m.lagSeconds.Set(max(0, now.Sub(b.oldest).Seconds()))
@@ -873,7 +872,7 @@ func (p *pipeline) checkHeld() error {
 		}
 		k.held = false
 		p.r.m.heldKeys.Dec()
-		k.attempts, k.since, k.lastErr = 0, time.Time{}, nil
+		k.fresh()
 		p.r.log.Info("ferry: held key released", "key", key)
 		k.q = k.q[:0]
 		if h != nil {

@@ -67,6 +67,14 @@ func latencies(sink *memsink.Sink, committed map[string]time.Time, skip string) 
 	return out
 }
 
+// failingStuckKey returns a sink that fails key "stuck" transiently while
+// the flag is set (it is, to begin with).
+func failingStuckKey() (*memsink.Sink, *atomic.Bool) {
+	failing := new(atomic.Bool)
+	failing.Store(true)
+	return &memsink.Sink{Fail: func(e *ferryevent.Event) bool { return e.Key == "stuck" && failing.Load() }}, failing
+}
+
 func p99(d []time.Duration) time.Duration {
 	if len(d) == 0 {
 		return 0
@@ -148,9 +156,7 @@ func TestRelayFailingKeyRecovers(t *testing.T) {
 	drv := newPG(t)
 	c, err := ferry.NewClient(drv, nil)
 	require.NoError(t, err)
-	var failing atomic.Bool
-	failing.Store(true)
-	sink := &memsink.Sink{Fail: func(e *ferryevent.Event) bool { return e.Key == "stuck" && failing.Load() }}
+	sink, failing := failingStuckKey()
 	run(t, stuckRelay(t, drv, sink, nil))
 	events, committed := paced(t, c, keysFor(9), 300, 5*time.Millisecond)
 	stuck := 0
@@ -269,9 +275,7 @@ func TestRelayResumesParkedKeysAfterRestart(t *testing.T) {
 	drv := newPG(t)
 	c, err := ferry.NewClient(drv, nil)
 	require.NoError(t, err)
-	var failing atomic.Bool
-	failing.Store(true)
-	sink := &memsink.Sink{Fail: func(e *ferryevent.Event) bool { return e.Key == "stuck" && failing.Load() }}
+	sink, failing := failingStuckKey()
 	stop := run(t, stuckRelay(t, drv, sink, nil))
 	events, _ := paced(t, c, keysFor(3), 60, 5*time.Millisecond)
 	ctx := context.Background()

@@ -18,7 +18,6 @@ type Sink struct {
 	mu     sync.Mutex
 	stored []ferryevent.Event
 	at     []time.Time
-	calls  int
 	// FailRate is the probability that one publish fails transiently.
 	FailRate float64
 	// Permanent reports whether an event must fail permanently.
@@ -75,7 +74,6 @@ func (s *Sink) PublishEach(ctx context.Context, events []*ferryevent.Event, done
 func (s *Sink) one(ctx context.Context, e *ferryevent.Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls++
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
