@@ -363,7 +363,7 @@ type demoRelay struct {
 }
 
 func (d *demo) startRelay(ctx context.Context) error {
-	nc, err := nats.Connect(d.natsURL, nats.Name("ferry-demo-relay"))
+	nc, err := nats.Connect(d.natsURL, nats.Name("ferry-demo-relay"), ferrynats.WriteFence())
 	if err != nil {
 		return err
 	}

@@ -385,7 +385,7 @@ func openNATS(ctx context.Context, dc *daemonConfig, log *slog.Logger) (*openedS
 			log.Info("ferry: embedded NATS server listening", "url", natsURL)
 		}
 	}
-	nc, err := nats.Connect(natsURL, nats.Name("ferry-relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false))
+	nc, err := nats.Connect(natsURL, nats.Name("ferry-relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false), ferrynats.WriteFence())
 	if err != nil {
 		closeAll()
 		return nil, fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)

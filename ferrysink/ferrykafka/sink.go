@@ -2,9 +2,11 @@ package ferrykafka
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -101,6 +103,7 @@ func (c *Config) validate() error {
 type Sink struct {
 	cfg    *Config
 	client *kgo.Client
+	guard  *ferrysink.WriteGuard // wraps every broker connection
 
 	mu     sync.RWMutex // held for reading by Publish, for writing by Close
 	closed bool
@@ -133,11 +136,57 @@ func New(ctx context.Context, cfg *Config) (*Sink, error) {
 		// event ID), and the retry comes before the key's next event.
 		kgo.AllowIdempotentProduceCancellation(),
 	}, c.ClientOptions...)
+	guard := ferrysink.NewWriteGuard()
+	dial, err := guardedDialer(c, guard)
+	if err != nil {
+		return nil, err
+	}
+	// Last, so that the guard wraps whatever dialer or TLS the caller set.
+	opts = append(opts, kgo.DialTLSConfig(nil), kgo.Dialer(dial))
 	client, err := connect(ctx, c.Brokers, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &Sink{cfg: c, client: client}, nil
+	return &Sink{cfg: c, client: client, guard: guard}, nil
+}
+
+// guardedDialer returns the dialer the caller's ClientOptions configure
+// (kgo.Dialer, or kgo.DialTLSConfig over a plain dialer with kgo.DialTimeout),
+// its connections wrapped in guard: a write then carries no record whose
+// relay fence has ended, even one franz-go buffered before the relay was
+// paused.
+func guardedDialer(c *Config, guard *ferrysink.WriteGuard) (func(context.Context, string, string) (net.Conn, error), error) {
+	// A client that never dials reads the options back.
+	probe, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, c.ClientOptions...)...)
+	if err != nil {
+		return nil, fmt.Errorf("ferrykafka: Config.ClientOptions: %w", err)
+	}
+	base, _ := probe.OptValue(kgo.Dialer).(func(context.Context, string, string) (net.Conn, error))
+	tlsConfig, _ := probe.OptValue(kgo.DialTLSConfig).(*tls.Config)
+	timeout, _ := probe.OptValue(kgo.DialTimeout).(time.Duration)
+	probe.Close()
+	if base == nil {
+		nd := &net.Dialer{Timeout: timeout}
+		base = nd.DialContext
+		if tlsConfig != nil {
+			base = func(ctx context.Context, network, host string) (net.Conn, error) {
+				cfg := tlsConfig.Clone()
+				if cfg.ServerName == "" {
+					if server, _, err := net.SplitHostPort(host); err == nil {
+						cfg.ServerName = server
+					}
+				}
+				return (&tls.Dialer{NetDialer: nd, Config: cfg}).DialContext(ctx, network, host)
+			}
+		}
+	}
+	return func(ctx context.Context, network, host string) (net.Conn, error) {
+		conn, err := base(ctx, network, host)
+		if err != nil {
+			return nil, err
+		}
+		return guard.Conn(conn), nil
+	}, nil
 }
 
 // checkBrokers checks a config's seed brokers (cfg names the config type).
@@ -220,6 +269,9 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report f
 	// paused with records still buffered fails them on resume instead of
 	// sending them.
 	fenceCtx := context.Context(fencedContext{ctx})
+	// And every write to a broker checks the fences of the records not
+	// yet answered, in case one was put in a request before a pause.
+	guarded := s.guard.Call(ctx)
 	pending := 0
 	done := make([]bool, len(events))
 	for i, ev := range events {
@@ -229,13 +281,18 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report f
 			done[i] = true
 			continue
 		}
+		guarded.Arm()
 		if err := ferrysink.Fenced(ctx); err != nil {
+			guarded.Disarm()
 			errs[i] = fmt.Errorf("ferrykafka: event %s %w", ev.ID, err)
 			done[i] = true
 			continue
 		}
 		pending++
-		s.client.Produce(fenceCtx, rec, func(_ *kgo.Record, err error) { results <- outcome{i, err} })
+		s.client.Produce(fenceCtx, rec, func(_ *kgo.Record, err error) {
+			guarded.Disarm()
+			results <- outcome{i, err}
+		})
 	}
 	for pending > 0 {
 		select {

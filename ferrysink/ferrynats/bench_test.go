@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 )
 
@@ -16,15 +19,23 @@ import (
 // in one call (which the relay never makes) cost the same as distinct keys.
 //
 //	go test -run xxx -bench Publish
+//
+// Under a relay fence, on the shared connection ("plain") and on one made
+// with WriteFence ("write-fence"), which checks the fences on every write.
 func BenchmarkPublish(b *testing.B) {
-	ctx := context.Background()
+	b.Run("plain", func(b *testing.B) { benchmarkPublish(b, testConn(b)) })
+	b.Run("write-fence", func(b *testing.B) { benchmarkPublish(b, fencedConn(b, ferrynats.WriteFence())) })
+}
+
+func benchmarkPublish(b *testing.B, nc *nats.Conn) {
+	ctx := ferrysink.WithFence(context.Background(), func() error { return nil })
 	stream, prefix := testNames(b)
-	sink, err := ferrynats.New(ctx, testConn(b), &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
+	sink, err := ferrynats.New(context.Background(), nc, &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		if err := sink.Close(ctx); err != nil {
+		if err := sink.Close(context.Background()); err != nil {
 			b.Error(err)
 		}
 	})

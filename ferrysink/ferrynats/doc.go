@@ -10,9 +10,10 @@
 // # Publishing
 //
 // The sink never dials: connect with nats.Connect, hand the connection to
-// New, and close it after the sink.
+// New, and close it after the sink. Pass WriteFence, so that a relay
+// paused past its lease writes nothing nats.go had buffered for it.
 //
-//	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+//	nc, err := nats.Connect(os.Getenv("NATS_URL"), ferrynats.WriteFence())
 //	if err != nil {
 //		return err
 //	}

@@ -13,11 +13,12 @@ import (
 )
 
 // The application dials NATS and owns the connection; the sink publishes
-// through it. The relay normally calls Publish; it is called directly here
-// to show the per-event results.
+// through it. WriteFence carries the relay's lease fence to the socket.
+// The relay normally calls Publish; it is called directly here to show the
+// per-event results.
 func ExampleNew() {
 	ctx := context.Background()
-	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	nc, err := nats.Connect(os.Getenv("NATS_URL"), ferrynats.WriteFence())
 	if err != nil {
 		log.Fatal(err)
 	}

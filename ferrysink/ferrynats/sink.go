@@ -27,9 +27,10 @@ const errCodeStreamNotMatch jetstream.ErrorCode = 10060
 // Sink publishes events to a JetStream stream. It implements
 // ferrysink.Sink. Create it with New; it is safe for concurrent use.
 type Sink struct {
-	nc  *nats.Conn
-	js  jetstream.JetStream
-	cfg *Config // WithDefaults applied
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	cfg   *Config               // WithDefaults applied
+	guard *ferrysink.WriteGuard // nil unless nc was made with WriteFence
 
 	// slots holds one token per message published and not yet resolved
 	// (acknowledged, failed or timed out); its capacity is MaxInFlight.
@@ -91,6 +92,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg *Config) (*Sink, error) {
 		js:    js,
 		cfg:   c,
 		slots: make(chan struct{}, c.MaxInFlight),
+		guard: guardOf(nc),
 	}, nil
 }
 
@@ -182,6 +184,7 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, done fun
 	waiting := make([]bool, len(events))
 	pending := 0
 	results := make(chan ackResult, len(events)) // never blocks a sender
+	guarded := s.guard.Call(ctx)                 // nil, and a no-op, without WriteFence
 	for i, ev := range events {
 		if ctx.Err() != nil {
 			errs[i] = notSent(ctx, ev)
@@ -199,21 +202,25 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, done fun
 			errs[i] = notSent(ctx, ev)
 			continue
 		}
+		dropped := guarded.Arm()
 		if err := ferrysink.Fenced(ctx); err != nil {
+			guarded.Disarm()
 			<-s.slots
 			errs[i] = fmt.Errorf("ferrynats: event %s %w", ev.ID, err)
 			continue
 		}
 		paf, err := s.js.PublishMsgAsync(msg)
 		if err != nil {
+			guarded.Disarm()
 			<-s.slots
 			errs[i] = s.classify(ev, msg.Subject, err)
 			continue
 		}
+		guarded.Queued()
 		waiting[i] = true
 		pending++
 		s.inflight.Add(1) // safe: this call's own count keeps the counter above zero
-		go s.await(i, paf, results)
+		go s.await(i, paf, dropped, results)
 	}
 
 	record := func(r ackResult) {
@@ -273,13 +280,24 @@ func (s *Sink) enter() bool {
 
 // await waits for one message's outcome and frees its slot. It does not
 // watch the caller's context: the slot stays taken until JetStream answers
-// or Config.AckTimeout passes, which always happens.
-func (s *Sink) await(index int, paf jetstream.PubAckFuture, results chan<- ackResult) {
+// or Config.AckTimeout passes, which always happens. When the write guard
+// drops a write meanwhile (dropped is closed), the outcome is reported at
+// once and the slot is freed when nats.go gives up on the message.
+func (s *Sink) await(index int, paf jetstream.PubAckFuture, dropped <-chan struct{}, results chan<- ackResult) {
 	defer s.inflight.Done()
 	r := ackResult{index: index}
 	select {
 	case r.ack = <-paf.Ok():
 	case r.err = <-paf.Err():
+	case <-dropped:
+		r.err = errAckDropped
+		results <- r
+		select {
+		case <-paf.Ok():
+		case <-paf.Err():
+		}
+		<-s.slots
+		return
 	}
 	<-s.slots
 	results <- r
@@ -343,6 +361,8 @@ func (s *Sink) classify(ev *ferryevent.Event, subject string, err error) error {
 		return permanent("a header cannot be carried by NATS", err)
 	case isAPI && apiErr.Code == http.StatusBadRequest:
 		return permanent("JetStream rejected the message: "+apiErr.Description, err)
+	case errors.Is(err, nats.ErrReconnectBufExceeded):
+		return fmt.Errorf("ferrynats: event %s not published to %s: the connection to NATS is down and being re-established: %w", ev.ID, subject, err)
 	case errors.Is(err, jetstream.ErrAsyncPublishTimeout):
 		return fmt.Errorf("ferrynats: publish event %s to %s: no ack within Config.AckTimeout (%s): %w", ev.ID, subject, s.cfg.AckTimeout, err)
 	default:
