@@ -338,7 +338,15 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 	defer wg.Wait()
 	wg.Go(func() { c.maintain(ctx) })
 	errAttempt := 0
+	var rescueChecked time.Time
 	for ctx.Err() == nil {
+		if time.Since(rescueChecked) >= rescueInterval(c.cfg.ClaimTTL) {
+			rescueChecked = time.Now()
+			if c.rescue(ctx, slots) {
+				rescueChecked = time.Time{} // there may be more
+				continue
+			}
+		}
 		free := c.cfg.Workers - len(slots)
 		var rows []*ferrydriver.InboxRow
 		var err error
@@ -347,7 +355,8 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
 		if free > 0 {
 			rows, err = c.driver.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{
-				Group: c.cfg.Group, Worker: c.worker, Limit: free, TTL: c.cfg.ClaimTTL, HoldDead: c.cfg.DeadPolicy == Hold})
+				Group: c.cfg.Group, Worker: c.worker, Limit: free, TTL: c.cfg.ClaimTTL, HoldDead: c.cfg.DeadPolicy == Hold,
+				MaxAttempts: c.cfg.MaxAttempts})
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -360,6 +369,11 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		}
 		errAttempt = 0
 		for _, row := range rows {
+			if row.State == ferrydriver.InboxDead {
+				// Given up at claim time: its last attempts lost their claims.
+				c.reportDead(ctx, row, errors.New(row.LastError))
+				continue
+			}
 			slots <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-slots; c.Notify() }()
@@ -377,6 +391,69 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		}
 		t.Stop()
 	}
+}
+
+// rescueInterval is how often a consumer looks for expired claims.
+func rescueInterval(ttl time.Duration) time.Duration {
+	return min(max(ttl/4, 50*time.Millisecond), time.Second)
+}
+
+// rescue runs one event whose last claim expired (its process crashed, or
+// its handler outlived the claim), alone: it waits for the running
+// handlers to finish (for a ClaimTTL at most), holding every worker slot,
+// so that an event that crashes the process costs no other event an
+// attempt. It reports whether it found one.
+func (c *Consumer[TTx]) rescue(ctx context.Context, slots chan struct{}) bool {
+	due, err := c.driver.RescueDue(ctx, c.cfg.Group)
+	if err != nil || !due {
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("ferry: looking for expired claims failed; will retry", "err", err)
+		}
+		return false
+	}
+	held := 0
+	defer func() {
+		for range held {
+			<-slots
+		}
+	}()
+	// Every handler running now must commit within its claim; one that
+	// ignores its deadline is past it after a ClaimTTL, and its own claim
+	// is then one to rescue too: the wait ends there.
+	wait := time.NewTimer(c.cfg.ClaimTTL)
+	defer wait.Stop()
+drain:
+	for range c.cfg.Workers {
+		select {
+		case slots <- struct{}{}:
+			held++
+		case <-wait.C:
+			break drain
+		case <-ctx.Done():
+			return false
+		}
+	}
+	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
+	rows, err := c.driver.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{
+		Group: c.cfg.Group, Worker: c.worker, Limit: 1, TTL: c.cfg.ClaimTTL, HoldDead: c.cfg.DeadPolicy == Hold,
+		MaxAttempts: c.cfg.MaxAttempts, Rescue: true})
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("ferry: rescuing an expired claim failed; will retry", "err", err)
+		}
+		return false
+	}
+	for _, row := range rows {
+		if row.State == ferrydriver.InboxDead {
+			c.reportDead(ctx, row, errors.New(row.LastError))
+			continue
+		}
+		c.m.rescues.Inc()
+		c.log.Warn("ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone",
+			"event_id", row.Event.ID, "key", row.Event.Key, "type", row.Event.Type, "attempt", row.Attempts, "max_attempts", c.cfg.MaxAttempts)
+		c.process(ctx, row, deadline)
+	}
+	return len(rows) > 0
 }
 
 // maintain refreshes the inbox gauges every 15 s and removes processed
@@ -447,7 +524,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 			}
 		}
 		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
-			Group: c.cfg.Group, EventID: ev.ID, Worker: c.worker, HoldDead: c.cfg.DeadPolicy == Hold})
+			Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, HoldDead: c.cfg.DeadPolicy == Hold})
 	})
 	if err == nil {
 		c.m.outcomes.WithLabelValues("processed").Inc()
@@ -455,28 +532,41 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	}
 	if errors.Is(err, ferrydriver.ErrClaimLost) {
 		c.m.outcomes.WithLabelValues("claim_lost").Inc()
-		c.log.Warn("ferry: an event's claim expired before its handler committed; its effect was rolled back and it runs again", "event_id", ev.ID, "claim_ttl", c.cfg.ClaimTTL)
+		c.log.Warn("ferry: an event's handler outlived its claim: its effect was rolled back; the event runs again, or already did in a later attempt",
+			"event_id", ev.ID, "key", ev.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond))
 		return
 	}
 	dead, retryAt := c.decide(row, err)
 	ferr := c.driver.FailInbox(context.WithoutCancel(ctx), &ferrydriver.FailInboxParams{
-		Group: c.cfg.Group, EventID: ev.ID, Worker: c.worker, Error: err.Error(), RetryAt: retryAt, Dead: dead,
+		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: retryAt, Dead: dead,
 		HoldDead: c.cfg.DeadPolicy == Hold})
+	if errors.Is(ferr, ferrydriver.ErrClaimLost) {
+		c.m.outcomes.WithLabelValues("claim_lost").Inc()
+		c.log.Warn("ferry: an event's handler failed after its claim had expired: the failure is not recorded; the event runs again, or already did in a later attempt",
+			"event_id", ev.ID, "key", ev.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond), "err", err)
+		return
+	}
 	if ferr != nil {
 		// The claim expires and the event runs again: nothing is lost.
 		c.log.Warn("ferry: recording a failed attempt failed", "event_id", ev.ID, "err", ferr)
 		return
 	}
 	if dead {
-		c.m.outcomes.WithLabelValues("dead").Inc()
-		c.log.Error("ferry: event is dead", "event_id", ev.ID, "key", ev.Key, "type", ev.Type, "attempts", row.Attempts, "err", err)
-		if c.cfg.OnDead != nil {
-			c.cfg.OnDead(ctx, &DeadEvent{Group: c.cfg.Group, Event: ev, Attempts: row.Attempts, Err: err})
-		}
+		c.reportDead(ctx, row, err)
 		return
 	}
 	c.m.outcomes.WithLabelValues("retried").Inc()
 	c.log.Info("ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", retryAt, "err", err)
+}
+
+// reportDead counts, logs and hands to OnDead an event that went DEAD.
+func (c *Consumer[TTx]) reportDead(ctx context.Context, row *ferrydriver.InboxRow, err error) {
+	ev := &row.Event
+	c.m.outcomes.WithLabelValues("dead").Inc()
+	c.log.Error("ferry: event is dead", "event_id", ev.ID, "key", ev.Key, "type", ev.Type, "attempts", row.Attempts, "err", err)
+	if c.cfg.OnDead != nil {
+		c.cfg.OnDead(ctx, &DeadEvent{Group: c.cfg.Group, Event: ev, Attempts: row.Attempts, Err: err})
+	}
 }
 
 // decide turns a handler error into DEAD or a retry time.

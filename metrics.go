@@ -58,6 +58,7 @@ func newRelayMetrics(reg prometheus.Registerer, feed string) (*relayMetrics, err
 
 type consumerMetrics struct {
 	outcomes       *prometheus.CounterVec
+	rescues        prometheus.Counter
 	handlerSeconds prometheus.Observer
 	inbox          *prometheus.GaugeVec
 }
@@ -68,18 +69,20 @@ func newConsumerMetrics(reg prometheus.Registerer, group string) (*consumerMetri
 	labels := prometheus.Labels{"group": group}
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "consumer", Name: "attempts_total",
 		Help: "Handler attempts by outcome: processed, retried, dead, claim_lost.", ConstLabels: labels}, []string{"outcome"})
+	rescues := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "consumer", Name: "rescues_total",
+		Help: "Events run again, alone, after their last claim expired (the process crashed, or the handler outlived ClaimTTL).", ConstLabels: labels})
 	hs := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "consumer", Name: "handler_seconds",
 		Help: "Time from claim to commit of one event, handler included.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
 	inbox := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "ferry", Subsystem: "consumer", Name: "inbox_rows",
 		Help: "Unfinished inbox rows by state (pending, processing, failed, dead), refreshed every 15 s.", ConstLabels: labels}, []string{"state"})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{outcomes, hs, inbox} {
+		for _, c := range []prometheus.Collector{outcomes, rescues, hs, inbox} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("ferry: register consumer metrics for group %s: %w", group, err)
 			}
 		}
 	}
-	return &consumerMetrics{outcomes: outcomes, handlerSeconds: hs, inbox: inbox}, nil
+	return &consumerMetrics{outcomes: outcomes, rescues: rescues, handlerSeconds: hs, inbox: inbox}, nil
 }
 
 // settleWait observes how long AwaitSettled calls wait, by outcome.

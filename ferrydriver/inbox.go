@@ -25,9 +25,14 @@ const (
 	InboxRetracted  InboxState = "retracted"
 )
 
-// ErrClaimLost means the worker's claim on an inbox row expired and the row
-// may be with another worker: the handler's transaction must roll back.
-var ErrClaimLost = errors.New("inbox claim lost: the row's lease expired and another worker may have it")
+// ErrClaimLost means the claim on an inbox row is no longer the caller's:
+// it expired (and the row may be with another attempt), or a later claim
+// took the row over. The handler's transaction must roll back.
+var ErrClaimLost = errors.New("inbox claim lost: the claim expired or a later attempt took the row over")
+
+// ReasonAttemptsExhausted is the error recorded for a row that ClaimInbox
+// makes DEAD instead of claiming it again (ClaimInboxParams.MaxAttempts).
+const ReasonAttemptsExhausted = "attempts exhausted; the last ones lost their claim or crashed the process"
 
 // Inbox is implemented by backends that keep consumer inboxes. Each
 // (group, event ID) is recorded once; rows of one key run one at a time, in
@@ -39,17 +44,28 @@ type Inbox[TTx any] interface {
 	InsertInbox(ctx context.Context, p *InsertInboxParams) (*InsertInboxResult, error)
 	// ClaimInbox claims up to p.Limit runnable rows, at most one per key and
 	// always a key's oldest unfinished row, marking them PROCESSING for
-	// p.Worker until p.TTL from now.
+	// p.Worker until p.TTL from now, counting the attempt, and giving each
+	// claim a token of its own (InboxRow.Claim) that fences every later
+	// change of the row. Runnable: PENDING, or FAILED and due; with
+	// p.Rescue, only PROCESSING rows whose claim expired instead. A head
+	// whose attempts already reached p.MaxAttempts is not claimed: it is
+	// made DEAD with ReasonAttemptsExhausted, its key follows p.HoldDead,
+	// and it is returned with State InboxDead so that the caller reports it.
 	ClaimInbox(ctx context.Context, p *ClaimInboxParams) ([]*InboxRow, error)
+	// RescueDue reports whether a claim of the group has expired (a row
+	// for ClaimInbox with Rescue). It reads an index of the rows being
+	// processed only.
+	RescueDue(ctx context.Context, group string) (bool, error)
 	// RunInTx runs fn in a new transaction of the consumer's database and
 	// commits it if fn returns nil.
 	RunInTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error
 	// CompleteInboxTx marks a claimed row PROCESSED inside tx, the
-	// transaction of the handler's own writes; ErrClaimLost if the claim
-	// is no longer p.Worker's.
+	// transaction of the handler's own writes; ErrClaimLost unless p.Claim
+	// is the row's current claim and has not expired.
 	CompleteInboxTx(ctx context.Context, tx TTx, p *CompleteInboxParams) error
 	// FailInbox records a failed attempt: FAILED until p.RetryAt, or DEAD
-	// when p.Dead. ErrClaimLost if the claim is no longer p.Worker's.
+	// when p.Dead. ErrClaimLost unless p.Claim is the row's current claim
+	// and has not expired. The attempt was counted when it was claimed.
 	FailInbox(ctx context.Context, p *FailInboxParams) error
 
 	// SetInboxPolicy stores a group's dead policy; if it changed, every key
@@ -159,14 +175,27 @@ type ClaimInboxParams struct {
 	// HoldDead: a DEAD row holds its key's later rows back (the group's
 	// policy is Hold); false lets them run (Continue).
 	HoldDead bool
+	// MaxAttempts bounds the attempts of a row: one that already had as
+	// many (they lost their claims) goes DEAD instead. 0: no bound.
+	MaxAttempts int
+	// Rescue claims rows whose last claim expired (their worker crashed, or
+	// outlived the claim) instead of PENDING and FAILED ones. The consumer
+	// runs them one at a time with nothing else running, so that an event
+	// that crashes its process costs no other event an attempt.
+	Rescue bool
 }
 
 // InboxRow is one claimed (or listed) inbox row.
 type InboxRow struct {
-	Group         string
-	Event         ferryevent.Event
-	State         InboxState
-	Attempts      int
+	Group string
+	Event ferryevent.Event
+	State InboxState
+	// Attempts counts the row's claims (this one included, for a claimed
+	// row) since it was received or redriven.
+	Attempts int
+	// Claim is the token of the claim that ClaimInbox just made (empty
+	// otherwise): CompleteInboxTx and FailInbox present it.
+	Claim         string
 	LastError     string
 	NextAttemptAt time.Time
 	ReceivedAt    time.Time
@@ -175,9 +204,10 @@ type InboxRow struct {
 
 // CompleteInboxParams finish a claimed row.
 type CompleteInboxParams struct {
-	Group    string
-	EventID  uuid.UUID
-	Worker   string
+	Group   string
+	EventID uuid.UUID
+	// Claim is InboxRow.Claim of the attempt.
+	Claim    string
 	HoldDead bool // the group's policy, as in ClaimInboxParams
 }
 
@@ -185,7 +215,8 @@ type CompleteInboxParams struct {
 type FailInboxParams struct {
 	Group   string
 	EventID uuid.UUID
-	Worker  string
+	// Claim is InboxRow.Claim of the attempt.
+	Claim   string
 	Error   string
 	RetryAt time.Time
 	Dead    bool

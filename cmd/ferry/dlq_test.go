@@ -36,7 +36,7 @@ func TestDLQForAConsumerGroup(t *testing.T) {
 	require.NoError(t, err)
 	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "billing", Worker: "w", Limit: 5, TTL: time.Minute, HoldDead: true})
 	require.NoError(t, err)
-	require.NoError(t, drv.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "billing", EventID: rows[0].Event.ID, Worker: "w", Error: "card declined\nstack...", Dead: true, HoldDead: true}))
+	require.NoError(t, drv.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "billing", EventID: rows[0].Event.ID, Claim: rows[0].Claim, Error: "card declined\nstack...", Dead: true, HoldDead: true}))
 
 	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
 	out, code := ferryCmd(t, append([]string{"dlq", "list", "--group", "billing"}, db...)...)

@@ -29,6 +29,8 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("ClaimsHeadsInKeyOrder", func(t *testing.T) { t.Parallel(); testInboxHeads(t, newDriver(t)) })
 	t.Run("CompleteCommitsWithHandlerTx", func(t *testing.T) { t.Parallel(); testInboxComplete(t, newDriver(t)) })
 	t.Run("ExpiredClaimIsReclaimed", func(t *testing.T) { t.Parallel(); testInboxExpiredClaim(t, newDriver(t)) })
+	t.Run("StaleAttemptCannotFinishALaterClaim", func(t *testing.T) { t.Parallel(); testInboxStaleAttempt(t, newDriver(t)) })
+	t.Run("ExhaustedAttemptsGoDeadAtClaim", func(t *testing.T) { t.Parallel(); testInboxExhausted(t, newDriver(t)) })
 	t.Run("FailedRetriesWhenDue", func(t *testing.T) { t.Parallel(); testInboxRetry(t, newDriver(t)) })
 	t.Run("DeadHoldsOrContinues", func(t *testing.T) { t.Parallel(); testInboxDead(t, newDriver(t)) })
 	t.Run("ConcurrentWorkersKeepKeyOrder", func(t *testing.T) { t.Parallel(); testInboxConcurrent(t, newDriver(t)) })
@@ -60,7 +62,7 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.I
 	require.ElementsMatch(t, []string{"a1", "b1"}, payloads(rows))
 	for _, row := range rows {
 		if row.Event.ID == a1.ID {
-			complete(ctx, t, d, "w1", row, true)
+			complete(ctx, t, d, row, true)
 		}
 	}
 	ghost := Event("t", "c", "c1") // never delivered
@@ -81,7 +83,7 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.I
 	for _, row := range rows {
 		if row.Event.ID == b1.ID {
 			err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-				return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: b1.ID, Worker: "w1", HoldDead: true})
+				return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: b1.ID, Claim: row.Claim, HoldDead: true})
 			})
 			require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "a retracted row's handler must roll back")
 		}
@@ -97,7 +99,7 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.I
 		}
 		for _, row := range next {
 			ran = append(ran, string(row.Event.Payload))
-			complete(ctx, t, d, "w2", row, true)
+			complete(ctx, t, d, row, true)
 		}
 	}
 	require.ElementsMatch(t, []string{"a3", "undo-a1", "b2"}, ran)
@@ -133,10 +135,18 @@ func claim[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worke
 	return rows
 }
 
-func complete[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worker string, row *ferrydriver.InboxRow, hold bool) {
+// rescue claims rows whose claim expired.
+func rescue[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worker string, hold bool) []*ferrydriver.InboxRow {
+	t.Helper()
+	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 100, TTL: time.Minute, HoldDead: hold, Rescue: true})
+	require.NoError(t, err)
+	return rows
+}
+
+func complete[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], row *ferrydriver.InboxRow, hold bool) {
 	t.Helper()
 	require.NoError(t, d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Worker: worker, HoldDead: hold})
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, HoldDead: hold})
 	}))
 }
 
@@ -199,7 +209,7 @@ func testInboxHeads[TTx any](t *testing.T, d InboxDriver[TTx]) {
 		require.Equal(t, ferrydriver.InboxProcessing, r.State)
 		require.Equal(t, 1, r.Attempts)
 		if string(r.Event.Payload) == "a1" {
-			complete(ctx, t, d, "w1", r, true)
+			complete(ctx, t, d, r, true)
 		}
 	}
 	require.Equal(t, []string{"a2"}, payloads(claim(ctx, t, d, "w2", true)))
@@ -212,21 +222,23 @@ func testInboxComplete[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	// The handler fails after marking: everything rolls back.
 	boom := errors.New("handler failed")
 	err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Worker: "w1", HoldDead: true}); err != nil {
+		if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, HoldDead: true}); err != nil {
 			return err
 		}
 		return boom
 	})
 	require.ErrorIs(t, err, boom)
 	require.Empty(t, claim(ctx, t, d, "w2", true), "the rolled-back completion left the row with w1")
-	// Another worker cannot complete w1's row.
+	// Another claim token (another attempt's, or none) cannot complete it.
+	for _, other := range []string{uuid.NewString(), ""} {
+		err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+			return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: other, HoldDead: true})
+		})
+		require.ErrorIs(t, err, ferrydriver.ErrClaimLost)
+	}
+	complete(ctx, t, d, row, true)
 	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Worker: "w2", HoldDead: true})
-	})
-	require.ErrorIs(t, err, ferrydriver.ErrClaimLost)
-	complete(ctx, t, d, "w1", row, true)
-	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Worker: "w1", HoldDead: true})
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, HoldDead: true})
 	})
 	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "a row completes once")
 	require.Equal(t, []string{"two"}, payloads(claim(ctx, t, d, "w2", true)))
@@ -238,24 +250,114 @@ func testInboxExpiredClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "dies", Limit: 10, TTL: 200 * time.Millisecond, HoldDead: true})
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
+	due, err := d.RescueDue(ctx, group)
+	require.NoError(t, err)
+	require.False(t, due, "the claim has not expired yet")
+	require.Empty(t, rescue(ctx, t, d, "w2", true))
 	var again []*ferrydriver.InboxRow
 	require.Eventually(t, func() bool {
-		again = claim(ctx, t, d, "w2", true)
-		return len(again) == 1
-	}, 10*time.Second, 20*time.Millisecond, "a crashed worker's row is claimable once its claim expires")
+		due, err := d.RescueDue(ctx, group)
+		require.NoError(t, err)
+		return due
+	}, 10*time.Second, 20*time.Millisecond, "the expired claim is due for rescue")
+	require.Empty(t, claim(ctx, t, d, "w2", true), "an ordinary claim leaves an expired claim to a rescue")
+	again = rescue(ctx, t, d, "w2", true)
+	require.Len(t, again, 1, "a crashed worker's row is rescued once its claim expires")
 	require.Equal(t, 2, again[0].Attempts)
+	due, err = d.RescueDue(ctx, group)
+	require.NoError(t, err)
+	require.False(t, due, "rescued")
 	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: rows[0].Event.ID, Worker: "dies", HoldDead: true})
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: rows[0].Event.ID, Claim: rows[0].Claim, HoldDead: true})
 	})
 	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the first worker's late completion is fenced off")
-	complete(ctx, t, d, "w2", again[0], true)
+	complete(ctx, t, d, again[0], true)
+}
+
+// testInboxStaleAttempt: one worker's attempt outlives its claim, the
+// same worker claims the row again, and the first attempt's late failure
+// (or completion) must not touch the second claim.
+func testInboxStaleAttempt[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	insert(ctx, t, d, Event("t", "k", "slow"))
+	first, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "w", Limit: 10, TTL: 200 * time.Millisecond, HoldDead: true})
+	require.NoError(t, err)
+	require.Len(t, first, 1)
+	var second []*ferrydriver.InboxRow
+	require.Eventually(t, func() bool {
+		second = rescue(ctx, t, d, "w", true) // the same worker ID
+		return len(second) == 1
+	}, 10*time.Second, 20*time.Millisecond)
+	require.NotEqual(t, first[0].Claim, second[0].Claim, "every claim has a token of its own")
+	require.Equal(t, 2, second[0].Attempts)
+
+	err = d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: first[0].Event.ID, Claim: first[0].Claim, Error: "late", Dead: true, HoldDead: true})
+	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the stale attempt's failure is fenced off")
+	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: first[0].Event.ID, Claim: first[0].Claim, HoldDead: true})
+	})
+	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "and so is its completion")
+	complete(ctx, t, d, second[0], true)
+	st, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{first[0].Event.ID}})
+	require.NoError(t, err)
+	require.Equal(t, ferrydriver.InboxProcessed, st[first[0].Event.ID].State)
+	require.Equal(t, 2, st[first[0].Event.ID].Attempts)
+}
+
+// testInboxExhausted: a row whose attempts all lost their claim (the
+// worker crashed each time) goes DEAD at the next claim instead of running
+// again, and its key follows the policy.
+func testInboxExhausted[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	for _, hold := range []bool{true, false} {
+		key := fmt.Sprintf("k-%v", hold)
+		poison, next := Event("t", key, "poison-"+key), Event("t", key, "next-"+key)
+		insert(ctx, t, d, poison, next)
+		claimOnce := func() []*ferrydriver.InboxRow {
+			// What a consumer does: an ordinary claim, then a rescue.
+			rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "crashes", Limit: 10, TTL: 150 * time.Millisecond, HoldDead: hold, MaxAttempts: 2})
+			require.NoError(t, err)
+			if len(rows) > 0 {
+				return rows
+			}
+			rows, err = d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "crashes", Limit: 10, TTL: 150 * time.Millisecond, HoldDead: hold, MaxAttempts: 2, Rescue: true})
+			require.NoError(t, err)
+			return rows
+		}
+		var got []*ferrydriver.InboxRow
+		for attempt := 1; attempt <= 2; attempt++ {
+			require.Eventually(t, func() bool { got = claimOnce(); return len(got) == 1 }, 10*time.Second, 20*time.Millisecond)
+			require.Equal(t, ferrydriver.InboxProcessing, got[0].State)
+			require.Equal(t, attempt, got[0].Attempts)
+			// ... and the worker dies: nothing is recorded.
+		}
+		require.Eventually(t, func() bool { got = claimOnce(); return len(got) == 1 }, 10*time.Second, 20*time.Millisecond)
+		require.Equal(t, poison.ID, got[0].Event.ID)
+		require.Equal(t, ferrydriver.InboxDead, got[0].State, "attempts exhausted: not claimed again")
+		require.Equal(t, 2, got[0].Attempts, "no attempt beyond MaxAttempts")
+		require.Empty(t, got[0].Claim)
+		require.Contains(t, got[0].LastError, ferrydriver.ReasonAttemptsExhausted)
+		st, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{poison.ID}})
+		require.NoError(t, err)
+		require.Equal(t, ferrydriver.InboxDead, st[poison.ID].State)
+		require.False(t, st[poison.ID].FinishedAt.IsZero())
+		if hold {
+			time.Sleep(300 * time.Millisecond)
+			require.Empty(t, claimOnce(), "Hold: the dead row keeps its key's later rows back")
+		} else {
+			require.Eventually(t, func() bool { got = claimOnce(); return len(got) == 1 }, 10*time.Second, 20*time.Millisecond, "Continue: the key moves on")
+			require.Equal(t, next.ID, got[0].Event.ID)
+			require.Equal(t, 1, got[0].Attempts)
+			complete(ctx, t, d, got[0], hold)
+		}
+	}
 }
 
 func testInboxRetry[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	insert(ctx, t, d, Event("t", "k", "flaky"), Event("t", "k", "after"))
 	row := claim(ctx, t, d, "w", true)[0]
-	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: row.Event.ID, Worker: "w", Error: "timeout", RetryAt: time.Now().Add(300 * time.Millisecond), HoldDead: true}))
+	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, Error: "timeout", RetryAt: time.Now().Add(300 * time.Millisecond), HoldDead: true}))
 	require.Empty(t, claim(ctx, t, d, "w", true), "a failed head waits for its next attempt, and so does its key")
 	var again []*ferrydriver.InboxRow
 	require.Eventually(t, func() bool {
@@ -276,9 +378,9 @@ func testInboxDead[TTx any](t *testing.T, d InboxDriver[TTx]) {
 		require.ElementsMatch(t, []string{"poison", "free"}, payloads(rows))
 		for _, r := range rows {
 			if string(r.Event.Payload) == "poison" {
-				require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Worker: "w", Error: "bad", Dead: true, HoldDead: hold}))
+				require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad", Dead: true, HoldDead: hold}))
 			} else {
-				complete(ctx, t, d, "w", r, hold)
+				complete(ctx, t, d, r, hold)
 			}
 		}
 		next := claim(ctx, t, d, "w", hold)
@@ -286,7 +388,7 @@ func testInboxDead[TTx any](t *testing.T, d InboxDriver[TTx]) {
 			require.Empty(t, next, "Hold: the dead row keeps its key's later rows back")
 		} else {
 			require.Equal(t, []string{"next"}, payloads(next), "Continue: the key moves on")
-			complete(ctx, t, d, "w", next[0], hold)
+			complete(ctx, t, d, next[0], hold)
 		}
 	}
 }
@@ -328,7 +430,7 @@ func testInboxConcurrent[TTx any](t *testing.T, d InboxDriver[TTx]) {
 				}
 				for _, r := range rows {
 					err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-						if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: r.Event.ID, Worker: worker, HoldDead: true}); err != nil {
+						if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, HoldDead: true}); err != nil {
 							return err
 						}
 						// Recorded before the commit: the key's next row can
@@ -369,9 +471,9 @@ func kill[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], want .
 	t.Helper()
 	for _, r := range claim(ctx, t, d, "w", true) {
 		if slices.Contains(want, string(r.Event.Payload)) {
-			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Worker: "w", Error: "bad " + string(r.Event.Payload), Dead: true, HoldDead: true}))
+			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad " + string(r.Event.Payload), Dead: true, HoldDead: true}))
 		} else {
-			complete(ctx, t, d, "w", r, true)
+			complete(ctx, t, d, r, true)
 		}
 	}
 }
@@ -404,7 +506,7 @@ func testInboxDeadLetters[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	rows := claim(ctx, t, d, "w", true)
 	require.Equal(t, []string{"p1"}, payloads(rows))
 	require.Equal(t, 1, rows[0].Attempts)
-	complete(ctx, t, d, "w", rows[0], true)
+	complete(ctx, t, d, rows[0], true)
 	require.Equal(t, []string{"a-after"}, payloads(claim(ctx, t, d, "w", true)))
 
 	// Discard p2: it never runs; its key is released.
@@ -427,7 +529,7 @@ func testInboxRetention[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	insert(ctx, t, d, done, open)
 	for _, r := range claim(ctx, t, d, "w", true) {
 		if r.Event.ID == done.ID {
-			complete(ctx, t, d, "w", r, true)
+			complete(ctx, t, d, r, true)
 		}
 	}
 	n, err := d.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: group, OlderThan: time.Hour})
@@ -476,9 +578,9 @@ func testAwaitSettled[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	for _, r := range rows {
 		switch r.Event.ID {
 		case ok.ID:
-			complete(ctx, t, d, "w", r, true)
+			complete(ctx, t, d, r, true)
 		case bad.ID:
-			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Worker: "w", Error: "rejected", Dead: true, HoldDead: true}))
+			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "rejected", Dead: true, HoldDead: true}))
 		}
 	}
 	finished = time.Now()
@@ -505,14 +607,14 @@ func testInboxPolicy[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	setPolicy := func(hold bool) {
 		require.NoError(t, d.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: group, HoldDead: hold}))
 	}
-	fail := func(worker string, r *ferrydriver.InboxRow, hold bool) {
-		require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Worker: worker, Error: "bad", Dead: true, HoldDead: hold}))
+	fail := func(r *ferrydriver.InboxRow, hold bool) {
+		require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad", Dead: true, HoldDead: hold}))
 	}
 	// Hold: d1 holds k. Switching to Continue releases the key.
 	setPolicy(true)
 	d1, next := Event("t", "k", "d1"), Event("t", "k", "next")
 	insert(ctx, t, d, d1, next)
-	fail("w", claim(ctx, t, d, "w", true)[0], true)
+	fail(claim(ctx, t, d, "w", true)[0], true)
 	require.Empty(t, claim(ctx, t, d, "w", true))
 	setPolicy(false)
 	rows := claim(ctx, t, d, "w", false)
@@ -523,15 +625,15 @@ func testInboxPolicy[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Empty(t, claim(ctx, t, d, "w2", false), "k is busy with next")
-	complete(ctx, t, d, "w", rows[0], false)
+	complete(ctx, t, d, rows[0], false)
 	again := claim(ctx, t, d, "w2", false)
 	require.Equal(t, []string{"d1"}, payloads(again), "the redriven row runs once k is free")
-	fail("w2", again[0], false)
+	fail(again[0], false)
 
 	// Continue with two dead rows: discarding the first must not strand k.
 	d2 := Event("t", "k", "d2")
 	insert(ctx, t, d, d2)
-	fail("w", claim(ctx, t, d, "w", false)[0], false)
+	fail(claim(ctx, t, d, "w", false)[0], false)
 	n, err = d.DiscardInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{d1.ID}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)

@@ -365,6 +365,9 @@ func (d *Driver) indexes() []index {
 		// Retention of processed rows and listings of dead ones.
 		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "state", Value: 1}, {Key: "finished_at", Value: 1}}}},
 		{d.inboxKeys(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "runnable_at", Value: 1}}}},
+		// Rows being processed, by claim expiry: rescues of expired claims.
+		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "claim_expires_at", Value: 1}},
+			Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}})}},
 		// A parked key's head: its first document by pos.
 		{d.parked(), mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "key", Value: 1}, {Key: "pos", Value: 1}}}},
 	}

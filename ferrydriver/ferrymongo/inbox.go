@@ -49,6 +49,7 @@ type inboxDoc struct {
 	LastError      string            `bson:"last_error,omitempty"`
 	NextAttemptAt  time.Time         `bson:"next_attempt_at"`
 	ClaimedBy      string            `bson:"claimed_by,omitempty"`
+	ClaimToken     string            `bson:"claim_token,omitempty"`
 	ClaimExpiresAt *time.Time        `bson:"claim_expires_at,omitempty"`
 	ReceivedAt     time.Time         `bson:"received_at"`
 	FinishedAt     *time.Time        `bson:"finished_at,omitempty"`
@@ -281,17 +282,26 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 	now := time.Now().UTC()
 	cur, err := d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "runnable_at", Value: bson.D{{Key: "$lte", Value: now}}}},
 		options.Find().SetSort(bson.D{{Key: "runnable_at", Value: 1}}).SetLimit(int64(max(p.Limit, 1))))
+	if p.Rescue {
+		cur, err = d.inbox().Find(ctx, expiredClaims(p.Group, now),
+			options.Find().SetSort(bson.D{{Key: "claim_expires_at", Value: 1}}).SetLimit(int64(max(p.Limit, 1))).
+				SetProjection(bson.D{{Key: "key", Value: 1}}))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: claim inbox rows of group %s: %w", p.Group, err)
 	}
 	var keys []struct {
-		K string `bson:"k"`
+		K   string `bson:"k"`   // an inbox_keys document's
+		Key string `bson:"key"` // an inbox document's (Rescue)
 	}
 	if err := cur.All(ctx, &keys); err != nil {
 		return nil, fmt.Errorf("ferrymongo: claim inbox rows of group %s: %w", p.Group, err)
 	}
 	var out []*ferrydriver.InboxRow
 	for _, k := range keys {
+		if p.Rescue {
+			k.K = k.Key
+		}
 		row, err := d.claimKey(ctx, p, k.K)
 		if err != nil {
 			if hasLabel(err, labelTransient) || hasCode(err, codeWriteConflict) {
@@ -331,14 +341,45 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	if err != nil {
 		return nil, err
 	}
-	if !h.runnable {
+	expired := h.runnable && h.doc.State == string(ferrydriver.InboxProcessing) // a rescue
+	switch {
+	case expired != p.Rescue && p.Rescue && h.runnable:
+		return nil, nil // not a rescue: an ordinary claim takes it
+	case expired != p.Rescue && h.runnable:
+		// Left to a rescue; to the back for a second, so that it cannot
+		// crowd out the others.
+		_, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: now.Add(time.Second)}}}, {Key: "$inc", Value: bson.D{{Key: "v", Value: int64(1)}}}})
+		return nil, err
+	case !h.runnable:
 		return nil, d.refreshKey(tx, p.Group, key, p.HoldDead, now)
 	}
+	if p.MaxAttempts > 0 && h.doc.Attempts >= p.MaxAttempts {
+		// Its last attempts lost their claims: give it up.
+		reason := ferrydriver.ReasonAttemptsExhausted
+		if h.doc.LastError != "" {
+			reason += " (last recorded error: " + h.doc.LastError + ")"
+		}
+		var doc inboxDoc
+		err := d.inbox().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: h.doc.ID}, {Key: "state", Value: h.doc.State}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxDead)}, {Key: "last_error", Value: reason},
+				{Key: "finished_at", Value: now}}},
+				{Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_expires_at", Value: ""}, {Key: "claim_token", Value: ""}}}},
+			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
+		if err != nil {
+			return nil, err
+		}
+		if err := d.refreshKey(tx, p.Group, key, p.HoldDead, now); err != nil {
+			return nil, err
+		}
+		return doc.row()
+	}
 	expires := now.Add(p.TTL)
+	token := uuid.NewString()
 	var doc inboxDoc
 	err = d.inbox().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: h.doc.ID}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claimed_by", Value: p.Worker},
-			{Key: "claim_expires_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}}},
+			{Key: "claim_token", Value: token}, {Key: "claim_expires_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}}},
 		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
 	if err != nil {
 		return nil, err
@@ -347,7 +388,30 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "v", Value: int64(1)}}}}); err != nil {
 		return nil, err
 	}
-	return doc.row()
+	row, err := doc.row()
+	if err != nil {
+		return nil, err
+	}
+	row.Claim = token
+	return row, nil
+}
+
+// expiredClaims selects a group's rows whose claim has expired.
+func expiredClaims(group string, now time.Time) bson.D {
+	return bson.D{{Key: "g", Value: group}, {Key: "state", Value: string(ferrydriver.InboxProcessing)},
+		{Key: "claim_expires_at", Value: bson.D{{Key: "$lte", Value: now}}}}
+}
+
+// RescueDue implements ferrydriver.Inbox.
+func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
+	err := d.inbox().FindOne(ctx, expiredClaims(group, time.Now().UTC()), options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("ferrymongo: look for expired claims in group %s: %w", group, err)
+	}
+	return true, nil
 }
 
 // RunInTx implements ferrydriver.Inbox: fn runs in a session transaction
@@ -358,7 +422,7 @@ func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx co
 
 // CompleteInboxTx implements ferrydriver.Inbox.
 func (d *Driver) CompleteInboxTx(_ context.Context, tx context.Context, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(tx, p.Group, p.EventID, p.Worker, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
+	return d.finish(tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -372,11 +436,14 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = &at
 	}
 	return d.inTx(ctx, func(tx context.Context) error {
-		return d.finish(tx, p.Group, p.EventID, p.Worker, state, p.Error, retry, p.HoldDead)
+		return d.finish(tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.HoldDead)
 	})
 }
 
-func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, worker string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
+func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
+	if claim == "" {
+		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: no claim token: %w", id, state, group, ferrydriver.ErrClaimLost)
+	}
 	now := time.Now().UTC()
 	set := bson.D{{Key: "state", Value: string(state)}}
 	if state != ferrydriver.InboxProcessed {
@@ -390,9 +457,9 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, worker s
 	}
 	var doc inboxDoc
 	err := d.inbox().FindOneAndUpdate(tx,
-		bson.D{{Key: "_id", Value: rowID(group, id)}, {Key: "claimed_by", Value: worker}, {Key: "state", Value: string(ferrydriver.InboxProcessing)},
+		bson.D{{Key: "_id", Value: rowID(group, id)}, {Key: "claim_token", Value: claim}, {Key: "state", Value: string(ferrydriver.InboxProcessing)},
 			{Key: "claim_expires_at", Value: bson.D{{Key: "$gt", Value: now}}}},
-		bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_expires_at", Value: ""}}}}).Decode(&doc)
+		bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_expires_at", Value: ""}, {Key: "claim_token", Value: ""}}}}).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -434,7 +501,8 @@ func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyP
 		return fmt.Errorf("ferrymongo: list inbox keys: %w", err)
 	}
 	var keys []struct {
-		K string `bson:"k"`
+		K   string `bson:"k"`   // an inbox_keys document's
+		Key string `bson:"key"` // an inbox document's (Rescue)
 	}
 	if err := cur.All(ctx, &keys); err != nil {
 		return fmt.Errorf("ferrymongo: list inbox keys: %w", err)

@@ -96,6 +96,12 @@ type Config struct {
 	// concurrent update makes PostgreSQL abort with a serialization
 	// failure, and RunTx runs the callback again.
 	TxIsolation Isolation
+	// InboxIsolation is the isolation level of the transactions consumers
+	// run handlers in (Driver.RunInTx): ReadCommitted (the default,
+	// whatever the database's default_transaction_isolation),
+	// RepeatableRead or Serializable. Under the last two, a handler whose
+	// transaction conflicts with a concurrent one runs again at once.
+	InboxIsolation Isolation
 	// Logger receives warnings (a lost listener connection). Default: discard.
 	Logger *slog.Logger
 }
@@ -143,6 +149,13 @@ func (c *Config) withDefaults() (Config, error) {
 	default:
 		return out, fmt.Errorf("ferrypg: Config.TxIsolation %q: use ferrypg.ReadCommitted, RepeatableRead or Serializable", out.TxIsolation)
 	}
+	switch out.InboxIsolation {
+	case "":
+		out.InboxIsolation = ReadCommitted
+	case ReadCommitted, RepeatableRead, Serializable:
+	default:
+		return out, fmt.Errorf("ferrypg: Config.InboxIsolation %q: use ferrypg.ReadCommitted, RepeatableRead or Serializable", out.InboxIsolation)
+	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -166,6 +179,9 @@ type Driver[TTx any] struct {
 	// stored is the partition count the driver last read from the schema;
 	// 0 until it read one.
 	stored atomic.Int64
+	// sessionsRC is 1 once the sessions' default isolation was seen to be
+	// READ COMMITTED, 2 once seen to be another (see inRC).
+	sessionsRC atomic.Int32
 }
 
 // New returns a driver over a pgx pool. The pool stays the caller's: the
@@ -396,24 +412,24 @@ func (d *Driver[TTx]) wrapErr(op string, err error) error {
 }
 
 type queries struct {
-	append, appendNotify, tickRead, readBatch                           string
-	appendOne, appendOneNotify                                          string
-	loadCheckpoint, saveCheckpoint                                      string
-	acquireLease, renewLease, releaseLease, getLease                    string
-	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter  string
-	deleteDelivered, feedLag, armListener, disarmListener, seqCache     string
-	partitionCursors, feedLagExact, countDeadLetterExact                string
-	deleteDeadLetters, keysChunk, pruneKeys                             string
-	selectRedrive, deleteRedriven, discardDeadLetters                   string
-	inboxInsert, inboxClaim, inboxFinish, inboxLockKey, inboxRefreshKey string
-	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed         string
-	waiterAdd, waiterRemove, inboxCounts                                string
-	inboxNotify, inboxPolicy, inboxSetPolicy, inboxGroupKeys            string
-	inboxDeleteIdleKeys, inboxRetract                                   string
-	requestClaim, requestFinish, requestGet, requestDelete              string
-	storedPartitions, lockSettings, truncateSettings, insertSettings    string
-	liveLeases, allCheckpoints, highestPartition, partitionHasEvents    string
-	undelivered, parkedByFeed                                           string
+	append, appendNotify, tickRead, readBatch                                                        string
+	appendOne, appendOneNotify                                                                       string
+	loadCheckpoint, saveCheckpoint                                                                   string
+	acquireLease, renewLease, releaseLease, getLease                                                 string
+	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter                               string
+	deleteDelivered, feedLag, armListener, disarmListener, seqCache                                  string
+	partitionCursors, feedLagExact, countDeadLetterExact                                             string
+	deleteDeadLetters, keysChunk, pruneKeys                                                          string
+	selectRedrive, deleteRedriven, discardDeadLetters                                                string
+	inboxInsert, inboxClaim, inboxRescue, inboxRescueDue, inboxFinish, inboxLockKey, inboxRefreshKey string
+	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                      string
+	waiterAdd, waiterRemove, inboxCounts                                                             string
+	inboxNotify, inboxPolicy, inboxSetPolicy, inboxGroupKeys                                         string
+	inboxDeleteIdleKeys, inboxRetract                                                                string
+	requestClaim, requestFinish, requestGet, requestDelete                                           string
+	storedPartitions, lockSettings, truncateSettings, insertSettings                                 string
+	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                                 string
+	undelivered, parkedByFeed                                                                        string
 }
 
 func newQueries(schema string) queries {
@@ -429,7 +445,8 @@ func newQueries(schema string) queries {
 		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
 		deleteDeadLetters: r(sqlDeleteDeadLetters), keysChunk: r(sqlKeysChunk), pruneKeys: r(sqlPruneKeys),
 		selectRedrive: r(sqlSelectRedrive), deleteRedriven: r(sqlDeleteRedriven), discardDeadLetters: r(sqlDiscardDeadLetters),
-		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxFinish: r(sqlInboxFinish),
+		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescue: r(sqlInboxRescue),
+		inboxRescueDue: r(sqlInboxRescueDue), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),

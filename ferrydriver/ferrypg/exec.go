@@ -76,8 +76,12 @@ type beginner interface {
 
 type poolBeginner struct{ pool *pgxpool.Pool }
 
+// Ferry's own transactions run at READ COMMITTED whatever the database's
+// default_transaction_isolation: their statements count on seeing what
+// committed before they started (and lock what they change).
+
 func (b poolBeginner) begin(ctx context.Context) (executor, func(context.Context) error, func(context.Context) error, error) {
-	tx, err := b.pool.Begin(ctx)
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -87,7 +91,7 @@ func (b poolBeginner) begin(ctx context.Context) (executor, func(context.Context
 type sqlBeginner struct{ db *sql.DB }
 
 func (b sqlBeginner) begin(ctx context.Context) (executor, func(context.Context) error, func(context.Context) error, error) {
-	tx, err := b.db.BeginTx(ctx, nil)
+	tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // InsertInbox implements ferrydriver.Inbox.
@@ -28,21 +29,25 @@ func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInbo
 	for i, id := range a.ids {
 		index[id] = i
 	}
-	r, err := d.db.query(ctx, d.queries.inboxInsert, p.Group, a.ids, a.keys, a.seqs, a.topics, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created)
+	err = d.inRC(ctx, func(e executor) error {
+		clear(res.Inserted)
+		r, err := e.query(ctx, d.queries.inboxInsert, p.Group, a.ids, a.keys, a.seqs, a.topics, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		for r.Next() {
+			var id string
+			if err := r.Scan(&id); err != nil {
+				return err
+			}
+			if i, ok := index[id]; ok {
+				res.Inserted[i] = true
+			}
+		}
+		return r.Err()
+	})
 	if err != nil {
-		return nil, d.wrapErr("insert into inbox of group "+p.Group, err)
-	}
-	defer r.Close()
-	for r.Next() {
-		var id string
-		if err := r.Scan(&id); err != nil {
-			return nil, d.wrapErr("insert into inbox", err)
-		}
-		if i, ok := index[id]; ok {
-			res.Inserted[i] = true
-		}
-	}
-	if err := r.Err(); err != nil {
 		return nil, d.wrapErr("insert into inbox of group "+p.Group, err)
 	}
 	return res, nil
@@ -50,20 +55,117 @@ func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInbo
 
 // ClaimInbox implements ferrydriver.Inbox.
 func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
-	r, err := d.db.query(ctx, d.queries.inboxClaim, p.Group, p.Limit, p.Worker, p.TTL.Milliseconds(), p.HoldDead)
+	token := uuid.NewString() // one per call: each row is claimed once in it
+	q := d.queries.inboxClaim
+	if p.Rescue {
+		q = d.queries.inboxRescue
+	}
+	var out []*ferrydriver.InboxRow
+	err := d.inRC(ctx, func(e executor) error {
+		r, err := e.query(ctx, q, p.Group, p.Limit, p.Worker, p.TTL.Milliseconds(), p.HoldDead,
+			token, p.MaxAttempts, ferrydriver.ReasonAttemptsExhausted)
+		if err != nil {
+			return err
+		}
+		out, err = scanInboxRows(r, p.Group)
+		return err
+	})
 	if err != nil {
 		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
 	}
-	out, err := scanInboxRows(r, p.Group)
-	if err != nil {
-		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
+	var dead []string
+	for _, row := range out {
+		if row.State == ferrydriver.InboxProcessing {
+			row.Claim = token
+		} else {
+			dead = append(dead, row.Event.ID.String())
+		}
+	}
+	if len(dead) > 0 {
+		// After the claim's commit: a waiter registered since reads the
+		// row as DEAD.
+		if err := d.notifySettled(ctx, d.db, p.Group, dead, ferrydriver.InboxDead); err != nil {
+			return out, err
+		}
 	}
 	return out, nil
 }
 
-// RunInTx implements ferrydriver.Inbox.
+// RescueDue implements ferrydriver.Inbox.
+func (d *Driver[TTx]) RescueDue(ctx context.Context, group string) (bool, error) {
+	var due bool
+	if err := queryRow(ctx, d.db, []any{&due}, d.queries.inboxRescueDue, group); err != nil {
+		return false, d.wrapErr("look for expired claims in group "+group, err)
+	}
+	return due, nil
+}
+
+// RunInTx implements ferrydriver.Inbox: fn runs in a transaction at
+// Config.InboxIsolation (READ COMMITTED by default, whatever the
+// database's default_transaction_isolation). A serialization failure or a
+// deadlock rolls it back and runs fn again (up to five times), within the
+// same claim: under REPEATABLE READ and SERIALIZABLE that is how the inbox
+// stays consistent with concurrent deliveries.
 func (d *Driver[TTx]) RunInTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
-	tx, commit, rollback, err := d.beginTx(ctx, "")
+	return rerunConflicts(ctx, func() error { return d.runInTxOnce(ctx, fn) })
+}
+
+// inRC runs op with an executor whose statements run at READ COMMITTED:
+// the pool's sessions when that is their default (as it normally is), a
+// READ COMMITTED transaction otherwise (a database whose
+// default_transaction_isolation is stricter), at the cost of its BEGIN and
+// COMMIT. The inbox's statements count on it: under REPEATABLE READ, a
+// row another transaction changed after a statement's snapshot fails the
+// statement instead of being read again.
+func (d *Driver[TTx]) inRC(ctx context.Context, op func(e executor) error) error {
+	switch d.sessionsRC.Load() {
+	case 0:
+		var iso string
+		if err := queryRow(ctx, d.db, []any{&iso}, `SHOW default_transaction_isolation`); err == nil {
+			if iso == "read committed" {
+				d.sessionsRC.Store(1)
+			} else {
+				d.sessionsRC.Store(2)
+				d.cfg.Logger.Info("ferrypg: the database's default isolation is not READ COMMITTED; the inbox wraps its statements in READ COMMITTED transactions",
+					"default_transaction_isolation", iso)
+			}
+		}
+		if d.sessionsRC.Load() == 1 {
+			return op(d.db)
+		}
+	case 1:
+		return op(d.db)
+	}
+	e, commit, rollback, err := d.begin.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("ferrypg: begin: %w", err)
+	}
+	if err := op(e); err != nil {
+		_ = rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	return commit(ctx)
+}
+
+// rerunConflicts runs op again, up to five times in all, while it fails
+// with a serialization failure or a deadlock (which roll back everything).
+func rerunConflicts(ctx context.Context, op func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := op()
+		var pgErr *pgconn.PgError
+		if err == nil || attempt == 5 || ctx.Err() != nil || !errors.As(err, &pgErr) || (pgErr.Code != "40001" && pgErr.Code != "40P01") {
+			return err
+		}
+		select {
+		case <-time.After(time.Duration(attempt) * 5 * time.Millisecond):
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+func (d *Driver[TTx]) runInTxOnce(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
+	tx, commit, rollback, err := d.beginTx(ctx, d.cfg.InboxIsolation)
 	if err != nil {
 		return fmt.Errorf("ferrypg: begin: %w", err)
 	}
@@ -79,7 +181,7 @@ func (d *Driver[TTx]) RunInTx(ctx context.Context, fn func(ctx context.Context, 
 
 // CompleteInboxTx implements ferrydriver.Inbox.
 func (d *Driver[TTx]) CompleteInboxTx(ctx context.Context, tx TTx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, d.wrapTx(tx), p.Group, p.EventID.String(), p.Worker, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
+	return d.finish(ctx, d.wrapTx(tx), p.Group, p.EventID.String(), p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -95,7 +197,7 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 	if err != nil {
 		return fmt.Errorf("ferrypg: begin: %w", err)
 	}
-	if err := d.finish(ctx, e, p.Group, p.EventID.String(), p.Worker, state, p.Error, retry, p.HoldDead); err != nil {
+	if err := d.finish(ctx, e, p.Group, p.EventID.String(), p.Claim, state, p.Error, retry, p.HoldDead); err != nil {
 		_ = rollback(context.WithoutCancel(ctx))
 		return err
 	}
@@ -109,9 +211,12 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 // update the row, lock the key, and only then (in a new statement, so with
 // a snapshot taken after the lock) look for the next head; last, tell the
 // callers awaiting the event.
-func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, worker string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
+func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
+	if _, err := uuid.Parse(claim); err != nil {
+		return fmt.Errorf("ferrypg: mark event %s %s for group %s: claim token %q is not one ClaimInbox gave: %w", id, state, group, claim, ferrydriver.ErrClaimLost)
+	}
 	var key string
-	err := queryRow(ctx, e, []any{&key}, d.queries.inboxFinish, group, id, worker, string(state), lastErr, retry)
+	err := queryRow(ctx, e, []any{&key}, d.queries.inboxFinish, group, id, claim, string(state), lastErr, retry)
 	if isNoRows(err) {
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -335,11 +440,18 @@ func (d *Driver[TTx]) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.D
 	if limit <= 0 {
 		limit = 5000
 	}
-	n, err := d.db.exec(ctx, d.queries.inboxDeleteProcessed, p.Group, p.OlderThan.Milliseconds(), limit)
+	var n int64
+	err := d.inRC(ctx, func(e executor) (err error) {
+		n, err = e.exec(ctx, d.queries.inboxDeleteProcessed, p.Group, p.OlderThan.Milliseconds(), limit)
+		return err
+	})
 	if err != nil {
 		return 0, d.wrapErr("delete processed inbox rows of group "+p.Group, err)
 	}
-	if _, err := d.db.exec(ctx, d.queries.inboxDeleteIdleKeys, p.Group, limit); err != nil {
+	if err := d.inRC(ctx, func(e executor) error {
+		_, err := e.exec(ctx, d.queries.inboxDeleteIdleKeys, p.Group, limit)
+		return err
+	}); err != nil {
 		return n, d.wrapErr("delete idle inbox keys of group "+p.Group, err)
 	}
 	return n, nil

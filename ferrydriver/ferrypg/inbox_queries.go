@@ -1,12 +1,19 @@
 package ferrypg
 
+import "strings"
+
 // SQL of the consumer inbox (migration 002). {schema} is replaced by the
 // quoted schema name.
 
 // sqlInboxInsert records events once per (group, event ID) and makes the
 // keys that had nothing to do runnable. Inserting first and locking the
 // key rows second (in key order) cannot deadlock with completion, which
-// updates the completed row and then locks its key.
+// updates the completed row and then locks its key. It updates the row of
+// every key it inserted for, even one that stays as it was: a completion
+// running under REPEATABLE READ or SERIALIZABLE (a database default, or
+// Config.InboxIsolation) whose snapshot misses the new row then fails to
+// lock the key with a serialization failure, and runs again, instead of
+// marking the key idle with a row left in it.
 const sqlInboxInsert = `
 WITH input AS (
     SELECT * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[],
@@ -21,71 +28,124 @@ WITH input AS (
 ), keys AS (
     INSERT INTO {schema}.inbox_keys AS k (group_name, key, runnable_at)
     SELECT DISTINCT $1, key, now() FROM ins ORDER BY 2
-    ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = now()
-     WHERE k.runnable_at IS NULL AND k.held_by IS NULL
+    ON CONFLICT (group_name, key) DO UPDATE
+       SET runnable_at = CASE WHEN k.runnable_at IS NULL AND k.held_by IS NULL THEN now() ELSE k.runnable_at END
     RETURNING 1
 )
 SELECT event_id FROM ins`
 
-// sqlInboxClaim claims the heads of up to $2 runnable keys. Its commit is
+// The claim statements. A head is a key's oldest unfinished row (a DEAD
+// row counts when $5: the group holds keys behind dead rows). Its commit is
 // asynchronous: a claim lost in a database crash only means the row runs
-// again, which the inbox absorbs. A head is the
-// key's oldest unfinished row (a DEAD row counts when $5, the group holds
-// keys behind dead rows); it runs if it is PENDING, FAILED and due, or
-// PROCESSING with an expired claim (its worker died).
-const sqlInboxClaim = `
+// again, which the inbox absorbs. Each row claimed gets the token $6; a
+// head that already had $7 attempts ($7 > 0) goes DEAD with the reason $8
+// instead, and its key follows the policy.
+//
+// sqlInboxClaim claims the heads of up to $2 runnable keys that are
+// PENDING, or FAILED and due. sqlInboxRescue claims up to $2 heads that
+// are PROCESSING with an expired claim (their worker died, or outlived the
+// claim): the consumer runs those one at a time, alone, so that one which
+// crashes its process takes no other event's attempt with it.
+
+// claimHeads selects, for the locked keys k, the heads that may run now
+// ({runnable} on h), unless another row of the key runs (a redriven older
+// row under Continue).
+const claimHeads = `
+head AS MATERIALIZED (
+    SELECT h.event_id, k.group_name FROM k CROSS JOIN LATERAL (
+        SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
+         WHERE i.group_name = k.group_name AND i.key = k.key
+           AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR $5)
+         ORDER BY pos LIMIT 1) h
+     WHERE {runnable}
+       AND NOT EXISTS (SELECT 1 FROM {schema}.inbox p
+                        WHERE p.key = k.key AND p.group_name = k.group_name AND p.state = 'processing'
+                          AND p.claim_expires_at > now() AND p.event_id <> h.event_id)
+), exhausted AS (
+    UPDATE {schema}.inbox i
+       SET state = 'dead', claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL, finished_at = now(),
+           last_error = $8 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
+      FROM head WHERE i.event_id = head.event_id AND i.group_name = head.group_name
+       AND $7 > 0 AND i.attempts >= $7 AND {runnable_i}
+    RETURNING i.*
+), claimed AS (
+    -- The row is re-checked: it may have changed since the snapshot. It is
+    -- found by the primary key through head's columns (a constant group
+    -- here would let the planner scan every unfinished row of the group).
+    UPDATE {schema}.inbox i
+       SET state = 'processing', attempts = attempts + 1, claimed_by = $3, claim_token = $6::uuid,
+           claim_expires_at = now() + $4 * interval '1 millisecond'
+      FROM head WHERE i.event_id = head.event_id AND i.group_name = head.group_name
+       AND NOT ($7 > 0 AND i.attempts >= $7) AND {runnable_i}
+    RETURNING i.*
+), keys AS (
+    UPDATE {schema}.inbox_keys ik SET runnable_at = c.claim_expires_at
+      FROM claimed c WHERE ik.group_name = c.group_name AND ik.key = c.key
+), dead_keys AS (
+    -- Hold: the dead head holds its key; Continue: the next row may run.
+    UPDATE {schema}.inbox_keys ik
+       SET runnable_at = CASE WHEN $5 THEN NULL ELSE now() END,
+           held_by = CASE WHEN $5 THEN x.event_id END
+      FROM exhausted x WHERE ik.group_name = x.group_name AND ik.key = x.key
+)`
+
+const claimResult = `
+SELECT ` + inboxRowColumns + ` FROM (SELECT * FROM claimed UNION ALL SELECT * FROM exhausted) r ORDER BY pos`
+
+func claimCondition(prefix string, rescue bool) string {
+	if rescue {
+		return "(" + prefix + ".state = 'processing' AND " + prefix + ".claim_expires_at <= now())"
+	}
+	return "(" + prefix + ".state = 'pending' OR (" + prefix + ".state = 'failed' AND " + prefix + ".next_attempt_at <= now()))"
+}
+
+func claimHeadsFor(rescue bool) string {
+	return strings.NewReplacer("{runnable}", claimCondition("h", rescue), "{runnable_i}", claimCondition("i", rescue)).Replace(claimHeads)
+}
+
+var sqlInboxClaim = `
 WITH k AS (
     SELECT group_name, key FROM {schema}.inbox_keys
      WHERE group_name = $1 AND runnable_at <= now()
        AND set_config('synchronous_commit', 'off', true) IS NOT NULL
      ORDER BY runnable_at LIMIT $2
      FOR UPDATE SKIP LOCKED
-), head AS MATERIALIZED (
-    SELECT h.event_id, k.group_name FROM k CROSS JOIN LATERAL (
-        SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
-         WHERE i.group_name = k.group_name AND i.key = k.key
-           AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR $5)
-         ORDER BY pos LIMIT 1) h
-     WHERE (h.state = 'pending'
-            OR (h.state = 'failed' AND h.next_attempt_at <= now())
-            OR (h.state = 'processing' AND h.claim_expires_at <= now()))
-       -- never two rows of a key at once (a redriven older row under Continue)
-       AND NOT EXISTS (SELECT 1 FROM {schema}.inbox p
-                        WHERE p.key = k.key AND p.group_name = k.group_name AND p.state = 'processing'
-                          AND p.claim_expires_at > now() AND p.event_id <> h.event_id)
-), claimed AS (
-    -- The row is re-checked: it may have changed since the snapshot. It is
-    -- found by the primary key through head's columns (a constant group
-    -- here would let the planner scan every unfinished row of the group).
-    UPDATE {schema}.inbox i
-       SET state = 'processing', attempts = attempts + 1, claimed_by = $3,
-           claim_expires_at = now() + $4 * interval '1 millisecond'
-      FROM head WHERE i.event_id = head.event_id AND i.group_name = head.group_name
-       AND (i.state = 'pending' OR (i.state = 'failed' AND i.next_attempt_at <= now())
-            OR (i.state = 'processing' AND i.claim_expires_at <= now()))
-    RETURNING i.*
-), keys AS (
-    UPDATE {schema}.inbox_keys ik SET runnable_at = c.claim_expires_at
-      FROM claimed c WHERE ik.group_name = c.group_name AND ik.key = c.key
-), idle AS (
-    -- Keys that were due but had nothing to claim go to the back for a
-    -- second, so that they cannot crowd out the others.
+), ` + claimHeadsFor(false) + `, idle AS (
+    -- Keys that were due but had nothing to claim (a rescue among them)
+    -- go to the back for a second, so that they cannot crowd out the others.
     UPDATE {schema}.inbox_keys ik SET runnable_at = now() + interval '1 second'
       FROM k WHERE ik.group_name = k.group_name AND ik.key = k.key
        AND NOT EXISTS (SELECT 1 FROM claimed c WHERE c.key = k.key)
-)
-SELECT ` + inboxRowColumns + ` FROM claimed ORDER BY pos`
+       AND NOT EXISTS (SELECT 1 FROM exhausted x WHERE x.key = k.key)
+)` + claimResult
+
+var sqlInboxRescue = `
+WITH expired AS (
+    SELECT key FROM {schema}.inbox
+     WHERE group_name = $1 AND state = 'processing' AND claim_expires_at <= now()
+       AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+     ORDER BY claim_expires_at LIMIT $2
+), k AS (
+    SELECT ik.group_name, ik.key FROM {schema}.inbox_keys ik
+     WHERE ik.group_name = $1 AND ik.key IN (SELECT key FROM expired)
+     FOR UPDATE SKIP LOCKED
+), ` + claimHeadsFor(true) + claimResult
+
+// sqlInboxRescueDue says whether a claim of the group has expired.
+const sqlInboxRescueDue = `
+SELECT EXISTS (SELECT 1 FROM {schema}.inbox WHERE group_name = $1 AND state = 'processing' AND claim_expires_at <= now())`
 
 // sqlInboxFinish ends a claimed attempt: PROCESSED, FAILED or DEAD. It
-// matches nothing if the claim is no longer the worker's. When the event
-// finishes and someone awaits it, it notifies them (delivered at commit).
+// matches nothing unless $3 is the row's current, unexpired claim. When
+// the event finishes and someone awaits it, it notifies them (delivered at
+// commit).
 const sqlInboxFinish = `
 UPDATE {schema}.inbox
-   SET state = $4, claimed_by = NULL, claim_expires_at = NULL,
+   SET state = $4, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
        last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
        next_attempt_at = COALESCE($6::timestamptz, next_attempt_at),
        finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
- WHERE group_name = $1 AND event_id = $2 AND claimed_by = $3 AND state = 'processing'
+ WHERE group_name = $1 AND event_id = $2 AND claim_token = $3::uuid AND state = 'processing'
    AND claim_expires_at > clock_timestamp()
 RETURNING key`
 

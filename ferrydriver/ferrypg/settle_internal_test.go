@@ -67,7 +67,7 @@ func TestAwaitSettledDoesNotPoll(t *testing.T) {
 
 	for _, r := range rows {
 		require.NoError(t, drv.RunInTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: r.Event.ID, Worker: "w", HoldDead: true})
+			return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: r.Event.ID, Claim: r.Claim, HoldDead: true})
 		}))
 	}
 	committed := time.Now()

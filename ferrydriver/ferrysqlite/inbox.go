@@ -119,6 +119,7 @@ ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = excluded.runnable_at
 // head is a key's oldest unfinished row.
 type head struct {
 	id, state        string
+	attempts         int
 	nextAttempt      int64
 	claimExpires     sql.NullInt64
 	busyUntil        sql.NullInt64 // another row of the key runs until then
@@ -130,9 +131,9 @@ type head struct {
 func (d *Driver) keyHead(ctx context.Context, tx *sql.Tx, group, key string, hold bool, t int64) (*head, error) {
 	h := &head{}
 	err := tx.QueryRowContext(ctx, `
-SELECT event_id, state, next_attempt_at, claim_expires_at FROM ferry_inbox
+SELECT event_id, state, attempts, next_attempt_at, claim_expires_at FROM ferry_inbox
  WHERE group_name = ? AND key = ? AND `+unfinished+` AND (state <> 'dead' OR ?)
- ORDER BY pos LIMIT 1`, group, key, hold).Scan(&h.id, &h.state, &h.nextAttempt, &h.claimExpires)
+ ORDER BY pos LIMIT 1`, group, key, hold).Scan(&h.id, &h.state, &h.attempts, &h.nextAttempt, &h.claimExpires)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
@@ -194,9 +195,15 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 	err := d.write(ctx, op, func(tx *sql.Tx) error {
 		out = nil
 		t := micros(now())
-		rows, err := tx.QueryContext(ctx, `
+		q := `
 SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NOT NULL AND runnable_at <= ?
- ORDER BY runnable_at LIMIT ?`, p.Group, t, max(p.Limit, 1))
+ ORDER BY runnable_at LIMIT ?`
+		if p.Rescue {
+			q = `
+SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= ?
+ ORDER BY claim_expires_at LIMIT ?`
+		}
+		rows, err := tx.QueryContext(ctx, q, p.Group, t, max(p.Limit, 1))
 		if err != nil {
 			return d.wrapErr(op, err)
 		}
@@ -214,27 +221,66 @@ SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NOT NUL
 			return d.wrapErr(op, err)
 		}
 		expires := t + p.TTL.Microseconds()
+		token := uuid.NewString() // one per call: each row is claimed once in it
 		for _, k := range keys {
 			h, err := d.keyHead(ctx, tx, p.Group, k, p.HoldDead, t)
 			if err != nil {
 				return err
 			}
-			if !h.runnable {
+			expired := h.state == "processing" // and runnable: a rescue
+			switch {
+			case h.runnable && expired != p.Rescue && p.Rescue:
+				continue // not a rescue: an ordinary claim takes it
+			case h.runnable && expired != p.Rescue:
+				// A rescue, left to ClaimInbox with Rescue; to the back for
+				// a second, so that it cannot crowd out the others.
+				if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ? WHERE group_name = ? AND key = ?`,
+					t+time.Second.Microseconds(), p.Group, k); err != nil {
+					return d.wrapErr(op, err)
+				}
+				continue
+			case !h.runnable:
 				// Due but nothing to run now: put the key at its real time.
 				if err := d.refreshKey(ctx, tx, p.Group, k, p.HoldDead, t); err != nil {
 					return err
 				}
 				continue
 			}
+			if p.MaxAttempts > 0 && h.attempts >= p.MaxAttempts {
+				// Its last attempts lost their claims: give it up.
+				rows, err := tx.QueryContext(ctx, `
+UPDATE ferry_inbox
+   SET state = 'dead', claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL, finished_at = ?,
+       last_error = ? || COALESCE(' (last recorded error: ' || NULLIF(last_error, '') || ')', '')
+ WHERE group_name = ? AND event_id = ? RETURNING `+inboxRowColumns, t, ferrydriver.ReasonAttemptsExhausted, p.Group, h.id)
+				if err != nil {
+					return d.wrapErr(op, err)
+				}
+				dead, err := scanInboxRows(rows, p.Group)
+				if err != nil {
+					return d.wrapErr(op, err)
+				}
+				if err := d.refreshKey(ctx, tx, p.Group, k, p.HoldDead, t); err != nil {
+					return err
+				}
+				for _, r := range dead {
+					d.events.note(settledNote{group: p.Group, id: r.Event.ID, state: ferrydriver.InboxDead})
+				}
+				out = append(out, dead...)
+				continue
+			}
 			rows, err := tx.QueryContext(ctx, `
-UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by = ?, claim_expires_at = ?
- WHERE group_name = ? AND event_id = ? RETURNING `+inboxRowColumns, p.Worker, expires, p.Group, h.id)
+UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by = ?, claim_token = ?, claim_expires_at = ?
+ WHERE group_name = ? AND event_id = ? RETURNING `+inboxRowColumns, p.Worker, token, expires, p.Group, h.id)
 			if err != nil {
 				return d.wrapErr(op, err)
 			}
 			claimed, err := scanInboxRows(rows, p.Group)
 			if err != nil {
 				return d.wrapErr(op, err)
+			}
+			for _, r := range claimed {
+				r.Claim = token
 			}
 			out = append(out, claimed...)
 			if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ? WHERE group_name = ? AND key = ?`,
@@ -250,6 +296,18 @@ UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by
 	return out, nil
 }
 
+// RescueDue implements ferrydriver.Inbox.
+func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
+	var due bool
+	err := d.r.QueryRowContext(ctx, `
+SELECT EXISTS (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= ?)`,
+		group, micros(now())).Scan(&due)
+	if err != nil {
+		return false, d.wrapErr("look for expired claims in group "+group, err)
+	}
+	return due, nil
+}
+
 // RunInTx implements ferrydriver.Inbox: fn runs in a transaction of DB().
 func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	return d.write(ctx, "run a transaction", func(tx *sql.Tx) error {
@@ -260,7 +318,7 @@ func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *s
 // CompleteInboxTx implements ferrydriver.Inbox. tx must be a transaction
 // of DB().
 func (d *Driver) CompleteInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, tx, p.Group, p.EventID, p.Worker, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
+	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -273,13 +331,13 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = micros(p.RetryAt)
 	}
 	return d.write(ctx, "record a failed attempt", func(tx *sql.Tx) error {
-		return d.finish(ctx, tx, p.Group, p.EventID, p.Worker, state, p.Error, retry, p.HoldDead)
+		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.HoldDead)
 	})
 }
 
 // finish moves a claimed row to state, recomputes its key's head and, if
 // the row finished, notes it for the callers awaiting it (told at commit).
-func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, worker string, state ferrydriver.InboxState, lastErr string, retry any, hold bool) error {
+func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, hold bool) error {
 	t := micros(now())
 	var finishedAt any
 	if state == ferrydriver.InboxProcessed || state == ferrydriver.InboxDead {
@@ -288,11 +346,11 @@ func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.U
 	var key string
 	err := tx.QueryRowContext(ctx, `
 UPDATE ferry_inbox
-   SET state = ?1, claimed_by = NULL, claim_expires_at = NULL,
+   SET state = ?1, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
        last_error = CASE WHEN ?1 = 'processed' THEN last_error ELSE ?2 END,
        next_attempt_at = COALESCE(?3, next_attempt_at), finished_at = ?4
- WHERE group_name = ?5 AND event_id = ?6 AND claimed_by = ?7 AND state = 'processing' AND claim_expires_at > ?8
-RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), worker, t).Scan(&key)
+ WHERE group_name = ?5 AND event_id = ?6 AND claim_token = ?7 AND state = 'processing' AND claim_expires_at > ?8
+RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), claim, t).Scan(&key)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("ferrysqlite: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}

@@ -1,0 +1,2 @@
+DROP INDEX {schema}.inbox_processing_idx;
+ALTER TABLE {schema}.inbox DROP COLUMN claim_token;

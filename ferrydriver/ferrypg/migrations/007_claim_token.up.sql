@@ -1,0 +1,9 @@
+-- Ferry schema version 7: every claim of an inbox row has a token of its
+-- own, and every later change of the row presents it, so that a stale
+-- attempt (one that outlived its claim) cannot finish a newer claim of
+-- the same worker.
+ALTER TABLE {schema}.inbox ADD COLUMN claim_token uuid;
+-- Rows being processed, by claim expiry: a consumer looks here for claims
+-- that expired (their worker crashed or outlived them) and rescues them one
+-- at a time. Few rows are ever in it.
+CREATE INDEX inbox_processing_idx ON {schema}.inbox (group_name, claim_expires_at) WHERE state = 'processing';

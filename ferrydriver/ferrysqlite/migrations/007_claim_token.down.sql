@@ -1,0 +1,2 @@
+DROP INDEX ferry_inbox_expiring_idx;
+ALTER TABLE ferry_inbox DROP COLUMN claim_token;
