@@ -9,7 +9,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -62,6 +64,13 @@ type ConsumerConfig struct {
 	// processes). Events ingested by this consumer wake it at once.
 	// Default 200 ms.
 	PollInterval time.Duration
+	// SkipUnhandled marks events of a type without a handler (and no
+	// HandleAll) processed, unhandled: counted (outcome "skipped") and
+	// logged once per type. By default such an event fails like a handler
+	// error that names its type: it retries, goes DEAD, and can be
+	// redriven once a handler exists, so that a producer that ships a new
+	// type first loses nothing for the group.
+	SkipUnhandled bool
 	// InboxRetention is how long processed events stay in the inbox, where
 	// they make redeliveries harmless. A redelivery of an event older than
 	// this (a broker replay, say) would be applied again. Default 7 days;
@@ -153,10 +162,16 @@ type Consumer[TTx any] struct {
 	wake     chan struct{}
 	m        *consumerMetrics
 
+	// skipped holds the event types skipped unhandled, logged once each.
+	skipped sync.Map
+
 	mu      sync.Mutex
 	cancel  context.CancelFunc
 	done    chan struct{}
 	started bool
+	// frozen is set by Start: the handlers are read without a lock from
+	// then on, so registering one after Start panics.
+	frozen atomic.Bool
 }
 
 // NewConsumer returns a consumer of group cfg.Group over driver.
@@ -199,14 +214,23 @@ func Handle[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx cont
 }
 
 // HandleEvent registers fn for events of type eventType, undecoded.
+// Handlers are registered before Start; registering one after panics.
 func (c *Consumer[TTx]) HandleEvent(eventType string, fn HandlerFunc[TTx]) {
+	c.mustNotBeStarted("HandleEvent(" + strconv.Quote(eventType) + ")")
 	c.handlers[eventType] = fn
 }
 
 // HandleAll registers fn for every event type without a handler of its own.
-// Without it, such events are acknowledged and marked processed unhandled.
+// Without it, such events fail (see ConsumerConfig.SkipUnhandled).
 func (c *Consumer[TTx]) HandleAll(fn HandlerFunc[TTx]) {
+	c.mustNotBeStarted("HandleAll")
 	c.fallback = fn
+}
+
+func (c *Consumer[TTx]) mustNotBeStarted(call string) {
+	if c.frozen.Load() {
+		panic("ferry: " + call + " on consumer " + c.cfg.Group + " after Start: register every handler before Consumer.Start (the workers read them without a lock)")
+	}
 }
 
 // HandleRetraction registers fn to undo an event the group had processed
@@ -215,6 +239,7 @@ func (c *Consumer[TTx]) HandleAll(fn HandlerFunc[TTx]) {
 // once, in the event's key order. Events retracted before they ran never
 // run and need nothing.
 func (c *Consumer[TTx]) HandleRetraction(fn HandlerFunc[TTx]) {
+	c.mustNotBeStarted("HandleRetraction")
 	c.handlers[ferryevent.TypeRetraction] = func(ctx context.Context, tx TTx, comp *Event) error {
 		ev, err := ferryevent.RetractedEvent(comp)
 		if err != nil {
@@ -304,6 +329,7 @@ func (c *Consumer[TTx]) Start(ctx context.Context) error {
 	if err := c.driver.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: c.cfg.Group, HoldDead: c.cfg.DeadPolicy == Hold}); err != nil {
 		return fmt.Errorf("ferry: start consumer %s: %w", c.cfg.Group, err)
 	}
+	c.frozen.Store(true)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel, c.done, c.started = cancel, make(chan struct{}), true
 	go func() {
@@ -504,9 +530,21 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	if handler == nil && ev.Type != ferryevent.TypeRetraction {
 		handler = c.fallback
 	}
-	if handler == nil && ev.Type == ferryevent.TypeRetraction {
+	unhandled := false
+	switch {
+	case handler == nil && ev.Type == ferryevent.TypeRetraction:
 		c.log.Warn("ferry: an event this group processed was retracted, and the group has no retraction handler (HandleRetraction): nothing undoes its effect",
 			"event_id", ev.ID, "key", ev.Key)
+	case handler == nil && c.cfg.SkipUnhandled:
+		unhandled = true
+		if _, seen := c.skipped.LoadOrStore(ev.Type, true); !seen {
+			c.log.Warn("ferry: skipping events of a type this group has no handler for (SkipUnhandled); logged once per type",
+				"type", ev.Type, "event_id", ev.ID)
+		}
+	case handler == nil:
+		handler = func(context.Context, TTx, *Event) error {
+			return fmt.Errorf("no handler for event type %q in group %s: register one (Handle, HandleEvent or HandleAll) and redrive, or set ConsumerConfig.SkipUnhandled to skip such events", ev.Type, c.cfg.Group)
+		}
 	}
 	hctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
@@ -526,6 +564,10 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
 			Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, HoldDead: c.cfg.DeadPolicy == Hold})
 	})
+	if err == nil && unhandled {
+		c.m.outcomes.WithLabelValues("skipped").Inc()
+		return
+	}
 	if err == nil {
 		c.m.outcomes.WithLabelValues("processed").Inc()
 		return
@@ -537,7 +579,11 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 		return
 	}
 	dead, retryAt := c.decide(row, err)
-	ferr := c.driver.FailInbox(context.WithoutCancel(ctx), &ferrydriver.FailInboxParams{
+	// Bounded: a connection that went dark must not hold the worker (the
+	// claim expires and the event runs again anyway).
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
+	defer fcancel()
+	ferr := c.driver.FailInbox(fctx, &ferrydriver.FailInboxParams{
 		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: retryAt, Dead: dead,
 		HoldDead: c.cfg.DeadPolicy == Hold})
 	if errors.Is(ferr, ferrydriver.ErrClaimLost) {

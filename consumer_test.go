@@ -187,7 +187,7 @@ func TestConsumerPoisonEventGoesDead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, n, "processed, retried and dead series")
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP ferry_consumer_attempts_total Handler attempts by outcome: processed, retried, dead, claim_lost.
+# HELP ferry_consumer_attempts_total Handler attempts by outcome: processed, retried, dead, claim_lost, skipped (no handler, SkipUnhandled).
 # TYPE ferry_consumer_attempts_total counter
 ferry_consumer_attempts_total{group="mailer",outcome="dead"} 1
 ferry_consumer_attempts_total{group="mailer",outcome="processed"} 30
@@ -332,6 +332,9 @@ func TestConsumerRetract(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 4 }, 10*time.Second, 10*time.Millisecond,
 		"seq 1 and 2 of both keys are processed; seq 3 waits")
+	require.Eventually(t, func() bool {
+		return count(t, `SELECT count(*) FROM `+pgx.Identifier{drv.Schema(), "inbox"}.Sanitize()+` WHERE key = 'k0' AND seq = 3 AND state = 'processing'`) == 1
+	}, 10*time.Second, 10*time.Millisecond, "k0's seq 3 is claimed (its handler waits)")
 	// Retract seq 2, 3 and 4 of k0 (2 processed, 3 running, 4 pending).
 	var k0 []*ferry.Event
 	for _, ev := range evs {

@@ -90,7 +90,12 @@ is also marked processed.
 Events reach the group's inbox from a source: the outbox of the same
 database (a Relay into Consumer.Sink), or a broker subscription calling
 Consumer.Ingest. Keys run in parallel, each key in order; failures retry
-with backoff, then go DEAD (ConsumerConfig.OnDead, DeadPolicy).
+with backoff, then go DEAD (ConsumerConfig.OnDead, DeadPolicy). Attempts
+are counted when an event is claimed, so one that crashes the process goes
+DEAD too, after MaxAttempts crashes; an event whose claim expired runs
+again alone, so that it costs no other event an attempt. An event of a type
+without a handler fails, naming its type, unless HandleAll handles it or
+ConsumerConfig.SkipUnhandled skips it. Register handlers before Start.
 
 AwaitSettled tells a request path whether a group has settled events,
 failed them (and why) or not yet, woken by the database rather than

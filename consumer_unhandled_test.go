@@ -1,0 +1,113 @@
+package ferry_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry"
+)
+
+// An event of a type nobody handles fails, naming its type, and goes DEAD
+// after its attempts; once a handler exists, a redrive runs it.
+func TestConsumerUnhandledTypeFailsByDefault(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	table := effects(t, drv)
+	dead := make(chan *ferry.DeadEvent, 1)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "unhandled", MaxAttempts: 2, RetryBase: 10 * time.Millisecond,
+		RetryMax: 20 * time.Millisecond, PollInterval: 20 * time.Millisecond, DeadPolicy: ferry.Continue,
+		OnDead: func(_ context.Context, d *ferry.DeadEvent) { dead <- d }})
+	require.NoError(t, err)
+	c.HandleEvent("OrderPlaced", func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	evs := events(2, 1)
+	evs[0].Type = "OrderRefunded" // shipped by the producer before this group handles it
+	_, err = c.Ingest(context.Background(), evs)
+	require.NoError(t, err)
+	var d *ferry.DeadEvent
+	select {
+	case d = <-dead:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the unhandled event did not go DEAD")
+	}
+	require.Equal(t, evs[0].ID, d.Event.ID)
+	require.Equal(t, 2, d.Attempts)
+	require.ErrorContains(t, d.Err, `no handler for event type "OrderRefunded"`)
+	require.ErrorContains(t, d.Err, "SkipUnhandled")
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 1 }, 10*time.Second, 20*time.Millisecond,
+		"Continue: the key's next event ran")
+}
+
+// SkipUnhandled marks such events processed, counts them and logs once per
+// type.
+func TestConsumerSkipUnhandled(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "skipper", SkipUnhandled: true, PollInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: reg})
+	require.NoError(t, err)
+	startConsumer(t, c)
+	evs := events(3, 3)
+	for _, ev := range evs {
+		ev.Type = "Unknown"
+	}
+	_, err = c.Ingest(context.Background(), evs)
+	require.NoError(t, err)
+	skipped := func() float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if mf.GetName() == "ferry_consumer_attempts_total" && l.GetName() == "outcome" && l.GetValue() == "skipped" {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return 0
+	}
+	require.Eventually(t, func() bool { return skipped() == 3 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, strings.Count(logs.String(), "skipping events of a type"), "logged once per type: %s", logs.String())
+}
+
+func TestConsumerHandlersAreFrozenAtStart(t *testing.T) {
+	t.Parallel()
+	c, err := ferry.NewConsumer(newPG(t), &ferry.ConsumerConfig{Group: "frozen"})
+	require.NoError(t, err)
+	c.HandleAll(func(context.Context, pgx.Tx, *ferry.Event) error { return nil })
+	startConsumer(t, c)
+	require.PanicsWithValue(t, `ferry: HandleEvent("Late") on consumer frozen after Start: register every handler before Consumer.Start (the workers read them without a lock)`,
+		func() { c.HandleEvent("Late", func(context.Context, pgx.Tx, *ferry.Event) error { return nil }) })
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
