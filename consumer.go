@@ -329,6 +329,12 @@ func (c *Consumer[TTx]) Start(ctx context.Context) error {
 	if err := c.driver.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: c.cfg.Group, HoldDead: c.cfg.DeadPolicy == Hold}); err != nil {
 		return fmt.Errorf("ferry: start consumer %s: %w", c.cfg.Group, err)
 	}
+	if l, ok := c.driver.(ferrydriver.ConnLimiter); ok {
+		if n := l.MaxConns(); n > 0 && n < c.cfg.Workers+2 {
+			c.log.Warn("ferry: the database pool is smaller than the consumer needs: handlers will wait for connections, and events of other keys with them; raise the pool's size (pgxpool: pool_max_conns) or lower ConsumerConfig.Workers",
+				"pool_max_conns", n, "workers", c.cfg.Workers, "needed", c.cfg.Workers+2)
+		}
+	}
 	c.frozen.Store(true)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel, c.done, c.started = cancel, make(chan struct{}), true
@@ -578,6 +584,10 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 			"event_id", ev.ID, "key", ev.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond))
 		return
 	}
+	if errors.Is(err, ferrydriver.ErrTxNotBegun) {
+		c.notBegun(ctx, row, err)
+		return
+	}
 	dead, retryAt := c.decide(row, err)
 	// Bounded: a connection that went dark must not hold the worker (the
 	// claim expires and the event runs again anyway).
@@ -603,6 +613,21 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	}
 	c.m.outcomes.WithLabelValues("retried").Inc()
 	c.log.Info("ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", retryAt, "err", err)
+}
+
+// notBegun gives back the claim of an event whose transaction could not
+// begin (the handler never ran): it runs again shortly, and the attempt
+// does not count.
+func (c *Consumer[TTx]) notBegun(ctx context.Context, row *ferrydriver.InboxRow, err error) {
+	ev := &row.Event
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
+	defer cancel()
+	ferr := c.driver.FailInbox(fctx, &ferrydriver.FailInboxParams{
+		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: time.Now().Add(c.retry.Delay(1) / 4),
+		HoldDead: c.cfg.DeadPolicy == Hold, Uncounted: true})
+	c.m.outcomes.WithLabelValues("not_begun").Inc()
+	c.log.Warn("ferry: could not begin a handler's transaction (is the connection pool smaller than Workers?); the handler did not run, and the attempt does not count",
+		"event_id", ev.ID, "key", ev.Key, "workers", c.cfg.Workers, "err", err, "release_err", ferr)
 }
 
 // reportDead counts, logs and hands to OnDead an event that went DEAD.

@@ -187,7 +187,7 @@ func TestConsumerPoisonEventGoesDead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, n, "processed, retried and dead series")
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP ferry_consumer_attempts_total Handler attempts by outcome: processed, retried, dead, claim_lost, skipped (no handler, SkipUnhandled).
+# HELP ferry_consumer_attempts_total Handler attempts by outcome: processed, retried, dead, claim_lost, skipped (no handler, SkipUnhandled), not_begun (no transaction: not counted).
 # TYPE ferry_consumer_attempts_total counter
 ferry_consumer_attempts_total{group="mailer",outcome="dead"} 1
 ferry_consumer_attempts_total{group="mailer",outcome="processed"} 30

@@ -3,17 +3,23 @@ package ferry_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // An event of a type nobody handles fails, naming its type, and goes DEAD
@@ -110,4 +116,65 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// beginFails is a driver whose first handler transactions cannot begin.
+type beginFails struct {
+	*ferrypg.Driver[pgx.Tx]
+	failures atomic.Int32
+}
+
+func (b *beginFails) RunInTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	if b.failures.Add(-1) >= 0 {
+		return fmt.Errorf("ferrypg: begin: %w: %w", ferrydriver.ErrTxNotBegun, context.DeadlineExceeded)
+	}
+	return b.Driver.RunInTx(ctx, fn)
+}
+
+// A transaction that cannot begin (the pool is exhausted) is not an
+// attempt: with MaxAttempts 1 the event still runs, once, and is processed.
+func TestConsumerBeginFailureIsNotAnAttempt(t *testing.T) {
+	t.Parallel()
+	pg := newPG(t)
+	drv := &beginFails{Driver: pg}
+	drv.failures.Store(2)
+	table := effects(t, pg)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "nobegin", MaxAttempts: 1, RetryBase: 20 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	var runs atomic.Int32
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		runs.Add(1)
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	ev := events(1, 1)[0]
+	_, err = c.Ingest(context.Background(), []*ferry.Event{ev})
+	require.NoError(t, err)
+	inbox := pgx.Identifier{pg.Schema(), "inbox"}.Sanitize()
+	require.Eventually(t, func() bool {
+		return count(t, `SELECT count(*) FROM `+inbox+` WHERE event_id = $1 AND state = 'processed'`, ev.ID) == 1
+	}, 10*time.Second, 20*time.Millisecond, "processed, not DEAD")
+	require.Equal(t, int32(1), runs.Load())
+	require.Equal(t, 1, count(t, `SELECT attempts FROM `+inbox+` WHERE event_id = $1`, ev.ID), "the two that could not begin are not counted")
+}
+
+// Start warns when the pool cannot serve the workers' handlers plus claims.
+func TestConsumerWarnsOfASmallPool(t *testing.T) {
+	t.Parallel()
+	pg := newPG(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	small, err := ferrypg.New(pool, &ferrypg.Config{Schema: pg.Schema()})
+	require.NoError(t, err)
+	var logs syncBuffer
+	c, err := ferry.NewConsumer(small, &ferry.ConsumerConfig{Group: "small", Workers: 8, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	startConsumer(t, c)
+	require.Contains(t, logs.String(), "the database pool is smaller than the consumer needs")
+	require.Contains(t, logs.String(), "pool_max_conns=4 workers=8 needed=10")
 }

@@ -68,7 +68,7 @@ type consumerMetrics struct {
 func newConsumerMetrics(reg prometheus.Registerer, group string) (*consumerMetrics, error) {
 	labels := prometheus.Labels{"group": group}
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "consumer", Name: "attempts_total",
-		Help: "Handler attempts by outcome: processed, retried, dead, claim_lost, skipped (no handler, SkipUnhandled).", ConstLabels: labels}, []string{"outcome"})
+		Help: "Handler attempts by outcome: processed, retried, dead, claim_lost, skipped (no handler, SkipUnhandled), not_begun (no transaction: not counted).", ConstLabels: labels}, []string{"outcome"})
 	rescues := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "consumer", Name: "rescues_total",
 		Help: "Events run again, alone, after their last claim expired (the process crashed, or the handler outlived ClaimTTL).", ConstLabels: labels})
 	hs := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "consumer", Name: "handler_seconds",

@@ -30,6 +30,19 @@ const (
 // took the row over. The handler's transaction must roll back.
 var ErrClaimLost = errors.New("inbox claim lost: the claim expired or a later attempt took the row over")
 
+// ConnLimiter is implemented by drivers over a bounded connection pool: a
+// consumer warns at Start when the pool cannot serve its workers' handlers
+// plus its claims and upkeep.
+type ConnLimiter interface {
+	// MaxConns is the most connections the pool opens; 0 if unbounded.
+	MaxConns() int
+}
+
+// ErrTxNotBegun wraps the error of a RunInTx whose transaction could not
+// begin (no connection within the deadline, say): the handler did not run,
+// and the attempt does not count (FailInboxParams.Uncounted).
+var ErrTxNotBegun = errors.New("the transaction could not begin; the handler did not run")
+
 // ReasonAttemptsExhausted is the error recorded for a row that ClaimInbox
 // makes DEAD instead of claiming it again (ClaimInboxParams.MaxAttempts).
 const ReasonAttemptsExhausted = "attempts exhausted; the last ones lost their claim or crashed the process"
@@ -220,6 +233,9 @@ type FailInboxParams struct {
 	Error   string
 	RetryAt time.Time
 	Dead    bool
+	// Uncounted takes the claim's attempt back: the handler never ran
+	// (ErrTxNotBegun).
+	Uncounted bool
 	// HoldDead: the group's policy, as in ClaimInboxParams.
 	HoldDead bool
 }

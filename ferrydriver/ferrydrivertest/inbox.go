@@ -31,6 +31,7 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("ExpiredClaimIsReclaimed", func(t *testing.T) { t.Parallel(); testInboxExpiredClaim(t, newDriver(t)) })
 	t.Run("StaleAttemptCannotFinishALaterClaim", func(t *testing.T) { t.Parallel(); testInboxStaleAttempt(t, newDriver(t)) })
 	t.Run("ExhaustedAttemptsGoDeadAtClaim", func(t *testing.T) { t.Parallel(); testInboxExhausted(t, newDriver(t)) })
+	t.Run("UncountedFailureTakesTheAttemptBack", func(t *testing.T) { t.Parallel(); testInboxUncounted(t, newDriver(t)) })
 	t.Run("FailedRetriesWhenDue", func(t *testing.T) { t.Parallel(); testInboxRetry(t, newDriver(t)) })
 	t.Run("DeadHoldsOrContinues", func(t *testing.T) { t.Parallel(); testInboxDead(t, newDriver(t)) })
 	t.Run("ConcurrentWorkersKeepKeyOrder", func(t *testing.T) { t.Parallel(); testInboxConcurrent(t, newDriver(t)) })
@@ -351,6 +352,21 @@ func testInboxExhausted[TTx any](t *testing.T, d InboxDriver[TTx]) {
 			complete(ctx, t, d, got[0], hold)
 		}
 	}
+}
+
+// testInboxUncounted: an attempt whose handler never ran (its transaction
+// could not begin) is given back without counting.
+func testInboxUncounted[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	insert(ctx, t, d, Event("t", "k", "one"))
+	row := claim(ctx, t, d, "w", true)[0]
+	require.Equal(t, 1, row.Attempts)
+	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim,
+		Error: "begin: pool exhausted", RetryAt: time.Now(), HoldDead: true, Uncounted: true}))
+	var again []*ferrydriver.InboxRow
+	require.Eventually(t, func() bool { again = claim(ctx, t, d, "w", true); return len(again) == 1 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, again[0].Attempts, "the attempt that never ran does not count")
+	complete(ctx, t, d, again[0], true)
 }
 
 func testInboxRetry[TTx any](t *testing.T, d InboxDriver[TTx]) {

@@ -417,12 +417,17 @@ func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
 // RunInTx implements ferrydriver.Inbox: fn runs in a session transaction
 // (majority), run again by the driver on a TransientTransactionError.
 func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx context.Context) error) error {
-	return d.inTx(ctx, func(tx context.Context) error { return fn(tx, tx) })
+	ran := false
+	err := d.inTx(ctx, func(tx context.Context) error { ran = true; return fn(tx, tx) })
+	if err != nil && !ran {
+		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, err)
+	}
+	return err
 }
 
 // CompleteInboxTx implements ferrydriver.Inbox.
 func (d *Driver) CompleteInboxTx(_ context.Context, tx context.Context, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
+	return d.finish(tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead, false)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -436,11 +441,11 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = &at
 	}
 	return d.inTx(ctx, func(tx context.Context) error {
-		return d.finish(tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.HoldDead)
+		return d.finish(tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.HoldDead, p.Uncounted)
 	})
 }
 
-func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
+func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold, uncounted bool) error {
 	if claim == "" {
 		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: no claim token: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -459,7 +464,7 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 	err := d.inbox().FindOneAndUpdate(tx,
 		bson.D{{Key: "_id", Value: rowID(group, id)}, {Key: "claim_token", Value: claim}, {Key: "state", Value: string(ferrydriver.InboxProcessing)},
 			{Key: "claim_expires_at", Value: bson.D{{Key: "$gt", Value: now}}}},
-		bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_expires_at", Value: ""}, {Key: "claim_token", Value: ""}}}}).Decode(&doc)
+		finishUpdate(set, uncounted)).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -470,6 +475,15 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 		return fmt.Errorf("ferrymongo: refresh inbox key %s: %w", doc.Key, err)
 	}
 	return nil
+}
+
+// finishUpdate ends a claim with set; uncounted takes its attempt back.
+func finishUpdate(set bson.D, uncounted bool) bson.D {
+	u := bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_expires_at", Value: ""}, {Key: "claim_token", Value: ""}}}}
+	if uncounted {
+		u = append(u, bson.E{Key: "$inc", Value: bson.D{{Key: "attempts", Value: -1}}})
+	}
+	return u
 }
 
 func (d *Driver) policy(ctx context.Context, group string) (bool, error) {

@@ -179,6 +179,8 @@ type Driver[TTx any] struct {
 	// stored is the partition count the driver last read from the schema;
 	// 0 until it read one.
 	stored atomic.Int64
+	// maxConns reads the pool's size (0: unbounded).
+	maxConns func() int
 	// sessionsRC is 1 once the sessions' default isolation was seen to be
 	// READ COMMITTED, 2 once seen to be another (see inRC).
 	sessionsRC atomic.Int32
@@ -192,12 +194,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Driver[pgx.Tx], error) {
 		return nil, err
 	}
 	d := &Driver[pgx.Tx]{
-		cfg:     c,
-		db:      pgxExec{pool},
-		begin:   poolBeginner{pool},
-		session: poolSession(pool),
-		canWait: true,
-		wrapTx:  func(tx pgx.Tx) executor { return pgxExec{tx} },
+		cfg:      c,
+		db:       pgxExec{pool},
+		begin:    poolBeginner{pool},
+		session:  poolSession(pool),
+		canWait:  true,
+		wrapTx:   func(tx pgx.Tx) executor { return pgxExec{tx} },
+		maxConns: func() int { return int(pool.Config().MaxConns) },
 		beginTx: func(ctx context.Context, iso Isolation) (pgx.Tx, func(context.Context) error, func(context.Context) error, error) {
 			tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(iso)})
 			if err != nil {
@@ -220,12 +223,13 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 		return nil, err
 	}
 	d := &Driver[*sql.Tx]{
-		cfg:     c,
-		db:      sqlExec{db},
-		begin:   sqlBeginner{db},
-		session: sqlSession(db),
-		canWait: isPgxDB(db),
-		wrapTx:  func(tx *sql.Tx) executor { return sqlExec{tx} },
+		cfg:      c,
+		db:       sqlExec{db},
+		begin:    sqlBeginner{db},
+		session:  sqlSession(db),
+		canWait:  isPgxDB(db),
+		wrapTx:   func(tx *sql.Tx) executor { return sqlExec{tx} },
+		maxConns: func() int { return db.Stats().MaxOpenConnections },
 		beginTx: func(ctx context.Context, iso Isolation) (*sql.Tx, func(context.Context) error, func(context.Context) error, error) {
 			tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: iso.sqlLevel()})
 			if err != nil {
@@ -237,6 +241,10 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 	d.init()
 	return d, nil
 }
+
+// MaxConns implements ferrydriver.ConnLimiter: the pool's size (pgxpool's
+// MaxConns; database/sql's MaxOpenConns, 0 when unbounded).
+func (d *Driver[TTx]) MaxConns() int { return d.maxConns() }
 
 func (d *Driver[TTx]) init() {
 	d.queries = newQueries(d.cfg.Schema)

@@ -167,7 +167,7 @@ func rerunConflicts(ctx context.Context, op func() error) error {
 func (d *Driver[TTx]) runInTxOnce(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
 	tx, commit, rollback, err := d.beginTx(ctx, d.cfg.InboxIsolation)
 	if err != nil {
-		return fmt.Errorf("ferrypg: begin: %w", err)
+		return fmt.Errorf("ferrypg: begin: %w: %w", ferrydriver.ErrTxNotBegun, err)
 	}
 	if err := fn(ctx, tx); err != nil {
 		_ = rollback(context.WithoutCancel(ctx))
@@ -181,7 +181,7 @@ func (d *Driver[TTx]) runInTxOnce(ctx context.Context, fn func(ctx context.Conte
 
 // CompleteInboxTx implements ferrydriver.Inbox.
 func (d *Driver[TTx]) CompleteInboxTx(ctx context.Context, tx TTx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, d.wrapTx(tx), p.Group, p.EventID.String(), p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
+	return d.finish(ctx, d.wrapTx(tx), p.Group, p.EventID.String(), p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead, false)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -197,7 +197,7 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 	if err != nil {
 		return fmt.Errorf("ferrypg: begin: %w", err)
 	}
-	if err := d.finish(ctx, e, p.Group, p.EventID.String(), p.Claim, state, p.Error, retry, p.HoldDead); err != nil {
+	if err := d.finish(ctx, e, p.Group, p.EventID.String(), p.Claim, state, p.Error, retry, p.HoldDead, p.Uncounted); err != nil {
 		_ = rollback(context.WithoutCancel(ctx))
 		return err
 	}
@@ -211,12 +211,12 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 // update the row, lock the key, and only then (in a new statement, so with
 // a snapshot taken after the lock) look for the next head; last, tell the
 // callers awaiting the event.
-func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold bool) error {
+func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold, uncounted bool) error {
 	if _, err := uuid.Parse(claim); err != nil {
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: claim token %q is not one ClaimInbox gave: %w", id, state, group, claim, ferrydriver.ErrClaimLost)
 	}
 	var key string
-	err := queryRow(ctx, e, []any{&key}, d.queries.inboxFinish, group, id, claim, string(state), lastErr, retry)
+	err := queryRow(ctx, e, []any{&key}, d.queries.inboxFinish, group, id, claim, string(state), lastErr, retry, uncounted)
 	if isNoRows(err) {
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}

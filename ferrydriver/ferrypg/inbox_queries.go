@@ -135,13 +135,15 @@ WITH expired AS (
 const sqlInboxRescueDue = `
 SELECT EXISTS (SELECT 1 FROM {schema}.inbox WHERE group_name = $1 AND state = 'processing' AND claim_expires_at <= now())`
 
-// sqlInboxFinish ends a claimed attempt: PROCESSED, FAILED or DEAD. It
-// matches nothing unless $3 is the row's current, unexpired claim. When
+// sqlInboxFinish ends a claimed attempt: PROCESSED, FAILED or DEAD ($7:
+// the attempt is taken back, its handler never ran). It matches nothing
+// unless $3 is the row's current, unexpired claim. When
 // the event finishes and someone awaits it, it notifies them (delivered at
 // commit).
 const sqlInboxFinish = `
 UPDATE {schema}.inbox
    SET state = $4, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
+       attempts = CASE WHEN $7 THEN greatest(attempts - 1, 0) ELSE attempts END,
        last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
        next_attempt_at = COALESCE($6::timestamptz, next_attempt_at),
        finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END

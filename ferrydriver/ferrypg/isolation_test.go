@@ -2,7 +2,11 @@ package ferrypg_test
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -10,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
@@ -111,4 +116,49 @@ func TestCompletionSeesADeliveryAfterItsSnapshot(t *testing.T) {
 			t.Logf("isolation %q: the handler's transaction ran %d times", iso, runs)
 		})
 	}
+}
+
+// TestRunTxDoesNotRerunTheCallbacksOwnIOErrors: an io.EOF or a net.Error
+// that the callback's own I/O returned (its connection to the database is
+// fine) is the callback's error, returned at once; RerunTx opts in.
+func TestRunTxDoesNotRerunTheCallbacksOwnIOErrors(t *testing.T) {
+	t.Parallel()
+	drv := newDriver(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, own := range []error{io.EOF, io.ErrUnexpectedEOF, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, net.ErrClosed} {
+		calls := 0
+		_, err := ferry.RunTx(ctx, drv, nil, func(ctx context.Context, tx pgx.Tx) (int, error) {
+			calls++
+			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+				return 0, err
+			}
+			return 0, fmt.Errorf("decode the partner's answer: %w", own)
+		})
+		require.ErrorIs(t, err, own)
+		require.Equal(t, 1, calls, "%v: the callback's own error does not rerun it", own)
+	}
+	calls := 0
+	_, err := ferry.RunTx(ctx, drv, nil, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		calls++
+		if calls == 1 {
+			return 0, ferry.RerunTx(io.EOF)
+		}
+		return 0, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2, calls, "RerunTx asks for it")
+
+	// The transaction's own connection lost: run again.
+	calls = 0
+	_, err = ferry.RunTx(ctx, drv, nil, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		calls++
+		if calls == 1 {
+			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+			return 0, err
+		}
+		return 0, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2, calls, "a lost connection reruns the callback")
 }

@@ -31,6 +31,18 @@ func (d *Driver[TTx]) AttemptTx(ctx context.Context, fn func(ctx context.Context
 		return err
 	}
 	if err := fn(ctx, tx); err != nil {
+		if isConnError(err) || pgconn.SafeToRetry(err) {
+			// It reads like a lost connection; but the callback's own I/O
+			// (a JSON decoder, an HTTP client) says the same. Ask the
+			// transaction's connection.
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_, perr := d.wrapTx(tx).exec(pctx, `SELECT 1`)
+			cancel()
+			var pgErr *pgconn.PgError
+			if perr == nil || errors.As(perr, &pgErr) {
+				err = &callbackIOError{err: err} // alive: not the transaction's error
+			}
+		}
 		_ = rollback(context.WithoutCancel(ctx))
 		return err
 	}
@@ -67,6 +79,10 @@ var relationRE = regexp.MustCompile(`relation "([^"]+)"`)
 // failures (40001) and deadlocks (40P01) run again, and so does a
 // transaction whose connection broke before COMMIT (it rolled back).
 func (d *Driver[TTx]) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
+	var cb *callbackIOError
+	if errors.As(err, &cb) {
+		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent, Cause: "callback_error"}
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		info := ferrydriver.TxErrorInfo{Cause: pgErr.Code, Relation: pgErr.TableName}
@@ -120,6 +136,15 @@ func isConnError(err error) bool {
 	return errors.As(err, &netErr) || errors.As(err, &connectErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, driver.ErrBadConn) || errors.Is(err, net.ErrClosed)
 }
+
+// callbackIOError is a connection-like error (io.EOF, a net.Error) that
+// the callback returned while the transaction's own connection was fine:
+// the callback's own I/O failed, and running it again is its call
+// (ferry.RerunTx), not the transaction's.
+type callbackIOError struct{ err error }
+
+func (e *callbackIOError) Error() string { return e.err.Error() }
+func (e *callbackIOError) Unwrap() error { return e.err }
 
 // ResolveCommit implements ferrydriver.Transactor with pg_xact_status:
 // it waits while the transaction is still in progress (its backend may

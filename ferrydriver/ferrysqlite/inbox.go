@@ -310,15 +310,24 @@ SELECT EXISTS (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = 'proce
 
 // RunInTx implements ferrydriver.Inbox: fn runs in a transaction of DB().
 func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return d.write(ctx, "run a transaction", func(tx *sql.Tx) error {
-		return fn(context.WithValue(ctx, holdsWriter{}, true), tx)
-	})
+	tx, err := d.beginWrite(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, d.wrapErr("begin a transaction", err))
+	}
+	if err := fn(context.WithValue(ctx, holdsWriter{}, true), tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return d.wrapErr("run a transaction: commit", err)
+	}
+	return nil
 }
 
 // CompleteInboxTx implements ferrydriver.Inbox. tx must be a transaction
 // of DB().
 func (d *Driver) CompleteInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead)
+	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead, false)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -331,13 +340,13 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = micros(p.RetryAt)
 	}
 	return d.write(ctx, "record a failed attempt", func(tx *sql.Tx) error {
-		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.HoldDead)
+		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.HoldDead, p.Uncounted)
 	})
 }
 
 // finish moves a claimed row to state, recomputes its key's head and, if
 // the row finished, notes it for the callers awaiting it (told at commit).
-func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, hold bool) error {
+func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, hold, uncounted bool) error {
 	t := micros(now())
 	var finishedAt any
 	if state == ferrydriver.InboxProcessed || state == ferrydriver.InboxDead {
@@ -347,10 +356,11 @@ func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.U
 	err := tx.QueryRowContext(ctx, `
 UPDATE ferry_inbox
    SET state = ?1, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
+       attempts = CASE WHEN ?9 THEN max(attempts - 1, 0) ELSE attempts END,
        last_error = CASE WHEN ?1 = 'processed' THEN last_error ELSE ?2 END,
        next_attempt_at = COALESCE(?3, next_attempt_at), finished_at = ?4
  WHERE group_name = ?5 AND event_id = ?6 AND claim_token = ?7 AND state = 'processing' AND claim_expires_at > ?8
-RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), claim, t).Scan(&key)
+RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), claim, t, uncounted).Scan(&key)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("ferrysqlite: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
