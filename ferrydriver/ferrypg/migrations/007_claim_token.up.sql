@@ -5,5 +5,8 @@
 ALTER TABLE {schema}.inbox ADD COLUMN claim_token uuid;
 -- Rows being processed, by claim expiry: a consumer looks here for claims
 -- that expired (their worker crashed or outlived them) and rescues them one
--- at a time. Few rows are ever in it.
+-- at a time, and claims and completions ask here whether another row of a
+-- key runs (they used to walk the key's whole backlog in
+-- inbox_unfinished_idx: draining a hot key was O(n²)). Few rows are ever
+-- in it.
 CREATE INDEX inbox_processing_idx ON {schema}.inbox (group_name, claim_expires_at) WHERE state = 'processing';
