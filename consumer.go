@@ -488,17 +488,30 @@ drain:
 	return len(rows) > 0
 }
 
-// maintain refreshes the inbox gauges every 15 s and removes processed
-// inbox rows older than InboxRetention every minute.
+// gaugeLeaser is the part of a driver's leases the gauges use: one
+// process per group refreshes them.
+type gaugeLeaser interface {
+	AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error)
+}
+
+// maintain refreshes the inbox gauges every 15 s, in one process of the
+// group when the driver has leases (the others drop the series), and
+// removes processed inbox rows older than InboxRetention every minute.
 func (c *Consumer[TTx]) maintain(ctx context.Context) {
-	t := time.NewTicker(15 * time.Second)
+	const every = 15 * time.Second
+	t := time.NewTicker(every)
 	defer t.Stop()
 	var lastRetention time.Time
+	failing := false
 	for {
-		if counts, err := c.driver.InboxCounts(ctx, c.cfg.Group); err == nil {
-			for _, s := range []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead} {
-				c.m.inbox.WithLabelValues(string(s)).Set(float64(counts[s]))
-			}
+		err := c.refreshGauges(ctx, every)
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			failing = true
+			c.log.Warn("ferry: refreshing the inbox gauges failed; retrying every 15 s (logged once until it works)", "err", err)
+		case err == nil && failing:
+			failing = false
+			c.log.Info("ferry: the inbox gauges are refreshed again")
 		}
 		if c.cfg.InboxRetention >= 0 && time.Since(lastRetention) >= time.Minute {
 			lastRetention = time.Now()
@@ -510,6 +523,29 @@ func (c *Consumer[TTx]) maintain(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// refreshGauges sets the inbox gauges, capped counts, if this process
+// holds the group's gauge lease (or the driver has no leases).
+func (c *Consumer[TTx]) refreshGauges(ctx context.Context, every time.Duration) error {
+	if l, ok := c.driver.(gaugeLeaser); ok {
+		lease, err := l.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "consumer-gauges/" + c.cfg.Group, Holder: c.worker, TTL: 3 * every})
+		if err != nil {
+			return fmt.Errorf("take the gauge lease: %w", err)
+		}
+		if !lease.Held(c.worker) {
+			c.m.inbox.Reset() // another process of the group reports them
+			return nil
+		}
+	}
+	counts, err := c.driver.InboxCounts(ctx, c.cfg.Group)
+	if err != nil {
+		return err
+	}
+	for _, s := range []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead} {
+		c.m.inbox.WithLabelValues(string(s)).Set(float64(counts[s]))
+	}
+	return nil
 }
 
 // retain removes processed inbox rows older than InboxRetention.

@@ -178,3 +178,45 @@ func TestConsumerWarnsOfASmallPool(t *testing.T) {
 	require.Contains(t, logs.String(), "the database pool is smaller than the consumer needs")
 	require.Contains(t, logs.String(), "pool_max_conns=4 workers=8 needed=10")
 }
+
+// countsFail is a driver whose inbox counts fail.
+type countsFail struct{ *ferrypg.Driver[pgx.Tx] }
+
+func (countsFail) InboxCounts(context.Context, string) (map[ferrydriver.InboxState]int64, error) {
+	return nil, fmt.Errorf("count: connection refused")
+}
+
+// The inbox gauges are refreshed by one process of a group (a lease); a
+// failure to refresh them is logged.
+func TestConsumerGaugesOneProcessPerGroup(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	series := func(reg *prometheus.Registry) int {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "ferry_consumer_inbox_rows" {
+				return len(mf.GetMetric())
+			}
+		}
+		return 0
+	}
+	var regs []*prometheus.Registry
+	for range 2 {
+		reg := prometheus.NewRegistry()
+		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "gauged", Registerer: reg})
+		require.NoError(t, err)
+		startConsumer(t, c)
+		regs = append(regs, reg)
+	}
+	require.Eventually(t, func() bool { return series(regs[0])+series(regs[1]) == 4 }, 10*time.Second, 20*time.Millisecond,
+		"one process exports the four states")
+	require.True(t, series(regs[0]) == 0 || series(regs[1]) == 0, "only one of them")
+
+	var logs syncBuffer
+	c, err := ferry.NewConsumer(countsFail{drv}, &ferry.ConsumerConfig{Group: "ungauged", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	startConsumer(t, c)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "refreshing the inbox gauges failed") }, 10*time.Second, 20*time.Millisecond)
+	require.Contains(t, logs.String(), "connection refused")
+}

@@ -74,7 +74,7 @@ func newConsumerMetrics(reg prometheus.Registerer, group string) (*consumerMetri
 	hs := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "consumer", Name: "handler_seconds",
 		Help: "Time from claim to commit of one event, handler included.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
 	inbox := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "ferry", Subsystem: "consumer", Name: "inbox_rows",
-		Help: "Unfinished inbox rows by state (pending, processing, failed, dead), refreshed every 15 s.", ConstLabels: labels}, []string{"state"})
+		Help: "Unfinished inbox rows by state (pending, processing, failed, dead), each counted up to 10,000, refreshed every 15 s by one process of the group.", ConstLabels: labels}, []string{"state"})
 	if reg != nil {
 		for _, c := range []prometheus.Collector{outcomes, rescues, hs, inbox} {
 			if err := reg.Register(c); err != nil {

@@ -43,6 +43,10 @@ type ConnLimiter interface {
 // and the attempt does not count (FailInboxParams.Uncounted).
 var ErrTxNotBegun = errors.New("the transaction could not begin; the handler did not run")
 
+// InboxCountCap bounds each count of InboxCounts, so that metrics cost the
+// same whatever the backlog: a state with more rows reads as the cap.
+const InboxCountCap = 10_000
+
 // ReasonAttemptsExhausted is the error recorded for a row that ClaimInbox
 // makes DEAD instead of claiming it again (ClaimInboxParams.MaxAttempts).
 const ReasonAttemptsExhausted = "attempts exhausted; the last ones lost their claim or crashed the process"
@@ -94,7 +98,8 @@ type Inbox[TTx any] interface {
 	// keys they held. It returns how many rows changed.
 	DiscardInbox(ctx context.Context, p *InboxIDsParams) (int, error)
 	// InboxCounts counts a group's unfinished rows (PENDING, PROCESSING,
-	// FAILED, DEAD) by state; O(unfinished rows), for metrics.
+	// FAILED, DEAD) by state, each up to InboxCountCap (a state with more
+	// reads as the cap): O(cap) whatever the backlog, for metrics.
 	InboxCounts(ctx context.Context, group string) (map[InboxState]int64, error)
 	// DeleteProcessedInbox removes PROCESSED rows finished before
 	// p.OlderThan ago, at most p.Limit, and forgets keys with nothing left;

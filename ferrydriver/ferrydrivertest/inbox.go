@@ -513,7 +513,9 @@ func testInboxDeadLetters[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	require.Empty(t, claim(ctx, t, d, "w", true), "both keys are held")
 	counts, err := d.InboxCounts(ctx, group)
 	require.NoError(t, err)
-	require.Equal(t, map[ferrydriver.InboxState]int64{ferrydriver.InboxDead: 2, ferrydriver.InboxPending: 2}, counts)
+	require.Equal(t, int64(2), counts[ferrydriver.InboxDead])
+	require.Equal(t, int64(2), counts[ferrydriver.InboxPending])
+	require.Zero(t, counts[ferrydriver.InboxProcessing]+counts[ferrydriver.InboxFailed])
 
 	// Redrive p1: it runs again first, with its attempts reset, then its key moves on.
 	n, err := d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p1.ID}})

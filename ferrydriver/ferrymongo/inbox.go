@@ -629,25 +629,17 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 	return changed, nil
 }
 
-// InboxCounts implements ferrydriver.Inbox.
+// InboxCounts implements ferrydriver.Inbox: each state counted up to the
+// cap, through the (g, state, finished_at) index.
 func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
-	cur, err := d.inbox().Aggregate(ctx, mongo.Pipeline{
-		{{Key: "$match", Value: bson.D{{Key: "g", Value: group}, {Key: "state", Value: bson.D{{Key: "$in", Value: unfinishedStates}}}}}},
-		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$state"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ferrymongo: count inbox rows of group %s: %w", group, err)
-	}
-	var rows []struct {
-		State string `bson:"_id"`
-		N     int64  `bson:"n"`
-	}
-	if err := cur.All(ctx, &rows); err != nil {
-		return nil, fmt.Errorf("ferrymongo: count inbox rows of group %s: %w", group, err)
-	}
 	out := map[ferrydriver.InboxState]int64{}
-	for _, r := range rows {
-		out[ferrydriver.InboxState(r.State)] = r.N
+	for _, st := range unfinishedStates {
+		n, err := d.inbox().CountDocuments(ctx, bson.D{{Key: "g", Value: group}, {Key: "state", Value: st}},
+			options.Count().SetLimit(ferrydriver.InboxCountCap))
+		if err != nil {
+			return nil, fmt.Errorf("ferrymongo: count inbox rows of group %s: %w", group, err)
+		}
+		out[ferrydriver.InboxState(st.(string))] = n
 	}
 	return out, nil
 }

@@ -417,21 +417,12 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 
 // InboxCounts implements ferrydriver.Inbox.
 func (d *Driver[TTx]) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
-	r, err := d.db.query(ctx, d.queries.inboxCounts, group)
-	if err != nil {
+	var pending, processing, failed, dead int64
+	if err := queryRow(ctx, d.db, []any{&pending, &processing, &failed, &dead}, d.queries.inboxCounts, group, ferrydriver.InboxCountCap); err != nil {
 		return nil, d.wrapErr("count inbox rows of group "+group, err)
 	}
-	defer r.Close()
-	out := map[ferrydriver.InboxState]int64{}
-	for r.Next() {
-		var state string
-		var n int64
-		if err := r.Scan(&state, &n); err != nil {
-			return nil, d.wrapErr("count inbox rows", err)
-		}
-		out[ferrydriver.InboxState(state)] = n
-	}
-	return out, r.Err()
+	return map[ferrydriver.InboxState]int64{ferrydriver.InboxPending: pending, ferrydriver.InboxProcessing: processing,
+		ferrydriver.InboxFailed: failed, ferrydriver.InboxDead: dead}, nil
 }
 
 // DeleteProcessedInbox implements ferrydriver.Inbox.

@@ -28,38 +28,49 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
 	pool := pgtest.Pool(t)
-	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.inbox (group_name, event_id, key, seq, topic, type, payload, created_at)
-		SELECT 'g', gen_random_uuid(), 'hot', i, 't', 'T', '\x7b7d', now() FROM generate_series(1, $1::int) i`, n)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.inbox_keys (group_name, key, runnable_at) VALUES ('g', 'hot', now())`)
-	require.NoError(t, err)
-	vacuum := func() {
-		_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.inbox`)
+	// Group g: one key with n rows; group h: one key with 1,000. Fresh
+	// rows both (no dead tuples for a busy VACUUM to leave behind).
+	for _, g := range []struct {
+		group string
+		rows  int
+	}{{"g", n}, {"h", 1000}} {
+		_, err := pool.Exec(ctx, `INSERT INTO `+s+`.inbox (group_name, event_id, key, seq, topic, type, payload, created_at)
+			SELECT $1, gen_random_uuid(), 'hot', i, 't', 'T', '\x7b7d', now() FROM generate_series(1, $2::int) i`, g.group, g.rows)
 		require.NoError(t, err)
-		_, err = pool.Exec(ctx, `VACUUM ANALYZE `+s+`.inbox_keys`)
+		_, err = pool.Exec(ctx, `INSERT INTO `+s+`.inbox_keys (group_name, key, runnable_at) VALUES ($1, 'hot', now())`, g.group)
 		require.NoError(t, err)
 	}
-	vacuum()
+	for _, table := range []string{"inbox", "inbox_keys"} {
+		_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.`+table)
+		require.NoError(t, err)
+	}
 
 	// claimAndComplete explains a claim of the head and the refresh of its
 	// key after completion, in a transaction rolled back after.
-	claimAndComplete := func() (claimBuf, refreshBuf int) {
+	claimAndComplete := func(group string) (claimBuf, refreshBuf int) {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
 		var raw []byte
 		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.inboxClaim,
-			"g", 1, "w", time.Minute.Milliseconds(), true, uuid.NewString(), 0, ferrydriver.ReasonAttemptsExhausted).Scan(&raw))
+			group, 1, "w", time.Minute.Milliseconds(), true, uuid.NewString(), 0, ferrydriver.ReasonAttemptsExhausted).Scan(&raw))
 		claimBuf, _ = planBuffers(t, raw)
-		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.inboxRefreshKey, "g", "hot", true).Scan(&raw))
+		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.inboxRefreshKey, group, "hot", true).Scan(&raw))
 		refreshBuf, _ = planBuffers(t, raw)
 		return claimBuf, refreshBuf
 	}
-	startClaim, startRefresh := claimAndComplete()
-	_, err = pool.Exec(ctx, `UPDATE `+s+`.inbox SET state = 'processed', finished_at = now() WHERE key = 'hot' AND seq <= $1`, n-1000)
+	startClaim, startRefresh := claimAndComplete("g")
+
+	// The gauges' counts are capped, and cost O(cap).
+	counts, err := drv.InboxCounts(ctx, "g")
 	require.NoError(t, err)
-	vacuum()
-	endClaim, endRefresh := claimAndComplete()
+	require.Equal(t, int64(ferrydriver.InboxCountCap), counts[ferrydriver.InboxPending])
+	var raw []byte
+	require.NoError(t, pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.inboxCounts, "g", ferrydriver.InboxCountCap).Scan(&raw))
+	countBuf, _ := planBuffers(t, raw)
+	t.Logf("counting the gauges over %d pending rows: %d buffers", n, countBuf)
+	require.Less(t, countBuf, 1000, "counting reads the states index up to the cap, not the backlog")
+	endClaim, endRefresh := claimAndComplete("h")
 	t.Logf("a hot key with %d rows behind its head: claim %d buffers, refresh %d; with 1,000: claim %d, refresh %d",
 		n, startClaim, startRefresh, endClaim, endRefresh)
 	require.Less(t, startClaim, 200, "a claim touches O(1) pages of the key's backlog")

@@ -547,7 +547,14 @@ RETURNING key`, string(state), t, p.Group, id.String()).Scan(&key)
 
 // InboxCounts implements ferrydriver.Inbox.
 func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
-	rows, err := d.r.QueryContext(ctx, `SELECT state, count(*) FROM ferry_inbox WHERE group_name = ? AND `+unfinished+` GROUP BY state`, group)
+	// Each state up to the cap, through ferry_inbox_states_idx: O(cap).
+	var q []string
+	var args []any
+	for _, st := range []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead} {
+		q = append(q, `SELECT ?, (SELECT count(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = ? LIMIT ?))`)
+		args = append(args, string(st), group, string(st), ferrydriver.InboxCountCap)
+	}
+	rows, err := d.r.QueryContext(ctx, strings.Join(q, " UNION ALL "), args...)
 	if err != nil {
 		return nil, d.wrapErr("count inbox rows of group "+group, err)
 	}

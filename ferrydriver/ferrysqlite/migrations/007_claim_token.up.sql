@@ -7,3 +7,7 @@ ALTER TABLE ferry_inbox ADD COLUMN claim_token TEXT;
 -- that expired (their worker crashed or outlived them) and rescues them one
 -- at a time. Few rows are ever in it.
 CREATE INDEX ferry_inbox_expiring_idx ON ferry_inbox (group_name, claim_expires_at) WHERE state = 'processing';
+-- A group's unfinished rows by state, for the consumers' gauges, which
+-- count each state up to a cap.
+CREATE INDEX ferry_inbox_states_idx ON ferry_inbox (group_name, state)
+    WHERE state IN ('pending', 'processing', 'failed', 'dead');
