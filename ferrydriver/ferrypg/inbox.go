@@ -491,6 +491,10 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 	defer cancelSetup()
 	sub, unsubscribe, err := d.hub.subscribe(setup, p.EventIDs)
 	if err != nil {
+		if errors.Is(err, errNotListening) {
+			// Not "pending": nothing could have told us otherwise.
+			return nil, fmt.Errorf("%w (AwaitSettled waited until its deadline; check the database connection and the role's rights)", err)
+		}
 		if ctx.Err() == nil && setup.Err() != nil {
 			return map[uuid.UUID]*ferrydriver.InboxRow{}, nil
 		}

@@ -2,11 +2,15 @@ package ferrypg
 
 import (
 	"context"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -77,4 +81,56 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 	require.Less(t, startRefresh, 200, "a key refresh touches O(1) pages of the key's backlog")
 	require.InDelta(t, startClaim, endClaim, 50)
 	require.InDelta(t, startRefresh, endRefresh, 50)
+}
+
+// TestAwaitSettledFailsWhenItCannotListen: a settlement listener that never
+// manages to LISTEN (here: the pool's database does not exist) makes
+// AwaitSettled return an error after its deadline, not "pending" for
+// everything, and the failure is logged.
+func TestAwaitSettledFailsWhenItCannotListen(t *testing.T) {
+	t.Parallel()
+	pgtest.Pool(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.Database = "ferry_no_such_database"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	var logs strings.Builder
+	var mu sync.Mutex
+	drv, err := New(pool, &Config{Schema: "ferry_test_nolisten", Logger: slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))})
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = drv.AwaitSettled(context.Background(), &ferrydriver.AwaitSettledParams{Group: "g", EventIDs: []uuid.UUID{uuid.New()}, Deadline: time.Now().Add(time.Second)})
+	require.ErrorIs(t, err, errNotListening)
+	require.ErrorContains(t, err, "ferry_no_such_database")
+	require.Less(t, time.Since(start), 10*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, logs.String(), "the settlement listener cannot LISTEN")
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestSettlementHubStaysForSporadicCallers: calls a few seconds apart share
+// one listening session instead of opening one each.
+func TestSettlementHubStaysForSporadicCallers(t *testing.T) {
+	t.Parallel()
+	drv := newTestDriver(t)
+	ctx := context.Background()
+	for range 3 {
+		_, err := drv.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: "g", EventIDs: []uuid.UUID{uuid.New()}, Deadline: time.Now().Add(100 * time.Millisecond)})
+		require.NoError(t, err)
+		time.Sleep(200 * time.Millisecond)
+	}
+	drv.hub.mu.Lock()
+	defer drv.hub.mu.Unlock()
+	require.Equal(t, 1, drv.hub.sessions, "one listening session for the three calls")
+	require.True(t, drv.hub.running, "still listening, idle, for the next caller")
 }

@@ -2,6 +2,9 @@ package ferrypg
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -13,12 +16,13 @@ import (
 // settleHub multiplexes one LISTEN connection among every AwaitSettled
 // call of a driver. Finishing an awaited event notifies "<schema>.settle"
 // with "<event id>:<state>"; the hub routes it to the callers waiting for
-// that event. The connection is opened on first use and closed when no one
-// waits.
+// that event. The connection is opened on first use and closed once no one
+// has waited for hubIdle, so that sporadic callers share it too.
 type settleHub struct {
 	d interface {
 		session(ctx context.Context) (*session, error)
 		channel() string
+		logger() *slog.Logger
 	}
 
 	mu      sync.Mutex
@@ -27,7 +31,18 @@ type settleHub struct {
 	ready   chan struct{} // closed once LISTEN is in place
 	running bool
 	stop    context.CancelFunc
+	idle    *time.Timer // stops the hub when it fires with no subscriber
+	// lastErr is why the hub could not listen, while it cannot.
+	lastErr error
+	// sessions counts the listening sessions opened (tests read it).
+	sessions int
 }
+
+// hubIdle is how long the hub keeps listening with no one waiting.
+const hubIdle = 30 * time.Second
+
+// errNotListening: the hub has not listened since it started.
+var errNotListening = errors.New("ferrypg: the settlement listener could not LISTEN")
 
 // subscriber receives the notifications of its events. When one cannot be
 // delivered (its buffer is full) or the hub reconnected (notifications may
@@ -48,6 +63,7 @@ type hubDriver[TTx any] struct{ d *Driver[TTx] }
 
 func (h hubDriver[TTx]) session(ctx context.Context) (*session, error) { return h.d.session(ctx) }
 func (h hubDriver[TTx]) channel() string                               { return h.d.settleChannel() }
+func (h hubDriver[TTx]) logger() *slog.Logger                          { return h.d.cfg.Logger }
 
 // subscribe registers interest in ids and returns a subscriber and a
 // cancel function. It returns once the hub listens, so that any
@@ -66,9 +82,13 @@ func (h *settleHub) subscribe(ctx context.Context, ids []uuid.UUID) (*subscriber
 		h.waiters[id][sub] = struct{}{}
 	}
 	h.subs[sub] = struct{}{}
+	if h.idle != nil {
+		h.idle.Stop()
+		h.idle = nil
+	}
 	if !h.running {
 		hctx, cancel := context.WithCancel(context.Background())
-		h.running, h.stop, h.ready = true, cancel, make(chan struct{})
+		h.running, h.stop, h.ready, h.lastErr = true, cancel, make(chan struct{}), nil
 		go h.run(hctx, h.ready)
 	}
 	ready := h.ready
@@ -83,23 +103,41 @@ func (h *settleHub) subscribe(ctx context.Context, ids []uuid.UUID) (*subscriber
 			}
 		}
 		delete(h.subs, sub)
-		if len(h.subs) == 0 && h.running {
-			h.stop()
-			h.running = false
+		if len(h.subs) == 0 && h.running && h.idle == nil {
+			h.idle = time.AfterFunc(hubIdle, h.stopIfIdle)
 		}
 	}
 	select {
 	case <-ready:
 		return sub, cancel, nil
 	case <-ctx.Done():
+		h.mu.Lock()
+		lastErr := h.lastErr
+		h.mu.Unlock()
 		cancel()
+		if lastErr != nil {
+			return nil, nil, fmt.Errorf("%w: %w", errNotListening, lastErr)
+		}
 		return nil, nil, ctx.Err()
+	}
+}
+
+// stopIfIdle stops the hub if no one subscribed since it went idle.
+func (h *settleHub) stopIfIdle() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.idle = nil
+	if len(h.subs) == 0 && h.running {
+		h.stop()
+		h.running = false
 	}
 }
 
 // run keeps a listening session and dispatches notifications until ctx ends.
 func (h *settleHub) run(ctx context.Context, ready chan struct{}) {
 	first := true
+	failures := 0
+	var nextLog time.Time
 	for ctx.Err() == nil {
 		sess, err := h.d.session(ctx)
 		if err == nil {
@@ -109,11 +147,33 @@ func (h *settleHub) run(ctx context.Context, ready chan struct{}) {
 			}
 		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			h.mu.Lock()
+			h.lastErr = err
+			h.mu.Unlock()
+			// Logged with backoff: the first failure, then at most every
+			// minute while it lasts.
+			if now := time.Now(); now.After(nextLog) {
+				nextLog = now.Add(time.Minute)
+				h.d.logger().Warn("ferrypg: the settlement listener cannot LISTEN; AwaitSettled fails after its deadline until it can",
+					"channel", h.d.channel(), "failures", failures, "err", err)
+			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(min(200*time.Millisecond<<min(failures-1, 5), 5*time.Second)):
 			}
 			continue
+		}
+		h.mu.Lock()
+		h.lastErr = nil
+		h.sessions++
+		h.mu.Unlock()
+		if failures > 0 {
+			h.d.logger().Info("ferrypg: the settlement listener listens again", "channel", h.d.channel(), "failures", failures)
+			failures = 0
 		}
 		if first {
 			close(ready)
