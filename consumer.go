@@ -386,9 +386,7 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		// counted from before the claim, less a margin.
 		deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
 		if free > 0 {
-			rows, err = c.driver.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{
-				Group: c.cfg.Group, Worker: c.worker, Limit: free, TTL: c.cfg.ClaimTTL, HoldDead: c.cfg.DeadPolicy == Hold,
-				MaxAttempts: c.cfg.MaxAttempts})
+			rows, err = c.driver.ClaimInbox(ctx, c.claimParams(free, false))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -423,6 +421,12 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		}
 		t.Stop()
 	}
+}
+
+// claimParams asks for up to limit events (rescues: whose claim expired).
+func (c *Consumer[TTx]) claimParams(limit int, rescue bool) *ferrydriver.ClaimInboxParams {
+	return &ferrydriver.ClaimInboxParams{Group: c.cfg.Group, Worker: c.worker, Limit: limit, TTL: c.cfg.ClaimTTL,
+		HoldDead: c.cfg.DeadPolicy == Hold, MaxAttempts: c.cfg.MaxAttempts, Rescue: rescue}
 }
 
 // rescueInterval is how often a consumer looks for expired claims.
@@ -466,9 +470,7 @@ drain:
 		}
 	}
 	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
-	rows, err := c.driver.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{
-		Group: c.cfg.Group, Worker: c.worker, Limit: 1, TTL: c.cfg.ClaimTTL, HoldDead: c.cfg.DeadPolicy == Hold,
-		MaxAttempts: c.cfg.MaxAttempts, Rescue: true})
+	rows, err := c.driver.ClaimInbox(ctx, c.claimParams(1, true))
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn("ferry: rescuing an expired claim failed; will retry", "err", err)
@@ -625,11 +627,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 		return
 	}
 	dead, retryAt := c.decide(row, err)
-	// Bounded: a connection that went dark must not hold the worker (the
-	// claim expires and the event runs again anyway).
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
-	defer fcancel()
-	ferr := c.driver.FailInbox(fctx, &ferrydriver.FailInboxParams{
+	ferr := c.failInbox(ctx, &ferrydriver.FailInboxParams{
 		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: retryAt, Dead: dead,
 		HoldDead: c.cfg.DeadPolicy == Hold})
 	if errors.Is(ferr, ferrydriver.ErrClaimLost) {
@@ -651,14 +649,21 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	c.log.Info("ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", retryAt, "err", err)
 }
 
+// failInbox records a failed attempt, even once ctx is done, within a
+// ClaimTTL: a connection that went dark must not hold the worker (the claim
+// expires and the event runs again anyway).
+func (c *Consumer[TTx]) failInbox(ctx context.Context, p *ferrydriver.FailInboxParams) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
+	defer cancel()
+	return c.driver.FailInbox(fctx, p)
+}
+
 // notBegun gives back the claim of an event whose transaction could not
 // begin (the handler never ran): it runs again shortly, and the attempt
 // does not count.
 func (c *Consumer[TTx]) notBegun(ctx context.Context, row *ferrydriver.InboxRow, err error) {
 	ev := &row.Event
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
-	defer cancel()
-	ferr := c.driver.FailInbox(fctx, &ferrydriver.FailInboxParams{
+	ferr := c.failInbox(ctx, &ferrydriver.FailInboxParams{
 		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: time.Now().Add(c.retry.Delay(1) / 4),
 		HoldDead: c.cfg.DeadPolicy == Hold, Uncounted: true})
 	c.m.outcomes.WithLabelValues("not_begun").Inc()

@@ -28,37 +28,63 @@ func init() {
 }
 
 func consumerChild(schema string) int {
+	return runConsumerChild(schema, func(_ *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx]) (*ferry.Consumer[pgx.Tx], error) {
+		table := pgx.Identifier{schema, "effects"}.Sanitize()
+		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "crash", Workers: 8, ClaimTTL: time.Second, PollInterval: 20 * time.Millisecond})
+		if err != nil {
+			return nil, err
+		}
+		c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq); err != nil {
+				return err
+			}
+			if rand.IntN(10) == 0 {
+				time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond) // SIGKILLs land mid-handler too
+			}
+			return nil
+		})
+		return c, nil
+	})
+}
+
+// startChild starts this test binary again as a child process with env
+// added (which selects what it runs); the test kills it at the end, if it
+// still runs.
+func startChild(t *testing.T, env string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd
+}
+
+// runConsumerChild is the body of a consumer child process: it opens the
+// driver of schema, has newConsumer make the consumer (and register its
+// handlers), runs it until SIGTERM and returns the exit code.
+func runConsumerChild(schema string, newConsumer func(pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx]) (*ferry.Consumer[pgx.Tx], error)) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	pool, err := pgxpool.New(ctx, pgtest.URL())
-	if err != nil {
+	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	pool, err := pgxpool.New(ctx, pgtest.URL())
+	if err != nil {
+		return fail(err)
 	}
 	defer pool.Close()
 	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
-	table := pgx.Identifier{schema, "effects"}.Sanitize()
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "crash", Workers: 8, ClaimTTL: time.Second, PollInterval: 20 * time.Millisecond})
+	c, err := newConsumer(pool, drv)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
-	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq); err != nil {
-			return err
-		}
-		if rand.IntN(10) == 0 {
-			time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond) // SIGKILLs land mid-handler too
-		}
-		return nil
-	})
 	if err := c.Start(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
 	<-ctx.Done()
 	_ = c.Stop(context.Background())
@@ -91,13 +117,7 @@ func TestConsumerCrash(t *testing.T) {
 		ingested <- nil
 	}()
 
-	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "FERRY_TEST_CONSUMER_CHILD="+drv.Schema())
-		cmd.Stderr = os.Stderr
-		require.NoError(t, cmd.Start())
-		return cmd
-	}
+	start := func() *exec.Cmd { return startChild(t, "FERRY_TEST_CONSUMER_CHILD="+drv.Schema()) }
 	rng := rand.New(rand.NewPCG(3, 4))
 	child := start()
 	for range kills {

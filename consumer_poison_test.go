@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -35,51 +34,33 @@ func init() {
 const poisonMaxAttempts = 3
 
 func poisonChild(schema, policy string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	pool, err := pgxpool.New(ctx, pgtest.URL())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer pool.Close()
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	effects := pgx.Identifier{schema, "effects"}.Sanitize()
-	deadCalls := pgx.Identifier{schema, "dead_calls"}.Sanitize()
-	dp := ferry.Hold
-	if policy == "continue" {
-		dp = ferry.Continue
-	}
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "poison", Workers: 4, ClaimTTL: time.Second,
-		PollInterval: 20 * time.Millisecond, MaxAttempts: poisonMaxAttempts, DeadPolicy: dp,
-		OnDead: func(ctx context.Context, d *ferry.DeadEvent) {
-			if _, err := pool.Exec(ctx, `INSERT INTO `+deadCalls+` (event_id, attempts, reason) VALUES ($1, $2, $3)`, d.Event.ID, d.Attempts, d.Err.Error()); err != nil {
-				fmt.Fprintln(os.Stderr, "record OnDead:", err)
-			}
-		}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
-		if ev.Type == "Poison" {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL) // the event crashes the process, every time
-			select {}
+	return runConsumerChild(schema, func(pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx]) (*ferry.Consumer[pgx.Tx], error) {
+		effects := pgx.Identifier{schema, "effects"}.Sanitize()
+		deadCalls := pgx.Identifier{schema, "dead_calls"}.Sanitize()
+		dp := ferry.Hold
+		if policy == "continue" {
+			dp = ferry.Continue
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
-		return err
+		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "poison", Workers: 4, ClaimTTL: time.Second,
+			PollInterval: 20 * time.Millisecond, MaxAttempts: poisonMaxAttempts, DeadPolicy: dp,
+			OnDead: func(ctx context.Context, d *ferry.DeadEvent) {
+				if _, err := pool.Exec(ctx, `INSERT INTO `+deadCalls+` (event_id, attempts, reason) VALUES ($1, $2, $3)`, d.Event.ID, d.Attempts, d.Err.Error()); err != nil {
+					fmt.Fprintln(os.Stderr, "record OnDead:", err)
+				}
+			}})
+		if err != nil {
+			return nil, err
+		}
+		c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+			if ev.Type == "Poison" {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL) // the event crashes the process, every time
+				select {}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+			return err
+		})
+		return c, nil
 	})
-	if err := c.Start(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	<-ctx.Done()
-	_ = c.Stop(context.Background())
-	return 0
 }
 
 // TestPoisonEventThatKillsTheConsumer: an event whose handler crashes the
@@ -115,14 +96,7 @@ func testPoisonKills(t *testing.T, policy string) {
 	_, err = ingester.Ingest(ctx, append(append([]*ferry.Event{poison}, behind...), others[:1000]...))
 	require.NoError(t, err)
 
-	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "FERRY_TEST_POISON_CHILD="+drv.Schema()+":"+policy)
-		cmd.Stderr = os.Stderr
-		require.NoError(t, cmd.Start())
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
-		return cmd
-	}
+	start := func() *exec.Cmd { return startChild(t, "FERRY_TEST_POISON_CHILD="+drv.Schema()+":"+policy) }
 	// Restart the consumer whenever the poison kills it, as a supervisor
 	// would, until a child finds the event DEAD and carries on; the rest
 	// keeps arriving meanwhile.

@@ -38,10 +38,10 @@ type ConnLimiter interface {
 	MaxConns() int
 }
 
-// ErrTxNotBegun wraps the error of a RunInTx whose transaction could not
-// begin (no connection within the deadline, say): the handler did not run,
-// and the attempt does not count (FailInboxParams.Uncounted).
-var ErrTxNotBegun = errors.New("the transaction could not begin; the handler did not run")
+// ErrTxNotBegun wraps the error of a transaction that could not begin (no
+// connection within the deadline, say). From RunInTx it means the handler
+// did not run, and the attempt does not count (FailInboxParams.Uncounted).
+var ErrTxNotBegun = errors.New("the transaction could not begin")
 
 // InboxCountCap bounds each count of InboxCounts, so that metrics cost the
 // same whatever the backlog: a state with more rows reads as the cap.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"sync"
-	"sync/atomic"
 )
 
 // ErrWriteFenced is what a guarded connection's Write returns when it
@@ -31,14 +30,13 @@ var ErrWriteFenced = errors.New("ferrysink: write refused: the lease fence of a 
 // only once the event's outcome is known. What remains is the time
 // between the check and the write system call.
 //
-// The zero value is not usable; a nil *WriteGuard guards nothing, and its
-// calls are no-ops.
+// The zero value is not usable. A nil *WriteGuard guards no connection;
+// its calls still check the fence in Arm.
 type WriteGuard struct {
 	mu    sync.Mutex
 	calls map[*GuardedCall]struct{} // with an event armed or queued
 	// dropped is closed when a write is refused, then replaced.
 	dropped chan struct{}
-	refused atomic.Uint64
 }
 
 // NewWriteGuard returns a guard with nothing registered.
@@ -54,17 +52,9 @@ func (g *WriteGuard) Conn(c net.Conn) net.Conn {
 	return &guardedConn{Conn: c, guard: g}
 }
 
-// Refused returns the number of writes refused so far.
-func (g *WriteGuard) Refused() uint64 {
-	if g == nil {
-		return 0
-	}
-	return g.refused.Load()
-}
-
 // GuardedCall is one Publish call's fence, registered with a guard.
 type GuardedCall struct {
-	g      *WriteGuard
+	g      *WriteGuard // nil: nothing to register, Arm only checks
 	ctx    context.Context
 	armed  int // between Arm and Queued or Disarm
 	queued int // handed over since the last write
@@ -72,37 +62,42 @@ type GuardedCall struct {
 
 // Call returns the registration of a Publish call made with ctx, whose
 // fence (if any) every write checks while one of its events is armed or
-// queued. It returns nil for a nil guard.
+// queued.
 func (g *WriteGuard) Call(ctx context.Context) *GuardedCall {
-	if g == nil {
-		return nil
-	}
 	return &GuardedCall{g: g, ctx: ctx}
 }
 
-// Arm registers an event about to be checked (Fenced) and handed to the
-// client. It returns a channel closed if a write is refused from now on:
-// the event, handed over by then, may not have been written, and its
-// answer may never come. Nil for a nil call.
-func (c *GuardedCall) Arm() <-chan struct{} {
-	if c == nil {
-		return nil
-	}
+// Arm registers an event about to be handed to the client, then checks the
+// call's fence (Fenced), in that order, so that no write can slip between
+// the check and the registration. When the fence has ended the event is
+// not registered and Arm returns the error: the sink must not hand the
+// event over. Otherwise it returns a channel closed if a write is refused
+// from now on: the event, once handed over, may not have been written, and
+// its answer may never come (nil without a guard).
+func (c *GuardedCall) Arm() (<-chan struct{}, error) {
 	g := c.g
+	if g == nil {
+		return nil, Fenced(c.ctx)
+	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	c.armed++
 	g.calls[c] = struct{}{}
-	return g.dropped
+	dropped := g.dropped
+	g.mu.Unlock()
+	if err := Fenced(c.ctx); err != nil {
+		c.Disarm()
+		return nil, err
+	}
+	return dropped, nil
 }
 
 // Disarm ends an armed event's registration: it was not handed over, or
 // its outcome is known.
 func (c *GuardedCall) Disarm() {
-	if c == nil {
+	g := c.g
+	if g == nil {
 		return
 	}
-	g := c.g
 	g.mu.Lock()
 	c.armed--
 	if c.armed == 0 && c.queued == 0 {
@@ -115,10 +110,10 @@ func (c *GuardedCall) Disarm() {
 // carries it (or an earlier one did), and the event counts as written once
 // that write has been checked.
 func (c *GuardedCall) Queued() {
-	if c == nil {
+	g := c.g
+	if g == nil {
 		return
 	}
-	g := c.g
 	g.mu.Lock()
 	c.armed--
 	c.queued++
@@ -146,7 +141,6 @@ func (g *WriteGuard) mayWrite() bool {
 		}
 	}
 	if !ok {
-		g.refused.Add(1)
 		close(g.dropped)
 		g.dropped = make(chan struct{})
 	}

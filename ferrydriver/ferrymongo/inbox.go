@@ -280,12 +280,15 @@ func (d *Driver) refreshKey(tx context.Context, group, key string, hold bool, no
 // claimed meanwhile conflicts and is skipped.
 func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
 	now := time.Now().UTC()
-	cur, err := d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "runnable_at", Value: bson.D{{Key: "$lte", Value: now}}}},
-		options.Find().SetSort(bson.D{{Key: "runnable_at", Value: 1}}).SetLimit(int64(max(p.Limit, 1))))
+	limit := int64(max(p.Limit, 1))
+	var cur *mongo.Cursor
+	var err error
 	if p.Rescue {
 		cur, err = d.inbox().Find(ctx, expiredClaims(p.Group, now),
-			options.Find().SetSort(bson.D{{Key: "claim_expires_at", Value: 1}}).SetLimit(int64(max(p.Limit, 1))).
-				SetProjection(bson.D{{Key: "key", Value: 1}}))
+			options.Find().SetSort(bson.D{{Key: "claim_expires_at", Value: 1}}).SetLimit(limit).SetProjection(bson.D{{Key: "key", Value: 1}}))
+	} else {
+		cur, err = d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "runnable_at", Value: bson.D{{Key: "$lte", Value: now}}}},
+			options.Find().SetSort(bson.D{{Key: "runnable_at", Value: 1}}).SetLimit(limit))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: claim inbox rows of group %s: %w", p.Group, err)
@@ -341,18 +344,17 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	if err != nil {
 		return nil, err
 	}
-	expired := h.runnable && h.doc.State == string(ferrydriver.InboxProcessing) // a rescue
-	switch {
-	case expired != p.Rescue && p.Rescue && h.runnable:
-		return nil, nil // not a rescue: an ordinary claim takes it
-	case expired != p.Rescue && h.runnable:
+	switch expired := h.runnable && h.doc.State == string(ferrydriver.InboxProcessing); { // a rescue
+	case !h.runnable:
+		return nil, d.refreshKey(tx, p.Group, key, p.HoldDead, now)
+	case expired && !p.Rescue:
 		// Left to a rescue; to the back for a second, so that it cannot
 		// crowd out the others.
 		_, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
 			bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: now.Add(time.Second)}}}, {Key: "$inc", Value: bson.D{{Key: "v", Value: int64(1)}}}})
 		return nil, err
-	case !h.runnable:
-		return nil, d.refreshKey(tx, p.Group, key, p.HoldDead, now)
+	case !expired && p.Rescue:
+		return nil, nil // not a rescue: an ordinary claim takes it
 	}
 	if p.MaxAttempts > 0 && h.doc.Attempts >= p.MaxAttempts {
 		// Its last attempts lost their claims: give it up.

@@ -11,7 +11,6 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // InsertInbox implements ferrydriver.Inbox.
@@ -30,7 +29,6 @@ func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInbo
 		index[id] = i
 	}
 	err = d.inRC(ctx, func(e executor) error {
-		clear(res.Inserted)
 		r, err := e.query(ctx, d.queries.inboxInsert, p.Group, a.ids, a.keys, a.seqs, a.topics, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created)
 		if err != nil {
 			return err
@@ -118,22 +116,7 @@ func (d *Driver[TTx]) RunInTx(ctx context.Context, fn func(ctx context.Context, 
 // row another transaction changed after a statement's snapshot fails the
 // statement instead of being read again.
 func (d *Driver[TTx]) inRC(ctx context.Context, op func(e executor) error) error {
-	switch d.sessionsRC.Load() {
-	case 0:
-		var iso string
-		if err := queryRow(ctx, d.db, []any{&iso}, `SHOW default_transaction_isolation`); err == nil {
-			if iso == "read committed" {
-				d.sessionsRC.Store(1)
-			} else {
-				d.sessionsRC.Store(2)
-				d.cfg.Logger.Info("ferrypg: the database's default isolation is not READ COMMITTED; the inbox wraps its statements in READ COMMITTED transactions",
-					"default_transaction_isolation", iso)
-			}
-		}
-		if d.sessionsRC.Load() == 1 {
-			return op(d.db)
-		}
-	case 1:
+	if d.sessionsReadCommitted(ctx) {
 		return op(d.db)
 	}
 	e, commit, rollback, err := d.begin.begin(ctx)
@@ -147,13 +130,32 @@ func (d *Driver[TTx]) inRC(ctx context.Context, op func(e executor) error) error
 	return commit(ctx)
 }
 
+// sessionsReadCommitted reports whether the pool's sessions default to
+// READ COMMITTED, asked once (false, and asked again, when asking fails).
+func (d *Driver[TTx]) sessionsReadCommitted(ctx context.Context) bool {
+	if v := d.sessionsRC.Load(); v != 0 {
+		return v == 1
+	}
+	var iso string
+	if err := queryRow(ctx, d.db, []any{&iso}, `SHOW default_transaction_isolation`); err != nil {
+		return false
+	}
+	if iso == "read committed" {
+		d.sessionsRC.Store(1)
+		return true
+	}
+	d.sessionsRC.Store(2)
+	d.cfg.Logger.Info("ferrypg: the database's default isolation is not READ COMMITTED; the inbox wraps its statements in READ COMMITTED transactions",
+		"default_transaction_isolation", iso)
+	return false
+}
+
 // rerunConflicts runs op again, up to five times in all, while it fails
 // with a serialization failure or a deadlock (which roll back everything).
 func rerunConflicts(ctx context.Context, op func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := op()
-		var pgErr *pgconn.PgError
-		if err == nil || attempt == 5 || ctx.Err() != nil || !errors.As(err, &pgErr) || (pgErr.Code != "40001" && pgErr.Code != "40P01") {
+		if err == nil || attempt == 5 || ctx.Err() != nil || conflictCause(err) == "" {
 			return err
 		}
 		select {
@@ -167,7 +169,7 @@ func rerunConflicts(ctx context.Context, op func() error) error {
 func (d *Driver[TTx]) runInTxOnce(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
 	tx, commit, rollback, err := d.beginTx(ctx, d.cfg.InboxIsolation)
 	if err != nil {
-		return fmt.Errorf("ferrypg: begin: %w: %w", ferrydriver.ErrTxNotBegun, err)
+		return fmt.Errorf("ferrypg: %w: %w", ferrydriver.ErrTxNotBegun, err)
 	}
 	if err := fn(ctx, tx); err != nil {
 		_ = rollback(context.WithoutCancel(ctx))

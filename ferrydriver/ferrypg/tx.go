@@ -91,10 +91,8 @@ func (d *Driver[TTx]) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
 			// The session ended (terminated, server shutdown): its
 			// transaction rolled back with it.
 			info.Class, info.Cause = ferrydriver.TxRetry, "connection_lost"
-		case pgErr.Code == "40001":
-			info.Class, info.Cause = ferrydriver.TxRetry, "serialization_failure"
-		case pgErr.Code == "40P01":
-			info.Class, info.Cause = ferrydriver.TxRetry, "deadlock_detected"
+		case conflictCause(pgErr) != "":
+			info.Class, info.Cause = ferrydriver.TxRetry, conflictCause(pgErr)
 		}
 		if info.Relation == "" {
 			for _, s := range []string{pgErr.Where, pgErr.Message, pgErr.Detail} {
@@ -135,6 +133,22 @@ func isConnError(err error) bool {
 	var connectErr *pgconn.ConnectError
 	return errors.As(err, &netErr) || errors.As(err, &connectErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, driver.ErrBadConn) || errors.Is(err, net.ErrClosed)
+}
+
+// conflictCause names the conflict err reports, a serialization failure
+// (40001) or a deadlock (40P01), which rolled the transaction back and
+// lets it run again; "" for any other error.
+func conflictCause(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001":
+			return "serialization_failure"
+		case "40P01":
+			return "deadlock_detected"
+		}
+	}
+	return ""
 }
 
 // callbackIOError is a connection-like error (io.EOF, a net.Error) that

@@ -192,11 +192,12 @@ func (d *Driver) beginWrite(ctx context.Context) (*sql.Tx, error) {
 	return d.w.BeginTx(ctx, nil)
 }
 
-// write runs fn in a write transaction on the write handle.
+// write runs fn in a write transaction on the write handle. A transaction
+// that cannot begin fails with ferrydriver.ErrTxNotBegun.
 func (d *Driver) write(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
 	tx, err := d.beginWrite(ctx)
 	if err != nil {
-		return d.wrapErr(op, err)
+		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, d.wrapErr(op, err))
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback()

@@ -227,24 +227,24 @@ SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND cl
 			if err != nil {
 				return err
 			}
-			expired := h.state == "processing" // and runnable: a rescue
+			expired := h.state == "processing" // a runnable one is a rescue
 			switch {
-			case h.runnable && expired != p.Rescue && p.Rescue:
-				continue // not a rescue: an ordinary claim takes it
-			case h.runnable && expired != p.Rescue:
-				// A rescue, left to ClaimInbox with Rescue; to the back for
-				// a second, so that it cannot crowd out the others.
-				if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ? WHERE group_name = ? AND key = ?`,
-					t+time.Second.Microseconds(), p.Group, k); err != nil {
-					return d.wrapErr(op, err)
-				}
-				continue
 			case !h.runnable:
 				// Due but nothing to run now: put the key at its real time.
 				if err := d.refreshKey(ctx, tx, p.Group, k, p.HoldDead, t); err != nil {
 					return err
 				}
 				continue
+			case expired && !p.Rescue:
+				// Left to ClaimInbox with Rescue; to the back for a second,
+				// so that it cannot crowd out the others.
+				if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ? WHERE group_name = ? AND key = ?`,
+					t+time.Second.Microseconds(), p.Group, k); err != nil {
+					return d.wrapErr(op, err)
+				}
+				continue
+			case !expired && p.Rescue:
+				continue // not a rescue: an ordinary claim takes it
 			}
 			if p.MaxAttempts > 0 && h.attempts >= p.MaxAttempts {
 				// Its last attempts lost their claims: give it up.
@@ -310,18 +310,9 @@ SELECT EXISTS (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = 'proce
 
 // RunInTx implements ferrydriver.Inbox: fn runs in a transaction of DB().
 func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	tx, err := d.beginWrite(ctx)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, d.wrapErr("begin a transaction", err))
-	}
-	if err := fn(context.WithValue(ctx, holdsWriter{}, true), tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return d.wrapErr("run a transaction: commit", err)
-	}
-	return nil
+	return d.write(ctx, "run a transaction", func(tx *sql.Tx) error {
+		return fn(context.WithValue(ctx, holdsWriter{}, true), tx)
+	})
 }
 
 // CompleteInboxTx implements ferrydriver.Inbox. tx must be a transaction
@@ -545,16 +536,20 @@ RETURNING key`, string(state), t, p.Group, id.String()).Scan(&key)
 	return changed, nil
 }
 
+// sqlInboxCounts counts each unfinished state of group ?1 up to ?2, through
+// ferry_inbox_states_idx: O(cap). The states are literals so that the
+// partial index applies.
+var sqlInboxCounts = func() string {
+	var q []string
+	for _, st := range []string{"pending", "processing", "failed", "dead"} {
+		q = append(q, `SELECT '`+st+`', (SELECT count(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ?1 AND state = '`+st+`' LIMIT ?2))`)
+	}
+	return strings.Join(q, " UNION ALL ")
+}()
+
 // InboxCounts implements ferrydriver.Inbox.
 func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
-	// Each state up to the cap, through ferry_inbox_states_idx: O(cap).
-	var q []string
-	var args []any
-	for _, st := range []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead} {
-		q = append(q, `SELECT ?, (SELECT count(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = ? LIMIT ?))`)
-		args = append(args, string(st), group, string(st), ferrydriver.InboxCountCap)
-	}
-	rows, err := d.r.QueryContext(ctx, strings.Join(q, " UNION ALL "), args...)
+	rows, err := d.r.QueryContext(ctx, sqlInboxCounts, group, ferrydriver.InboxCountCap)
 	if err != nil {
 		return nil, d.wrapErr("count inbox rows of group "+group, err)
 	}

@@ -281,9 +281,7 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report f
 			done[i] = true
 			continue
 		}
-		guarded.Arm()
-		if err := ferrysink.Fenced(ctx); err != nil {
-			guarded.Disarm()
+		if _, err := guarded.Arm(); err != nil {
 			errs[i] = fmt.Errorf("ferrykafka: event %s %w", ev.ID, err)
 			done[i] = true
 			continue

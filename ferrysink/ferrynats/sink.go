@@ -184,7 +184,7 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, done fun
 	waiting := make([]bool, len(events))
 	pending := 0
 	results := make(chan ackResult, len(events)) // never blocks a sender
-	guarded := s.guard.Call(ctx)                 // nil, and a no-op, without WriteFence
+	guarded := s.guard.Call(ctx)                 // only checks the fence without WriteFence
 	for i, ev := range events {
 		if ctx.Err() != nil {
 			errs[i] = notSent(ctx, ev)
@@ -202,9 +202,8 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, done fun
 			errs[i] = notSent(ctx, ev)
 			continue
 		}
-		dropped := guarded.Arm()
-		if err := ferrysink.Fenced(ctx); err != nil {
-			guarded.Disarm()
+		dropped, err := guarded.Arm()
+		if err != nil {
 			<-s.slots
 			errs[i] = fmt.Errorf("ferrynats: event %s %w", ev.ID, err)
 			continue
