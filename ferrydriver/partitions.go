@@ -3,6 +3,7 @@ package ferrydriver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"strings"
 )
@@ -99,4 +100,35 @@ func IsRelayLease(name string) bool {
 		return true
 	}
 	return strings.HasPrefix(name, "members/")
+}
+
+// CountStore names, in a backend's errors, where the partition count is
+// stored, so that every backend words the refusals of PartitionStore alike.
+type CountStore struct {
+	Driver string // the backend's package: "ferrypg"
+	Kind   string // "schema" or "database"
+	Name   string // as the message shows it (quoted, if need be)
+}
+
+// Mismatch is the error of op, by a process configured with configured
+// partitions where stored are stored.
+func (w CountStore) Mismatch(op string, configured, stored int) error {
+	return fmt.Errorf("%s: %s: %w: Config.Partitions (--partitions / FERRY_PARTITIONS) is %d but %s %s stores %d partition(s): "+
+		"set it to %d, or to 0 to follow the %s; to change the %s's count use `ferry partitions set` (Driver.SetPartitions)",
+		w.Driver, op, ErrMisconfigured, configured, w.Kind, w.Name, stored, stored, w.Kind, w.Kind)
+}
+
+// CheckFeed refuses op on a feed of partition by a process configured with
+// another count than the stored one (configured 0 follows it), or of a
+// partition outside the stored range.
+func (w CountStore) CheckFeed(op string, configured, stored, partition int) error {
+	if configured > 0 && configured != stored {
+		return w.Mismatch(op, configured, stored)
+	}
+	if partition < 0 || partition >= stored {
+		return fmt.Errorf("%s: %s: %w: partition %d is out of range: %s %s stores %d partition(s), numbered from 0; "+
+			"set RelayConfig.Partition (--partition / FERRY_PARTITION) below %d, or change the count with `ferry partitions set`",
+			w.Driver, op, ErrMisconfigured, partition, w.Kind, w.Name, stored, stored)
+	}
+	return nil
 }

@@ -151,9 +151,12 @@ func (d *Driver) refused(ctx context.Context, used int, err error) error {
 }
 
 func (d *Driver) mismatch(op string, stored int) error {
-	return fmt.Errorf("ferrymongo: %s: %w: Config.Partitions (--partitions / FERRY_PARTITIONS) is %d but database %s stores %d partition(s): "+
-		"set it to %d, or to 0 to follow the database; to change the database's count use `ferry partitions set` (Driver.SetPartitions)",
-		op, ferrydriver.ErrMisconfigured, d.cfg.Partitions, d.db.Name(), stored, stored)
+	return d.countStore().Mismatch(op, d.cfg.Partitions, stored)
+}
+
+// countStore names the database in partition-count errors.
+func (d *Driver) countStore() ferrydriver.CountStore {
+	return ferrydriver.CountStore{Driver: "ferrymongo", Kind: "database", Name: d.db.Name()}
 }
 
 // checkFeed refuses a feed of a driver configured with another count than
@@ -163,16 +166,7 @@ func (d *Driver) checkFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) e
 	if err != nil {
 		return err
 	}
-	op := "open feed " + p.Feed
-	if d.cfg.Partitions > 0 && d.cfg.Partitions != stored {
-		return d.mismatch(op, stored)
-	}
-	if p.Partition < 0 || p.Partition >= stored {
-		return fmt.Errorf("ferrymongo: %s: %w: partition %d is out of range: database %s stores %d partition(s), numbered from 0; "+
-			"set RelayConfig.Partition (--partition / FERRY_PARTITION) below %d, or change the count with `ferry partitions set`",
-			op, ferrydriver.ErrMisconfigured, p.Partition, d.db.Name(), stored, stored)
-	}
-	return nil
+	return d.countStore().CheckFeed("open feed "+p.Feed, d.cfg.Partitions, stored, p.Partition)
 }
 
 // setValidator makes the outbox's validator accept the count n (0: none).

@@ -56,6 +56,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -388,9 +389,12 @@ func (d *Driver[TTx]) append(ctx context.Context, e executor, p *ferrydriver.App
 // mismatch is the error for a Config.Partitions that differs from the
 // stored count.
 func (d *Driver[TTx]) mismatch(op string, stored int) error {
-	return fmt.Errorf("ferrypg: %s: %w: Config.Partitions (--partitions / FERRY_PARTITIONS) is %d but schema %q stores %d partition(s): "+
-		"set it to %d, or to 0 to follow the schema; to change the schema's count use `ferry partitions set` (Driver.SetPartitions)",
-		op, ferrydriver.ErrMisconfigured, d.cfg.Partitions, d.cfg.Schema, stored, stored)
+	return d.countStore().Mismatch(op, d.cfg.Partitions, stored)
+}
+
+// countStore names the schema in partition-count errors.
+func (d *Driver[TTx]) countStore() ferrydriver.CountStore {
+	return ferrydriver.CountStore{Driver: "ferrypg", Kind: "schema", Name: strconv.Quote(d.cfg.Schema)}
 }
 
 // partitionsChangedError: the transaction's snapshot shows no settings

@@ -37,16 +37,7 @@ func (d *Driver[TTx]) checkFeed(ctx context.Context, p *ferrydriver.OpenFeedPara
 	if err != nil {
 		return err
 	}
-	op := "open feed " + p.Feed
-	if d.cfg.Partitions > 0 && d.cfg.Partitions != stored {
-		return d.mismatch(op, stored)
-	}
-	if p.Partition < 0 || p.Partition >= stored {
-		return fmt.Errorf("ferrypg: %s: %w: partition %d is out of range: schema %q stores %d partition(s), numbered from 0; "+
-			"set RelayConfig.Partition (--partition / FERRY_PARTITION) below %d, or change the count with `ferry partitions set`",
-			op, ferrydriver.ErrMisconfigured, p.Partition, d.cfg.Schema, stored, stored)
-	}
-	return nil
+	return d.countStore().CheckFeed("open feed "+p.Feed, d.cfg.Partitions, stored, p.Partition)
 }
 
 // lockTimeout bounds SetPartitions' wait for producer transactions to end.

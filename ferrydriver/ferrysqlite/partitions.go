@@ -53,9 +53,12 @@ func (d *Driver) writeCount(ctx context.Context, tx *sql.Tx, op string) (int, er
 }
 
 func (d *Driver) mismatch(op string, stored int) error {
-	return fmt.Errorf("ferrysqlite: %s: %w: Config.Partitions (--partitions / FERRY_PARTITIONS) is %d but database %s stores %d partition(s): "+
-		"set it to %d, or to 0 to follow the database; to change the database's count use `ferry partitions set` (Driver.SetPartitions)",
-		op, ferrydriver.ErrMisconfigured, d.cfg.Partitions, d.path, stored, stored)
+	return d.countStore().Mismatch(op, d.cfg.Partitions, stored)
+}
+
+// countStore names the database file in partition-count errors.
+func (d *Driver) countStore() ferrydriver.CountStore {
+	return ferrydriver.CountStore{Driver: "ferrysqlite", Kind: "database", Name: d.path}
 }
 
 // checkFeed refuses a feed of a driver configured with another count than
@@ -65,16 +68,7 @@ func (d *Driver) checkFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) e
 	if err != nil {
 		return err
 	}
-	op := "open feed " + p.Feed
-	if d.cfg.Partitions > 0 && d.cfg.Partitions != stored {
-		return d.mismatch(op, stored)
-	}
-	if p.Partition < 0 || p.Partition >= stored {
-		return fmt.Errorf("ferrysqlite: %s: %w: partition %d is out of range: database %s stores %d partition(s), numbered from 0; "+
-			"set RelayConfig.Partition (--partition / FERRY_PARTITION) below %d, or change the count with `ferry partitions set`",
-			op, ferrydriver.ErrMisconfigured, p.Partition, d.path, stored, stored)
-	}
-	return nil
+	return d.countStore().CheckFeed("open feed "+p.Feed, d.cfg.Partitions, stored, p.Partition)
 }
 
 // SetPartitions implements ferrydriver.PartitionStore. It runs in one
