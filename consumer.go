@@ -54,7 +54,9 @@ type ConsumerConfig struct {
 	// Default 10.
 	MaxAttempts int
 	// DeadPolicy applies to a key's later events once one is DEAD.
-	// Default Hold.
+	// Default Hold. Run stores it for the group, and the stored policy is
+	// the one every process of the group follows: the last consumer of the
+	// group to start sets it.
 	DeadPolicy DeadPolicy
 	// OnDead is called (outside any transaction) when an event goes DEAD:
 	// alert someone. Optional.
@@ -76,6 +78,11 @@ type ConsumerConfig struct {
 	// this (a broker replay, say) would be applied again. Default 7 days;
 	// a negative value keeps them forever.
 	InboxRetention time.Duration
+	// ShutdownTimeout bounds how long Run takes to return once its context
+	// is cancelled: running handlers may finish until its last quarter (at
+	// most 2 s of it) begins; then their contexts are cancelled. Default
+	// 10 s.
+	ShutdownTimeout time.Duration
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Registerer, when set, receives the consumer's Prometheus metrics.
@@ -117,6 +124,9 @@ func (c *ConsumerConfig) WithDefaults() ConsumerConfig {
 	if out.InboxRetention == 0 {
 		out.InboxRetention = 7 * 24 * time.Hour
 	}
+	if out.ShutdownTimeout == 0 {
+		out.ShutdownTimeout = 10 * time.Second
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -137,6 +147,8 @@ func (c *ConsumerConfig) validate() error {
 		return fmt.Errorf("ferry: ConsumerConfig.MaxAttempts is %d: use at least 1 (default 10)", c.MaxAttempts)
 	case c.PollInterval < time.Millisecond:
 		return fmt.Errorf("ferry: ConsumerConfig.PollInterval is %v: use at least 1ms (default 200ms)", c.PollInterval)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("ferry: ConsumerConfig.ShutdownTimeout is %v: use a positive duration (default 10s)", c.ShutdownTimeout)
 	case c.DeadPolicy != Hold && c.DeadPolicy != Continue:
 		return fmt.Errorf("ferry: ConsumerConfig.DeadPolicy %d is not Hold or Continue", c.DeadPolicy)
 	}
@@ -165,12 +177,9 @@ type Consumer[TTx any] struct {
 	// skipped holds the event types skipped unhandled, logged once each.
 	skipped sync.Map
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	done    chan struct{}
-	started bool
-	// frozen is set by Start: the handlers are read without a lock from
-	// then on, so registering one after Start panics.
+	running atomic.Bool
+	// frozen is set by Run: the handlers are read without a lock from
+	// then on, so registering one after Run panics.
 	frozen atomic.Bool
 }
 
@@ -214,22 +223,22 @@ func Handle[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx cont
 }
 
 // HandleEvent registers fn for events of type eventType, undecoded.
-// Handlers are registered before Start; registering one after panics.
+// Handlers are registered before Run; registering one after panics.
 func (c *Consumer[TTx]) HandleEvent(eventType string, fn HandlerFunc[TTx]) {
-	c.mustNotBeStarted("HandleEvent(" + strconv.Quote(eventType) + ")")
+	c.mustNotRun("HandleEvent(" + strconv.Quote(eventType) + ")")
 	c.handlers[eventType] = fn
 }
 
 // HandleAll registers fn for every event type without a handler of its own.
 // Without it, such events fail (see ConsumerConfig.SkipUnhandled).
 func (c *Consumer[TTx]) HandleAll(fn HandlerFunc[TTx]) {
-	c.mustNotBeStarted("HandleAll")
+	c.mustNotRun("HandleAll")
 	c.fallback = fn
 }
 
-func (c *Consumer[TTx]) mustNotBeStarted(call string) {
+func (c *Consumer[TTx]) mustNotRun(call string) {
 	if c.frozen.Load() {
-		panic("ferry: " + call + " on consumer " + c.cfg.Group + " after Start: register every handler before Consumer.Start (the workers read them without a lock)")
+		panic("ferry: " + call + " on consumer " + c.cfg.Group + " after Run: register every handler before Consumer.Run (the workers read them without a lock)")
 	}
 }
 
@@ -239,7 +248,7 @@ func (c *Consumer[TTx]) mustNotBeStarted(call string) {
 // once, in the event's key order. Events retracted before they ran never
 // run and need nothing.
 func (c *Consumer[TTx]) HandleRetraction(fn HandlerFunc[TTx]) {
-	c.mustNotBeStarted("HandleRetraction")
+	c.mustNotRun("HandleRetraction")
 	c.handlers[ferryevent.TypeRetraction] = func(ctx context.Context, tx TTx, comp *Event) error {
 		ev, err := ferryevent.RetractedEvent(comp)
 		if err != nil {
@@ -318,16 +327,34 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 	return inserted, nil
 }
 
-// Start records the group's dead policy and starts the workers. It returns
-// once they run; Stop ends them.
-func (c *Consumer[TTx]) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.started {
-		return errors.New("ferry: consumer already started")
+// Run records the group's dead policy, then claims and runs events until
+// ctx ends or a problem retrying cannot fix: a missing schema
+// (ErrSchemaMissing) or a configuration the database refuses
+// (ErrMisconfigured), returned. Database outages are retried with backoff,
+// and logged.
+//
+// When ctx ends (or on such a problem), Run stops claiming and lets the
+// running handlers finish, within ShutdownTimeout: when its last quarter
+// (at most 2 s of it) begins, the handlers' contexts are cancelled (their
+// transactions roll back; the events run again later), and a handler
+// still running at the end is abandoned (its claim expires, and the event
+// runs again). Run returns nil after a stop asked for by ctx.
+//
+// Handlers are frozen when Run is first called: registering one after
+// panics. A Consumer runs once at a time: a second concurrent Run returns
+// an error. Run it next to the relay or source that feeds the inbox, for
+// example in one errgroup.
+func (c *Consumer[TTx]) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("ferry: Consumer.Run called while this consumer is already running: run each Consumer once at a time (one per process and group is enough; Workers sets its parallelism)")
 	}
-	if err := c.driver.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: c.cfg.Group, HoldDead: c.cfg.DeadPolicy == Hold}); err != nil {
-		return fmt.Errorf("ferry: start consumer %s: %w", c.cfg.Group, err)
+	defer c.running.Store(false)
+	c.frozen.Store(true)
+	if err := c.storePolicy(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	if l, ok := c.driver.(ferrydriver.ConnLimiter); ok {
 		if n := l.MaxConns(); n > 0 && n < c.cfg.Workers+2 {
@@ -335,46 +362,74 @@ func (c *Consumer[TTx]) Start(ctx context.Context) error {
 				"pool_max_conns", n, "workers", c.cfg.Workers, "needed", c.cfg.Workers+2)
 		}
 	}
-	c.frozen.Store(true)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c.cancel, c.done, c.started = cancel, make(chan struct{}), true
-	go func() {
-		defer close(c.done)
-		c.run(ctx)
-	}()
-	return nil
+	// Handlers run under work, which keeps ctx's values but not its end:
+	// a stop lets them finish first.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	var handlers sync.WaitGroup
+	err := c.run(ctx, work, &handlers)
+	c.drain(&handlers, cancelWork)
+	return err
 }
 
-// Stop stops claiming new events, waits for running handlers to finish (or
-// ctx to end) and returns. Safe to call twice or before Start.
-func (c *Consumer[TTx]) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	cancel, done := c.cancel, c.done
-	c.mu.Unlock()
-	if cancel == nil {
-		return nil
+// storePolicy records the group's dead policy (SetInboxPolicy), retrying
+// outages until ctx ends.
+func (c *Consumer[TTx]) storePolicy(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := c.driver.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: c.cfg.Group, HoldDead: c.cfg.DeadPolicy == Hold})
+		switch {
+		case err == nil:
+			return nil
+		case fatal(err):
+			return fmt.Errorf("ferry: consumer %s: %w", c.cfg.Group, err)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		c.log.Warn("ferry: storing the group's dead policy failed; retrying", "err", err, "attempt", attempt)
+		c.retry.Sleep(ctx.Done(), attempt)
 	}
-	cancel()
+}
+
+// drain waits for the running handlers within ShutdownTimeout: it cancels
+// them when its last quarter begins, and abandons them at its end.
+func (c *Consumer[TTx]) drain(handlers *sync.WaitGroup, cancel context.CancelFunc) {
+	done := make(chan struct{})
+	go func() { handlers.Wait(); close(done) }()
+	reserve := min(c.cfg.ShutdownTimeout/4, 2*time.Second)
+	grace := time.NewTimer(c.cfg.ShutdownTimeout - reserve)
+	defer grace.Stop()
 	select {
 	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+		return
+	case <-grace.C:
+	}
+	c.log.Warn("ferry: handlers still running at the end of the shutdown grace period: cancelling them (their transactions roll back; the events run again)",
+		"shutdown_timeout", c.cfg.ShutdownTimeout)
+	cancel()
+	end := time.NewTimer(reserve)
+	defer end.Stop()
+	select {
+	case <-done:
+	case <-end.C:
+		c.log.Error("ferry: a handler ignored its cancelled context; it is abandoned (its claim expires and the event runs again)",
+			"shutdown_timeout", c.cfg.ShutdownTimeout)
 	}
 }
 
-// run claims runnable events while workers are free and runs them.
-func (c *Consumer[TTx]) run(ctx context.Context) {
+// run claims runnable events while workers are free and runs them under
+// work, until ctx ends (nil) or a claim fails for a reason retrying cannot
+// fix (returned).
+func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup) error {
 	slots := make(chan struct{}, c.cfg.Workers)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() { c.maintain(ctx) })
+	var upkeep sync.WaitGroup
+	defer upkeep.Wait()
+	upkeep.Go(func() { c.maintain(ctx) })
 	errAttempt := 0
 	var rescueChecked time.Time
 	for ctx.Err() == nil {
 		if time.Since(rescueChecked) >= rescueInterval(c.cfg.ClaimTTL) {
 			rescueChecked = time.Now()
-			if c.rescue(ctx, slots) {
+			if c.rescue(ctx, work, slots) {
 				rescueChecked = time.Time{} // there may be more
 				continue
 			}
@@ -390,7 +445,11 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				return nil
+			}
+			if fatal(err) {
+				c.log.Error("ferry: the consumer cannot claim events, and retrying cannot fix it; stopping", "err", err)
+				return fmt.Errorf("ferry: consumer %s: %w", c.cfg.Group, err)
 			}
 			errAttempt++
 			c.log.Warn("ferry: claiming events failed; retrying", "err", err, "attempt", errAttempt)
@@ -401,13 +460,13 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		for _, row := range rows {
 			if row.State == ferrydriver.InboxDead {
 				// Given up at claim time: its last attempts lost their claims.
-				c.reportDead(ctx, row, errors.New(row.LastError))
+				c.reportDead(work, row, errors.New(row.LastError))
 				continue
 			}
 			slots <- struct{}{}
-			wg.Go(func() {
+			handlers.Go(func() {
 				defer func() { <-slots; c.Notify() }()
-				c.process(ctx, row, deadline)
+				c.process(work, row, deadline)
 			})
 		}
 		if len(rows) == free && free > 0 {
@@ -421,12 +480,13 @@ func (c *Consumer[TTx]) run(ctx context.Context) {
 		}
 		t.Stop()
 	}
+	return nil
 }
 
 // claimParams asks for up to limit events (rescues: whose claim expired).
 func (c *Consumer[TTx]) claimParams(limit int, rescue bool) *ferrydriver.ClaimInboxParams {
 	return &ferrydriver.ClaimInboxParams{Group: c.cfg.Group, Worker: c.worker, Limit: limit, TTL: c.cfg.ClaimTTL,
-		HoldDead: c.cfg.DeadPolicy == Hold, MaxAttempts: c.cfg.MaxAttempts, Rescue: rescue}
+		MaxAttempts: c.cfg.MaxAttempts, Rescue: rescue}
 }
 
 // rescueInterval is how often a consumer looks for expired claims.
@@ -439,7 +499,7 @@ func rescueInterval(ttl time.Duration) time.Duration {
 // handlers to finish (for a ClaimTTL at most), holding every worker slot,
 // so that an event that crashes the process costs no other event an
 // attempt. It reports whether it found one.
-func (c *Consumer[TTx]) rescue(ctx context.Context, slots chan struct{}) bool {
+func (c *Consumer[TTx]) rescue(ctx, work context.Context, slots chan struct{}) bool {
 	due, err := c.driver.RescueDue(ctx, c.cfg.Group)
 	if err != nil || !due {
 		if err != nil && ctx.Err() == nil {
@@ -479,13 +539,13 @@ drain:
 	}
 	for _, row := range rows {
 		if row.State == ferrydriver.InboxDead {
-			c.reportDead(ctx, row, errors.New(row.LastError))
+			c.reportDead(work, row, errors.New(row.LastError))
 			continue
 		}
 		c.m.rescues.Inc()
 		c.log.Warn("ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone",
 			"event_id", row.Event.ID, "key", row.Event.Key, "type", row.Event.Type, "attempt", row.Attempts, "max_attempts", c.cfg.MaxAttempts)
-		c.process(ctx, row, deadline)
+		c.process(work, row, deadline)
 	}
 	return len(rows) > 0
 }
@@ -590,7 +650,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 			return fmt.Errorf("no handler for event type %q in group %s: register one (Handle, HandleEvent or HandleAll) and redrive, or set ConsumerConfig.SkipUnhandled to skip such events", ev.Type, c.cfg.Group)
 		}
 	}
-	hctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	hctx, cancel := context.WithDeadline(ctx, deadline) // ctx: the work context, cancelled only by a stop past its grace
 	defer cancel()
 	start := time.Now()
 	defer func() { c.m.handlerSeconds.Observe(time.Since(start).Seconds()) }()
@@ -606,7 +666,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 			}
 		}
 		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
-			Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, HoldDead: c.cfg.DeadPolicy == Hold})
+			Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim})
 	})
 	if err == nil && unhandled {
 		c.m.outcomes.WithLabelValues("skipped").Inc()
@@ -629,7 +689,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	dead, retryAt := c.decide(row, err)
 	ferr := c.failInbox(ctx, &ferrydriver.FailInboxParams{
 		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: retryAt, Dead: dead,
-		HoldDead: c.cfg.DeadPolicy == Hold})
+	})
 	if errors.Is(ferr, ferrydriver.ErrClaimLost) {
 		c.m.outcomes.WithLabelValues("claim_lost").Inc()
 		c.log.Warn("ferry: an event's handler failed after its claim had expired: the failure is not recorded; the event runs again, or already did in a later attempt",
@@ -665,7 +725,7 @@ func (c *Consumer[TTx]) notBegun(ctx context.Context, row *ferrydriver.InboxRow,
 	ev := &row.Event
 	ferr := c.failInbox(ctx, &ferrydriver.FailInboxParams{
 		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: time.Now().Add(c.retry.Delay(1) / 4),
-		HoldDead: c.cfg.DeadPolicy == Hold, Uncounted: true})
+		Uncounted: true})
 	c.m.outcomes.WithLabelValues("not_begun").Inc()
 	c.log.Warn("ferry: could not begin a handler's transaction (is the connection pool smaller than Workers?); the handler did not run, and the attempt does not count",
 		"event_id", ev.ID, "key", ev.Key, "workers", c.cfg.Workers, "err", err, "release_err", ferr)
@@ -746,17 +806,10 @@ func (s *inboxSink[TTx]) OrderedBatches() bool { return true }
 
 func (s *inboxSink[TTx]) Close(context.Context) error { return nil }
 
-// Source delivers events from a broker to a consumer's inbox. Run calls
-// ingest with each ordering unit's events in delivery order and
-// acknowledges them to the broker only after ingest returned nil; a failed
-// ingest is retried before anything later of that unit is ingested.
-// ferrynats.Source is one; Kafka and RabbitMQ sources follow the same shape.
-type Source interface {
-	Run(ctx context.Context, ingest func(ctx context.Context, events []*Event) error) error
-}
-
-// Consume runs src into the consumer's inbox until ctx ends.
-func (c *Consumer[TTx]) Consume(ctx context.Context, src Source) error {
+// Consume runs src (ferrynats, ferrykafka or ferryrabbit's Source) into the
+// consumer's inbox until ctx ends, returning what src.Run returns. Run the
+// consumer itself next to it (Run).
+func (c *Consumer[TTx]) Consume(ctx context.Context, src ferrysink.Source) error {
 	return src.Run(ctx, func(ctx context.Context, events []*Event) error {
 		_, err := c.Ingest(ctx, events)
 		return err

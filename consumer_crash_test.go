@@ -83,11 +83,9 @@ func runConsumerChild(schema string, newConsumer func(pool *pgxpool.Pool, drv *f
 	if err != nil {
 		return fail(err)
 	}
-	if err := c.Start(ctx); err != nil {
+	if err := c.Run(ctx); err != nil {
 		return fail(err)
 	}
-	<-ctx.Done()
-	_ = c.Stop(context.Background())
 	return 0
 }
 

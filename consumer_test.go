@@ -30,12 +30,20 @@ func effects(t *testing.T, drv *ferrypg.Driver[pgx.Tx]) string {
 	return table
 }
 
+// startConsumer runs c until the test ends, then stops it and requires
+// that Run returned nil.
 func startConsumer(t *testing.T, c *ferry.Consumer[pgx.Tx]) {
-	require.NoError(t, c.Start(context.Background()))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		require.NoError(t, c.Stop(ctx))
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("Consumer.Run did not return within 30 s of its context's end")
+		}
 	})
 }
 

@@ -91,13 +91,23 @@ func TestConsumerSkipUnhandled(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logs.String(), "skipping events of a type"), "logged once per type: %s", logs.String())
 }
 
-func TestConsumerHandlersAreFrozenAtStart(t *testing.T) {
+func TestConsumerHandlersAreFrozenAtRun(t *testing.T) {
 	t.Parallel()
-	c, err := ferry.NewConsumer(newPG(t), &ferry.ConsumerConfig{Group: "frozen"})
+	c, err := ferry.NewConsumer(newPG(t), &ferry.ConsumerConfig{Group: "frozen", PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
-	c.HandleAll(func(context.Context, pgx.Tx, *ferry.Event) error { return nil })
+	handled := make(chan struct{}, 1)
+	c.HandleAll(func(context.Context, pgx.Tx, *ferry.Event) error {
+		select {
+		case handled <- struct{}{}:
+		default:
+		}
+		return nil
+	})
 	startConsumer(t, c)
-	require.PanicsWithValue(t, `ferry: HandleEvent("Late") on consumer frozen after Start: register every handler before Consumer.Start (the workers read them without a lock)`,
+	_, err = c.Ingest(context.Background(), events(1, 1))
+	require.NoError(t, err)
+	<-handled // Run is under way
+	require.PanicsWithValue(t, `ferry: HandleEvent("Late") on consumer frozen after Run: register every handler before Consumer.Run (the workers read them without a lock)`,
 		func() { c.HandleEvent("Late", func(context.Context, pgx.Tx, *ferry.Event) error { return nil }) })
 }
 
@@ -159,7 +169,7 @@ func TestConsumerBeginFailureIsNotAnAttempt(t *testing.T) {
 	require.Equal(t, 1, count(t, `SELECT attempts FROM `+inbox+` WHERE event_id = $1`, ev.ID), "the two that could not begin are not counted")
 }
 
-// Start warns when the pool cannot serve the workers' handlers plus claims.
+// Run warns when the pool cannot serve the workers' handlers plus claims.
 func TestConsumerWarnsOfASmallPool(t *testing.T) {
 	t.Parallel()
 	pg := newPG(t)
@@ -175,7 +185,8 @@ func TestConsumerWarnsOfASmallPool(t *testing.T) {
 	c, err := ferry.NewConsumer(small, &ferry.ConsumerConfig{Group: "small", Workers: 8, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	startConsumer(t, c)
-	require.Contains(t, logs.String(), "the database pool is smaller than the consumer needs")
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "the database pool is smaller than the consumer needs") },
+		30*time.Second, 10*time.Millisecond)
 	require.Contains(t, logs.String(), "pool_max_conns=4 workers=8 needed=10")
 }
 

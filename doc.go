@@ -85,7 +85,16 @@ is also marked processed.
 		_, err := tx.Exec(ctx, "INSERT INTO invoices (order_id, total) VALUES ($1, $2)", o.ID, o.Total)
 		return err
 	})
-	err = billing.Start(ctx)
+	err = billing.Run(ctx) // until ctx is cancelled
+
+Relay, Consumer, Balancer and the broker sources share one lifecycle: Run
+blocks until ctx ends, then stops within its ShutdownTimeout and returns
+nil; it returns early with an error only for a problem retrying cannot fix
+(ErrSchemaMissing, ErrMisconfigured, a broker consumer that was deleted),
+and retries outages itself. Run them side by side in an errgroup. When a
+consumer stops, running handlers may finish until the last quarter of
+ConsumerConfig.ShutdownTimeout (10 s) begins; then their contexts are
+cancelled, their transactions roll back and the events run again later.
 
 Events reach the group's inbox from a source: the outbox of the same
 database (a Relay into Consumer.Sink), or a broker subscription calling
@@ -95,7 +104,9 @@ are counted when an event is claimed, so one that crashes the process goes
 DEAD too, after MaxAttempts crashes; an event whose claim expired runs
 again alone, so that it costs no other event an attempt. An event of a type
 without a handler fails, naming its type, unless HandleAll handles it or
-ConsumerConfig.SkipUnhandled skips it. Register handlers before Start.
+ConsumerConfig.SkipUnhandled skips it. Register handlers before Run. The
+group's dead policy is stored when Run starts and is the one every process
+of the group follows.
 
 AwaitSettled tells a request path whether a group has settled events,
 failed them (and why) or not yet, woken by the database rather than

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 )
 
 type orderPlaced struct {
@@ -50,17 +51,22 @@ func Example_consumer() {
 		fmt.Printf("invoice %s for %d (key %s, #%d)\n", o.Order, o.Total, ev.Key, ev.Seq)
 		return nil
 	})
-	if err := billing.Start(ctx); err != nil {
-		panic(err)
-	}
-	defer billing.Stop(ctx)
 	relay, err := ferry.NewRelay(drv, billing.Sink(), &ferry.RelayConfig{Feed: "billing", Logger: quiet})
 	if err != nil {
 		panic(err)
 	}
+	// The relay feeds the inbox, the consumer runs it: one shape, Run(ctx),
+	// which returns nil once ctx ends and everything stopped.
 	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	go relay.Run(runCtx)
+	var g errgroup.Group
+	g.Go(func() error { return billing.Run(runCtx) })
+	g.Go(func() error { return relay.Run(runCtx) })
+	defer func() {
+		stop()
+		if err := g.Wait(); err != nil {
+			panic(err)
+		}
+	}()
 
 	client, err := ferry.NewClient(drv, nil)
 	if err != nil {

@@ -171,11 +171,12 @@ func newGroup(t *testing.T, drv *ferrypg.Driver[pgx.Tx], name string) *group {
 	}
 	c.HandleAll(record(1))
 	c.HandleRetraction(record(-1))
-	require.NoError(t, c.Start(context.Background()))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = c.Stop(ctx)
+		cancel()
+		require.NoError(t, <-done)
 	})
 	return g
 }

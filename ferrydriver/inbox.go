@@ -66,8 +66,9 @@ type Inbox[TTx any] interface {
 	// change of the row. Runnable: PENDING, or FAILED and due; with
 	// p.Rescue, only PROCESSING rows whose claim expired instead. A head
 	// whose attempts already reached p.MaxAttempts is not claimed: it is
-	// made DEAD with ReasonAttemptsExhausted, its key follows p.HoldDead,
-	// and it is returned with State InboxDead so that the caller reports it.
+	// made DEAD with ReasonAttemptsExhausted, its key follows the group's
+	// stored dead policy, and it is returned with State InboxDead so that
+	// the caller reports it.
 	ClaimInbox(ctx context.Context, p *ClaimInboxParams) ([]*InboxRow, error)
 	// RescueDue reports whether a claim of the group has expired (a row
 	// for ClaimInbox with Rescue). It reads an index of the rows being
@@ -87,7 +88,10 @@ type Inbox[TTx any] interface {
 
 	// SetInboxPolicy stores a group's dead policy; if it changed, every key
 	// of the group is re-evaluated under the new one. Consumers call it when
-	// they start; RedriveInbox and DiscardInbox follow the stored policy.
+	// they start. The stored policy is the only one: every call that can
+	// make a row DEAD or release a key (ClaimInbox, CompleteInboxTx,
+	// FailInbox, RedriveInbox, DiscardInbox, RetractInbox) reads it; a group
+	// with none stored holds (a DEAD row holds its key's later rows back).
 	SetInboxPolicy(ctx context.Context, p *InboxPolicyParams) error
 	// ListInbox lists inbox rows (dead letters, typically), newest first.
 	ListInbox(ctx context.Context, p *ListInboxParams) ([]*InboxRow, error)
@@ -190,9 +194,6 @@ type ClaimInboxParams struct {
 	Worker string
 	Limit  int
 	TTL    time.Duration
-	// HoldDead: a DEAD row holds its key's later rows back (the group's
-	// policy is Hold); false lets them run (Continue).
-	HoldDead bool
 	// MaxAttempts bounds the attempts of a row: one that already had as
 	// many (they lost their claims) goes DEAD instead. 0: no bound.
 	MaxAttempts int
@@ -225,8 +226,7 @@ type CompleteInboxParams struct {
 	Group   string
 	EventID uuid.UUID
 	// Claim is InboxRow.Claim of the attempt.
-	Claim    string
-	HoldDead bool // the group's policy, as in ClaimInboxParams
+	Claim string
 }
 
 // FailInboxParams record a failed attempt.
@@ -241,8 +241,6 @@ type FailInboxParams struct {
 	// Uncounted takes the claim's attempt back: the handler never ran
 	// (ErrTxNotBegun).
 	Uncounted bool
-	// HoldDead: the group's policy, as in ClaimInboxParams.
-	HoldDead bool
 }
 
 // InboxRetractor is implemented by inboxes that can retract events whose

@@ -167,3 +167,21 @@ func Fenced(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Source delivers events from a broker to a consumer's inbox: the other
+// direction of a Sink. ferry.Consumer.Consume runs one; ferrynats,
+// ferrykafka and ferryrabbit have one each, and every implementation must
+// pass ExerciseSource in ferrysinktest.
+//
+// Run hands each ordering unit's events (a key, a partition, a queue) to
+// ingest in delivery order, and acknowledges them to the broker only after
+// ingest returned nil: then they are durable in the inbox. A failed ingest
+// is retried before anything later of its unit is ingested. Run blocks
+// until ctx ends, then acknowledges what was ingested, gives the rest
+// back to the broker and returns nil; it returns an error only for a
+// problem retrying cannot fix (the broker's consumer or queue is gone),
+// and retries outages itself. This is the shape of ferry.Relay.Run and
+// ferry.Consumer.Run.
+type Source interface {
+	Run(ctx context.Context, ingest func(ctx context.Context, events []*ferryevent.Event) error) error
+}

@@ -73,9 +73,7 @@ func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *fer
 		}
 	}
 	start := time.Now()
-	if err := c.Start(ctx); err != nil {
-		return err
-	}
+	stop := runConsumer(ctx, c)
 	var total int64
 	for {
 		if err := pool.QueryRow(ctx, `SELECT COALESCE(sum(orders), 0) FROM `+table).Scan(&total); err != nil {
@@ -87,7 +85,9 @@ func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *fer
 		time.Sleep(20 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
-	_ = c.Stop(ctx)
+	if err := stop(); err != nil {
+		return err
+	}
 	fmt.Fprintf(w, "consume: %d events applied with exactly-once effect in %v = %.0f events/s (handler: one upsert)\n", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
 	return nil
 }
@@ -112,10 +112,8 @@ func benchSettle(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferr
 	if err != nil {
 		return err
 	}
-	if err := c.Start(ctx); err != nil {
-		return err
-	}
-	defer c.Stop(context.WithoutCancel(ctx))
+	stop := runConsumer(ctx, c)
+	defer func() { _ = stop() }()
 	evs := benchEvents(n, keys)
 	lat := make([]time.Duration, n)
 	var wg sync.WaitGroup
@@ -155,4 +153,15 @@ func benchSettle(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferr
 	}
 	fmt.Fprintf(w, "settle: %d events at %d/s; handler commit -> AwaitSettled returns: %s\n", n, rate, percentiles(lat))
 	return nil
+}
+
+// runConsumer runs c until stop is called, which returns what Run did.
+func runConsumer[TTx any](ctx context.Context, c *ferry.Consumer[TTx]) (stop func() error) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	return func() error {
+		cancel()
+		return <-done
+	}
 }

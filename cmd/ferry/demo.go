@@ -405,10 +405,9 @@ func (r *demoRelay) kill() uint64 {
 }
 
 type demoConsumer struct {
-	cancel   context.CancelFunc
-	done     chan error
-	nc       *nats.Conn
-	consumer *ferry.Consumer[*sql.Tx]
+	cancel context.CancelFunc
+	done   chan error // the consumer's Run, then the source's
+	nc     *nats.Conn
 }
 
 func (d *demo) startConsumer(ctx context.Context) error {
@@ -417,7 +416,9 @@ func (d *demo) startConsumer(ctx context.Context) error {
 		// Short, so that the rows a killed consumer held run again soon.
 		ClaimTTL:  3 * time.Second,
 		RetryBase: 100 * time.Millisecond, RetryMax: time.Second,
-		Logger: d.log,
+		// Short too: a kill cancels the running handlers almost at once.
+		ShutdownTimeout: 200 * time.Millisecond,
+		Logger:          d.log,
 	})
 	if err != nil {
 		return err
@@ -439,12 +440,15 @@ func (d *demo) startConsumer(ctx context.Context) error {
 		nc.Close()
 		return err
 	}
-	if err := c.Start(ctx); err != nil {
-		nc.Close()
-		return err
-	}
 	cctx, cancel := context.WithCancel(ctx)
-	dc := &demoConsumer{cancel: cancel, done: make(chan error, 1), nc: nc, consumer: c}
+	dc := &demoConsumer{cancel: cancel, done: make(chan error, 2), nc: nc}
+	go func() {
+		err := c.Run(cctx)
+		if err != nil {
+			d.log.Error("demo: the consumer stopped", "err", err)
+		}
+		dc.done <- err
+	}()
 	go func() {
 		dc.done <- src.Run(cctx, func(ctx context.Context, events []*ferry.Event) error {
 			n, err := c.Ingest(ctx, events)
@@ -460,14 +464,13 @@ func (d *demo) startConsumer(ctx context.Context) error {
 	return nil
 }
 
-// kill drops the consumer's connection and abandons its running handlers:
-// their transactions roll back, their claims lapse after ClaimTTL.
+// kill drops the consumer's connection and cancels its running handlers
+// (ShutdownTimeout is short): their transactions roll back, their claims
+// lapse after ClaimTTL.
 func (c *demoConsumer) kill() {
 	c.nc.Close()
 	c.cancel()
-	dead, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = c.consumer.Stop(dead)
+	<-c.done
 	<-c.done
 }
 

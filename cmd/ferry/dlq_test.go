@@ -34,9 +34,9 @@ func TestDLQForAConsumerGroup(t *testing.T) {
 	require.NoError(t, ferryevent.Prepare(next, 1, 0, time.Now()))
 	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "billing", Events: []*ferryevent.Event{bad, next}})
 	require.NoError(t, err)
-	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "billing", Worker: "w", Limit: 5, TTL: time.Minute, HoldDead: true})
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "billing", Worker: "w", Limit: 5, TTL: time.Minute})
 	require.NoError(t, err)
-	require.NoError(t, drv.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "billing", EventID: rows[0].Event.ID, Claim: rows[0].Claim, Error: "card declined\nstack...", Dead: true, HoldDead: true}))
+	require.NoError(t, drv.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "billing", EventID: rows[0].Event.ID, Claim: rows[0].Claim, Error: "card declined\nstack...", Dead: true}))
 
 	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
 	out, code := ferryCmd(t, append([]string{"dlq", "list", "--group", "billing"}, db...)...)
@@ -65,7 +65,7 @@ func TestDLQForAConsumerGroup(t *testing.T) {
 	out, code = ferryCmd(t, append([]string{"dlq", "redrive", "--group", "billing", "--key", "k1"}, db...)...)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "1 dead letter(s) of group billing redriven")
-	rows, err = drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "billing", Worker: "w", Limit: 5, TTL: time.Minute, HoldDead: true})
+	rows, err = drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "billing", Worker: "w", Limit: 5, TTL: time.Minute})
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
 	require.Equal(t, bad.ID, rows[0].Event.ID, "the redriven event runs first in its key")

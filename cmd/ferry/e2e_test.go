@@ -41,7 +41,8 @@ func TestOutboxToConsumerThroughJetStream(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
 		return err
 	})
-	require.NoError(t, c.Start(ctx))
+	consumerDone := make(chan error, 1)
+	go func() { consumerDone <- c.Run(runCtx) }()
 	source, err := ferrynats.NewSource(ctx, f.js, &ferrynats.SourceConfig{Stream: f.stream, Durable: "projection", SubjectPrefix: f.prefix, Logger: quiet})
 	require.NoError(t, err)
 	sourceDone := make(chan error, 1)
@@ -57,7 +58,7 @@ func TestOutboxToConsumerThroughJetStream(t *testing.T) {
 	stop()
 	require.NoError(t, <-relayDone)
 	require.NoError(t, <-sourceDone)
-	require.NoError(t, c.Stop(ctx))
+	require.NoError(t, <-consumerDone)
 
 	var total, distinct, violations int
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+table).Scan(&total, &distinct))

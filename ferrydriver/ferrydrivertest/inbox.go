@@ -59,11 +59,11 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.I
 	b1, b2 := Event("t", "b", "b1"), Event("t", "b", "b2")
 	insert(ctx, t, d, a1, a2, a3, b1, b2)
 	// a1 is processed, b1 is running.
-	rows := claim(ctx, t, d, "w1", true)
+	rows := claim(ctx, t, d, "w1")
 	require.ElementsMatch(t, []string{"a1", "b1"}, payloads(rows))
 	for _, row := range rows {
 		if row.Event.ID == a1.ID {
-			complete(ctx, t, d, row, true)
+			complete(ctx, t, d, row)
 		}
 	}
 	ghost := Event("t", "c", "c1") // never delivered
@@ -84,7 +84,7 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.I
 	for _, row := range rows {
 		if row.Event.ID == b1.ID {
 			err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-				return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: b1.ID, Claim: row.Claim, HoldDead: true})
+				return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: b1.ID, Claim: row.Claim})
 			})
 			require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "a retracted row's handler must roll back")
 		}
@@ -94,13 +94,13 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.I
 	// a2 and the ghost never run.
 	var ran []string
 	for range 10 {
-		next := claim(ctx, t, d, "w2", true)
+		next := claim(ctx, t, d, "w2")
 		if len(next) == 0 {
 			break
 		}
 		for _, row := range next {
 			ran = append(ran, string(row.Event.Payload))
-			complete(ctx, t, d, row, true)
+			complete(ctx, t, d, row)
 		}
 	}
 	require.ElementsMatch(t, []string{"a3", "undo-a1", "b2"}, ran)
@@ -124,30 +124,30 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.I
 	for _, prior := range res.Prior {
 		require.Equal(t, ferrydriver.InboxRetracted, prior)
 	}
-	require.Empty(t, claim(ctx, t, d, "w3", true), "nothing new to run after a repeated retraction")
+	require.Empty(t, claim(ctx, t, d, "w3"), "nothing new to run after a repeated retraction")
 }
 
 const group = "g"
 
-func claim[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worker string, hold bool) []*ferrydriver.InboxRow {
+func claim[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worker string) []*ferrydriver.InboxRow {
 	t.Helper()
-	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 100, TTL: time.Minute, HoldDead: hold})
+	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 100, TTL: time.Minute})
 	require.NoError(t, err)
 	return rows
 }
 
 // rescue claims rows whose claim expired.
-func rescue[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worker string, hold bool) []*ferrydriver.InboxRow {
+func rescue[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], worker string) []*ferrydriver.InboxRow {
 	t.Helper()
-	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 100, TTL: time.Minute, HoldDead: hold, Rescue: true})
+	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 100, TTL: time.Minute, Rescue: true})
 	require.NoError(t, err)
 	return rows
 }
 
-func complete[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], row *ferrydriver.InboxRow, hold bool) {
+func complete[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], row *ferrydriver.InboxRow) {
 	t.Helper()
 	require.NoError(t, d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, HoldDead: hold})
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim})
 	}))
 }
 
@@ -203,76 +203,76 @@ func testInboxHeads[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	insert(ctx, t, d, Event("t", "a", "a1"), Event("t", "a", "a2"), Event("t", "b", "b1"))
 	insert(ctx, t, d, Event("t", "a", "a3"))
-	rows := claim(ctx, t, d, "w1", true)
+	rows := claim(ctx, t, d, "w1")
 	require.ElementsMatch(t, []string{"a1", "b1"}, payloads(rows), "one head per key")
-	require.Empty(t, claim(ctx, t, d, "w2", true), "heads being processed block their keys")
+	require.Empty(t, claim(ctx, t, d, "w2"), "heads being processed block their keys")
 	for _, r := range rows {
 		require.Equal(t, ferrydriver.InboxProcessing, r.State)
 		require.Equal(t, 1, r.Attempts)
 		if string(r.Event.Payload) == "a1" {
-			complete(ctx, t, d, r, true)
+			complete(ctx, t, d, r)
 		}
 	}
-	require.Equal(t, []string{"a2"}, payloads(claim(ctx, t, d, "w2", true)))
+	require.Equal(t, []string{"a2"}, payloads(claim(ctx, t, d, "w2")))
 }
 
 func testInboxComplete[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	insert(ctx, t, d, Event("t", "k", "one"), Event("t", "k", "two"))
-	row := claim(ctx, t, d, "w1", true)[0]
+	row := claim(ctx, t, d, "w1")[0]
 	// The handler fails after marking: everything rolls back.
 	boom := errors.New("handler failed")
 	err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, HoldDead: true}); err != nil {
+		if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim}); err != nil {
 			return err
 		}
 		return boom
 	})
 	require.ErrorIs(t, err, boom)
-	require.Empty(t, claim(ctx, t, d, "w2", true), "the rolled-back completion left the row with w1")
+	require.Empty(t, claim(ctx, t, d, "w2"), "the rolled-back completion left the row with w1")
 	// Another claim token (another attempt's, or none) cannot complete it.
 	for _, other := range []string{uuid.NewString(), ""} {
 		err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-			return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: other, HoldDead: true})
+			return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: other})
 		})
 		require.ErrorIs(t, err, ferrydriver.ErrClaimLost)
 	}
-	complete(ctx, t, d, row, true)
+	complete(ctx, t, d, row)
 	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, HoldDead: true})
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim})
 	})
 	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "a row completes once")
-	require.Equal(t, []string{"two"}, payloads(claim(ctx, t, d, "w2", true)))
+	require.Equal(t, []string{"two"}, payloads(claim(ctx, t, d, "w2")))
 }
 
 func testInboxExpiredClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	insert(ctx, t, d, Event("t", "k", "one"))
-	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "dies", Limit: 10, TTL: 200 * time.Millisecond, HoldDead: true})
+	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "dies", Limit: 10, TTL: 200 * time.Millisecond})
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
 	due, err := d.RescueDue(ctx, group)
 	require.NoError(t, err)
 	require.False(t, due, "the claim has not expired yet")
-	require.Empty(t, rescue(ctx, t, d, "w2", true))
+	require.Empty(t, rescue(ctx, t, d, "w2"))
 	var again []*ferrydriver.InboxRow
 	require.Eventually(t, func() bool {
 		due, err := d.RescueDue(ctx, group)
 		require.NoError(t, err)
 		return due
 	}, 10*time.Second, 20*time.Millisecond, "the expired claim is due for rescue")
-	require.Empty(t, claim(ctx, t, d, "w2", true), "an ordinary claim leaves an expired claim to a rescue")
-	again = rescue(ctx, t, d, "w2", true)
+	require.Empty(t, claim(ctx, t, d, "w2"), "an ordinary claim leaves an expired claim to a rescue")
+	again = rescue(ctx, t, d, "w2")
 	require.Len(t, again, 1, "a crashed worker's row is rescued once its claim expires")
 	require.Equal(t, 2, again[0].Attempts)
 	due, err = d.RescueDue(ctx, group)
 	require.NoError(t, err)
 	require.False(t, due, "rescued")
 	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: rows[0].Event.ID, Claim: rows[0].Claim, HoldDead: true})
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: rows[0].Event.ID, Claim: rows[0].Claim})
 	})
 	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the first worker's late completion is fenced off")
-	complete(ctx, t, d, again[0], true)
+	complete(ctx, t, d, again[0])
 }
 
 // testInboxStaleAttempt: one worker's attempt outlives its claim, the
@@ -281,24 +281,24 @@ func testInboxExpiredClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
 func testInboxStaleAttempt[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	insert(ctx, t, d, Event("t", "k", "slow"))
-	first, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "w", Limit: 10, TTL: 200 * time.Millisecond, HoldDead: true})
+	first, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "w", Limit: 10, TTL: 200 * time.Millisecond})
 	require.NoError(t, err)
 	require.Len(t, first, 1)
 	var second []*ferrydriver.InboxRow
 	require.Eventually(t, func() bool {
-		second = rescue(ctx, t, d, "w", true) // the same worker ID
+		second = rescue(ctx, t, d, "w") // the same worker ID
 		return len(second) == 1
 	}, 10*time.Second, 20*time.Millisecond)
 	require.NotEqual(t, first[0].Claim, second[0].Claim, "every claim has a token of its own")
 	require.Equal(t, 2, second[0].Attempts)
 
-	err = d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: first[0].Event.ID, Claim: first[0].Claim, Error: "late", Dead: true, HoldDead: true})
+	err = d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: first[0].Event.ID, Claim: first[0].Claim, Error: "late", Dead: true})
 	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the stale attempt's failure is fenced off")
 	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: first[0].Event.ID, Claim: first[0].Claim, HoldDead: true})
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: first[0].Event.ID, Claim: first[0].Claim})
 	})
 	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "and so is its completion")
-	complete(ctx, t, d, second[0], true)
+	complete(ctx, t, d, second[0])
 	st, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{first[0].Event.ID}})
 	require.NoError(t, err)
 	require.Equal(t, ferrydriver.InboxProcessed, st[first[0].Event.ID].State)
@@ -310,18 +310,20 @@ func testInboxStaleAttempt[TTx any](t *testing.T, d InboxDriver[TTx]) {
 // again, and its key follows the policy.
 func testInboxExhausted[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
-	for _, hold := range []bool{true, false} {
+	// Continue first: it leaves no key held when the policy becomes Hold.
+	for _, hold := range []bool{false, true} {
+		require.NoError(t, d.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: group, HoldDead: hold}))
 		key := fmt.Sprintf("k-%v", hold)
 		poison, next := Event("t", key, "poison-"+key), Event("t", key, "next-"+key)
 		insert(ctx, t, d, poison, next)
 		claimOnce := func() []*ferrydriver.InboxRow {
 			// What a consumer does: an ordinary claim, then a rescue.
-			rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "crashes", Limit: 10, TTL: 150 * time.Millisecond, HoldDead: hold, MaxAttempts: 2})
+			rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "crashes", Limit: 10, TTL: 150 * time.Millisecond, MaxAttempts: 2})
 			require.NoError(t, err)
 			if len(rows) > 0 {
 				return rows
 			}
-			rows, err = d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "crashes", Limit: 10, TTL: 150 * time.Millisecond, HoldDead: hold, MaxAttempts: 2, Rescue: true})
+			rows, err = d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "crashes", Limit: 10, TTL: 150 * time.Millisecond, MaxAttempts: 2, Rescue: true})
 			require.NoError(t, err)
 			return rows
 		}
@@ -349,7 +351,7 @@ func testInboxExhausted[TTx any](t *testing.T, d InboxDriver[TTx]) {
 			require.Eventually(t, func() bool { got = claimOnce(); return len(got) == 1 }, 10*time.Second, 20*time.Millisecond, "Continue: the key moves on")
 			require.Equal(t, next.ID, got[0].Event.ID)
 			require.Equal(t, 1, got[0].Attempts)
-			complete(ctx, t, d, got[0], hold)
+			complete(ctx, t, d, got[0])
 		}
 	}
 }
@@ -359,25 +361,25 @@ func testInboxExhausted[TTx any](t *testing.T, d InboxDriver[TTx]) {
 func testInboxUncounted[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	insert(ctx, t, d, Event("t", "k", "one"))
-	row := claim(ctx, t, d, "w", true)[0]
+	row := claim(ctx, t, d, "w")[0]
 	require.Equal(t, 1, row.Attempts)
 	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim,
-		Error: "begin: pool exhausted", RetryAt: time.Now(), HoldDead: true, Uncounted: true}))
+		Error: "begin: pool exhausted", RetryAt: time.Now(), Uncounted: true}))
 	var again []*ferrydriver.InboxRow
-	require.Eventually(t, func() bool { again = claim(ctx, t, d, "w", true); return len(again) == 1 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { again = claim(ctx, t, d, "w"); return len(again) == 1 }, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, 1, again[0].Attempts, "the attempt that never ran does not count")
-	complete(ctx, t, d, again[0], true)
+	complete(ctx, t, d, again[0])
 }
 
 func testInboxRetry[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	insert(ctx, t, d, Event("t", "k", "flaky"), Event("t", "k", "after"))
-	row := claim(ctx, t, d, "w", true)[0]
-	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, Error: "timeout", RetryAt: time.Now().Add(300 * time.Millisecond), HoldDead: true}))
-	require.Empty(t, claim(ctx, t, d, "w", true), "a failed head waits for its next attempt, and so does its key")
+	row := claim(ctx, t, d, "w")[0]
+	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim, Error: "timeout", RetryAt: time.Now().Add(300 * time.Millisecond)}))
+	require.Empty(t, claim(ctx, t, d, "w"), "a failed head waits for its next attempt, and so does its key")
 	var again []*ferrydriver.InboxRow
 	require.Eventually(t, func() bool {
-		again = claim(ctx, t, d, "w", true)
+		again = claim(ctx, t, d, "w")
 		return len(again) > 0
 	}, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, []string{"flaky"}, payloads(again))
@@ -387,24 +389,26 @@ func testInboxRetry[TTx any](t *testing.T, d InboxDriver[TTx]) {
 
 func testInboxDead[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
-	for _, hold := range []bool{true, false} {
+	// Continue first: it leaves no key held when the policy becomes Hold.
+	for _, hold := range []bool{false, true} {
+		require.NoError(t, d.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: group, HoldDead: hold}))
 		key := fmt.Sprintf("k-%v", hold)
 		insert(ctx, t, d, Event("t", key, "poison"), Event("t", key, "next"), Event("t", "other-"+key, "free"))
-		rows := claim(ctx, t, d, "w", hold)
+		rows := claim(ctx, t, d, "w")
 		require.ElementsMatch(t, []string{"poison", "free"}, payloads(rows))
 		for _, r := range rows {
 			if string(r.Event.Payload) == "poison" {
-				require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad", Dead: true, HoldDead: hold}))
+				require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad", Dead: true}))
 			} else {
-				complete(ctx, t, d, r, hold)
+				complete(ctx, t, d, r)
 			}
 		}
-		next := claim(ctx, t, d, "w", hold)
+		next := claim(ctx, t, d, "w")
 		if hold {
 			require.Empty(t, next, "Hold: the dead row keeps its key's later rows back")
 		} else {
 			require.Equal(t, []string{"next"}, payloads(next), "Continue: the key moves on")
-			complete(ctx, t, d, next[0], hold)
+			complete(ctx, t, d, next[0])
 		}
 	}
 }
@@ -439,14 +443,14 @@ func testInboxConcurrent[TTx any](t *testing.T, d InboxDriver[TTx]) {
 				if finished {
 					return
 				}
-				rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 3, TTL: time.Minute, HoldDead: true})
+				rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 3, TTL: time.Minute})
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				for _, r := range rows {
 					err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
-						if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, HoldDead: true}); err != nil {
+						if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim}); err != nil {
 							return err
 						}
 						// Recorded before the commit: the key's next row can
@@ -485,11 +489,11 @@ func testInboxConcurrent[TTx any](t *testing.T, d InboxDriver[TTx]) {
 // want and completing the others.
 func kill[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], want ...string) {
 	t.Helper()
-	for _, r := range claim(ctx, t, d, "w", true) {
+	for _, r := range claim(ctx, t, d, "w") {
 		if slices.Contains(want, string(r.Event.Payload)) {
-			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad " + string(r.Event.Payload), Dead: true, HoldDead: true}))
+			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad " + string(r.Event.Payload), Dead: true}))
 		} else {
-			complete(ctx, t, d, r, true)
+			complete(ctx, t, d, r)
 		}
 	}
 }
@@ -510,7 +514,7 @@ func testInboxDeadLetters[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	byKey, err := d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, Key: "a", Since: time.Now().Add(-time.Hour)})
 	require.NoError(t, err)
 	require.Equal(t, []string{"p1"}, payloads(byKey))
-	require.Empty(t, claim(ctx, t, d, "w", true), "both keys are held")
+	require.Empty(t, claim(ctx, t, d, "w"), "both keys are held")
 	counts, err := d.InboxCounts(ctx, group)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), counts[ferrydriver.InboxDead])
@@ -521,17 +525,17 @@ func testInboxDeadLetters[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	n, err := d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p1.ID}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	rows := claim(ctx, t, d, "w", true)
+	rows := claim(ctx, t, d, "w")
 	require.Equal(t, []string{"p1"}, payloads(rows))
 	require.Equal(t, 1, rows[0].Attempts)
-	complete(ctx, t, d, rows[0], true)
-	require.Equal(t, []string{"a-after"}, payloads(claim(ctx, t, d, "w", true)))
+	complete(ctx, t, d, rows[0])
+	require.Equal(t, []string{"a-after"}, payloads(claim(ctx, t, d, "w")))
 
 	// Discard p2: it never runs; its key is released.
 	n, err = d.DiscardInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p2.ID}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Equal(t, []string{"b-after"}, payloads(claim(ctx, t, d, "w2", true)))
+	require.Equal(t, []string{"b-after"}, payloads(claim(ctx, t, d, "w2")))
 	n, err = d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{p2.ID}})
 	require.NoError(t, err)
 	require.Zero(t, n, "only DEAD rows can be redriven")
@@ -545,9 +549,9 @@ func testInboxRetention[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	done, open := Event("t", "a", "done"), Event("t", "b", "open")
 	insert(ctx, t, d, done, open)
-	for _, r := range claim(ctx, t, d, "w", true) {
+	for _, r := range claim(ctx, t, d, "w") {
 		if r.Event.ID == done.ID {
-			complete(ctx, t, d, r, true)
+			complete(ctx, t, d, r)
 		}
 	}
 	n, err := d.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: group, OlderThan: time.Hour})
@@ -564,7 +568,7 @@ func testInboxRetention[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	again := Event("t", "a", "again")
 	insert(ctx, t, d, again)
 	require.Eventually(t, func() bool {
-		for _, r := range claim(ctx, t, d, "w", true) {
+		for _, r := range claim(ctx, t, d, "w") {
 			if r.Event.ID == again.ID {
 				return true
 			}
@@ -578,7 +582,7 @@ func testAwaitSettled[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ok, bad, never := Event("t", "a", "ok"), Event("t", "b", "bad"), Event("t", "c", "never")
 	insert(ctx, t, d, ok, bad, never)
 	ids := []uuid.UUID{ok.ID, bad.ID, never.ID, ferryevent.NewID()}
-	rows := claim(ctx, t, d, "w", true)
+	rows := claim(ctx, t, d, "w")
 	require.Len(t, rows, 3)
 	type result struct {
 		st  map[uuid.UUID]*ferrydriver.InboxRow
@@ -596,9 +600,9 @@ func testAwaitSettled[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	for _, r := range rows {
 		switch r.Event.ID {
 		case ok.ID:
-			complete(ctx, t, d, r, true)
+			complete(ctx, t, d, r)
 		case bad.ID:
-			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "rejected", Dead: true, HoldDead: true}))
+			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "rejected", Dead: true}))
 		}
 	}
 	finished = time.Now()
@@ -625,40 +629,40 @@ func testInboxPolicy[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	setPolicy := func(hold bool) {
 		require.NoError(t, d.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: group, HoldDead: hold}))
 	}
-	fail := func(r *ferrydriver.InboxRow, hold bool) {
-		require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad", Dead: true, HoldDead: hold}))
+	fail := func(r *ferrydriver.InboxRow) {
+		require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad", Dead: true}))
 	}
 	// Hold: d1 holds k. Switching to Continue releases the key.
 	setPolicy(true)
 	d1, next := Event("t", "k", "d1"), Event("t", "k", "next")
 	insert(ctx, t, d, d1, next)
-	fail(claim(ctx, t, d, "w", true)[0], true)
-	require.Empty(t, claim(ctx, t, d, "w", true))
+	fail(claim(ctx, t, d, "w")[0])
+	require.Empty(t, claim(ctx, t, d, "w"))
 	setPolicy(false)
-	rows := claim(ctx, t, d, "w", false)
+	rows := claim(ctx, t, d, "w")
 	require.Equal(t, []string{"next"}, payloads(rows), "Continue after Hold: the held key moves on")
 
 	// Continue: redriving d1 while "next" runs must not run two rows of k.
 	n, err := d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{d1.ID}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Empty(t, claim(ctx, t, d, "w2", false), "k is busy with next")
-	complete(ctx, t, d, rows[0], false)
-	again := claim(ctx, t, d, "w2", false)
+	require.Empty(t, claim(ctx, t, d, "w2"), "k is busy with next")
+	complete(ctx, t, d, rows[0])
+	again := claim(ctx, t, d, "w2")
 	require.Equal(t, []string{"d1"}, payloads(again), "the redriven row runs once k is free")
-	fail(again[0], false)
+	fail(again[0])
 
 	// Continue with two dead rows: discarding the first must not strand k.
 	d2 := Event("t", "k", "d2")
 	insert(ctx, t, d, d2)
-	fail(claim(ctx, t, d, "w", false)[0], false)
+	fail(claim(ctx, t, d, "w")[0])
 	n, err = d.DiscardInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{d1.ID}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	later := Event("t", "k", "later")
 	insert(ctx, t, d, later)
 	require.Eventually(t, func() bool {
-		got := claim(ctx, t, d, "w", false)
+		got := claim(ctx, t, d, "w")
 		return len(got) == 1 && string(got[0].Event.Payload) == "later"
 	}, 5*time.Second, 50*time.Millisecond, "k is not stranded behind d2")
 }

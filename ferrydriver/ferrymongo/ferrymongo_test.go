@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -137,6 +138,41 @@ func TestTransactorSuite(t *testing.T) {
 func TestInboxSuite(t *testing.T) {
 	mongoClient(t)
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[context.Context] { return newDriver(t) })
+}
+
+func TestConsumerSuite(t *testing.T) {
+	client := mongoClient(t)
+	ferrydrivertest.ExerciseConsumer(t, ferrydrivertest.ConsumerHarness[context.Context]{
+		New: func(t *testing.T) ferrydrivertest.InboxDriver[context.Context] { return newDriver(t) },
+		Effects: func(t *testing.T, d ferrydrivertest.InboxDriver[context.Context]) (func(context.Context, context.Context, *ferryevent.Event) error, func(context.Context) (map[uuid.UUID]int, error)) {
+			coll := client.Database("ferrytest_scratch").Collection(fmt.Sprintf("effects_%d_%d", time.Now().UnixNano()%1e9, rand.IntN(1e6)))
+			ctx := context.Background()
+			require.NoError(t, client.Database("ferrytest_scratch").CreateCollection(ctx, coll.Name()))
+			t.Cleanup(func() { _ = coll.Drop(context.Background()) })
+			record := func(_ context.Context, tx context.Context, ev *ferryevent.Event) error {
+				_, err := coll.InsertOne(tx, bson.D{{Key: "event_id", Value: ev.ID.String()}})
+				return err
+			}
+			counts := func(ctx context.Context) (map[uuid.UUID]int, error) {
+				cur, err := coll.Find(ctx, bson.D{})
+				if err != nil {
+					return nil, err
+				}
+				var docs []struct {
+					ID string `bson:"event_id"`
+				}
+				if err := cur.All(ctx, &docs); err != nil {
+					return nil, err
+				}
+				out := map[uuid.UUID]int{}
+				for _, d := range docs {
+					out[uuid.MustParse(d.ID)]++
+				}
+				return out, nil
+			}
+			return record, counts
+		},
+	})
 }
 
 // TestCaptureOnAServer: the non-outbox mode against a real server. Inserts,

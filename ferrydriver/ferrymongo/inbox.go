@@ -205,14 +205,20 @@ type head struct {
 	runnable  bool
 }
 
-func (d *Driver) keyHead(tx context.Context, group, key string, hold bool, now time.Time) (*head, error) {
+// keyHead reads a key's head in tx: its oldest unfinished row (a DEAD row
+// counts under the group's stored policy Hold, or when none is stored).
+func (d *Driver) keyHead(tx context.Context, group, key string, now time.Time) (*head, error) {
+	hold, err := d.policy(tx, group)
+	if err != nil {
+		return nil, err
+	}
 	states := unfinishedStates
 	if !hold {
 		states = unfinishedStates[:3]
 	}
 	h := &head{}
 	var doc inboxDoc
-	err := d.inbox().FindOne(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "state", Value: bson.D{{Key: "$in", Value: states}}}},
+	err = d.inbox().FindOne(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "state", Value: bson.D{{Key: "$in", Value: states}}}},
 		options.FindOne().SetSort(bson.D{{Key: "pos", Value: 1}})).Decode(&doc)
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
@@ -249,8 +255,8 @@ func (d *Driver) keyHead(tx context.Context, group, key string, hold bool, now t
 }
 
 // refreshKey recomputes when a key's head may run, in tx.
-func (d *Driver) refreshKey(tx context.Context, group, key string, hold bool, now time.Time) error {
-	h, err := d.keyHead(tx, group, key, hold, now)
+func (d *Driver) refreshKey(tx context.Context, group, key string, now time.Time) error {
+	h, err := d.keyHead(tx, group, key, now)
 	if err != nil {
 		return err
 	}
@@ -340,13 +346,13 @@ func (d *Driver) claimKey(ctx context.Context, p *ferrydriver.ClaimInboxParams, 
 
 func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams, key string) (*ferrydriver.InboxRow, error) {
 	now := time.Now().UTC()
-	h, err := d.keyHead(tx, p.Group, key, p.HoldDead, now)
+	h, err := d.keyHead(tx, p.Group, key, now)
 	if err != nil {
 		return nil, err
 	}
 	switch expired := h.runnable && h.doc.State == string(ferrydriver.InboxProcessing); { // a rescue
 	case !h.runnable:
-		return nil, d.refreshKey(tx, p.Group, key, p.HoldDead, now)
+		return nil, d.refreshKey(tx, p.Group, key, now)
 	case expired && !p.Rescue:
 		// Left to a rescue; to the back for a second, so that it cannot
 		// crowd out the others.
@@ -371,7 +377,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		if err != nil {
 			return nil, err
 		}
-		if err := d.refreshKey(tx, p.Group, key, p.HoldDead, now); err != nil {
+		if err := d.refreshKey(tx, p.Group, key, now); err != nil {
 			return nil, err
 		}
 		return doc.row()
@@ -429,7 +435,7 @@ func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx co
 
 // CompleteInboxTx implements ferrydriver.Inbox.
 func (d *Driver) CompleteInboxTx(_ context.Context, tx context.Context, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead, false)
+	return d.finish(tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -443,11 +449,11 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = &at
 	}
 	return d.inTx(ctx, func(tx context.Context) error {
-		return d.finish(tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.HoldDead, p.Uncounted)
+		return d.finish(tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted)
 	})
 }
 
-func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold, uncounted bool) error {
+func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted bool) error {
 	if claim == "" {
 		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: no claim token: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -473,7 +479,7 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 	if err != nil {
 		return fmt.Errorf("ferrymongo: mark inbox row %s: %w", state, err)
 	}
-	if err := d.refreshKey(tx, group, doc.Key, hold, now); err != nil {
+	if err := d.refreshKey(tx, group, doc.Key, now); err != nil {
 		return fmt.Errorf("ferrymongo: refresh inbox key %s: %w", doc.Key, err)
 	}
 	return nil
@@ -528,7 +534,7 @@ func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyP
 		if err := d.inTx(ctx, func(tx context.Context) error {
 			now := time.Now().UTC()
 			for _, k := range chunk {
-				if err := d.refreshKey(tx, p.Group, k.K, p.HoldDead, now); err != nil {
+				if err := d.refreshKey(tx, p.Group, k.K, now); err != nil {
 					return err
 				}
 			}
@@ -590,12 +596,8 @@ func (d *Driver) DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams
 }
 
 func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams, state ferrydriver.InboxState) (int, error) {
-	hold, err := d.policy(ctx, p.Group)
-	if err != nil {
-		return 0, fmt.Errorf("ferrymongo: read the dead policy of group %s: %w", p.Group, err)
-	}
 	changed := 0
-	err = d.inTx(ctx, func(tx context.Context) error {
+	err := d.inTx(ctx, func(tx context.Context) error {
 		changed = 0
 		now := time.Now().UTC()
 		keys := map[string]bool{}
@@ -619,7 +621,7 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 			changed++
 		}
 		for k := range keys {
-			if err := d.refreshKey(tx, p.Group, k, hold, now); err != nil {
+			if err := d.refreshKey(tx, p.Group, k, now); err != nil {
 				return err
 			}
 		}

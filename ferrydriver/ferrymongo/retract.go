@@ -24,11 +24,7 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 	if len(p.Retractions) == 0 {
 		return res, nil
 	}
-	hold, err := d.policy(ctx, p.Group)
-	if err != nil {
-		return nil, fmt.Errorf("ferrymongo: read the dead policy of group %s: %w", p.Group, err)
-	}
-	err = d.inTx(ctx, func(tx context.Context) error {
+	err := d.inTx(ctx, func(tx context.Context) error {
 		clear(res.Prior)
 		now := time.Now().UTC()
 		keys := map[string]bool{}
@@ -77,7 +73,7 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 		}
 		slices.Sort(sorted)
 		for _, k := range sorted {
-			if err := d.refreshKey(tx, p.Group, k, hold, now); err != nil {
+			if err := d.refreshKey(tx, p.Group, k, now); err != nil {
 				return err
 			}
 		}

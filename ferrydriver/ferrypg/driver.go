@@ -436,7 +436,7 @@ type queries struct {
 	inboxInsert, inboxClaim, inboxRescue, inboxRescueDue, inboxFinish, inboxLockKey, inboxRefreshKey string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                      string
 	waiterAdd, waiterRemove, inboxCounts                                                             string
-	inboxNotify, inboxPolicy, inboxSetPolicy, inboxGroupKeys                                         string
+	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                      string
 	inboxDeleteIdleKeys, inboxRetract                                                                string
 	requestClaim, requestFinish, requestGet, requestDelete                                           string
 	storedPartitions, lockSettings, truncateSettings, insertSettings                                 string
@@ -462,7 +462,7 @@ func newQueries(schema string) queries {
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
-		inboxNotify: r(sqlInboxNotify), inboxPolicy: r(sqlInboxPolicy), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
+		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
 		inboxDeleteIdleKeys: r(sqlInboxDeleteIdleKeys), inboxRetract: r(sqlInboxRetract),
 		requestClaim:  r(sqlRequestClaim),
 		requestFinish: r(sqlRequestFinish),

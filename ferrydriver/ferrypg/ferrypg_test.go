@@ -9,7 +9,9 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -202,4 +204,37 @@ func TestClassifyTxErrors(t *testing.T) {
 	require.Equal(t, "hot", info.Relation)
 
 	require.Equal(t, ferrydriver.TxPermanent, drv.ClassifyTxError(errors.New("boom")).Class)
+}
+
+func TestConsumerSuitePgx(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseConsumer(t, ferrydrivertest.ConsumerHarness[pgx.Tx]{
+		New: func(t *testing.T) ferrydrivertest.InboxDriver[pgx.Tx] { return newDriver(t, nil) },
+		Unmigrated: func(t *testing.T) ferrydrivertest.InboxDriver[pgx.Tx] {
+			drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+			require.NoError(t, err)
+			return drv
+		},
+		Effects: func(t *testing.T, d ferrydrivertest.InboxDriver[pgx.Tx]) (func(context.Context, pgx.Tx, *ferryevent.Event) error, func(context.Context) (map[uuid.UUID]int, error)) {
+			table := pgx.Identifier{d.(*ferrypg.Driver[pgx.Tx]).Schema(), "effects"}.Sanitize()
+			_, err := pgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL)`)
+			require.NoError(t, err)
+			record := func(ctx context.Context, tx pgx.Tx, ev *ferryevent.Event) error {
+				_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id) VALUES ($1)`, ev.ID)
+				return err
+			}
+			counts := func(ctx context.Context) (map[uuid.UUID]int, error) {
+				rows, err := pgtest.Pool(t).Query(ctx, `SELECT event_id, count(*) FROM `+table+` GROUP BY event_id`)
+				if err != nil {
+					return nil, err
+				}
+				out := map[uuid.UUID]int{}
+				var id uuid.UUID
+				var n int
+				_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil })
+				return out, err
+			}
+			return record, counts
+		},
+	})
 }

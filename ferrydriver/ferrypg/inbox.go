@@ -60,7 +60,7 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 	}
 	var out []*ferrydriver.InboxRow
 	err := d.inRC(ctx, func(e executor) error {
-		r, err := e.query(ctx, q, p.Group, p.Limit, p.Worker, p.TTL.Milliseconds(), p.HoldDead,
+		r, err := e.query(ctx, q, p.Group, p.Limit, p.Worker, p.TTL.Milliseconds(),
 			token, p.MaxAttempts, ferrydriver.ReasonAttemptsExhausted)
 		if err != nil {
 			return err
@@ -183,7 +183,7 @@ func (d *Driver[TTx]) runInTxOnce(ctx context.Context, fn func(ctx context.Conte
 
 // CompleteInboxTx implements ferrydriver.Inbox.
 func (d *Driver[TTx]) CompleteInboxTx(ctx context.Context, tx TTx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, d.wrapTx(tx), p.Group, p.EventID.String(), p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead, false)
+	return d.finish(ctx, d.wrapTx(tx), p.Group, p.EventID.String(), p.Claim, ferrydriver.InboxProcessed, "", nil, false)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -199,7 +199,7 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 	if err != nil {
 		return fmt.Errorf("ferrypg: begin: %w", err)
 	}
-	if err := d.finish(ctx, e, p.Group, p.EventID.String(), p.Claim, state, p.Error, retry, p.HoldDead, p.Uncounted); err != nil {
+	if err := d.finish(ctx, e, p.Group, p.EventID.String(), p.Claim, state, p.Error, retry, p.Uncounted); err != nil {
 		_ = rollback(context.WithoutCancel(ctx))
 		return err
 	}
@@ -213,7 +213,7 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 // update the row, lock the key, and only then (in a new statement, so with
 // a snapshot taken after the lock) look for the next head; last, tell the
 // callers awaiting the event.
-func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, hold, uncounted bool) error {
+func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted bool) error {
 	if _, err := uuid.Parse(claim); err != nil {
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: claim token %q is not one ClaimInbox gave: %w", id, state, group, claim, ferrydriver.ErrClaimLost)
 	}
@@ -225,7 +225,7 @@ func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim s
 	if err != nil {
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
-	if err := d.refreshKey(ctx, e, group, key, hold); err != nil {
+	if err := d.refreshKey(ctx, e, group, key); err != nil {
 		return err
 	}
 	if state.Finished() {
@@ -234,11 +234,12 @@ func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim s
 	return nil
 }
 
-func (d *Driver[TTx]) refreshKey(ctx context.Context, e executor, group, key string, hold bool) error {
+// refreshKey recomputes a key's head under the group's stored dead policy.
+func (d *Driver[TTx]) refreshKey(ctx context.Context, e executor, group, key string) error {
 	if _, err := e.exec(ctx, d.queries.inboxLockKey, group, key); err != nil {
 		return d.wrapErr("lock inbox key", err)
 	}
-	if _, err := e.exec(ctx, d.queries.inboxRefreshKey, group, key, hold); err != nil {
+	if _, err := e.exec(ctx, d.queries.inboxRefreshKey, group, key); err != nil {
 		return d.wrapErr("refresh inbox key", err)
 	}
 	return nil
@@ -284,7 +285,7 @@ func (d *Driver[TTx]) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPo
 			return fmt.Errorf("ferrypg: begin: %w", err)
 		}
 		for _, k := range keys[start:min(start+500, len(keys))] {
-			if err := d.refreshKey(ctx, e, p.Group, k, p.HoldDead); err != nil {
+			if err := d.refreshKey(ctx, e, p.Group, k); err != nil {
 				_ = rollback(context.WithoutCancel(ctx))
 				return err
 			}
@@ -373,10 +374,6 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 		return 0, fmt.Errorf("ferrypg: begin: %w", err)
 	}
 	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
-	var hold bool
-	if err := queryRow(ctx, e, []any{&hold}, d.queries.inboxPolicy, p.Group); err != nil {
-		return 0, d.wrapErr("read the dead policy of group "+p.Group, err)
-	}
 	r, err := e.query(ctx, d.queries.inboxSetState, p.Group, idStrings(p.EventIDs), string(state))
 	if err != nil {
 		return 0, d.wrapErr("mark dead letters "+string(state), err)
@@ -402,7 +399,7 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 	}
 	slices.Sort(sorted) // lock keys in order, like ingestion
 	for _, key := range sorted {
-		if err := d.refreshKey(ctx, e, p.Group, key, hold); err != nil {
+		if err := d.refreshKey(ctx, e, p.Group, key); err != nil {
 			return 0, err
 		}
 	}

@@ -57,9 +57,9 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 		defer func() { _ = tx.Rollback(ctx) }()
 		var raw []byte
 		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.inboxClaim,
-			group, 1, "w", time.Minute.Milliseconds(), true, uuid.NewString(), 0, ferrydriver.ReasonAttemptsExhausted).Scan(&raw))
+			group, 1, "w", time.Minute.Milliseconds(), uuid.NewString(), 0, ferrydriver.ReasonAttemptsExhausted).Scan(&raw))
 		claimBuf, _ = planBuffers(t, raw)
-		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.inboxRefreshKey, group, "hot", true).Scan(&raw))
+		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.inboxRefreshKey, group, "hot").Scan(&raw))
 		refreshBuf, _ = planBuffers(t, raw)
 		return claimBuf, refreshBuf
 	}

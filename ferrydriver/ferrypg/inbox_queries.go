@@ -35,11 +35,11 @@ WITH input AS (
 SELECT event_id FROM ins`
 
 // The claim statements. A head is a key's oldest unfinished row (a DEAD
-// row counts when $5: the group holds keys behind dead rows). Its commit is
+// row counts when the group holds keys behind dead rows). Its commit is
 // asynchronous: a claim lost in a database crash only means the row runs
-// again, which the inbox absorbs. Each row claimed gets the token $6; a
-// head that already had $7 attempts ($7 > 0) goes DEAD with the reason $8
-// instead, and its key follows the policy.
+// again, which the inbox absorbs. Each row claimed gets the token $5; a
+// head that already had $6 attempts ($6 > 0) goes DEAD with the reason $7
+// instead, and its key follows the group's stored policy ({hold}).
 //
 // sqlInboxClaim claims the heads of up to $2 runnable keys that are
 // PENDING, or FAILED and due. sqlInboxRescue claims up to $2 heads that
@@ -55,7 +55,7 @@ head AS MATERIALIZED (
     SELECT h.event_id, k.group_name FROM k CROSS JOIN LATERAL (
         SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
          WHERE i.group_name = k.group_name AND i.key = k.key
-           AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR $5)
+           AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR {hold})
          ORDER BY pos LIMIT 1) h
      WHERE {runnable}
        AND NOT EXISTS (SELECT 1 FROM {schema}.inbox p
@@ -64,19 +64,19 @@ head AS MATERIALIZED (
 ), exhausted AS (
     UPDATE {schema}.inbox i
        SET state = 'dead', claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL, finished_at = now(),
-           last_error = $8 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
+           last_error = $7 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
       FROM head WHERE i.event_id = head.event_id AND i.group_name = head.group_name
-       AND $7 > 0 AND i.attempts >= $7 AND {runnable_i}
+       AND $6 > 0 AND i.attempts >= $6 AND {runnable_i}
     RETURNING i.*
 ), claimed AS (
     -- The row is re-checked: it may have changed since the snapshot. It is
     -- found by the primary key through head's columns (a constant group
     -- here would let the planner scan every unfinished row of the group).
     UPDATE {schema}.inbox i
-       SET state = 'processing', attempts = attempts + 1, claimed_by = $3, claim_token = $6::uuid,
+       SET state = 'processing', attempts = attempts + 1, claimed_by = $3, claim_token = $5::uuid,
            claim_expires_at = now() + $4 * interval '1 millisecond'
       FROM head WHERE i.event_id = head.event_id AND i.group_name = head.group_name
-       AND NOT ($7 > 0 AND i.attempts >= $7) AND {runnable_i}
+       AND NOT ($6 > 0 AND i.attempts >= $6) AND {runnable_i}
     RETURNING i.*
 ), keys AS (
     UPDATE {schema}.inbox_keys ik SET runnable_at = c.claim_expires_at
@@ -84,8 +84,8 @@ head AS MATERIALIZED (
 ), dead_keys AS (
     -- Hold: the dead head holds its key; Continue: the next row may run.
     UPDATE {schema}.inbox_keys ik
-       SET runnable_at = CASE WHEN $5 THEN NULL ELSE now() END,
-           held_by = CASE WHEN $5 THEN x.event_id END
+       SET runnable_at = CASE WHEN {hold} THEN NULL ELSE now() END,
+           held_by = CASE WHEN {hold} THEN x.event_id END
       FROM exhausted x WHERE ik.group_name = x.group_name AND ik.key = x.key
 )`
 
@@ -100,8 +100,13 @@ func claimCondition(prefix string, rescue bool) string {
 }
 
 func claimHeadsFor(rescue bool) string {
-	return strings.NewReplacer("{runnable}", claimCondition("h", rescue), "{runnable_i}", claimCondition("i", rescue)).Replace(claimHeads)
+	return strings.NewReplacer("{runnable}", claimCondition("h", rescue), "{runnable_i}", claimCondition("i", rescue),
+		"{hold}", holdDead).Replace(claimHeads)
 }
+
+// holdDead is the dead policy stored for the group $1 (SetInboxPolicy), the
+// only one: true (Hold) when none is. It is evaluated once per statement.
+const holdDead = `COALESCE((SELECT hold_dead FROM {schema}.inbox_groups WHERE group_name = $1), true)`
 
 var sqlInboxClaim = `
 WITH k AS (
@@ -171,10 +176,6 @@ UPDATE {schema}.inbox
        finished_at = CASE WHEN $3 = 'discarded' THEN now() ELSE finished_at END
  WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) AND state = 'dead'
 RETURNING key, event_id`
-
-// sqlInboxPolicy reads a group's dead policy (Hold when never set).
-const sqlInboxPolicy = `
-SELECT COALESCE((SELECT hold_dead FROM {schema}.inbox_groups WHERE group_name = $1), true)`
 
 // sqlInboxSetPolicy stores a group's dead policy and says whether it changed.
 const sqlInboxSetPolicy = `
@@ -246,9 +247,9 @@ SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = $2 FOR UPDATE`
 
 // sqlInboxRefreshKey recomputes when a key's head may run, after its head
 // changed. It runs in a statement after sqlInboxLockKey, so its snapshot
-// sees every row committed before the lock was granted. $3 holds the key
-// behind a DEAD head.
-const sqlInboxRefreshKey = `
+// sees every row committed before the lock was granted. Under the group's
+// stored policy, a DEAD head holds its key.
+var sqlInboxRefreshKey = `
 UPDATE {schema}.inbox_keys k SET
     runnable_at = CASE
         WHEN busy.until IS NOT NULL THEN busy.until -- a row of the key is running
@@ -261,7 +262,7 @@ UPDATE {schema}.inbox_keys k SET
   LEFT JOIN LATERAL (
     SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
      WHERE i.group_name = $1 AND i.key = $2
-       AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR $3)
+       AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR ` + holdDead + `)
      ORDER BY pos LIMIT 1) h ON true
   LEFT JOIN LATERAL (
     SELECT max(claim_expires_at) AS until FROM {schema}.inbox p

@@ -87,7 +87,7 @@ func TestCompletionSeesADeliveryAfterItsSnapshot(t *testing.T) {
 			second := ferrydrivertest.Event("t", "k", "second")
 			_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{first}})
 			require.NoError(t, err)
-			rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 10, TTL: time.Minute, HoldDead: true})
+			rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 10, TTL: time.Minute})
 			require.NoError(t, err)
 			require.Len(t, rows, 1)
 			var once sync.Once
@@ -104,11 +104,11 @@ func TestCompletionSeesADeliveryAfterItsSnapshot(t *testing.T) {
 				if ierr != nil {
 					return ierr
 				}
-				return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: rows[0].Event.ID, Claim: rows[0].Claim, HoldDead: true})
+				return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: rows[0].Event.ID, Claim: rows[0].Claim})
 			}))
 			var next []*ferrydriver.InboxRow
 			require.Eventually(t, func() bool {
-				next, err = drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 10, TTL: time.Minute, HoldDead: true})
+				next, err = drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 10, TTL: time.Minute})
 				require.NoError(t, err)
 				return len(next) == 1
 			}, 5*time.Second, 20*time.Millisecond, "the key's new event is not stranded (handler transaction ran %d times)", runs)

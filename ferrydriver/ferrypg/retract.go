@@ -24,10 +24,6 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 		return nil, fmt.Errorf("ferrypg: begin: %w", err)
 	}
 	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
-	var hold bool
-	if err := queryRow(ctx, e, []any{&hold}, d.queries.inboxPolicy, p.Group); err != nil {
-		return nil, d.wrapErr("read the dead policy of group "+p.Group, err)
-	}
 	ids := make([]string, len(p.Retractions))
 	index := make(map[string]int, len(ids))
 	for i, r := range p.Retractions {
@@ -83,7 +79,7 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 	}
 	slices.Sort(sorted)
 	for _, key := range sorted {
-		if err := d.refreshKey(ctx, e, p.Group, key, hold); err != nil {
+		if err := d.refreshKey(ctx, e, p.Group, key); err != nil {
 			return nil, err
 		}
 	}

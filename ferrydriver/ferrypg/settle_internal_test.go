@@ -50,7 +50,7 @@ func TestAwaitSettledDoesNotPoll(t *testing.T) {
 	a, b := ferrydrivertest.Event("t", "a", "a"), ferrydrivertest.Event("t", "b", "b")
 	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{a, b}})
 	require.NoError(t, err)
-	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 10, TTL: time.Minute, HoldDead: true})
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 10, TTL: time.Minute})
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
 	drv.db = countingExec{drv.db, &statements} // completions run in their own transactions, not through db
@@ -67,7 +67,7 @@ func TestAwaitSettledDoesNotPoll(t *testing.T) {
 
 	for _, r := range rows {
 		require.NoError(t, drv.RunInTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: r.Event.ID, Claim: r.Claim, HoldDead: true})
+			return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: r.Event.ID, Claim: r.Claim})
 		}))
 	}
 	committed := time.Now()

@@ -9,6 +9,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -60,4 +62,44 @@ func TestInboxSuite(t *testing.T) {
 func TestTransactorSuite(t *testing.T) {
 	t.Parallel()
 	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[*sql.Tx] { return newDriver(t) })
+}
+
+func TestConsumerSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseConsumer(t, ferrydrivertest.ConsumerHarness[*sql.Tx]{
+		New: func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return newDriver(t) },
+		Unmigrated: func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] {
+			drv, err := ferrysqlite.Open(filepath.Join(t.TempDir(), "empty.db"), nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, drv.Close()) })
+			return drv
+		},
+		Effects: func(t *testing.T, d ferrydrivertest.InboxDriver[*sql.Tx]) (func(context.Context, *sql.Tx, *ferryevent.Event) error, func(context.Context) (map[uuid.UUID]int, error)) {
+			db := d.(*ferrysqlite.Driver).DB()
+			_, err := db.Exec(`CREATE TABLE effects (n INTEGER PRIMARY KEY, event_id TEXT NOT NULL)`)
+			require.NoError(t, err)
+			record := func(ctx context.Context, tx *sql.Tx, ev *ferryevent.Event) error {
+				_, err := tx.ExecContext(ctx, `INSERT INTO effects (event_id) VALUES (?)`, ev.ID.String())
+				return err
+			}
+			counts := func(ctx context.Context) (map[uuid.UUID]int, error) {
+				rows, err := db.QueryContext(ctx, `SELECT event_id, count(*) FROM effects GROUP BY event_id`)
+				if err != nil {
+					return nil, err
+				}
+				defer rows.Close()
+				out := map[uuid.UUID]int{}
+				for rows.Next() {
+					var id string
+					var n int
+					if err := rows.Scan(&id, &n); err != nil {
+						return nil, err
+					}
+					out[uuid.MustParse(id)] = n
+				}
+				return out, rows.Err()
+			}
+			return record, counts
+		},
+	})
 }

@@ -126,14 +126,16 @@ type head struct {
 	exists, runnable bool
 }
 
-// keyHead reads a key's head (a DEAD row counts when hold) and whether
+// keyHead reads a key's head (a DEAD row counts when the group's stored
+// policy holds keys behind dead rows, or when none is stored) and whether
 // another of its rows is running, as of t.
-func (d *Driver) keyHead(ctx context.Context, tx *sql.Tx, group, key string, hold bool, t int64) (*head, error) {
+func (d *Driver) keyHead(ctx context.Context, tx *sql.Tx, group, key string, t int64) (*head, error) {
 	h := &head{}
 	err := tx.QueryRowContext(ctx, `
 SELECT event_id, state, attempts, next_attempt_at, claim_expires_at FROM ferry_inbox
- WHERE group_name = ? AND key = ? AND `+unfinished+` AND (state <> 'dead' OR ?)
- ORDER BY pos LIMIT 1`, group, key, hold).Scan(&h.id, &h.state, &h.attempts, &h.nextAttempt, &h.claimExpires)
+ WHERE group_name = ?1 AND key = ?2 AND `+unfinished+`
+   AND (state <> 'dead' OR COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?1), 1))
+ ORDER BY pos LIMIT 1`, group, key).Scan(&h.id, &h.state, &h.attempts, &h.nextAttempt, &h.claimExpires)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
@@ -162,8 +164,8 @@ SELECT max(claim_expires_at) FROM ferry_inbox
 }
 
 // refreshKey recomputes when a key's head may run, after its head changed.
-func (d *Driver) refreshKey(ctx context.Context, tx *sql.Tx, group, key string, hold bool, t int64) error {
-	h, err := d.keyHead(ctx, tx, group, key, hold, t)
+func (d *Driver) refreshKey(ctx context.Context, tx *sql.Tx, group, key string, t int64) error {
+	h, err := d.keyHead(ctx, tx, group, key, t)
 	if err != nil {
 		return err
 	}
@@ -223,7 +225,7 @@ SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND cl
 		expires := t + p.TTL.Microseconds()
 		token := uuid.NewString() // one per call: each row is claimed once in it
 		for _, k := range keys {
-			h, err := d.keyHead(ctx, tx, p.Group, k, p.HoldDead, t)
+			h, err := d.keyHead(ctx, tx, p.Group, k, t)
 			if err != nil {
 				return err
 			}
@@ -231,7 +233,7 @@ SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND cl
 			switch {
 			case !h.runnable:
 				// Due but nothing to run now: put the key at its real time.
-				if err := d.refreshKey(ctx, tx, p.Group, k, p.HoldDead, t); err != nil {
+				if err := d.refreshKey(ctx, tx, p.Group, k, t); err != nil {
 					return err
 				}
 				continue
@@ -260,7 +262,7 @@ UPDATE ferry_inbox
 				if err != nil {
 					return d.wrapErr(op, err)
 				}
-				if err := d.refreshKey(ctx, tx, p.Group, k, p.HoldDead, t); err != nil {
+				if err := d.refreshKey(ctx, tx, p.Group, k, t); err != nil {
 					return err
 				}
 				for _, r := range dead {
@@ -318,7 +320,7 @@ func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *s
 // CompleteInboxTx implements ferrydriver.Inbox. tx must be a transaction
 // of DB().
 func (d *Driver) CompleteInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, p.HoldDead, false)
+	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -331,13 +333,13 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = micros(p.RetryAt)
 	}
 	return d.write(ctx, "record a failed attempt", func(tx *sql.Tx) error {
-		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.HoldDead, p.Uncounted)
+		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted)
 	})
 }
 
 // finish moves a claimed row to state, recomputes its key's head and, if
 // the row finished, notes it for the callers awaiting it (told at commit).
-func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, hold, uncounted bool) error {
+func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted bool) error {
 	t := micros(now())
 	var finishedAt any
 	if state == ferrydriver.InboxProcessed || state == ferrydriver.InboxDead {
@@ -358,25 +360,13 @@ RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), c
 	if err != nil {
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
-	if err := d.refreshKey(ctx, tx, group, key, hold, t); err != nil {
+	if err := d.refreshKey(ctx, tx, group, key, t); err != nil {
 		return err
 	}
 	if state.Finished() {
 		d.events.note(settledNote{group: group, id: id, state: state})
 	}
 	return nil
-}
-
-func (d *Driver) policy(ctx context.Context, tx *sql.Tx, group string) (bool, error) {
-	var hold bool
-	err := tx.QueryRowContext(ctx, `SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?`, group).Scan(&hold)
-	if errors.Is(err, sql.ErrNoRows) {
-		return true, nil // Hold unless told otherwise
-	}
-	if err != nil {
-		return false, d.wrapErr("read the dead policy of group "+group, err)
-	}
-	return hold, nil
 }
 
 // SetInboxPolicy implements ferrydriver.Inbox.
@@ -415,7 +405,7 @@ ON CONFLICT (group_name) DO UPDATE SET hold_dead = excluded.hold_dead`, p.Group,
 		}
 		t := micros(now())
 		for _, k := range keys {
-			if err := d.refreshKey(ctx, tx, p.Group, k, p.HoldDead, t); err != nil {
+			if err := d.refreshKey(ctx, tx, p.Group, k, t); err != nil {
 				return err
 			}
 		}
@@ -495,10 +485,6 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 	changed := 0
 	err := d.write(ctx, op, func(tx *sql.Tx) error {
 		changed = 0
-		hold, err := d.policy(ctx, tx, p.Group)
-		if err != nil {
-			return err
-		}
 		t := micros(now())
 		keys := map[string]bool{}
 		for _, id := range p.EventIDs {
@@ -524,7 +510,7 @@ RETURNING key`, string(state), t, p.Group, id.String()).Scan(&key)
 			}
 		}
 		for key := range keys {
-			if err := d.refreshKey(ctx, tx, p.Group, key, hold, t); err != nil {
+			if err := d.refreshKey(ctx, tx, p.Group, key, t); err != nil {
 				return err
 			}
 		}

@@ -21,10 +21,6 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 	}
 	op := "retract inbox rows of group " + p.Group
 	err := d.write(ctx, op, func(tx *sql.Tx) error {
-		hold, err := d.policy(ctx, tx, p.Group)
-		if err != nil {
-			return err
-		}
 		t := micros(now())
 		keys := map[string]bool{}
 		retract := func(r ferrydriver.Retraction) (ferrydriver.InboxState, bool, error) {
@@ -80,7 +76,7 @@ UPDATE ferry_inbox SET state = 'retracted', claimed_by = NULL, claim_expires_at 
 		}
 		slices.Sort(sorted)
 		for _, key := range sorted {
-			if err := d.refreshKey(ctx, tx, p.Group, key, hold, t); err != nil {
+			if err := d.refreshKey(ctx, tx, p.Group, key, t); err != nil {
 				return err
 			}
 		}

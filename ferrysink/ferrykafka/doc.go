@@ -33,7 +33,7 @@
 //
 // # Source
 //
-// NewSource returns a consumer source (ferry.Source) that reads topics as a
+// NewSource returns a consumer source (ferrysink.Source) that reads topics as a
 // member of a consumer group. It hands each partition's records to ingest
 // in offset order and commits the offsets only after ingest returned nil;
 // a failed batch is retried, with backoff, before anything later of its

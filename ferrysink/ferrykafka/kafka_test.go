@@ -228,14 +228,14 @@ func TestConformance(t *testing.T) {
 func TestSourceConformance(t *testing.T) {
 	t.Parallel()
 	ferrysinktest.ExerciseSource(t, ferrysinktest.SourceHarness{
-		New: func(t *testing.T) (func(context.Context, []*ferryevent.Event) error, func(t *testing.T) ferrysinktest.Source) {
+		New: func(t *testing.T) (func(context.Context, []*ferryevent.Event) error, func(t *testing.T) ferrysink.Source) {
 			brokers := cluster(t).ListenAddrs()
 			sink := newSink(t, brokers, nil)
 			t.Cleanup(func() { _ = sink.Close(context.Background()) })
 			publish := func(ctx context.Context, events []*ferryevent.Event) error {
 				return errors.Join(sink.Publish(ctx, events)...)
 			}
-			return publish, func(t *testing.T) ferrysinktest.Source {
+			return publish, func(t *testing.T) ferrysink.Source {
 				src, err := ferrykafka.NewSource(testContext(t), &ferrykafka.SourceConfig{Brokers: brokers, Group: "group", Topics: suiteTopics,
 					RetryBase: 20 * time.Millisecond})
 				require.NoError(t, err)

@@ -77,7 +77,7 @@ func TestSourceConformance(t *testing.T) {
 	t.Parallel()
 	js := testJetStream(t)
 	ferrysinktest.ExerciseSource(t, ferrysinktest.SourceHarness{
-		New: func(t *testing.T) (func(context.Context, []*ferryevent.Event) error, func(t *testing.T) ferrysinktest.Source) {
+		New: func(t *testing.T) (func(context.Context, []*ferryevent.Event) error, func(t *testing.T) ferrysink.Source) {
 			stream, prefix := testNames(t)
 			sink, err := ferrynats.New(testContext(t), testConn(t), &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
 			require.NoError(t, err)
@@ -85,7 +85,7 @@ func TestSourceConformance(t *testing.T) {
 			publish := func(ctx context.Context, events []*ferryevent.Event) error {
 				return errors.Join(sink.Publish(ctx, events)...)
 			}
-			return publish, func(t *testing.T) ferrysinktest.Source {
+			return publish, func(t *testing.T) ferrysink.Source {
 				src, err := ferrynats.NewSource(testContext(t), js, &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix,
 					Durable: "group", MaxWait: 200 * time.Millisecond, RetryBase: 20 * time.Millisecond})
 				require.NoError(t, err)

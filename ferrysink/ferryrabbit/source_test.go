@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferryrabbit"
 	"github.com/ferry-dev/ferry/ferrysink/ferrysinktest"
 	"github.com/ferry-dev/ferry/internal/tcpproxy"
@@ -26,12 +27,12 @@ func TestSourceConformance(t *testing.T) {
 	t.Parallel()
 	url := testURL(t)
 	ferrysinktest.ExerciseSource(t, ferrysinktest.SourceHarness{
-		New: func(t *testing.T) (func(context.Context, []*ferryevent.Event) error, func(t *testing.T) ferrysinktest.Source) {
+		New: func(t *testing.T) (func(context.Context, []*ferryevent.Event) error, func(t *testing.T) ferrysink.Source) {
 			sink, cfg := sourceQueue(t, ferryrabbit.SourceConfig{URL: url, RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 			publish := func(ctx context.Context, events []*ferryevent.Event) error {
 				return errors.Join(sink.Publish(ctx, events)...)
 			}
-			return publish, func(t *testing.T) ferrysinktest.Source {
+			return publish, func(t *testing.T) ferrysink.Source {
 				src, err := ferryrabbit.NewSource(testContext(t), &cfg)
 				require.NoError(t, err)
 				return src

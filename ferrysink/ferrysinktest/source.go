@@ -12,14 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink"
 )
-
-// Source is what a consumer source implements (ferry.Source): Run hands
-// each ordering unit's events to ingest in delivery order and acknowledges
-// them to the broker only after ingest returned nil.
-type Source interface {
-	Run(ctx context.Context, ingest func(ctx context.Context, events []*ferryevent.Event) error) error
-}
 
 // SourceHarness connects the source suite to one broker.
 type SourceHarness struct {
@@ -28,7 +22,7 @@ type SourceHarness struct {
 	// and newSource returns a source reading it as one consumer group,
 	// resuming after what earlier sources of the same destination
 	// acknowledged. New registers the destination's removal with t.Cleanup.
-	New func(t *testing.T) (publish func(ctx context.Context, events []*ferryevent.Event) error, newSource func(t *testing.T) Source)
+	New func(t *testing.T) (publish func(ctx context.Context, events []*ferryevent.Event) error, newSource func(t *testing.T) ferrysink.Source)
 }
 
 // ExerciseSource runs the source conformance suite: every event delivered
@@ -159,7 +153,7 @@ func publishKeys(ctx context.Context, t *testing.T, publish func(context.Context
 // runSource runs src until the returned stop is called; stop cancels Run,
 // checks that it returns within promptReturn and without an error other
 // than the cancellation.
-func runSource(ctx context.Context, t *testing.T, src Source, ingest func(context.Context, []*ferryevent.Event) error) (stop func()) {
+func runSource(ctx context.Context, t *testing.T, src ferrysink.Source, ingest func(context.Context, []*ferryevent.Event) error) (stop func()) {
 	t.Helper()
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
