@@ -185,7 +185,9 @@ func TestConsumerWarnsOfASmallPool(t *testing.T) {
 	c, err := ferry.NewConsumer(small, &ferry.ConsumerConfig{Group: "small", Workers: 8, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	startConsumer(t, c)
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "the database pool is smaller than the consumer needs") },
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "the database pool is smaller than the consumer needs")
+	},
 		30*time.Second, 10*time.Millisecond)
 	require.Contains(t, logs.String(), "pool_max_conns=4 workers=8 needed=10")
 }
