@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -96,6 +97,28 @@ func New(ctx context.Context, nc *nats.Conn, cfg *Config) (*Sink, error) {
 	}, nil
 }
 
+// createStream creates the configured stream, again (three times in all,
+// 100 ms apart) when the server failed to create its store: nats-server
+// can race its own removal of an empty account directory when streams are
+// deleted and created at once (API error 10049, "error creating store for
+// stream").
+const errCodeStreamStoreFailed jetstream.ErrorCode = 10049 // NATS server: JSStreamStoreFailedF
+
+func createStream(ctx context.Context, js jetstream.JetStream, c *Config) (jetstream.Stream, error) {
+	for attempt := 1; ; attempt++ {
+		stream, err := js.CreateStream(ctx, c.streamConfig())
+		var apiErr *jetstream.APIError
+		if attempt == 3 || !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStreamStoreFailed {
+			return stream, err
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, err
+		}
+	}
+}
+
 // checkStream finds (or creates) the configured stream and checks that it
 // captures the prefix mapping's subjects.
 func checkStream(ctx context.Context, js jetstream.JetStream, c *Config) error {
@@ -105,7 +128,7 @@ func checkStream(ctx context.Context, js jetstream.JetStream, c *Config) error {
 		return fmt.Errorf("ferrynats: stream %q not found: create stream %s with subjects %q (nats stream add %s --subjects '%s' --storage file --dupe-window 2m) or set Config.CreateStream: %w",
 			c.Stream, c.Stream, c.prefixSubjects(), c.Stream, c.prefixSubjects(), err)
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		stream, err = js.CreateStream(ctx, c.streamConfig())
+		stream, err = createStream(ctx, js, c)
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			// Created meanwhile by another process: use it as it is.
 			stream, err = js.Stream(ctx, c.Stream)
