@@ -39,9 +39,18 @@ type ConsumerConfig struct {
 	// Group names the consumer group: its inbox, its checkpoint on a feed
 	// source, its settlement answers. Required.
 	Group string
-	// Workers is how many events run at once (never two of one key).
-	// Default 8.
+	// Workers is how many transactions run at once (never two events of
+	// one key). Default 8.
 	Workers int
+	// BatchSize is how many claimed events (of different keys) one
+	// transaction may apply, each handler in a savepoint of its own: a
+	// failing handler is rolled back to it and recorded as that event's
+	// failed attempt, and the others commit. Claims are split over the free
+	// workers, so a light load runs small batches at once and adds no
+	// latency. 1 applies one event per transaction. Backends without
+	// savepoints (ferrydriver.InboxBatcher: MongoDB) run one per
+	// transaction whatever the setting. Default 1.
+	BatchSize int
 	// ClaimTTL is how long a worker owns an event it runs. A handler must
 	// finish within it; past it the event may run elsewhere, and this
 	// worker's commit is refused (no double effect). A crashed worker's
@@ -106,6 +115,9 @@ func (c *ConsumerConfig) WithDefaults() ConsumerConfig {
 	if out.Workers == 0 {
 		out.Workers = 8
 	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 1
+	}
 	if out.ClaimTTL == 0 {
 		out.ClaimTTL = 30 * time.Second
 	}
@@ -139,6 +151,8 @@ func (c *ConsumerConfig) validate() error {
 		return errors.New("ferry: ConsumerConfig.Group is empty: name the consumer group, e.g. \"billing\"")
 	case c.Workers < 1:
 		return fmt.Errorf("ferry: ConsumerConfig.Workers is %d: use at least 1 (default 8)", c.Workers)
+	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
+		return fmt.Errorf("ferry: ConsumerConfig.BatchSize is %d: use 1 to %d (default 1)", c.BatchSize, maxBatchSize)
 	case c.ClaimTTL < time.Second:
 		return fmt.Errorf("ferry: ConsumerConfig.ClaimTTL is %v: use at least 1s (default 30s)", c.ClaimTTL)
 	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
@@ -154,6 +168,11 @@ func (c *ConsumerConfig) validate() error {
 	}
 	return nil
 }
+
+// maxBatchSize bounds BatchSize: PostgreSQL keeps the subtransactions of
+// up to 64 savepoints per transaction in shared memory; past that, every
+// session's snapshots get slower while the transaction runs.
+const maxBatchSize = 64
 
 // HandlerFunc handles one event inside tx, the consumer database's
 // transaction in which the event is also marked processed: the handler's
@@ -178,6 +197,8 @@ type Consumer[TTx any] struct {
 	skipped sync.Map
 
 	running atomic.Bool
+	// batcher is the driver when Run batches events (BatchSize > 1).
+	batcher ferrydriver.InboxBatcher[TTx]
 	// frozen is set by Run: the handlers are read without a lock from
 	// then on, so registering one after Run panics.
 	frozen atomic.Bool
@@ -362,6 +383,13 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 				"pool_max_conns", n, "workers", c.cfg.Workers, "needed", c.cfg.Workers+2)
 		}
 	}
+	c.batcher = nil
+	if b, ok := c.driver.(ferrydriver.InboxBatcher[TTx]); ok && c.cfg.BatchSize > 1 {
+		c.batcher = b
+	} else if c.cfg.BatchSize > 1 {
+		c.log.Info("ferry: this backend cannot batch events in one transaction (no savepoints); each event runs in a transaction of its own",
+			"batch_size", c.cfg.BatchSize)
+	}
 	// Handlers run under work, which keeps ctx's values but not its end:
 	// a stop lets them finish first.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -435,13 +463,17 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 			}
 		}
 		free := c.cfg.Workers - len(slots)
+		limit := free
+		if c.batcher != nil {
+			limit = free * c.cfg.BatchSize
+		}
 		var rows []*ferrydriver.InboxRow
 		var err error
 		// A handler must commit before its claim expires: its deadline is
 		// counted from before the claim, less a margin.
 		deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
 		if free > 0 {
-			rows, err = c.driver.ClaimInbox(ctx, c.claimParams(free, false))
+			rows, err = c.driver.ClaimInbox(ctx, c.claimParams(limit, false))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -457,19 +489,27 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 			continue
 		}
 		errAttempt = 0
+		runnable := rows[:0:0]
 		for _, row := range rows {
 			if row.State == ferrydriver.InboxDead {
 				// Given up at claim time: its last attempts lost their claims.
 				c.reportDead(work, row, errors.New(row.LastError))
 				continue
 			}
+			runnable = append(runnable, row)
+		}
+		for _, batch := range split(runnable, free) {
 			slots <- struct{}{}
 			handlers.Go(func() {
 				defer func() { <-slots; c.Notify() }()
-				c.process(work, row, deadline)
+				if len(batch) == 1 {
+					c.process(work, batch[0], deadline)
+				} else {
+					c.processBatch(work, c.batcher, batch, deadline)
+				}
 			})
 		}
-		if len(rows) == free && free > 0 {
+		if len(rows) == limit && free > 0 {
 			continue // there may be more
 		}
 		t := time.NewTimer(c.cfg.PollInterval)
@@ -627,43 +667,59 @@ func (c *Consumer[TTx]) retain(ctx context.Context) {
 	}
 }
 
-// process runs one claimed event and records the outcome.
-func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, deadline time.Time) {
-	ev := &row.Event
-	handler := c.handlers[ev.Type]
+// handlerFor returns the handler of ev's type: the fallback (HandleAll)
+// without one of its own, nil for a retraction nobody handles (logged) or
+// a type skipped unhandled (SkipUnhandled: unhandled is true), and one
+// that fails naming the type otherwise.
+func (c *Consumer[TTx]) handlerFor(ev *Event) (handler HandlerFunc[TTx], unhandled bool) {
+	handler = c.handlers[ev.Type]
 	if handler == nil && ev.Type != ferryevent.TypeRetraction {
 		handler = c.fallback
 	}
-	unhandled := false
 	switch {
-	case handler == nil && ev.Type == ferryevent.TypeRetraction:
+	case handler != nil:
+	case ev.Type == ferryevent.TypeRetraction:
 		c.log.Warn("ferry: an event this group processed was retracted, and the group has no retraction handler (HandleRetraction): nothing undoes its effect",
 			"event_id", ev.ID, "key", ev.Key)
-	case handler == nil && c.cfg.SkipUnhandled:
+	case c.cfg.SkipUnhandled:
 		unhandled = true
 		if _, seen := c.skipped.LoadOrStore(ev.Type, true); !seen {
 			c.log.Warn("ferry: skipping events of a type this group has no handler for (SkipUnhandled); logged once per type",
 				"type", ev.Type, "event_id", ev.ID)
 		}
-	case handler == nil:
+	default:
 		handler = func(context.Context, TTx, *Event) error {
 			return fmt.Errorf("no handler for event type %q in group %s: register one (Handle, HandleEvent or HandleAll) and redrive, or set ConsumerConfig.SkipUnhandled to skip such events", ev.Type, c.cfg.Group)
 		}
 	}
+	return handler, unhandled
+}
+
+// callHandler runs handler (nil: nothing to run), turning a panic into an
+// error with its stack.
+func callHandler[TTx any](ctx context.Context, tx TTx, handler HandlerFunc[TTx], ev *Event) (err error) {
+	if handler == nil {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return handler(ctx, tx, ev)
+}
+
+// process runs one claimed event and records the outcome.
+func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, deadline time.Time) {
+	ev := &row.Event
+	handler, unhandled := c.handlerFor(ev)
 	hctx, cancel := context.WithDeadline(ctx, deadline) // ctx: the work context, cancelled only by a stop past its grace
 	defer cancel()
 	start := time.Now()
 	defer func() { c.m.handlerSeconds.Observe(time.Since(start).Seconds()) }()
-	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) (err error) {
-		if handler != nil {
-			defer func() {
-				if p := recover(); p != nil {
-					err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
-				}
-			}()
-			if err := handler(ctx, tx, ev); err != nil {
-				return err
-			}
+	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
+		if err := callHandler(ctx, tx, handler, ev); err != nil {
+			return err
 		}
 		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
 			Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim})
@@ -686,6 +742,13 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 		c.notBegun(ctx, row, err)
 		return
 	}
+	c.fail(ctx, row, err, start)
+}
+
+// fail records a failed attempt of row (started at start): FAILED with a
+// retry time, or DEAD.
+func (c *Consumer[TTx]) fail(ctx context.Context, row *ferrydriver.InboxRow, err error, start time.Time) {
+	ev := &row.Event
 	dead, retryAt := c.decide(row, err)
 	ferr := c.failInbox(ctx, &ferrydriver.FailInboxParams{
 		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: retryAt, Dead: dead,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -30,7 +31,8 @@ func init() {
 func consumerChild(schema string) int {
 	return runConsumerChild(schema, func(_ *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx]) (*ferry.Consumer[pgx.Tx], error) {
 		table := pgx.Identifier{schema, "effects"}.Sanitize()
-		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "crash", Workers: 8, ClaimTTL: time.Second, PollInterval: 20 * time.Millisecond})
+		batch, _ := strconv.Atoi(os.Getenv("FERRY_TEST_CONSUMER_BATCH"))
+		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "crash", Workers: 8, BatchSize: batch, ClaimTTL: time.Second, PollInterval: 20 * time.Millisecond})
 		if err != nil {
 			return nil, err
 		}
@@ -50,10 +52,10 @@ func consumerChild(schema string) int {
 // startChild starts this test binary again as a child process with env
 // added (which selects what it runs); the test kills it at the end, if it
 // still runs.
-func startChild(t *testing.T, env string) *exec.Cmd {
+func startChild(t *testing.T, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
@@ -94,6 +96,17 @@ func runConsumerChild(schema string, newConsumer func(pool *pgxpool.Pool, drv *f
 // order.
 func TestConsumerCrash(t *testing.T) {
 	t.Parallel()
+	for _, batch := range []int{1, 32} {
+		t.Run(fmt.Sprintf("BatchSize%d", batch), func(t *testing.T) {
+			t.Parallel()
+			testConsumerCrash(t, batch)
+		})
+	}
+}
+
+// testConsumerCrash: with batches, a SIGKILL mid-batch leaves nothing of
+// it applied (one transaction), and its events run again.
+func testConsumerCrash(t *testing.T, batch int) {
 	n, kills := 20000, 20
 	if testing.Short() {
 		n, kills = 4000, 8
@@ -115,7 +128,9 @@ func TestConsumerCrash(t *testing.T) {
 		ingested <- nil
 	}()
 
-	start := func() *exec.Cmd { return startChild(t, "FERRY_TEST_CONSUMER_CHILD="+drv.Schema()) }
+	start := func() *exec.Cmd {
+		return startChild(t, "FERRY_TEST_CONSUMER_CHILD="+drv.Schema(), "FERRY_TEST_CONSUMER_BATCH="+strconv.Itoa(batch))
+	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	child := start()
 	for range kills {
@@ -134,5 +149,5 @@ func TestConsumerCrash(t *testing.T) {
 		SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`), "each key applied in order, without gaps")
 	inbox := pgx.Identifier{drv.Schema(), "inbox"}.Sanitize()
 	require.Equal(t, n, count(t, `SELECT count(*) FROM `+inbox+` WHERE state = 'processed'`), "every event processed")
-	t.Logf("%d events over 500 keys, %d SIGKILLs: %d effects, none twice, keys in order", n, kills, n)
+	t.Logf("batch size %d: %d events over 500 keys, %d SIGKILLs: %d effects, none twice, keys in order", batch, n, kills, n)
 }

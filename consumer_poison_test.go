@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -22,18 +23,19 @@ import (
 )
 
 // The poison test runs this test binary again as the consumer child
-// (FERRY_TEST_POISON_CHILD=<schema>:<hold|continue>); the child SIGKILLs
+// (FERRY_TEST_POISON_CHILD=<schema>:<hold|continue>:<batch size>); the child SIGKILLs
 // itself whenever it handles the poison event.
 func init() {
 	if spec := os.Getenv("FERRY_TEST_POISON_CHILD"); spec != "" {
-		schema, policy, _ := strings.Cut(spec, ":")
-		os.Exit(poisonChild(schema, policy))
+		parts := strings.Split(spec, ":")
+		batch, _ := strconv.Atoi(parts[2])
+		os.Exit(poisonChild(parts[0], parts[1], batch))
 	}
 }
 
 const poisonMaxAttempts = 3
 
-func poisonChild(schema, policy string) int {
+func poisonChild(schema, policy string, batch int) int {
 	return runConsumerChild(schema, func(pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx]) (*ferry.Consumer[pgx.Tx], error) {
 		effects := pgx.Identifier{schema, "effects"}.Sanitize()
 		deadCalls := pgx.Identifier{schema, "dead_calls"}.Sanitize()
@@ -41,7 +43,7 @@ func poisonChild(schema, policy string) int {
 		if policy == "continue" {
 			dp = ferry.Continue
 		}
-		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "poison", Workers: 4, ClaimTTL: time.Second,
+		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "poison", Workers: 4, BatchSize: batch, ClaimTTL: time.Second,
 			PollInterval: 20 * time.Millisecond, MaxAttempts: poisonMaxAttempts, DeadPolicy: dp,
 			OnDead: func(ctx context.Context, d *ferry.DeadEvent) {
 				if _, err := pool.Exec(ctx, `INSERT INTO `+deadCalls+` (event_id, attempts, reason) VALUES ($1, $2, $3)`, d.Event.ID, d.Attempts, d.Err.Error()); err != nil {
@@ -70,14 +72,18 @@ func poisonChild(schema, policy string) int {
 func TestPoisonEventThatKillsTheConsumer(t *testing.T) {
 	t.Parallel()
 	for _, policy := range []string{"hold", "continue"} {
-		t.Run(policy, func(t *testing.T) {
-			t.Parallel()
-			testPoisonKills(t, policy)
-		})
+		for _, batch := range []int{1, 32} {
+			t.Run(fmt.Sprintf("%s/BatchSize%d", policy, batch), func(t *testing.T) {
+				t.Parallel()
+				testPoisonKills(t, policy, batch)
+			})
+		}
 	}
 }
 
-func testPoisonKills(t *testing.T, policy string) {
+// testPoisonKills: in batches, the poison's crash takes its batch with it
+// (nothing of it applied); those events run again, each alone.
+func testPoisonKills(t *testing.T, policy string, batch int) {
 	drv := newPG(t)
 	table := effects(t, drv)
 	deadCalls := pgx.Identifier{drv.Schema(), "dead_calls"}.Sanitize()
@@ -96,7 +102,9 @@ func testPoisonKills(t *testing.T, policy string) {
 	_, err = ingester.Ingest(ctx, append(append([]*ferry.Event{poison}, behind...), others[:1000]...))
 	require.NoError(t, err)
 
-	start := func() *exec.Cmd { return startChild(t, "FERRY_TEST_POISON_CHILD="+drv.Schema()+":"+policy) }
+	start := func() *exec.Cmd {
+		return startChild(t, "FERRY_TEST_POISON_CHILD="+drv.Schema()+":"+policy+":"+strconv.Itoa(batch))
+	}
 	// Restart the consumer whenever the poison kills it, as a supervisor
 	// would, until a child finds the event DEAD and carries on; the rest
 	// keeps arriving meanwhile.

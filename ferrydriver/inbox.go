@@ -31,7 +31,7 @@ const (
 var ErrClaimLost = errors.New("inbox claim lost: the claim expired or a later attempt took the row over")
 
 // ConnLimiter is implemented by drivers over a bounded connection pool: a
-// consumer warns at Start when the pool cannot serve its workers' handlers
+// consumer warns at Run when the pool cannot serve its workers' handlers
 // plus its claims and upkeep.
 type ConnLimiter interface {
 	// MaxConns is the most connections the pool opens; 0 if unbounded.
@@ -42,6 +42,47 @@ type ConnLimiter interface {
 // connection within the deadline, say). From RunInTx it means the handler
 // did not run, and the attempt does not count (FailInboxParams.Uncounted).
 var ErrTxNotBegun = errors.New("the transaction could not begin")
+
+// InboxBatcher is implemented by inboxes that can apply several claimed
+// rows in one transaction of the consumer's database (ConsumerConfig.
+// BatchSize): each handler runs inside a savepoint of it, and the outcomes
+// are recorded with set-based statements before the one commit.
+type InboxBatcher[TTx any] interface {
+	// Savepoint runs fn inside a savepoint of tx. When fn fails, whatever
+	// it did in tx is rolled back and tx stays usable; fn's error is
+	// returned. An error of the savepoint itself is returned wrapped with
+	// ErrSavepoint: tx is then unusable.
+	Savepoint(ctx context.Context, tx TTx, fn func(ctx context.Context, tx TTx) error) error
+	// FinishInboxTx records the outcomes of claimed rows inside tx, the
+	// transaction of their handlers' writes, and recomputes their keys'
+	// heads: PROCESSED, FAILED until RetryAt, or DEAD. It returns the
+	// event IDs whose claim was lost (expired, or taken over); the caller
+	// must then roll tx back, since those rows' handlers' writes are in it.
+	FinishInboxTx(ctx context.Context, tx TTx, p *FinishInboxParams) (lost []uuid.UUID, err error)
+}
+
+// ErrSavepoint wraps a failure of a savepoint statement itself (not of the
+// function run inside it): the transaction cannot go on.
+var ErrSavepoint = errors.New("savepoint failed")
+
+// FinishInboxParams are the outcomes of claimed rows of one group.
+type FinishInboxParams struct {
+	Group string
+	Rows  []FinishedRow
+}
+
+// FinishedRow is the outcome of one claimed row.
+type FinishedRow struct {
+	EventID uuid.UUID
+	// Claim is InboxRow.Claim of the attempt.
+	Claim string
+	// State is InboxProcessed, InboxFailed or InboxDead.
+	State InboxState
+	// Error and RetryAt are recorded for InboxFailed (RetryAt) and
+	// InboxDead.
+	Error   string
+	RetryAt time.Time
+}
 
 // InboxCountCap bounds each count of InboxCounts, so that metrics cost the
 // same whatever the backlog: a state with more rows reads as the cap.

@@ -55,6 +55,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f.String(&cpuProfile, "cpuprofile", "FERRY_BENCH_CPUPROFILE", "", "write a CPU profile of the run to this file")
 	var workers int
 	f.Int(&workers, "workers", "FERRY_BENCH_WORKERS", 8, "consume/settle: consumer workers")
+	var consumerBatch int
+	f.Int(&consumerBatch, "consumer-batch", "FERRY_BENCH_CONSUMER_BATCH", 32, "consume: the batched mode's ConsumerConfig.BatchSize (the other mode runs one event per transaction)")
 	if err := f.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -87,7 +89,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if mode == "consume" || mode == "settle" {
 		fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, GOMAXPROCS %d, workers %d, keys %d\n", mode, serverVersion(ctx, pool), runtime.GOMAXPROCS(0), workers, keys)
 		if mode == "consume" {
-			return benchConsume(ctx, stdout, pool, drv, events, keys, workers)
+			return benchConsume(ctx, stdout, pool, drv, events, keys, workers, consumerBatch)
 		}
 		return benchSettle(ctx, stdout, pool, drv, events, keys, workers, rate)
 	}

@@ -1,16 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -37,15 +41,14 @@ func projection(ctx context.Context, pool *pgxpool.Pool, schema string) (string,
 	return t, err
 }
 
-func benchConsumer(drv *ferrypg.Driver[pgx.Tx], table string, workers int, onCommit func(ev *ferry.Event)) (*ferry.Consumer[pgx.Tx], error) {
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "bench", Workers: workers, PollInterval: 20 * time.Millisecond,
+func benchConsumer(drv ferrydriver.Inbox[pgx.Tx], group, table string, workers, batch int, onCommit func(ev *ferry.Event)) (*ferry.Consumer[pgx.Tx], error) {
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group, Workers: workers, BatchSize: batch, PollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, err
 	}
 	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (customer, orders, last_seq) VALUES ($1, 1, $2)
-			ON CONFLICT (customer) DO UPDATE SET orders = `+table+`.orders + 1, last_seq = excluded.last_seq`, ev.Key, ev.Seq)
+		_, err := tx.Exec(ctx, upsert(table), ev.Key, ev.Seq)
 		if err == nil && onCommit != nil {
 			onCommit(ev)
 		}
@@ -54,30 +57,127 @@ func benchConsumer(drv *ferrypg.Driver[pgx.Tx], table string, workers int, onCom
 	return c, nil
 }
 
-// benchConsume measures how fast a consumer applies a backlog with
-// exactly-once effect (inbox + projection update in one transaction).
-func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], n, keys, workers int) error {
-	table, err := projection(ctx, pool, drv.Schema())
+// upsert is the bench handler's one statement: the projection row of the
+// event's customer, counted.
+func upsert(table string) string {
+	return `INSERT INTO ` + table + ` (customer, orders, last_seq) VALUES ($1, 1, $2)
+		ON CONFLICT (customer) DO UPDATE SET orders = ` + table + `.orders + 1, last_seq = excluded.last_seq`
+}
+
+// consumeResult is one line of ferry bench consume.
+type consumeResult struct {
+	name     string
+	n        int
+	elapsed  time.Duration
+	txLat    string        // one transaction, begin to commit
+	dbCPU    time.Duration // PostgreSQL's CPU time, all processes
+	hasDBCPU bool
+}
+
+func (r consumeResult) String() string {
+	cpu := "n/a (not a local server)"
+	if r.hasDBCPU {
+		cpu = (r.dbCPU * 10000 / time.Duration(r.n)).Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("%-38s %7.0f events/s (%d in %v); database CPU %s per 10k events; transactions: %s",
+		r.name+":", float64(r.n)/r.elapsed.Seconds(), r.n, r.elapsed.Round(time.Millisecond), cpu, r.txLat)
+}
+
+// benchConsume measures, in one run, how fast a consumer applies a backlog
+// with exactly-once effect (inbox + projection update in one transaction),
+// one event per transaction and batched, next to the machine's ceiling for
+// the same work without an inbox: workers clients each committing one
+// upsert per transaction.
+func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], n, keys, workers, batch int) error {
+	ceiling, err := benchCeiling(ctx, pool, drv.Schema(), n, keys, workers)
 	if err != nil {
 		return err
 	}
-	var applied atomic.Int64
-	c, err := benchConsumer(drv, table, workers, func(*ferry.Event) { applied.Add(1) })
+	fmt.Fprintln(w, ceiling)
+	for _, size := range []int{1, batch} {
+		name := "consume, one event per transaction"
+		if size > 1 {
+			name = fmt.Sprintf("consume, batches of up to %d", size)
+		}
+		r, err := benchConsumeMode(ctx, pool, drv, name, "bench"+strconv.Itoa(size), n, keys, workers, size)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(w, r)
+	}
+	return nil
+}
+
+// benchCeiling is the same upserts without Ferry: workers clients, one
+// transaction each.
+func benchCeiling(ctx context.Context, pool *pgxpool.Pool, schema string, n, keys, workers int) (consumeResult, error) {
+	t := pgx.Identifier{schema, "ceiling"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+t+` (customer text PRIMARY KEY, orders bigint NOT NULL, last_seq bigint NOT NULL)`); err != nil {
+		return consumeResult{}, err
+	}
+	evs := benchEvents(n, keys)
+	var next atomic.Int64
+	lat := make([]time.Duration, n)
+	cpu0, hasCPU := postgresCPU()
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				t0 := time.Now()
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, upsert(t), evs[i].Key, evs[i].Seq)
+					return err
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return consumeResult{}, err
+	}
+	cpu1, _ := postgresCPU()
+	return consumeResult{name: fmt.Sprintf("ceiling, %d clients, 1 upsert/tx", workers), n: n, elapsed: elapsed, txLat: percentiles(lat),
+		dbCPU: cpu1 - cpu0, hasDBCPU: hasCPU}, nil
+}
+
+// benchConsumeMode ingests n events for a fresh group, then runs a
+// consumer until the projection counts all of them.
+func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], name, group string, n, keys, workers, batch int) (consumeResult, error) {
+	table := pgx.Identifier{drv.Schema(), "projection_" + group}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (customer text PRIMARY KEY, orders bigint NOT NULL, last_seq bigint NOT NULL)`); err != nil {
+		return consumeResult{}, err
+	}
+	timed := &timedInbox{Driver: drv}
+	c, err := benchConsumer(timed, group, table, workers, batch, nil)
 	if err != nil {
-		return err
+		return consumeResult{}, err
 	}
 	evs := benchEvents(n, keys)
 	for i := 0; i < n; i += 1000 {
 		if _, err := c.Ingest(ctx, evs[i:min(i+1000, n)]); err != nil {
-			return err
+			return consumeResult{}, err
 		}
 	}
+	cpu0, hasCPU := postgresCPU()
 	start := time.Now()
 	stop := runConsumer(ctx, c)
 	var total int64
 	for {
 		if err := pool.QueryRow(ctx, `SELECT COALESCE(sum(orders), 0) FROM `+table).Scan(&total); err != nil {
-			return err
+			return consumeResult{}, err
 		}
 		if total >= int64(n) {
 			break
@@ -85,11 +185,73 @@ func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *fer
 		time.Sleep(20 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
+	cpu1, _ := postgresCPU()
 	if err := stop(); err != nil {
-		return err
+		return consumeResult{}, err
 	}
-	fmt.Fprintf(w, "consume: %d events applied with exactly-once effect in %v = %.0f events/s (handler: one upsert)\n", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
-	return nil
+	if total != int64(n) {
+		return consumeResult{}, fmt.Errorf("%s: %d effects for %d events: not exactly once", name, total, n)
+	}
+	return consumeResult{name: name, n: n, elapsed: elapsed, dbCPU: cpu1 - cpu0, hasDBCPU: hasCPU, txLat: timed.percentiles()}, nil
+}
+
+// timedInbox times the consumer's transactions, begin to commit.
+type timedInbox struct {
+	*ferrypg.Driver[pgx.Tx]
+	mu  sync.Mutex
+	lat []time.Duration
+}
+
+func (t *timedInbox) RunInTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	start := time.Now()
+	err := t.Driver.RunInTx(ctx, fn)
+	d := time.Since(start)
+	t.mu.Lock()
+	t.lat = append(t.lat, d)
+	t.mu.Unlock()
+	return err
+}
+
+func (t *timedInbox) percentiles() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return fmt.Sprintf("%d, %s", len(t.lat), percentiles(t.lat))
+}
+
+// postgresCPU sums the CPU time (user and system) of the processes named
+// postgres on this machine, from /proc; false where there is none to read.
+func postgresCPU() (time.Duration, bool) {
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	var ticks int64
+	found := false
+	for _, d := range dirs {
+		if d.Name()[0] < '0' || d.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime(14) stime(15)
+		open, closing := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+		if open < 0 || closing < open || string(b[open+1:closing]) != "postgres" {
+			continue
+		}
+		f := strings.Fields(string(b[closing+2:]))
+		if len(f) < 15 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		cu, _ := strconv.ParseInt(f[13], 10, 64) // children's, reaped: the postmaster's exited backends
+		cs, _ := strconv.ParseInt(f[14], 10, 64)
+		ticks += u + s + cu + cs
+		found = true
+	}
+	return time.Duration(ticks) * time.Second / 100, found // USER_HZ is 100 on Linux
 }
 
 // benchSettle ingests events at rate and measures how long after the
@@ -104,7 +266,7 @@ func benchSettle(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferr
 	}
 	var mu sync.Mutex
 	handled := map[uuid.UUID]time.Time{}
-	c, err := benchConsumer(drv, table, workers, func(ev *ferry.Event) {
+	c, err := benchConsumer(drv, "bench", table, workers, 1, func(ev *ferry.Event) {
 		mu.Lock()
 		handled[ev.ID] = time.Now() // just before the commit
 		mu.Unlock()

@@ -3,6 +3,9 @@ package ferrydrivertest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"strconv"
 )
 
 // ConsumerHarness adapts a backend to the consumer part of the suite,
@@ -27,19 +31,34 @@ type ConsumerHarness[TTx any] struct {
 	// record writes one for ev inside tx, the handler's transaction, and
 	// counts reads how many committed effects each event has.
 	Effects func(t *testing.T, drv InboxDriver[TTx]) (record func(ctx context.Context, tx TTx, ev *ferryevent.Event) error, counts func(ctx context.Context) (map[uuid.UUID]int, error))
+
+	batch int // ConsumerConfig.BatchSize of the run
 }
 
 // ExerciseConsumer runs a ferry.Consumer over the backend: its lifecycle
 // (a graceful stop, handlers cancelled after the grace period, fatal
 // errors returned, one Run at a time), an attempt that outlived its claim
 // meeting a later one, and events nobody handles.
+//
+// Every test runs twice: one event per transaction (BatchSize 1), and in
+// batches (BatchSize 32; a backend without ferrydriver.InboxBatcher runs
+// one per transaction then too).
 func ExerciseConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
-	t.Run("StopLetsRunningHandlersFinish", func(t *testing.T) { t.Parallel(); testConsumerGracefulStop(t, h) })
-	t.Run("StopCancelsHandlersAfterTheGracePeriod", func(t *testing.T) { t.Parallel(); testConsumerCancelledStop(t, h) })
-	t.Run("RunReturnsWhatRetryingCannotFix", func(t *testing.T) { t.Parallel(); testConsumerFatal(t, h) })
-	t.Run("RunsOnceAtATime", func(t *testing.T) { t.Parallel(); testConsumerOnce(t, h) })
-	t.Run("StaleAttemptDoesNotUndoALaterOne", func(t *testing.T) { t.Parallel(); testConsumerStaleAttempt(t, h) })
-	t.Run("UnhandledTypesFailUnlessSkipped", func(t *testing.T) { t.Parallel(); testConsumerUnhandled(t, h) })
+	for _, batch := range []int{1, 32} {
+		t.Run(fmt.Sprintf("BatchSize%d", batch), func(t *testing.T) {
+			t.Parallel()
+			h := h
+			h.batch = batch
+			t.Run("StopLetsRunningHandlersFinish", func(t *testing.T) { t.Parallel(); testConsumerGracefulStop(t, h) })
+			t.Run("StopCancelsHandlersAfterTheGracePeriod", func(t *testing.T) { t.Parallel(); testConsumerCancelledStop(t, h) })
+			t.Run("RunReturnsWhatRetryingCannotFix", func(t *testing.T) { t.Parallel(); testConsumerFatal(t, h) })
+			t.Run("RunsOnceAtATime", func(t *testing.T) { t.Parallel(); testConsumerOnce(t, h) })
+			t.Run("StaleAttemptDoesNotUndoALaterOne", func(t *testing.T) { t.Parallel(); testConsumerStaleAttempt(t, h) })
+			t.Run("UnhandledTypesFailUnlessSkipped", func(t *testing.T) { t.Parallel(); testConsumerUnhandled(t, h) })
+			t.Run("ExactlyOnceInKeyOrder", func(t *testing.T) { t.Parallel(); testConsumerExactlyOnce(t, h) })
+			t.Run("OnePoisonEventCostsOnlyItself", func(t *testing.T) { t.Parallel(); testConsumerPoison(t, h) })
+		})
+	}
 }
 
 // running is a Consumer.Run in progress.
@@ -74,8 +93,11 @@ func (r *running) wait(t *testing.T) error {
 	}
 }
 
-func newConsumer[TTx any](t *testing.T, d InboxDriver[TTx], cfg ferry.ConsumerConfig) *ferry.Consumer[TTx] {
+func newConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx], d InboxDriver[TTx], cfg ferry.ConsumerConfig) *ferry.Consumer[TTx] {
 	t.Helper()
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = h.batch
+	}
 	if cfg.Group == "" {
 		cfg.Group = group
 	}
@@ -112,7 +134,7 @@ func testConsumerGracefulStop[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	ctx := ctxT(t, 2*time.Minute)
 	d := h.New(t)
 	record, counts := h.Effects(t, d)
-	c := newConsumer(t, d, ferry.ConsumerConfig{ShutdownTimeout: 20 * time.Second})
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{ShutdownTimeout: 20 * time.Second})
 	started := make(chan struct{})
 	c.HandleAll(func(ctx context.Context, tx TTx, ev *ferryevent.Event) error {
 		close(started)
@@ -155,7 +177,7 @@ func testConsumerCancelledStop[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 			return ctx.Err()
 		}
 	}
-	c := newConsumer(t, d, ferry.ConsumerConfig{ShutdownTimeout: time.Second, ClaimTTL: time.Minute})
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{ShutdownTimeout: time.Second, ClaimTTL: time.Minute})
 	c.HandleAll(handler(true))
 	r := run(c)
 	ev := Event("t", "k", "blocks")
@@ -171,7 +193,7 @@ func testConsumerCancelledStop[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	require.Equal(t, ferrydriver.InboxFailed, row.State, "the cancelled attempt is a failure that retries")
 	require.Contains(t, row.LastError, context.Canceled.Error())
 
-	again := newConsumer(t, d, ferry.ConsumerConfig{})
+	again := newConsumer(t, h, d, ferry.ConsumerConfig{})
 	again.HandleAll(handler(false))
 	r = run(again)
 	awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
@@ -188,7 +210,7 @@ func testConsumerFatal[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 		t.Log("the backend creates its collections on first use: no missing schema to report")
 		return
 	}
-	c := newConsumer(t, h.Unmigrated(t), ferry.ConsumerConfig{})
+	c := newConsumer(t, h, h.Unmigrated(t), ferry.ConsumerConfig{})
 	r := run(c)
 	err := r.wait(t)
 	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
@@ -200,7 +222,7 @@ func testConsumerFatal[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 func testConsumerOnce[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	ctx := ctxT(t, time.Minute)
 	d := h.New(t)
-	c := newConsumer(t, d, ferry.ConsumerConfig{})
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{})
 	var handled atomic.Int32
 	c.HandleAll(func(context.Context, TTx, *ferryevent.Event) error { handled.Add(1); return nil })
 	r := run(c)
@@ -227,7 +249,7 @@ func testConsumerStaleAttempt[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	d := h.New(t)
 	record, counts := h.Effects(t, d)
 	var deaths, attempts atomic.Int32
-	c := newConsumer(t, d, ferry.ConsumerConfig{Workers: 4, ClaimTTL: time.Second, MaxAttempts: 2,
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{Workers: 4, ClaimTTL: time.Second, MaxAttempts: 2,
 		OnDead: func(context.Context, *ferry.DeadEvent) { deaths.Add(1) }})
 	lateFailure := make(chan struct{})
 	c.HandleAll(func(ctx context.Context, tx TTx, ev *ferryevent.Event) error {
@@ -262,7 +284,7 @@ func testConsumerStaleAttempt[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 func testConsumerUnhandled[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	ctx := ctxT(t, time.Minute)
 	d := h.New(t)
-	c := newConsumer(t, d, ferry.ConsumerConfig{MaxAttempts: 2})
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{MaxAttempts: 2})
 	ferry.Handle(c, "Known", func(context.Context, TTx, *ferryevent.Event, struct{}) error { return nil })
 	r := run(c)
 	ev := Event("t", "k", "{}")
@@ -274,7 +296,7 @@ func testConsumerUnhandled[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	require.Equal(t, 2, row.Attempts)
 	require.Contains(t, row.LastError, `no handler for event type "BrandNew"`)
 
-	skip := newConsumer(t, d, ferry.ConsumerConfig{Group: "skips", SkipUnhandled: true})
+	skip := newConsumer(t, h, d, ferry.ConsumerConfig{Group: "skips", SkipUnhandled: true})
 	ferry.Handle(skip, "Known", func(context.Context, TTx, *ferryevent.Event, struct{}) error { return nil })
 	r = run(skip)
 	_, err = skip.Ingest(ctx, []*ferryevent.Event{ev})
@@ -285,4 +307,126 @@ func testConsumerUnhandled[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 		return st[ev.ID] != nil && st[ev.ID].State == ferrydriver.InboxProcessed
 	}, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, r.stop(t))
+}
+
+// testConsumerExactlyOnce: 1,000 events over 50 keys, each delivered
+// twice, with handlers that fail now and then: every event applied once,
+// every key in order.
+func testConsumerExactlyOnce[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
+	ctx := ctxT(t, 2*time.Minute)
+	d := h.New(t)
+	record, counts := h.Effects(t, d)
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{Workers: 4})
+	var mu sync.Mutex
+	order := map[string][]int64{}
+	var failures atomic.Int32
+	c.HandleAll(func(ctx context.Context, tx TTx, ev *ferryevent.Event) error {
+		if ev.Seq%97 == 0 && failures.Add(1)%2 == 1 {
+			return errors.New("flaky") // the retry applies it
+		}
+		if err := record(ctx, tx, ev); err != nil {
+			return err
+		}
+		mu.Lock()
+		order[ev.Key] = append(order[ev.Key], ev.Seq)
+		mu.Unlock()
+		return nil
+	})
+	const n, keys = 1000, 50
+	evs := make([]*ferryevent.Event, n)
+	for i := range evs {
+		evs[i] = Event("t", fmt.Sprintf("k%02d", i%keys), strconv.Itoa(i))
+		evs[i].Seq = int64(i/keys + 1)
+	}
+	r := run(c)
+	for _, copy := range []int{0, 1} {
+		for i := 0; i < n; i += 100 {
+			_, err := c.Ingest(ctx, evs[i:i+100])
+			require.NoError(t, err, "delivery %d", copy)
+		}
+	}
+	require.Eventually(t, func() bool {
+		got, err := counts(ctx)
+		require.NoError(t, err)
+		return len(got) == n
+	}, time.Minute, 20*time.Millisecond)
+	require.NoError(t, r.stop(t))
+	got, err := counts(ctx)
+	require.NoError(t, err)
+	for _, ev := range evs {
+		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
+	}
+	// A handler's view of order includes attempts that rolled back; the
+	// committed ones are the last of each Seq, and they must rise.
+	for k, seqs := range order {
+		var committed []int64
+		for _, s := range seqs {
+			if len(committed) > 0 && committed[len(committed)-1] == s {
+				continue
+			}
+			committed = append(committed, s)
+		}
+		require.True(t, slices.IsSorted(committed), "key %s ran out of order: %v", k, committed)
+		require.Len(t, committed, n/keys, "key %s", k)
+	}
+}
+
+// testConsumerPoison: one poison event among 100 of different keys, run
+// in one batch when batching: the other 99 are applied once, with one
+// attempt each; the poison event retries, then goes DEAD; a panicking
+// handler is a failure like any other.
+func testConsumerPoison[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
+	ctx := ctxT(t, 2*time.Minute)
+	d := h.New(t)
+	record, counts := h.Effects(t, d)
+	var dead atomic.Int32
+	batch := 1
+	if h.batch > 1 {
+		batch = 64 // all 100 in two batches
+	}
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{Workers: 1, MaxAttempts: 2, BatchSize: batch,
+		OnDead: func(context.Context, *ferry.DeadEvent) { dead.Add(1) }})
+	evs := make([]*ferryevent.Event, 100)
+	for i := range evs {
+		evs[i] = Event("t", fmt.Sprintf("k%03d", i), strconv.Itoa(i))
+	}
+	poison, panics := evs[17].ID, evs[42].ID
+	c.HandleAll(func(ctx context.Context, tx TTx, ev *ferryevent.Event) error {
+		if err := record(ctx, tx, ev); err != nil {
+			return err
+		}
+		switch ev.ID {
+		case poison:
+			return errors.New("poison")
+		case panics:
+			panic("handler bug")
+		}
+		return nil
+	})
+	_, err := c.Ingest(ctx, evs) // before Run: claimed together
+	require.NoError(t, err)
+	r := run(c)
+	awaitState(ctx, t, d, poison, ferrydriver.InboxDead)
+	awaitState(ctx, t, d, panics, ferrydriver.InboxDead)
+	for _, ev := range evs {
+		if ev.ID != poison && ev.ID != panics {
+			awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
+		}
+	}
+	require.NoError(t, r.stop(t))
+	got, err := counts(ctx)
+	require.NoError(t, err)
+	for _, ev := range evs {
+		row := state(ctx, t, d, ev.ID)
+		switch ev.ID {
+		case poison, panics:
+			require.Zero(t, got[ev.ID], "the failing handlers' writes were rolled back")
+			require.Equal(t, 2, row.Attempts)
+		default:
+			require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
+			require.Equal(t, 1, row.Attempts, "event %s cost one attempt", ev.ID)
+		}
+	}
+	require.Contains(t, state(ctx, t, d, panics).LastError, "handler panicked: handler bug")
+	require.Equal(t, int32(2), dead.Load())
 }

@@ -175,6 +175,7 @@ type Driver[TTx any] struct {
 	beginTx func(ctx context.Context, iso Isolation) (TTx, func(context.Context) error, func(context.Context) error, error)
 	queries queries
 	park    parkQueries
+	batch   batchQueries
 	channel string
 	hub     settleHub
 	// stored is the partition count the driver last read from the schema;
@@ -250,6 +251,7 @@ func (d *Driver[TTx]) MaxConns() int { return d.maxConns() }
 func (d *Driver[TTx]) init() {
 	d.queries = newQueries(d.cfg.Schema)
 	d.park = newParkQueries(d.cfg.Schema)
+	d.batch = newBatchQueries(d.cfg.Schema)
 	d.channel = d.cfg.Schema + ".outbox"
 	d.hub.d = hubDriver[TTx]{d}
 }

@@ -1,0 +1,159 @@
+package ferrypg
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+var _ ferrydriver.InboxBatcher[pgx.Tx] = (*Driver[pgx.Tx])(nil)
+
+// batchQueries are the statements of batched completions, with the schema
+// filled in.
+type batchQueries struct {
+	finish, lockKeys, refreshKeys string
+}
+
+func newBatchQueries(schema string) batchQueries {
+	s := pgx.Identifier{schema}.Sanitize()
+	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
+	return batchQueries{finish: r(sqlInboxFinishRows), lockKeys: r(sqlInboxLockKeys), refreshKeys: r(sqlInboxRefreshKeys)}
+}
+
+// sqlInboxFinishRows records the outcomes of claimed rows ($2..$6, one
+// element per row) and returns the rows whose claim held, with their key.
+// A row whose claim expired or was taken over matches nothing.
+const sqlInboxFinishRows = `
+UPDATE {schema}.inbox i
+   SET state = r.state, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
+       last_error = CASE WHEN r.state = 'processed' THEN i.last_error ELSE r.err END,
+       next_attempt_at = COALESCE(r.retry_at, i.next_attempt_at),
+       finished_at = CASE WHEN r.state IN ('processed', 'dead') THEN now() END
+  FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[]) AS r(event_id, claim, state, err, retry_at)
+ WHERE i.group_name = $1 AND i.event_id = r.event_id AND i.claim_token = r.claim AND i.state = 'processing'
+   AND i.claim_expires_at > clock_timestamp()
+RETURNING i.event_id, i.key`
+
+// sqlInboxLockKeys locks keys in key order, as ingestion does.
+const sqlInboxLockKeys = `
+SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = ANY ($2::text[]) ORDER BY key FOR UPDATE`
+
+// sqlInboxRefreshKeys is sqlInboxRefreshKey for the keys $2, in a
+// statement after sqlInboxLockKeys.
+var sqlInboxRefreshKeys = `
+UPDATE {schema}.inbox_keys k SET
+    runnable_at = CASE
+        WHEN busy.until IS NOT NULL THEN busy.until
+        WHEN h.state = 'pending' THEN now()
+        WHEN h.state = 'failed' THEN h.next_attempt_at
+        WHEN h.state = 'processing' THEN h.claim_expires_at
+        ELSE NULL END,
+    held_by = CASE WHEN h.state = 'dead' THEN h.event_id END
+  FROM unnest($2::text[]) kk(key)
+  LEFT JOIN LATERAL (
+    SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
+     WHERE i.group_name = $1 AND i.key = kk.key
+       AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR ` + holdDead + `)
+     ORDER BY pos LIMIT 1) h ON true
+  LEFT JOIN LATERAL (
+    SELECT max(claim_expires_at) AS until FROM {schema}.inbox p
+     WHERE p.key = kk.key AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
+ WHERE k.group_name = $1 AND k.key = kk.key`
+
+// Savepoint implements ferrydriver.InboxBatcher. It costs one round trip:
+// the savepoint is not released after fn succeeded (the commit releases
+// every one), so that the next event's savepoint nests inside it; a failed
+// fn is rolled back to its own, the latest of the name.
+func (d *Driver[TTx]) Savepoint(ctx context.Context, tx TTx, fn func(ctx context.Context, tx TTx) error) error {
+	e := d.wrapTx(tx)
+	if _, err := e.exec(ctx, `SAVEPOINT ferry_event`); err != nil {
+		return fmt.Errorf("ferrypg: %w: %w", ferrydriver.ErrSavepoint, err)
+	}
+	if err := fn(ctx, tx); err != nil {
+		if _, rerr := e.exec(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT ferry_event`); rerr != nil {
+			return fmt.Errorf("ferrypg: %w: roll back to it after %v: %w", ferrydriver.ErrSavepoint, err, rerr)
+		}
+		return err
+	}
+	return nil
+}
+
+// FinishInboxTx implements ferrydriver.InboxBatcher: one statement records
+// every outcome, one locks the keys, one recomputes their heads (with a
+// snapshot taken after the locks), and one tells the callers awaiting the
+// finished events.
+func (d *Driver[TTx]) FinishInboxTx(ctx context.Context, tx TTx, p *ferrydriver.FinishInboxParams) ([]uuid.UUID, error) {
+	if len(p.Rows) == 0 {
+		return nil, nil
+	}
+	e := d.wrapTx(tx)
+	n := len(p.Rows)
+	ids, claims, states, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	retry := make([]*time.Time, n)
+	for i, r := range p.Rows {
+		if _, err := uuid.Parse(r.Claim); err != nil {
+			return nil, fmt.Errorf("ferrypg: finish inbox rows of group %s: claim token %q of event %s is not one ClaimInbox gave", p.Group, r.Claim, r.EventID)
+		}
+		ids[i], claims[i], states[i], errs[i] = r.EventID.String(), r.Claim, string(r.State), r.Error
+		if r.State == ferrydriver.InboxFailed {
+			retry[i] = &p.Rows[i].RetryAt
+		}
+	}
+	res, err := e.query(ctx, d.batch.finish, p.Group, ids, claims, states, errs, retry)
+	if err != nil {
+		return nil, d.wrapErr("finish inbox rows", err)
+	}
+	held := make(map[string]bool, n)
+	keySet := map[string]bool{}
+	for res.Next() {
+		var id, key string
+		if err := res.Scan(&id, &key); err != nil {
+			res.Close()
+			return nil, d.wrapErr("finish inbox rows", err)
+		}
+		held[id] = true
+		keySet[key] = true
+	}
+	res.Close()
+	if err := res.Err(); err != nil {
+		return nil, d.wrapErr("finish inbox rows", err)
+	}
+	var lost []uuid.UUID
+	finished := map[ferrydriver.InboxState][]string{}
+	for i, r := range p.Rows {
+		switch {
+		case !held[ids[i]]:
+			lost = append(lost, r.EventID)
+		case r.State.Finished():
+			finished[r.State] = append(finished[r.State], ids[i])
+		}
+	}
+	if len(lost) > 0 {
+		return lost, nil // the caller rolls back: nothing else to do
+	}
+	keys := make([]string, 0, len(keySet))
+	for k := range keySet {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if _, err := e.exec(ctx, d.batch.lockKeys, p.Group, keys); err != nil {
+		return nil, d.wrapErr("lock inbox keys", err)
+	}
+	if _, err := e.exec(ctx, d.batch.refreshKeys, p.Group, keys); err != nil {
+		return nil, d.wrapErr("refresh inbox keys", err)
+	}
+	for _, st := range []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxDead} {
+		if len(finished[st]) > 0 {
+			if err := d.notifySettled(ctx, e, p.Group, finished[st], st); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return nil, nil
+}

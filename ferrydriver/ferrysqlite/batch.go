@@ -1,0 +1,51 @@
+package ferrysqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/google/uuid"
+)
+
+var _ ferrydriver.InboxBatcher[*sql.Tx] = (*Driver)(nil)
+
+// Savepoint implements ferrydriver.InboxBatcher. The savepoint is not
+// released after fn succeeded (the commit releases every one): the next
+// event's nests inside it; a failed fn is rolled back to its own, the
+// latest of the name.
+func (d *Driver) Savepoint(ctx context.Context, tx *sql.Tx, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT ferry_event`); err != nil {
+		return fmt.Errorf("ferrysqlite: %w: %w", ferrydriver.ErrSavepoint, err)
+	}
+	if err := fn(ctx, tx); err != nil {
+		if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT ferry_event`); rerr != nil {
+			return fmt.Errorf("ferrysqlite: %w: roll back to it after %v: %w", ferrydriver.ErrSavepoint, err, rerr)
+		}
+		return err
+	}
+	return nil
+}
+
+// FinishInboxTx implements ferrydriver.InboxBatcher. SQLite runs in
+// process, so one statement per row costs no round trip: each row is
+// finished as CompleteInboxTx and FailInbox do.
+func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.FinishInboxParams) ([]uuid.UUID, error) {
+	var lost []uuid.UUID
+	for _, r := range p.Rows {
+		var retry any
+		if r.State == ferrydriver.InboxFailed {
+			retry = micros(r.RetryAt)
+		}
+		err := d.finish(ctx, tx, p.Group, r.EventID, r.Claim, r.State, r.Error, retry, false)
+		switch {
+		case errors.Is(err, ferrydriver.ErrClaimLost):
+			lost = append(lost, r.EventID)
+		case err != nil:
+			return nil, err
+		}
+	}
+	return lost, nil
+}
