@@ -189,6 +189,9 @@ type Consumer[TTx any] struct {
 	retry    backoff.Policy
 	log      *slog.Logger
 	handlers map[string]HandlerFunc[TTx]
+	// batched holds the handlers registered by HandleBatch; handlers has
+	// their one-event form too.
+	batched  map[string]BatchHandlerFunc[TTx]
 	fallback HandlerFunc[TTx]
 	wake     chan struct{}
 	m        *consumerMetrics
@@ -226,6 +229,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 		retry:    backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
 		log:      c.Logger.With("group", c.Group),
 		handlers: map[string]HandlerFunc[TTx]{},
+		batched:  map[string]BatchHandlerFunc[TTx]{},
 		wake:     make(chan struct{}, 1),
 	}, nil
 }
@@ -243,10 +247,42 @@ func Handle[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx cont
 	})
 }
 
+// BatchHandlerFunc handles several events of one type, of different keys,
+// inside tx, the transaction in which they are also marked processed: for
+// handlers that write many rows in one statement. It must apply all of
+// them or fail.
+type BatchHandlerFunc[TTx any] func(ctx context.Context, tx TTx, evs []*Event) error
+
+// HandleBatch registers fn for events of type eventType, with the payloads
+// decoded from JSON into Ts (msgs[i] is evs[i]'s). With BatchSize > 1, one
+// call gets every event of the type in a batch; when it fails, its writes
+// are rolled back and fn runs again for each event alone, so that a
+// failure stays the failing event's (its retries, DEAD, OnDead) and the
+// others commit. With BatchSize 1, each call gets one event.
+func HandleBatch[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx context.Context, tx TTx, evs []*Event, msgs []T) error) {
+	c.HandleEventBatch(eventType, func(ctx context.Context, tx TTx, evs []*Event) error {
+		msgs := make([]T, len(evs))
+		for i, ev := range evs {
+			if err := json.Unmarshal(ev.Payload, &msgs[i]); err != nil {
+				return GiveUp(fmt.Errorf("decode %s payload into %T: %w", ev.Type, msgs[i], err))
+			}
+		}
+		return fn(ctx, tx, evs, msgs)
+	})
+}
+
+// HandleEventBatch is HandleBatch with the events undecoded.
+func (c *Consumer[TTx]) HandleEventBatch(eventType string, fn BatchHandlerFunc[TTx]) {
+	c.mustNotRun("HandleEventBatch(" + strconv.Quote(eventType) + ")")
+	c.batched[eventType] = fn
+	c.handlers[eventType] = func(ctx context.Context, tx TTx, ev *Event) error { return fn(ctx, tx, []*Event{ev}) }
+}
+
 // HandleEvent registers fn for events of type eventType, undecoded.
 // Handlers are registered before Run; registering one after panics.
 func (c *Consumer[TTx]) HandleEvent(eventType string, fn HandlerFunc[TTx]) {
 	c.mustNotRun("HandleEvent(" + strconv.Quote(eventType) + ")")
+	delete(c.batched, eventType)
 	c.handlers[eventType] = fn
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -45,8 +47,8 @@ type batchOutcome struct {
 // set-based statements before the commit: a failing handler is rolled back
 // to its savepoint and recorded as that event's failed attempt, and the
 // others' effects commit. When the transaction itself fails, the attempt
-// counts for the event whose handler was running (all of them when it
-// failed at the end), and the others run again at once, uncounted.
+// counts for the events whose handler call was running (all of them when
+// it failed at the end), and the others run again at once, uncounted.
 func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, deadline time.Time) {
 	hctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -58,21 +60,24 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		}
 	}()
 	out := make([]batchOutcome, len(rows))
-	running := -1 // the event whose handler runs; -1: none (the end)
+	units := c.units(rows)
+	var running []int // the events whose handler call runs; nil: none (the end)
 	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
 		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, len(rows))}
-		for i, row := range rows {
-			running = i
-			handler, unhandled := c.handlerFor(&row.Event)
-			herr := b.Savepoint(ctx, tx, func(ctx context.Context, tx TTx) error {
-				return callHandler(ctx, tx, handler, &row.Event)
-			})
+		// run runs one handler call in a savepoint; a non-nil stop means
+		// the transaction cannot go on.
+		run := func(fn func(ctx context.Context, tx TTx) error) (herr, stop error) {
+			herr = b.Savepoint(ctx, tx, fn)
 			if errors.Is(herr, ferrydriver.ErrSavepoint) || ctx.Err() != nil {
 				if herr == nil {
 					herr = ctx.Err()
 				}
-				return herr // the transaction cannot go on
+				return nil, herr
 			}
+			return herr, nil
+		}
+		record := func(i int, herr error, unhandled bool) {
+			row := rows[i]
 			o := batchOutcome{err: herr, unhandled: unhandled}
 			f := ferrydriver.FinishedRow{EventID: row.Event.ID, Claim: row.Claim, State: ferrydriver.InboxProcessed}
 			if herr != nil {
@@ -84,7 +89,36 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 			}
 			out[i], fin.Rows[i] = o, f
 		}
-		running = -1
+		for _, u := range units {
+			if u.batch != nil && len(u.rows) > 1 {
+				// One call for all; if it fails, one call for each.
+				running = u.rows
+				evs := make([]*Event, len(u.rows))
+				for j, i := range u.rows {
+					evs[j] = &rows[i].Event
+				}
+				herr, stop := run(func(ctx context.Context, tx TTx) error { return callBatch(ctx, tx, u.batch, evs) })
+				if stop != nil {
+					return stop
+				}
+				if herr == nil {
+					for _, i := range u.rows {
+						record(i, nil, false)
+					}
+					continue
+				}
+			}
+			for _, i := range u.rows {
+				running = []int{i}
+				handler, unhandled := c.handlerFor(&rows[i].Event)
+				herr, stop := run(func(ctx context.Context, tx TTx) error { return callHandler(ctx, tx, handler, &rows[i].Event) })
+				if stop != nil {
+					return stop
+				}
+				record(i, herr, unhandled)
+			}
+		}
+		running = nil
 		lost, err := b.FinishInboxTx(ctx, tx, fin)
 		if err != nil {
 			return err
@@ -123,7 +157,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 	default:
 		c.log.Warn("ferry: a batch's transaction failed; nothing of it was applied", "events", len(rows), "err", err)
 		for i, row := range rows {
-			if running >= 0 && i != running {
+			if running != nil && !slices.Contains(running, i) {
 				c.rerunUncounted(ctx, row, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error())
 				continue
 			}
@@ -159,4 +193,43 @@ func (c *Consumer[TTx]) rerunUncounted(ctx context.Context, row *ferrydriver.Inb
 		// The claim expires and the event runs again: nothing is lost.
 		c.log.Warn("ferry: giving back the claim of an event of a failed batch failed", "event_id", row.Event.ID, "err", err)
 	}
+}
+
+// unit is what one handler call of a batch covers: events of a type with a
+// batch handler (HandleBatch), or one event.
+type unit[TTx any] struct {
+	batch BatchHandlerFunc[TTx]
+	rows  []int // indexes into the batch's rows
+}
+
+// units groups a batch's rows: those of a type with a batch handler by
+// type, each other row alone, in the order of their first row.
+func (c *Consumer[TTx]) units(rows []*ferrydriver.InboxRow) []unit[TTx] {
+	var out []unit[TTx]
+	byType := map[string]int{}
+	for i, row := range rows {
+		fn := c.batched[row.Event.Type]
+		if fn == nil {
+			out = append(out, unit[TTx]{rows: []int{i}})
+			continue
+		}
+		j, ok := byType[row.Event.Type]
+		if !ok {
+			j = len(out)
+			byType[row.Event.Type] = j
+			out = append(out, unit[TTx]{batch: fn})
+		}
+		out[j].rows = append(out[j].rows, i)
+	}
+	return out
+}
+
+// callBatch runs a batch handler, turning a panic into an error.
+func callBatch[TTx any](ctx context.Context, tx TTx, fn BatchHandlerFunc[TTx], evs []*Event) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return fn(ctx, tx, evs)
 }

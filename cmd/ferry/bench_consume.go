@@ -41,11 +41,25 @@ func projection(ctx context.Context, pool *pgxpool.Pool, schema string) (string,
 	return t, err
 }
 
-func benchConsumer(drv ferrydriver.Inbox[pgx.Tx], group, table string, workers, batch int, onCommit func(ev *ferry.Event)) (*ferry.Consumer[pgx.Tx], error) {
+func benchConsumer(drv ferrydriver.Inbox[pgx.Tx], group, table string, workers, batch int, multiRow bool, onCommit func(ev *ferry.Event)) (*ferry.Consumer[pgx.Tx], error) {
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group, Workers: workers, BatchSize: batch, PollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, err
+	}
+	if multiRow {
+		// HandleBatch: one statement for all the batch's events of the type
+		// (of different keys, so one row each).
+		c.HandleEventBatch("OrderPlaced", func(ctx context.Context, tx pgx.Tx, evs []*ferry.Event) error {
+			keys, seqs := make([]string, len(evs)), make([]int64, len(evs))
+			for i, ev := range evs {
+				keys[i], seqs[i] = ev.Key, ev.Seq
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (customer, orders, last_seq) SELECT c, 1, s FROM unnest($1::text[], $2::bigint[]) u(c, s)
+				ON CONFLICT (customer) DO UPDATE SET orders = `+table+`.orders + 1, last_seq = excluded.last_seq`, keys, seqs)
+			return err
+		})
+		return c, nil
 	}
 	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
 		_, err := tx.Exec(ctx, upsert(table), ev.Key, ev.Seq)
@@ -94,12 +108,16 @@ func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *fer
 		return err
 	}
 	fmt.Fprintln(w, ceiling)
-	for _, size := range []int{1, batch} {
-		name := "consume, one event per transaction"
-		if size > 1 {
-			name = fmt.Sprintf("consume, batches of up to %d", size)
-		}
-		r, err := benchConsumeMode(ctx, pool, drv, name, "bench"+strconv.Itoa(size), n, keys, workers, size)
+	for _, m := range []struct {
+		size     int
+		multiRow bool
+		name     string
+	}{
+		{1, false, "consume, one event per transaction"},
+		{batch, false, fmt.Sprintf("consume, batches of up to %d", batch)},
+		{batch, true, fmt.Sprintf("consume, batches of %d, HandleBatch", batch)},
+	} {
+		r, err := benchConsumeMode(ctx, pool, drv, m.name, fmt.Sprintf("bench%d%v", m.size, m.multiRow), n, keys, workers, m.size, m.multiRow)
 		if err != nil {
 			return err
 		}
@@ -155,13 +173,13 @@ func benchCeiling(ctx context.Context, pool *pgxpool.Pool, schema string, n, key
 
 // benchConsumeMode ingests n events for a fresh group, then runs a
 // consumer until the projection counts all of them.
-func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], name, group string, n, keys, workers, batch int) (consumeResult, error) {
+func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], name, group string, n, keys, workers, batch int, multiRow bool) (consumeResult, error) {
 	table := pgx.Identifier{drv.Schema(), "projection_" + group}.Sanitize()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (customer text PRIMARY KEY, orders bigint NOT NULL, last_seq bigint NOT NULL)`); err != nil {
 		return consumeResult{}, err
 	}
 	timed := &timedInbox{Driver: drv}
-	c, err := benchConsumer(timed, group, table, workers, batch, nil)
+	c, err := benchConsumer(timed, group, table, workers, batch, multiRow, nil)
 	if err != nil {
 		return consumeResult{}, err
 	}
@@ -266,7 +284,7 @@ func benchSettle(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferr
 	}
 	var mu sync.Mutex
 	handled := map[uuid.UUID]time.Time{}
-	c, err := benchConsumer(drv, "bench", table, workers, 1, func(ev *ferry.Event) {
+	c, err := benchConsumer(drv, "bench", table, workers, 1, false, func(ev *ferry.Event) {
 		mu.Lock()
 		handled[ev.ID] = time.Now() // just before the commit
 		mu.Unlock()

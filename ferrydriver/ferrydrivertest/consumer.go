@@ -57,6 +57,7 @@ func ExerciseConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 			t.Run("UnhandledTypesFailUnlessSkipped", func(t *testing.T) { t.Parallel(); testConsumerUnhandled(t, h) })
 			t.Run("ExactlyOnceInKeyOrder", func(t *testing.T) { t.Parallel(); testConsumerExactlyOnce(t, h) })
 			t.Run("OnePoisonEventCostsOnlyItself", func(t *testing.T) { t.Parallel(); testConsumerPoison(t, h) })
+			t.Run("BatchHandlerFailureStaysTheFailingEvents", func(t *testing.T) { t.Parallel(); testConsumerBatchHandler(t, h) })
 		})
 	}
 }
@@ -429,4 +430,68 @@ func testConsumerPoison[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	}
 	require.Contains(t, state(ctx, t, d, panics).LastError, "handler panicked: handler bug")
 	require.Equal(t, int32(2), dead.Load())
+}
+
+// testConsumerBatchHandler: a HandleEventBatch handler gets the batch's
+// events of its type in one call (one each without batching); when the
+// call fails, each event runs alone, so that only the failing one retries
+// and goes DEAD, and the others are applied once, with one attempt.
+func testConsumerBatchHandler[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
+	ctx := ctxT(t, 2*time.Minute)
+	d := h.New(t)
+	record, counts := h.Effects(t, d)
+	batch := 1
+	if h.batch > 1 {
+		batch = 64
+	}
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{Workers: 1, MaxAttempts: 2, BatchSize: batch})
+	var calls, widest atomic.Int32
+	c.HandleEventBatch("Tested", func(ctx context.Context, tx TTx, evs []*ferryevent.Event) error {
+		calls.Add(1)
+		for w := widest.Load(); int32(len(evs)) > w && !widest.CompareAndSwap(w, int32(len(evs))); w = widest.Load() {
+		}
+		for _, ev := range evs {
+			if string(ev.Payload) == "bad" {
+				return errors.New("bad event in the batch")
+			}
+			if err := record(ctx, tx, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	evs := make([]*ferryevent.Event, 50)
+	for i := range evs {
+		evs[i] = Event("t", fmt.Sprintf("k%02d", i), strconv.Itoa(i))
+	}
+	bad := evs[20]
+	bad.Payload = []byte("bad")
+	_, err := c.Ingest(ctx, evs)
+	require.NoError(t, err)
+	r := run(c)
+	awaitState(ctx, t, d, bad.ID, ferrydriver.InboxDead)
+	for _, ev := range evs {
+		if ev != bad {
+			awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
+		}
+	}
+	require.NoError(t, r.stop(t))
+	got, err := counts(ctx)
+	require.NoError(t, err)
+	for _, ev := range evs {
+		row := state(ctx, t, d, ev.ID)
+		if ev == bad {
+			require.Zero(t, got[ev.ID])
+			require.Equal(t, 2, row.Attempts)
+			require.Contains(t, row.LastError, "bad event in the batch")
+			continue
+		}
+		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
+		require.Equal(t, 1, row.Attempts, "event %s cost one attempt", ev.ID)
+	}
+	if _, ok := d.(ferrydriver.InboxBatcher[TTx]); ok && h.batch > 1 {
+		require.Equal(t, int32(50), widest.Load(), "one call for the whole batch")
+	} else {
+		require.Equal(t, int32(1), widest.Load(), "one event per call without batches")
+	}
 }

@@ -3,7 +3,6 @@ package ferrypg
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -17,54 +16,64 @@ var _ ferrydriver.InboxBatcher[pgx.Tx] = (*Driver[pgx.Tx])(nil)
 // batchQueries are the statements of batched completions, with the schema
 // filled in.
 type batchQueries struct {
-	finish, lockKeys, refreshKeys string
+	finish, refreshKeys string
 }
 
 func newBatchQueries(schema string) batchQueries {
 	s := pgx.Identifier{schema}.Sanitize()
 	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
-	return batchQueries{finish: r(sqlInboxFinishRows), lockKeys: r(sqlInboxLockKeys), refreshKeys: r(sqlInboxRefreshKeys)}
+	return batchQueries{finish: r(sqlInboxFinishRows), refreshKeys: r(sqlInboxRefreshKeys)}
 }
 
 // sqlInboxFinishRows records the outcomes of claimed rows ($2..$6, one
 // element per row) and returns the rows whose claim held, with their key.
-// A row whose claim expired or was taken over matches nothing.
+// A row whose claim expired or was taken over matches nothing. It locks
+// the keys of the rows it changed, in key order as ingestion does, so that
+// the refresh that follows in a statement of its own sees every row
+// committed before the locks were granted.
 const sqlInboxFinishRows = `
-UPDATE {schema}.inbox i
-   SET state = r.state, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
-       last_error = CASE WHEN r.state = 'processed' THEN i.last_error ELSE r.err END,
-       next_attempt_at = COALESCE(r.retry_at, i.next_attempt_at),
-       finished_at = CASE WHEN r.state IN ('processed', 'dead') THEN now() END
-  FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[]) AS r(event_id, claim, state, err, retry_at)
- WHERE i.group_name = $1 AND i.event_id = r.event_id AND i.claim_token = r.claim AND i.state = 'processing'
-   AND i.claim_expires_at > clock_timestamp()
-RETURNING i.event_id, i.key`
-
-// sqlInboxLockKeys locks keys in key order, as ingestion does.
-const sqlInboxLockKeys = `
-SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = ANY ($2::text[]) ORDER BY key FOR UPDATE`
+WITH upd AS (
+    UPDATE {schema}.inbox i
+       SET state = r.state, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
+           last_error = CASE WHEN r.state = 'processed' THEN i.last_error ELSE r.err END,
+           next_attempt_at = COALESCE(r.retry_at, i.next_attempt_at),
+           finished_at = CASE WHEN r.state IN ('processed', 'dead') THEN now() END
+      FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[]) AS r(event_id, claim, state, err, retry_at)
+     WHERE i.group_name = $1 AND i.event_id = r.event_id AND i.claim_token = r.claim AND i.state = 'processing'
+       AND i.claim_expires_at > clock_timestamp()
+    RETURNING i.event_id, i.key
+), locked AS (
+    SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key IN (SELECT key FROM upd) ORDER BY key FOR UPDATE
+)
+SELECT event_id, key FROM upd WHERE (SELECT count(*) FROM locked) >= 0`
 
 // sqlInboxRefreshKeys is sqlInboxRefreshKey for the keys $2, in a
-// statement after sqlInboxLockKeys.
+// statement after sqlInboxFinishRows, which locked them. The keys are found by the primary key
+// (key = ANY), so that the statement costs O(len($2)) whatever the
+// group's key count and its statistics.
 var sqlInboxRefreshKeys = `
+WITH x AS (
+    SELECT kk.key, h.event_id, h.state, h.next_attempt_at, h.claim_expires_at, busy.until
+      FROM unnest($2::text[]) kk(key)
+      LEFT JOIN LATERAL (
+        SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
+         WHERE i.group_name = $1 AND i.key = kk.key
+           AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR ` + holdDead + `)
+         ORDER BY pos LIMIT 1) h ON true
+      LEFT JOIN LATERAL (
+        SELECT max(claim_expires_at) AS until FROM {schema}.inbox p
+         WHERE p.key = kk.key AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
+)
 UPDATE {schema}.inbox_keys k SET
     runnable_at = CASE
-        WHEN busy.until IS NOT NULL THEN busy.until
-        WHEN h.state = 'pending' THEN now()
-        WHEN h.state = 'failed' THEN h.next_attempt_at
-        WHEN h.state = 'processing' THEN h.claim_expires_at
+        WHEN x.until IS NOT NULL THEN x.until
+        WHEN x.state = 'pending' THEN now()
+        WHEN x.state = 'failed' THEN x.next_attempt_at
+        WHEN x.state = 'processing' THEN x.claim_expires_at
         ELSE NULL END,
-    held_by = CASE WHEN h.state = 'dead' THEN h.event_id END
-  FROM unnest($2::text[]) kk(key)
-  LEFT JOIN LATERAL (
-    SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
-     WHERE i.group_name = $1 AND i.key = kk.key
-       AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR ` + holdDead + `)
-     ORDER BY pos LIMIT 1) h ON true
-  LEFT JOIN LATERAL (
-    SELECT max(claim_expires_at) AS until FROM {schema}.inbox p
-     WHERE p.key = kk.key AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
- WHERE k.group_name = $1 AND k.key = kk.key`
+    held_by = CASE WHEN x.state = 'dead' THEN x.event_id END
+  FROM x
+ WHERE k.group_name = $1 AND k.key = ANY ($2::text[]) AND k.key = x.key`
 
 // Savepoint implements ferrydriver.InboxBatcher. It costs one round trip:
 // the savepoint is not released after fn succeeded (the commit releases
@@ -85,7 +94,7 @@ func (d *Driver[TTx]) Savepoint(ctx context.Context, tx TTx, fn func(ctx context
 }
 
 // FinishInboxTx implements ferrydriver.InboxBatcher: one statement records
-// every outcome, one locks the keys, one recomputes their heads (with a
+// every outcome and locks the keys, one recomputes their heads (with a
 // snapshot taken after the locks), and one tells the callers awaiting the
 // finished events.
 func (d *Driver[TTx]) FinishInboxTx(ctx context.Context, tx TTx, p *ferrydriver.FinishInboxParams) ([]uuid.UUID, error) {
@@ -140,10 +149,6 @@ func (d *Driver[TTx]) FinishInboxTx(ctx context.Context, tx TTx, p *ferrydriver.
 	keys := make([]string, 0, len(keySet))
 	for k := range keySet {
 		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	if _, err := e.exec(ctx, d.batch.lockKeys, p.Group, keys); err != nil {
-		return nil, d.wrapErr("lock inbox keys", err)
 	}
 	if _, err := e.exec(ctx, d.batch.refreshKeys, p.Group, keys); err != nil {
 		return nil, d.wrapErr("refresh inbox keys", err)

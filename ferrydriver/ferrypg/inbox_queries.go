@@ -52,8 +52,8 @@ SELECT event_id FROM ins`
 // row under Continue).
 const claimHeads = `
 head AS MATERIALIZED (
-    SELECT h.event_id, k.group_name FROM k CROSS JOIN LATERAL (
-        SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
+    SELECT h.event_id, h.tid, k.group_name FROM k CROSS JOIN LATERAL (
+        SELECT ctid AS tid, event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
          WHERE i.group_name = k.group_name AND i.key = k.key
            AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR {hold})
          ORDER BY pos LIMIT 1) h
@@ -65,17 +65,19 @@ head AS MATERIALIZED (
     UPDATE {schema}.inbox i
        SET state = 'dead', claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL, finished_at = now(),
            last_error = $7 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
-      FROM head WHERE i.event_id = head.event_id AND i.group_name = head.group_name
+      FROM head WHERE i.ctid = head.tid AND i.event_id = head.event_id AND i.group_name = head.group_name
        AND $6 > 0 AND i.attempts >= $6 AND {runnable_i}
     RETURNING i.*
 ), claimed AS (
     -- The row is re-checked: it may have changed since the snapshot. It is
-    -- found by the primary key through head's columns (a constant group
-    -- here would let the planner scan every unfinished row of the group).
+    -- found by its tuple id (a join on the primary key let the planner
+    -- scan the group's unfinished rows instead when its statistics were
+    -- stale); a row updated meanwhile has a new one, fails the recheck and
+    -- is left for the next claim.
     UPDATE {schema}.inbox i
        SET state = 'processing', attempts = attempts + 1, claimed_by = $3, claim_token = $5::uuid,
            claim_expires_at = now() + $4 * interval '1 millisecond'
-      FROM head WHERE i.event_id = head.event_id AND i.group_name = head.group_name
+      FROM head WHERE i.ctid = head.tid AND i.event_id = head.event_id AND i.group_name = head.group_name
        AND NOT ($6 > 0 AND i.attempts >= $6) AND {runnable_i}
     RETURNING i.*
 ), keys AS (
@@ -120,8 +122,7 @@ WITH k AS (
     -- go to the back for a second, so that they cannot crowd out the others.
     UPDATE {schema}.inbox_keys ik SET runnable_at = now() + interval '1 second'
       FROM k WHERE ik.group_name = k.group_name AND ik.key = k.key
-       AND NOT EXISTS (SELECT 1 FROM claimed c WHERE c.key = k.key)
-       AND NOT EXISTS (SELECT 1 FROM exhausted x WHERE x.key = k.key)
+       AND k.key NOT IN (SELECT key FROM claimed) AND k.key NOT IN (SELECT key FROM exhausted)
 )` + claimResult
 
 var sqlInboxRescue = `
@@ -142,19 +143,25 @@ SELECT EXISTS (SELECT 1 FROM {schema}.inbox WHERE group_name = $1 AND state = 'p
 
 // sqlInboxFinish ends a claimed attempt: PROCESSED, FAILED or DEAD ($7:
 // the attempt is taken back, its handler never ran). It matches nothing
-// unless $3 is the row's current, unexpired claim. When
-// the event finishes and someone awaits it, it notifies them (delivered at
-// commit).
+// unless $3 is the row's current, unexpired claim. It also locks the
+// row's key (as sqlInboxLockKey does), so that the refresh that follows,
+// in a statement of its own, sees every row committed before the lock was
+// granted.
 const sqlInboxFinish = `
-UPDATE {schema}.inbox
-   SET state = $4, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
-       attempts = CASE WHEN $7 THEN greatest(attempts - 1, 0) ELSE attempts END,
-       last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
-       next_attempt_at = COALESCE($6::timestamptz, next_attempt_at),
-       finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
- WHERE group_name = $1 AND event_id = $2 AND claim_token = $3::uuid AND state = 'processing'
-   AND claim_expires_at > clock_timestamp()
-RETURNING key`
+WITH upd AS (
+    UPDATE {schema}.inbox
+       SET state = $4, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
+           attempts = CASE WHEN $7 THEN greatest(attempts - 1, 0) ELSE attempts END,
+           last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
+           next_attempt_at = COALESCE($6::timestamptz, next_attempt_at),
+           finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
+     WHERE group_name = $1 AND event_id = $2 AND claim_token = $3::uuid AND state = 'processing'
+       AND claim_expires_at > clock_timestamp()
+    RETURNING key
+), locked AS (
+    SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = (SELECT key FROM upd) FOR UPDATE
+)
+SELECT key FROM upd WHERE (SELECT count(*) FROM locked) >= 0`
 
 // sqlInboxNotify tells the callers awaiting events that they finished. It
 // runs as its own statement after the row changed (and its key was
