@@ -29,8 +29,8 @@ import (
 // backlog into JetStream, and the commit-to-receive latency at a fixed
 // rate. Each run uses a fresh schema and stream and removes them after.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency" && args[0] != "consume" && args[0] != "settle") {
-		return usagef("say what to measure: ferry bench drain | latency | consume | settle " +
+	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency" && args[0] != "consume" && args[0] != "settle" && args[0] != "ingest") {
+		return usagef("say what to measure: ferry bench drain | latency | consume | settle | ingest " +
 			"(the side-by-side comparison with Watermill, River and naive polling is the bench module: " +
 			"cd bench && go run ./cmd/ferry-bench --quick)")
 	}
@@ -120,6 +120,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, NATS %s, GOMAXPROCS %d, batch %d, keys %d\n", mode, serverVersion(ctx, pool), nc.ConnectedServerVersion(), runtime.GOMAXPROCS(0), batch, keys)
+	if mode == "ingest" {
+		return benchIngest(ctx, stdout, drv, sink, js, stream, prefix, events, keys)
+	}
 	if mode == "drain" {
 		return benchDrain(ctx, stdout, pool, client, relay, js, stream, events, keys, producers)
 	}

@@ -16,9 +16,11 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // benchEvents returns n events over keys with per-key Seq.
@@ -344,4 +346,74 @@ func runConsumer[TTx any](ctx context.Context, c *ferry.Consumer[TTx]) (stop fun
 		cancel()
 		return <-done
 	}
+}
+
+// benchIngest publishes n events to the stream, then times a JetStream
+// source ingesting all of them into a group's inbox (a multi-row insert
+// per batch, acknowledged after its commit), for each source batch size.
+func benchIngest(ctx context.Context, w io.Writer, drv *ferrypg.Driver[pgx.Tx], sink *ferrynats.Sink, js jetstream.JetStream, stream, prefix string, n, keys int) error {
+	evs := benchEvents(n, keys)
+	for i := 0; i < n; i += 1000 {
+		for j, err := range sink.Publish(ctx, evs[i:min(i+1000, n)]) {
+			if err != nil {
+				return fmt.Errorf("publish event %d: %w", i+j, err)
+			}
+		}
+	}
+	for _, batch := range []int{ferrynats.DefaultBatch, 1000} {
+		group := "ingest" + strconv.Itoa(batch)
+		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return err
+		}
+		src, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{Stream: stream, Durable: group, SubjectPrefix: prefix, Batch: batch,
+			Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return err
+		}
+		var ingested atomic.Int64
+		done := make(chan struct{})
+		rctx, cancel := context.WithCancel(ctx)
+		cpu0, hasCPU := postgresCPU()
+		start := time.Now()
+		var elapsed time.Duration
+		runErr := make(chan error, 1)
+		go func() {
+			runErr <- src.Run(rctx, func(ctx context.Context, events []*ferry.Event) error {
+				if _, err := c.Ingest(ctx, events); err != nil {
+					return err
+				}
+				if ingested.Add(int64(len(events))) >= int64(n) {
+					select {
+					case <-done:
+					default:
+						elapsed = time.Since(start)
+						close(done)
+					}
+				}
+				return nil
+			})
+		}()
+		select {
+		case <-done:
+		case err := <-runErr:
+			cancel()
+			return fmt.Errorf("source stopped after %d of %d events: %v", ingested.Load(), n, err)
+		case <-time.After(5 * time.Minute):
+			cancel()
+			return fmt.Errorf("ingested %d of %d events in 5 minutes", ingested.Load(), n)
+		}
+		cpu1, _ := postgresCPU()
+		cancel()
+		if err := <-runErr; err != nil {
+			return err
+		}
+		cpu := "n/a (not a local server)"
+		if hasCPU {
+			cpu = ((cpu1 - cpu0) * 10000 / time.Duration(n)).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "ingest from JetStream, source batch %4d: %7.0f events/s (%d in %v); database CPU %s per 10k events\n",
+			batch, float64(n)/elapsed.Seconds(), n, elapsed.Round(time.Millisecond), cpu)
+	}
+	return nil
 }

@@ -436,6 +436,7 @@ type queries struct {
 	deleteDeadLetters, keysChunk, pruneKeys                                                          string
 	selectRedrive, deleteRedriven, discardDeadLetters                                                string
 	inboxInsert, inboxClaim, inboxRescue, inboxRescueDue, inboxFinish, inboxLockKey, inboxRefreshKey string
+	inboxRefreshKeyNotify                                                                            string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                      string
 	waiterAdd, waiterRemove, inboxCounts                                                             string
 	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                      string
@@ -461,7 +462,7 @@ func newQueries(schema string) queries {
 		selectRedrive: r(sqlSelectRedrive), deleteRedriven: r(sqlDeleteRedriven), discardDeadLetters: r(sqlDiscardDeadLetters),
 		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescue: r(sqlInboxRescue),
 		inboxRescueDue: r(sqlInboxRescueDue), inboxFinish: r(sqlInboxFinish),
-		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey),
+		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey), inboxRefreshKeyNotify: r(sqlInboxRefreshKeyNotify),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),

@@ -212,7 +212,7 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 // finish moves a claimed row to state, then recomputes its key's head:
 // update the row and lock the key (one statement), and only then (in a new
 // statement, so with a snapshot taken after the lock) look for the next
-// head; last, tell the callers awaiting the event.
+// head and tell the callers awaiting the event.
 func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted bool) error {
 	if _, err := uuid.Parse(claim); err != nil {
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: claim token %q is not one ClaimInbox gave: %w", id, state, group, claim, ferrydriver.ErrClaimLost)
@@ -225,12 +225,10 @@ func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim s
 	if err != nil {
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
-	// The key is locked by the statement above.
-	if _, err := e.exec(ctx, d.queries.inboxRefreshKey, group, key); err != nil {
+	// The key is locked by the statement above; the refresh also tells the
+	// callers awaiting the event, if it finished.
+	if _, err := e.exec(ctx, d.queries.inboxRefreshKeyNotify, group, key, id, string(state), d.settleChannel()); err != nil {
 		return d.wrapErr("refresh inbox key", err)
-	}
-	if state.Finished() {
-		return d.notifySettled(ctx, e, group, []string{id}, state)
 	}
 	return nil
 }

@@ -276,6 +276,17 @@ UPDATE {schema}.inbox_keys k SET
      WHERE p.key = $2 AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
  WHERE k.group_name = $1 AND k.key = $2`
 
+// sqlInboxRefreshKeyNotify is sqlInboxRefreshKey for the key of a row
+// that just finished ($3, in state $4), which also tells the callers
+// awaiting it (as sqlInboxNotify does, on channel $5) when $4 is a final
+// state: one round trip for both. It runs after the statement that changed
+// the row and locked the key.
+var sqlInboxRefreshKeyNotify = sqlInboxRefreshKey + `
+RETURNING (SELECT count(*) FROM (
+    SELECT pg_notify($5, $3::text || ':' || $4)
+      FROM {schema}.settle_waiters w
+     WHERE $4 IN ('processed', 'dead') AND w.group_name = $1 AND w.until > now() AND $3::uuid = ANY (w.event_ids)) n)`
+
 // sqlInboxRetract marks a group's rows RETRACTED and returns, for each
 // row found, its state before and its key. Rows are locked first (as
 // completion does), keys only after, by the caller.
