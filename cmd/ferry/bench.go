@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -29,8 +30,8 @@ import (
 // backlog into JetStream, and the commit-to-receive latency at a fixed
 // rate. Each run uses a fresh schema and stream and removes them after.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency" && args[0] != "consume" && args[0] != "settle" && args[0] != "ingest") {
-		return usagef("say what to measure: ferry bench drain | latency | consume | settle | ingest " +
+	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency" && args[0] != "consume" && args[0] != "settle" && args[0] != "ingest" && args[0] != "e2e") {
+		return usagef("say what to measure: ferry bench drain | latency | consume | settle | ingest | e2e " +
 			"(the side-by-side comparison with Watermill, River and naive polling is the bench module: " +
 			"cd bench && go run ./cmd/ferry-bench --quick)")
 	}
@@ -120,6 +121,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, NATS %s, GOMAXPROCS %d, batch %d, keys %d\n", mode, serverVersion(ctx, pool), nc.ConnectedServerVersion(), runtime.GOMAXPROCS(0), batch, keys)
+	if mode == "e2e" {
+		return benchE2E(ctx, stdout, pool, drv, client, relay, js, stream, prefix, rate, duration, keys, producers, workers, consumerBatch)
+	}
 	if mode == "ingest" {
 		return benchIngest(ctx, stdout, drv, sink, js, stream, prefix, events, keys)
 	}
@@ -218,22 +222,11 @@ func benchLatency(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry
 	go func() { done <- relay.Run(rctx) }()
 
 	n := int(d.Seconds() * float64(rate))
-	committed := make([]atomic.Int64, n)
-	intended := make([]int64, n)
-	received := make([]atomic.Int64, n)
-	var got atomic.Int64
+	received := newBenchArrivals(n)
 	sub, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
 		now := time.Now().UnixNano()
-		ev, err := ferrynats.Decode(m)
-		if err != nil {
-			return
-		}
-		i, err := strconv.Atoi(ev.Type[len("Bench"):])
-		if err != nil || i < 0 || i >= n {
-			return
-		}
-		if received[i].CompareAndSwap(0, now) {
-			got.Add(1)
+		if ev, err := ferrynats.Decode(m); err == nil {
+			received.record(&ev, now)
 		}
 	})
 	if err != nil {
@@ -241,22 +234,64 @@ func benchLatency(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry
 	}
 	defer sub.Unsubscribe()
 	time.Sleep(time.Second) // let the relay take its lease
+	p := produceAt(ctx, w, pool, c, n, rate, keys, producers)
+	received.await(n, 30*time.Second)
+	cancel()
+	<-done
+	fmt.Fprintf(w, "latency at %d events/s for %v: %d of %d received\n", rate, d, received.got.Load(), n)
+	return p.report(w, received, "receive")
+}
+
+// benchArrivals records when each bench event (Type "Bench<i>") arrived.
+type benchArrivals struct {
+	at  []atomic.Int64
+	got atomic.Int64
+}
+
+func newBenchArrivals(n int) *benchArrivals { return &benchArrivals{at: make([]atomic.Int64, n)} }
+
+func (a *benchArrivals) record(ev *ferry.Event, now int64) {
+	i, err := strconv.Atoi(strings.TrimPrefix(ev.Type, "Bench"))
+	if err != nil || i < 0 || i >= len(a.at) {
+		return
+	}
+	if a.at[i].CompareAndSwap(0, now) {
+		a.got.Add(1)
+	}
+}
+
+// await waits until n events arrived, at most d.
+func (a *benchArrivals) await(n int, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for a.got.Load() < int64(n) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// production is when each bench event was meant to be and was committed.
+type production struct {
+	intended  []int64
+	committed []atomic.Int64
+}
+
+// produceAt commits n events, one per transaction, at rate over
+// producers connections, each event i at its intended time.
+func produceAt(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], n, rate, keys, producers int) *production {
+	p := &production{intended: make([]int64, n), committed: make([]atomic.Int64, n)}
 	start := time.Now()
-	for i := range intended {
-		intended[i] = start.Add(time.Duration(i) * time.Second / time.Duration(rate)).UnixNano()
+	for i := range p.intended {
+		p.intended[i] = start.Add(time.Duration(i) * time.Second / time.Duration(rate)).UnixNano()
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range producers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				if wait := time.Until(time.Unix(0, intended[i])); wait > 0 {
+				if wait := time.Until(time.Unix(0, p.intended[i])); wait > 0 {
 					time.Sleep(wait)
 				}
 				ev := &ferry.Event{Topic: "orders", Key: "customer-" + strconv.Itoa(rand.IntN(keys)), Type: "Bench" + strconv.Itoa(i), Payload: payload(i)}
@@ -265,31 +300,29 @@ func benchLatency(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry
 					fmt.Fprintln(w, "producer:", err)
 					return
 				}
-				committed[i].Store(time.Now().UnixNano())
+				p.committed[i].Store(time.Now().UnixNano())
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	deadline := time.Now().Add(30 * time.Second)
-	for got.Load() < int64(n) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	<-done
+	return p
+}
+
+// report prints commit → arrival and intended → arrival percentiles.
+func (p *production) report(w io.Writer, a *benchArrivals, what string) error {
 	var fromCommit, fromIntent []time.Duration
-	for i := range n {
-		r, cm := received[i].Load(), committed[i].Load()
+	for i := range p.intended {
+		r, cm := a.at[i].Load(), p.committed[i].Load()
 		if r == 0 || cm == 0 {
 			continue
 		}
 		fromCommit = append(fromCommit, time.Duration(max(0, r-cm)))
-		fromIntent = append(fromIntent, time.Duration(r-intended[i]))
+		fromIntent = append(fromIntent, time.Duration(r-p.intended[i]))
 	}
-	fmt.Fprintf(w, "latency at %d events/s for %v: %d of %d received\n", rate, d, len(fromCommit), n)
-	fmt.Fprintf(w, "  commit -> receive:   %s\n", percentiles(fromCommit))
-	fmt.Fprintf(w, "  intended -> receive: %s\n", percentiles(fromIntent))
-	if len(fromCommit) < n {
-		return fmt.Errorf("%d events were not received", n-len(fromCommit))
+	fmt.Fprintf(w, "  commit -> %s:   %s\n", what, percentiles(fromCommit))
+	fmt.Fprintf(w, "  intended -> %s: %s\n", what, percentiles(fromIntent))
+	if len(fromCommit) < len(p.intended) {
+		return fmt.Errorf("%d events did not arrive", len(p.intended)-len(fromCommit))
 	}
 	return nil
 }

@@ -417,3 +417,84 @@ func benchIngest(ctx context.Context, w io.Writer, drv *ferrypg.Driver[pgx.Tx], 
 	}
 	return nil
 }
+
+// benchE2E produces at rate for d and times each event from its
+// producer's commit to the commit of the consumer transaction that applied
+// it: outbox → relay → JetStream → source → inbox → handler.
+func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], client *ferry.Client[pgx.Tx], relay *ferry.Relay,
+	js jetstream.JetStream, stream, prefix string, rate int, d time.Duration, keys, producers, workers, batch int) error {
+	n := int(d.Seconds() * float64(rate))
+	applied := newBenchArrivals(n)
+	table := pgx.Identifier{drv.Schema(), "projection_e2e"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (customer text PRIMARY KEY, orders bigint NOT NULL, last_seq bigint NOT NULL)`); err != nil {
+		return err
+	}
+	stamped := &commitStamper{Driver: drv, arrivals: applied}
+	c, err := ferry.NewConsumer(stamped, &ferry.ConsumerConfig{Group: "e2e", Workers: workers, BatchSize: batch, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		if _, err := tx.Exec(ctx, upsert(table), ev.Key, ev.Seq); err != nil {
+			return err
+		}
+		stamped.note(ctx, ev)
+		return nil
+	})
+	src, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{Stream: stream, Durable: "e2e", SubjectPrefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var g sync.WaitGroup
+	errs := make(chan error, 3)
+	g.Go(func() { errs <- relay.Run(rctx) })
+	g.Go(func() { errs <- c.Run(rctx) })
+	g.Go(func() { errs <- c.Consume(rctx, src) })
+	time.Sleep(time.Second) // let the relay take its lease
+	fmt.Fprintf(w, "end to end at %d events/s for %v (consumer: %d workers, batch size %d)\n", rate, d, workers, batch)
+	p := produceAt(ctx, w, pool, client, n, rate, keys, producers)
+	applied.await(n, 30*time.Second)
+	cancel()
+	g.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "  %d of %d applied\n", applied.got.Load(), n)
+	return p.report(w, applied, "applied")
+}
+
+// commitStamper records, for each event its handlers applied, when the
+// consumer transaction that applied it committed.
+type commitStamper struct {
+	*ferrypg.Driver[pgx.Tx]
+	arrivals *benchArrivals
+}
+
+type stampKey struct{}
+
+// note is called by the handler: ev is applied in the transaction of ctx.
+func (s *commitStamper) note(ctx context.Context, ev *ferry.Event) {
+	if evs, ok := ctx.Value(stampKey{}).(*[]*ferry.Event); ok {
+		*evs = append(*evs, ev)
+	}
+}
+
+func (s *commitStamper) RunInTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	var evs []*ferry.Event
+	err := s.Driver.RunInTx(context.WithValue(ctx, stampKey{}, &evs), func(ctx context.Context, tx pgx.Tx) error {
+		evs = evs[:0] // a rerun starts over
+		return fn(ctx, tx)
+	})
+	if err == nil {
+		now := time.Now().UnixNano()
+		for _, ev := range evs {
+			s.arrivals.record(ev, now)
+		}
+	}
+	return err
+}
