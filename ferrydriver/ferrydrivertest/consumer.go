@@ -58,6 +58,7 @@ func ExerciseConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 			t.Run("ExactlyOnceInKeyOrder", func(t *testing.T) { t.Parallel(); testConsumerExactlyOnce(t, h) })
 			t.Run("OnePoisonEventCostsOnlyItself", func(t *testing.T) { t.Parallel(); testConsumerPoison(t, h) })
 			t.Run("BatchHandlerFailureStaysTheFailingEvents", func(t *testing.T) { t.Parallel(); testConsumerBatchHandler(t, h) })
+			t.Run("HandlerOutlivingTheDeadlineCostsOnlyItsEvent", func(t *testing.T) { t.Parallel(); testConsumerDeadlineInBatch(t, h) })
 		})
 	}
 }
@@ -493,5 +494,54 @@ func testConsumerBatchHandler[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 		require.Equal(t, int32(50), widest.Load(), "one call for the whole batch")
 	} else {
 		require.Equal(t, int32(1), widest.Load(), "one event per call without batches")
+	}
+}
+
+// testConsumerDeadlineInBatch: a handler that blocks until its deadline
+// fails its whole transaction (in a batch, everyone's): its event counts
+// the attempt and goes DEAD after MaxAttempts; the batch's other events
+// run again at once, uncounted, and are applied once with one attempt.
+func testConsumerDeadlineInBatch[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
+	ctx := ctxT(t, 2*time.Minute)
+	d := h.New(t)
+	record, counts := h.Effects(t, d)
+	batch := 1
+	if h.batch > 1 {
+		batch = 16
+	}
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{Workers: 1, MaxAttempts: 2, BatchSize: batch, ClaimTTL: time.Second})
+	evs := make([]*ferryevent.Event, 16)
+	for i := range evs {
+		evs[i] = Event("t", fmt.Sprintf("k%02d", i), strconv.Itoa(i))
+	}
+	slow := evs[5]
+	c.HandleAll(func(ctx context.Context, tx TTx, ev *ferryevent.Event) error {
+		if ev.ID == slow.ID {
+			<-ctx.Done() // until the claim's deadline
+			return ctx.Err()
+		}
+		return record(ctx, tx, ev)
+	})
+	_, err := c.Ingest(ctx, evs)
+	require.NoError(t, err)
+	r := run(c)
+	awaitState(ctx, t, d, slow.ID, ferrydriver.InboxDead)
+	for _, ev := range evs {
+		if ev != slow {
+			awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
+		}
+	}
+	require.NoError(t, r.stop(t))
+	got, err := counts(ctx)
+	require.NoError(t, err)
+	for _, ev := range evs {
+		row := state(ctx, t, d, ev.ID)
+		if ev == slow {
+			require.Equal(t, 2, row.Attempts)
+			require.Contains(t, row.LastError, context.DeadlineExceeded.Error())
+			continue
+		}
+		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
+		require.Equal(t, 1, row.Attempts, "event %s: the slow one's failures cost it nothing", ev.ID)
 	}
 }
