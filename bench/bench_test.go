@@ -81,6 +81,8 @@ func smokeProfile() *bench.Profile {
 		MaxWait:         10 * time.Second,
 		DrainMaxWait:    30 * time.Second,
 		MaxEvents:       100000,
+		ConsumeEvents:   1000,
+		ConsumeKeys:     100,
 	}
 	if testing.Short() {
 		p.Steady = time.Second
@@ -92,7 +94,8 @@ func smokeProfile() *bench.Profile {
 
 // TestQuickSmoke runs a seconds-long profile with Ferry and one baseline
 // through the whole pipeline: relay child processes, the JetStream
-// consumer, the checks and the report.
+// consumer, the checks and the report; and the consume scenario with two
+// of Ferry's consumers.
 func TestQuickSmoke(t *testing.T) {
 	pgURL, natsURL := services(t)
 	out := t.TempDir()
@@ -103,6 +106,7 @@ func TestQuickSmoke(t *testing.T) {
 		NATSURL:      natsURL,
 		Out:          out,
 		Contenders:   []string{"ferry", "naive-claim"},
+		Consumers:    []string{"ferry-inbox", "ferry-inbox-batch-handler"},
 		Producers:    8,
 		Keys:         100,
 		SchemaPrefix: fmt.Sprintf("benchtest_%d_", time.Now().UnixNano()%1e6),
@@ -115,9 +119,21 @@ func TestQuickSmoke(t *testing.T) {
 	}
 
 	var ferryDelivered int64
+	consumed := map[string]bool{}
 	for _, r := range rep.Results {
 		if r.Error != "" {
 			t.Errorf("%s %s %s: %s", r.Contender, r.Scenario, r.Param, r.Error)
+		}
+		if r.Scenario == "consume" {
+			consumed[r.Contender] = true
+			if r.Applied != int64(r.Events) || r.Delivered != int64(r.Events) || r.Missing != 0 || r.Duplicates != 0 || r.Inversions != 0 || r.TimedOut {
+				t.Errorf("%s consume: applied %d (sum(orders) %d) of %d, %d missing, %d duplicates, %d inversions, timed out %v",
+					r.Contender, r.Delivered, r.Applied, r.Events, r.Missing, r.Duplicates, r.Inversions, r.TimedOut)
+			}
+			if r.ApplyTx == nil || r.DrainRate <= 0 {
+				t.Errorf("%s consume: no apply transactions timed (%v) or no rate (%v)", r.Contender, r.ApplyTx, r.DrainRate)
+			}
+			continue
 		}
 		if r.Contender != "ferry" {
 			continue
@@ -135,6 +151,9 @@ func TestQuickSmoke(t *testing.T) {
 	if ferryDelivered == 0 {
 		t.Errorf("ferry delivered nothing\n%s", log.String())
 	}
+	if len(consumed) != 2 {
+		t.Errorf("consume ran for %v, want ferry-inbox and ferry-inbox-batch-handler", consumed)
+	}
 
 	for _, name := range []string{"summary.md", "chart.png", "results.jsonl", "relay.log"} {
 		fi, err := os.Stat(filepath.Join(out, name))
@@ -151,7 +170,7 @@ func TestQuickSmoke(t *testing.T) {
 		t.Error("chart.png is not a PNG")
 	}
 	summary, _ := os.ReadFile(filepath.Join(out, "summary.md"))
-	for _, want := range []string{"## Overview", "| ferry |", "| naive-claim |", "## Ceilings", "## Correctness", "PostgreSQL 15"} {
+	for _, want := range []string{"## Overview", "| ferry |", "| naive-claim |", "## Ceilings", "## Correctness", "## Consumers", "| ferry-inbox-batch-handler |", "PostgreSQL 15"} {
 		if !strings.Contains(string(summary), want) && !(want == "PostgreSQL 15" && strings.Contains(string(summary), "PostgreSQL ")) {
 			t.Errorf("summary.md lacks %q", want)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
@@ -117,31 +118,43 @@ func schemaTables(ctx context.Context, pool *pgxpool.Pool, schema string) ([]str
 // bookkeeping), re-seeds the accounts, runs VACUUM ANALYZE on the tables
 // and, when asked, a CHECKPOINT.
 func resetPG(ctx context.Context, e *env, schema string, keep []string, checkpoint bool) error {
-	tables, err := schemaTables(ctx, e.pool, schema)
+	all, err := truncateSchema(ctx, e, schema, keep)
 	if err != nil {
 		return err
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO `+schema+`.accounts (id, balance) SELECT g, 0 FROM generate_series(1, $1) g`, e.keys); err != nil {
+		return fmt.Errorf("seed accounts: %w", err)
+	}
+	return vacuumSchema(ctx, e, schema, all, checkpoint)
+}
+
+// truncateSchema empties every table of schema except keep and returns
+// all its tables, qualified.
+func truncateSchema(ctx context.Context, e *env, schema string, keep []string) ([]string, error) {
+	tables, err := schemaTables(ctx, e.pool, schema)
+	if err != nil {
+		return nil, err
 	}
 	var trunc, all []string
 	for _, t := range tables {
 		q := schema + "." + pgx.Identifier{t}.Sanitize()
 		all = append(all, q)
-		skip := false
-		for _, k := range keep {
-			skip = skip || k == t
-		}
-		if !skip {
+		if !slices.Contains(keep, t) {
 			trunc = append(trunc, q)
 		}
 	}
 	if len(trunc) > 0 {
 		if _, err := e.pool.Exec(ctx, `TRUNCATE `+strings.Join(trunc, ", ")+` RESTART IDENTITY CASCADE`); err != nil {
-			return fmt.Errorf("truncate %s: %w", schema, err)
+			return nil, fmt.Errorf("truncate %s: %w", schema, err)
 		}
 	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO `+schema+`.accounts (id, balance) SELECT g, 0 FROM generate_series(1, $1) g`, e.keys); err != nil {
-		return fmt.Errorf("seed accounts: %w", err)
-	}
-	if _, err := e.pool.Exec(ctx, `VACUUM (ANALYZE) `+strings.Join(all, ", ")); err != nil {
+	return all, nil
+}
+
+// vacuumSchema runs VACUUM (ANALYZE) on tables and, when asked, a
+// CHECKPOINT.
+func vacuumSchema(ctx context.Context, e *env, schema string, tables []string, checkpoint bool) error {
+	if _, err := e.pool.Exec(ctx, `VACUUM (ANALYZE) `+strings.Join(tables, ", ")); err != nil {
 		return fmt.Errorf("vacuum %s: %w", schema, err)
 	}
 	if checkpoint {

@@ -11,8 +11,9 @@ import (
 	"time"
 )
 
-// Scenarios, in the order they run for each contender.
-var AllScenarios = []string{"ceiling", "produce", "ladder", "latency", "drain"}
+// Scenarios, in the order they run for each contender; "consume" runs
+// the consumers (AllConsumers) after the relay contenders.
+var AllScenarios = []string{"ceiling", "produce", "ladder", "latency", "drain", "consume"}
 
 // Options configure a benchmark run.
 type Options struct {
@@ -23,7 +24,13 @@ type Options struct {
 	Out        string
 	Contenders []string
 	Scenarios  []string
-	Repeat     int
+	// Consumers are the consume scenario's contenders (default
+	// AllConsumers).
+	Consumers []string
+	// ConsumeEvents and ConsumeKeys override the profile's consume backlog
+	// when positive.
+	ConsumeEvents, ConsumeKeys int
+	Repeat                     int
 	// Producers is the number of producer goroutines (and connections).
 	Producers int
 	// Keys is the number of accounts, that is event keys.
@@ -78,6 +85,9 @@ type Profile struct {
 	Checkpoint bool
 	// MaxEvents caps a closed-loop phase's events.
 	MaxEvents int
+	// ConsumeEvents is the consume scenario's backlog (0 skips it), over
+	// ConsumeKeys keys (default 500).
+	ConsumeEvents, ConsumeKeys int
 }
 
 // QuickProfile is the CI-smoke-sized profile (--quick), about 3 minutes
@@ -99,6 +109,8 @@ func QuickProfile() *Profile {
 		DrainMaxWait:    60 * time.Second,
 		Checkpoint:      false,
 		MaxEvents:       400000,
+		ConsumeEvents:   5000,
+		ConsumeKeys:     500,
 	}
 }
 
@@ -121,6 +133,8 @@ func FullProfile() *Profile {
 		DrainMaxWait:    15 * time.Minute,
 		Checkpoint:      true,
 		MaxEvents:       2000000,
+		ConsumeEvents:   20000,
+		ConsumeKeys:     500,
 	}
 }
 
@@ -151,6 +165,14 @@ func (o *Options) withDefaults() (Options, error) {
 			return out, fmt.Errorf("unknown scenario %q (known: %s)", s, strings.Join(AllScenarios, ","))
 		}
 	}
+	if len(out.Consumers) == 0 {
+		out.Consumers = AllConsumers
+	}
+	for _, c := range out.Consumers {
+		if !slices.Contains(AllConsumers, c) {
+			return out, fmt.Errorf("unknown consumer %q (known: %s)", c, strings.Join(AllConsumers, ","))
+		}
+	}
 	if out.SchemaPrefix == "" {
 		out.SchemaPrefix = "bench_"
 	}
@@ -173,6 +195,19 @@ func (o *Options) withDefaults() (Options, error) {
 			out.Profile = FullProfile()
 		}
 	}
+	if out.ConsumeEvents > 0 || out.ConsumeKeys > 0 || out.Profile.ConsumeKeys <= 0 {
+		p := *out.Profile
+		if out.ConsumeEvents > 0 {
+			p.ConsumeEvents = out.ConsumeEvents
+		}
+		if out.ConsumeKeys > 0 {
+			p.ConsumeKeys = out.ConsumeKeys
+		}
+		if p.ConsumeKeys <= 0 {
+			p.ConsumeKeys = 500
+		}
+		out.Profile = &p
+	}
 	if out.Log == nil {
 		out.Log = os.Stderr
 	}
@@ -193,3 +228,8 @@ func (o *Options) withDefaults() (Options, error) {
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,40}$`)
 
 func (o *Options) has(scenario string) bool { return slices.Contains(o.Scenarios, scenario) }
+
+// hasRelay says whether a scenario with a relay contender is selected.
+func (o *Options) hasRelay() bool {
+	return slices.ContainsFunc(o.Scenarios, func(s string) bool { return s != "consume" })
+}

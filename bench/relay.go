@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 )
@@ -39,15 +40,23 @@ type childConfig struct {
 	keys    int
 	nonce   uint64
 	cpuProf string
+	stats   string // consumers: where to write what was applied
 	stderr  io.Writer
 }
 
 func (c *childConfig) openPool(ctx context.Context, maxConns int) (*pgxpool.Pool, error) {
+	return c.openTracedPool(ctx, maxConns, nil)
+}
+
+// openTracedPool is openPool with a pgx tracer on its connections (none
+// when tracer is nil).
+func (c *childConfig) openTracedPool(ctx context.Context, maxConns int, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(c.dbURL)
 	if err != nil {
 		return nil, err
 	}
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferrybench-relay-" + c.impl
+	pc.ConnConfig.Tracer = tracer
 	pc.MaxConns = int32(maxConns)
 	return pgxpool.NewWithConfig(ctx, pc)
 }
@@ -56,10 +65,11 @@ func (c *childConfig) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-// RelayMain is the hidden `relay` subcommand: the relay under test, in its
-// own process so that its CPU time and peak RSS are its own. It sets the
-// relay up, prints "ready", starts on a "go" line from stdin and stops
-// (gracefully) when stdin closes.
+// RelayMain is the hidden `relay` subcommand: the relay (or, for the
+// consume scenario, the consumer) under test, in its own process so that
+// its CPU time and peak RSS are its own. It sets the relay up, prints
+// "ready", starts on a "go" line from stdin and stops (gracefully) when
+// stdin closes.
 func RelayMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c := &childConfig{stderr: stderr}
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
@@ -75,6 +85,7 @@ func RelayMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.keys, "keys", 1000, "publish-only: keys")
 	fs.Uint64Var(&c.nonce, "nonce", 0, "publish-only: event ID nonce")
 	fs.StringVar(&c.cpuProf, "cpuprofile", "", "write a CPU profile of the run (from \"go\" to the stop) to this file")
+	fs.StringVar(&c.stats, "stats", "", "consumers: write what was applied to this file when stopped")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -87,18 +98,11 @@ func RelayMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 func runChild(c *childConfig, stdin io.Reader, stdout io.Writer) error {
 	ctx := context.Background()
-	nc, err := nats.Connect(c.natsURL, nats.Name("ferrybench-relay-"+c.impl))
-	if err != nil {
-		return fmt.Errorf("connect to NATS: %w", err)
+	build := buildRelayChild
+	if isConsumer(c.impl) {
+		build = buildConsumer
 	}
-	defer nc.Close()
-	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: c.stream, SubjectPrefix: c.prefix, CreateStream: true})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = sink.Close(context.Background()) }()
-
-	run, cleanup, err := buildRelay(ctx, c, sink)
+	run, cleanup, err := build(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -136,6 +140,33 @@ func runChild(c *childConfig, stdin io.Reader, stdout io.Writer) error {
 		err = nil
 	}
 	return err
+}
+
+// buildRelayChild connects to NATS, opens the shared sink on the phase's
+// stream and builds the relay; its cleanup closes the three in turn.
+func buildRelayChild(ctx context.Context, c *childConfig) (runFunc, func(), error) {
+	nc, err := nats.Connect(c.natsURL, nats.Name("ferrybench-relay-"+c.impl))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: c.stream, SubjectPrefix: c.prefix, CreateStream: true})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	run, cleanup, err := buildRelay(ctx, c, sink)
+	closeAll := func() {
+		if cleanup != nil {
+			cleanup()
+		}
+		_ = sink.Close(context.Background())
+		nc.Close()
+	}
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return run, closeAll, nil
 }
 
 func buildRelay(ctx context.Context, c *childConfig, sink *ferrynats.Sink) (runFunc, func(), error) {

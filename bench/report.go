@@ -139,11 +139,23 @@ func mib(b int64) string {
 	return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20))
 }
 
-// contenders lists the contenders that have results, in run order.
+// contenders lists the relay contenders that have results, in run order.
 func (v view) contenders() []string {
 	var out []string
 	for _, res := range v.r.Results {
-		if res.Contender != "jetstream" && !slices.Contains(out, res.Contender) {
+		if res.Contender != "jetstream" && res.Scenario != "consume" && !slices.Contains(out, res.Contender) {
+			out = append(out, res.Contender)
+		}
+	}
+	return out
+}
+
+// consumers lists the consume scenario's contenders that have results, in
+// run order.
+func (v view) consumers() []string {
+	var out []string
+	for _, res := range v.r.Results {
+		if res.Scenario == "consume" && !slices.Contains(out, res.Contender) {
 			out = append(out, res.Contender)
 		}
 	}
@@ -203,6 +215,46 @@ func writeSummary(rep *Report, dir string) error {
 		rep.Started.Format("2006-01-02 15:04:05 MST"), rep.Elapsed, len(rep.Order))
 
 	// Overview.
+	if len(v.contenders()) > 0 {
+		writeOverview(w, v, rep)
+	}
+
+	// Ceilings.
+	if len(filterScenario(rep.Results, "ceiling")) > 0 {
+		writeCeilings(w, v, rep)
+	}
+	writeRelayTables(w, rep)
+
+	// Consumers.
+	if cons := filterScenario(rep.Results, "consume"); len(cons) > 0 {
+		writeConsumers(w, rep, cons)
+	}
+
+	// Correctness.
+	if len(v.contenders()) > 0 || len(v.find("jetstream", "ceiling", "")) > 0 {
+		writeCorrectness(w, v, rep)
+	}
+	var errs []string
+	for _, r := range rep.Results {
+		if r.Error != "" {
+			errs = append(errs, fmt.Sprintf("- %s %s %s (repeat %d): %s", r.Contender, r.Scenario, r.Param, r.Repeat, r.Error))
+		}
+	}
+	if len(errs) > 0 {
+		w("\nErrors:\n\n%s\n", strings.Join(errs, "\n"))
+	}
+
+	// Configuration.
+	w("\n## Contenders\n\n")
+	for _, c := range append(v.contenders(), v.consumers()...) {
+		w("- **%s**: %s\n", c, rep.Describe[c])
+	}
+	writeMachine(w, rep)
+	return os.WriteFile(filepath.Join(dir, "summary.md"), []byte(b.String()), 0o644)
+}
+
+func writeOverview(w func(string, ...any), v view, rep *Report) {
+	p := rep.Profile
 	w("## Overview\n\n")
 	w("| Contender | Sustained events/s | Producer tx/s with relay (%% of no-relay ceiling) | commit→receive p50 / p99 ms @1k/s | @5k/s | @50%% of own max | Drain events/s (backlog) | Relay CPU-s / 10k | PostgreSQL CPU-s / 10k | Relay peak RSS | Missing | Duplicates | Order inversions |\n")
 	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -256,11 +308,10 @@ func writeSummary(rep *Report, dir string) error {
 	w("\nSustained: the highest ladder rate (%s events/s) at which, over a %s steady window after %s of warm-up, delivered ≥ 99%% of offered, the backlog grew by < 1%% of the rate per second, and p99 from the intended send time to receipt was < 1 s. CPU and RSS columns come from the largest backlog drained. Missing counts committed events never received across all phases with a relay; duplicates are copies the bench's consumer saw twice; inversions are events received after a later event of the same key.\n\n",
 		joinInts(p.Ladder), p.Steady, p.Warmup)
 
-	// Ceilings.
-	if len(filterScenario(rep.Results, "ceiling")) > 0 {
-		writeCeilings(w, v, rep)
-	}
+}
 
+// writeRelayTables writes the ladder, latency and drain tables.
+func writeRelayTables(w func(string, ...any), rep *Report) {
 	// Ladder.
 	if ladder := filterScenario(rep.Results, "ladder"); len(ladder) > 0 {
 		w("\n## Sustained-rate ladder\n\n")
@@ -312,7 +363,9 @@ func writeSummary(rep *Report, dir string) error {
 		}
 	}
 
-	// Correctness.
+}
+
+func writeCorrectness(w func(string, ...any), v view, rep *Report) {
 	w("\n## Correctness (every phase with a relay)\n\n")
 	w("| Contender | Promises per-key order | Phases | Committed | Delivered | Missing | Undelivered at timeout | Duplicates | Inversions | Producer errors | Failed phases |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range append(v.contenders(), "jetstream") {
@@ -328,21 +381,10 @@ func writeSummary(rep *Report, dir string) error {
 		}
 		w("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |\n", c, promise, k.phases, commas(k.committed), commas(k.delivered), commas(k.missing), commas(k.undelivered), commas(k.duplicates), commas(k.inversions), commas(k.producerErrors), k.errors)
 	}
-	var errs []string
-	for _, r := range rep.Results {
-		if r.Error != "" {
-			errs = append(errs, fmt.Sprintf("- %s %s %s (repeat %d): %s", r.Contender, r.Scenario, r.Param, r.Repeat, r.Error))
-		}
-	}
-	if len(errs) > 0 {
-		w("\nErrors:\n\n%s\n", strings.Join(errs, "\n"))
-	}
+}
 
-	// Configuration.
-	w("\n## Contenders\n\n")
-	for _, c := range v.contenders() {
-		w("- **%s**: %s\n", c, rep.Describe[c])
-	}
+func writeMachine(w func(string, ...any), rep *Report) {
+	p := rep.Profile
 	m := rep.Machine
 	w("\n## Machine and settings\n\n")
 	w("- CPU: %d × %s (GOMAXPROCS %d), memory %s, kernel %s\n", m.CPUs, m.CPUModel, m.GOMAXPROCS, m.Memory, m.Kernel)
@@ -363,6 +405,9 @@ func writeSummary(rep *Report, dir string) error {
 	w("- Load: %d producer connections, %d keys (accounts, uniform), %d-byte payload, 1 event per transaction\n", m.Producers, m.Keys, m.Payload)
 	w("- Profile %s: ladder %s events/s, warm-up %s, steady window %s; fixed rates %s; 50%%-of-max run: %v; backlogs %s; ceilings %s; grace %s; CHECKPOINT between phases: %v\n",
 		p.Name, joinInts(p.Ladder), p.Warmup, p.Steady, joinInts(p.FixedRates), p.HalfMax, joinInts(p.Drains), p.CeilingDuration, p.Grace, p.Checkpoint)
+	if len(filterScenario(rep.Results, "consume")) > 0 {
+		w("- Consume: a backlog of %s events over %s keys (uniform, 256-byte payload) per consumer\n", commas(int64(p.ConsumeEvents)), commas(int64(p.ConsumeKeys)))
+	}
 	for i, o := range rep.Order {
 		w("- Order, repeat %d: %s\n", i+1, strings.Join(o, ", "))
 	}
@@ -370,8 +415,8 @@ func writeSummary(rep *Report, dir string) error {
 	w("- Relay: utime+stime of the relay child process (`/proc/<pid>/stat`), from the moment it is told to start to the end of the phase; peak RSS is its VmHWM (`/proc/<pid>/status`).\n")
 	w("- PostgreSQL (the columns without a qualifier): utime+stime of the bench's own backends (found in `pg_stat_activity` by application_name `ferrybench-…`: the producers, the bench's bookkeeping and the relay's connections) plus the cluster's background processes (WAL writer, checkpointer, background writer, autovacuum), sampled at the start and end of the phase. It includes the producers' transactions, so it is the whole system's database cost, not the relay's alone.\n")
 	w("- PostgreSQL, whole cluster (`postgres_all_s` in results.jsonl, and the drain table): the sum over every postmaster of its own utime+stime, its cutime+cstime (children that exited and were reaped) and the utime+stime of its live children. It is exact even when backends come and go, but counts every other client of the same server too.\n")
-	w("- NATS: utime+stime of the nats-server process. Per-10k figures divide by events delivered (by transactions committed for the ceilings). USER_HZ is taken as 100.\n")
-	return os.WriteFile(filepath.Join(dir, "summary.md"), []byte(b.String()), 0o644)
+	w("- NATS: utime+stime of the nats-server process. Per-10k figures divide by events delivered (by transactions committed for the ceilings; by distinct events applied for the consumers). USER_HZ is taken as 100.\n")
+	w("- Consumers: the consumer child's CPU and peak RSS as the relay's; PostgreSQL as above (the consumer's connections and the bench's polling of the projection, plus the background processes).\n")
 }
 
 func cpuOf(r Result, which string) (float64, bool) {
@@ -490,4 +535,43 @@ func writeCeilings(w func(string, ...any), v view, rep *Report) {
 		}
 	}
 
+}
+
+// writeConsumers writes the consume scenario's table, one row per run.
+func writeConsumers(w func(string, ...any), rep *Report, rs []Result) {
+	w("\n## Consumers: applying a backlog with exactly-once effect\n\n")
+	w("Each consumer runs alone in its own schema, in the child process, over a backlog written before it starts, and applies every event with the same upsert (`INSERT INTO projection AS t (customer, orders, last_seq) VALUES ($key, 1, $seq) ON CONFLICT (customer) DO UPDATE SET orders = t.orders + 1, last_seq = excluded.last_seq`; one multi-row statement over `unnest` for Ferry's batch handler) in the transaction that records the event as done. Events/s: distinct events applied over the time from the start signal to the last applying COMMIT. Apply transaction: a transaction that applied events, from BEGIN sent to COMMIT returned (pgx tracer in the child), with the events it applied on average. Exactly once: the projection's sum(orders) must be the backlog and each key's orders its count of events, and the consumer's committed applies must hold each event once. Inversions: events applied (in their key's commit order, from the upsert's RETURNING orders) after an event of the same key with a higher sequence.\n\n")
+	w("| Consumer | Backlog (keys) | Preload | First apply s | Apply s | events/s | Apply tx p50 / p99 ms | Events / tx | Consumer CPU-s / 10k | PostgreSQL CPU-s / 10k | Peak RSS | sum(orders) | Missing | Duplicates | Order inversions |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		if r.Error != "" {
+			w("| %s | %s | ERROR: %s | | | | | | | | | | | | |\n", r.Contender, commas(int64(r.Events)), r.Error)
+			continue
+		}
+		rate := num(r.DrainRate)
+		missing := commas(r.Missing)
+		if r.TimedOut {
+			rate = fmt.Sprintf("timed out (%s not applied)", commas(r.Undelivered))
+			missing = "—"
+		}
+		tx := "—"
+		if l := r.ApplyTx; l != nil {
+			tx = ms(l.P50) + " / " + ms(l.P99)
+		}
+		inv := commas(r.Inversions)
+		if !rep.Ordered[r.Contender] && r.Inversions > 0 {
+			inv += " (no per-key order promised)"
+		}
+		preload, _, _ := strings.Cut(strings.TrimPrefix(r.Note, "preload "), ";")
+		w("| %s | %s (%s) | %s | %.2f | %.2f | %s | %s | %.1f | %s | %s | %s | %s | %s | %s | %s |\n", r.Contender, commas(int64(r.Events)), commas(int64(r.Keys)), preload,
+			r.FirstDelivery, r.DrainSeconds, rate, tx, r.EventsPerTx, cpuCell(r, "relay"), cpuCell(r, "postgres"), mib(r.RelayPeakRSS), commas(r.Applied), missing, commas(r.Duplicates), inv)
+	}
+	var notes []string
+	for _, r := range rs {
+		if _, rest, ok := strings.Cut(r.Note, "; "); ok {
+			notes = append(notes, fmt.Sprintf("- %s (repeat %d): %s", r.Contender, r.Repeat, rest))
+		}
+	}
+	if len(notes) > 0 {
+		w("\nNotes:\n\n%s\n", strings.Join(notes, "\n"))
+	}
 }

@@ -1,6 +1,9 @@
 package bench
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Result is one (contender, scenario, parameter, repeat) measurement; the
 // results folder holds them as JSON lines (results.jsonl).
@@ -14,6 +17,7 @@ type Result struct {
 
 	Rate   int `json:"rate,omitempty"`   // offered events/s (open loop)
 	Events int `json:"events,omitempty"` // backlog or publish count
+	Keys   int `json:"keys,omitempty"`   // consume: the backlog's keys
 
 	Seconds        float64 `json:"seconds"`
 	Offered        int64   `json:"offered,omitempty"`
@@ -39,8 +43,16 @@ type Result struct {
 	// ProducerTx is the producer transactions' duration, BEGIN to COMMIT.
 	ProducerTx *Latency `json:"producer_tx,omitempty"`
 
-	// Drains: time from the relay's start to the first and to the last
-	// delivery.
+	// Consume: the consumer's transactions that applied events, from
+	// BEGIN sent to COMMIT returned, and the events they applied on
+	// average; Applied is the projection's sum(orders) after the consumer
+	// stopped (Delivered counts distinct events applied).
+	ApplyTx     *Latency `json:"apply_tx,omitempty"`
+	EventsPerTx float64  `json:"events_per_tx,omitempty"`
+	Applied     int64    `json:"applied,omitempty"`
+
+	// Drains and consume: time from the relay's (consumer's) start to the
+	// first and to the last delivery (commit of an apply).
 	FirstDelivery float64 `json:"first_delivery_s,omitempty"`
 	DrainSeconds  float64 `json:"drain_s,omitempty"`
 	DrainRate     float64 `json:"drain_per_s,omitempty"`
@@ -78,16 +90,17 @@ func (r *Result) setPer10k(n int64) {
 }
 
 // FerryFailures lists what the run found wrong with Ferry's own contenders
-// (ferry, ferry-sqlite): a phase that failed to run, an event missing (its
-// delivery stalled for the grace period, or the relay exited) or a key's
-// events out of order. A phase that was still delivering when its wait
-// ended (overload) is reported, not failed. Baselines are reported, never
-// failed: the naive cursor relay loses events by design.
+// (ferry, ferry-sqlite, and the ferry-inbox consumers): a phase that failed
+// to run, an event missing (its delivery stalled for the grace period, or
+// the relay exited), applied twice (consumers) or a key's events out of
+// order. A phase that was still delivering when its wait ended (overload)
+// is reported, not failed. Baselines are reported, never failed: the
+// naive cursor relay loses events by design.
 func (rep *Report) FerryFailures() []string {
 	var out []string
 	for i := range rep.Results {
 		r := &rep.Results[i]
-		if r.Contender != "ferry" && r.Contender != "ferry-sqlite" {
+		if r.Contender != "ferry" && r.Contender != "ferry-sqlite" && !strings.HasPrefix(r.Contender, "ferry-inbox") {
 			continue
 		}
 		what := r.Contender + " " + r.Scenario + " " + r.Param
@@ -96,6 +109,8 @@ func (rep *Report) FerryFailures() []string {
 			out = append(out, what+": "+r.Error)
 		case r.Missing > 0:
 			out = append(out, fmt.Sprintf("%s: %d events missing", what, r.Missing))
+		case r.Duplicates > 0 && r.Scenario == "consume":
+			out = append(out, fmt.Sprintf("%s: %d events applied twice", what, r.Duplicates))
 		case r.Inversions > 0:
 			out = append(out, fmt.Sprintf("%s: %d per-key order inversions", what, r.Inversions))
 		}

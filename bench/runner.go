@@ -77,12 +77,30 @@ func Run(ctx context.Context, opts *Options) (*Report, error) {
 	r.report.Machine = collectMachineInfo(ctx, r.env.pool, r.nc, &o)
 
 	contenders := make(map[string]contender)
-	for _, name := range o.Contenders {
+	var relayNames []string
+	if o.hasRelay() {
+		relayNames = o.Contenders
+	}
+	for _, name := range relayNames {
 		c, err := newContender(name, o.SchemaPrefix)
 		if err != nil {
 			return nil, err
 		}
 		contenders[name] = c
+		r.report.Describe[name] = c.Describe()
+		r.report.Ordered[name] = c.OrderedPerKey()
+	}
+	consumers := make(map[string]consumer)
+	var consumerNames []string
+	if o.has("consume") && o.Profile.ConsumeEvents > 0 {
+		consumerNames = o.Consumers
+	}
+	for _, name := range consumerNames {
+		c, err := newConsumer(name, o.SchemaPrefix)
+		if err != nil {
+			return nil, err
+		}
+		consumers[name] = c
 		r.report.Describe[name] = c.Describe()
 		r.report.Ordered[name] = c.OrderedPerKey()
 	}
@@ -92,17 +110,23 @@ func Run(ctx context.Context, opts *Options) (*Report, error) {
 			return
 		}
 		for name := range set {
+			if c, ok := consumers[name]; ok {
+				_, _ = r.env.pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+c.schema()+` CASCADE`)
+				continue
+			}
 			_ = contenders[name].Teardown(context.WithoutCancel(ctx), r.env)
 		}
 	}()
 
 	for rep := 1; rep <= o.Repeat; rep++ {
 		r.rep = rep
-		order := append([]string(nil), o.Contenders...)
+		order := append([]string(nil), relayNames...)
+		corder := append([]string(nil), consumerNames...)
 		if rep > 1 {
 			rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			rand.Shuffle(len(corder), func(i, j int) { corder[i], corder[j] = corder[j], corder[i] })
 		}
-		r.report.Order = append(r.report.Order, order)
+		r.report.Order = append(r.report.Order, append(append([]string(nil), order...), corder...))
 		if o.has("ceiling") {
 			for _, impl := range []string{"publish-async", "publish-sync"} {
 				r.add(r.runPhase(ctx, phaseSpec{name: "jetstream", impl: impl, scenario: "ceiling", param: impl, load: loadPublish, events: r.p.PublishCount}))
@@ -122,6 +146,22 @@ func Run(ctx context.Context, opts *Options) (*Report, error) {
 				set[name] = true
 			}
 			r.runContender(ctx, c)
+		}
+		// Consumers, one at a time, after the relays.
+		for _, name := range corder {
+			if ctx.Err() != nil {
+				return r.finish()
+			}
+			c := consumers[name]
+			if !set[name] {
+				r.logf("setup %s", name)
+				if err := c.Setup(ctx, r.env); err != nil {
+					r.add(Result{Contender: name, Scenario: "consume", Param: "setup", Repeat: rep, Error: err.Error()})
+					continue
+				}
+				set[name] = true
+			}
+			r.add(r.runConsume(ctx, c))
 		}
 	}
 	return r.finish()
@@ -808,7 +848,11 @@ func oneLine(r *Result) string {
 		s += fmt.Sprintf(" producer %.0f tx/s", r.ProducerTPS)
 	}
 	if r.DrainRate > 0 {
-		s += fmt.Sprintf(" drain %.0f ev/s in %.2f s", r.DrainRate, r.DrainSeconds)
+		what := "drain"
+		if r.Scenario == "consume" {
+			what = "apply"
+		}
+		s += fmt.Sprintf(" %s %.0f ev/s in %.2f s", what, r.DrainRate, r.DrainSeconds)
 	}
 	if r.Pass != nil {
 		s += fmt.Sprintf(" delivered %.1f%% slope %.2f%%/s pass=%v %s", r.DeliveredRatio*100, r.SlopeRatio*100, *r.Pass, r.Why)
@@ -825,13 +869,18 @@ func oneLine(r *Result) string {
 	if l := r.ProducerTx; l != nil {
 		s += fmt.Sprintf(" tx p50 %.1f p99 %.1f ms", l.P50, l.P99)
 	}
+	if l := r.ApplyTx; l != nil {
+		s += fmt.Sprintf(" apply tx p50 %s p99 %s ms (%.1f events/tx)", ms(l.P50), ms(l.P99), r.EventsPerTx)
+	}
 	if r.CPUPer10k != nil && r.Delivered > 0 {
 		s += fmt.Sprintf(" cpu/10k relay %.2f pg %.2f s", r.CPUPer10k.Relay, r.CPUPer10k.Postgres)
 	}
 	if r.Scenario == "sustained" {
 		s += fmt.Sprintf(" %d ev/s", r.Rate)
 	}
-	if r.Delivered > 0 || r.Missing > 0 {
+	if r.Scenario == "consume" {
+		s += fmt.Sprintf(" applied %d (sum(orders) %d of %d) missing %d dup %d inv %d", r.Delivered, r.Applied, r.Events, r.Missing, r.Duplicates, r.Inversions)
+	} else if r.Delivered > 0 || r.Missing > 0 {
 		s += fmt.Sprintf(" delivered %d missing %d dup %d inv %d", r.Delivered, r.Missing, r.Duplicates, r.Inversions)
 	}
 	if r.TimedOut {

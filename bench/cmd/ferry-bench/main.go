@@ -1,6 +1,8 @@
 // Command ferry-bench runs Ferry's side-by-side outbox benchmark: Ferry
 // (PostgreSQL and SQLite), Watermill, River and two naive polling relays,
-// one at a time on the same PostgreSQL and JetStream, and writes
+// one at a time on the same PostgreSQL and JetStream, then (the consume
+// scenario) Ferry's inbox, River with JobCompleteTx and a Watermill-sql
+// subscriber applying a backlog with exactly-once effect, and writes
 // results.jsonl, summary.md and chart.png to a results folder.
 //
 //	cd bench && go run ./cmd/ferry-bench --quick
@@ -39,13 +41,16 @@ func env(name, def string) string {
 func run(args []string) int {
 	fs := flag.NewFlagSet("ferry-bench", flag.ContinueOnError)
 	var o bench.Options
-	var contenders, scenarios string
+	var contenders, scenarios, consumers string
 	fs.BoolVar(&o.Quick, "quick", false, "smoke-sized run (about 3 minutes): shorter windows, ladder 1k/5k, 10k backlog only")
 	fs.StringVar(&o.DatabaseURL, "database-url", env("FERRY_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL (env FERRY_DATABASE_URL)")
 	fs.StringVar(&o.NATSURL, "nats-url", env("FERRY_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL with JetStream (env FERRY_NATS_URL)")
 	fs.StringVar(&o.Out, "out", "results/"+time.Now().Format("20060102-150405"), "results folder")
 	fs.StringVar(&contenders, "contenders", strings.Join(bench.AllContenders, ","), "comma-separated contenders")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated scenarios")
+	fs.StringVar(&consumers, "consumers", strings.Join(bench.AllConsumers, ","), "comma-separated consumers (consume scenario)")
+	fs.IntVar(&o.ConsumeEvents, "consume-events", 0, "consume scenario: backlog per consumer (default 20000, 5000 with --quick)")
+	fs.IntVar(&o.ConsumeKeys, "consume-keys", 0, "consume scenario: keys of the backlog (default 500)")
 	fs.IntVar(&o.Repeat, "repeat", 1, "repeats (contender order shuffled after the first; medians reported)")
 	fs.IntVar(&o.Producers, "producers", 32, "producer connections")
 	fs.IntVar(&o.Keys, "keys", 1000, "distinct keys (accounts)")
@@ -53,7 +58,8 @@ func run(args []string) int {
 	fs.BoolVar(&o.Keep, "keep", false, "keep the contenders' schemas afterwards")
 	fs.StringVar(&o.SchemaPrefix, "schema-prefix", "bench_", "prefix of the contenders' schema names")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: ferry-bench [flags]\n\nContenders: %s\nScenarios: %s\n\n", strings.Join(bench.AllContenders, ", "), strings.Join(bench.AllScenarios, ", "))
+		fmt.Fprintf(fs.Output(), "usage: ferry-bench [flags]\n\nContenders: %s\nScenarios: %s\nConsumers (consume scenario): %s\n\n",
+			strings.Join(bench.AllContenders, ", "), strings.Join(bench.AllScenarios, ", "), strings.Join(bench.AllConsumers, ", "))
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -61,6 +67,7 @@ func run(args []string) int {
 	}
 	o.Contenders = split(contenders)
 	o.Scenarios = split(scenarios)
+	o.Consumers = split(consumers)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
