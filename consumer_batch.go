@@ -62,8 +62,12 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 	out := make([]batchOutcome, len(rows))
 	units := c.units(rows)
 	var running []int // the events whose handler call runs; nil: none (the end)
+	var late []int    // the events left out: the batch ran out of time first
+	budget := batchBudget(c.cfg.ClaimTTL)
 	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
-		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, len(rows))}
+		txStart := time.Now()
+		late = late[:0]
+		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, 0, len(rows))}
 		// run runs one handler call in a savepoint; a non-nil stop means
 		// the transaction cannot go on.
 		run := func(fn func(ctx context.Context, tx TTx) error) (herr, stop error) {
@@ -87,9 +91,17 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 					f.State = ferrydriver.InboxDead
 				}
 			}
-			out[i], fin.Rows[i] = o, f
+			out[i] = o
+			fin.Rows = append(fin.Rows, f)
 		}
-		for _, u := range units {
+		for k, u := range units {
+			if time.Since(txStart) > budget {
+				// Slow handlers: commit what ran, give the rest back.
+				for _, u := range units[k:] {
+					late = append(late, u.rows...)
+				}
+				break
+			}
 			if u.batch != nil && len(u.rows) > 1 {
 				// One call for all; if it fails, one call for each.
 				running = u.rows
@@ -134,6 +146,10 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 	})
 	if err == nil {
 		for i, row := range rows {
+			if slices.Contains(late, i) {
+				c.rerunUncounted(ctx, row, "its batch ran out of time before its turn")
+				continue
+			}
 			c.recordOutcome(ctx, row, out[i])
 		}
 		return
@@ -232,4 +248,11 @@ func callBatch[TTx any](ctx context.Context, tx TTx, fn BatchHandlerFunc[TTx], e
 		}
 	}()
 	return fn(ctx, tx, evs)
+}
+
+// batchBudget is how long a batch runs handlers before it commits what ran
+// and gives the rest back: slow handlers (calls to other systems) then
+// make small batches, and never a transaction that outlives its claims.
+func batchBudget(claimTTL time.Duration) time.Duration {
+	return min(claimTTL/4, time.Second)
 }

@@ -108,6 +108,14 @@ ConsumerConfig.SkipUnhandled skips it. Register handlers before Run. The
 group's dead policy is stored when Run starts and is the one every process
 of the group follows.
 
+By default a transaction applies up to 32 claimed events of different keys
+(ConsumerConfig.BatchSize; 1 for one per transaction), each handler in a
+savepoint of its own, so that a failing handler is rolled back alone and
+recorded as its event's failed attempt while the others commit.
+HandleBatch registers a handler that gets a batch's events of its type in
+one call, for multi-row statements; when the call fails it runs again for
+each event alone.
+
 AwaitSettled tells a request path whether a group has settled events,
 failed them (and why) or not yet, woken by the database rather than
 polling, and on a connection of its own, so a caller's transaction snapshot
