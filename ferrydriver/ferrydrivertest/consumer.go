@@ -59,6 +59,7 @@ func ExerciseConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 			t.Run("OnePoisonEventCostsOnlyItself", func(t *testing.T) { t.Parallel(); testConsumerPoison(t, h) })
 			t.Run("BatchHandlerFailureStaysTheFailingEvents", func(t *testing.T) { t.Parallel(); testConsumerBatchHandler(t, h) })
 			t.Run("HandlerOutlivingTheDeadlineCostsOnlyItsEvent", func(t *testing.T) { t.Parallel(); testConsumerDeadlineInBatch(t, h) })
+			t.Run("SlowHandlersMakeSmallBatches", func(t *testing.T) { t.Parallel(); testConsumerSlowBatch(t, h) })
 		})
 	}
 }
@@ -543,5 +544,47 @@ func testConsumerDeadlineInBatch[TTx any](t *testing.T, h ConsumerHarness[TTx]) 
 		}
 		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
 		require.Equal(t, 1, row.Attempts, "event %s: the slow one's failures cost it nothing", ev.ID)
+	}
+}
+
+// testConsumerSlowBatch: handlers of 200 ms in a batch of 32: the batch
+// commits what ran after its time budget (a second) and gives the rest
+// back, uncounted; every event is applied once, with one attempt, and no
+// transaction holds more than a budget's worth of handlers.
+func testConsumerSlowBatch[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
+	ctx := ctxT(t, 2*time.Minute)
+	d := h.New(t)
+	record, counts := h.Effects(t, d)
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{Workers: 1})
+	var mu sync.Mutex
+	inTx := map[any]int{} // handlers per transaction
+	c.HandleAll(func(ctx context.Context, tx TTx, ev *ferryevent.Event) error {
+		time.Sleep(200 * time.Millisecond)
+		mu.Lock()
+		inTx[any(tx)]++
+		mu.Unlock()
+		return record(ctx, tx, ev)
+	})
+	evs := make([]*ferryevent.Event, 12)
+	for i := range evs {
+		evs[i] = Event("t", fmt.Sprintf("k%02d", i), strconv.Itoa(i))
+	}
+	_, err := c.Ingest(ctx, evs)
+	require.NoError(t, err)
+	r := run(c)
+	for _, ev := range evs {
+		awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
+	}
+	require.NoError(t, r.stop(t))
+	got, err := counts(ctx)
+	require.NoError(t, err)
+	for _, ev := range evs {
+		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
+		require.Equal(t, 1, state(ctx, t, d, ev.ID).Attempts, "event %s: given back uncounted", ev.ID)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, n := range inTx {
+		require.LessOrEqual(t, n, 7, "a transaction ran %d handlers of 200 ms: past its one-second budget", n)
 	}
 }
