@@ -12,12 +12,14 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_\/-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
-test: ## Run every test of every module with the race detector (needs PostgreSQL and NATS: make services)
-	@for m in $(MODULES); do echo "== $$m"; (cd $$m && go test -race -count=1 -timeout 20m ./...) || exit 1; done
+test: ## Run every test of every module with the race detector (needs PostgreSQL and NATS: make services); failing modules are listed at the end
+	@failed=""; for m in $(MODULES); do echo "== $$m"; (cd $$m && go test -race -count=1 -timeout 20m ./...) || failed="$$failed $$m"; done; \
+	if [ -n "$$failed" ]; then echo "FAILED modules:$$failed"; exit 1; fi
 
 .PHONY: test/short
 test/short: ## Quicker tests: no race detector, smaller backlogs
-	@for m in $(MODULES); do echo "== $$m"; (cd $$m && go test -short -count=1 ./...) || exit 1; done
+	@failed=""; for m in $(MODULES); do echo "== $$m"; (cd $$m && go test -short -count=1 ./...) || failed="$$failed $$m"; done; \
+	if [ -n "$$failed" ]; then echo "FAILED modules:$$failed"; exit 1; fi
 
 .PHONY: test/race
 test/race: test ## Same as test (the race detector is always on)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,12 +32,20 @@ import (
 // backlog into JetStream, and the commit-to-receive latency at a fixed
 // rate. Each run uses a fresh schema and stream and removes them after.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency" && args[0] != "consume" && args[0] != "settle" && args[0] != "ingest" && args[0] != "e2e") {
-		return usagef("say what to measure: ferry bench drain | latency | consume | settle | ingest | e2e " +
-			"(the side-by-side comparison with Watermill, River and naive polling is the bench module: " +
-			"cd bench && go run ./cmd/ferry-bench --quick)")
+	mode, err := pickSubcommand("bench", args, []subcommand{
+		{"drain", "how fast the relay drains a backlog into JetStream"},
+		{"latency", "producer commit → received from JetStream, at a rate"},
+		{"consume", "a consumer applying a backlog: one event per transaction, batched, HandleBatch, next to the ceiling"},
+		{"settle", "handler commit → AwaitSettled returns"},
+		{"ingest", "a JetStream source ingesting a backlog into an inbox"},
+		{"e2e", "producer commit → relay → JetStream → source → inbox → consumer commit"},
+	}, stdout)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			err = fmt.Errorf("%w (the side-by-side comparison with Watermill, River and naive polling is the bench module: cd bench && go run ./cmd/ferry-bench --quick)", err)
+		}
+		return err
 	}
-	mode := args[0]
 	f := newFlags("bench "+mode, stderr)
 	var db dbFlags
 	db.register(f)

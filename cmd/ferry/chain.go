@@ -23,16 +23,17 @@ import (
 
 // cmdChain runs `ferry chain run|status`.
 func cmdChain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usagef("say what to do: `ferry chain run` ingests a contract's logs into a consumer group's inbox, `ferry chain status` shows where it is")
+	action, err := pickSubcommand("chain", args, []subcommand{
+		{"run", "ingest a contract's logs into a consumer group's inbox, reorgs retracted"},
+		{"status", "where a group's chain cursor is"},
+	}, stdout)
+	if err != nil {
+		return err
 	}
-	switch args[0] {
-	case "run":
+	if action == "run" {
 		return cmdChainRun(ctx, args[1:], stderr)
-	case "status":
-		return cmdChainStatus(ctx, args[1:], stdout, stderr)
 	}
-	return usagef("unknown chain command %q: use run or status", args[0])
+	return cmdChainStatus(ctx, args[1:], stdout, stderr)
 }
 
 type chainFlags struct {

@@ -30,7 +30,14 @@ type envFlags struct {
 	fs         *flag.FlagSet
 	errs       []error
 	positional []string
+	// acceptArgs: the command reads positional arguments (Args); without
+	// it, Parse refuses them instead of ignoring them.
+	acceptArgs bool
 }
+
+// AcceptArgs lets Parse take positional arguments, which the command reads
+// with Args.
+func (f *envFlags) AcceptArgs() { f.acceptArgs = true }
 
 func newFlags(name string, stderr io.Writer) *envFlags {
 	fs := flag.NewFlagSet("ferry "+name, flag.ContinueOnError)
@@ -100,6 +107,9 @@ func (f *envFlags) Parse(args []string) error {
 		}
 		positional = append(positional, args[0])
 		args = args[1:]
+	}
+	if len(positional) > 0 && !f.acceptArgs {
+		return usagef("unexpected argument %q: %s takes flags only (-h lists them)", positional[0], f.fs.Name())
 	}
 	f.positional = positional
 	return nil

@@ -24,6 +24,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"strings"
 	"syscall"
 )
 
@@ -49,8 +51,9 @@ Usage:
                                      keys the relay set aside while their destination failed
   ferry emit    [flags]              write events to the outbox (for trying Ferry out)
   ferry tail    [flags]              print the events stored in the JetStream stream
-  ferry bench drain|latency|consume|settle [flags]
+  ferry bench drain|latency|consume|settle|ingest|e2e [flags]
                                      measure this machine (PostgreSQL)
+  ferry version                      the module version, commit and Go version of this binary
 
 --database-url takes postgres://..., mongodb://... or sqlite:FILE; without it, commands use
 the embedded database <data-dir>/ferry.db (--data-dir, default ferry-data).
@@ -96,6 +99,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdBench(ctx, args[1:], stdout, stderr)
 	case "chain":
 		err = cmdChain(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		err = cmdVersion(args[1:], stdout)
 	default:
 		fmt.Fprintf(stderr, "ferry: unknown command %q\n\n%s", args[0], usage)
 		return 2
@@ -121,3 +126,59 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// subcommand is one action of a command, with what it does.
+type subcommand struct{ name, does string }
+
+// pickSubcommand returns the subcommand args[0] names. -h, --help and help
+// list the subcommands on stdout (flag.ErrHelp: exit 0); a missing or
+// unknown one is a usage error that names them.
+func pickSubcommand(command string, args []string, subs []subcommand, stdout io.Writer) (string, error) {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.name
+	}
+	choices := "ferry " + command + " " + strings.Join(names, " | ")
+	if len(args) == 0 {
+		return "", usagef("say what to do: %s (ferry %s -h says what each does)", choices, command)
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprintf(stdout, "Usage: ferry %s <subcommand> [flags]\n\nSubcommands:\n", command)
+		for _, s := range subs {
+			fmt.Fprintf(stdout, "  %-9s %s\n", s.name, s.does)
+		}
+		fmt.Fprintf(stdout, "\nRun \"ferry %s <subcommand> -h\" for its flags.\n", command)
+		return "", flag.ErrHelp
+	}
+	for _, s := range subs {
+		if s.name == args[0] {
+			return s.name, nil
+		}
+	}
+	return "", usagef("unknown subcommand %q: %s (ferry %s -h says what each does)", args[0], choices, command)
+}
+
+// cmdVersion prints the module version, the commit it was built from (and
+// whether the tree was modified) and the Go version.
+func cmdVersion(args []string, stdout io.Writer) error {
+	if len(args) > 0 {
+		return usagef("unexpected argument %q: ferry version takes none", args[0])
+	}
+	version, commit, modified, goVersion := "(unknown)", "(unknown)", "", "(unknown)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		version, goVersion = bi.Main.Version, bi.GoVersion
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.modified":
+				if s.Value == "true" {
+					modified = " (modified)"
+				}
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "ferry %s\ncommit %s%s\n%s\n", version, commit, modified, goVersion)
+	return nil
+}

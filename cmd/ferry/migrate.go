@@ -12,10 +12,14 @@ import (
 )
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "up" && args[0] != "down" && args[0] != "sql") {
-		return usagef("say what to do: ferry migrate up | down | sql  (sql prints the DDL for your own migration tool)")
+	action, err := pickSubcommand("migrate", args, []subcommand{
+		{"up", "apply the migrations the schema lacks (--dry-run shows them)"},
+		{"down", "revert the newest migration (--steps N: that many)"},
+		{"sql", "print the migrations' SQL for your own migration tool (--down: the down ones)"},
+	}, stdout)
+	if err != nil {
+		return err
 	}
-	action := args[0]
 	f := newFlags("migrate "+action, stderr)
 	var db dbFlags
 	db.register(f)

@@ -15,12 +15,16 @@ import (
 // aside in the database and published from there once the destination
 // answers; held ones (DeadPolicy hold) wait for an operator.
 func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	actions := map[string]bool{"list": true, "release": true, "skip": true}
-	if len(args) == 0 || !actions[args[0]] {
-		return usagef("say what to do: ferry parked list | release <key> | skip <key>  (--feed default/0)")
+	action, err := pickSubcommand("parked", args, []subcommand{
+		{"list", "keys set aside while their destination failed, and held ones (--feed default/0)"},
+		{"release", "release <key>: retry a held key's head"},
+		{"skip", "skip <key>: dead-letter a held key's head and let the key go on"},
+	}, stdout)
+	if err != nil {
+		return err
 	}
-	action := args[0]
 	f := newFlags("parked "+action, stderr)
+	f.AcceptArgs()
 	var db dbFlags
 	db.register(f)
 	var feed string

@@ -12,11 +12,15 @@ import (
 // cmdPartitions shows or changes the outbox's partition count, which is
 // stored with the schema.
 func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "show" && args[0] != "set") {
-		return usagef("say what to do: ferry partitions show | set N  (set refuses until the relays have delivered everything and stopped)")
+	if _, err := pickSubcommand("partitions", args, []subcommand{
+		{"show", "the partition count stored with the schema"},
+		{"set", "set N: change it; refused until the relays have delivered everything and stopped"},
+	}, stdout); err != nil {
+		return err
 	}
 	action := args[0]
 	f := newFlags("partitions "+action, stderr)
+	f.AcceptArgs()
 	var db dbFlags
 	db.register(f)
 	var force bool

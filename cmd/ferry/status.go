@@ -173,12 +173,17 @@ func dur(sec float64) string {
 }
 
 func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	actions := map[string]bool{"list": true, "show": true, "redrive": true, "discard": true}
-	if len(args) == 0 || !actions[args[0]] {
-		return usagef("say what to do: ferry dlq list | show <event-id> | redrive | discard  (--group for a consumer group's dead letters)")
+	action, err := pickSubcommand("dlq", args, []subcommand{
+		{"list", "the relay's dead letters (--group G: a consumer group's), filtered by --feed --key --type --topic --since --until"},
+		{"show", "show <event-id>: one dead letter, whole"},
+		{"redrive", "publish (or, --group, run) what list shows again, same event IDs (--dry-run previews)"},
+		{"discard", "drop what list shows (--dry-run previews)"},
+	}, stdout)
+	if err != nil {
+		return err
 	}
-	action := args[0]
 	f := newFlags("dlq "+action, stderr)
+	f.AcceptArgs()
 	var db dbFlags
 	db.register(f)
 	var feed, group, key, typ, topic, since, until string

@@ -8,6 +8,7 @@ package pgtest
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -36,9 +37,8 @@ var (
 	poolErr error
 )
 
-// Pool returns a pool shared by the package's tests.
-func Pool(t testing.TB) *pgxpool.Pool {
-	t.Helper()
+// connect opens the shared pool once; poolErr says why it could not.
+func connect() {
 	once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -54,6 +54,12 @@ func Pool(t testing.TB) *pgxpool.Pool {
 		}
 		poolErr = err
 	})
+}
+
+// Pool returns a pool shared by the package's tests.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	connect()
 	if poolErr != nil {
 		Unavailable(t, "PostgreSQL", "FERRY_TEST_PG_URL", poolErr)
 	}
@@ -97,7 +103,22 @@ func Close() {
 // Main runs a package's tests, closes the shared pool and fails the package
 // if a test left goroutines behind (a relay that did not stop, a feed
 // session that was not closed). Call it from TestMain.
+//
+// Testable examples cannot skip themselves: when the server cannot be
+// reached (and CI is not "true"), Main skips them (-test.skip), saying so
+// and naming the variable, as the tests that need the server skip.
 func Main(m *testing.M) {
+	flag.Parse()
+	if os.Getenv("CI") != "true" {
+		if connect(); poolErr != nil {
+			skip := "^Example"
+			if f := flag.Lookup("test.skip"); f != nil && f.Value.String() != "" {
+				skip = f.Value.String() + "|" + skip
+			}
+			_ = flag.Set("test.skip", skip)
+			fmt.Fprintf(os.Stderr, "pgtest: PostgreSQL is not reachable (%v): the examples, which need it, are skipped, as are the tests that do; set FERRY_TEST_PG_URL to a server to run them\n", poolErr)
+		}
+	}
 	code := m.Run()
 	Close()
 	if code == 0 {

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// ferryBinary runs the built ferry binary and returns its exit status, stdout
+// and stderr.
+func ferryBinary(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(ferryBin, args...)
+	cmd.Dir = t.TempDir()
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), out.String(), errOut.String()
+	}
+	require.NoError(t, err)
+	return 0, out.String(), errOut.String()
+}
+
+// Every command with subcommands lists them for -h (exit 0), and names an
+// unknown one.
+func TestSubcommandHelpAndUnknownOnes(t *testing.T) {
+	t.Parallel()
+	for command, subs := range map[string][]string{
+		"migrate":    {"up", "down", "sql"},
+		"dlq":        {"list", "show", "redrive", "discard"},
+		"partitions": {"show", "set"},
+		"parked":     {"list", "release", "skip"},
+		"chain":      {"run", "status"},
+		"bench":      {"drain", "latency", "consume", "settle", "ingest", "e2e"},
+	} {
+		for _, help := range []string{"-h", "--help", "help"} {
+			code, out, errOut := ferryBinary(t, command, help)
+			require.Equal(t, 0, code, "ferry %s %s: %s", command, help, errOut)
+			for _, s := range subs {
+				require.Contains(t, out, "\n  "+s+" ", "ferry %s %s lists %s", command, help, s)
+			}
+			require.Contains(t, out, "ferry "+command+" <subcommand> -h")
+		}
+		code, _, errOut := ferryBinary(t, command, "sideways")
+		require.Equal(t, 2, code)
+		require.Contains(t, errOut, `unknown subcommand "sideways": ferry `+command+" "+strings.Join(subs, " | "))
+		code, _, errOut = ferryBinary(t, command)
+		require.Equal(t, 2, code)
+		require.Contains(t, errOut, "say what to do: ferry "+command+" "+strings.Join(subs, " | "))
+	}
+}
+
+// A positional argument a command does not take is refused, not ignored.
+func TestUnexpectedArgumentsAreRefused(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"demo", "extra-arg"}, {"status", "x"}, {"migrate", "up", "now"}, {"version", "x"}} {
+		code, out, errOut := ferryBinary(t, args...)
+		require.Equal(t, 2, code, "ferry %v: %s%s", args, out, errOut)
+		require.Contains(t, errOut, `unexpected argument "`+args[len(args)-1]+`"`, "ferry %v", args)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := ferryBinary(t, "version")
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out)
+	require.True(t, strings.HasPrefix(lines[0], "ferry "), out)
+	require.True(t, strings.HasPrefix(lines[1], "commit "), out)
+	require.True(t, strings.HasPrefix(lines[2], "go1."), out)
+}
