@@ -640,7 +640,9 @@ func (r *Relay) retain(ctx context.Context, cursor []byte) {
 	for ctx.Err() == nil {
 		n, err := r.store.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: r.name, Partition: r.cfg.Partition, Cursor: cursor, OlderThan: r.cfg.Retention, Limit: chunk})
 		if err != nil {
-			r.log.Warn("ferry: retention failed; will retry", "err", err)
+			if ctx.Err() == nil { // a stop is not a failure
+				r.log.Warn("ferry: retention failed; will retry", "err", err)
+			}
 			return
 		}
 		total += n

@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os/exec"
 	"strings"
 	"testing"
 
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -75,4 +78,33 @@ func TestVersion(t *testing.T) {
 	require.True(t, strings.HasPrefix(lines[0], "ferry "), out)
 	require.True(t, strings.HasPrefix(lines[1], "commit "), out)
 	require.True(t, strings.HasPrefix(lines[2], "go1."), out)
+}
+
+// FERRY_EMIT_HEADERS sets emit's headers (one name=value per line), as
+// every flag has its variable; --header wins over it.
+func TestEmitHeadersFromTheEnvironment(t *testing.T) {
+	schema := pgtest.Schema(t)
+	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	out, code := ferryCmd(t, append([]string{"migrate", "up"}, db...)...)
+	require.Equal(t, 0, code, out)
+	t.Setenv("FERRY_EMIT_HEADERS", "tenant=acme\nregion=eu\n")
+	out, code = ferryCmd(t, append([]string{"emit", "--topic", "orders", "--key", "k1", "--type", "OrderPlaced", "--data", "{}"}, db...)...)
+	require.Equal(t, 0, code, out)
+	out, code = ferryCmd(t, append([]string{"emit", "--topic", "orders", "--key", "k2", "--type", "OrderPlaced", "--data", "{}", "--header", "only=flag"}, db...)...)
+	require.Equal(t, 0, code, out)
+	headers := map[string]string{}
+	rows, err := pgtest.Pool(t).Query(context.Background(), `SELECT key, headers::text FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()+` ORDER BY key`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var k, h string
+		require.NoError(t, rows.Scan(&k, &h))
+		headers[k] = h
+	}
+	require.NoError(t, rows.Err())
+	require.JSONEq(t, `{"tenant":"acme","region":"eu"}`, headers["k1"])
+	require.JSONEq(t, `{"only":"flag"}`, headers["k2"], "--header wins over FERRY_EMIT_HEADERS")
+	t.Setenv("FERRY_EMIT_HEADERS", "no-equals-sign")
+	out, code = ferryCmd(t, append([]string{"emit", "--topic", "orders", "--key", "k3", "--type", "OrderPlaced", "--data", "{}"}, db...)...)
+	require.Equal(t, 2, code, out)
+	require.Contains(t, out, "FERRY_EMIT_HEADERS")
 }

@@ -176,6 +176,9 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoReport, error) {
 	}
 	logFile, err := os.Create(filepath.Join(dir, "demo.log"))
 	if err != nil {
+		if cfg.dir != "" {
+			return nil, usagef("--dir %s: %v (choose a directory you can write to, or leave --dir out for a temporary one)", dir, err)
+		}
 		return nil, err
 	}
 	defer logFile.Close()
@@ -188,7 +191,8 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoReport, error) {
 	}
 	fmt.Fprintf(w, "Ferry demo: an order service in one process, on the embedded defaults (nothing to install).\n")
 	fmt.Fprintf(w, "  data     %s (SQLite ferry.db, NATS store nats/, logs demo.log)\n", dir)
-	fmt.Fprintf(w, "  produce  %d producers create %s orders for %s customers, %s; each order's\n", cfg.producers, thousands(int64(cfg.events)), thousands(int64(cfg.keys)), mode)
+	fmt.Fprintf(w, "  produce  %s create %s for %s, %s; each order's\n",
+		plural(cfg.producers, "producer"), plural(cfg.events, "order"), plural(cfg.keys, "customer"), mode)
 	fmt.Fprintf(w, "           OrderPlaced event is written to the outbox in the order's own transaction\n")
 	fmt.Fprintf(w, "  relay    publishes the outbox, per customer in commit order, to JetStream stream %s\n", demoStream)
 	fmt.Fprintf(w, "  consume  group %q reads the stream into its inbox and keeps per-customer totals,\n", demoGroup)
@@ -799,4 +803,12 @@ func thousands(n int64) string {
 		return "-" + b.String()
 	}
 	return b.String()
+}
+
+// plural is "1 order", "2 orders", "1,000 orders".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return thousands(int64(n)) + " " + noun + "s"
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,4 +60,26 @@ func TestDemoRejectsBadFlags(t *testing.T) {
 	errOut.Reset()
 	require.Equal(t, 2, run(context.Background(), []string{"demo", "--dir", dir}, &out, &errOut))
 	require.Contains(t, errOut.String(), "already holds a demo")
+
+	if os.Geteuid() != 0 { // root writes anywhere
+		ro := t.TempDir()
+		require.NoError(t, os.Chmod(ro, 0o500))
+		errOut.Reset()
+		require.Equal(t, 2, run(context.Background(), []string{"demo", "--dir", ro}, &out, &errOut))
+		require.Contains(t, errOut.String(), "--dir "+ro+": ")
+		require.Contains(t, errOut.String(), "choose a directory you can write to")
+	}
+}
+
+// Ctrl-C during the demo says it was interrupted (exit 130), not "context
+// canceled".
+func TestDemoInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"demo", "--events", "200000", "--rate", "1000"}, &out, &errOut) }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "produce") }, 30*time.Second, 20*time.Millisecond)
+	cancel()
+	require.Equal(t, 130, <-done, errOut.String())
+	require.Equal(t, "ferry demo: interrupted\n", errOut.String())
 }

@@ -45,9 +45,19 @@ func cmdEmit(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	f.String(&contentType, "content-type", "FERRY_EMIT_CONTENT_TYPE", "application/json", "payload media type")
 	f.String(&data, "data", "FERRY_EMIT_DATA", "", "payload; @file reads a file, @- reads standard input")
 	f.Int(&count, "count", "FERRY_EMIT_COUNT", 1, "emit this many copies (with distinct IDs) in one transaction")
-	f.fs.Var(headers, "header", "a header name=value (repeatable)")
+	f.fs.Var(headers, "header", "a header name=value (repeatable) (FERRY_EMIT_HEADERS: one name=value per line)")
 	if err := f.Parse(args); err != nil {
 		return err
+	}
+	if v, ok := os.LookupEnv("FERRY_EMIT_HEADERS"); ok && !f.isSet("header") {
+		for _, line := range strings.Split(v, "\n") {
+			if line = strings.TrimRight(line, "\r"); line == "" {
+				continue
+			}
+			if err := headers.Set(line); err != nil {
+				return usagef("FERRY_EMIT_HEADERS: %v (one name=value per line; it sets --header)", err)
+			}
+		}
 	}
 	payload := []byte(data)
 	if strings.HasPrefix(data, "@") {

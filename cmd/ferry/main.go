@@ -108,6 +108,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Ctrl-C or SIGTERM while the command worked: not a failure of it.
+		fmt.Fprintf(stderr, "ferry %s: interrupted\n", args[0])
+		return 130
+	}
 	var ue usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(stderr, "ferry %s: %v\n", args[0], err)
