@@ -108,3 +108,14 @@ func TestEmitHeadersFromTheEnvironment(t *testing.T) {
 	require.Equal(t, 2, code, out)
 	require.Contains(t, out, "FERRY_EMIT_HEADERS")
 }
+
+// A database that cannot be reached is one line, with the cause once (pgx
+// repeats it per address and TLS mode tried).
+func TestUnreachableDatabaseIsOneLine(t *testing.T) {
+	t.Parallel()
+	code, _, errOut := ferryBinary(t, "status", "--database-url", "postgres://postgres@127.0.0.1:1/none")
+	require.Equal(t, 1, code, errOut)
+	require.Equal(t, 1, strings.Count(errOut, "\n"), errOut)
+	require.Equal(t, 1, strings.Count(errOut, "connection refused"), errOut)
+	require.Contains(t, errOut, "cannot reach the database at --database-url / FERRY_DATABASE_URL")
+}

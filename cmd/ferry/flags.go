@@ -300,7 +300,7 @@ func (d *dbFlags) openPG(ctx context.Context) (*pgxpool.Pool, *ferrypg.Driver[pg
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, nil, fmt.Errorf("cannot reach the database at --database-url / FERRY_DATABASE_URL (%s): %w", redact(d.url), err)
+		return nil, nil, fmt.Errorf("cannot reach the database at --database-url / FERRY_DATABASE_URL (%s): %s", redact(d.url), oneLine(err))
 	}
 	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: d.schema, Partitions: d.partitions, DisableNotify: d.noNotify})
 	if err != nil {
@@ -317,4 +317,21 @@ func redact(u string) string {
 		return u
 	}
 	return fmt.Sprintf("postgres://%s:***@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
+}
+
+// oneLine is err's message on one line, each distinct part once: pgx lists
+// the cause of a failed connection once per address and TLS mode tried,
+// on lines of their own.
+func oneLine(err error) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, p := range strings.Split(err.Error(), "\n") {
+		p = strings.TrimSpace(p)
+		if p == "" || seen[p] {
+			continue
+		}
+		seen[p] = true
+		parts = append(parts, strings.TrimSuffix(p, ":"))
+	}
+	return strings.Join(parts, ": ")
 }
