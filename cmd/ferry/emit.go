@@ -137,7 +137,11 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if follow {
 			fetchWait = 5 * time.Second
 		}
-		batch, err := cons.Fetch(min(500, max(1, count-n)), jetstream.FetchMaxWait(fetchWait))
+		want := 500 // without --count, as many as a fetch takes
+		if count > 0 {
+			want = min(want, count-n)
+		}
+		batch, err := cons.Fetch(want, jetstream.FetchMaxWait(fetchWait))
 		if err != nil {
 			return err
 		}
