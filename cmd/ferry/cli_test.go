@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -118,4 +120,35 @@ func TestUnreachableDatabaseIsOneLine(t *testing.T) {
 	require.Equal(t, 1, strings.Count(errOut, "\n"), errOut)
 	require.Equal(t, 1, strings.Count(errOut, "connection refused"), errOut)
 	require.Contains(t, errOut, "cannot reach the database at --database-url / FERRY_DATABASE_URL")
+}
+
+// Relay settings are checked before the daemon touches anything, and the
+// error names what the user typed: the flag, its variable, the file's key.
+func TestRelaySettingsAreCheckedFirst(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--batch", "-1"}, "--batch / FERRY_BATCH_SIZE / relay.batch_size is -1: use 1 or more"},
+		{[]string{"--batch", "0"}, "--batch / FERRY_BATCH_SIZE / relay.batch_size is 0: use 1 or more"},
+		{[]string{"--poll-interval", "0s"}, "--poll-interval / FERRY_POLL_INTERVAL / relay.poll_interval is 0s"},
+		{[]string{"--lease-ttl", "1ms"}, "--lease-ttl / FERRY_LEASE_TTL / relay.lease_ttl is 1ms: use 1s or more"},
+		{[]string{"--dead-policy", "sometimes"}, `--dead-policy / FERRY_DEAD_POLICY / relay.dead_policy is "sometimes"`},
+	} {
+		// An unreachable database: were it opened first, the error would say so.
+		args := append([]string{"relay", "--database-url", "postgres://postgres@127.0.0.1:1/none", "--nats-url", "nats://127.0.0.1:1"}, c.args...)
+		code, _, errOut := ferryBinary(t, args...)
+		require.Equal(t, 2, code, "ferry %v: %s", args, errOut)
+		require.Contains(t, errOut, c.want, "ferry %v", args)
+		require.NotContains(t, errOut, "RelayConfig", "ferry %v names Go fields", args)
+	}
+	dir := t.TempDir()
+	config := filepath.Join(dir, "ferry.yaml")
+	require.NoError(t, os.WriteFile(config, []byte("relay:\n  batch_size: -3\n"), 0o600))
+	code, _, errOut := ferryBinary(t, "run", "--config", config, "--data-dir", dir)
+	require.Equal(t, 2, code, errOut)
+	require.Contains(t, errOut, "relay.batch_size is -3")
+	_, err := os.Stat(filepath.Join(dir, "ferry.db"))
+	require.True(t, os.IsNotExist(err), "nothing was created or migrated before the refusal")
 }

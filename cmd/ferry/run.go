@@ -217,9 +217,39 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	dc.allPartitions = true
 }
 
+// validate checks the relay settings as the user gave them, naming the
+// flag, its variable and the configuration file's key, before the daemon
+// opens anything: the library's errors name Go fields, and take a zero as
+// "the default".
+func (dc *daemonConfig) validate() error {
+	name := func(flag, env, key string) string { return "--" + flag + " / " + env + " / relay." + key }
+	switch {
+	case dc.batch < 1:
+		return usagef("%s is %d: use 1 or more (default 500)", name("batch", "FERRY_BATCH_SIZE", "batch_size"), dc.batch)
+	case dc.poll < time.Millisecond:
+		return usagef("%s is %v: use 1ms or more (default 500ms)", name("poll-interval", "FERRY_POLL_INTERVAL", "poll_interval"), dc.poll)
+	case dc.leaseTTL < time.Second:
+		return usagef("%s is %v: use 1s or more (default 15s)", name("lease-ttl", "FERRY_LEASE_TTL", "lease_ttl"), dc.leaseTTL)
+	case dc.shutdown <= 0:
+		return usagef("%s is %v: use a positive duration (default 10s)", name("shutdown-timeout", "FERRY_SHUTDOWN_TIMEOUT", "shutdown_timeout"), dc.shutdown)
+	case dc.stall < 10*time.Millisecond:
+		return usagef("%s is %v: use 10ms or more (default 2s)", name("stall-timeout", "FERRY_STALL_TIMEOUT", "stall_timeout"), dc.stall)
+	case dc.maxAttempts < 0:
+		return usagef("%s is %d: use 0 (never give up) or more", name("max-attempts", "FERRY_MAX_ATTEMPTS", "max_attempts"), dc.maxAttempts)
+	case dc.maxAge < 0:
+		return usagef("%s is %v: use 0 (never give up) or a positive duration", name("max-age", "FERRY_MAX_AGE", "max_age"), dc.maxAge)
+	case dc.deadPolicy != "hold" && dc.deadPolicy != "continue":
+		return usagef("%s is %q: use hold or continue", name("dead-policy", "FERRY_DEAD_POLICY", "dead_policy"), dc.deadPolicy)
+	}
+	return nil
+}
+
 // runDaemon runs relays (one per partition, or the one --partition names)
 // until ctx ends.
 func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
+	if err := dc.validate(); err != nil {
+		return err // before anything touches the database or the broker
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(dc.logLevel)); err != nil {
 		return usagef("--log-level / FERRY_LOG_LEVEL %q: use debug, info, warn or error", dc.logLevel)
@@ -284,14 +314,9 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		sink, ready, dest = ns.sink, ns.ready, ns.label
 	}
 
-	var policy ferry.DeadPolicy
-	switch dc.deadPolicy {
-	case "hold":
-		policy = ferry.Hold
-	case "continue":
+	policy := ferry.Hold
+	if dc.deadPolicy == "continue" {
 		policy = ferry.Continue
-	default:
-		return usagef("--dead-policy / FERRY_DEAD_POLICY %q: use hold or continue", dc.deadPolicy)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
