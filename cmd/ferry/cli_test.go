@@ -9,9 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 )
 
@@ -151,4 +155,45 @@ func TestRelaySettingsAreCheckedFirst(t *testing.T) {
 	require.Contains(t, errOut, "relay.batch_size is -3")
 	_, err := os.Stat(filepath.Join(dir, "ferry.db"))
 	require.True(t, os.IsNotExist(err), "nothing was created or migrated before the refusal")
+}
+
+// `ferry tail` reads the embedded NATS server that `ferry run` started for
+// its data directory, whatever port it took (4222 is taken here), and
+// fetches without --count too.
+func TestTailFindsTheEmbeddedServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	data := t.TempDir()
+	en, err := startEmbeddedNATS(filepath.Join(data, "nats"), 0)
+	require.NoError(t, err)
+	closed := false
+	defer func() {
+		if !closed {
+			en.Close()
+		}
+	}()
+	u, ok := embeddedURL(data)
+	require.True(t, ok, "the URL is recorded")
+	require.Equal(t, en.url, u)
+	nc, err := nats.Connect(en.url)
+	require.NoError(t, err)
+	defer nc.Close()
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{CreateStream: true})
+	require.NoError(t, err)
+	evs := make([]*ferryevent.Event, 3)
+	for i := range evs {
+		evs[i] = &ferryevent.Event{Topic: "orders", Key: "k", Type: "OrderPlaced", Payload: []byte(`{}`)}
+		require.NoError(t, ferryevent.Prepare(evs[i], i, 0, time.Now()))
+	}
+	for _, err := range sink.Publish(ctx, evs) {
+		require.NoError(t, err)
+	}
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(ctx, []string{"tail", "--data-dir", data, "--wait", "500ms"}, &out, &errOut), errOut.String())
+	require.Equal(t, 3, strings.Count(out.String(), "OrderPlaced"), out.String())
+	nc.Close()
+	en.Close()
+	closed = true
+	_, ok = embeddedURL(data)
+	require.False(t, ok, "the URL is removed when the server stops")
 }

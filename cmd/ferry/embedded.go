@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -18,8 +19,9 @@ var errPortTaken = errors.New("embedded NATS: the port is taken")
 // process, listening on loopback only, keeping its streams under dir. It is
 // what `ferry run` and `ferry demo` publish to when no NATS URL is given.
 type embeddedNATS struct {
-	srv *server.Server
-	url string
+	srv     *server.Server
+	url     string
+	urlFile string
 }
 
 // startEmbeddedNATS starts the server; port 0 picks a free port.
@@ -60,11 +62,32 @@ func startEmbeddedNATS(dir string, port int) (*embeddedNATS, error) {
 		srv.Shutdown()
 		return nil, fmt.Errorf("embedded NATS did not start within 15 s (store %s)", abs)
 	}
-	return &embeddedNATS{srv: srv, url: srv.ClientURL()}, nil
+	e := &embeddedNATS{srv: srv, url: srv.ClientURL(), urlFile: filepath.Join(abs, embeddedURLFile)}
+	// The other commands (ferry tail) find it here, whatever port it took.
+	if err := os.WriteFile(e.urlFile, []byte(e.url+"\n"), 0o600); err != nil {
+		e.Close()
+		return nil, fmt.Errorf("embedded NATS: record its URL: %w", err)
+	}
+	return e, nil
+}
+
+// embeddedURLFile, in the embedded server's store directory, holds its
+// client URL while it runs.
+const embeddedURLFile = "url"
+
+// embeddedURL returns the URL of the embedded NATS server that `ferry run`
+// started for dataDir, if one recorded it.
+func embeddedURL(dataDir string) (string, bool) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "nats", embeddedURLFile))
+	if err != nil {
+		return "", false
+	}
+	return strings.TrimSpace(string(b)), true
 }
 
 // Close stops the server and waits for it to flush its store.
 func (e *embeddedNATS) Close() {
+	_ = os.Remove(e.urlFile)
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
 }

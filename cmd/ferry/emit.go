@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -104,7 +105,9 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var count int
 	var asJSON, follow bool
 	var wait time.Duration
-	f.String(&natsURL, "nats-url", "FERRY_NATS_URL", nats.DefaultURL, "NATS server URL")
+	var dataDir string
+	f.String(&natsURL, "nats-url", "FERRY_NATS_URL", "", "NATS server URL (default: the embedded server `ferry run` started for --data-dir, if it runs; else "+nats.DefaultURL+")")
+	f.String(&dataDir, "data-dir", "FERRY_DATA_DIR", "ferry-data", "directory of the embedded defaults, where `ferry run` records its embedded NATS server's URL")
 	f.String(&stream, "stream", "FERRY_STREAM", ferrynats.DefaultStream, "JetStream stream to read")
 	f.Int(&count, "count", "FERRY_TAIL_COUNT", 0, "stop after this many events (0: no limit)")
 	f.Bool(&follow, "follow", "FERRY_TAIL_FOLLOW", false, "keep waiting for new events")
@@ -113,9 +116,16 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := f.Parse(args); err != nil {
 		return err
 	}
+	from := "--nats-url / FERRY_NATS_URL"
+	if natsURL == "" {
+		natsURL = nats.DefaultURL
+		if u, ok := embeddedURL(dataDir); ok {
+			natsURL, from = u, "the embedded server `ferry run` recorded in "+filepath.Join(dataDir, "nats", embeddedURLFile)+" (is it still running?)"
+		}
+	}
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
-		return fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
+		return fmt.Errorf("cannot reach NATS at %s (%s): %w", natsURL, from, err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
