@@ -35,10 +35,11 @@ func benchEvents(n, keys int) []*ferry.Event {
 	return out
 }
 
-// projection creates the table the bench handler writes: one row per
-// customer, updated by each event (the exactly-once effect).
-func projection(ctx context.Context, pool *pgxpool.Pool, schema string) (string, error) {
-	t := pgx.Identifier{schema, "projection"}.Sanitize()
+// projection creates table name in schema, the table the bench handler
+// writes: one row per customer, updated by each event (the exactly-once
+// effect). It returns the table's quoted name.
+func projection(ctx context.Context, pool *pgxpool.Pool, schema, name string) (string, error) {
+	t := pgx.Identifier{schema, name}.Sanitize()
 	_, err := pool.Exec(ctx, `CREATE TABLE `+t+` (customer text PRIMARY KEY, orders bigint NOT NULL, last_seq bigint NOT NULL)`)
 	return t, err
 }
@@ -131,8 +132,8 @@ func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *fer
 // benchCeiling is the same upserts without Ferry: workers clients, one
 // transaction each.
 func benchCeiling(ctx context.Context, pool *pgxpool.Pool, schema string, n, keys, workers int) (consumeResult, error) {
-	t := pgx.Identifier{schema, "ceiling"}.Sanitize()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+t+` (customer text PRIMARY KEY, orders bigint NOT NULL, last_seq bigint NOT NULL)`); err != nil {
+	t, err := projection(ctx, pool, schema, "ceiling")
+	if err != nil {
 		return consumeResult{}, err
 	}
 	evs := benchEvents(n, keys)
@@ -176,8 +177,8 @@ func benchCeiling(ctx context.Context, pool *pgxpool.Pool, schema string, n, key
 // benchConsumeMode ingests n events for a fresh group, then runs a
 // consumer until the projection counts all of them.
 func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], name, group string, n, keys, workers, batch int, multiRow bool) (consumeResult, error) {
-	table := pgx.Identifier{drv.Schema(), "projection_" + group}.Sanitize()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (customer text PRIMARY KEY, orders bigint NOT NULL, last_seq bigint NOT NULL)`); err != nil {
+	table, err := projection(ctx, pool, drv.Schema(), "projection_"+group)
+	if err != nil {
 		return consumeResult{}, err
 	}
 	timed := &timedInbox{Driver: drv}
@@ -280,7 +281,7 @@ func benchSettle(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferr
 	if n > 5000 {
 		n = 2000
 	}
-	table, err := projection(ctx, pool, drv.Schema())
+	table, err := projection(ctx, pool, drv.Schema(), "projection")
 	if err != nil {
 		return err
 	}
@@ -425,8 +426,8 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 	js jetstream.JetStream, stream, prefix string, rate int, d time.Duration, keys, producers, workers, batch int) error {
 	n := int(d.Seconds() * float64(rate))
 	applied := newBenchArrivals(n)
-	table := pgx.Identifier{drv.Schema(), "projection_e2e"}.Sanitize()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (customer text PRIMARY KEY, orders bigint NOT NULL, last_seq bigint NOT NULL)`); err != nil {
+	table, err := projection(ctx, pool, drv.Schema(), "projection_e2e")
+	if err != nil {
 		return err
 	}
 	stamped := &commitStamper{Driver: drv, arrivals: applied}

@@ -115,6 +115,38 @@ func newConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx], d InboxDriver[TT
 	return c
 }
 
+// settle waits until the events named dead are DEAD and every other event
+// of evs is PROCESSED, stops r, and requires that each processed event was
+// applied once, with one attempt, and each dead one not at all. It returns
+// the dead events' rows.
+func settle[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], r *running,
+	counts func(context.Context) (map[uuid.UUID]int, error), evs []*ferryevent.Event, dead ...uuid.UUID) map[uuid.UUID]*ferrydriver.InboxRow {
+	t.Helper()
+	for _, id := range dead {
+		awaitState(ctx, t, d, id, ferrydriver.InboxDead)
+	}
+	for _, ev := range evs {
+		if !slices.Contains(dead, ev.ID) {
+			awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
+		}
+	}
+	require.NoError(t, r.stop(t))
+	got, err := counts(ctx)
+	require.NoError(t, err)
+	rows := map[uuid.UUID]*ferrydriver.InboxRow{}
+	for _, ev := range evs {
+		row := state(ctx, t, d, ev.ID)
+		if slices.Contains(dead, ev.ID) {
+			require.Zero(t, got[ev.ID], "event %s: the failing handler's writes were rolled back", ev.ID)
+			rows[ev.ID] = row
+			continue
+		}
+		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
+		require.Equal(t, 1, row.Attempts, "event %s cost one attempt", ev.ID)
+	}
+	return rows
+}
+
 func state[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], id uuid.UUID) *ferrydriver.InboxRow {
 	t.Helper()
 	st, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{id}})
@@ -408,29 +440,10 @@ func testConsumerPoison[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	})
 	_, err := c.Ingest(ctx, evs) // before Run: claimed together
 	require.NoError(t, err)
-	r := run(c)
-	awaitState(ctx, t, d, poison, ferrydriver.InboxDead)
-	awaitState(ctx, t, d, panics, ferrydriver.InboxDead)
-	for _, ev := range evs {
-		if ev.ID != poison && ev.ID != panics {
-			awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
-		}
-	}
-	require.NoError(t, r.stop(t))
-	got, err := counts(ctx)
-	require.NoError(t, err)
-	for _, ev := range evs {
-		row := state(ctx, t, d, ev.ID)
-		switch ev.ID {
-		case poison, panics:
-			require.Zero(t, got[ev.ID], "the failing handlers' writes were rolled back")
-			require.Equal(t, 2, row.Attempts)
-		default:
-			require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
-			require.Equal(t, 1, row.Attempts, "event %s cost one attempt", ev.ID)
-		}
-	}
-	require.Contains(t, state(ctx, t, d, panics).LastError, "handler panicked: handler bug")
+	deadRows := settle(ctx, t, d, run(c), counts, evs, poison, panics)
+	require.Equal(t, 2, deadRows[poison].Attempts)
+	require.Equal(t, 2, deadRows[panics].Attempts)
+	require.Contains(t, deadRows[panics].LastError, "handler panicked: handler bug")
 	require.Equal(t, int32(2), dead.Load())
 }
 
@@ -470,27 +483,9 @@ func testConsumerBatchHandler[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	bad.Payload = []byte("bad")
 	_, err := c.Ingest(ctx, evs)
 	require.NoError(t, err)
-	r := run(c)
-	awaitState(ctx, t, d, bad.ID, ferrydriver.InboxDead)
-	for _, ev := range evs {
-		if ev != bad {
-			awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
-		}
-	}
-	require.NoError(t, r.stop(t))
-	got, err := counts(ctx)
-	require.NoError(t, err)
-	for _, ev := range evs {
-		row := state(ctx, t, d, ev.ID)
-		if ev == bad {
-			require.Zero(t, got[ev.ID])
-			require.Equal(t, 2, row.Attempts)
-			require.Contains(t, row.LastError, "bad event in the batch")
-			continue
-		}
-		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
-		require.Equal(t, 1, row.Attempts, "event %s cost one attempt", ev.ID)
-	}
+	row := settle(ctx, t, d, run(c), counts, evs, bad.ID)[bad.ID]
+	require.Equal(t, 2, row.Attempts)
+	require.Contains(t, row.LastError, "bad event in the batch")
 	if _, ok := d.(ferrydriver.InboxBatcher[TTx]); ok && h.batch > 1 {
 		require.Equal(t, int32(50), widest.Load(), "one call for the whole batch")
 	} else {
@@ -525,26 +520,9 @@ func testConsumerDeadlineInBatch[TTx any](t *testing.T, h ConsumerHarness[TTx]) 
 	})
 	_, err := c.Ingest(ctx, evs)
 	require.NoError(t, err)
-	r := run(c)
-	awaitState(ctx, t, d, slow.ID, ferrydriver.InboxDead)
-	for _, ev := range evs {
-		if ev != slow {
-			awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
-		}
-	}
-	require.NoError(t, r.stop(t))
-	got, err := counts(ctx)
-	require.NoError(t, err)
-	for _, ev := range evs {
-		row := state(ctx, t, d, ev.ID)
-		if ev == slow {
-			require.Equal(t, 2, row.Attempts)
-			require.Contains(t, row.LastError, context.DeadlineExceeded.Error())
-			continue
-		}
-		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
-		require.Equal(t, 1, row.Attempts, "event %s: the slow one's failures cost it nothing", ev.ID)
-	}
+	row := settle(ctx, t, d, run(c), counts, evs, slow.ID)[slow.ID] // the others: its failures cost them nothing
+	require.Equal(t, 2, row.Attempts)
+	require.Contains(t, row.LastError, context.DeadlineExceeded.Error())
 }
 
 // testConsumerSlowBatch: handlers of 200 ms in a batch of 32: the batch
@@ -571,17 +549,7 @@ func testConsumerSlowBatch[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	}
 	_, err := c.Ingest(ctx, evs)
 	require.NoError(t, err)
-	r := run(c)
-	for _, ev := range evs {
-		awaitState(ctx, t, d, ev.ID, ferrydriver.InboxProcessed)
-	}
-	require.NoError(t, r.stop(t))
-	got, err := counts(ctx)
-	require.NoError(t, err)
-	for _, ev := range evs {
-		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
-		require.Equal(t, 1, state(ctx, t, d, ev.ID).Attempts, "event %s: given back uncounted", ev.ID)
-	}
+	settle(ctx, t, d, run(c), counts, evs) // given back uncounted: one attempt each
 	mu.Lock()
 	defer mu.Unlock()
 	for _, n := range inTx {

@@ -64,14 +64,7 @@ WITH x AS (
         SELECT max(claim_expires_at) AS until FROM {schema}.inbox p
          WHERE p.key = kk.key AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
 )
-UPDATE {schema}.inbox_keys k SET
-    runnable_at = CASE
-        WHEN x.until IS NOT NULL THEN x.until
-        WHEN x.state = 'pending' THEN now()
-        WHEN x.state = 'failed' THEN x.next_attempt_at
-        WHEN x.state = 'processing' THEN x.claim_expires_at
-        ELSE NULL END,
-    held_by = CASE WHEN x.state = 'dead' THEN x.event_id END
+UPDATE {schema}.inbox_keys k SET ` + keyHeadSet("x", "x.until") + `
   FROM x
  WHERE k.group_name = $1 AND k.key = ANY ($2::text[]) AND k.key = x.key`
 

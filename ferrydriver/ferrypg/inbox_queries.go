@@ -252,19 +252,26 @@ const sqlWaiterRemove = `DELETE FROM {schema}.settle_waiters WHERE id = $1 OR un
 const sqlInboxLockKey = `
 SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = $2 FOR UPDATE`
 
+// keyHeadSet sets a key's runnable_at and held_by from its head h (the
+// columns of the inbox row) and until, the latest claim of another of its
+// rows still running (NULL: none).
+func keyHeadSet(h, until string) string {
+	return strings.NewReplacer("{h}", h, "{until}", until).Replace(`
+    runnable_at = CASE
+        WHEN {until} IS NOT NULL THEN {until} -- a row of the key is running
+        WHEN {h}.state = 'pending' THEN now()
+        WHEN {h}.state = 'failed' THEN {h}.next_attempt_at
+        WHEN {h}.state = 'processing' THEN {h}.claim_expires_at
+        ELSE NULL END,
+    held_by = CASE WHEN {h}.state = 'dead' THEN {h}.event_id END`)
+}
+
 // sqlInboxRefreshKey recomputes when a key's head may run, after its head
 // changed. It runs in a statement after sqlInboxLockKey, so its snapshot
 // sees every row committed before the lock was granted. Under the group's
 // stored policy, a DEAD head holds its key.
 var sqlInboxRefreshKey = `
-UPDATE {schema}.inbox_keys k SET
-    runnable_at = CASE
-        WHEN busy.until IS NOT NULL THEN busy.until -- a row of the key is running
-        WHEN h.state = 'pending' THEN now()
-        WHEN h.state = 'failed' THEN h.next_attempt_at
-        WHEN h.state = 'processing' THEN h.claim_expires_at
-        ELSE NULL END,
-    held_by = CASE WHEN h.state = 'dead' THEN h.event_id END
+UPDATE {schema}.inbox_keys k SET ` + keyHeadSet("h", "busy.until") + `
   FROM (SELECT NULL) dummy
   LEFT JOIN LATERAL (
     SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
