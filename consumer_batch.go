@@ -50,7 +50,9 @@ type batchOutcome struct {
 // counts for the events whose handler call was running (all of them when
 // it failed at the end), and the others run again at once, uncounted.
 func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, deadline time.Time) {
-	hctx, cancel := context.WithDeadline(ctx, deadline)
+	// A tenth of ClaimTTL earlier than one event's: what the batch gives
+	// back must be back before the claims end.
+	hctx, cancel := context.WithDeadline(ctx, deadline.Add(-c.cfg.ClaimTTL/10))
 	defer cancel()
 	start := time.Now()
 	defer func() {
@@ -145,18 +147,21 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		return nil
 	})
 	if err == nil {
+		var back []*ferrydriver.InboxRow
 		for i, row := range rows {
 			if slices.Contains(late, i) {
-				c.rerunUncounted(ctx, row, "its batch ran out of time before its turn")
+				back = append(back, row)
 				continue
 			}
 			c.recordOutcome(ctx, row, out[i])
 		}
+		c.giveBack(ctx, b, back, "its batch ran out of time before its turn")
 		return
 	}
 	var lost *errBatchClaimLost
 	switch {
 	case errors.As(err, &lost):
+		var back []*ferrydriver.InboxRow
 		for _, row := range rows {
 			if lost.lost[row.Event.ID] {
 				c.m.outcomes.WithLabelValues("claim_lost").Inc()
@@ -164,19 +169,27 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 					"event_id", row.Event.ID, "key", row.Event.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond))
 				continue
 			}
-			c.rerunUncounted(ctx, row, "rolled back with a batch in which another event's claim was lost")
+			back = append(back, row)
 		}
+		c.giveBack(ctx, b, back, "rolled back with a batch in which another event's claim was lost")
 	case errors.Is(err, ferrydriver.ErrTxNotBegun):
 		for _, row := range rows {
 			c.notBegun(ctx, row, err)
 		}
 	default:
 		c.log.Warn("ferry: a batch's transaction failed; nothing of it was applied", "events", len(rows), "err", err)
+		var back, failed []*ferrydriver.InboxRow
 		for i, row := range rows {
 			if running != nil && !slices.Contains(running, i) {
-				c.rerunUncounted(ctx, row, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error())
-				continue
+				back = append(back, row)
+			} else {
+				failed = append(failed, row)
 			}
+		}
+		// The others first, in one transaction: their claims end with the
+		// batch's.
+		c.giveBack(ctx, b, back, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error())
+		for _, row := range failed {
 			c.fail(ctx, row, err, start)
 		}
 	}
@@ -199,15 +212,40 @@ func (c *Consumer[TTx]) recordOutcome(ctx context.Context, row *ferrydriver.Inbo
 	}
 }
 
-// rerunUncounted gives an event's claim back for an attempt at once, not
-// counted: its handler succeeded or never ran, and the batch rolled back
-// for another event's sake.
-func (c *Consumer[TTx]) rerunUncounted(ctx context.Context, row *ferrydriver.InboxRow, why string) {
-	err := c.failInbox(ctx, &ferrydriver.FailInboxParams{Group: c.cfg.Group, EventID: row.Event.ID, Claim: row.Claim,
-		Error: why, RetryAt: time.Now(), Uncounted: true})
-	if err != nil && !errors.Is(err, ferrydriver.ErrClaimLost) {
-		// The claim expires and the event runs again: nothing is lost.
-		c.log.Warn("ferry: giving back the claim of an event of a failed batch failed", "event_id", row.Event.ID, "err", err)
+// errClaimsGone rolls back a give-back in which some claims had ended.
+var errClaimsGone = errors.New("some claims had ended")
+
+// giveBack returns claimed events of a batch to run again at once, not
+// counted (their handlers succeeded or never ran; the batch rolled back
+// for another event's sake, or ran out of time), in one transaction. An
+// event whose claim ended meanwhile is left out: it is rescued, as any
+// expired claim.
+func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, why string) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
+	defer cancel()
+	for attempt := 0; len(rows) > 0 && attempt < 2; attempt++ {
+		now := time.Now()
+		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, len(rows))}
+		for i, row := range rows {
+			fin.Rows[i] = ferrydriver.FinishedRow{EventID: row.Event.ID, Claim: row.Claim, State: ferrydriver.InboxFailed,
+				Error: "given back: " + why, RetryAt: now, Uncounted: true}
+		}
+		var lost []uuid.UUID
+		err := c.driver.RunInTx(fctx, func(ctx context.Context, tx TTx) error {
+			var err error
+			if lost, err = b.FinishInboxTx(ctx, tx, fin); err == nil && len(lost) > 0 {
+				return errClaimsGone
+			}
+			return err
+		})
+		if !errors.Is(err, errClaimsGone) {
+			if err != nil {
+				// The claims expire and the events run again: nothing is lost.
+				c.log.Warn("ferry: giving back the events of a failed batch failed; they run again once their claims expire", "events", len(rows), "err", err)
+			}
+			return
+		}
+		rows = slices.DeleteFunc(rows, func(r *ferrydriver.InboxRow) bool { return slices.Contains(lost, r.Event.ID) })
 	}
 }
 

@@ -82,6 +82,9 @@ type FinishedRow struct {
 	// InboxDead.
 	Error   string
 	RetryAt time.Time
+	// Uncounted takes the claim's attempt back (InboxFailed): the event is
+	// given back without having failed.
+	Uncounted bool
 }
 
 // InboxCountCap bounds each count of InboxCounts, so that metrics cost the

@@ -35,10 +35,11 @@ const sqlInboxFinishRows = `
 WITH upd AS (
     UPDATE {schema}.inbox i
        SET state = r.state, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
+           attempts = CASE WHEN r.uncounted THEN greatest(i.attempts - 1, 0) ELSE i.attempts END,
            last_error = CASE WHEN r.state = 'processed' THEN i.last_error ELSE r.err END,
            next_attempt_at = COALESCE(r.retry_at, i.next_attempt_at),
            finished_at = CASE WHEN r.state IN ('processed', 'dead') THEN now() END
-      FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[]) AS r(event_id, claim, state, err, retry_at)
+      FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[], $7::bool[]) AS r(event_id, claim, state, err, retry_at, uncounted)
      WHERE i.group_name = $1 AND i.event_id = r.event_id AND i.claim_token = r.claim AND i.state = 'processing'
        AND i.claim_expires_at > clock_timestamp()
     RETURNING i.event_id, i.key
@@ -97,17 +98,17 @@ func (d *Driver[TTx]) FinishInboxTx(ctx context.Context, tx TTx, p *ferrydriver.
 	e := d.wrapTx(tx)
 	n := len(p.Rows)
 	ids, claims, states, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	retry := make([]*time.Time, n)
+	retry, uncounted := make([]*time.Time, n), make([]bool, n)
 	for i, r := range p.Rows {
 		if _, err := uuid.Parse(r.Claim); err != nil {
 			return nil, fmt.Errorf("ferrypg: finish inbox rows of group %s: claim token %q of event %s is not one ClaimInbox gave", p.Group, r.Claim, r.EventID)
 		}
-		ids[i], claims[i], states[i], errs[i] = r.EventID.String(), r.Claim, string(r.State), r.Error
+		ids[i], claims[i], states[i], errs[i], uncounted[i] = r.EventID.String(), r.Claim, string(r.State), r.Error, r.Uncounted
 		if r.State == ferrydriver.InboxFailed {
 			retry[i] = &p.Rows[i].RetryAt
 		}
 	}
-	res, err := e.query(ctx, d.batch.finish, p.Group, ids, claims, states, errs, retry)
+	res, err := e.query(ctx, d.batch.finish, p.Group, ids, claims, states, errs, retry, uncounted)
 	if err != nil {
 		return nil, d.wrapErr("finish inbox rows", err)
 	}

@@ -39,7 +39,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		if r.State == ferrydriver.InboxFailed {
 			retry = micros(r.RetryAt)
 		}
-		err := d.finish(ctx, tx, p.Group, r.EventID, r.Claim, r.State, r.Error, retry, false)
+		err := d.finish(ctx, tx, p.Group, r.EventID, r.Claim, r.State, r.Error, retry, r.Uncounted)
 		switch {
 		case errors.Is(err, ferrydriver.ErrClaimLost):
 			lost = append(lost, r.EventID)
