@@ -28,6 +28,10 @@ test/race: test ## Same as test (the race detector is always on)
 test/crash-long: ## The relay crash test with 100,000 events and 100 SIGKILLs
 	cd cmd/ferry && FERRY_CRASH_LONG=1 go test -race -count=1 -timeout 30m -run 'TestRelayCrash' -v .
 
+.PHONY: fuzz
+fuzz: ## Fuzz every sink's wire (validate → publish → decode is the identity) for FUZZTIME each (default 60s)
+	@for m in ferrysink/ferrywebhook ferrysink/ferrynats ferrysink/ferrykafka ferrysink/ferryrabbit; do echo "== $$m"; (cd $$m && go test -run '^$$' -fuzz '^FuzzWire$$' -fuzztime $${FUZZTIME:-60s} .) || exit 1; done
+
 .PHONY: demo
 demo: ## See Ferry work end to end on its embedded defaults (nothing to install); demo ARGS=--crash for crashes
 	go run ./cmd/ferry demo $(ARGS)

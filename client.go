@@ -20,9 +20,11 @@ func NewID() uuid.UUID { return ferryevent.NewID() }
 
 // Config configures a Client. The zero value (or nil) gives the defaults.
 type Config struct {
-	// MaxPayloadBytes rejects, at emit time, events whose payload is larger.
-	// Default 1 MiB (ferryevent.DefaultMaxPayloadBytes), NATS's default
-	// max_payload. Keep it at or below the broker's limit.
+	// MaxPayloadBytes rejects, at emit time, events whose payload plus
+	// envelope (the attributes and headers a sink adds, which brokers
+	// count: ferryevent.EnvelopeBytes) is larger. Default 1 MiB
+	// (ferryevent.DefaultMaxPayloadBytes), NATS's default max_payload.
+	// Keep it at or below the broker's limit.
 	MaxPayloadBytes int
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -75,10 +77,13 @@ func (c *Client[TTx]) Driver() ferrydriver.Driver[TTx] { return c.driver }
 // EmitTx writes events to the outbox inside tx. They are published if and
 // only if tx commits: if the transaction rolls back, so do the events.
 //
-// Events are validated first (topic, key and type set, payload within
-// MaxPayloadBytes); a *ValidationError says which event is wrong and
-// nothing is written. Empty IDs and CreatedAt are filled in, in place;
-// inside RunTx, the n-th event emitted gets the same ID on every attempt.
+// Events are validated first (ferryevent.Validate): every field of an
+// accepted event reaches every sink and consumer byte for byte, or the call
+// is refused with a *ValidationError naming the event, the field and the
+// rule, and nothing is written. Empty IDs, CreatedAt and Source are filled
+// in, in place, and CreatedAt is put in UTC to the microsecond, so the
+// event left in the slice is the one consumers read; inside RunTx, the
+// n-th event emitted gets the same ID on every attempt.
 // Events with the same Key are delivered in the commit order of the
 // transactions that emitted them, and in slice order within one call.
 //

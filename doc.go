@@ -23,9 +23,15 @@ If the transaction rolls back, so do the events:
 		})
 	})
 
-EmitTx validates events before writing anything (topic, key and type set,
-payload within Config.MaxPayloadBytes) and returns a *ValidationError naming
-the event and the field. Event IDs are UUIDv7s filled in when empty; mint
+EmitTx validates events before writing anything and returns a
+*ValidationError naming the event, the field and the rule. The rule
+(ferryevent.Validate) is that every field of an accepted event reaches every
+sink and consumer byte for byte: topics are dot-separated words of ASCII
+letters, digits, '-' and '_'; keys, types, sources, content types and header
+values are UTF-8 without control characters or surrounding white space, within
+the ferryevent.Max*Bytes limits; header names are HTTP tokens and not reserved
+(ferryevent.ReservedHeader); the payload plus its envelope fits
+Config.MaxPayloadBytes. Event IDs are UUIDv7s filled in when empty; mint
 them yourself with NewID before a transaction you may retry, so that every
 attempt emits the same event.
 

@@ -8,11 +8,17 @@ import (
 // Validation errors, returned wrapped in a *ValidationError by Emit and
 // EmitTx. Test with errors.Is.
 var (
-	ErrEmptyTopic    = ferryevent.ErrEmptyTopic
-	ErrEmptyKey      = ferryevent.ErrEmptyKey
-	ErrEmptyType     = ferryevent.ErrEmptyType
-	ErrEventTooLarge = ferryevent.ErrEventTooLarge
-	ErrInvalidText   = ferryevent.ErrInvalidText
+	ErrEmptyTopic        = ferryevent.ErrEmptyTopic
+	ErrEmptyKey          = ferryevent.ErrEmptyKey
+	ErrEmptyType         = ferryevent.ErrEmptyType
+	ErrEventTooLarge     = ferryevent.ErrEventTooLarge
+	ErrInvalidText       = ferryevent.ErrInvalidText
+	ErrSurroundingSpace  = ferryevent.ErrSurroundingSpace
+	ErrFieldTooLong      = ferryevent.ErrFieldTooLong
+	ErrInvalidTopic      = ferryevent.ErrInvalidTopic
+	ErrInvalidHeaderName = ferryevent.ErrInvalidHeaderName
+	ErrReservedHeader    = ferryevent.ErrReservedHeader
+	ErrInvalidTime       = ferryevent.ErrInvalidTime
 )
 
 // ValidationError says which event failed validation and why.

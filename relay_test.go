@@ -203,10 +203,12 @@ func TestRelayStandbyTakesOver(t *testing.T) {
 func TestEmitValidation(t *testing.T) {
 	t.Parallel()
 	drv := newPG(t)
-	c, err := ferry.NewClient(drv, &ferry.Config{MaxPayloadBytes: 10})
+	c, err := ferry.NewClient(drv, &ferry.Config{MaxPayloadBytes: 1000})
 	require.NoError(t, err)
 	ctx := context.Background()
-	err = c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: make([]byte, 11)})
+	// The limit counts the envelope too: brokers do.
+	envelope := ferryevent.EnvelopeBytes(&ferry.Event{Topic: "t", Key: "k", Type: "T"})
+	err = c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: make([]byte, 1001-envelope)})
 	require.ErrorIs(t, err, ferry.ErrEventTooLarge)
 	err = c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T"}, &ferry.Event{Topic: "t", Type: "T"})
 	require.ErrorIs(t, err, ferry.ErrEmptyKey)
@@ -217,7 +219,7 @@ func TestEmitValidation(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.LagEvents, "a rejected call writes nothing")
 
-	ev := &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: make([]byte, 10)}
+	ev := &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: make([]byte, 1000-envelope)}
 	require.NoError(t, c.Emit(ctx, ev))
 	require.NotEqual(t, ferry.Event{}.ID, ev.ID, "the ID is filled in")
 }

@@ -235,6 +235,9 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Topic == "" {
 		out.Topic = "chain"
 	}
+	if !ferryevent.ValidTopic(out.Topic) {
+		return out, fmt.Errorf("ferrychain: Config.Topic %q is not a topic every sink can carry: use words of ASCII letters, digits, '-' and '_' joined by single dots, at most %d bytes", out.Topic, ferryevent.MaxTopicBytes)
+	}
 	if out.LeaseTTL == 0 {
 		out.LeaseTTL = 15 * time.Second
 	}

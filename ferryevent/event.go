@@ -18,8 +18,11 @@ import (
 	"github.com/google/uuid"
 )
 
-// DefaultMaxPayloadBytes is the payload limit applied when a configuration
-// leaves it at zero: 1 MiB, the default max_payload of a NATS server.
+// DefaultMaxPayloadBytes is the size limit applied when a configuration
+// leaves it at zero: 1 MiB, the default max_payload of a NATS server and,
+// near enough, Kafka's default max.message.bytes. It bounds the payload
+// plus the envelope every sink adds (EnvelopeBytes), since brokers count
+// both.
 const DefaultMaxPayloadBytes = 1 << 20
 
 // Event is one fact a service wants the rest of the system to know about.
@@ -42,7 +45,8 @@ type Event struct {
 	// Type names what happened, for example "OrderCreated".
 	Type string
 	// Source names the producer (a service or aggregate type); it becomes the
-	// CloudEvents "source" attribute. Optional.
+	// CloudEvents "source" attribute. Optional: Prepare sets it to
+	// DefaultSource when empty, since CloudEvents requires the attribute.
 	Source string
 	// Headers are string attributes carried to the broker as message headers:
 	// trace context, correlation IDs. Optional.
@@ -52,7 +56,10 @@ type Event struct {
 	ContentType string
 	// Payload is the event body, stored and published as is.
 	Payload []byte
-	// CreatedAt is when the event was created. Set to the current time when zero.
+	// CreatedAt is when the event was created. Set to the current time when
+	// zero. Prepare keeps it in UTC to the microsecond, what every outbox
+	// store keeps, so that the value Emit leaves in the event is the one
+	// every sink and consumer reads.
 	CreatedAt time.Time
 
 	// Seq is the event's position among the events of its Key: 1 for the
@@ -87,13 +94,33 @@ func NewID() uuid.UUID {
 }
 
 // Errors returned by Validate. They are wrapped in a *ValidationError that
-// says which event was wrong; test for them with errors.Is.
+// says which event and field were wrong; test for them with errors.Is.
 var (
 	ErrEmptyTopic    = errors.New("event topic is empty")
 	ErrEmptyKey      = errors.New("event key is empty")
 	ErrEmptyType     = errors.New("event type is empty")
-	ErrEventTooLarge = errors.New("event payload is larger than the configured limit")
-	ErrInvalidText   = errors.New("event text field is not valid UTF-8 or contains a NUL byte")
+	ErrEventTooLarge = errors.New("event payload and envelope are larger than the configured limit")
+	// ErrInvalidText: a text field is not valid UTF-8, or holds a control
+	// character (NUL, tab, CR, LF, DEL, U+0080-U+009F), which some broker
+	// or HTTP hop would drop or replace.
+	ErrInvalidText = errors.New("event text is not valid UTF-8 or holds a control character")
+	// ErrSurroundingSpace: a text field starts or ends with white space,
+	// which message headers trim on the way.
+	ErrSurroundingSpace = errors.New("event text starts or ends with white space")
+	// ErrFieldTooLong: a field is longer than its limit (MaxKeyBytes, ...).
+	ErrFieldTooLong = errors.New("event field is longer than its limit")
+	// ErrInvalidTopic: the topic does not follow the grammar every sink can
+	// carry (see ValidTopic).
+	ErrInvalidTopic = errors.New("event topic is not dot-separated words of ASCII letters, digits, '-' and '_'")
+	// ErrInvalidHeaderName: a header name is not an HTTP token, or two
+	// names differ only in case.
+	ErrInvalidHeaderName = errors.New("event header name cannot be carried by every sink")
+	// ErrReservedHeader: a header name belongs to Ferry, CloudEvents, a
+	// broker or HTTP (see ReservedHeader).
+	ErrReservedHeader = errors.New("event header name is reserved")
+	// ErrInvalidTime: CreatedAt is outside the years 0001-9999 (UTC), which
+	// RFC 3339 times cannot write.
+	ErrInvalidTime = errors.New("event time is outside the years 0001-9999")
 )
 
 // ValidationError tells which event failed validation and why.
@@ -124,25 +151,43 @@ func (e *ValidationError) Error() string {
 
 func (e *ValidationError) Unwrap() error { return e.Err }
 
-// Prepare validates ev (see Validate) and fills in ID and CreatedAt when
-// they are empty.
+// Prepare validates ev (see Validate) and completes it the way every store
+// and sink will read it back: ID and CreatedAt are filled in when empty,
+// CreatedAt is put in UTC and truncated to the microsecond, and an empty
+// Source becomes DefaultSource.
 func Prepare(ev *Event, index int, maxPayload int, now time.Time) error {
+	if ev.CreatedAt.IsZero() {
+		ev.CreatedAt = now
+	}
+	ev.CreatedAt = ev.CreatedAt.UTC().Truncate(time.Microsecond)
+	if ev.Source == "" {
+		ev.Source = DefaultSource
+	}
 	if err := Validate(ev, index, maxPayload); err != nil {
 		return err
 	}
 	if ev.ID == uuid.Nil {
 		ev.ID = NewID()
 	}
-	if ev.CreatedAt.IsZero() {
-		ev.CreatedAt = now
-	}
 	return nil
 }
 
-// Validate checks that ev has a Topic, Key and Type, that its text fields
-// are valid UTF-8 without NUL bytes, and that its payload is at most
-// maxPayload bytes (DefaultMaxPayloadBytes when <= 0). index is reported in
-// the error.
+// Validate checks the rule Ferry keeps for every event it accepts: each
+// field reaches every sink and every consumer byte for byte, or the event
+// is refused here. index is reported in the error; maxPayload bounds
+// len(Payload) + EnvelopeBytes(ev) (DefaultMaxPayloadBytes when <= 0).
+//
+//   - Topic, Key and Type are required; Topic follows ValidTopic.
+//   - Key, Type, Source, ContentType and header values are valid UTF-8
+//     without control characters, with no white space at either end, and
+//     within MaxKeyBytes, MaxTypeBytes, MaxSourceBytes,
+//     MaxContentTypeBytes and MaxHeaderValueBytes.
+//   - Header names are HTTP tokens of at most MaxHeaderNameBytes, no two
+//     differing only in case, none reserved (ReservedHeader); names and
+//     values together take at most MaxHeadersBytes.
+//   - CreatedAt, when set, lies in the years 0001-9999.
+//
+// The payload is bytes and any value passes, empty included.
 func Validate(ev *Event, index int, maxPayload int) error {
 	if maxPayload <= 0 {
 		maxPayload = DefaultMaxPayloadBytes
@@ -157,22 +202,65 @@ func Validate(ev *Event, index int, maxPayload int) error {
 		return fail("Key", ErrEmptyKey, "set Key to the ID of the entity the event is about; events of one key stay in order")
 	case strings.TrimSpace(ev.Type) == "":
 		return fail("Type", ErrEmptyType, "set Type to what happened, e.g. \"OrderCreated\"")
-	case len(ev.Payload) > maxPayload:
-		return fail("Payload", ErrEventTooLarge, fmt.Sprintf("%d bytes, limit %d; store large blobs elsewhere and send a reference, or raise MaxPayloadBytes (and the broker's limit)", len(ev.Payload), maxPayload))
 	}
-	for name, v := range map[string]string{"Topic": ev.Topic, "Key": ev.Key, "Type": ev.Type, "Source": ev.Source, "ContentType": ev.ContentType} {
-		if !validText(v) {
-			return fail(name, ErrInvalidText, "")
+	if err := checkTopic(ev.Topic); err != nil {
+		return fail("Topic", err, fmt.Sprintf("%.80q: use words of ASCII letters, digits, '-' and '_' joined by single dots (\"orders\", \"billing.invoice-paid\"), at most %d bytes", ev.Topic, MaxTopicBytes))
+	}
+	for _, f := range []struct {
+		name  string
+		value string
+		limit int
+	}{
+		{"Key", ev.Key, MaxKeyBytes},
+		{"Type", ev.Type, MaxTypeBytes},
+		{"Source", ev.Source, MaxSourceBytes},
+		{"ContentType", ev.ContentType, MaxContentTypeBytes},
+	} {
+		if detail, err := checkText(f.value, f.limit); err != nil {
+			return fail(f.name, err, detail)
 		}
 	}
-	for k, v := range ev.Headers {
-		if !validText(k) || !validText(v) || k == "" {
-			return fail("Headers", ErrInvalidText, fmt.Sprintf("header %q", k))
+	if detail, err := checkHeaders(ev.Headers); err != nil {
+		return fail("Headers", err, detail)
+	}
+	if !ev.CreatedAt.IsZero() {
+		if y := ev.CreatedAt.UTC().Year(); y < 1 || y > 9999 {
+			return fail("CreatedAt", ErrInvalidTime, fmt.Sprintf("year %d", y))
 		}
+	}
+	if n := len(ev.Payload) + EnvelopeBytes(ev); n > maxPayload {
+		return fail("Payload", ErrEventTooLarge, fmt.Sprintf("%d bytes of payload and %d of envelope (attributes and headers, which brokers count too), limit %d; store large blobs elsewhere and send a reference, or raise MaxPayloadBytes (and the broker's limit)", len(ev.Payload), n-len(ev.Payload), maxPayload))
 	}
 	return nil
 }
 
-func validText(s string) bool {
-	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+// CheckRelayable checks what the relay needs of an event read back from an
+// outbox: a Topic, Key and Type, and text fields of valid UTF-8 without NUL
+// bytes. It is looser than Validate on purpose: an event accepted by an
+// earlier version of Ferry, under looser rules, is still relayed (a sink
+// that cannot carry it dead-letters it with the reason) rather than
+// dead-lettered at the feed.
+func CheckRelayable(ev *Event) error {
+	fail := func(field string, err error, detail string) error {
+		return &ValidationError{ID: ev.ID, Field: field, Err: err, Detail: detail}
+	}
+	switch {
+	case strings.TrimSpace(ev.Topic) == "":
+		return fail("Topic", ErrEmptyTopic, "")
+	case strings.TrimSpace(ev.Key) == "":
+		return fail("Key", ErrEmptyKey, "")
+	case strings.TrimSpace(ev.Type) == "":
+		return fail("Type", ErrEmptyType, "")
+	}
+	for name, v := range map[string]string{"Topic": ev.Topic, "Key": ev.Key, "Type": ev.Type, "Source": ev.Source, "ContentType": ev.ContentType} {
+		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			return fail(name, ErrInvalidText, "")
+		}
+	}
+	for k, v := range ev.Headers {
+		if k == "" || !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
+			return fail("Headers", ErrInvalidText, fmt.Sprintf("header %q", k))
+		}
+	}
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryevent/ferryeventtest"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
@@ -26,6 +27,7 @@ type InboxDriver[TTx any] interface {
 // driver over a fresh, migrated, isolated namespace.
 func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriver[TTx]) {
 	t.Run("InsertAbsorbsDuplicates", func(t *testing.T) { t.Parallel(); testInboxDedup(t, newDriver(t)) })
+	t.Run("EdgeCaseEventsArriveExactly", func(t *testing.T) { t.Parallel(); testInboxEdgeCases(t, newDriver(t)) })
 	t.Run("ClaimsHeadsInKeyOrder", func(t *testing.T) { t.Parallel(); testInboxHeads(t, newDriver(t)) })
 	t.Run("CompleteCommitsWithHandlerTx", func(t *testing.T) { t.Parallel(); testInboxComplete(t, newDriver(t)) })
 	t.Run("ExpiredClaimIsReclaimed", func(t *testing.T) { t.Parallel(); testInboxExpiredClaim(t, newDriver(t)) })
@@ -197,6 +199,24 @@ func testInboxDedup[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	res, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "other", Events: evs[:3]})
 	require.NoError(t, err)
 	require.Equal(t, []bool{true, true, true}, res.Inserted)
+}
+
+// testInboxEdgeCases: every edge-case event Emit accepts is claimed from
+// the inbox, and so handed to its handler, exactly as it was delivered
+// (ferryeventtest).
+func testInboxEdgeCases[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	accepted := ferryeventtest.Prepare(t, ferryeventtest.Cases(0), 0)
+	insert(ctx, t, d, accepted...)
+	rows := claim(ctx, t, d, "w1")
+	require.Len(t, rows, len(accepted), "every event has a key of its own: all are heads")
+	byID := make(map[uuid.UUID]*ferryevent.Event, len(rows))
+	for _, r := range rows {
+		byID[r.Event.ID] = &r.Event
+	}
+	for _, want := range accepted {
+		ferryeventtest.RequireSame(t, want, byID[want.ID])
+	}
 }
 
 func testInboxHeads[TTx any](t *testing.T, d InboxDriver[TTx]) {

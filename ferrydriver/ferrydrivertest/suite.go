@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryevent/ferryeventtest"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
@@ -62,6 +63,7 @@ type Tx[TTx any] struct {
 // Exercise runs the suite.
 func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("AppendRoundTrip", func(t *testing.T) { t.Parallel(); testAppendRoundTrip(t, h) })
+	t.Run("EdgeCaseEventsArriveExactly", func(t *testing.T) { t.Parallel(); testOutboxEdgeCases(t, h) })
 	t.Run("RolledBackDeliversNothing", func(t *testing.T) { t.Parallel(); testRolledBack(t, h) })
 	t.Run("SameKeyInOneTxKeepsOrder", func(t *testing.T) { t.Parallel(); testSameKeyOneTx(t, h) })
 	t.Run("LateCommitterIsNotSkipped", func(t *testing.T) { t.Parallel(); testLateCommitter(t, h) })
@@ -197,6 +199,24 @@ func testAppendRoundTrip[TTx any](t *testing.T, h Harness[TTx]) {
 	require.EqualValues(t, 1, got[1].Seq)
 	require.Equal(t, "own-tx", string(got[2].Payload))
 	require.EqualValues(t, 2, got[2].Seq, "the second event of order-1 has Seq 2")
+}
+
+// testOutboxEdgeCases: every edge-case event Emit accepts is stored and
+// read back by the feed exactly (ferryeventtest).
+func testOutboxEdgeCases[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	drv := h.New(t)
+	accepted := ferryeventtest.Prepare(t, ferryeventtest.Cases(0), 0)
+	emit(ctx, t, h, drv, accepted...)
+	got := OpenReader(ctx, t, drv, nil).ReadN(ctx, len(accepted))
+	require.Len(t, got, len(accepted))
+	byID := make(map[uuid.UUID]*ferryevent.Event, len(got))
+	for _, ev := range got {
+		byID[ev.ID] = ev
+	}
+	for _, want := range accepted {
+		ferryeventtest.RequireSame(t, want, byID[want.ID])
+	}
 }
 
 func testRolledBack[TTx any](t *testing.T, h Harness[TTx]) {

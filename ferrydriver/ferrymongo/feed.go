@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -171,7 +170,7 @@ func (f *feed) collect(b *ferrydriver.Batch, doc *outboxDoc) {
 	}
 	ev, err := doc.event()
 	if err == nil {
-		err = ferryevent.Validate(ev, 0, math.MaxInt)
+		err = ferryevent.CheckRelayable(ev)
 	}
 	if err != nil {
 		b.Invalid = append(b.Invalid, &ferrydriver.InvalidRecord{Event: *ev, Reason: "invalid outbox document: " + err.Error()})

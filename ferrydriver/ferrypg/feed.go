@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -281,7 +280,7 @@ func (f *feed[TTx]) collect(b *ferrydriver.Batch, ev *ferryevent.Event, headers 
 		b.Invalid = append(b.Invalid, invalidRecord(ev, "invalid outbox row: "+err.Error()))
 		return
 	}
-	if err := ferryevent.Validate(ev, 0, math.MaxInt); err != nil {
+	if err := ferryevent.CheckRelayable(ev); err != nil {
 		b.Invalid = append(b.Invalid, invalidRecord(ev, "invalid outbox row: "+err.Error()))
 		return
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -167,7 +166,7 @@ func (f *feed) read(ctx context.Context, limit int) (*ferrydriver.Batch, error) 
 			b.Invalid = append(b.Invalid, &ferrydriver.InvalidRecord{Event: *ev, Reason: "invalid outbox row: " + err.Error()})
 			continue
 		}
-		if err := ferryevent.Validate(ev, 0, math.MaxInt); err != nil {
+		if err := ferryevent.CheckRelayable(ev); err != nil {
 			b.Invalid = append(b.Invalid, &ferrydriver.InvalidRecord{Event: *ev, Reason: "invalid outbox row: " + err.Error()})
 			continue
 		}

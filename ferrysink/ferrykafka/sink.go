@@ -275,7 +275,11 @@ func (s *Sink) publish(ctx context.Context, events []*ferryevent.Event, report f
 	pending := 0
 	done := make([]bool, len(events))
 	for i, ev := range events {
-		rec := encode(ev, s.topic(ev))
+		rec, err := encode(ev, s.topic(ev))
+		if err != nil {
+			errs[i], done[i] = err, true
+			continue
+		}
 		if n := size(rec); n > s.cfg.MaxMessageBytes {
 			errs[i] = ferrysink.Permanent(fmt.Sprintf("event is %d bytes, more than the %d a Kafka record may carry here (MaxMessageBytes)", n, s.cfg.MaxMessageBytes), nil)
 			done[i] = true

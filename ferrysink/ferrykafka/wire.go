@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink"
 )
 
 // Wire format
@@ -24,8 +25,7 @@ import (
 //     (ce_id, ce_source, ce_type, ce_subject for the Key, ce_time,
 //     ce_ferrytopic, ce_ferrykeyseq, ...);
 //   - content-type: the ContentType, when set;
-//   - the event's own Headers, under their own names (a user header named
-//     like one of Ferry's is left out).
+//   - the event's own Headers, under their own names.
 
 // CloudEventsPrefix prefixes the CloudEvents attributes carried as record
 // headers, as the CloudEvents Kafka protocol binding specifies.
@@ -44,14 +44,17 @@ func ferryOwns(name string) bool {
 	return strings.HasPrefix(lower, CloudEventsPrefix) || lower == ContentTypeHeader
 }
 
-// encode builds the record of ev for topic.
-func encode(ev *ferryevent.Event, topic string) *kgo.Record {
+// encode builds the record of ev for topic. An event header named like
+// one of Ferry's (which Emit refuses: ferryevent.ReservedHeader) fails the
+// event with a ferrysink.PermanentError rather than being left out.
+func encode(ev *ferryevent.Event, topic string) (*kgo.Record, error) {
 	attrs := ev.CloudEventAttributes()
 	headers := make([]kgo.RecordHeader, 0, len(ev.Headers)+len(attrs)+1)
 	for name, value := range ev.Headers {
-		if !ferryOwns(name) {
-			headers = append(headers, kgo.RecordHeader{Key: name, Value: []byte(value)})
+		if ferryOwns(name) {
+			return nil, ferrysink.Permanent(fmt.Sprintf("event header %q is named like the ones Ferry writes itself (%s*, %s): rename it (Emit refuses such names)", name, CloudEventsPrefix, ContentTypeHeader), nil)
 		}
+		headers = append(headers, kgo.RecordHeader{Key: name, Value: []byte(value)})
 	}
 	for name, value := range attrs {
 		headers = append(headers, kgo.RecordHeader{Key: CloudEventsPrefix + name, Value: []byte(value)})
@@ -59,7 +62,7 @@ func encode(ev *ferryevent.Event, topic string) *kgo.Record {
 	if ev.ContentType != "" {
 		headers = append(headers, kgo.RecordHeader{Key: ContentTypeHeader, Value: []byte(ev.ContentType)})
 	}
-	return &kgo.Record{Topic: topic, Key: []byte(ev.Key), Value: ev.Payload, Headers: headers}
+	return &kgo.Record{Topic: topic, Key: []byte(ev.Key), Value: ev.Payload, Headers: headers}, nil
 }
 
 // size is the record's size as the broker counts it, near enough for the

@@ -73,9 +73,10 @@ var ErrMalformed = errors.New("ferrynats: message is not a well-formed Ferry eve
 // put in Nats-Expected-Stream. It fails with a ferrysink.PermanentError when
 // a header name cannot be carried by NATS.
 //
-// User headers are written first and Ferry's last, and a user header whose
-// name equals one of Ferry's ignoring case is left out, so a user header can
-// never replace or shadow an attribute, the dedup ID or the expected stream.
+// A user header whose name equals one of Ferry's ignoring case (which Emit
+// refuses: ferryevent.ReservedHeader) fails the event the same way, so a
+// user header can never replace or shadow an attribute, the dedup ID or the
+// expected stream, nor be dropped on the way.
 func encode(ev *ferryevent.Event, subject, stream string) (*nats.Msg, error) {
 	attrs := ev.CloudEventAttributes()
 	h := make(nats.Header, len(ev.Headers)+len(attrs)+3)
@@ -84,7 +85,7 @@ func encode(ev *ferryevent.Event, subject, stream string) (*nats.Msg, error) {
 			return nil, permanent(fmt.Sprintf("header name %q cannot be carried by NATS: use printable ASCII without spaces or any of %s", name, forbiddenHeaderChars), nil)
 		}
 		if ferryOwns(name, ev.ContentType != "") {
-			continue
+			return nil, permanent(fmt.Sprintf("event header %q is named like one Ferry writes itself: rename it (Emit refuses such names)", name), nil)
 		}
 		h[name] = []string{value}
 	}

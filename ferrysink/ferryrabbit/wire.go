@@ -88,9 +88,9 @@ func ferryOwns(name string) bool {
 // encode builds the message for ev. It fails with a ferrysink.PermanentError
 // when the event cannot be carried by AMQP 0-9-1.
 //
-// User headers whose name is one of Ferry's attribute headers, ignoring
-// case and with either prefix, are left out: they could never be told
-// apart from the attribute.
+// A user header whose name is one of Ferry's attribute headers, ignoring
+// case and with either prefix, fails the event too (Emit refuses such
+// names): it could never be told apart from the attribute.
 func encode(ev *ferryevent.Event) (amqp.Publishing, error) {
 	attrs := ev.CloudEventAttributes()
 	h := make(amqp.Table, len(ev.Headers)+len(attrs))
@@ -99,7 +99,7 @@ func encode(ev *ferryevent.Event) (amqp.Publishing, error) {
 			return amqp.Publishing{}, permanent(fmt.Sprintf("header name %.40q... is %d bytes long; AMQP header names are at most %d bytes", name, len(name), maxShortString), nil)
 		}
 		if ferryOwns(name) {
-			continue
+			return amqp.Publishing{}, permanent(fmt.Sprintf("event header %q is named like an attribute Ferry writes itself: rename it (Emit refuses such names)", name), nil)
 		}
 		h[name] = value
 	}

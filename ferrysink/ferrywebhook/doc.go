@@ -53,16 +53,18 @@
 // %XX); DecodeRequest decodes them. net/http writes header names in
 // canonical form (Ce-Id, Webhook-Signature); HTTP names ignore case.
 //
-// The event's header values are sent as they are, UTF-8 included, except
-// that control characters (CR and LF among them) become spaces, and a
-// receiver's HTTP server drops leading and trailing white space. An event
-// whose header name is not an HTTP token (letters, digits and
-// !#$%&'*+-.^_`|~), or whose header names differ only in case, or whose
-// ContentType holds a control character, fails permanently. The names
-// above, the headers HTTP manages (Host, Connection, Content-Length, ...)
-// and the names in Config.Header belong to the sink: an event header with
-// one of them, ignoring case, is left out, so an event can never replace
-// an attribute, the signature or the sink's credentials.
+// The event's header values are sent as they are, UTF-8 included. Emit
+// refuses what HTTP could not carry unchanged (ferryevent.Validate: control
+// characters, white space at either end, names that are not HTTP tokens or
+// differ only in case, reserved names). An event that holds one all the
+// same (an outbox row stored by an earlier version) is sent with control
+// characters in header values turned into spaces, or fails permanently for
+// a name HTTP cannot carry or a ContentType with a control character. The
+// names above, the headers HTTP manages (Host, Connection, Content-Length,
+// ...) and the names in Config.Header belong to the sink: an event header
+// with one of them, ignoring case, fails the event permanently, so an
+// event can never replace an attribute, the signature or the sink's
+// credentials, nor arrive without one of its headers.
 //
 // # Signatures
 //

@@ -76,10 +76,11 @@ func reservedHeader(lower string) bool {
 // ferrysink.PermanentError when HTTP cannot carry the event's headers or
 // content type.
 //
-// Event headers go in first, then static, then Ferry's own, and an event
-// header named like one of the latter two (ignoring case) is left out, so
-// an event can never replace an attribute, the signature or the sink's
-// credentials.
+// Event headers go in first, then static, then Ferry's own. An event
+// header named like one of the latter two (ignoring case) fails the event
+// rather than being left out, so an event can never replace an attribute,
+// the signature or the sink's credentials, nor arrive without one of its
+// headers.
 func encodeHeader(ev *ferryevent.Event, static http.Header) (http.Header, error) {
 	attrs := ev.CloudEventAttributes()
 	h := make(http.Header, len(ev.Headers)+len(static)+len(attrs)+4)
@@ -102,8 +103,11 @@ func encodeHeader(ev *ferryevent.Event, static http.Header) (http.Header, error)
 				return nil, ferrysink.Permanent(fmt.Sprintf("event headers %q and %q differ only in case, and HTTP header names ignore case: keep one", other, name), nil)
 			}
 			lowered[lower] = name
-			if reservedHeader(lower) || len(static.Values(name)) > 0 {
-				continue
+			switch {
+			case reservedHeader(lower):
+				return nil, ferrysink.Permanent(fmt.Sprintf("event header %q is one Ferry or HTTP writes itself: rename it (Emit refuses such names)", name), nil)
+			case len(static.Values(name)) > 0:
+				return nil, ferrysink.Permanent(fmt.Sprintf("event header %q is also set by the sink's Config.Header, which would replace it: rename one of them", name), nil)
 			}
 			agent = agent || lower == "user-agent"
 			// Canonical, as every http.Header user expects: a client
