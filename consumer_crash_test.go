@@ -1,8 +1,10 @@
 package ferry_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -49,16 +51,41 @@ func consumerChild(schema string) int {
 	})
 }
 
+// childReady is what a child prints on its standard output once SIGTERM
+// stops it cleanly.
+const childReady = "ferry-test-child-ready"
+
 // startChild starts this test binary again as a child process with env
-// added (which selects what it runs); the test kills it at the end, if it
-// still runs.
+// added (which selects what it runs) and returns once the child handles
+// SIGTERM (a SIGTERM before that would kill it mid-start, as no clean stop
+// can); the test kills it at the end, if it still runs.
 func startChild(t *testing.T, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == childReady {
+				ready <- true
+				_, _ = io.Copy(io.Discard, out)
+				return
+			}
+		}
+		ready <- false
+	}()
+	select {
+	case ok := <-ready:
+		require.True(t, ok, "the child process ended before it was ready")
+	case <-time.After(time.Minute):
+		t.Fatal("the child process was not ready within a minute")
+	}
 	return cmd
 }
 
@@ -68,6 +95,7 @@ func startChild(t *testing.T, env ...string) *exec.Cmd {
 func runConsumerChild(schema string, newConsumer func(pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx]) (*ferry.Consumer[pgx.Tx], error)) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	fmt.Println(childReady)
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
