@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -93,12 +94,53 @@ func loadRunConfig(path string) (*runConfig, error) {
 	if err != nil {
 		return nil, usagef("--config %s: %v", path, err)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, usagef("--config %s: %v (see `ferry run --print-config` for every key)", path, err)
+	}
+	if len(doc.Content) == 0 {
+		return cfg, nil
+	}
+	if err := checkKeys(doc.Content[0], reflect.TypeFor[runConfig](), ""); err != nil {
+		return nil, usagef("--config %s: %v (see `ferry run --print-config` for every key)", path, err)
+	}
+	if err := doc.Decode(cfg); err != nil {
 		return nil, usagef("--config %s: %v (see `ferry run --print-config` for every key)", path, err)
 	}
 	return cfg, nil
+}
+
+// checkKeys reports the first key of the YAML mapping n that the struct t
+// has no field for, named by its whole path ("relay.batchsize") with the
+// keys that section does have, instead of the Go type yaml.v3 names.
+func checkKeys(n *yaml.Node, t reflect.Type, prefix string) error {
+	if n.Kind != yaml.MappingNode || t.Kind() != reflect.Struct {
+		return nil
+	}
+	fields := map[string]reflect.Type{}
+	var names []string
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if name != "" && name != "-" {
+			fields[name] = t.Field(i).Type
+			names = append(names, name)
+		}
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key := n.Content[i].Value
+		ft, ok := fields[key]
+		if !ok {
+			where := "at the top level"
+			if prefix != "" {
+				where = "under " + strings.TrimSuffix(prefix, ".")
+			}
+			return fmt.Errorf("line %d: unknown key %q: the keys %s are %s", n.Content[i].Line, prefix+key, where, strings.Join(names, ", "))
+		}
+		if err := checkKeys(n.Content[i+1], ft, prefix+key+"."); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {

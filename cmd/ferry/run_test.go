@@ -41,8 +41,20 @@ func TestConfigMistakesAreExplained(t *testing.T) {
 	require.NoError(t, os.WriteFile(bad, []byte("relay:\n  batchsize: 3\n"), 0o600))
 	var out, errOut bytes.Buffer
 	require.Equal(t, 2, run(context.Background(), []string{"run", "--config", bad}, &out, &errOut))
-	require.Contains(t, errOut.String(), "batchsize")
+	require.Contains(t, errOut.String(), `line 2: unknown key "relay.batchsize": the keys under relay are feed, holder, batch_size,`)
 	require.Contains(t, errOut.String(), "--print-config")
+	require.NotContains(t, errOut.String(), "struct {", "the error names the key, not a Go type")
+
+	require.NoError(t, os.WriteFile(bad, []byte("database:\n  url: postgres://x\nnats:\n  url: nats://x\n  streams: FERRY\n"), 0o600))
+	errOut.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"run", "--config", bad}, &out, &errOut))
+	require.Contains(t, errOut.String(), `line 5: unknown key "nats.streams"`)
+	require.Contains(t, errOut.String(), "stream, subject_prefix")
+
+	require.NoError(t, os.WriteFile(bad, []byte("relays:\n  batch_size: 3\n"), 0o600))
+	errOut.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"run", "--config", bad}, &out, &errOut))
+	require.Contains(t, errOut.String(), `line 1: unknown key "relays": the keys at the top level are data_dir, database, nats, sink, relay, metrics, log`)
 
 	require.NoError(t, os.WriteFile(bad, []byte("relay:\n  poll_interval: often\n"), 0o600))
 	errOut.Reset()
