@@ -1,6 +1,6 @@
 # Ferry's development tasks. `make help` lists them.
 # Every module of the repository (see go.work) is tested and linted.
-MODULES := . ferrydriver/ferrysqlite ferrydriver/ferrymongo ferrysink/ferrynats ferrysink/ferrykafka ferrysink/ferryrabbit ferrychain cmd/ferry examples/companies bench
+MODULES := . ferryotel ferrydriver/ferrysqlite ferrydriver/ferrymongo ferrysink/ferrynats ferrysink/ferrykafka ferrysink/ferryrabbit ferrychain cmd/ferry examples/companies bench
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export FERRY_TEST_PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 export FERRY_TEST_NATS_URL ?= nats://127.0.0.1:4222

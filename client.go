@@ -28,6 +28,11 @@ type Config struct {
 	MaxPayloadBytes int
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Hooks observe the client (see Hook): each EmitHook sees every event
+	// emitted, with the caller's context, before it is validated. A
+	// tracing hook (ferryotel) writes the caller's trace context into the
+	// event's headers there.
+	Hooks []Hook
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -57,6 +62,7 @@ func (c *Config) validate() error {
 type Client[TTx any] struct {
 	driver ferrydriver.Driver[TTx]
 	cfg    Config
+	emit   []EmitHook
 }
 
 // NewClient returns a client writing through driver.
@@ -68,7 +74,7 @@ func NewClient[TTx any](driver ferrydriver.Driver[TTx], cfg *Config) (*Client[TT
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Client[TTx]{driver: driver, cfg: c}, nil
+	return &Client[TTx]{driver: driver, cfg: c, emit: emitHooks(c.Hooks)}, nil
 }
 
 // Driver returns the client's driver.
@@ -127,6 +133,9 @@ func (c *Client[TTx]) prepare(ctx context.Context, events []*Event) error {
 		// its slot), so that the others stay aligned.
 		if id := nextEventID(ctx); ev.ID == uuid.Nil {
 			ev.ID = id
+		}
+		for _, h := range c.emit {
+			h.OnEmit(ctx, ev)
 		}
 		if err := ferryevent.Prepare(ev, i, c.cfg.MaxPayloadBytes, now); err != nil {
 			return err

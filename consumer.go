@@ -102,6 +102,9 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 	// Registerer, when set, receives the consumer's Prometheus metrics.
 	Registerer prometheus.Registerer
+	// Middleware wraps every handler call, the first outermost (see
+	// Middleware): tracing (ferryotel), logging, metrics, code of your own.
+	Middleware []Middleware
 }
 
 // DeadEvent describes an event that will not be retried.
@@ -628,7 +631,7 @@ drain:
 			continue
 		}
 		c.m.rescues.Inc()
-		c.log.Warn("ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone",
+		c.log.WarnContext(withEvent(ctx, &row.Event), "ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone",
 			"event_id", row.Event.ID, "key", row.Event.Key, "type", row.Event.Type, "attempt", row.Attempts, "max_attempts", c.cfg.MaxAttempts)
 		c.process(work, row, deadline)
 	}
@@ -740,9 +743,9 @@ func (c *Consumer[TTx]) handlerFor(ev *Event) (handler HandlerFunc[TTx], unhandl
 	return handler, unhandled
 }
 
-// callHandler runs handler (nil: nothing to run), turning a panic into an
-// error with its stack.
-func callHandler[TTx any](ctx context.Context, tx TTx, handler HandlerFunc[TTx], ev *Event) (err error) {
+// callHandler runs handler (nil: nothing to run) inside the middleware,
+// turning a panic into an error with its stack.
+func (c *Consumer[TTx]) callHandler(ctx context.Context, tx TTx, handler HandlerFunc[TTx], ev *Event) (err error) {
 	if handler == nil {
 		return nil
 	}
@@ -751,7 +754,11 @@ func callHandler[TTx any](ctx context.Context, tx TTx, handler HandlerFunc[TTx],
 			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
-	return handler(ctx, tx, ev)
+	ctx = withEvent(context.WithValue(ctx, groupKey{}, c.cfg.Group), ev)
+	if len(c.cfg.Middleware) == 0 {
+		return handler(ctx, tx, ev)
+	}
+	return chain(c.cfg.Middleware, []*Event{ev}, func(ctx context.Context) error { return handler(ctx, tx, ev) })(ctx)
 }
 
 // process runs one claimed event and records the outcome.
@@ -763,7 +770,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	start := time.Now()
 	defer func() { c.m.handlerSeconds.Observe(time.Since(start).Seconds()) }()
 	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
-		if err := callHandler(ctx, tx, handler, ev); err != nil {
+		if err := c.callHandler(ctx, tx, handler, ev); err != nil {
 			return err
 		}
 		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
@@ -779,7 +786,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	}
 	if errors.Is(err, ferrydriver.ErrClaimLost) {
 		c.m.outcomes.WithLabelValues("claim_lost").Inc()
-		c.log.Warn("ferry: an event's handler outlived its claim: its effect was rolled back; the event runs again, or already did in a later attempt",
+		c.log.WarnContext(withEvent(ctx, ev), "ferry: an event's handler outlived its claim: its effect was rolled back; the event runs again, or already did in a later attempt",
 			"event_id", ev.ID, "key", ev.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond))
 		return
 	}
@@ -800,13 +807,13 @@ func (c *Consumer[TTx]) fail(ctx context.Context, row *ferrydriver.InboxRow, err
 	})
 	if errors.Is(ferr, ferrydriver.ErrClaimLost) {
 		c.m.outcomes.WithLabelValues("claim_lost").Inc()
-		c.log.Warn("ferry: an event's handler failed after its claim had expired: the failure is not recorded; the event runs again, or already did in a later attempt",
+		c.log.WarnContext(withEvent(ctx, ev), "ferry: an event's handler failed after its claim had expired: the failure is not recorded; the event runs again, or already did in a later attempt",
 			"event_id", ev.ID, "key", ev.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond), "err", err)
 		return
 	}
 	if ferr != nil {
 		// The claim expires and the event runs again: nothing is lost.
-		c.log.Warn("ferry: recording a failed attempt failed", "event_id", ev.ID, "err", ferr)
+		c.log.WarnContext(withEvent(ctx, ev), "ferry: recording a failed attempt failed", "event_id", ev.ID, "err", ferr)
 		return
 	}
 	if dead {
@@ -814,7 +821,7 @@ func (c *Consumer[TTx]) fail(ctx context.Context, row *ferrydriver.InboxRow, err
 		return
 	}
 	c.m.outcomes.WithLabelValues("retried").Inc()
-	c.log.Info("ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", retryAt, "err", err)
+	c.log.InfoContext(withEvent(ctx, ev), "ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", retryAt, "err", err)
 }
 
 // failInbox records a failed attempt, even once ctx is done, within a
@@ -835,7 +842,7 @@ func (c *Consumer[TTx]) notBegun(ctx context.Context, row *ferrydriver.InboxRow,
 		Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Error: err.Error(), RetryAt: time.Now().Add(c.retry.Delay(1) / 4),
 		Uncounted: true})
 	c.m.outcomes.WithLabelValues("not_begun").Inc()
-	c.log.Warn("ferry: could not begin a handler's transaction (is the connection pool smaller than Workers?); the handler did not run, and the attempt does not count",
+	c.log.WarnContext(withEvent(ctx, ev), "ferry: could not begin a handler's transaction (is the connection pool smaller than Workers?); the handler did not run, and the attempt does not count",
 		"event_id", ev.ID, "key", ev.Key, "workers", c.cfg.Workers, "err", err, "release_err", ferr)
 }
 
@@ -843,7 +850,7 @@ func (c *Consumer[TTx]) notBegun(ctx context.Context, row *ferrydriver.InboxRow,
 func (c *Consumer[TTx]) reportDead(ctx context.Context, row *ferrydriver.InboxRow, err error) {
 	ev := &row.Event
 	c.m.outcomes.WithLabelValues("dead").Inc()
-	c.log.Error("ferry: event is dead", "event_id", ev.ID, "key", ev.Key, "type", ev.Type, "attempts", row.Attempts, "err", err)
+	c.log.ErrorContext(withEvent(ctx, ev), "ferry: event is dead", "event_id", ev.ID, "key", ev.Key, "type", ev.Type, "attempts", row.Attempts, "err", err)
 	if c.cfg.OnDead != nil {
 		c.cfg.OnDead(ctx, &DeadEvent{Group: c.cfg.Group, Event: ev, Attempts: row.Attempts, Err: err})
 	}

@@ -111,7 +111,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 				for j, i := range u.rows {
 					evs[j] = &rows[i].Event
 				}
-				herr, stop := run(func(ctx context.Context, tx TTx) error { return callBatch(ctx, tx, u.batch, evs) })
+				herr, stop := run(func(ctx context.Context, tx TTx) error { return c.callBatch(ctx, tx, u.batch, evs) })
 				if stop != nil {
 					return stop
 				}
@@ -125,7 +125,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 			for _, i := range u.rows {
 				running = []int{i}
 				handler, unhandled := c.handlerFor(&rows[i].Event)
-				herr, stop := run(func(ctx context.Context, tx TTx) error { return callHandler(ctx, tx, handler, &rows[i].Event) })
+				herr, stop := run(func(ctx context.Context, tx TTx) error { return c.callHandler(ctx, tx, handler, &rows[i].Event) })
 				if stop != nil {
 					return stop
 				}
@@ -165,7 +165,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		for _, row := range rows {
 			if lost.lost[row.Event.ID] {
 				c.m.outcomes.WithLabelValues("claim_lost").Inc()
-				c.log.Warn("ferry: an event's claim was lost before its batch committed (it expired, or the event was retracted): the batch rolled back; the event runs again, or already did in a later attempt",
+				c.log.WarnContext(withEvent(ctx, &row.Event), "ferry: an event's claim was lost before its batch committed (it expired, or the event was retracted): the batch rolled back; the event runs again, or already did in a later attempt",
 					"event_id", row.Event.ID, "key", row.Event.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond))
 				continue
 			}
@@ -208,7 +208,7 @@ func (c *Consumer[TTx]) recordOutcome(ctx context.Context, row *ferrydriver.Inbo
 		c.reportDead(ctx, row, o.err)
 	default:
 		c.m.outcomes.WithLabelValues("retried").Inc()
-		c.log.Info("ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", o.retryAt, "err", o.err)
+		c.log.InfoContext(withEvent(ctx, ev), "ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", o.retryAt, "err", o.err)
 	}
 }
 
@@ -278,14 +278,19 @@ func (c *Consumer[TTx]) units(rows []*ferrydriver.InboxRow) []unit[TTx] {
 	return out
 }
 
-// callBatch runs a batch handler, turning a panic into an error.
-func callBatch[TTx any](ctx context.Context, tx TTx, fn BatchHandlerFunc[TTx], evs []*Event) (err error) {
+// callBatch runs a batch handler inside the middleware, turning a panic
+// into an error.
+func (c *Consumer[TTx]) callBatch(ctx context.Context, tx TTx, fn BatchHandlerFunc[TTx], evs []*Event) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
-	return fn(ctx, tx, evs)
+	ctx = context.WithValue(ctx, groupKey{}, c.cfg.Group)
+	if len(c.cfg.Middleware) == 0 {
+		return fn(ctx, tx, evs)
+	}
+	return chain(c.cfg.Middleware, evs, func(ctx context.Context) error { return fn(ctx, tx, evs) })(ctx)
 }
 
 // batchBudget is how long a batch runs handlers before it commits what ran

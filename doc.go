@@ -163,5 +163,17 @@ Prometheus metrics (RelayConfig.Registerer) and logs with log/slog. Its
 periodic work costs the same however long the backlog and the history: the
 heartbeat estimates the lag (Store.FeedLag), and the retention pass removes
 published events and expired dead letters in bounded chunks.
+
+# Tracing and telemetry
+
+Hooks observe the runtime without the root module depending on a telemetry
+stack: a Hook passed in Config.Hooks, RelayConfig.Hooks or TxOptions.Hooks is
+called for what it implements (EmitHook: each event at emit, before
+validation, where a tracer writes the caller's trace context into the
+headers; PublishHook: each event the relay published, with the sink's
+answer; TxHook: each RunTx call, its retries and its end). Middleware in
+ConsumerConfig.Middleware wraps every handler call. Package ferryotel (its
+own module) implements them for OpenTelemetry: one trace from the request
+that emitted an event to every handler that applied it.
 */
 package ferry

@@ -65,6 +65,10 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Registerer, when set, receives the relay's Prometheus metrics.
 	Registerer prometheus.Registerer
+	// Hooks observe the relay (see Hook): each PublishHook hears of every
+	// event it publishes, when the sink answers. A tracing hook
+	// (ferryotel) records a publish span there.
+	Hooks []Hook
 	// DeadLetterRetention is how long the relay keeps the events it
 	// dead-lettered (`ferry dlq list|show|redrive|discard`); its retention
 	// pass, every RetentionInterval, removes older ones. Default 14 days; a
@@ -241,6 +245,8 @@ type Relay struct {
 	retry   backoff.Policy
 	dups    ferrysink.DuplicateReporter // nil if the sink cannot tell
 	lastDup uint64
+	hooks   []PublishHook
+	system  string // the sink's ferrysink.Describer, if any
 
 	running atomic.Bool
 	// holder is this Run's lease identity and log its logger; both are set
@@ -272,7 +278,16 @@ func NewRelay(store ferrydriver.Store, sink ferrysink.Sink, cfg *RelayConfig) (*
 		ordered: ob != nil && ob.OrderedBatches(),
 		retry:   backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
 		dups:    dupReporter(sink),
+		hooks:   publishHooks(c.Hooks),
+		system:  sinkSystem(sink),
 	}, nil
+}
+
+func sinkSystem(s ferrysink.Sink) string {
+	if d, ok := s.(ferrysink.Describer); ok {
+		return d.System()
+	}
+	return ""
 }
 
 func dupReporter(s ferrysink.Sink) ferrysink.DuplicateReporter {

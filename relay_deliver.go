@@ -422,8 +422,12 @@ func (p *pipeline) dispatch() {
 // hold a stopping relay past its ShutdownTimeout).
 func (r *Relay) publishEach(ctx context.Context, events []*ferryevent.Event, done func(int, error)) {
 	reported := make([]atomic.Bool, len(events))
+	start := time.Now()
 	report := func(i int, err error) {
 		if i >= 0 && i < len(events) && reported[i].CompareAndSwap(false, true) {
+			for _, h := range r.hooks {
+				h.OnPublish(&PublishInfo{Feed: r.name, System: r.system, Event: events[i], Start: start, Err: err})
+			}
 			done(i, err)
 		}
 	}

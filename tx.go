@@ -41,6 +41,30 @@ type TxOptions struct {
 	ResolveTimeout time.Duration
 	// Logger receives one line per failed attempt. Default: slog.Default().
 	Logger *slog.Logger
+	// Hooks observe the call (see Hook): each TxHook hears of its start,
+	// its retries and their causes, and its end. A tracing hook
+	// (ferryotel) records a span of the call there.
+	Hooks []Hook
+}
+
+// TxHook observes RunTx calls (TxOptions.Hooks).
+type TxHook interface {
+	// OnTxStart is called when a RunTx call starts. The context it returns
+	// is the one the attempts run in (a tracing hook puts the call's span
+	// there, so that the callback's own spans are its children); the
+	// TxObserver hears of the call's retries and of its end.
+	OnTxStart(ctx context.Context, requestID string) (context.Context, TxObserver)
+}
+
+// TxObserver hears of one RunTx call's retries and of its end.
+type TxObserver interface {
+	// OnRetry is called before an attempt runs again: attempt is the one
+	// that failed, cause why it may rerun ("serialization_failure",
+	// "deadlock", "rerun_requested", "commit_aborted", ...), err its error.
+	OnRetry(attempt int, cause string, err error)
+	// OnEnd is called once, when RunTx returns: attempts is how many ran,
+	// err what RunTx returns (nil when it committed).
+	OnEnd(attempts int, err error)
 }
 
 func (o *TxOptions) withDefaults() TxOptions {
@@ -222,6 +246,42 @@ func TxCollector() prometheus.Collector { return multiCollector{txAttempts, txRe
 // consumer, which sees it once the transaction committed.
 func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], opts *TxOptions, fn func(ctx context.Context, tx TTx) (R, error)) (R, error) {
 	o := opts.withDefaults()
+	var observers []TxObserver
+	for _, h := range o.Hooks {
+		if th, ok := h.(TxHook); ok {
+			var obs TxObserver
+			if ctx, obs = th.OnTxStart(ctx, o.RequestID); obs != nil {
+				observers = append(observers, obs)
+			}
+		}
+	}
+	if len(observers) == 0 {
+		return runTx(ctx, t, &o, fn, nil)
+	}
+	attempts := 0
+	r, err := runTx(ctx, t, &o, fn, func(attempt int, cause string, err error) {
+		attempts = attempt
+		if cause != "" {
+			for _, obs := range observers {
+				obs.OnRetry(attempt, cause, err)
+			}
+		}
+	})
+	for _, obs := range observers {
+		obs.OnEnd(max(attempts, 1), err)
+	}
+	return r, err
+}
+
+// runTx is RunTx; onAttempt, when not nil, hears of each attempt that
+// began (cause "" when it is the last, or failed for good) and of each
+// retry's cause.
+func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o *TxOptions, fn func(ctx context.Context, tx TTx) (R, error), onAttempt func(attempt int, cause string, err error)) (R, error) {
+	note := func(attempt int, cause string, err error) {
+		if onAttempt != nil {
+			onAttempt(attempt, cause, err)
+		}
+	}
 	var zero R
 	start := time.Now()
 	log := o.Logger
@@ -268,6 +328,7 @@ func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			}
 			return nil
 		})
+		note(attempt, "", nil)
 		if err == nil {
 			txAttempts.WithLabelValues("committed").Inc()
 			return result, nil
@@ -284,7 +345,7 @@ func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 		cause := ""
 		var cu *ferrydriver.CommitUnknownError
 		if errors.As(err, &cu) {
-			outcome := resolveCommit(ctx, t, cu, &o, log, attempt)
+			outcome := resolveCommit(ctx, t, cu, o, log, attempt)
 			switch outcome {
 			case ferrydriver.TxCommitted:
 				txAttempts.WithLabelValues("committed").Inc()
@@ -326,6 +387,7 @@ func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			return zero, &TxRetriesExhaustedError{Attempts: attempt, Elapsed: time.Since(start), Cause: cause, Err: err}
 		}
 		txRetries.WithLabelValues(cause).Inc()
+		note(attempt, cause, err)
 		timer := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

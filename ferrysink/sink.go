@@ -63,6 +63,13 @@ type EachPublisher interface {
 	PublishEach(ctx context.Context, events []*ferryevent.Event, done func(i int, err error)) []error
 }
 
+// Describer is implemented by sinks that name the kind of destination they
+// publish to, for telemetry (the OpenTelemetry messaging.system
+// attribute): "nats", "kafka", "rabbitmq", "webhook".
+type Describer interface {
+	System() string
+}
+
 // DuplicateReporter is implemented by sinks whose destination reports the
 // messages it dropped as duplicates of ones already stored (JetStream's
 // PubAck.Duplicate). The relay logs and counts them: they measure how much

@@ -182,7 +182,7 @@ type inboxAdmin interface {
 }
 
 func emitter[TTx any](drv ferrydriver.Driver[TTx]) (func(ctx context.Context, events ...*ferry.Event) error, error) {
-	c, err := ferry.NewClient(drv, nil)
+	c, err := ferry.NewClient(drv, &ferry.Config{Hooks: hooks})
 	if err != nil {
 		return nil, err
 	}

@@ -73,7 +73,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
-	var err error
+	stopTracing, err := startTracing(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "ferry %s: %v\n", args[0], err)
+		return 2
+	}
+	defer stopTracing()
 	switch args[0] {
 	case "demo":
 		err = cmdDemo(ctx, args[1:], stdout, stderr)

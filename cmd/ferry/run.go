@@ -389,6 +389,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
 			StallTimeout: dc.stall, MaxAttempts: dc.maxAttempts, MaxAge: dc.maxAge, DeadPolicy: policy,
 			DeadLetterRetention: dc.deadLetterRetention, KeyRetention: dc.keyRetention, Balancer: bal,
+			Hooks: hooks,
 		})
 		if err != nil {
 			return usagef("%v", err)

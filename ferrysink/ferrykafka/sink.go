@@ -331,6 +331,10 @@ func (s *Sink) classify(ev *ferryevent.Event, err error) error {
 	return fmt.Errorf("ferrykafka: produce to %q: %w", s.topic(ev), err)
 }
 
+// System returns "kafka", the kind of destination, for telemetry
+// (ferrysink.Describer).
+func (s *Sink) System() string { return "kafka" }
+
 // Close flushes the records in flight, then closes the client. Publish
 // calls in progress finish first. Calling it again does nothing.
 func (s *Sink) Close(ctx context.Context) error {

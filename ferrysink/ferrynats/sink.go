@@ -427,6 +427,10 @@ func (s *Sink) noResponders(ctx context.Context, subject string) error {
 	}
 }
 
+// System returns "nats", the kind of destination, for telemetry
+// (ferrysink.Describer).
+func (s *Sink) System() string { return "nats" }
+
 // Close waits, within ctx, for the acknowledgements of messages already
 // published, then stops listening for acknowledgements. It leaves the
 // connection open: the caller owns it. Publish must not be called after

@@ -467,6 +467,10 @@ func (s *Sink) connect(ctx context.Context) (*link, error) {
 	return l, nil
 }
 
+// System returns "rabbitmq", the kind of destination, for telemetry
+// (ferrysink.Describer).
+func (s *Sink) System() string { return "rabbitmq" }
+
 // Close waits, within ctx, for the confirms of the messages in flight (the
 // events a call in flight has not sent yet fail with ErrClosed), then closes
 // the connection. When ctx ends first, the connection is closed anyway and

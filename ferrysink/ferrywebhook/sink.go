@@ -543,6 +543,10 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
+// System returns "webhook", the kind of destination, for telemetry
+// (ferrysink.Describer).
+func (s *Sink) System() string { return "webhook" }
+
 // Close stops sending and waits, within ctx, for the requests in flight to
 // be answered; when ctx ends first, it cancels them. Events of a running
 // Publish call that were not sent yet fail with ErrClosed, and deliveries

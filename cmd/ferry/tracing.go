@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryotel"
+)
+
+// hooks are the hooks every relay and client of this process gets: the
+// OpenTelemetry tracer when startTracing turned export on.
+var hooks []ferry.Hook
+
+// tracingWanted reports whether the standard OpenTelemetry variables ask
+// for traces to be exported over OTLP.
+func tracingWanted() bool {
+	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") || strings.EqualFold(os.Getenv("OTEL_TRACES_EXPORTER"), "none") {
+		return false
+	}
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// startTracing exports traces over OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT
+// (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set, configured by the
+// standard variables (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT,
+// _COMPRESSION, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*),
+// and sets hooks so that relays record their publish spans and clients
+// carry trace context. The returned function flushes what is buffered; it
+// is a no-op when nothing was started.
+func startTracing(ctx context.Context) (stop func(), err error) {
+	if !tracingWanted() {
+		return func() {}, nil
+	}
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if p := os.Getenv(v); p != "" && p != "http/protobuf" {
+			return nil, usagef("%s=%s: ferry exports traces over OTLP/HTTP only; set it to http/protobuf (or unset it) and point OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (4318)", v, p)
+		}
+		if os.Getenv(v) != "" {
+			break
+		}
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("OTLP trace exporter (OTEL_EXPORTER_OTLP_ENDPOINT=%s): %w", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), err)
+	}
+	res, err := resource.Merge(resource.Default(), resource.Environment())
+	if err != nil {
+		res = resource.Default()
+	}
+	if os.Getenv("OTEL_SERVICE_NAME") == "" && !strings.Contains(os.Getenv("OTEL_RESOURCE_ATTRIBUTES"), "service.name=") {
+		if withName, err := resource.Merge(res, resource.NewSchemaless(attribute.String("service.name", "ferry"))); err == nil {
+			res = withName
+		}
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	hooks = []ferry.Hook{ferryotel.New(ferryotel.WithTracerProvider(tp))}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tp.Shutdown(ctx)
+	}, nil
+}

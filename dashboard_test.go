@@ -1,0 +1,134 @@
+package ferry_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/internal/memsink"
+)
+
+// dashboardQueries returns every PromQL expression of the Grafana
+// dashboard in docs/grafana.
+func dashboardQueries(t *testing.T) []string {
+	raw, err := os.ReadFile("docs/grafana/ferry-dashboard.json")
+	require.NoError(t, err)
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Type    string `json:"type"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dash))
+	var exprs []string
+	for _, p := range dash.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		require.NotEmpty(t, p.Targets, "panel %q has no query", p.Title)
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	return exprs
+}
+
+// TestDashboardQueriesOnlyServedMetrics: every metric the Grafana
+// dashboard queries is in what /metrics serves once a relay, a consumer,
+// RunTx and AwaitSettled have run with their metrics registered.
+func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	drv := newPG(t)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(ferry.TxCollector(), ferry.SettlementCollector())
+
+	client, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	relay, err := ferry.NewRelay(drv, &memsink.Sink{}, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Registerer: reg})
+	require.NoError(t, err)
+	run(t, relay)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "dash", PollInterval: 20 * time.Millisecond, Registerer: reg})
+	require.NoError(t, err)
+	c.HandleAll(func(context.Context, pgx.Tx, *ferry.Event) error { return nil })
+	startConsumer(t, c)
+	reruns := 0
+	id, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{RetryBase: time.Millisecond}, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
+		if reruns++; reruns == 1 {
+			return uuid.Nil, ferry.RerunTx(errors.New("once"))
+		}
+		ev := &ferry.Event{Topic: "orders", Key: "k", Type: "T"}
+		if err := client.EmitTx(ctx, tx, ev); err != nil {
+			return uuid.Nil, err
+		}
+		return ev.ID, nil
+	})
+	require.NoError(t, err)
+	_, err = c.Ingest(ctx, []*ferry.Event{{ID: id, Topic: "orders", Key: "k", Type: "T", Seq: 1, CreatedAt: time.Now()}})
+	require.NoError(t, err)
+	st, err := ferry.AwaitSettled(ctx, drv, "dash", []uuid.UUID{id}, 10*time.Second)
+	require.NoError(t, err)
+	require.True(t, st.Done())
+
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	name := regexp.MustCompile(`ferry_[a-z_]+`)
+	// The inbox gauges appear once the consumer's first refresh ran.
+	var missing []string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		served := scrape(t, srv.URL)
+		missing = missing[:0]
+		for _, expr := range dashboardQueries(t) {
+			for _, m := range name.FindAllString(expr, -1) {
+				if !served[m] {
+					missing = append(missing, m)
+				}
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	require.Empty(t, missing, "the dashboard queries metrics that /metrics does not serve")
+}
+
+// scrape returns the names of the samples url serves.
+func scrape(t *testing.T, url string) map[string]bool {
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	served := map[string]bool{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if i := strings.IndexAny(line, "{ "); i > 0 {
+			served[line[:i]] = true
+		}
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return served
+}

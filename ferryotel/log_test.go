@@ -1,0 +1,130 @@
+package ferryotel_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferryotel"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+)
+
+// syncBuffer is a bytes.Buffer safe for the loggers' goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) records(t *testing.T) []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for line := range strings.SplitSeq(strings.TrimSpace(s.b.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m))
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestLogsCarryTraceIDs: with LogHandler, a handler's own record carries
+// its process span's IDs, and the consumer's record of the handler's
+// failure carries the trace of the request that emitted the event.
+func TestLogsCarryTraceIDs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tr := ferryotel.New(ferryotel.WithTracerProvider(tp))
+	logs := &syncBuffer{}
+	log := slog.New(tr.LogHandler(slog.NewJSONHandler(logs, nil)))
+
+	pool := pgtest.Pool(t)
+	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
+	require.NoError(t, err)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", PollInterval: 20 * time.Millisecond, RetryBase: 10 * time.Millisecond,
+		Logger: log, Middleware: []ferry.Middleware{tr.Middleware()}})
+	require.NoError(t, err)
+	done := make(chan struct{})
+	var attempts atomic.Int32
+	c.HandleAll(func(ctx context.Context, _ pgx.Tx, ev *ferry.Event) error {
+		n := attempts.Add(1)
+		log.InfoContext(ctx, "applying", "attempt", n)
+		if n == 1 {
+			return errors.New("card declined")
+		}
+		close(done)
+		return nil
+	})
+	relay, err := ferry.NewRelay(drv, c.Sink(), &ferry.RelayConfig{Feed: "billing", PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Logger: log})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	var g errgroup.Group
+	g.Go(func() error { return relay.Run(runCtx) })
+	g.Go(func() error { return c.Run(runCtx) })
+
+	reqCtx, req := tp.Tracer("app").Start(ctx, "POST /orders")
+	require.NoError(t, client.Emit(reqCtx, &ferry.Event{Topic: "orders", Key: "order-1", Type: "OrderPlaced"}))
+	req.End()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the event was not applied")
+	}
+	stop()
+	require.NoError(t, g.Wait())
+
+	traceID := req.SpanContext().TraceID().String()
+	var processSpans []string
+	for _, s := range rec.Ended() {
+		if s.Name() == "process orders" {
+			processSpans = append(processSpans, s.SpanContext().SpanID().String())
+		}
+	}
+	var applying, failed int
+	for _, r := range logs.records(t) {
+		switch r["msg"] {
+		case "applying":
+			applying++
+			require.Equal(t, traceID, r["trace_id"], "a handler's record carries the trace")
+			require.Contains(t, processSpans, r["span_id"], "and its process span")
+		case "ferry: handler failed; will retry":
+			failed++
+			require.Equal(t, traceID, r["trace_id"], "the consumer's record of a failed event carries the event's trace")
+			require.Equal(t, req.SpanContext().SpanID().String(), r["span_id"])
+		}
+	}
+	require.Equal(t, 2, applying)
+	require.Equal(t, 1, failed)
+}
