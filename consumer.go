@@ -19,7 +19,6 @@ import (
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/internal/backoff"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // DeadPolicy says what happens to a key's later events when one of its
@@ -100,8 +99,9 @@ type ConsumerConfig struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// Registerer, when set, receives the consumer's Prometheus metrics.
-	Registerer prometheus.Registerer
+	// Hooks observe the consumer (see Hook): each MetricsHook records its
+	// metrics (ferryprom.New(registerer) for Prometheus).
+	Hooks []Hook
 	// Middleware wraps every handler call, the first outermost (see
 	// Middleware): tracing (ferryotel), logging, metrics, code of your own.
 	Middleware []Middleware
@@ -227,7 +227,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	m, err := newConsumerMetrics(c.Registerer, c.Group)
+	m, err := newConsumerMetrics(c.Hooks, c.Group)
 	if err != nil {
 		return nil, err
 	}

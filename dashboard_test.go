@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/internal/memsink"
 )
 
@@ -61,19 +62,19 @@ func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 	defer cancel()
 	drv := newPG(t)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(ferry.TxCollector(), ferry.SettlementCollector())
+	prom := ferryprom.New(reg)
 
 	client, err := ferry.NewClient(drv, nil)
 	require.NoError(t, err)
-	relay, err := ferry.NewRelay(drv, &memsink.Sink{}, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Registerer: reg})
+	relay, err := ferry.NewRelay(drv, &memsink.Sink{}, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Hooks: []ferry.Hook{prom}})
 	require.NoError(t, err)
 	run(t, relay)
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "dash", PollInterval: 20 * time.Millisecond, Registerer: reg})
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "dash", PollInterval: 20 * time.Millisecond, Hooks: []ferry.Hook{prom}})
 	require.NoError(t, err)
 	c.HandleAll(func(context.Context, pgx.Tx, *ferry.Event) error { return nil })
 	startConsumer(t, c)
 	reruns := 0
-	id, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{RetryBase: time.Millisecond}, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
+	id, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{RetryBase: time.Millisecond, Hooks: []ferry.Hook{prom}}, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
 		if reruns++; reruns == 1 {
 			return uuid.Nil, ferry.RerunTx(errors.New("once"))
 		}
@@ -86,7 +87,7 @@ func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.Ingest(ctx, []*ferry.Event{{ID: id, Topic: "orders", Key: "k", Type: "T", Seq: 1, CreatedAt: time.Now()}})
 	require.NoError(t, err)
-	st, err := ferry.AwaitSettled(ctx, drv, "dash", []uuid.UUID{id}, 10*time.Second)
+	st, err := ferry.AwaitSettled(ctx, drv, "dash", []uuid.UUID{id}, 10*time.Second, prom)
 	require.NoError(t, err)
 	require.True(t, st.Done())
 

@@ -159,7 +159,8 @@ The ferry command runs the relay (`ferry relay`), creates the schema
 reports checkpoint, lag, lease and dead letters (`ferry status`; the lag
 beyond 1,000 events is an estimate, `--exact` counts), and shows or changes
 the partition count (`ferry partitions show|set`). The relay exports
-Prometheus metrics (RelayConfig.Registerer) and logs with log/slog. Its
+metrics through its hooks (ferryprom.New(registerer) for Prometheus, in
+RelayConfig.Hooks) and logs with log/slog. Its
 periodic work costs the same however long the backlog and the history: the
 heartbeat estimates the lag (Store.FeedLag), and the retention pass removes
 published events and expired dead letters in bounded chunks.

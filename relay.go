@@ -17,7 +17,6 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/internal/backoff"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // RelayConfig configures a Relay. The zero value (or nil) gives the defaults.
@@ -63,11 +62,10 @@ type RelayConfig struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the relay's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// Registerer, when set, receives the relay's Prometheus metrics.
-	Registerer prometheus.Registerer
 	// Hooks observe the relay (see Hook): each PublishHook hears of every
-	// event it publishes, when the sink answers. A tracing hook
-	// (ferryotel) records a publish span there.
+	// event it publishes, when the sink answers (a tracing hook, ferryotel,
+	// records a publish span there); each MetricsHook records its metrics
+	// (ferryprom.New(registerer) for Prometheus).
 	Hooks []Hook
 	// DeadLetterRetention is how long the relay keeps the events it
 	// dead-lettered (`ferry dlq list|show|redrive|discard`); its retention
@@ -267,7 +265,7 @@ func NewRelay(store ferrydriver.Store, sink ferrysink.Sink, cfg *RelayConfig) (*
 		return nil, err
 	}
 	name := c.Feed + "/" + strconv.Itoa(c.Partition)
-	m, err := newRelayMetrics(c.Registerer, name)
+	m, err := newRelayMetrics(c.Hooks, name)
 	if err != nil {
 		return nil, err
 	}

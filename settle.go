@@ -28,8 +28,10 @@ func (s *Settlement) Done() bool { return len(s.Failed) == 0 && len(s.Pending) =
 // timeout passes, and says which settled, which failed (and why) and which
 // are still pending. It is woken by the database when an event finishes
 // (it does not poll), and it reads on a connection of its own: called inside
-// a request's transaction, it still sees the consumer's commits.
-func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, timeout time.Duration) (*Settlement, error) {
+// a request's transaction, it still sees the consumer's commits. Each
+// MetricsHook among hooks records the wait (ferry_settlement_wait_seconds,
+// by outcome).
+func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, timeout time.Duration, hooks ...Hook) (*Settlement, error) {
 	if group == "" {
 		return nil, errors.New("ferry: AwaitSettled needs the consumer group")
 	}
@@ -46,7 +48,9 @@ func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids 
 	case len(out.Pending) > 0:
 		outcome = "pending"
 	}
-	settleWait.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+	if len(hooks) > 0 {
+		newCallMetrics(hooks).settleWait.Observe(time.Since(start).Seconds(), outcome)
+	}
 	return out, nil
 }
 

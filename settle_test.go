@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
@@ -59,14 +61,16 @@ func TestAwaitSettledFromInsideARepeatableReadTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, failed, "right after the commit nothing has failed: the gate must not reject")
 
+	reg := prometheus.NewRegistry()
+	prom := ferryprom.New(reg)
 	start := time.Now()
-	s, err := ferry.AwaitSettled(ctx, drv, "ledger", []uuid.UUID{good}, 10*time.Second)
+	s, err := ferry.AwaitSettled(ctx, drv, "ledger", []uuid.UUID{good}, 10*time.Second, prom)
 	require.NoError(t, err)
 	require.True(t, s.Done(), "settled, though the caller's snapshot predates the consumer's commit: %+v", s)
 	t.Logf("settled after %v", time.Since(start).Round(time.Millisecond))
 
 	bad := place(`{"amount":"overdrawn"}`)
-	s, err = ferry.AwaitSettled(ctx, drv, "ledger", []uuid.UUID{bad}, 10*time.Second)
+	s, err = ferry.AwaitSettled(ctx, drv, "ledger", []uuid.UUID{bad}, 10*time.Second, prom)
 	require.NoError(t, err)
 	require.Contains(t, s.Failed[bad], "insufficient funds", "failed as soon as the event is dead")
 	failed, err = ferry.Failed(ctx, drv, "ledger", good, bad)
@@ -74,8 +78,8 @@ func TestAwaitSettledFromInsideARepeatableReadTransaction(t *testing.T) {
 	require.Equal(t, map[uuid.UUID]string{bad: failed[bad]}, failed)
 
 	never := ferry.NewID()
-	s, err = ferry.AwaitSettled(ctx, drv, "ledger", []uuid.UUID{never}, 300*time.Millisecond)
+	s, err = ferry.AwaitSettled(ctx, drv, "ledger", []uuid.UUID{never}, 300*time.Millisecond, prom)
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{never}, s.Pending, "pending at the deadline")
-	require.Equal(t, 3, testutil.CollectAndCount(ferry.SettlementCollector()), "wait times by outcome: settled, failed, pending")
+	require.Equal(t, 3, testutil.CollectAndCount(reg, "ferry_settlement_wait_seconds"), "wait times by outcome: settled, failed, pending")
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/internal/backoff"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TxOptions configure RunTx. The zero value (or nil) gives the defaults.
@@ -195,32 +194,6 @@ func nextEventID(ctx context.Context) uuid.UUID {
 	return id
 }
 
-var (
-	txAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "tx", Name: "calls_total",
-		Help: "RunTx calls by outcome: committed, replayed (stored result returned), conflict, failed, exhausted, commit_unknown."}, []string{"outcome"})
-	txRetries = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "tx", Name: "retries_total",
-		Help: "RunTx attempts run again, by cause: serialization_failure, deadlock_detected, busy, commit_aborted, ..."}, []string{"cause"})
-)
-
-type multiCollector []prometheus.Collector
-
-func (m multiCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, c := range m {
-		c.Describe(ch)
-	}
-}
-
-func (m multiCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, c := range m {
-		c.Collect(ch)
-	}
-}
-
-// TxCollector returns the collector of RunTx's metrics
-// (ferry_tx_calls_total by outcome, ferry_tx_retries_total by cause);
-// register it with your registry.
-func TxCollector() prometheus.Collector { return multiCollector{txAttempts, txRetries} }
-
 // RunTx runs fn in a transaction of t's database and commits it, running
 // it again when the database says the transaction lost a race
 // (PostgreSQL serialization failures and deadlocks, SQLite's busy lock,
@@ -282,6 +255,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			onAttempt(attempt, cause, err)
 		}
 	}
+	m := newCallMetrics(o.Hooks)
 	var zero R
 	start := time.Now()
 	log := o.Logger
@@ -295,7 +269,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 		rec, err := t.GetRequest(ctx, o.RequestID)
 		switch {
 		case err == nil:
-			return replay[R](rec, o.RequestID, fp)
+			return replay[R](m, rec, o.RequestID, fp)
 		case !errors.Is(err, ferrydriver.ErrNotFound):
 			return zero, fmt.Errorf("ferry: read request %s: %w", o.RequestID, err)
 		}
@@ -330,7 +304,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 		})
 		note(attempt, "", nil)
 		if err == nil {
-			txAttempts.WithLabelValues("committed").Inc()
+			m.txCalls.Add(1, "committed")
 			return result, nil
 		}
 		if errors.Is(err, ferrydriver.ErrRequestExists) {
@@ -340,7 +314,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 				return zero, fmt.Errorf("ferry: read request %s after a concurrent duplicate: %w", o.RequestID, gerr)
 			}
 			log.Debug("ferry: a concurrent duplicate of the request committed first", "attempt", attempt)
-			return replay[R](rec, o.RequestID, fp)
+			return replay[R](m, rec, o.RequestID, fp)
 		}
 		cause := ""
 		var cu *ferrydriver.CommitUnknownError
@@ -348,17 +322,17 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			outcome := resolveCommit(ctx, t, cu, o, log, attempt)
 			switch outcome {
 			case ferrydriver.TxCommitted:
-				txAttempts.WithLabelValues("committed").Inc()
+				m.txCalls.Add(1, "committed")
 				return result, nil
 			case ferrydriver.TxOutcomeUnknown:
 				if o.RequestID != "" {
 					rec, gerr := t.GetRequest(ctx, o.RequestID)
 					if gerr == nil {
-						txAttempts.WithLabelValues("committed").Inc()
-						return replay[R](rec, o.RequestID, fp)
+						m.txCalls.Add(1, "committed")
+						return replay[R](m, rec, o.RequestID, fp)
 					}
 				}
-				txAttempts.WithLabelValues("commit_unknown").Inc()
+				m.txCalls.Add(1, "commit_unknown")
 				return zero, fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 			}
 			cause = "commit_aborted" // rolled back: safe to run again
@@ -368,7 +342,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 		} else {
 			info := t.ClassifyTxError(err)
 			if info.Class != ferrydriver.TxRetry {
-				txAttempts.WithLabelValues("failed").Inc()
+				m.txCalls.Add(1, "failed")
 				return zero, err
 			}
 			cause = info.Cause
@@ -383,10 +357,10 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 		}
 		delay := policy.Delay(attempt)
 		if attempt >= o.MaxAttempts || time.Since(start)+delay > o.MaxElapsed {
-			txAttempts.WithLabelValues("exhausted").Inc()
+			m.txCalls.Add(1, "exhausted")
 			return zero, &TxRetriesExhaustedError{Attempts: attempt, Elapsed: time.Since(start), Cause: cause, Err: err}
 		}
-		txRetries.WithLabelValues(cause).Inc()
+		m.txRetries.Add(1, cause)
 		note(attempt, cause, err)
 		timer := time.NewTimer(delay)
 		select {
@@ -413,16 +387,16 @@ func resolveCommit[TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], 
 }
 
 // replay returns a stored result, or a conflict when the input differs.
-func replay[R any](rec *ferrydriver.RequestRecord, id, fp string) (R, error) {
+func replay[R any](m *callMetrics, rec *ferrydriver.RequestRecord, id, fp string) (R, error) {
 	var r R
 	if rec.Fingerprint != fp {
-		txAttempts.WithLabelValues("conflict").Inc()
+		m.txCalls.Add(1, "conflict")
 		return r, &RequestConflictError{RequestID: id}
 	}
 	if err := json.Unmarshal(rec.Result, &r); err != nil {
 		return r, fmt.Errorf("ferry: decode the stored result of request %s: %w", id, err)
 	}
-	txAttempts.WithLabelValues("replayed").Inc()
+	m.txCalls.Add(1, "replayed")
 	return r, nil
 }
 

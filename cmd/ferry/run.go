@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/nats-io/nats.go"
@@ -386,10 +387,10 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	for _, p := range partitions {
 		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
 			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
-			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log, Registerer: wrapPartition(reg, p, len(partitions)),
+			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log,
 			StallTimeout: dc.stall, MaxAttempts: dc.maxAttempts, MaxAge: dc.maxAge, DeadPolicy: policy,
 			DeadLetterRetention: dc.deadLetterRetention, KeyRetention: dc.keyRetention, Balancer: bal,
-			Hooks: hooks,
+			Hooks: append([]ferry.Hook{ferryprom.New(wrapPartition(reg, p, len(partitions)))}, hooks...),
 		})
 		if err != nil {
 			return usagef("%v", err)
