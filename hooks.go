@@ -65,10 +65,11 @@ type (
 	eventKey struct{}
 )
 
-// EventFromContext returns the event a handler call or a consumer's log
-// record is about: the handler's ctx carries it (for a batch handler's
-// call, nil), and so does the context of the consumer's log records about
-// one event, so that a log handler can add the event's trace (ferryotel's
+// EventFromContext returns the event a handler call or a log record is
+// about: the handler's ctx carries it (for a batch handler's call, nil),
+// and so does the context of the consumer's and the relay's log records
+// about one event (a failed attempt, a dead event, a dead letter, a held
+// key), so that a log handler can add the event's trace (ferryotel's
 // LogHandler does). Nil when there is none.
 func EventFromContext(ctx context.Context) *Event {
 	ev, _ := ctx.Value(eventKey{}).(*Event)

@@ -604,7 +604,7 @@ func (p *pipeline) giveUp(k *keyState, err error, age time.Duration) error {
 		}
 		k.held = true
 		p.r.m.heldKeys.Inc()
-		p.r.log.Error("ferry: key held: its event keeps failing; its later events wait (release it with `ferry parked release`)", "key", k.key, "event_id", e.ev.ID, "reason", reason)
+		p.r.log.ErrorContext(withEvent(p.pubCtx, e.ev), "ferry: key held: its event keeps failing; its later events wait (release it with `ferry parked release`)", "key", k.key, "event_id", e.ev.ID, "reason", reason)
 		p.r.alert(p.pubCtx, &StuckKey{Feed: p.r.name, Key: k.key, Event: *e.ev, State: KeyHeld, Attempts: k.attempts, Since: k.since, Err: err})
 		return nil
 	}
@@ -636,7 +636,7 @@ func (p *pipeline) deadLetter(dead []*ferrydriver.DeadLetter) error {
 		return p.storeErr(fmt.Sprintf("store %d dead letter(s)", len(dead)), err)
 	}
 	for _, d := range dead {
-		p.r.log.Warn("ferry: event dead-lettered", "event_id", d.Event.ID, "key", d.Event.Key, "topic", d.Event.Topic, "reason", d.Reason)
+		p.r.log.WarnContext(withEvent(p.pubCtx, &d.Event), "ferry: event dead-lettered", "event_id", d.Event.ID, "key", d.Event.Key, "topic", d.Event.Topic, "reason", d.Reason)
 	}
 	p.r.m.deadLetters.Add(float64(len(dead)))
 	return nil
