@@ -204,6 +204,7 @@ type Consumer[TTx any] struct {
 	fallback HandlerFunc[TTx]
 	wake     chan struct{}
 	m        *consumerMetrics
+	ingest   []IngestHook
 
 	// skipped holds the event types skipped unhandled, logged once each.
 	skipped sync.Map
@@ -243,6 +244,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 		handlers:    map[string]HandlerFunc[TTx]{},
 		batched:     map[string]BatchHandlerFunc[TTx]{},
 		wake:        make(chan struct{}, 1),
+		ingest:      ingestHooks(c.Hooks),
 	}, nil
 }
 
@@ -381,6 +383,16 @@ func (c *Consumer[TTx]) Notify() {
 // the workers. Sources call it and acknowledge to their broker only after
 // it returned nil: then the events are durable.
 func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted int, err error) {
+	start := time.Now()
+	defer func() {
+		c.m.ingested.WithLabelValues("inserted").Add(float64(inserted))
+		if err == nil {
+			c.m.ingested.WithLabelValues("duplicate").Add(float64(len(events) - inserted))
+		}
+		for _, h := range c.ingest {
+			h.OnIngest(&IngestInfo{Group: c.cfg.Group, Events: events, Inserted: inserted, Start: start, Err: err})
+		}
+	}()
 	res, err := c.driver.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: c.cfg.Group, Events: events})
 	if err != nil {
 		return 0, err

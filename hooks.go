@@ -8,7 +8,7 @@ import (
 // Hook observes Ferry's runtime, for tracing, metrics or logs, without the
 // root module depending on any telemetry stack: a hook is any value that
 // implements one or more of the interfaces below (EmitHook,
-// PublishHook). A Client, a Relay or a Consumer given hooks calls, on each,
+// PublishHook, IngestHook, TxHook, MetricsHook). A Client, a Relay or a Consumer given hooks calls, on each,
 // the methods it implements that concern it. Hooks are called from many
 // goroutines at once and on Ferry's own paths: they must be safe for
 // concurrent use and must not block. Package ferryotel is a hook for
@@ -47,6 +47,31 @@ type PublishInfo struct {
 // time the sink answers for it.
 type PublishHook interface {
 	OnPublish(info *PublishInfo)
+}
+
+// IngestInfo describes one delivery a consumer put in its inbox: a
+// source's batch (Consumer.Consume), a call of Consumer.Ingest, or a
+// relay's call of the consumer's sink.
+type IngestInfo struct {
+	// Group is the consumer's group.
+	Group string
+	// Events are the events delivered. Read them, do not change them.
+	Events []*Event
+	// Inserted is how many were new to the inbox; the others were
+	// redeliveries of events it already had.
+	Inserted int
+	// Start is when the insert began; it ended just before the hook was
+	// called.
+	Start time.Time
+	// Err is the insert's error: nil when the events are in the inbox
+	// (and the source may acknowledge them).
+	Err error
+}
+
+// IngestHook is called by a consumer for every delivery it puts in its
+// inbox (ConsumerConfig.Hooks).
+type IngestHook interface {
+	OnIngest(info *IngestInfo)
 }
 
 // Middleware wraps every handler call of a consumer, for tracing, logging,
@@ -104,6 +129,17 @@ func emitHooks(hooks []Hook) []EmitHook {
 	for _, h := range hooks {
 		if eh, ok := h.(EmitHook); ok {
 			out = append(out, eh)
+		}
+	}
+	return out
+}
+
+// ingestHooks returns the IngestHooks among hooks.
+func ingestHooks(hooks []Hook) []IngestHook {
+	var out []IngestHook
+	for _, h := range hooks {
+		if ih, ok := h.(IngestHook); ok {
+			out = append(out, ih)
 		}
 	}
 	return out

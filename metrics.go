@@ -63,6 +63,13 @@ type MetricsHook interface {
 	Instrument(d *MetricDesc) (Instrument, error)
 }
 
+// NewInstrument returns an Instrument recording d with every MetricsHook
+// among hooks (a no-op one when there is none), for code outside this
+// package that reports through the same hooks, as ferrychain does.
+func NewInstrument(hooks []Hook, d *MetricDesc) (Instrument, error) {
+	return instrumentsOf(hooks, d)
+}
+
 // instrumentsOf returns an Instrument recording d with every MetricsHook
 // among hooks, a no-op one when there is none.
 func instrumentsOf(hooks []Hook, d *MetricDesc) (Instrument, error) {
@@ -222,6 +229,7 @@ func newRelayMetrics(hooks []Hook, feed string) (*relayMetrics, error) {
 }
 
 type consumerMetrics struct {
+	ingested       counterVec
 	outcomes       counterVec
 	rescues        counter
 	handlerSeconds observer
@@ -232,6 +240,8 @@ type consumerMetrics struct {
 func newConsumerMetrics(hooks []Hook, group string) (*consumerMetrics, error) {
 	s := &metricSet{hooks: hooks, labels: map[string]string{"group": group}}
 	m := &consumerMetrics{
+		ingested: counterVec{s.make("ferry_consumer_ingested_events_total",
+			"Events delivered to the inbox, by result: inserted (new), duplicate (a redelivery of an event it had).", Counter, []string{"result"}, nil)},
 		outcomes: counterVec{s.make("ferry_consumer_attempts_total",
 			"Handler attempts by outcome: processed, retried, dead, claim_lost, skipped (no handler, SkipUnhandled), not_begun (no transaction: not counted).", Counter, []string{"outcome"}, nil)},
 		rescues: s.counter("ferry_consumer_rescues_total",

@@ -16,8 +16,8 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/ethclient"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 )
@@ -195,8 +195,12 @@ type Config struct {
 	OnAlert func(ctx context.Context, a *Alert)
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
-	// Registerer receives the source's metrics. Optional.
-	Registerer prometheus.Registerer
+	// Hooks observe the source: each ferry.MetricsHook records its metrics
+	// (ferryprom.New(registerer) for Prometheus: ferry_chain_head_block,
+	// _cursor_block, _head_lag_blocks, _reorgs_total, _reorg_depth_blocks,
+	// _retracted_events_total, _ingested_events_total, _rpc_errors_total).
+	// Optional.
+	Hooks []ferry.Hook
 }
 
 func (c *Config) withDefaults() (Config, error) {

@@ -2,46 +2,56 @@ package ferrychain
 
 import (
 	"errors"
+	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/ferry-dev/ferry"
 )
 
+type (
+	gauge    struct{ in ferry.Instrument }
+	counter  struct{ in ferry.Instrument }
+	observer struct{ in ferry.Instrument }
+)
+
+func (g gauge) Set(v float64)        { g.in.Set(v) }
+func (c counter) Inc()               { c.in.Add(1) }
+func (c counter) Add(v float64)      { c.in.Add(v) }
+func (o observer) Observe(v float64) { o.in.Observe(v) }
+
 type metrics struct {
-	head, cursor, lag           prometheus.Gauge
-	reorgs, retracted, ingested prometheus.Counter
-	rpcErrors                   prometheus.Counter
-	reorgDepth                  prometheus.Observer
+	head, cursor, lag           gauge
+	reorgs, retracted, ingested counter
+	rpcErrors                   counter
+	reorgDepth                  observer
 }
 
-func newMetrics(reg prometheus.Registerer, group string) (*metrics, error) {
-	labels := prometheus.Labels{"group": group}
-	gauge := func(name, help string) prometheus.Gauge {
-		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "ferry", Subsystem: "chain", Name: name, Help: help, ConstLabels: labels})
-	}
-	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ferry", Subsystem: "chain", Name: name, Help: help, ConstLabels: labels})
-	}
-	depth := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "ferry", Subsystem: "chain", Name: "reorg_depth_blocks",
-		Help: "Depth of the reorgs seen, in blocks.", ConstLabels: labels, Buckets: []float64{1, 2, 3, 5, 8, 13, 32, 64, 128}})
-	m := &metrics{
-		head:       gauge("head_block", "Latest head block number seen."),
-		cursor:     gauge("cursor_block", "Last block whose logs reached the inbox."),
-		lag:        gauge("head_lag_blocks", "Blocks between the head and the cursor."),
-		reorgs:     counter("reorgs_total", "Reorgs that replaced blocks the cursor had passed."),
-		retracted:  counter("retracted_events_total", "Events retracted because their block was orphaned."),
-		ingested:   counter("ingested_events_total", "Events put in the inbox."),
-		rpcErrors:  counter("rpc_errors_total", "Failed node calls (the source retries)."),
-		reorgDepth: depth,
-	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.head, m.cursor, m.lag, m.reorgs, m.retracted, m.ingested, m.rpcErrors, depth} {
-			if err := reg.Register(c); err != nil {
-				var are prometheus.AlreadyRegisteredError
-				if !errors.As(err, &are) {
-					return nil, err
-				}
-			}
+// newMetrics makes the source's metrics, labelled by group, with the
+// ferry.MetricsHooks among hooks (ferryprom.New(registerer) for
+// Prometheus).
+func newMetrics(hooks []ferry.Hook, group string) (*metrics, error) {
+	labels := map[string]string{"group": group}
+	var errs []error
+	make := func(name, help string, kind ferry.MetricKind, buckets []float64) ferry.Instrument {
+		in, err := ferry.NewInstrument(hooks, &ferry.MetricDesc{Name: "ferry_chain_" + name, Help: help, Kind: kind, ConstLabels: labels, Buckets: buckets})
+		if err != nil {
+			errs = append(errs, err)
 		}
+		return in
+	}
+	g := func(name, help string) gauge { return gauge{make(name, help, ferry.Gauge, nil)} }
+	c := func(name, help string) counter { return counter{make(name, help, ferry.Counter, nil)} }
+	m := &metrics{
+		head:       g("head_block", "Latest head block number seen."),
+		cursor:     g("cursor_block", "Last block whose logs reached the inbox."),
+		lag:        g("head_lag_blocks", "Blocks between the head and the cursor."),
+		reorgs:     c("reorgs_total", "Reorgs that replaced blocks the cursor had passed."),
+		retracted:  c("retracted_events_total", "Events retracted because their block was orphaned."),
+		ingested:   c("ingested_events_total", "Events put in the inbox."),
+		rpcErrors:  c("rpc_errors_total", "Failed node calls (the source retries)."),
+		reorgDepth: observer{make("reorg_depth_blocks", "Depth of the reorgs seen, in blocks.", ferry.Histogram, []float64{1, 2, 3, 5, 8, 13, 32, 64, 128})},
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("ferrychain: metrics for group %s: %w", group, err)
 	}
 	return m, nil
 }

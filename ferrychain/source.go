@@ -125,7 +125,7 @@ func New(store ferrydriver.Store, inbox Inbox, cfg *Config) (*Source, error) {
 		host, _ := os.Hostname()
 		holder = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	m, err := newMetrics(c.Registerer, inbox.Group())
+	m, err := newMetrics(c.Hooks, inbox.Group())
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func Example() {
 
 	client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
 	billing, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", Logger: quiet,
-		Middleware: []ferry.Middleware{tr.Middleware()}})
+		Hooks: []ferry.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
 	billing.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
 		_, span := tp.Tracer("billing").Start(ctx, "charge the card") // a child of "process orders"
 		defer span.End()
@@ -81,5 +81,5 @@ func Example() {
 	}
 	slices.Sort(names)
 	fmt.Println(names)
-	// Output: [AwaitSettled POST /orders charge the card process orders send orders]
+	// Output: [AwaitSettled POST /orders charge the card process orders receive orders send orders]
 }

@@ -102,6 +102,7 @@ func New(opts ...Option) *Tracer {
 var (
 	_ ferry.EmitHook    = (*Tracer)(nil)
 	_ ferry.PublishHook = (*Tracer)(nil)
+	_ ferry.IngestHook  = (*Tracer)(nil)
 )
 
 // OnEmit writes the trace context of ctx into ev's headers, unless ctx has
@@ -164,6 +165,43 @@ func (t *Tracer) OnPublish(info *ferry.PublishInfo) {
 		span.SetStatus(codes.Error, info.Err.Error())
 	}
 	span.End(trace.WithTimestamp(time.Now()))
+}
+
+// OnIngest records a consumer's "receive" span (kind consumer) for one
+// delivery it put in its inbox (ferry.IngestHook), from the insert's start
+// to its end: for one event, a child of the event's trace context; for
+// several, linked to each event's context.
+func (t *Tracer) OnIngest(info *ferry.IngestInfo) {
+	if len(info.Events) == 0 {
+		return
+	}
+	links := make([]trace.Link, 0, len(info.Events))
+	for _, ev := range info.Events {
+		if sc := trace.SpanContextFromContext(t.Extract(context.Background(), ev)); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	parent := context.Background()
+	attrs := []attribute.KeyValue{
+		attribute.String("messaging.system", "ferry"),
+		attribute.String("messaging.operation.type", "receive"),
+		attribute.String("messaging.operation.name", "ingest"),
+		attribute.String("messaging.destination.name", info.Events[0].Topic),
+		attribute.String("messaging.consumer.group.name", info.Group),
+		attribute.Int("messaging.batch.message_count", len(info.Events)),
+		attribute.Int("ferry.inserted", info.Inserted),
+	}
+	if len(info.Events) == 1 {
+		parent = t.Extract(parent, info.Events[0])
+		attrs = append(attrs, attribute.String("messaging.message.id", info.Events[0].ID.String()))
+	}
+	_, span := t.tracer.Start(parent, "receive "+info.Events[0].Topic, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithTimestamp(info.Start), trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	if info.Err != nil {
+		span.RecordError(info.Err)
+		span.SetStatus(codes.Error, info.Err.Error())
+	}
+	span.End()
 }
 
 // Middleware returns consumer middleware that runs each handler call in a

@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrychain"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryprom"
 )
 
 // cmdChain runs `ferry chain run|status`.
@@ -128,7 +129,7 @@ func cmdChainRun(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Registerer = reg
+	cfg.Hooks = []ferry.Hook{ferryprom.New(reg)}
 	src, err := ferrychain.New(b.store, inbox, cfg)
 	if err != nil {
 		return usagef("%v", err)

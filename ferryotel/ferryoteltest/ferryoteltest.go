@@ -70,7 +70,7 @@ func testOneTrace(t *testing.T, p Pipeline) {
 	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
 	require.NoError(t, err)
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", PollInterval: 20 * time.Millisecond, Logger: quiet,
-		Middleware: []ferry.Middleware{tr.Middleware()}})
+		Hooks: []ferry.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
 	require.NoError(t, err)
 	handled := make(chan struct{}, 1)
 	var once sync.Once
@@ -116,8 +116,8 @@ func testOneTrace(t *testing.T, p Pipeline) {
 		spans[s.Name()] = s
 	}
 	request, send, process, apply := spans["POST /orders"], spans["send orders"], spans["process orders"], spans["apply OrderPlaced"]
-	settled := spans["AwaitSettled"]
-	for name, s := range map[string]sdktrace.ReadOnlySpan{"send": send, "process": process, "apply": apply, "AwaitSettled": settled} {
+	settled, receive := spans["AwaitSettled"], spans["receive orders"]
+	for name, s := range map[string]sdktrace.ReadOnlySpan{"send": send, "receive": receive, "process": process, "apply": apply, "AwaitSettled": settled} {
 		require.NotNil(t, s, "no %s span; recorded: %v", name, names(rec.Ended()))
 		require.Equal(t, request.SpanContext().TraceID(), s.SpanContext().TraceID(), "%s span: one trace", name)
 	}
@@ -131,6 +131,10 @@ func testOneTrace(t *testing.T, p Pipeline) {
 	require.False(t, send.StartTime().After(send.EndTime()))
 
 	require.Equal(t, request.SpanContext().SpanID(), settled.Parent().SpanID())
+	require.Equal(t, request.SpanContext().SpanID(), receive.Parent().SpanID(), "receive: a child of the request")
+	require.Equal(t, trace.SpanKindConsumer, receive.SpanKind())
+	requireAttrs(t, receive, map[string]string{"messaging.operation.type": "receive", "messaging.consumer.group.name": "billing",
+		"messaging.message.id": ev.ID.String(), "messaging.batch.message_count": "1", "ferry.inserted": "1"})
 	requireAttrs(t, settled, map[string]string{"ferry.settlement.outcome": "settled", "messaging.consumer.group.name": "billing", "ferry.settlement.events": "1"})
 	requireAttrs(t, send, map[string]string{
 		"messaging.system": p.System, "messaging.operation.type": "send", "messaging.destination.name": "orders",
