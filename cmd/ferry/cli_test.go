@@ -197,3 +197,17 @@ func TestTailFindsTheEmbeddedServer(t *testing.T) {
 	_, ok = embeddedURL(data)
 	require.False(t, ok, "the URL is removed when the server stops")
 }
+
+// An unknown nested key in ferry.yaml is named by its path, with the keys
+// its section has, before anything is opened: not by the Go type behind
+// it.
+func TestUnknownNestedConfigKeyIsNamed(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ferry.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("database:\n  url: postgres://127.0.0.1:1/none\nrelay:\n  poll_intervall: 1s\n"), 0o600))
+	code, _, errOut := ferryBinary(t, "run", "--config", path)
+	require.Equal(t, 2, code, errOut)
+	require.Contains(t, errOut, `line 4: unknown key "relay.poll_intervall": the keys under relay are feed, holder, batch_size, poll_interval,`)
+	require.NotContains(t, errOut, "struct {")
+	require.NotContains(t, errOut, "connect", "nothing is opened before the configuration is checked")
+}
