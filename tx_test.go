@@ -363,8 +363,15 @@ func TestRunTxRerunsAnEmitDeadlock(t *testing.T) {
 	go func() { errs <- emit("b", "a") }()
 	require.NoError(t, <-errs)
 	require.NoError(t, <-errs)
-	require.EqualValues(t, 3, attempts.Load(), "one of the two ran again")
-	require.Equal(t, []string{"deadlock_detected"}, rec.attrs("lost a race", "cause"))
+	// Usually one deadlock and one rerun (3 attempts). On a loaded machine
+	// the rerun can meet the other transaction again and lose once more;
+	// every rerun must have been for a deadlock, and each must show.
+	causes := rec.attrs("lost a race", "cause")
+	require.NotEmpty(t, causes, "one of the two ran again")
+	require.EqualValues(t, 2+len(causes), attempts.Load(), "one attempt more per logged deadlock, no other rerun")
+	for _, c := range causes {
+		require.Equal(t, "deadlock_detected", c)
+	}
 	st, err := drv.FeedStatus(ctx, &ferrydriver.FeedStatusParams{Feed: "default/0"})
 	require.NoError(t, err)
 	require.EqualValues(t, 4, st.LagEvents, "both transactions committed their two events once")
