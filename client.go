@@ -74,7 +74,7 @@ func NewClient[TTx any](driver ferrydriver.Driver[TTx], cfg *Config) (*Client[TT
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Client[TTx]{driver: driver, cfg: c, emit: emitHooks(c.Hooks)}, nil
+	return &Client[TTx]{driver: driver, cfg: c, emit: hooksOf[EmitHook](c.Hooks)}, nil
 }
 
 // Driver returns the client's driver.

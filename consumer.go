@@ -244,7 +244,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 		handlers:    map[string]HandlerFunc[TTx]{},
 		batched:     map[string]BatchHandlerFunc[TTx]{},
 		wake:        make(chan struct{}, 1),
-		ingest:      ingestHooks(c.Hooks),
+		ingest:      hooksOf[IngestHook](c.Hooks),
 	}, nil
 }
 
@@ -755,22 +755,24 @@ func (c *Consumer[TTx]) handlerFor(ev *Event) (handler HandlerFunc[TTx], unhandl
 	return handler, unhandled
 }
 
-// callHandler runs handler (nil: nothing to run) inside the middleware,
-// turning a panic into an error with its stack.
-func (c *Consumer[TTx]) callHandler(ctx context.Context, tx TTx, handler HandlerFunc[TTx], ev *Event) (err error) {
+// callHandler runs handler (nil: nothing to run) for ev, inside the
+// middleware (see call).
+func (c *Consumer[TTx]) callHandler(ctx context.Context, tx TTx, handler HandlerFunc[TTx], ev *Event) error {
 	if handler == nil {
 		return nil
 	}
+	return c.call(withEvent(ctx, ev), []*Event{ev}, func(ctx context.Context) error { return handler(ctx, tx, ev) })
+}
+
+// call runs one handler call for evs: with the group in ctx, inside the
+// middleware, a panic turned into an error with its stack.
+func (c *Consumer[TTx]) call(ctx context.Context, evs []*Event, run func(ctx context.Context) error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
-	ctx = withEvent(context.WithValue(ctx, groupKey{}, c.cfg.Group), ev)
-	if len(c.cfg.Middleware) == 0 {
-		return handler(ctx, tx, ev)
-	}
-	return chain(c.cfg.Middleware, []*Event{ev}, func(ctx context.Context) error { return handler(ctx, tx, ev) })(ctx)
+	return chain(c.cfg.Middleware, evs, run)(context.WithValue(ctx, groupKey{}, c.cfg.Group))
 }
 
 // process runs one claimed event and records the outcome.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"slices"
 	"time"
 
@@ -278,19 +277,9 @@ func (c *Consumer[TTx]) units(rows []*ferrydriver.InboxRow) []unit[TTx] {
 	return out
 }
 
-// callBatch runs a batch handler inside the middleware, turning a panic
-// into an error.
-func (c *Consumer[TTx]) callBatch(ctx context.Context, tx TTx, fn BatchHandlerFunc[TTx], evs []*Event) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
-		}
-	}()
-	ctx = context.WithValue(ctx, groupKey{}, c.cfg.Group)
-	if len(c.cfg.Middleware) == 0 {
-		return fn(ctx, tx, evs)
-	}
-	return chain(c.cfg.Middleware, evs, func(ctx context.Context) error { return fn(ctx, tx, evs) })(ctx)
+// callBatch runs a batch handler inside the middleware (see call).
+func (c *Consumer[TTx]) callBatch(ctx context.Context, tx TTx, fn BatchHandlerFunc[TTx], evs []*Event) error {
+	return c.call(ctx, evs, func(ctx context.Context) error { return fn(ctx, tx, evs) })
 }
 
 // batchBudget is how long a batch runs handlers before it commits what ran

@@ -1,12 +1,10 @@
 package ferry_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/internal/syncbuf"
 )
 
 // An event of a type nobody handles fails, naming its type, and goes DEAD
@@ -62,7 +61,7 @@ func TestConsumerUnhandledTypeFailsByDefault(t *testing.T) {
 func TestConsumerSkipUnhandled(t *testing.T) {
 	t.Parallel()
 	drv := newPG(t)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	reg := prometheus.NewRegistry()
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "skipper", SkipUnhandled: true, PollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Hooks: []ferry.Hook{ferryprom.New(reg)}})
@@ -110,23 +109,6 @@ func TestConsumerHandlersAreFrozenAtRun(t *testing.T) {
 	<-handled // Run is under way
 	require.PanicsWithValue(t, `ferry: HandleEvent("Late") on consumer frozen after Run: register every handler before Consumer.Run (the workers read them without a lock)`,
 		func() { c.HandleEvent("Late", func(context.Context, pgx.Tx, *ferry.Event) error { return nil }) })
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // beginFails is a driver whose first handler transactions cannot begin.
@@ -182,7 +164,7 @@ func TestConsumerWarnsOfASmallPool(t *testing.T) {
 	defer pool.Close()
 	small, err := ferrypg.New(pool, &ferrypg.Config{Schema: pg.Schema()})
 	require.NoError(t, err)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	c, err := ferry.NewConsumer(small, &ferry.ConsumerConfig{Group: "small", Workers: 8, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	startConsumer(t, c)
@@ -227,7 +209,7 @@ func TestConsumerGaugesOneProcessPerGroup(t *testing.T) {
 		"one process exports the four states")
 	require.True(t, series(regs[0]) == 0 || series(regs[1]) == 0, "only one of them")
 
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	c, err := ferry.NewConsumer(countsFail{drv}, &ferry.ConsumerConfig{Group: "ungauged", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	startConsumer(t, c)

@@ -123,34 +123,12 @@ func chain(mws []Middleware, evs []*Event, call func(ctx context.Context) error)
 	return call
 }
 
-// emitHooks returns the EmitHooks among hooks.
-func emitHooks(hooks []Hook) []EmitHook {
-	var out []EmitHook
+// hooksOf returns the hooks among hooks that implement T.
+func hooksOf[T any](hooks []Hook) []T {
+	var out []T
 	for _, h := range hooks {
-		if eh, ok := h.(EmitHook); ok {
-			out = append(out, eh)
-		}
-	}
-	return out
-}
-
-// ingestHooks returns the IngestHooks among hooks.
-func ingestHooks(hooks []Hook) []IngestHook {
-	var out []IngestHook
-	for _, h := range hooks {
-		if ih, ok := h.(IngestHook); ok {
-			out = append(out, ih)
-		}
-	}
-	return out
-}
-
-// publishHooks returns the PublishHooks among hooks.
-func publishHooks(hooks []Hook) []PublishHook {
-	var out []PublishHook
-	for _, h := range hooks {
-		if ph, ok := h.(PublishHook); ok {
-			out = append(out, ph)
+		if th, ok := h.(T); ok {
+			out = append(out, th)
 		}
 	}
 	return out

@@ -64,21 +64,12 @@ type MetricsHook interface {
 }
 
 // NewInstrument returns an Instrument recording d with every MetricsHook
-// among hooks (a no-op one when there is none), for code outside this
-// package that reports through the same hooks, as ferrychain does.
+// among hooks (a no-op one when there is none): the relay and the consumer
+// make theirs with it, and so can code outside this package that reports
+// through the same hooks, as ferrychain does.
 func NewInstrument(hooks []Hook, d *MetricDesc) (Instrument, error) {
-	return instrumentsOf(hooks, d)
-}
-
-// instrumentsOf returns an Instrument recording d with every MetricsHook
-// among hooks, a no-op one when there is none.
-func instrumentsOf(hooks []Hook, d *MetricDesc) (Instrument, error) {
 	var out multiInstrument
-	for _, h := range hooks {
-		mh, ok := h.(MetricsHook)
-		if !ok {
-			continue
-		}
+	for _, mh := range hooksOf[MetricsHook](hooks) {
 		in, err := mh.Instrument(d)
 		if err != nil {
 			return nil, fmt.Errorf("metric %s: %w", d.Name, err)
@@ -177,7 +168,7 @@ type metricSet struct {
 }
 
 func (s *metricSet) make(name, help string, kind MetricKind, labels []string, buckets []float64) Instrument {
-	in, err := instrumentsOf(s.hooks, &MetricDesc{Name: name, Help: help, Kind: kind, ConstLabels: s.labels, Labels: labels, Buckets: buckets})
+	in, err := NewInstrument(s.hooks, &MetricDesc{Name: name, Help: help, Kind: kind, ConstLabels: s.labels, Labels: labels, Buckets: buckets})
 	if err != nil {
 		s.errs = append(s.errs, err)
 		return multiInstrument(nil)
@@ -263,7 +254,14 @@ type callMetrics struct {
 	txCalls, txRetries, settleWait Instrument
 }
 
+// noCallMetrics records nothing: RunTx's metrics when no MetricsHook is
+// given, which costs a call nothing.
+var noCallMetrics = &callMetrics{multiInstrument(nil), multiInstrument(nil), multiInstrument(nil)}
+
 func newCallMetrics(hooks []Hook) *callMetrics {
+	if len(hooksOf[MetricsHook](hooks)) == 0 {
+		return noCallMetrics
+	}
 	s := &metricSet{hooks: hooks}
 	return &callMetrics{
 		txCalls:   s.make("ferry_tx_calls_total", "RunTx calls by outcome: committed, failed, exhausted, commit_unknown.", Counter, []string{"outcome"}, nil),

@@ -276,7 +276,7 @@ func NewRelay(store ferrydriver.Store, sink ferrysink.Sink, cfg *RelayConfig) (*
 		ordered: ob != nil && ob.OrderedBatches(),
 		retry:   backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
 		dups:    dupReporter(sink),
-		hooks:   publishHooks(c.Hooks),
+		hooks:   hooksOf[PublishHook](c.Hooks),
 		system:  sinkSystem(sink),
 	}, nil
 }

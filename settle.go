@@ -24,6 +24,19 @@ type Settlement struct {
 // Done reports whether every event was settled.
 func (s *Settlement) Done() bool { return len(s.Failed) == 0 && len(s.Pending) == 0 }
 
+// Outcome names the settlement in one word, as metrics and spans label it:
+// "failed" when any event failed, else "pending" when any is pending, else
+// "settled".
+func (s *Settlement) Outcome() string {
+	switch {
+	case len(s.Failed) > 0:
+		return "failed"
+	case len(s.Pending) > 0:
+		return "pending"
+	}
+	return "settled"
+}
+
 // AwaitSettled waits until group has finished every event in ids, or
 // timeout passes, and says which settled, which failed (and why) and which
 // are still pending. It is woken by the database when an event finishes
@@ -41,16 +54,7 @@ func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids 
 		return nil, err
 	}
 	out := settlementOf(ids, rows)
-	outcome := "settled"
-	switch {
-	case len(out.Failed) > 0:
-		outcome = "failed"
-	case len(out.Pending) > 0:
-		outcome = "pending"
-	}
-	if len(hooks) > 0 {
-		newCallMetrics(hooks).settleWait.Observe(time.Since(start).Seconds(), outcome)
-	}
+	newCallMetrics(hooks).settleWait.Observe(time.Since(start).Seconds(), out.Outcome())
 	return out, nil
 }
 

@@ -219,43 +219,40 @@ func nextEventID(ctx context.Context) uuid.UUID {
 // consumer, which sees it once the transaction committed.
 func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], opts *TxOptions, fn func(ctx context.Context, tx TTx) (R, error)) (R, error) {
 	o := opts.withDefaults()
-	var observers []TxObserver
-	for _, h := range o.Hooks {
-		if th, ok := h.(TxHook); ok {
-			var obs TxObserver
-			if ctx, obs = th.OnTxStart(ctx, o.RequestID); obs != nil {
-				observers = append(observers, obs)
-			}
+	call := &txCall{m: newCallMetrics(o.Hooks)}
+	for _, th := range hooksOf[TxHook](o.Hooks) {
+		var obs TxObserver
+		if ctx, obs = th.OnTxStart(ctx, o.RequestID); obs != nil {
+			call.observers = append(call.observers, obs)
 		}
 	}
-	if len(observers) == 0 {
-		return runTx(ctx, t, &o, fn, nil)
-	}
-	attempts := 0
-	r, err := runTx(ctx, t, &o, fn, func(attempt int, cause string, err error) {
-		attempts = attempt
-		if cause != "" {
-			for _, obs := range observers {
-				obs.OnRetry(attempt, cause, err)
-			}
-		}
-	})
-	for _, obs := range observers {
-		obs.OnEnd(max(attempts, 1), err)
+	r, err := runTx(ctx, t, &o, fn, call)
+	for _, obs := range call.observers {
+		obs.OnEnd(max(call.attempts, 1), err)
 	}
 	return r, err
 }
 
-// runTx is RunTx; onAttempt, when not nil, hears of each attempt that
-// began (cause "" when it is the last, or failed for good) and of each
-// retry's cause.
-func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o *TxOptions, fn func(ctx context.Context, tx TTx) (R, error), onAttempt func(attempt int, cause string, err error)) (R, error) {
-	note := func(attempt int, cause string, err error) {
-		if onAttempt != nil {
-			onAttempt(attempt, cause, err)
-		}
+// txCall is what one RunTx call reports: its metrics, its observers, and
+// how many attempts began.
+type txCall struct {
+	m         *callMetrics
+	observers []TxObserver
+	attempts  int
+}
+
+// retry reports that attempt failed for cause and runs again.
+func (c *txCall) retry(attempt int, cause string, err error) {
+	c.m.txRetries.Add(1, cause)
+	for _, obs := range c.observers {
+		obs.OnRetry(attempt, cause, err)
 	}
-	m := newCallMetrics(o.Hooks)
+}
+
+// runTx is RunTx once the hooks have started: call hears of its attempts
+// and retries.
+func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o *TxOptions, fn func(ctx context.Context, tx TTx) (R, error), call *txCall) (R, error) {
+	m := call.m
 	var zero R
 	start := time.Now()
 	log := o.Logger
@@ -281,6 +278,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 		run.mu.Lock()
 		run.next, run.attempt = 0, attempt
 		run.mu.Unlock()
+		call.attempts = attempt
 		var result R
 		err := t.AttemptTx(ctx, func(ctx context.Context, tx TTx) error {
 			if o.RequestID != "" {
@@ -302,7 +300,6 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			}
 			return nil
 		})
-		note(attempt, "", nil)
 		if err == nil {
 			m.txCalls.Add(1, "committed")
 			return result, nil
@@ -360,8 +357,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			m.txCalls.Add(1, "exhausted")
 			return zero, &TxRetriesExhaustedError{Attempts: attempt, Elapsed: time.Since(start), Cause: cause, Err: err}
 		}
-		m.txRetries.Add(1, cause)
-		note(attempt, cause, err)
+		call.retry(attempt, cause, err)
 		timer := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

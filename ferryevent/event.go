@@ -195,13 +195,8 @@ func Validate(ev *Event, index int, maxPayload int) error {
 	fail := func(field string, err error, detail string) error {
 		return &ValidationError{Index: index, ID: ev.ID, Field: field, Err: err, Detail: detail}
 	}
-	switch {
-	case strings.TrimSpace(ev.Topic) == "":
-		return fail("Topic", ErrEmptyTopic, "set Topic to the stream of events this belongs to, e.g. \"orders\"")
-	case strings.TrimSpace(ev.Key) == "":
-		return fail("Key", ErrEmptyKey, "set Key to the ID of the entity the event is about; events of one key stay in order")
-	case strings.TrimSpace(ev.Type) == "":
-		return fail("Type", ErrEmptyType, "set Type to what happened, e.g. \"OrderCreated\"")
+	if field, err := missingField(ev); err != nil {
+		return fail(field, err, missingHow[field])
 	}
 	if err := checkTopic(ev.Topic); err != nil {
 		return fail("Topic", err, fmt.Sprintf("%.80q: use words of ASCII letters, digits, '-' and '_' joined by single dots (\"orders\", \"billing.invoice-paid\"), at most %d bytes", ev.Topic, MaxTopicBytes))
@@ -234,6 +229,27 @@ func Validate(ev *Event, index int, maxPayload int) error {
 	return nil
 }
 
+// missingField names the first of Topic, Key and Type that is empty or
+// blank, with its sentinel.
+func missingField(ev *Event) (string, error) {
+	switch {
+	case strings.TrimSpace(ev.Topic) == "":
+		return "Topic", ErrEmptyTopic
+	case strings.TrimSpace(ev.Key) == "":
+		return "Key", ErrEmptyKey
+	case strings.TrimSpace(ev.Type) == "":
+		return "Type", ErrEmptyType
+	}
+	return "", nil
+}
+
+// missingHow says what to set for each field missingField names.
+var missingHow = map[string]string{
+	"Topic": "set Topic to the stream of events this belongs to, e.g. \"orders\"",
+	"Key":   "set Key to the ID of the entity the event is about; events of one key stay in order",
+	"Type":  "set Type to what happened, e.g. \"OrderCreated\"",
+}
+
 // CheckRelayable checks what the relay needs of an event read back from an
 // outbox: a Topic, Key and Type, and text fields of valid UTF-8 without NUL
 // bytes. It is looser than Validate on purpose: an event accepted by an
@@ -244,13 +260,8 @@ func CheckRelayable(ev *Event) error {
 	fail := func(field string, err error, detail string) error {
 		return &ValidationError{ID: ev.ID, Field: field, Err: err, Detail: detail}
 	}
-	switch {
-	case strings.TrimSpace(ev.Topic) == "":
-		return fail("Topic", ErrEmptyTopic, "")
-	case strings.TrimSpace(ev.Key) == "":
-		return fail("Key", ErrEmptyKey, "")
-	case strings.TrimSpace(ev.Type) == "":
-		return fail("Type", ErrEmptyType, "")
+	if field, err := missingField(ev); err != nil {
+		return fail(field, err, "")
 	}
 	for name, v := range map[string]string{"Topic": ev.Topic, "Key": ev.Key, "Type": ev.Type, "Source": ev.Source, "ContentType": ev.ContentType} {
 		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {

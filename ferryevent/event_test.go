@@ -187,3 +187,15 @@ func TestCloudEventAttributes(t *testing.T) {
 	require.Equal(t, "shop", a[CESource])
 	require.Equal(t, "application/json", a[CEDataContentType])
 }
+
+func TestIsToken(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]bool{
+		"traceparent": true, "X-Tenant": true, "a.b_c~d|e^f`g!#$%&'*+": true,
+		"": false, "x tenant": false, "x:y": false, "ü": false, "a\tb": false, `"q"`: false, "a,b": false,
+	} {
+		require.Equal(t, want, IsToken(s), "%q", s)
+	}
+	require.True(t, ValidHeaderName(strings.Repeat("h", MaxHeaderNameBytes)))
+	require.False(t, ValidHeaderName(strings.Repeat("h", MaxHeaderNameBytes+1)), "a token, but too long")
+}

@@ -132,16 +132,22 @@ func ReservedHeader(name string) bool {
 	return slices.Contains(reservedHeaderNames, lower)
 }
 
-// ValidHeaderName reports whether name is an HTTP token (RFC 9110, section
-// 5.6.2: ASCII letters, digits and !#$%&'*+-.^_`|~) of at most
-// MaxHeaderNameBytes, which every sink carries as a header name. It does
-// not check ReservedHeader.
+// ValidHeaderName reports whether name is an HTTP token (see IsToken) of
+// at most MaxHeaderNameBytes, which every sink carries as a header name. It
+// does not check ReservedHeader.
 func ValidHeaderName(name string) bool {
-	if name == "" || len(name) > MaxHeaderNameBytes {
+	return len(name) <= MaxHeaderNameBytes && IsToken(name)
+}
+
+// IsToken reports whether s is an HTTP token (RFC 9110, section 5.6.2:
+// one or more ASCII letters, digits and !#$%&'*+-.^_`|~), the syntax of a
+// header name.
+func IsToken(s string) bool {
+	if s == "" {
 		return false
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
+	for i := 0; i < len(s); i++ {
+		c := s[i]
 		switch {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
 		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:

@@ -167,6 +167,18 @@ func (t *Tracer) OnPublish(info *ferry.PublishInfo) {
 	span.End(trace.WithTimestamp(time.Now()))
 }
 
+// links returns a link to the trace context of each of evs that carries
+// one.
+func (t *Tracer) links(evs []*ferry.Event) []trace.Link {
+	links := make([]trace.Link, 0, len(evs))
+	for _, ev := range evs {
+		if sc := trace.SpanContextFromContext(t.Extract(context.Background(), ev)); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return links
+}
+
 // OnIngest records a consumer's "receive" span (kind consumer) for one
 // delivery it put in its inbox (ferry.IngestHook), from the insert's start
 // to its end: for one event, a child of the event's trace context; for
@@ -175,12 +187,7 @@ func (t *Tracer) OnIngest(info *ferry.IngestInfo) {
 	if len(info.Events) == 0 {
 		return
 	}
-	links := make([]trace.Link, 0, len(info.Events))
-	for _, ev := range info.Events {
-		if sc := trace.SpanContextFromContext(t.Extract(context.Background(), ev)); sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
-	}
+	links := t.links(info.Events)
 	parent := context.Background()
 	attrs := []attribute.KeyValue{
 		attribute.String("messaging.system", "ferry"),
@@ -211,12 +218,7 @@ func (t *Tracer) Middleware() ferry.Middleware {
 		if len(evs) == 0 {
 			return call(ctx)
 		}
-		links := make([]trace.Link, 0, len(evs))
-		for _, ev := range evs {
-			if sc := trace.SpanContextFromContext(t.Extract(context.Background(), ev)); sc.IsValid() {
-				links = append(links, trace.Link{SpanContext: sc})
-			}
-		}
+		links := t.links(evs)
 		attrs := []attribute.KeyValue{
 			attribute.String("messaging.system", "ferry"),
 			attribute.String("messaging.operation.type", "process"),
@@ -299,15 +301,8 @@ func (t *Tracer) AwaitSettled(ctx context.Context, s ferrydriver.Settler, group 
 		span.SetStatus(codes.Error, err.Error())
 		return st, err
 	}
-	outcome := "settled"
-	switch {
-	case len(st.Failed) > 0:
-		outcome = "failed"
-	case len(st.Pending) > 0:
-		outcome = "pending"
-	}
 	span.SetAttributes(
-		attribute.String("ferry.settlement.outcome", outcome),
+		attribute.String("ferry.settlement.outcome", st.Outcome()),
 		attribute.Int("ferry.settlement.pending", len(st.Pending)),
 		attribute.Int("ferry.settlement.failed", len(st.Failed)),
 	)

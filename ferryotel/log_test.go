@@ -1,47 +1,28 @@
 package ferryotel_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/ferryotel"
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
+	"github.com/ferry-dev/ferry/internal/syncbuf"
 )
 
-// syncBuffer is a bytes.Buffer safe for the loggers' goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) records(t *testing.T) []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// records decodes the JSON log lines written to logs.
+func records(t *testing.T, logs *syncbuf.Buffer) []map[string]any {
 	var out []map[string]any
-	for line := range strings.SplitSeq(strings.TrimSpace(s.b.String()), "\n") {
+	for line := range strings.SplitSeq(strings.TrimSpace(logs.String()), "\n") {
 		if line == "" {
 			continue
 		}
@@ -59,18 +40,10 @@ func TestLogsCarryTraceIDs(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tr := ferryotel.New(ferryotel.WithTracerProvider(tp))
-	logs := &syncBuffer{}
+	tr, tp, rec := ferryoteltest.Recorder(t)
+	logs := &syncbuf.Buffer{}
 	log := slog.New(tr.LogHandler(slog.NewJSONHandler(logs, nil)))
-
-	pool := pgtest.Pool(t)
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: pgtest.Schema(t)})
-	require.NoError(t, err)
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(t, err)
+	drv := ferryoteltest.Driver(ctx, t)
 	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
 	require.NoError(t, err)
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", PollInterval: 20 * time.Millisecond, RetryBase: 10 * time.Millisecond,
@@ -113,7 +86,7 @@ func TestLogsCarryTraceIDs(t *testing.T) {
 		}
 	}
 	var applying, failed int
-	for _, r := range logs.records(t) {
+	for _, r := range records(t, logs) {
 		switch r["msg"] {
 		case "applying":
 			applying++

@@ -9,14 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/ferryotel"
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
 )
 
 // TestRunTxSpanRecordsEachRetry: a RunTx call whose first two attempts
@@ -27,15 +23,8 @@ func TestRunTxSpanRecordsEachRetry(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tr := ferryotel.New(ferryotel.WithTracerProvider(tp))
-
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
-	require.NoError(t, err)
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(t, err)
+	tr, tp, rec := ferryoteltest.Recorder(t)
+	drv := ferryoteltest.Driver(ctx, t)
 
 	calls := 0
 	n, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferry.Hook{tr}, RetryBase: time.Millisecond, RetryMax: 2 * time.Millisecond},

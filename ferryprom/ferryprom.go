@@ -54,18 +54,14 @@ func (h *Hook) Instrument(d *ferry.MetricDesc) (ferry.Instrument, error) {
 	if in, ok := h.made[key]; ok {
 		return in, nil
 	}
-	in := &instrument{}
 	var c prometheus.Collector
 	switch d.Kind {
 	case ferry.Counter:
-		in.counter = prometheus.NewCounterVec(prometheus.CounterOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels}, d.Labels)
-		c = in.counter
+		c = prometheus.NewCounterVec(prometheus.CounterOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels}, d.Labels)
 	case ferry.Gauge:
-		in.gauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels}, d.Labels)
-		c = in.gauge
+		c = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels}, d.Labels)
 	case ferry.Histogram:
-		in.histogram = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels, Buckets: d.Buckets}, d.Labels)
-		c = in.histogram
+		c = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels, Buckets: d.Buckets}, d.Labels)
 	default:
 		return nil, fmt.Errorf("ferryprom: metric %s has an unknown kind %d", d.Name, d.Kind)
 	}
@@ -74,49 +70,48 @@ func (h *Hook) Instrument(d *ferry.MetricDesc) (ferry.Instrument, error) {
 		if !errors.As(err, &are) {
 			return nil, fmt.Errorf("ferryprom: register %s: %w", d.Name, err)
 		}
-		if !in.adopt(are.ExistingCollector) {
-			return nil, fmt.Errorf("ferryprom: register %s: another collector of another kind has the name", d.Name)
-		}
+		c = are.ExistingCollector // registered first, by another Hook
+	}
+	in := instrumentOf(c, d.Kind)
+	if in == nil {
+		return nil, fmt.Errorf("ferryprom: register %s: a collector of another kind has the name", d.Name)
 	}
 	if len(d.Labels) == 0 {
-		in.touch() // a metric without labels shows from the start, at 0
+		// A metric without labels shows from the start, at 0.
+		if _, err := in.vec.GetMetricWithLabelValues(); err != nil {
+			return nil, fmt.Errorf("ferryprom: %s: %w", d.Name, err)
+		}
 	}
 	h.made[key] = in
 	return in, nil
 }
 
-// touch creates the series of a metric without labels.
-func (in *instrument) touch() {
-	switch {
-	case in.counter != nil:
-		in.counter.WithLabelValues()
-	case in.gauge != nil:
-		in.gauge.WithLabelValues()
-	case in.histogram != nil:
-		in.histogram.WithLabelValues()
-	}
-}
-
-// instrument is one metric vector; the field of its kind is set.
+// instrument is one metric vector: vec, and the field of its kind.
 type instrument struct {
+	vec       *prometheus.MetricVec
 	counter   *prometheus.CounterVec
 	gauge     *prometheus.GaugeVec
 	histogram *prometheus.HistogramVec
 }
 
-// adopt makes in use c, the collector registered first under the name.
-func (in *instrument) adopt(c prometheus.Collector) bool {
-	switch {
-	case in.counter != nil:
-		in.counter, _ = c.(*prometheus.CounterVec)
-		return in.counter != nil
-	case in.gauge != nil:
-		in.gauge, _ = c.(*prometheus.GaugeVec)
-		return in.gauge != nil
-	default:
-		in.histogram, _ = c.(*prometheus.HistogramVec)
-		return in.histogram != nil
+// instrumentOf returns the instrument of c, nil when c is not a vector of
+// that kind.
+func instrumentOf(c prometheus.Collector, kind ferry.MetricKind) *instrument {
+	switch c := c.(type) {
+	case *prometheus.CounterVec:
+		if kind == ferry.Counter {
+			return &instrument{vec: c.MetricVec, counter: c}
+		}
+	case *prometheus.GaugeVec:
+		if kind == ferry.Gauge {
+			return &instrument{vec: c.MetricVec, gauge: c}
+		}
+	case *prometheus.HistogramVec:
+		if kind == ferry.Histogram {
+			return &instrument{vec: c.MetricVec, histogram: c}
+		}
 	}
+	return nil
 }
 
 func (in *instrument) Add(v float64, lv ...string) {
@@ -137,13 +132,4 @@ func (in *instrument) Observe(v float64, lv ...string) {
 	}
 }
 
-func (in *instrument) Reset() {
-	switch {
-	case in.counter != nil:
-		in.counter.Reset()
-	case in.gauge != nil:
-		in.gauge.Reset()
-	case in.histogram != nil:
-		in.histogram.Reset()
-	}
-}
+func (in *instrument) Reset() { in.vec.Reset() }

@@ -45,6 +45,9 @@ func TestInstrumentsKeepFerrysNamesAndShareCollectors(t *testing.T) {
 	wait.Observe(0.5, "settled")
 	require.Equal(t, 1, testutil.CollectAndCount(reg, "ferry_settlement_wait_seconds"))
 
+	_, err = ferryprom.New(reg).Instrument(&ferry.MetricDesc{Name: "ferry_relay_publish_retries_total", Help: "h", Kind: ferry.Gauge, ConstLabels: map[string]string{"feed": "default/0"}})
+	require.ErrorContains(t, err, "another kind", "a name registered as a counter is not adopted as a gauge")
+
 	_, err = h.Instrument(&ferry.MetricDesc{Name: "ferry_x", Kind: ferry.MetricKind(9)})
 	require.ErrorContains(t, err, "unknown kind")
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -75,7 +76,7 @@ func TestDemoRejectsBadFlags(t *testing.T) {
 // canceled".
 func TestDemoInterrupted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, errOut syncBuffer
+	var out, errOut syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"demo", "--events", "200000", "--rate", "1000"}, &out, &errOut) }()
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "produce") }, 30*time.Second, 20*time.Millisecond)

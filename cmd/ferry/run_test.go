@@ -8,10 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/internal/syncbuf"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -70,24 +70,6 @@ func TestConfigMistakesAreExplained(t *testing.T) {
 	require.Equal(t, string(exampleConfig), out.String())
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // logLines decodes the daemon's JSON log.
 func logLines(t *testing.T, s string) []map[string]any {
 	var out []map[string]any
@@ -114,7 +96,7 @@ func TestRunOnEmbeddedDefaults(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfg, []byte("data_dir: "+data+"\nrelay:\n  feed: shop\n  poll_interval: 50ms\nnats:\n  embedded_port: 0\nmetrics:\n  addr: \"off\"\n"), 0o600))
 
 	runCtx, stop := context.WithCancel(ctx)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	exit := make(chan int, 1)
 	go func() { exit <- run(runCtx, []string{"run", "--config", cfg}, &bytes.Buffer{}, &logs) }()
 

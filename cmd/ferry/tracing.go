@@ -42,22 +42,22 @@ func startTracing(ctx context.Context) (stop func(), err error) {
 	if !tracingWanted() {
 		return func() {}, nil
 	}
-	for _, v := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if p := os.Getenv(v); p != "" && p != "http/protobuf" {
-			return nil, usagef("%s=%s: ferry exports traces over OTLP/HTTP only; set it to http/protobuf (or unset it) and point OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (4318)", v, p)
-		}
-		if os.Getenv(v) != "" {
-			break
-		}
+	// The traces' own variable wins over the general one, as the
+	// specification says.
+	v := "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	if os.Getenv(v) == "" {
+		v = "OTEL_EXPORTER_OTLP_PROTOCOL"
+	}
+	if p := os.Getenv(v); p != "" && p != "http/protobuf" {
+		return nil, usagef("%s=%s: ferry exports traces over OTLP/HTTP only; set it to http/protobuf (or unset it) and point OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (4318)", v, p)
 	}
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("OTLP trace exporter (OTEL_EXPORTER_OTLP_ENDPOINT=%s): %w", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), err)
 	}
-	res, err := resource.Merge(resource.Default(), resource.Environment())
-	if err != nil {
-		res = resource.Default()
-	}
+	// The default resource reads OTEL_SERVICE_NAME and
+	// OTEL_RESOURCE_ATTRIBUTES; without a service name there, it is ferry.
+	res := resource.Default()
 	if os.Getenv("OTEL_SERVICE_NAME") == "" && !strings.Contains(os.Getenv("OTEL_RESOURCE_ATTRIBUTES"), "service.name=") {
 		if withName, err := resource.Merge(res, resource.NewSchemaless(attribute.String("service.name", "ferry"))); err == nil {
 			res = withName

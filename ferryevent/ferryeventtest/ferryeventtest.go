@@ -233,14 +233,14 @@ func Prepare(t testing.TB, cases []Case, maxPayload int) []*ferryevent.Event {
 func RequireSame(t testing.TB, want, got *ferryevent.Event) {
 	t.Helper()
 	require.NotNil(t, got, "event %s (key %q) did not arrive", want.ID, want.Key)
-	if diff := Diff(want, got); diff != "" {
-		require.Fail(t, "the event arrived changed", "event %s (key %.60q): %s", want.ID, want.Key, diff)
+	if d := diff(want, got); d != "" {
+		require.Fail(t, "the event arrived changed", "event %s (key %.60q): %s", want.ID, want.Key, d)
 	}
 }
 
-// Diff describes the first field in which got differs from want, or
+// diff describes the first field in which got differs from want, or
 // returns "" when it carries every field exactly (see RequireSame).
-func Diff(want, got *ferryevent.Event) string {
+func diff(want, got *ferryevent.Event) string {
 	for _, f := range []struct {
 		name      string
 		want, got string
@@ -280,10 +280,25 @@ func Diff(want, got *ferryevent.Event) string {
 	return ""
 }
 
-// AddSeeds adds a seed to f for every case of the edge-case table, in the
-// argument order of FuzzEvent, so that a wire fuzzer starts from the
-// events that matter.
-func AddSeeds(f *testing.F) {
+// Fuzz runs a wire fuzzer: it starts from the edge-case table, and for
+// every generated event that Emit would accept (prepared as Emit does),
+// roundTrip sends it across the wire and returns what the other side
+// decoded, which must be the event exactly (RequireSame). Events Emit
+// refuses are not sent.
+func Fuzz(f *testing.F, roundTrip func(t *testing.T, ev *ferryevent.Event) *ferryevent.Event) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, topic, key, typ, source, contentType, headerName, headerValue string, payload []byte, created, seq int64) {
+		ev := fuzzEvent(topic, key, typ, source, contentType, headerName, headerValue, payload, created, seq)
+		if ev == nil {
+			return // Emit refuses it
+		}
+		RequireSame(t, ev, roundTrip(t, ev))
+	})
+}
+
+// addSeeds adds a seed to f for every case of the edge-case table, in the
+// argument order of fuzzEvent.
+func addSeeds(f *testing.F) {
 	for _, c := range Cases(0) {
 		ev := c.Event
 		name, value := "", ""
@@ -296,10 +311,10 @@ func AddSeeds(f *testing.F) {
 	}
 }
 
-// FuzzEvent builds an event from a wire fuzzer's arguments (see AddSeeds)
-// and prepares it as Emit would. It returns nil when Emit would refuse
-// it: only what Validate accepts must cross a wire unchanged.
-func FuzzEvent(topic, key, typ, source, contentType, headerName, headerValue string, payload []byte, createdMicros, seq int64) *ferryevent.Event {
+// fuzzEvent builds an event from a wire fuzzer's arguments and prepares
+// it as Emit would. It returns nil when Emit would refuse it: only what
+// Validate accepts must cross a wire unchanged.
+func fuzzEvent(topic, key, typ, source, contentType, headerName, headerValue string, payload []byte, createdMicros, seq int64) *ferryevent.Event {
 	ev := &ferryevent.Event{
 		Topic: topic, Key: key, Type: typ, Source: source, ContentType: contentType,
 		Payload: payload, CreatedAt: time.UnixMicro(createdMicros),

@@ -43,6 +43,26 @@ type Pipeline struct {
 	Wire func(t *testing.T, ctx context.Context, c *ferry.Consumer[pgx.Tx]) (ferrysink.Sink, ferrysink.Source)
 }
 
+// Recorder returns a Tracer whose spans go to an in-memory recorder, with
+// its provider (for the test's own spans); the provider shuts down when the
+// test ends.
+func Recorder(t testing.TB) (*ferryotel.Tracer, *sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return ferryotel.New(ferryotel.WithTracerProvider(tp)), tp, rec
+}
+
+// Driver returns a PostgreSQL driver on a fresh, migrated schema of the
+// test server (pgtest), dropped when the test ends.
+func Driver(ctx context.Context, t testing.TB) *ferrypg.Driver[pgx.Tx] {
+	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	return drv
+}
+
 // Exercise emits one event on PostgreSQL inside a request span and checks
 // the trace it leaves: the relay's send span and the handler's process
 // span are children of the request span (process linked to it too), a
@@ -57,16 +77,9 @@ func Exercise(t *testing.T, p Pipeline) {
 func testOneTrace(t *testing.T, p Pipeline) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tr := ferryotel.New(ferryotel.WithTracerProvider(tp))
-
+	tr, tp, rec := Recorder(t)
 	pool := pgtest.Pool(t)
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: pgtest.Schema(t)})
-	require.NoError(t, err)
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(t, err)
+	drv := Driver(ctx, t)
 	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
 	require.NoError(t, err)
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", PollInterval: 20 * time.Millisecond, Logger: quiet,

@@ -156,7 +156,7 @@ func Exercise(t *testing.T, h Harness) {
 		for _, want := range sent {
 			got, ok := byID[want.ID]
 			require.True(t, ok, "event %s (key %q) was acknowledged but is not stored", want.ID, want.Key)
-			requireSameEvent(t, want, got)
+			ferryeventtest.RequireSame(t, want, got)
 		}
 	})
 
@@ -270,8 +270,8 @@ func Exercise(t *testing.T, h Harness) {
 		stored := readAll(ctx, t, read)
 		require.Len(t, stored, 2, "the second publish of event %s must be dropped by the destination", ev.ID)
 		byID := storedByID(t, stored)
-		requireSameEvent(t, ev, byID[ev.ID])
-		requireSameEvent(t, other, byID[other.ID])
+		ferryeventtest.RequireSame(t, ev, byID[ev.ID])
+		ferryeventtest.RequireSame(t, other, byID[other.ID])
 	})
 
 	t.Run("EachReportsEveryOutcome", func(t *testing.T) {
@@ -399,8 +399,8 @@ func Exercise(t *testing.T, h Harness) {
 		require.NoError(t, errs[2], "an event after the oversized one must still be published")
 		byID := storedByID(t, readAll(ctx, t, read))
 		require.Len(t, byID, 2, "only the two small events may be stored")
-		requireSameEvent(t, before, byID[before.ID])
-		requireSameEvent(t, after, byID[after.ID])
+		ferryeventtest.RequireSame(t, before, byID[before.ID])
+		ferryeventtest.RequireSame(t, after, byID[after.ID])
 	})
 
 	t.Run("UnroutableTopic", func(t *testing.T) {
@@ -420,7 +420,7 @@ func Exercise(t *testing.T, h Harness) {
 		requirePermanent(t, errs[1], "an event on the unroutable topic "+strconv.Quote(h.Features.UnroutableTopic))
 		byID := storedByID(t, readAll(ctx, t, read))
 		require.Len(t, byID, 1)
-		requireSameEvent(t, routed, byID[routed.ID])
+		ferryeventtest.RequireSame(t, routed, byID[routed.ID])
 	})
 
 	t.Run("CancelledContext", func(t *testing.T) {
@@ -475,7 +475,7 @@ func Exercise(t *testing.T, h Harness) {
 			}
 			got, ok := byID[batch[i].ID]
 			require.True(t, ok, "event %d was reported as published but is not stored", i)
-			requireSameEvent(t, batch[i], got)
+			ferryeventtest.RequireSame(t, batch[i], got)
 		}
 	})
 
@@ -514,7 +514,7 @@ func Exercise(t *testing.T, h Harness) {
 		for i, err := range errs {
 			if err == nil {
 				acked++
-				requireSameEvent(t, batch[i], byID[batch[i].ID])
+				ferryeventtest.RequireSame(t, batch[i], byID[batch[i].ID])
 			}
 		}
 		t.Logf("%d of %d events acknowledged before Close", acked, len(batch))
@@ -771,11 +771,6 @@ func requirePerKeyOrder(t *testing.T, stored []Stored, want map[string][]uuid.UU
 	for key, ids := range want {
 		require.Equal(t, ids, got[key], "key %q: stored order differs from publish order", key)
 	}
-}
-
-func requireSameEvent(t *testing.T, want, got *ferryevent.Event) {
-	t.Helper()
-	ferryeventtest.RequireSame(t, want, got)
 }
 
 // baseTime anchors CreatedAt values. It has microsecond precision, what

@@ -161,7 +161,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("ferrywebhook: Config.Secrets: %w", err)
 	}
 	for name, values := range c.Header {
-		if !isToken(name) {
+		if !ferryevent.IsToken(name) {
 			return fmt.Errorf("ferrywebhook: Config.Header: %q is not a valid HTTP header name", name)
 		}
 		if reservedHeader(strings.ToLower(name)) {

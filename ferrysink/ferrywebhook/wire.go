@@ -95,7 +95,7 @@ func encodeHeader(ev *ferryevent.Event, static http.Header) (http.Header, error)
 		lowered := make(map[string]string, len(names))
 		listed := make([]string, 0, len(names))
 		for _, name := range names {
-			if !isToken(name) {
+			if !ferryevent.IsToken(name) {
 				return nil, ferrysink.Permanent(fmt.Sprintf("event header name %q cannot be sent over HTTP: use ASCII letters, digits and !#$%%&'*+-.^_`|~ only", name), nil)
 			}
 			lower := strings.ToLower(name)
@@ -166,24 +166,6 @@ func isCTL(c byte) bool { return (c < ' ' && c != '\t') || c == 0x7f }
 func validHeaderValue(v string) bool {
 	for i := 0; i < len(v); i++ {
 		if isCTL(v[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-// isToken reports whether s is an HTTP token (RFC 9110, section 5.6.2), the
-// syntax of a header name.
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
 			return false
 		}
 	}
@@ -323,7 +305,7 @@ func decode(h http.Header, body []byte) (ferryevent.Event, error) {
 	for _, list := range h.Values(HeaderList) {
 		for name := range strings.SplitSeq(list, ",") {
 			name = strings.TrimSpace(name)
-			if !isToken(name) || reservedHeader(strings.ToLower(name)) {
+			if !ferryevent.IsToken(name) || reservedHeader(strings.ToLower(name)) {
 				continue
 			}
 			values := h.Values(name)

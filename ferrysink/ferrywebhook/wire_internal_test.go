@@ -83,16 +83,6 @@ func TestReadExcerpt(t *testing.T) {
 	require.Equal(t, exact+"…", readExcerpt(strings.NewReader(exact+"c")))
 }
 
-func TestIsToken(t *testing.T) {
-	t.Parallel()
-	for s, want := range map[string]bool{
-		"traceparent": true, "X-Tenant": true, "a.b_c~d|e^f`g!#$%&'*+": true,
-		"": false, "x tenant": false, "x:y": false, "ü": false, "a\tb": false, `"q"`: false, "a,b": false,
-	} {
-		require.Equal(t, want, isToken(s), "%q", s)
-	}
-}
-
 func TestConfigTransient(t *testing.T) {
 	t.Parallel()
 	c := (&Config{TransientStatus: []int{404}}).WithDefaults()
@@ -120,7 +110,7 @@ func FuzzDecode(f *testing.F) {
 		h.Set("Ce-Ferrykeyseq", seq)
 		h.Set(HeaderList, list)
 		for name := range strings.SplitSeq(list, ",") {
-			if isToken(name) {
+			if ferryevent.IsToken(name) {
 				h.Set(name, value)
 			}
 		}
