@@ -67,7 +67,7 @@ func TestRunSharesPartitionsAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	const partitions, ttl = 12, 3 * time.Second
 	f := newFixtureWith(t, partitions)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), storedWithin+2*time.Minute)
 	defer cancel()
 	w := &leaseWatch{t: t, f: f, partitions: partitions, seen: map[string]*ferrydriver.Lease{}}
 	stopWatch := make(chan struct{})
@@ -113,7 +113,7 @@ func TestRunSharesPartitionsAcrossProcesses(t *testing.T) {
 	require.Less(t, took, 2*ttl, "taken over within two lease TTLs")
 
 	<-produced
-	f.waitStored(ctx, len(emitted), 2*time.Minute)
+	f.waitStored(ctx, len(emitted), storedWithin)
 	for _, n := range names[:2] {
 		procs[n].stop(t)
 	}

@@ -34,6 +34,16 @@ func (f *fixture) useKafka() {
 	brokers := c.ListenAddrs()
 	f.sinkArgs = []string{"--sink-url", "kafka://" + strings.Join(brokers, ",") + "/"}
 	f.dedup = false
+	f.count = func(ctx context.Context) int64 {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		require.NoError(f.t, err)
+		defer cl.Close()
+		var n int64
+		for _, end := range listEnds(ctx, f.t, cl) {
+			n += end
+		}
+		return n
+	}
 	f.read = func(ctx context.Context) []ferry.Event {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		require.NoError(f.t, err)

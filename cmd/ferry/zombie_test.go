@@ -21,7 +21,7 @@ import (
 func TestZombieLeaderPausedPastTheDuplicateWindow(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), storedWithin+2*time.Minute)
 	defer cancel()
 	_, err := f.js.CreateStream(ctx, jetstream.StreamConfig{Name: f.stream, Subjects: []string{f.prefix + ".>"}, Duplicates: time.Second})
 	require.NoError(t, err)
@@ -40,7 +40,7 @@ func TestZombieLeaderPausedOnKafka(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.useKafka()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), storedWithin+2*time.Minute)
 	defer cancel()
 	brokers := strings.TrimSuffix(strings.TrimPrefix(f.sinkArgs[1], "kafka://"), "/")
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers, ",")...))
@@ -71,7 +71,7 @@ func zombiePastTheWindow(ctx context.Context, t *testing.T, f *fixture, stored f
 	paused := stored()
 	b := f.startRelay("b")
 	b.awaitLeader(t, 30*time.Second)
-	f.waitStored(ctx, len(emitted), 2*time.Minute)
+	f.waitStored(ctx, len(emitted), storedWithin)
 	// Let b go idle and the duplicate window pass.
 	before := int64(-1)
 	require.Eventually(t, func() bool {
