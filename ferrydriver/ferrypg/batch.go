@@ -48,14 +48,17 @@ WITH upd AS (
 )
 SELECT event_id, key FROM upd WHERE (SELECT count(*) FROM locked) >= 0`
 
-// sqlInboxRefreshKeys is sqlInboxRefreshKey for the keys $2, in a
-// statement after sqlInboxFinishRows, which locked them. The keys are found by the primary key
-// (key = ANY), so that the statement costs O(len($2)) whatever the
-// group's key count and its statistics.
+// sqlInboxRefreshKeys is sqlInboxRefreshKey for the keys of the rows $2,
+// in a statement after sqlInboxFinishRows, which locked them (in the same
+// round trip: a pipeline, so the keys are found by the rows). The keys
+// are then found by the primary key (key = ANY), so that the statement
+// costs O(len($2)) whatever the group's key count and its statistics.
 var sqlInboxRefreshKeys = `
-WITH x AS (
+WITH kk AS MATERIALIZED (
+    SELECT array_agg(DISTINCT key) AS keys FROM {schema}.inbox WHERE group_name = $1 AND event_id = ANY ($2::uuid[])
+), x AS (
     SELECT kk.key, h.event_id, h.state, h.next_attempt_at, h.claim_expires_at, busy.until
-      FROM unnest($2::text[]) kk(key)
+      FROM unnest((SELECT keys FROM kk)) kk(key)
       LEFT JOIN LATERAL (
         SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
          WHERE i.group_name = $1 AND i.key = kk.key
@@ -67,7 +70,7 @@ WITH x AS (
 )
 UPDATE {schema}.inbox_keys k SET ` + keyHeadSet("x", "x.until") + `
   FROM x
- WHERE k.group_name = $1 AND k.key = ANY ($2::text[]) AND k.key = x.key`
+ WHERE k.group_name = $1 AND k.key = ANY ((SELECT keys FROM kk)::text[]) AND k.key = x.key`
 
 // Savepoint implements ferrydriver.InboxBatcher. It costs one round trip:
 // the savepoint is not released after fn succeeded (the commit releases
@@ -90,15 +93,16 @@ func (d *Driver[TTx]) Savepoint(ctx context.Context, tx TTx, fn func(ctx context
 // FinishInboxTx implements ferrydriver.InboxBatcher: one statement records
 // every outcome and locks the keys, one recomputes their heads (with a
 // snapshot taken after the locks), and one tells the callers awaiting the
-// finished events.
+// finished events; all in one round trip. When a claim is lost, what the
+// later statements did, or failed to do, is rolled back by the caller.
 func (d *Driver[TTx]) FinishInboxTx(ctx context.Context, tx TTx, p *ferrydriver.FinishInboxParams) ([]uuid.UUID, error) {
 	if len(p.Rows) == 0 {
 		return nil, nil
 	}
-	e := d.wrapTx(tx)
 	n := len(p.Rows)
 	ids, claims, states, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	retry, uncounted := make([]*time.Time, n), make([]bool, n)
+	finished := map[ferrydriver.InboxState][]string{}
 	for i, r := range p.Rows {
 		if _, err := uuid.Parse(r.Claim); err != nil {
 			return nil, fmt.Errorf("ferrypg: finish inbox rows of group %s: claim token %q of event %s is not one ClaimInbox gave", p.Group, r.Claim, r.EventID)
@@ -107,52 +111,42 @@ func (d *Driver[TTx]) FinishInboxTx(ctx context.Context, tx TTx, p *ferrydriver.
 		if r.State == ferrydriver.InboxFailed {
 			retry[i] = &p.Rows[i].RetryAt
 		}
-	}
-	res, err := e.query(ctx, d.batch.finish, p.Group, ids, claims, states, errs, retry, uncounted)
-	if err != nil {
-		return nil, d.wrapErr("finish inbox rows", err)
+		if r.State.Finished() {
+			finished[r.State] = append(finished[r.State], ids[i])
+		}
 	}
 	held := make(map[string]bool, n)
-	keySet := map[string]bool{}
-	for res.Next() {
-		var id, key string
-		if err := res.Scan(&id, &key); err != nil {
-			res.Close()
-			return nil, d.wrapErr("finish inbox rows", err)
-		}
-		held[id] = true
-		keySet[key] = true
+	steps := []step{
+		{sql: d.batch.finish, args: []any{p.Group, ids, claims, states, errs, retry, uncounted}, scan: func(r rows) error {
+			var id, key string
+			if err := r.Scan(&id, &key); err != nil {
+				return err
+			}
+			held[id] = true
+			return nil
+		}},
+		{sql: d.batch.refreshKeys, args: []any{p.Group, ids}},
 	}
-	res.Close()
-	if err := res.Err(); err != nil {
+	for _, st := range []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxDead} {
+		if len(finished[st]) > 0 {
+			steps = append(steps, step{sql: d.queries.inboxNotify, args: []any{p.Group, finished[st], string(st), d.settleChannel()}})
+		}
+	}
+	err := d.wrapTx(tx).pipeline(ctx, steps...)
+	if err != nil && failedStep(err) == 0 {
 		return nil, d.wrapErr("finish inbox rows", err)
 	}
 	var lost []uuid.UUID
-	finished := map[ferrydriver.InboxState][]string{}
 	for i, r := range p.Rows {
-		switch {
-		case !held[ids[i]]:
+		if !held[ids[i]] {
 			lost = append(lost, r.EventID)
-		case r.State.Finished():
-			finished[r.State] = append(finished[r.State], ids[i])
 		}
 	}
 	if len(lost) > 0 {
 		return lost, nil // the caller rolls back: nothing else to do
 	}
-	keys := make([]string, 0, len(keySet))
-	for k := range keySet {
-		keys = append(keys, k)
-	}
-	if _, err := e.exec(ctx, d.batch.refreshKeys, p.Group, keys); err != nil {
-		return nil, d.wrapErr("refresh inbox keys", err)
-	}
-	for _, st := range []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxDead} {
-		if len(finished[st]) > 0 {
-			if err := d.notifySettled(ctx, e, p.Group, finished[st], st); err != nil {
-				return nil, err
-			}
-		}
+	if err != nil {
+		return nil, d.wrapErr("refresh inbox keys and notify", err)
 	}
 	return nil, nil
 }

@@ -60,13 +60,13 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 	}
 	var out []*ferrydriver.InboxRow
 	err := d.inRC(ctx, func(e executor) error {
-		r, err := e.query(ctx, q, p.Group, p.Limit, p.Worker, p.TTL.Milliseconds(),
-			token, p.MaxAttempts, ferrydriver.ReasonAttemptsExhausted)
-		if err != nil {
+		out = out[:0]
+		return e.pipeline(ctx, step{sql: q, args: []any{p.Group, p.Limit, p.Worker, p.TTL.Milliseconds(),
+			token, p.MaxAttempts, ferrydriver.ReasonAttemptsExhausted}, scan: func(r rows) error {
+			row, err := scanInboxRow(r, p.Group)
+			out = append(out, row)
 			return err
-		}
-		out, err = scanInboxRows(r, p.Group)
-		return err
+		}})
 	})
 	if err != nil {
 		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
@@ -212,23 +212,25 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 // finish moves a claimed row to state, then recomputes its key's head:
 // update the row and lock the key (one statement), and only then (in a new
 // statement, so with a snapshot taken after the lock) look for the next
-// head and tell the callers awaiting the event.
+// head and tell the callers awaiting the event. Both go in one round trip:
+// the refresh finds the key by the event. When the claim is lost the
+// refresh still runs (and may have locked the key for itself) but the
+// caller rolls the transaction back.
 func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted bool) error {
 	if _, err := uuid.Parse(claim); err != nil {
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: claim token %q is not one ClaimInbox gave: %w", id, state, group, claim, ferrydriver.ErrClaimLost)
 	}
-	var key string
-	err := queryRow(ctx, e, []any{&key}, d.queries.inboxFinish, group, id, claim, string(state), lastErr, retry, uncounted)
-	if isNoRows(err) {
+	held := false
+	err := e.pipeline(ctx,
+		step{sql: d.queries.inboxFinish, args: []any{group, id, claim, string(state), lastErr, retry, uncounted},
+			scan: func(rows) error { held = true; return nil }},
+		step{sql: d.queries.inboxRefreshKeyNotify, args: []any{group, id, string(state), d.settleChannel()}})
+	if !held && (err == nil || failedStep(err) > 0) {
+		// Lost (whatever the refresh did, or failed to do, is rolled back).
 		return fmt.Errorf("ferrypg: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
 	if err != nil {
 		return d.wrapErr("mark inbox row "+string(state), err)
-	}
-	// The key is locked by the statement above; the refresh also tells the
-	// callers awaiting the event, if it finished.
-	if _, err := e.exec(ctx, d.queries.inboxRefreshKeyNotify, group, key, id, string(state), d.settleChannel()); err != nil {
-		return d.wrapErr("refresh inbox key", err)
 	}
 	return nil
 }
@@ -310,24 +312,33 @@ func scanInboxRows(r rows, group string) ([]*ferrydriver.InboxRow, error) {
 	defer r.Close()
 	var out []*ferrydriver.InboxRow
 	for r.Next() {
-		row := &ferrydriver.InboxRow{Group: group}
-		ev := &row.Event
-		var headers *string
-		var state string
-		if err := r.Scan(&ev.ID, &ev.Key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
-			&state, &row.Attempts, &row.LastError, &row.NextAttemptAt, &row.ReceivedAt, &row.FinishedAt); err != nil {
-			return nil, err
-		}
-		row.State = ferrydriver.InboxState(state)
-		if row.FinishedAt.Unix() == 0 {
-			row.FinishedAt = time.Time{}
-		}
-		if err := decodeHeaders(ev, headers); err != nil {
+		row, err := scanInboxRow(r, group)
+		if err != nil {
 			return nil, err
 		}
 		out = append(out, row)
 	}
 	return out, r.Err()
+}
+
+// scanInboxRow reads the current row of r (inboxRowColumns).
+func scanInboxRow(r rows, group string) (*ferrydriver.InboxRow, error) {
+	row := &ferrydriver.InboxRow{Group: group}
+	ev := &row.Event
+	var headers *string
+	var state string
+	if err := r.Scan(&ev.ID, &ev.Key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
+		&state, &row.Attempts, &row.LastError, &row.NextAttemptAt, &row.ReceivedAt, &row.FinishedAt); err != nil {
+		return nil, err
+	}
+	row.State = ferrydriver.InboxState(state)
+	if row.FinishedAt.Unix() == 0 {
+		row.FinishedAt = time.Time{}
+	}
+	if err := decodeHeaders(ev, headers); err != nil {
+		return nil, err
+	}
+	return row, nil
 }
 
 // ListInbox implements ferrydriver.Inbox.

@@ -270,29 +270,36 @@ func keyHeadSet(h, until string) string {
 // changed. It runs in a statement after sqlInboxLockKey, so its snapshot
 // sees every row committed before the lock was granted. Under the group's
 // stored policy, a DEAD head holds its key.
-var sqlInboxRefreshKey = `
-UPDATE {schema}.inbox_keys k SET ` + keyHeadSet("h", "busy.until") + `
+var sqlInboxRefreshKey = refreshKey("$2")
+
+// refreshKey is sqlInboxRefreshKey for the key of group $1 that the
+// expression key names.
+func refreshKey(key string) string {
+	return strings.ReplaceAll(`
+UPDATE {schema}.inbox_keys k SET `+keyHeadSet("h", "busy.until")+`
   FROM (SELECT NULL) dummy
   LEFT JOIN LATERAL (
     SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
-     WHERE i.group_name = $1 AND i.key = $2
-       AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR ` + holdDead + `)
+     WHERE i.group_name = $1 AND i.key = {key}
+       AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR `+holdDead+`)
      ORDER BY pos LIMIT 1) h ON true
   LEFT JOIN LATERAL (
     SELECT max(claim_expires_at) AS until FROM {schema}.inbox p
-     WHERE p.key = $2 AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
- WHERE k.group_name = $1 AND k.key = $2`
+     WHERE p.key = {key} AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
+ WHERE k.group_name = $1 AND k.key = {key}`, "{key}", key)
+}
 
-// sqlInboxRefreshKeyNotify is sqlInboxRefreshKey for the key of a row
-// that just finished ($3, in state $4), which also tells the callers
-// awaiting it (as sqlInboxNotify does, on channel $5) when $4 is a final
-// state: one round trip for both. It runs after the statement that changed
-// the row and locked the key.
-var sqlInboxRefreshKeyNotify = sqlInboxRefreshKey + `
+// sqlInboxRefreshKeyNotify is sqlInboxRefreshKey for the key of the row
+// $2 that just finished (in state $3), which also tells the callers
+// awaiting it (as sqlInboxNotify does, on channel $4) when $3 is a final
+// state. It runs after the statement that changed the row and locked the
+// key, in the same round trip (a pipeline), so it finds the key by the
+// row.
+var sqlInboxRefreshKeyNotify = refreshKey(`(SELECT key FROM {schema}.inbox WHERE group_name = $1 AND event_id = $2::uuid)`) + `
 RETURNING (SELECT count(*) FROM (
-    SELECT pg_notify($5, $3::text || ':' || $4)
+    SELECT pg_notify($4, $2::text || ':' || $3)
       FROM {schema}.settle_waiters w
-     WHERE $4 IN ('processed', 'dead') AND w.group_name = $1 AND w.until > now() AND $3::uuid = ANY (w.event_ids)) n)`
+     WHERE $3 IN ('processed', 'dead') AND w.group_name = $1 AND w.until > now() AND $2::uuid = ANY (w.event_ids)) n)`
 
 // sqlInboxRetract marks a group's rows RETRACTED and returns, for each
 // row found, its state before and its key. Rows are locked first (as
