@@ -26,11 +26,15 @@ type leaseWatch struct {
 	bad        []string
 }
 
+// sample reads the leases and checks them against the last seen. The read
+// is under the lock too: the watcher and the test's own looks sample
+// concurrently, and a read that finished before another's check must not
+// be checked after it (it would look like a term going back).
 func (w *leaseWatch) sample(ctx context.Context) map[string]int {
-	leases, err := w.f.drv.ListLeases(ctx, "default/")
-	require.NoError(w.t, err)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	leases, err := w.f.drv.ListLeases(ctx, "default/")
+	require.NoError(w.t, err)
 	per := map[string]int{}
 	for _, l := range leases {
 		if prev := w.seen[l.Name]; prev != nil {
