@@ -345,8 +345,18 @@ type ListDeadLettersParams struct {
 	Since, Until time.Time
 	// EventIDs, when set, selects only these events.
 	EventIDs []uuid.UUID
+	// After, when set, continues a list after that dead letter, in the
+	// list's order (FailedAt descending, then event ID): the next page.
+	After *DeadLetterCursor
 	// Limit caps the result; 0 means 100.
 	Limit int
+}
+
+// DeadLetterCursor is a place in a list of dead letters: the last one a
+// page showed.
+type DeadLetterCursor struct {
+	FailedAt time.Time
+	EventID  uuid.UUID
 }
 
 // DeadLetterSelection selects relay dead letters to redrive or discard:

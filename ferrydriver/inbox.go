@@ -287,6 +287,16 @@ type FailInboxParams struct {
 	Uncounted bool
 }
 
+// GroupLister is implemented by inboxes that can list their consumer
+// groups: every group whose dead policy is stored (each consumer stores
+// it when it starts), in name order, at most MaxListedGroups.
+type GroupLister interface {
+	InboxGroups(ctx context.Context) ([]string, error)
+}
+
+// MaxListedGroups bounds InboxGroups.
+const MaxListedGroups = 1000
+
 // InboxRetractor is implemented by inboxes that can retract events whose
 // source was undone (a chain reorg orphaned their block).
 type InboxRetractor interface {

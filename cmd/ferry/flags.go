@@ -17,6 +17,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/ferry-dev/ferry/ferryui"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -174,12 +175,8 @@ type backend struct {
 	chainInbox func(group string) (ferrychain.Inbox, error)
 }
 
-// inboxAdmin is what operators do with consumer dead letters.
-type inboxAdmin interface {
-	ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error)
-	RedriveInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error)
-	DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error)
-}
+// inboxAdmin is what operators do with consumer groups' inboxes.
+type inboxAdmin = ferryui.Inbox
 
 func emitter[TTx any](drv ferrydriver.Driver[TTx]) (func(ctx context.Context, events ...*ferry.Event) error, error) {
 	c, err := ferry.NewClient(drv, &ferry.Config{Hooks: hooks})

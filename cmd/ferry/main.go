@@ -44,6 +44,7 @@ Usage:
                                      the outbox's partition count, stored with the schema; set refuses
                                      until every relay has delivered everything and stopped
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json; --exact counts)
+  ferry ui      [flags]              the admin API (JSON) on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events, actions
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group;
                                      redrive and discard act on what list shows (--dry-run)
@@ -94,6 +95,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdStatus(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		err = cmdDLQ(ctx, args[1:], stdout, stderr)
+	case "ui":
+		err = cmdUI(ctx, args[1:], stdout, stderr)
 	case "parked":
 		err = cmdParked(ctx, args[1:], stdout, stderr)
 	case "emit":

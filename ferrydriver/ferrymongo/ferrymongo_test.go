@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
+	"github.com/ferry-dev/ferry/ferryui/ferryuitest"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -138,6 +139,13 @@ func TestTransactorSuite(t *testing.T) {
 func TestInboxSuite(t *testing.T) {
 	mongoClient(t)
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[context.Context] { return newDriver(t) })
+}
+
+// TestAdminAPISuite runs the admin API (ferryui) over MongoDB.
+func TestAdminAPISuite(t *testing.T) {
+	mongoClient(t)
+	drv := newDriver(t)
+	ferryuitest.Run(t, drv, drv)
 }
 
 func TestConsumerSuite(t *testing.T) {

@@ -343,11 +343,18 @@ func selectionLimit(p *ferrydriver.DeadLetterSelection) int64 {
 // ListDeadLetters implements ferrydriver.Store.
 func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
 	filter := deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs)
+	if p.After != nil {
+		at := p.After.FailedAt.UTC()
+		filter = bson.D{{Key: "$and", Value: bson.A{filter, bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: "failed_at", Value: bson.D{{Key: "$lt", Value: at}}}},
+			bson.D{{Key: "failed_at", Value: at}, {Key: "event._id", Value: bson.D{{Key: "$gt", Value: p.After.EventID.String()}}}},
+		}}}}}}
+	}
 	limit := int64(p.Limit)
 	if limit <= 0 {
 		limit = 100
 	}
-	cur, err := d.deadLetters.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "failed_at", Value: -1}}).SetLimit(limit))
+	cur, err := d.deadLetters.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "failed_at", Value: -1}, {Key: "event._id", Value: 1}}).SetLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: list dead letters: %w", err)
 	}

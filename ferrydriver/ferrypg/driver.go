@@ -436,7 +436,7 @@ type queries struct {
 	deleteDeadLetters, keysChunk, pruneKeys                                                          string
 	selectRedrive, deleteRedriven, discardDeadLetters                                                string
 	inboxInsert, inboxClaim, inboxRescue, inboxRescueDue, inboxFinish, inboxLockKey, inboxRefreshKey string
-	inboxRefreshKeyNotify                                                                            string
+	inboxRefreshKeyNotify, inboxGroups                                                               string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                      string
 	waiterAdd, waiterRemove, inboxCounts                                                             string
 	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                      string
@@ -463,6 +463,7 @@ func newQueries(schema string) queries {
 		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescue: r(sqlInboxRescue),
 		inboxRescueDue: r(sqlInboxRescueDue), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey), inboxRefreshKeyNotify: r(sqlInboxRefreshKeyNotify),
+		inboxGroups:   r(sqlInboxGroups),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),

@@ -424,6 +424,27 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 	return len(ids), nil
 }
 
+// InboxGroups implements ferrydriver.GroupLister.
+func (d *Driver[TTx]) InboxGroups(ctx context.Context) ([]string, error) {
+	r, err := d.db.query(ctx, d.queries.inboxGroups, ferrydriver.MaxListedGroups)
+	if err != nil {
+		return nil, d.wrapErr("list consumer groups", err)
+	}
+	defer r.Close()
+	var out []string
+	for r.Next() {
+		var g string
+		if err := r.Scan(&g); err != nil {
+			return nil, d.wrapErr("list consumer groups", err)
+		}
+		out = append(out, g)
+	}
+	if err := r.Err(); err != nil {
+		return nil, d.wrapErr("list consumer groups", err)
+	}
+	return out, nil
+}
+
 // InboxCounts implements ferrydriver.Inbox.
 func (d *Driver[TTx]) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
 	var pending, processing, failed, dead int64

@@ -193,6 +193,8 @@ up AS (
 )
 SELECT COALESCE((SELECT hold_dead FROM old) IS DISTINCT FROM $2, true)`
 
+const sqlInboxGroups = `SELECT group_name FROM {schema}.inbox_groups ORDER BY group_name LIMIT $1`
+
 const sqlInboxGroupKeys = `SELECT key FROM {schema}.inbox_keys WHERE group_name = $1 ORDER BY key`
 
 const inboxRowColumns = `event_id, key, seq, topic, type, source, content_type, headers::text, payload, created_at,

@@ -274,6 +274,7 @@ const deadLetterFilter = `
 const sqlListDeadLetters = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
  WHERE ` + deadLetterFilter + `
+   AND ($9::timestamptz IS NULL OR failed_at < $9 OR (failed_at = $9 AND event_id > $10::uuid))
  ORDER BY failed_at DESC, event_id LIMIT $7`
 
 // sqlSelectRedrive locks the dead letters to redrive, oldest failure

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 )
 
 // LoadCheckpoint implements ferrydriver.Store.
@@ -139,7 +140,13 @@ func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDe
 	if limit <= 0 {
 		limit = 100
 	}
-	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs))
+	var afterAt *time.Time
+	afterID := uuid.Nil.String()
+	if p.After != nil {
+		afterAt, afterID = &p.After.FailedAt, p.After.EventID.String()
+	}
+	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs),
+		afterAt, afterID)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}

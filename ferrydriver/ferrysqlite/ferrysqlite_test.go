@@ -10,6 +10,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryui/ferryuitest"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -102,4 +103,11 @@ func TestConsumerSuite(t *testing.T) {
 			return record, counts
 		},
 	})
+}
+
+// TestAdminAPISuite runs the admin API (ferryui) over SQLite.
+func TestAdminAPISuite(t *testing.T) {
+	t.Parallel()
+	drv := newDriver(t)
+	ferryuitest.Run(t, drv, drv)
 }

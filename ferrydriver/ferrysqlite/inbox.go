@@ -533,6 +533,27 @@ var sqlInboxCounts = func() string {
 	return strings.Join(q, " UNION ALL ")
 }()
 
+// InboxGroups implements ferrydriver.GroupLister.
+func (d *Driver) InboxGroups(ctx context.Context) ([]string, error) {
+	rows, err := d.r.QueryContext(ctx, `SELECT group_name FROM ferry_inbox_groups ORDER BY group_name LIMIT ?`, ferrydriver.MaxListedGroups)
+	if err != nil {
+		return nil, d.wrapErr("list consumer groups", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var g string
+		if err := rows.Scan(&g); err != nil {
+			return nil, d.wrapErr("list consumer groups", err)
+		}
+		out = append(out, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrapErr("list consumer groups", err)
+	}
+	return out, nil
+}
+
 // InboxCounts implements ferrydriver.Inbox.
 func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
 	rows, err := d.r.QueryContext(ctx, sqlInboxCounts, group, ferrydriver.InboxCountCap)

@@ -189,9 +189,15 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	if limit <= 0 {
 		limit = 100
 	}
+	var afterAt any
+	afterID := uuid.Nil.String()
+	if p.After != nil {
+		afterAt, afterID = nullMicros(p.After.FailedAt), p.After.EventID.String()
+	}
 	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
  WHERE `+deadLetterFilter+`
- ORDER BY failed_at DESC, event_id LIMIT ?7`, deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit)...)
+   AND (?9 IS NULL OR failed_at < ?9 OR (failed_at = ?9 AND event_id > ?10))
+ ORDER BY failed_at DESC, event_id LIMIT ?7`, append(deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit), afterAt, afterID)...)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}

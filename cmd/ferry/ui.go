@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferryui"
+)
+
+// defaultUIAddr is where `ferry ui` listens unless told otherwise: this
+// machine only.
+const defaultUIAddr = "127.0.0.1:9470"
+
+// cmdUI serves the admin API (ferryui) until ctx ends.
+func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("ui", stderr)
+	var db dbFlags
+	db.register(f)
+	var addr, feed, groups string
+	var readOnly bool
+	f.String(&addr, "ui-addr", "FERRY_UI_ADDR", defaultUIAddr, "address to serve the console's API on (another host than loopback exposes it: put it behind your own access control)")
+	f.String(&feed, "feed", "FERRY_FEED", "default", "the relay's feed")
+	f.String(&groups, "groups", "FERRY_UI_GROUPS", "", "consumer groups to show besides those the database lists, comma-separated")
+	f.Bool(&readOnly, "read-only", "FERRY_UI_READ_ONLY", false, "refuse every action (redrive, discard, dead policy)")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	b, err := db.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	token := os.Getenv("FERRY_UI_TOKEN")
+	generated := false
+	if token == "" && !readOnly {
+		var raw [16]byte
+		if _, err := rand.Read(raw[:]); err != nil {
+			return err
+		}
+		token, generated = hex.EncodeToString(raw[:]), true
+	}
+	cfg := &ferryui.Config{Store: b.store, Feed: feed, Token: token, ReadOnly: readOnly,
+		Logger: slog.New(slog.NewTextHandler(stderr, nil))}
+	if b.inbox != nil {
+		cfg.Inbox = b.inbox
+	}
+	for _, g := range strings.Split(groups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			cfg.Groups = append(cfg.Groups, g)
+		}
+	}
+	h, err := ferryui.New(cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return usagef("--ui-addr %s: %v: choose a free address (FERRY_UI_ADDR)", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	url := "http://" + ln.Addr().String() + "/api/v1/"
+	fmt.Fprintf(stdout, "ferry ui: serving the admin API of %s on %s\n", b.label, url)
+	switch {
+	case readOnly:
+		fmt.Fprintln(stdout, "ferry ui: read-only: actions are refused")
+	case generated:
+		fmt.Fprintf(stdout, "ferry ui: actions need this token (Authorization: Bearer …); set FERRY_UI_TOKEN to choose it: %s\n", token)
+	default:
+		fmt.Fprintln(stdout, "ferry ui: actions need the token in FERRY_UI_TOKEN (Authorization: Bearer …)")
+	}
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
+		fmt.Fprintf(stderr, "ferry ui: listening on %s, not only this machine: anyone who can reach it can read events and dead letters\n", ln.Addr())
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

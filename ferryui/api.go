@@ -1,0 +1,761 @@
+// Package ferryui is Ferry's admin HTTP API: what the relay and the
+// consumer groups are doing, their dead letters, one event's path through
+// them, and the actions an operator takes on them (redrive, discard, a
+// group's dead policy). It works over the driver seams, so the same
+// handler serves PostgreSQL, SQLite and MongoDB; `ferry ui` serves it.
+//
+// It is safe by default: reads are GETs and every action is a POST that
+// needs the token (Authorization: Bearer), a JSON body (which a page of
+// another origin cannot send without the browser asking first), and, when
+// the request says where it comes from (Origin), the same host. A
+// read-only handler refuses every action. Every call reads O(page) rows:
+// lists are capped (MaxPage) and paged by time.
+package ferryui
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
+)
+
+// MaxPage caps every list the API returns.
+const MaxPage = 500
+
+// DefaultPage is a list's length when the request names none.
+const DefaultPage = 50
+
+// Inbox is what the API needs of a consumer database: ferrydriver.Inbox
+// without its transaction type (every driver's Inbox satisfies it).
+type Inbox interface {
+	ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error)
+	RedriveInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error)
+	DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error)
+	InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error)
+	SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error
+}
+
+// Config configures a Handler.
+type Config struct {
+	// Store is the outbox's database (required).
+	Store ferrydriver.Store
+	// Inbox is the consumer groups' database; nil: no group views.
+	Inbox Inbox
+	// Feed names the relay's feed (its partitions are Feed/0, Feed/1, …);
+	// empty means "default".
+	Feed string
+	// Groups are the consumer groups shown, added to those the backend
+	// lists (ferrydriver.GroupLister).
+	Groups []string
+	// Token authorises actions; it must be set unless ReadOnly.
+	Token string
+	// ReadOnly refuses every action.
+	ReadOnly bool
+	// Logger records actions taken; nil discards.
+	Logger *slog.Logger
+}
+
+// Handler serves the API under /api/v1/.
+type Handler struct {
+	cfg Config
+	mux *http.ServeMux
+	log *slog.Logger
+}
+
+// New returns the API's handler.
+func New(cfg *Config) (*Handler, error) {
+	c := *cfg
+	if c.Store == nil {
+		return nil, errors.New("ferryui: Config.Store is nil: pass the outbox database's driver")
+	}
+	if c.Token == "" && !c.ReadOnly {
+		return nil, errors.New("ferryui: Config.Token is empty: set a token for actions (FERRY_UI_TOKEN for `ferry ui`), or ReadOnly")
+	}
+	if c.Feed == "" {
+		c.Feed = "default"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{cfg: c, mux: http.NewServeMux(), log: c.Logger}
+	h.route("GET /api/v1/feeds", h.feeds)
+	h.route("GET /api/v1/dead-letters", h.deadLetters)
+	h.route("GET /api/v1/dead-letters/{id}", h.deadLetter)
+	h.action("POST /api/v1/dead-letters/redrive", h.deadLettersAction(true))
+	h.action("POST /api/v1/dead-letters/discard", h.deadLettersAction(false))
+	h.route("GET /api/v1/groups", h.groups)
+	h.route("GET /api/v1/groups/{group}/events", h.groupEvents)
+	h.action("POST /api/v1/groups/{group}/redrive", h.groupAction(true))
+	h.action("POST /api/v1/groups/{group}/discard", h.groupAction(false))
+	h.action("POST /api/v1/groups/{group}/policy", h.groupPolicy)
+	h.route("GET /api/v1/events/{id}", h.event)
+	h.route("/api/", func(w http.ResponseWriter, r *http.Request) error {
+		return &apiError{http.StatusNotFound, "no such API path: " + r.URL.Path + " (the API is under /api/v1/)"}
+	})
+	return h, nil
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// apiError is an error with its HTTP status; the message says what to do.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &apiError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+func (h *Handler) route(pattern string, fn func(w http.ResponseWriter, r *http.Request) error) {
+	h.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		if err := fn(w, r); err != nil {
+			var ae *apiError
+			status := http.StatusInternalServerError
+			if errors.As(err, &ae) {
+				status = ae.status
+			} else {
+				h.log.Error("ferryui: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+			writeJSON(w, status, map[string]string{"error": err.Error()})
+		}
+	})
+}
+
+// action routes an action: the token, a JSON body, and the same origin.
+// The path answers other methods with 405: no action by GET (a GET pattern
+// of a wider path, /dead-letters/{id}, would take it otherwise).
+func (h *Handler) action(pattern string, fn func(w http.ResponseWriter, r *http.Request) error) {
+	path := strings.TrimPrefix(pattern, "POST ")
+	h.mux.HandleFunc("GET "+path, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", http.MethodPost)
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "an action is a POST, never a GET: " + path})
+	})
+	h.route(pattern, func(w http.ResponseWriter, r *http.Request) error {
+		if err := h.authorise(r); err != nil {
+			return err
+		}
+		return fn(w, r)
+	})
+}
+
+func (h *Handler) authorise(r *http.Request) error {
+	if h.cfg.ReadOnly {
+		return &apiError{http.StatusForbidden, "this console is read-only: actions are refused (start it without --read-only to allow them)"}
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(h.cfg.Token)) != 1 {
+		return &apiError{http.StatusUnauthorized, "an action needs the console's token: send it as \"Authorization: Bearer <token>\" (FERRY_UI_TOKEN, or the one `ferry ui` printed at start)"}
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || u.Host != r.Host {
+			return &apiError{http.StatusForbidden, fmt.Sprintf("an action from origin %q is refused: only pages served by this console (host %s) may act", origin, r.Host)}
+		}
+	}
+	if mt := strings.TrimSpace(strings.Split(r.Header.Get("Content-Type"), ";")[0]); mt != "application/json" {
+		return &apiError{http.StatusUnsupportedMediaType, "an action's body must be JSON (Content-Type: application/json)"}
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // HTML-escapes <, > and &: safe to show in a page as it is
+}
+
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badRequest("the request body is not the JSON this action takes: %v", err)
+	}
+	return nil
+}
+
+// EventJSON is an event as the API shows it. Payload is base64 (JSON's
+// form of bytes); PayloadText is the payload again when it is UTF-8 text.
+type EventJSON struct {
+	ID          string            `json:"id"`
+	Topic       string            `json:"topic"`
+	Key         string            `json:"key"`
+	Seq         int64             `json:"seq"`
+	Type        string            `json:"type"`
+	Source      string            `json:"source,omitempty"`
+	ContentType string            `json:"content_type,omitempty"`
+	Headers     map[string]string `json:"headers,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	Payload     []byte            `json:"payload"`
+	PayloadText *string           `json:"payload_text,omitempty"`
+}
+
+func eventJSON(ev *ferryevent.Event) EventJSON {
+	out := EventJSON{ID: ev.ID.String(), Topic: ev.Topic, Key: ev.Key, Seq: ev.Seq, Type: ev.Type, Source: ev.Source,
+		ContentType: ev.ContentType, Headers: ev.Headers, CreatedAt: ev.CreatedAt, Payload: ev.Payload}
+	if ev.Payload == nil {
+		out.Payload = []byte{}
+	}
+	if utf8.Valid(ev.Payload) {
+		s := string(ev.Payload)
+		out.PayloadText = &s
+	}
+	return out
+}
+
+// DeadLetterJSON is a relay dead letter.
+type DeadLetterJSON struct {
+	Feed     string    `json:"feed"`
+	Reason   string    `json:"reason"`
+	FailedAt time.Time `json:"failed_at"`
+	Event    EventJSON `json:"event"`
+}
+
+// InboxRowJSON is an event in a consumer group's inbox.
+type InboxRowJSON struct {
+	Group         string     `json:"group"`
+	State         string     `json:"state"`
+	Attempts      int        `json:"attempts"`
+	LastError     string     `json:"last_error,omitempty"`
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	ReceivedAt    time.Time  `json:"received_at"`
+	FinishedAt    *time.Time `json:"finished_at,omitempty"`
+	Event         EventJSON  `json:"event"`
+}
+
+func inboxRowJSON(r *ferrydriver.InboxRow) InboxRowJSON {
+	out := InboxRowJSON{Group: r.Group, State: string(r.State), Attempts: r.Attempts, LastError: r.LastError, ReceivedAt: r.ReceivedAt, Event: eventJSON(&r.Event)}
+	if !r.FinishedAt.IsZero() {
+		out.FinishedAt = &r.FinishedAt
+	}
+	if r.State == ferrydriver.InboxFailed {
+		out.NextAttemptAt = &r.NextAttemptAt
+	}
+	return out
+}
+
+// FeedJSON is one partition of the relay's feed.
+type FeedJSON struct {
+	Feed              string     `json:"feed"`
+	LagEvents         int64      `json:"lag_events"`
+	LagEstimated      bool       `json:"lag_estimated"`
+	OldestPending     *time.Time `json:"oldest_pending,omitempty"`
+	LagSeconds        float64    `json:"lag_seconds"`
+	CheckpointAt      *time.Time `json:"checkpoint_at,omitempty"`
+	CheckpointSeconds float64    `json:"checkpoint_age_seconds,omitempty"`
+	CheckpointTerm    int64      `json:"checkpoint_term"`
+	LeaseHolder       string     `json:"lease_holder,omitempty"`
+	LeaseTerm         int64      `json:"lease_term,omitempty"`
+	LeaseHeld         bool       `json:"lease_held"`
+	DeadLetters       int64      `json:"dead_letters"`
+	DeadLettersMore   bool       `json:"dead_letters_more,omitempty"`
+	DatabaseNow       time.Time  `json:"database_now"`
+}
+
+func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
+	n := 1
+	if ps, ok := h.cfg.Store.(ferrydriver.PartitionStore); ok {
+		stored, err := ps.StoredPartitions(r.Context())
+		if err != nil {
+			return err
+		}
+		n = stored
+	}
+	out := make([]FeedJSON, 0, n)
+	for p := range n {
+		name := h.cfg.Feed + "/" + strconv.Itoa(p)
+		st, err := h.cfg.Store.FeedStatus(r.Context(), &ferrydriver.FeedStatusParams{Feed: name, Partition: p})
+		if err != nil {
+			return err
+		}
+		f := FeedJSON{Feed: name, LagEvents: st.LagEvents, LagEstimated: st.LagEstimated, DeadLetters: st.DeadLetters,
+			DeadLettersMore: st.DeadLettersMore, DatabaseNow: st.Now, CheckpointTerm: st.Checkpoint.Term}
+		if !st.OldestPending.IsZero() {
+			f.OldestPending = &st.OldestPending
+			f.LagSeconds = st.Now.Sub(st.OldestPending).Seconds()
+		}
+		if st.Checkpoint.Cursor != nil {
+			f.CheckpointAt = &st.Checkpoint.UpdatedAt
+			f.CheckpointSeconds = st.Now.Sub(st.Checkpoint.UpdatedAt).Seconds()
+		}
+		if st.Lease != nil {
+			f.LeaseHolder, f.LeaseTerm = st.Lease.Holder, st.Lease.Term
+			f.LeaseHeld = st.Lease.ExpiresAt.After(st.Lease.Now)
+		}
+		out = append(out, f)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"feeds": out})
+	return nil
+}
+
+// Filter selects events by the fields that are set, failed (or finished)
+// in [Since, Until).
+type Filter struct {
+	Feed  string    `json:"feed,omitempty"`
+	Key   string    `json:"key,omitempty"`
+	Type  string    `json:"type,omitempty"`
+	Topic string    `json:"topic,omitempty"`
+	Since time.Time `json:"since,omitzero"`
+	Until time.Time `json:"until,omitzero"`
+	Limit int       `json:"limit,omitempty"`
+}
+
+func filterFromQuery(q url.Values) (Filter, error) {
+	f := Filter{Feed: q.Get("feed"), Key: q.Get("key"), Type: q.Get("type"), Topic: q.Get("topic")}
+	for _, t := range []struct {
+		name string
+		to   *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		if v := q.Get(t.name); v != "" {
+			at, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return f, badRequest("%s=%q is not a time: use RFC 3339, as in 2026-12-02T10:00:00Z", t.name, v)
+			}
+			*t.to = at
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return f, badRequest("limit=%q is not a count: use 1 to %d", v, MaxPage)
+		}
+		f.Limit = n
+	}
+	return f, f.check()
+}
+
+func (f *Filter) check() error {
+	if f.Limit > MaxPage {
+		return badRequest("limit %d is over the API's page of %d: ask for the next page with after= (the list's \"next\")", f.Limit, MaxPage)
+	}
+	if f.Limit == 0 {
+		f.Limit = DefaultPage
+	}
+	return nil
+}
+
+func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) error {
+	f, err := filterFromQuery(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	after, err := parseCursor(r.URL.Query().Get("after"))
+	if err != nil {
+		return err
+	}
+	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Type: f.Type, Topic: f.Topic,
+		Since: f.Since, Until: f.Until, After: after, Limit: f.Limit})
+	if err != nil {
+		return err
+	}
+	items := make([]DeadLetterJSON, len(dls))
+	for i, dl := range dls {
+		items[i] = DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)}
+	}
+	page := map[string]any{"dead_letters": items}
+	if len(dls) == f.Limit {
+		last := dls[len(dls)-1]
+		page["next"] = last.FailedAt.UTC().Format(time.RFC3339Nano) + "," + last.Event.ID.String()
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}
+
+// parseCursor reads a list's "next": where the next page starts.
+func parseCursor(v string) (*ferrydriver.DeadLetterCursor, error) {
+	if v == "" {
+		return nil, nil
+	}
+	at, id, ok := strings.Cut(v, ",")
+	t, terr := time.Parse(time.RFC3339Nano, at)
+	u, uerr := uuid.Parse(id)
+	if !ok || terr != nil || uerr != nil {
+		return nil, badRequest("after=%q is not a place in the list: pass the \"next\" of the page before, as it is", v)
+	}
+	return &ferrydriver.DeadLetterCursor{FailedAt: t, EventID: u}, nil
+}
+
+func pathID(r *http.Request) (uuid.UUID, error) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		return uuid.Nil, badRequest("%q is not an event ID: use the UUID the event was emitted with", r.PathValue("id"))
+	}
+	return id, nil
+}
+
+func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{id}, Limit: 1})
+	if err != nil {
+		return err
+	}
+	if len(dls) == 0 {
+		return &apiError{http.StatusNotFound, "no relay dead letter has event ID " + id.String()}
+	}
+	dl := dls[0]
+	writeJSON(w, http.StatusOK, DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)})
+	return nil
+}
+
+// ActionRequest selects what an action acts on: the events IDs, or every
+// one matching Filter (at most Filter.Limit). DryRun counts them and acts
+// on none; Expect, when set, makes the action refuse unless it would act
+// on exactly that many (the count a dry run showed).
+type ActionRequest struct {
+	IDs    []string `json:"ids,omitempty"`
+	Filter *Filter  `json:"filter,omitempty"`
+	DryRun bool     `json:"dry_run,omitempty"`
+	Expect *int     `json:"expect,omitempty"`
+}
+
+// ActionResult says how many events an action selected and acted on.
+type ActionResult struct {
+	Selected int      `json:"selected"`
+	Done     int      `json:"done"`
+	IDs      []string `json:"ids"`
+	DryRun   bool     `json:"dry_run,omitempty"`
+}
+
+func (a *ActionRequest) ids() ([]uuid.UUID, error) {
+	if (len(a.IDs) == 0) == (a.Filter == nil) {
+		return nil, badRequest("name the events to act on: either \"ids\" or \"filter\" (not both)")
+	}
+	out := make([]uuid.UUID, len(a.IDs))
+	for i, s := range a.IDs {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return nil, badRequest("ids[%d] = %q is not an event ID", i, s)
+		}
+		out[i] = id
+	}
+	if len(out) > MaxPage {
+		return nil, badRequest("%d IDs are over an action's %d: act in pages", len(out), MaxPage)
+	}
+	if a.Filter != nil {
+		if err := a.Filter.check(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (a *ActionRequest) expected(n int) error {
+	if a.Expect != nil && *a.Expect != n {
+		return &apiError{http.StatusConflict, fmt.Sprintf("the selection now holds %d event(s), not the %d expected: look again (dry_run) and confirm the new count", n, *a.Expect)}
+	}
+	return nil
+}
+
+func idStrings(ids []uuid.UUID) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = id.String()
+	}
+	return out
+}
+
+func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r *http.Request) error {
+	verb := map[bool]string{true: "redrive", false: "discard"}[redrive]
+	return func(w http.ResponseWriter, r *http.Request) error {
+		var req ActionRequest
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		ids, err := req.ids()
+		if err != nil {
+			return err
+		}
+		list := &ferrydriver.ListDeadLettersParams{EventIDs: ids, Limit: MaxPage}
+		if f := req.Filter; f != nil {
+			list = &ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Type: f.Type, Topic: f.Topic, Since: f.Since, Until: f.Until, Limit: f.Limit}
+		}
+		dls, err := h.cfg.Store.ListDeadLetters(r.Context(), list)
+		if err != nil {
+			return err
+		}
+		selected := make([]uuid.UUID, len(dls))
+		for i, dl := range dls {
+			selected[i] = dl.Event.ID
+		}
+		res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun}
+		if err := req.expected(len(selected)); err != nil {
+			return err
+		}
+		if !req.DryRun && len(selected) > 0 {
+			sel := &ferrydriver.DeadLetterSelection{EventIDs: selected, Limit: len(selected)}
+			if redrive {
+				res.Done, err = h.cfg.Store.RedriveDeadLetters(r.Context(), sel)
+			} else {
+				res.Done, err = h.cfg.Store.DiscardDeadLetters(r.Context(), sel)
+			}
+			if err != nil {
+				return err
+			}
+			h.log.Info("ferryui: relay dead letters "+verb+"d", "count", res.Done, "remote", r.RemoteAddr)
+		}
+		writeJSON(w, http.StatusOK, res)
+		return nil
+	}
+}
+
+// GroupJSON is a consumer group: its inbox rows by state (each counted to
+// ferrydriver.InboxCountCap).
+type GroupJSON struct {
+	Group  string           `json:"group"`
+	Counts map[string]int64 `json:"counts"`
+}
+
+func (h *Handler) groupNames(ctx context.Context) ([]string, error) {
+	names := map[string]bool{}
+	for _, g := range h.cfg.Groups {
+		names[g] = true
+	}
+	if gl, ok := h.cfg.Inbox.(ferrydriver.GroupLister); ok {
+		listed, err := gl.InboxGroups(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, g := range listed {
+			names[g] = true
+		}
+	}
+	out := make([]string, 0, len(names))
+	for g := range names {
+		out = append(out, g)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func (h *Handler) inbox() (Inbox, error) {
+	if h.cfg.Inbox == nil {
+		return nil, &apiError{http.StatusNotFound, "this console has no consumer database: give it one (--inbox-database-url, or the same database)"}
+	}
+	return h.cfg.Inbox, nil
+}
+
+func (h *Handler) groups(w http.ResponseWriter, r *http.Request) error {
+	in, err := h.inbox()
+	if err != nil {
+		return err
+	}
+	names, err := h.groupNames(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]GroupJSON, 0, len(names))
+	for _, g := range names {
+		counts, err := in.InboxCounts(r.Context(), g)
+		if err != nil {
+			return err
+		}
+		c := map[string]int64{}
+		for st, n := range counts {
+			c[string(st)] = n
+		}
+		out = append(out, GroupJSON{Group: g, Counts: c})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"groups": out, "count_cap": ferrydriver.InboxCountCap})
+	return nil
+}
+
+var listableStates = map[string]ferrydriver.InboxState{}
+
+func init() {
+	for _, st := range []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxProcessed,
+		ferrydriver.InboxFailed, ferrydriver.InboxDead, ferrydriver.InboxDiscarded, ferrydriver.InboxRetracted} {
+		listableStates[string(st)] = st
+	}
+}
+
+func parseStates(v string) ([]ferrydriver.InboxState, error) {
+	if v == "" {
+		return []ferrydriver.InboxState{ferrydriver.InboxDead}, nil
+	}
+	var out []ferrydriver.InboxState
+	for _, s := range strings.Split(v, ",") {
+		st, ok := listableStates[strings.TrimSpace(s)]
+		if !ok {
+			names := make([]string, 0, len(listableStates))
+			for n := range listableStates {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return nil, badRequest("state=%q is not an inbox state: use %s (several, comma-separated)", s, strings.Join(names, ", "))
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
+	in, err := h.inbox()
+	if err != nil {
+		return err
+	}
+	f, err := filterFromQuery(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	states, err := parseStates(r.URL.Query().Get("state"))
+	if err != nil {
+		return err
+	}
+	rows, err := in.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: r.PathValue("group"), States: states, Key: f.Key, Type: f.Type,
+		Since: f.Since, Until: f.Until, Limit: f.Limit})
+	if err != nil {
+		return err
+	}
+	items := make([]InboxRowJSON, len(rows))
+	for i, row := range rows {
+		items[i] = inboxRowJSON(row)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": items})
+	return nil
+}
+
+func (h *Handler) groupAction(redrive bool) func(w http.ResponseWriter, r *http.Request) error {
+	verb := map[bool]string{true: "redrive", false: "discard"}[redrive]
+	return func(w http.ResponseWriter, r *http.Request) error {
+		in, err := h.inbox()
+		if err != nil {
+			return err
+		}
+		var req ActionRequest
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		ids, err := req.ids()
+		if err != nil {
+			return err
+		}
+		group := r.PathValue("group")
+		list := &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxDead}, EventIDs: ids, Limit: MaxPage}
+		if f := req.Filter; f != nil {
+			list = &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxDead}, Key: f.Key, Type: f.Type,
+				Since: f.Since, Until: f.Until, Limit: f.Limit}
+		}
+		rows, err := in.ListInbox(r.Context(), list)
+		if err != nil {
+			return err
+		}
+		selected := make([]uuid.UUID, len(rows))
+		for i, row := range rows {
+			selected[i] = row.Event.ID
+		}
+		res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun}
+		if err := req.expected(len(selected)); err != nil {
+			return err
+		}
+		if !req.DryRun && len(selected) > 0 {
+			p := &ferrydriver.InboxIDsParams{Group: group, EventIDs: selected}
+			if redrive {
+				res.Done, err = in.RedriveInbox(r.Context(), p)
+			} else {
+				res.Done, err = in.DiscardInbox(r.Context(), p)
+			}
+			if err != nil {
+				return err
+			}
+			h.log.Info("ferryui: dead events "+verb+"d", "group", group, "count", res.Done, "remote", r.RemoteAddr)
+		}
+		writeJSON(w, http.StatusOK, res)
+		return nil
+	}
+}
+
+// PolicyRequest sets a group's dead policy: true holds a key's later
+// events behind a DEAD one (ferry.Hold), false lets them run (Continue).
+type PolicyRequest struct {
+	HoldDead *bool `json:"hold_dead"`
+}
+
+func (h *Handler) groupPolicy(w http.ResponseWriter, r *http.Request) error {
+	in, err := h.inbox()
+	if err != nil {
+		return err
+	}
+	var req PolicyRequest
+	if err := readJSON(r, &req); err != nil {
+		return err
+	}
+	if req.HoldDead == nil {
+		return badRequest("set \"hold_dead\": true holds a key's later events behind a dead one, false lets them run")
+	}
+	group := r.PathValue("group")
+	if err := in.SetInboxPolicy(r.Context(), &ferrydriver.InboxPolicyParams{Group: group, HoldDead: *req.HoldDead}); err != nil {
+		return err
+	}
+	h.log.Info("ferryui: dead policy set", "group", group, "hold_dead", *req.HoldDead, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, map[string]any{"group": group, "hold_dead": *req.HoldDead})
+	return nil
+}
+
+// EventTimelineJSON is what the console knows of one event: its relay dead
+// letter, if it has one, and its row in each consumer group's inbox.
+type EventTimelineJSON struct {
+	ID         string          `json:"id"`
+	DeadLetter *DeadLetterJSON `json:"dead_letter,omitempty"`
+	Groups     []InboxRowJSON  `json:"groups"`
+}
+
+func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	out := EventTimelineJSON{ID: id.String(), Groups: []InboxRowJSON{}}
+	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{id}, Limit: 1})
+	if err != nil {
+		return err
+	}
+	if len(dls) > 0 {
+		out.DeadLetter = &DeadLetterJSON{Feed: dls[0].Feed, Reason: dls[0].Reason, FailedAt: dls[0].FailedAt, Event: eventJSON(&dls[0].Event)}
+	}
+	if h.cfg.Inbox != nil {
+		names, err := h.groupNames(r.Context())
+		if err != nil {
+			return err
+		}
+		all := make([]ferrydriver.InboxState, 0, len(listableStates))
+		for _, st := range listableStates {
+			all = append(all, st)
+		}
+		for _, g := range names {
+			rows, err := h.cfg.Inbox.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: g, States: all, EventIDs: []uuid.UUID{id}, Limit: 1})
+			if err != nil {
+				return err
+			}
+			for _, row := range rows {
+				out.Groups = append(out.Groups, inboxRowJSON(row))
+			}
+		}
+	}
+	if out.DeadLetter == nil && len(out.Groups) == 0 {
+		return &apiError{http.StatusNotFound, "event " + id.String() + " is neither a relay dead letter nor in any consumer group's inbox"}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

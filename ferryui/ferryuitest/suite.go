@@ -1,0 +1,314 @@
+// Package ferryuitest is the admin API's conformance suite: every endpoint,
+// its refusals, and hostile values, run against a backend's store and
+// inbox. Each driver's tests run it (PostgreSQL in ferryui, SQLite in
+// ferrysqlite, MongoDB in ferrymongo when a server is given).
+package ferryuitest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryui"
+)
+
+// Inbox is what the suite needs of a consumer database: what the API reads
+// and what the suite seeds it with.
+type Inbox interface {
+	ferryui.Inbox
+	InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error)
+	ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error)
+	FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) error
+}
+
+// Token is the suite's console token.
+const Token = "suite-token"
+
+// Hostile is a payload and key that a page must show as text.
+const Hostile = `<script>alert("ferry")</script>' onmouseover="x`
+
+// Run runs the suite on a migrated, empty store and inbox (the same
+// database or two).
+func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	h, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, Token: Token})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := &client{t: t, url: srv.URL}
+
+	// Seed: three relay dead letters (one hostile) on feed default/0, and
+	// a group "billing" with two DEAD events and a pending one.
+	lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "suite", TTL: time.Minute})
+	require.NoError(t, err)
+	hostile := ferrydrivertest.Event("orders", Hostile, Hostile)
+	hostile.Headers = map[string]string{"x-note": Hostile}
+	plain1, plain2 := ferrydrivertest.Event("orders", "k1", "one"), ferrydrivertest.Event("invoices", "k2", "two")
+	binary := ferrydrivertest.Event("orders", "k3", "")
+	binary.Payload = []byte{0xff, 0x00, 0xfe}
+	var dls []*ferrydriver.DeadLetter
+	for i, ev := range []*ferryevent.Event{hostile, plain1, plain2, binary} {
+		dls = append(dls, &ferrydriver.DeadLetter{Feed: "default/0", Event: *ev, Reason: "refused: " + Hostile, FailedAt: time.Now().Add(time.Duration(i-10) * time.Second)})
+	}
+	require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "default/0", Holder: "suite", Term: lease.Term, DeadLetters: dls}))
+
+	require.NoError(t, inbox.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: "billing", HoldDead: true}))
+	dead1, dead2, pending := ferrydrivertest.Event("orders", "a", Hostile), ferrydrivertest.Event("orders", "b", "b"), ferrydrivertest.Event("orders", "c", "c")
+	_, err = inbox.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "billing", Events: []*ferryevent.Event{dead1, dead2}})
+	require.NoError(t, err)
+	rows, err := inbox.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "billing", Worker: "suite", Limit: 10, TTL: time.Minute, MaxAttempts: 10})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	for _, row := range rows {
+		require.NoError(t, inbox.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "billing", EventID: row.Event.ID, Claim: row.Claim, Error: "handler: " + Hostile, Dead: true}))
+	}
+	_, err = inbox.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "billing", Events: []*ferryevent.Event{pending}})
+	require.NoError(t, err)
+
+	t.Run("Feeds", func(t *testing.T) {
+		var out struct{ Feeds []ferryui.FeedJSON }
+		c.get("/api/v1/feeds", http.StatusOK, &out)
+		require.NotEmpty(t, out.Feeds)
+		require.Equal(t, "default/0", out.Feeds[0].Feed)
+		require.Equal(t, "suite", out.Feeds[0].LeaseHolder)
+		require.True(t, out.Feeds[0].LeaseHeld)
+		require.EqualValues(t, 4, out.Feeds[0].DeadLetters)
+	})
+
+	t.Run("DeadLettersArePagedAndShownExactly", func(t *testing.T) {
+		var page struct {
+			DeadLetters []ferryui.DeadLetterJSON `json:"dead_letters"`
+			Next        string                   `json:"next"`
+		}
+		body := c.get("/api/v1/dead-letters?limit=2", http.StatusOK, &page)
+		require.Len(t, page.DeadLetters, 2)
+		require.NotEmpty(t, page.Next, "a full page says where the next starts")
+		require.NotContains(t, body, "<script>", "the JSON escapes markup")
+		seen := map[string]ferryui.DeadLetterJSON{}
+		for _, dl := range page.DeadLetters {
+			seen[dl.Event.ID] = dl
+		}
+		next := page.Next
+		page.DeadLetters, page.Next = nil, "" // decoding into the old page would overwrite what seen holds
+		c.get("/api/v1/dead-letters?limit=2&after="+url.QueryEscape(next), http.StatusOK, &page)
+		for _, dl := range page.DeadLetters {
+			seen[dl.Event.ID] = dl
+		}
+		require.Len(t, seen, 4, "two pages hold the four dead letters (a relay batch's share one failure time)")
+		require.NotEmpty(t, page.Next)
+		next = page.Next
+		page.DeadLetters = nil
+		c.get("/api/v1/dead-letters?limit=2&after="+url.QueryEscape(next), http.StatusOK, &page)
+		require.Empty(t, page.DeadLetters, "nothing after the last")
+		h := seen[hostile.ID.String()]
+		require.Equal(t, Hostile, h.Event.Key)
+		require.Equal(t, []byte(Hostile), h.Event.Payload)
+		require.NotNil(t, h.Event.PayloadText)
+		require.Equal(t, Hostile, *h.Event.PayloadText)
+		require.Equal(t, Hostile, h.Event.Headers["x-note"])
+		require.Equal(t, "refused: "+Hostile, h.Reason)
+		b := seen[binary.ID.String()]
+		require.Equal(t, binary.Payload, b.Event.Payload, "binary payloads round-trip as base64")
+		require.Nil(t, b.Event.PayloadText, "a payload that is not UTF-8 is not shown as text")
+
+		var one ferryui.DeadLetterJSON
+		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one)
+		require.Equal(t, "k1", one.Event.Key)
+		page.DeadLetters = nil
+		c.get("/api/v1/dead-letters?topic=invoices", http.StatusOK, &page)
+		require.Len(t, page.DeadLetters, 1)
+		require.Equal(t, plain2.ID.String(), page.DeadLetters[0].Event.ID)
+	})
+
+	t.Run("BadRequestsSayWhatToDo", func(t *testing.T) {
+		for path, want := range map[string]string{
+			"/api/v1/dead-letters/not-a-uuid":                "is not an event ID",
+			"/api/v1/dead-letters/" + uuid.NewString():       "no relay dead letter",
+			"/api/v1/dead-letters?limit=100000":              "ask for the next page with after=",
+			"/api/v1/dead-letters?after=yesterday":           "is not a place in the list",
+			"/api/v1/dead-letters?since=yesterday":           "use RFC 3339",
+			"/api/v1/groups/billing/events?state=exploded":   "is not an inbox state",
+			"/api/v1/events/" + uuid.NewString():             "neither a relay dead letter nor",
+			"/api/v2/feeds":                                  "the API is under /api/v1/",
+			"/api/v1/groups/billing/events?limit=-3":         "is not a count",
+			"/api/v1/dead-letters?until=2026-13-40T00:00:00": "use RFC 3339",
+		} {
+			var e struct{ Error string }
+			resp := c.do("GET", path, nil, "", nil)
+			require.GreaterOrEqual(t, resp.StatusCode, 400, path)
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&e), path)
+			resp.Body.Close()
+			require.Contains(t, e.Error, want, path)
+		}
+	})
+
+	t.Run("ActionsNeedTheTokenJSONAndTheSameOrigin", func(t *testing.T) {
+		body := []byte(`{"ids":["` + plain1.ID.String() + `"]}`)
+		for _, tc := range []struct {
+			name, method, token, contentType, origin string
+			status                                   int
+		}{
+			{"no token", "POST", "", "application/json", "", http.StatusUnauthorized},
+			{"wrong token", "POST", "nope", "application/json", "", http.StatusUnauthorized},
+			{"another origin", "POST", Token, "application/json", "http://evil.example", http.StatusForbidden},
+			{"a form post", "POST", Token, "application/x-www-form-urlencoded", "", http.StatusUnsupportedMediaType},
+			{"by GET", "GET", Token, "application/json", "", http.StatusMethodNotAllowed},
+		} {
+			resp := c.do(tc.method, "/api/v1/dead-letters/redrive", body, tc.token, map[string]string{"Content-Type": tc.contentType, "Origin": tc.origin})
+			resp.Body.Close()
+			require.Equal(t, tc.status, resp.StatusCode, tc.name)
+		}
+		var one ferryui.DeadLetterJSON
+		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one) // untouched
+
+		ro, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true})
+		require.NoError(t, err)
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "/api/v1/dead-letters/redrive", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+Token)
+		req.Header.Set("Content-Type", "application/json")
+		ro.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusForbidden, rec.Code)
+		require.Contains(t, rec.Body.String(), "read-only")
+		_, err = ferryui.New(&ferryui.Config{Store: store})
+		require.ErrorContains(t, err, "Token is empty", "actions without a token are refused at construction")
+	})
+
+	t.Run("RedriveAndDiscardDeadLetters", func(t *testing.T) {
+		var res ferryui.ActionResult
+		c.post("/api/v1/dead-letters/redrive", `{"filter":{"topic":"orders"},"dry_run":true}`, http.StatusOK, &res)
+		require.Equal(t, 3, res.Selected, "a dry run counts what the filter selects")
+		require.Zero(t, res.Done)
+		c.post("/api/v1/dead-letters/redrive", `{"filter":{"topic":"orders"},"expect":2}`, http.StatusConflict, nil)
+		c.post("/api/v1/dead-letters/redrive", `{"ids":["`+plain1.ID.String()+`"],"expect":1}`, http.StatusOK, &res)
+		require.Equal(t, 1, res.Done)
+		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusNotFound, nil)
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"invoices"}}`, http.StatusOK, &res)
+		require.Equal(t, 1, res.Done)
+		c.get("/api/v1/dead-letters/"+plain2.ID.String(), http.StatusNotFound, nil)
+		c.post("/api/v1/dead-letters/discard", `{}`, http.StatusBadRequest, nil)
+		c.post("/api/v1/dead-letters/discard", `{"ids":["x"],"surprise":1}`, http.StatusBadRequest, nil)
+	})
+
+	t.Run("GroupsAndTheirEvents", func(t *testing.T) {
+		var out struct {
+			Groups []ferryui.GroupJSON
+		}
+		c.get("/api/v1/groups", http.StatusOK, &out)
+		var billing *ferryui.GroupJSON
+		for i := range out.Groups {
+			if out.Groups[i].Group == "billing" {
+				billing = &out.Groups[i]
+			}
+		}
+		require.NotNil(t, billing, "the group that stored its policy is listed: %+v", out.Groups)
+		require.EqualValues(t, 2, billing.Counts["dead"])
+		require.EqualValues(t, 1, billing.Counts["pending"])
+
+		var page struct{ Events []ferryui.InboxRowJSON }
+		body := c.get("/api/v1/groups/billing/events", http.StatusOK, &page)
+		require.Len(t, page.Events, 2, "DEAD by default")
+		require.NotContains(t, body, "<script>")
+		for _, e := range page.Events {
+			require.Equal(t, "dead", e.State)
+			require.Equal(t, "handler: "+Hostile, e.LastError)
+		}
+		c.get("/api/v1/groups/billing/events?state=pending,dead&key=c", http.StatusOK, &page)
+		require.Len(t, page.Events, 1)
+		require.Equal(t, pending.ID.String(), page.Events[0].Event.ID)
+	})
+
+	t.Run("GroupActions", func(t *testing.T) {
+		var res ferryui.ActionResult
+		c.post("/api/v1/groups/billing/redrive", `{"ids":["`+dead1.ID.String()+`"]}`, http.StatusOK, &res)
+		require.Equal(t, 1, res.Done)
+		var tl ferryui.EventTimelineJSON
+		c.get("/api/v1/events/"+dead1.ID.String(), http.StatusOK, &tl)
+		require.Len(t, tl.Groups, 1)
+		require.Equal(t, "pending", tl.Groups[0].State, "a redriven event runs again")
+		c.post("/api/v1/groups/billing/discard", `{"filter":{"key":"b"},"dry_run":true}`, http.StatusOK, &res)
+		require.Equal(t, 1, res.Selected)
+		c.post("/api/v1/groups/billing/discard", `{"filter":{"key":"b"},"expect":1}`, http.StatusOK, &res)
+		require.Equal(t, 1, res.Done)
+		c.get("/api/v1/events/"+dead2.ID.String(), http.StatusOK, &tl)
+		require.Equal(t, "discarded", tl.Groups[0].State)
+		var pol map[string]any
+		c.post("/api/v1/groups/billing/policy", `{"hold_dead":false}`, http.StatusOK, &pol)
+		require.Equal(t, false, pol["hold_dead"])
+		c.post("/api/v1/groups/billing/policy", `{}`, http.StatusBadRequest, nil)
+	})
+
+	t.Run("EventTimeline", func(t *testing.T) {
+		var tl ferryui.EventTimelineJSON
+		c.get("/api/v1/events/"+hostile.ID.String(), http.StatusOK, &tl)
+		require.NotNil(t, tl.DeadLetter)
+		require.Empty(t, tl.Groups)
+		tl = ferryui.EventTimelineJSON{}
+		c.get("/api/v1/events/"+hostile.ID.String(), http.StatusOK, &tl)
+		require.Equal(t, Hostile, tl.DeadLetter.Event.Key)
+		tl = ferryui.EventTimelineJSON{}
+		c.get("/api/v1/events/"+pending.ID.String(), http.StatusOK, &tl)
+		require.Nil(t, tl.DeadLetter)
+		require.Len(t, tl.Groups, 1)
+		require.Equal(t, "billing", tl.Groups[0].Group)
+	})
+}
+
+type client struct {
+	t   *testing.T
+	url string
+}
+
+func (c *client) do(method, path string, body []byte, token string, headers map[string]string) *http.Response {
+	c.t.Helper()
+	req, err := http.NewRequest(method, c.url+path, bytes.NewReader(body))
+	require.NoError(c.t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range headers {
+		if v != "" {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(c.t, err)
+	return resp
+}
+
+func (c *client) read(resp *http.Response, status int, out any) string {
+	c.t.Helper()
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, err := buf.ReadFrom(resp.Body)
+	require.NoError(c.t, err)
+	require.Equal(c.t, status, resp.StatusCode, "%s %s: %s", resp.Request.Method, resp.Request.URL.Path, buf.String())
+	require.True(c.t, strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"))
+	if out != nil {
+		require.NoError(c.t, json.Unmarshal(buf.Bytes(), out))
+	}
+	return buf.String()
+}
+
+func (c *client) get(path string, status int, out any) string {
+	c.t.Helper()
+	return c.read(c.do("GET", path, nil, "", nil), status, out)
+}
+
+func (c *client) post(path, body string, status int, out any) string {
+	c.t.Helper()
+	return c.read(c.do("POST", path, []byte(body), Token, map[string]string{"Content-Type": "application/json"}), status, out)
+}
