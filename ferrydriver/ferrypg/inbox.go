@@ -341,6 +341,16 @@ func scanInboxRow(r rows, group string) (*ferrydriver.InboxRow, error) {
 	return row, nil
 }
 
+// knownState reports whether st is one of the inbox's states.
+func knownState(st ferrydriver.InboxState) bool {
+	switch st {
+	case ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxProcessed, ferrydriver.InboxFailed,
+		ferrydriver.InboxDead, ferrydriver.InboxDiscarded, ferrydriver.InboxRetracted:
+		return true
+	}
+	return false
+}
+
 // ListInbox implements ferrydriver.Inbox.
 func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
 	states := make([]string, len(p.States))
@@ -354,7 +364,15 @@ func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxPar
 	if limit <= 0 {
 		limit = 100
 	}
-	r, err := d.db.query(ctx, d.queries.inboxList, p.Group, states, p.Key, p.Type, idStrings(p.EventIDs), nullTime(p.Since), nullTime(p.Until), limit)
+	literals := make([]string, len(states))
+	for i, st := range states {
+		if !knownState(ferrydriver.InboxState(st)) {
+			return nil, fmt.Errorf("ferrypg: list inbox of group %s: %q is not an inbox state", p.Group, st)
+		}
+		literals[i] = "'" + st + "'"
+	}
+	q := strings.Replace(d.queries.inboxList, "{states}", strings.Join(literals, ", "), 1)
+	r, err := d.db.query(ctx, q, p.Group, states, p.Key, p.Type, idStrings(p.EventIDs), nullTime(p.Since), nullTime(p.Until), limit)
 	if err != nil {
 		return nil, d.wrapErr("list inbox of group "+p.Group, err)
 	}

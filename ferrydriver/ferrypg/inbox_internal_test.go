@@ -88,8 +88,9 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 }
 
 // statementBuffers runs q with args in a transaction rolled back after and
-// returns the buffers its plan touched: a generic plan (as pipelines force
-// it) when generic is set, the planner's choice for these values otherwise.
+// returns the buffers its plan touched: a generic plan under a pipeline's
+// settings when generic is set, the planner's choice for these values
+// otherwise.
 func statementBuffers(t *testing.T, pool *pgxpool.Pool, generic bool, q string, args ...any) int {
 	t.Helper()
 	buf, _ := statementCost(t, pool, generic, q, args...)
@@ -115,8 +116,10 @@ func statementCost(t *testing.T, pool *pgxpool.Pool, generic bool, q string, arg
 		buf, _ := planBuffers(t, raw)
 		return buf, planRows(t, raw)
 	}
-	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
-	require.NoError(t, err)
+	for _, set := range plannerSettings { // as a pipeline runs its statements
+		_, err = tx.Exec(ctx, "SET LOCAL "+set[0]+" = "+set[1])
+		require.NoError(t, err)
+	}
 	// A prepared statement outlives the transaction: a name of its own,
 	// deallocated after.
 	name := "ferry_explain_" + strings.ReplaceAll(uuid.NewString(), "-", "")
@@ -127,8 +130,14 @@ func statementCost(t *testing.T, pool *pgxpool.Pool, generic bool, q string, arg
 	values := make([]string, len(args))
 	for i, a := range args {
 		v := fmt.Sprint(a)
-		if list, ok := a.([]string); ok {
-			v = "{" + strings.Join(list, ",") + "}"
+		switch a := a.(type) {
+		case nil:
+			values[i] = "NULL"
+			continue
+		case []string:
+			v = "{" + strings.Join(a, ",") + "}"
+		case time.Time:
+			v = a.Format(time.RFC3339Nano)
 		}
 		values[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'" // EXECUTE takes no parameters of its own
 	}
@@ -405,4 +414,59 @@ func TestInboxCostIsFlatInTheRowsInFlight(t *testing.T) {
 		busyClaim, busyRefresh, idleClaim, idleRefresh)
 	require.InDelta(t, idleClaim, busyClaim, 200, "the claim looks up each key's rows in flight")
 	require.InDelta(t, idleRefresh, busyRefresh, 200, "the refresh looks up each key's rows in flight")
+}
+
+// TestConsolePagesAreFlat: the admin API's lists (ferryui) read O(page),
+// whatever the table holds: a page of relay dead letters, first or deep
+// (after a cursor), of 100,000, and a page of a group's DEAD events of
+// 100,000. Buffers are counted under the planner's plan for the page's
+// values, and for dead letters under a generic plan too.
+func TestConsolePagesAreFlat(t *testing.T) {
+	t.Parallel()
+	n := 100_000
+	if testing.Short() {
+		n = 30_000
+	}
+	ctx := context.Background()
+	drv := newTestDriver(t)
+	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
+	pool := pgtest.Pool(t)
+	// A relay batch dead-letters together: 500 rows share each failure time.
+	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.dead_letters (feed, event_id, topic, key, seq, type, source, content_type, payload, created_at, reason, failed_at)
+		SELECT 'default/' || (i % 4), gen_random_uuid(), 'orders', 'k' || i, 1, 'T', 'ferry', '', '\x7b7d', now(), 'refused',
+		       now() - (i / 500) * interval '1 second' FROM generate_series(1, $1::int) i`, n)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.inbox (group_name, event_id, key, seq, topic, type, payload, created_at, state, finished_at, last_error)
+		SELECT 'g', gen_random_uuid(), 'k' || i, 1, 't', 'T', '\x7b7d', now(), 'dead', now() - i * interval '1 millisecond', 'boom'
+		  FROM generate_series(1, $1::int) i`, n)
+	require.NoError(t, err)
+	for _, table := range []string{"dead_letters", "inbox"} {
+		_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.`+table)
+		require.NoError(t, err)
+	}
+	var deepAt time.Time
+	var deepID string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT failed_at, event_id::text FROM `+s+`.dead_letters ORDER BY failed_at DESC, event_id OFFSET $1 LIMIT 1`, n*3/4).Scan(&deepAt, &deepID))
+	for _, tc := range []struct {
+		what    string
+		q       string
+		generic bool // also under a generic plan
+		args    []any
+	}{
+		{"first page of dead letters", drv.queries.listDeadLetters, true, []any{"", "", "", "", nil, nil, 50, []string{}, "infinity", uuid.Nil.String()}},
+		{"a deep page of dead letters", drv.queries.listDeadLetters, true, []any{"", "", "", "", nil, nil, 50, []string{}, deepAt.Format(time.RFC3339Nano), deepID}},
+		{"a page of one feed's dead letters", drv.queries.listDeadLetters, true, []any{"default/1", "", "", "", nil, nil, 50, []string{}, "infinity", uuid.Nil.String()}},
+		// Its generic plan sorts the group's DEAD rows (about 2,000 pages
+		// here): PostgreSQL keeps the custom plan, far cheaper, for it.
+		{"a page of a group's DEAD events", strings.Replace(drv.queries.inboxList, "{states}", "'dead'", 1), false, []any{"g", []string{"dead"}, "", "", []string{}, nil, nil, 50}},
+	} {
+		custom := statementBuffers(t, pool, false, tc.q, tc.args...)
+		t.Logf("%s, of %d: %d buffers", tc.what, n, custom)
+		require.Less(t, custom, 300, "%s reads O(page)", tc.what)
+		if tc.generic {
+			generic := statementBuffers(t, pool, true, tc.q, tc.args...)
+			t.Logf("%s, of %d, under a generic plan: %d buffers", tc.what, n, generic)
+			require.Less(t, generic, 300, "%s reads O(page) under a generic plan", tc.what)
+		}
+	}
 }

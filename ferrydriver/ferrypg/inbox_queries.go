@@ -200,9 +200,15 @@ const sqlInboxGroupKeys = `SELECT key FROM {schema}.inbox_keys WHERE group_name 
 const inboxRowColumns = `event_id, key, seq, topic, type, source, content_type, headers::text, payload, created_at,
        state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, COALESCE(finished_at, 'epoch')`
 
+// sqlInboxList lists a group's rows in the states $2, newest finished
+// first. {states} is the same states as literals (ListInbox writes them
+// from the known ones): with them, a plan made for any parameters can
+// use the partial index of those states (inbox_dead_idx for DEAD, the
+// console's list), where "state = ANY ($2)" alone read the whole group
+// under a generic plan (TestConsolePagesAreFlat).
 const sqlInboxList = `
 SELECT ` + inboxRowColumns + ` FROM {schema}.inbox
- WHERE group_name = $1 AND state = ANY ($2::text[])
+ WHERE group_name = $1 AND state = ANY ($2::text[]) AND state IN ({states})
    AND ($3 = '' OR key = $3) AND ($4 = '' OR type = $4)
    AND (cardinality($5::uuid[]) = 0 OR event_id = ANY ($5::uuid[]))
    AND ($6::timestamptz IS NULL OR finished_at >= $6) AND ($7::timestamptz IS NULL OR finished_at < $7)

@@ -271,10 +271,16 @@ const deadLetterFilter = `
    AND ($5::timestamptz IS NULL OR failed_at >= $5) AND ($6::timestamptz IS NULL OR failed_at < $6)
    AND (cardinality($8::uuid[]) = 0 OR event_id = ANY ($8::uuid[]))`
 
+// sqlListDeadLetters lists them newest failure first, after the cursor
+// ($9, $10; 'infinity' and the nil UUID for the first page). The cursor
+// is always there, and "failed_at <= $9" first, so that under any plan a
+// page is a range of dead_letters_list_idx (migration 009) that starts
+// where the page begins, instead of a filter over every newer row
+// (TestConsolePagesAreFlat).
 const sqlListDeadLetters = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
  WHERE ` + deadLetterFilter + `
-   AND ($9::timestamptz IS NULL OR failed_at < $9 OR (failed_at = $9 AND event_id > $10::uuid))
+   AND failed_at <= $9::text::timestamptz AND (failed_at < $9::text::timestamptz OR event_id > $10::uuid)
  ORDER BY failed_at DESC, event_id LIMIT $7`
 
 // sqlSelectRedrive locks the dead letters to redrive, oldest failure

@@ -140,10 +140,9 @@ func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDe
 	if limit <= 0 {
 		limit = 100
 	}
-	var afterAt *time.Time
-	afterID := uuid.Nil.String()
+	afterAt, afterID := "infinity", uuid.Nil.String()
 	if p.After != nil {
-		afterAt, afterID = &p.After.FailedAt, p.After.EventID.String()
+		afterAt, afterID = p.After.FailedAt.UTC().Format(time.RFC3339Nano), p.After.EventID.String()
 	}
 	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs),
 		afterAt, afterID)

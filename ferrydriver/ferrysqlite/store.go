@@ -196,7 +196,7 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	}
 	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
  WHERE `+deadLetterFilter+`
-   AND (?9 IS NULL OR failed_at < ?9 OR (failed_at = ?9 AND event_id > ?10))
+   AND (?9 IS NULL OR (failed_at <= ?9 AND (failed_at < ?9 OR event_id > ?10)))
  ORDER BY failed_at DESC, event_id LIMIT ?7`, append(deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit), afterAt, afterID)...)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
