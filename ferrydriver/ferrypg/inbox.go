@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -101,7 +102,7 @@ func (d *Driver[TTx]) RescueDue(ctx context.Context, group string) (bool, error)
 // RunInTx implements ferrydriver.Inbox: fn runs in a transaction at
 // Config.InboxIsolation (READ COMMITTED by default, whatever the
 // database's default_transaction_isolation). A serialization failure or a
-// deadlock rolls it back and runs fn again (up to five times), within the
+// deadlock rolls it back and runs fn again (up to ten times), within the
 // same claim: under REPEATABLE READ and SERIALIZABLE that is how the inbox
 // stays consistent with concurrent deliveries.
 func (d *Driver[TTx]) RunInTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
@@ -150,16 +151,22 @@ func (d *Driver[TTx]) sessionsReadCommitted(ctx context.Context) bool {
 	return false
 }
 
-// rerunConflicts runs op again, up to five times in all, while it fails
+// rerunConflicts runs op again, up to ten times in all, while it fails
 // with a serialization failure or a deadlock (which roll back everything).
+// The waits grow (5 ms more each time, a random part of it added, so that
+// workers that conflicted do not meet again in step): about 300 ms in
+// all, longer than a burst of deliveries that keep touching the key rows
+// completions lock (a REPEATABLE READ completion conflicts with every one
+// committed after its snapshot, by design; see sqlInboxInsert).
 func rerunConflicts(ctx context.Context, op func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := op()
-		if err == nil || attempt == 5 || ctx.Err() != nil || conflictCause(err) == "" {
+		if err == nil || attempt == 10 || ctx.Err() != nil || conflictCause(err) == "" {
 			return err
 		}
+		wait := time.Duration(attempt)*5*time.Millisecond + rand.N(5*time.Millisecond)
 		select {
-		case <-time.After(time.Duration(attempt) * 5 * time.Millisecond):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return err
 		}
