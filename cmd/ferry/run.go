@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -83,6 +84,10 @@ type runConfig struct {
 	Metrics struct {
 		Addr string `yaml:"addr"`
 	} `yaml:"metrics"`
+	UI struct {
+		Addr     string `yaml:"addr"`
+		ReadOnly bool   `yaml:"read_only"`
+	} `yaml:"ui"`
 	Log struct {
 		Level string `yaml:"level"`
 	} `yaml:"log"`
@@ -207,7 +212,8 @@ func orBool(v *bool, def bool) bool {
 type daemonConfig struct {
 	db                                                 dbFlags
 	natsURL, prefix, stream, feed, holder, metricsAddr string
-	sinkURL                                            string
+	sinkURL, uiAddr                                    string
+	uiReadOnly                                         bool
 	logLevel                                           string
 	createStream, migrate                              bool
 	batch, partition                                   int
@@ -257,6 +263,8 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Duration(&dc.keyRetention, "key-retention", "FERRY_KEY_RETENTION", time.Duration(fc.Relay.KeyRetention), "forget a key's sequence once it is idle this long with every event delivered; its next Seq is 1 (0: as --retention; negative: never)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
+	f.String(&dc.uiAddr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the admin API (as `ferry ui`) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
+	f.Bool(&dc.uiReadOnly, "ui-read-only", "FERRY_UI_READ_ONLY", fc.UI.ReadOnly, "the admin API refuses every action")
 	dc.allPartitions = true
 }
 
@@ -411,6 +419,29 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		log.Info("ferry: metrics and health endpoints", "addr", srv.Addr)
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	if dc.uiAddr != "" && dc.uiAddr != "off" {
+		ui, err := startUI(b, uiSettings{addr: dc.uiAddr, feed: dc.feed, readOnly: dc.uiReadOnly}, stderr)
+		if err != nil {
+			return fmt.Errorf("serve the admin API on --ui-addr / FERRY_UI_ADDR %s: %w (\"off\" disables it)", dc.uiAddr, err)
+		}
+		srv := ui.srv
+		defer srv.Close()
+		switch {
+		case dc.uiReadOnly:
+			log.Info("ferry: admin API, read-only", "url", ui.url)
+		case ui.generated:
+			log.Info("ferry: admin API; actions need this token (set FERRY_UI_TOKEN to choose it)", "url", ui.url, "token", ui.token)
+		default:
+			log.Info("ferry: admin API; actions need the token in FERRY_UI_TOKEN", "url", ui.url)
+		}
+		g.Go(func() error {
+			if err := srv.Serve(ui.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("admin API: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error { <-gctx.Done(); return srv.Close() })
+	}
 	if bal != nil {
 		g.Go(func() error { return bal.Run(gctx) })
 	}

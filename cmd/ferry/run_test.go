@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,7 +55,7 @@ func TestConfigMistakesAreExplained(t *testing.T) {
 	require.NoError(t, os.WriteFile(bad, []byte("relays:\n  batch_size: 3\n"), 0o600))
 	errOut.Reset()
 	require.Equal(t, 2, run(context.Background(), []string{"run", "--config", bad}, &out, &errOut))
-	require.Contains(t, errOut.String(), `line 1: unknown key "relays": the keys at the top level are data_dir, database, nats, sink, relay, metrics, log`)
+	require.Contains(t, errOut.String(), `line 1: unknown key "relays": the keys at the top level are data_dir, database, nats, sink, relay, metrics, ui, log`)
 
 	require.NoError(t, os.WriteFile(bad, []byte("relay:\n  poll_interval: often\n"), 0o600))
 	errOut.Reset()
@@ -93,18 +94,21 @@ func TestRunOnEmbeddedDefaults(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	cfg := filepath.Join(dir, "ferry.yaml")
-	require.NoError(t, os.WriteFile(cfg, []byte("data_dir: "+data+"\nrelay:\n  feed: shop\n  poll_interval: 50ms\nnats:\n  embedded_port: 0\nmetrics:\n  addr: \"off\"\n"), 0o600))
+	require.NoError(t, os.WriteFile(cfg, []byte("data_dir: "+data+"\nrelay:\n  feed: shop\n  poll_interval: 50ms\nnats:\n  embedded_port: 0\nmetrics:\n  addr: \"off\"\nui:\n  addr: 127.0.0.1:0\n"), 0o600))
 
 	runCtx, stop := context.WithCancel(ctx)
 	var logs syncbuf.Buffer
 	exit := make(chan int, 1)
 	go func() { exit <- run(runCtx, []string{"run", "--config", cfg}, &bytes.Buffer{}, &logs) }()
 
-	var url string
+	var url, api string
 	require.Eventually(t, func() bool {
 		for _, l := range logLines(t, logs.String()) {
 			if l["msg"] == "ferry: embedded NATS server listening" {
 				url, _ = l["url"].(string)
+			}
+			if strings.HasPrefix(l["msg"].(string), "ferry: admin API") {
+				api, _ = l["url"].(string)
 			}
 			if l["msg"] == "ferry: relay is the leader" {
 				return url != ""
@@ -114,6 +118,15 @@ func TestRunOnEmbeddedDefaults(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "logs:\n%s", logs.String())
 	first := logLines(t, logs.String())[0]
 	require.Contains(t, first["msg"], "using the embedded defaults")
+	// ui.addr serves the admin API, on the embedded database.
+	require.NotEmpty(t, api, "ferry run logs where it serves the admin API")
+	resp, err := http.Get(api + "feeds")
+	require.NoError(t, err)
+	var feeds struct{ Feeds []struct{ Feed string } }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&feeds))
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "shop/0", feeds.Feeds[0].Feed)
 
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, run(ctx, []string{"emit", "--data-dir", data, "--topic", "orders", "--key", "o-1", "--type", "OrderPlaced", "--data", `{"n":1}`, "--count", "25"}, &out, &errOut), errOut.String())

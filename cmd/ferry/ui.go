@@ -40,49 +40,22 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.close()
-	token := os.Getenv("FERRY_UI_TOKEN")
-	generated := false
-	if token == "" && !readOnly {
-		var raw [16]byte
-		if _, err := rand.Read(raw[:]); err != nil {
-			return err
-		}
-		token, generated = hex.EncodeToString(raw[:]), true
-	}
-	cfg := &ferryui.Config{Store: b.store, Feed: feed, Token: token, ReadOnly: readOnly,
-		Logger: slog.New(slog.NewTextHandler(stderr, nil))}
-	if b.inbox != nil {
-		cfg.Inbox = b.inbox
-	}
-	for _, g := range strings.Split(groups, ",") {
-		if g = strings.TrimSpace(g); g != "" {
-			cfg.Groups = append(cfg.Groups, g)
-		}
-	}
-	h, err := ferryui.New(cfg)
+	ui, err := startUI(b, uiSettings{addr: addr, feed: feed, groups: groups, readOnly: readOnly}, stderr)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return usagef("--ui-addr %s: %v: choose a free address (FERRY_UI_ADDR)", addr, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	url := "http://" + ln.Addr().String() + "/api/v1/"
-	fmt.Fprintf(stdout, "ferry ui: serving the admin API of %s on %s\n", b.label, url)
+	srv := ui.srv
+	fmt.Fprintf(stdout, "ferry ui: serving the admin API of %s on %s\n", b.label, ui.url)
 	switch {
 	case readOnly:
 		fmt.Fprintln(stdout, "ferry ui: read-only: actions are refused")
-	case generated:
-		fmt.Fprintf(stdout, "ferry ui: actions need this token (Authorization: Bearer …); set FERRY_UI_TOKEN to choose it: %s\n", token)
+	case ui.generated:
+		fmt.Fprintf(stdout, "ferry ui: actions need this token (Authorization: Bearer …); set FERRY_UI_TOKEN to choose it: %s\n", ui.token)
 	default:
 		fmt.Fprintln(stdout, "ferry ui: actions need the token in FERRY_UI_TOKEN (Authorization: Bearer …)")
 	}
-	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
-		fmt.Fprintf(stderr, "ferry ui: listening on %s, not only this machine: anyone who can reach it can read events and dead letters\n", ln.Addr())
-	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(ui.ln) }()
 	select {
 	case err := <-errc:
 		return err
@@ -94,4 +67,57 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return nil
+}
+
+// uiSettings are the console's flags.
+type uiSettings struct {
+	addr, feed, groups string
+	readOnly           bool
+}
+
+// uiServer is the console's server, listening, not yet serving.
+type uiServer struct {
+	srv       *http.Server
+	ln        net.Listener
+	url       string // of the API
+	token     string
+	generated bool // the token was made here (FERRY_UI_TOKEN unset)
+}
+
+// startUI makes the console's server on b and listens on its address (the
+// caller serves), with the token in FERRY_UI_TOKEN or, unless read-only,
+// one generated here. The API's log goes to logs.
+func startUI(b *backend, st uiSettings, logs io.Writer) (*uiServer, error) {
+	ui := &uiServer{token: os.Getenv("FERRY_UI_TOKEN")}
+	if ui.token == "" && !st.readOnly {
+		var raw [16]byte
+		if _, err := rand.Read(raw[:]); err != nil {
+			return nil, err
+		}
+		ui.token, ui.generated = hex.EncodeToString(raw[:]), true
+	}
+	cfg := &ferryui.Config{Store: b.store, Feed: st.feed, Token: ui.token, ReadOnly: st.readOnly,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))}
+	if b.inbox != nil {
+		cfg.Inbox = b.inbox
+	}
+	for _, g := range strings.Split(st.groups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			cfg.Groups = append(cfg.Groups, g)
+		}
+	}
+	h, err := ferryui.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ui.ln, err = net.Listen("tcp", st.addr)
+	if err != nil {
+		return nil, usagef("--ui-addr %s: %v: choose a free address (FERRY_UI_ADDR)", st.addr, err)
+	}
+	ui.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	ui.url = "http://" + ui.ln.Addr().String() + "/api/v1/"
+	if host, _, _ := net.SplitHostPort(ui.ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
+		fmt.Fprintf(logs, "ferry ui: listening on %s, not only this machine: anyone who can reach it can read events and dead letters\n", ui.ln.Addr())
+	}
+	return ui, nil
 }
