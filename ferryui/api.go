@@ -9,7 +9,8 @@
 // another origin cannot send without the browser asking first), and, when
 // the request says where it comes from (Origin), the same host. A
 // read-only handler refuses every action. Every call reads O(page) rows:
-// lists are capped (MaxPage) and paged by time.
+// lists are capped (MaxPage), and relay dead letters page by a cursor (a
+// list's "next", passed back as after=).
 package ferryui
 
 import (
