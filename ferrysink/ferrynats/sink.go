@@ -311,6 +311,14 @@ func (s *Sink) await(index int, paf jetstream.PubAckFuture, dropped <-chan struc
 	select {
 	case r.ack = <-paf.Ok():
 	case r.err = <-paf.Err():
+		select {
+		case <-dropped:
+			// The guard refused a write, which closed the connection, and
+			// nats.go failed the message ("server is disconnected") before
+			// this select saw the drop: the refusal is the outcome.
+			r.err = errAckDropped
+		default:
+		}
 	case <-dropped:
 		r.err = errAckDropped
 		results <- r
