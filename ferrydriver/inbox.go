@@ -3,6 +3,7 @@ package ferrydriver
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferryevent"
@@ -24,6 +25,12 @@ const (
 	InboxDiscarded  InboxState = "discarded"
 	InboxRetracted  InboxState = "retracted"
 )
+
+// InboxStates lists every inbox state, in the order above.
+var InboxStates = []InboxState{InboxPending, InboxProcessing, InboxProcessed, InboxFailed, InboxDead, InboxDiscarded, InboxRetracted}
+
+// Valid reports whether s is one of InboxStates.
+func (s InboxState) Valid() bool { return slices.Contains(InboxStates, s) }
 
 // ErrClaimLost means the claim on an inbox row is no longer the caller's:
 // it expired (and the row may be with another attempt), or a later claim

@@ -477,47 +477,62 @@ func idStrings(ids []uuid.UUID) []string {
 	return out
 }
 
+// act runs an action: it selects the events (choose, from the request's
+// IDs or filter), checks the count against Expect and, unless it is a dry
+// run, acts on them (do) and logs what it did.
+func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string,
+	choose func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, error),
+	do func(ctx context.Context, ids []uuid.UUID) (int, error)) error {
+	var req ActionRequest
+	if err := readJSON(r, &req); err != nil {
+		return err
+	}
+	ids, err := req.ids()
+	if err != nil {
+		return err
+	}
+	selected, err := choose(r.Context(), ids, req.Filter)
+	if err != nil {
+		return err
+	}
+	if err := req.expected(len(selected)); err != nil {
+		return err
+	}
+	res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun}
+	if !req.DryRun && len(selected) > 0 {
+		if res.Done, err = do(r.Context(), selected); err != nil {
+			return err
+		}
+		h.log.Info("ferryui: "+what, "count", res.Done, "remote", r.RemoteAddr)
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
 func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r *http.Request) error {
-	verb := map[bool]string{true: "redrive", false: "discard"}[redrive]
-	return func(w http.ResponseWriter, r *http.Request) error {
-		var req ActionRequest
-		if err := readJSON(r, &req); err != nil {
-			return err
-		}
-		ids, err := req.ids()
-		if err != nil {
-			return err
-		}
+	verb, act := "discarded", h.cfg.Store.DiscardDeadLetters
+	if redrive {
+		verb, act = "redriven", h.cfg.Store.RedriveDeadLetters
+	}
+	choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, error) {
 		list := &ferrydriver.ListDeadLettersParams{EventIDs: ids, Limit: MaxPage}
-		if f := req.Filter; f != nil {
+		if f != nil {
 			list = &ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Type: f.Type, Topic: f.Topic, Since: f.Since, Until: f.Until, Limit: f.Limit}
 		}
-		dls, err := h.cfg.Store.ListDeadLetters(r.Context(), list)
+		dls, err := h.cfg.Store.ListDeadLetters(ctx, list)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		selected := make([]uuid.UUID, len(dls))
+		out := make([]uuid.UUID, len(dls))
 		for i, dl := range dls {
-			selected[i] = dl.Event.ID
+			out[i] = dl.Event.ID
 		}
-		res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun}
-		if err := req.expected(len(selected)); err != nil {
-			return err
-		}
-		if !req.DryRun && len(selected) > 0 {
-			sel := &ferrydriver.DeadLetterSelection{EventIDs: selected, Limit: len(selected)}
-			if redrive {
-				res.Done, err = h.cfg.Store.RedriveDeadLetters(r.Context(), sel)
-			} else {
-				res.Done, err = h.cfg.Store.DiscardDeadLetters(r.Context(), sel)
-			}
-			if err != nil {
-				return err
-			}
-			h.log.Info("ferryui: relay dead letters "+verb+"d", "count", res.Done, "remote", r.RemoteAddr)
-		}
-		writeJSON(w, http.StatusOK, res)
-		return nil
+		return out, nil
+	}
+	return func(w http.ResponseWriter, r *http.Request) error {
+		return h.act(w, r, "relay dead letters "+verb, choose, func(ctx context.Context, ids []uuid.UUID) (int, error) {
+			return act(ctx, &ferrydriver.DeadLetterSelection{EventIDs: ids, Limit: len(ids)})
+		})
 	}
 }
 
@@ -582,28 +597,18 @@ func (h *Handler) groups(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-var listableStates = map[string]ferrydriver.InboxState{}
-
-func init() {
-	for _, st := range []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxProcessed,
-		ferrydriver.InboxFailed, ferrydriver.InboxDead, ferrydriver.InboxDiscarded, ferrydriver.InboxRetracted} {
-		listableStates[string(st)] = st
-	}
-}
-
 func parseStates(v string) ([]ferrydriver.InboxState, error) {
 	if v == "" {
 		return []ferrydriver.InboxState{ferrydriver.InboxDead}, nil
 	}
 	var out []ferrydriver.InboxState
 	for _, s := range strings.Split(v, ",") {
-		st, ok := listableStates[strings.TrimSpace(s)]
-		if !ok {
-			names := make([]string, 0, len(listableStates))
-			for n := range listableStates {
-				names = append(names, n)
+		st := ferrydriver.InboxState(strings.TrimSpace(s))
+		if !st.Valid() {
+			names := make([]string, len(ferrydriver.InboxStates))
+			for i, n := range ferrydriver.InboxStates {
+				names[i] = string(n)
 			}
-			sort.Strings(names)
 			return nil, badRequest("state=%q is not an inbox state: use %s (several, comma-separated)", s, strings.Join(names, ", "))
 		}
 		out = append(out, st)
@@ -638,52 +643,35 @@ func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *Handler) groupAction(redrive bool) func(w http.ResponseWriter, r *http.Request) error {
-	verb := map[bool]string{true: "redrive", false: "discard"}[redrive]
 	return func(w http.ResponseWriter, r *http.Request) error {
 		in, err := h.inbox()
 		if err != nil {
 			return err
 		}
-		var req ActionRequest
-		if err := readJSON(r, &req); err != nil {
-			return err
-		}
-		ids, err := req.ids()
-		if err != nil {
-			return err
-		}
 		group := r.PathValue("group")
-		list := &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxDead}, EventIDs: ids, Limit: MaxPage}
-		if f := req.Filter; f != nil {
-			list = &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxDead}, Key: f.Key, Type: f.Type,
-				Since: f.Since, Until: f.Until, Limit: f.Limit}
+		verb, act := "discarded", in.DiscardInbox
+		if redrive {
+			verb, act = "redriven", in.RedriveInbox
 		}
-		rows, err := in.ListInbox(r.Context(), list)
-		if err != nil {
-			return err
-		}
-		selected := make([]uuid.UUID, len(rows))
-		for i, row := range rows {
-			selected[i] = row.Event.ID
-		}
-		res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun}
-		if err := req.expected(len(selected)); err != nil {
-			return err
-		}
-		if !req.DryRun && len(selected) > 0 {
-			p := &ferrydriver.InboxIDsParams{Group: group, EventIDs: selected}
-			if redrive {
-				res.Done, err = in.RedriveInbox(r.Context(), p)
-			} else {
-				res.Done, err = in.DiscardInbox(r.Context(), p)
+		dead := []ferrydriver.InboxState{ferrydriver.InboxDead}
+		choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, error) {
+			list := &ferrydriver.ListInboxParams{Group: group, States: dead, EventIDs: ids, Limit: MaxPage}
+			if f != nil {
+				list = &ferrydriver.ListInboxParams{Group: group, States: dead, Key: f.Key, Type: f.Type, Since: f.Since, Until: f.Until, Limit: f.Limit}
 			}
+			rows, err := in.ListInbox(ctx, list)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			h.log.Info("ferryui: dead events "+verb+"d", "group", group, "count", res.Done, "remote", r.RemoteAddr)
+			out := make([]uuid.UUID, len(rows))
+			for i, row := range rows {
+				out[i] = row.Event.ID
+			}
+			return out, nil
 		}
-		writeJSON(w, http.StatusOK, res)
-		return nil
+		return h.act(w, r, "group "+group+": dead events "+verb, choose, func(ctx context.Context, ids []uuid.UUID) (int, error) {
+			return act(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: ids})
+		})
 	}
 }
 
@@ -740,12 +728,8 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		all := make([]ferrydriver.InboxState, 0, len(listableStates))
-		for _, st := range listableStates {
-			all = append(all, st)
-		}
 		for _, g := range names {
-			rows, err := h.cfg.Inbox.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: g, States: all, EventIDs: []uuid.UUID{id}, Limit: 1})
+			rows, err := h.cfg.Inbox.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: g, States: ferrydriver.InboxStates, EventIDs: []uuid.UUID{id}, Limit: 1})
 			if err != nil {
 				return err
 			}

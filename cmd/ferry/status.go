@@ -235,8 +235,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	p := &ferrydriver.ListInboxParams{Group: group, Key: key, Type: typ, EventIDs: ids, Since: sinceT, Until: untilT, Limit: limit}
 	if action == "show" {
-		p.States = []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxProcessed,
-			ferrydriver.InboxFailed, ferrydriver.InboxDead, ferrydriver.InboxDiscarded, ferrydriver.InboxRetracted}
+		p.States = ferrydriver.InboxStates
 	}
 	rows, err := drv.ListInbox(ctx, p)
 	if err != nil {

@@ -348,16 +348,6 @@ func scanInboxRow(r rows, group string) (*ferrydriver.InboxRow, error) {
 	return row, nil
 }
 
-// knownState reports whether st is one of the inbox's states.
-func knownState(st ferrydriver.InboxState) bool {
-	switch st {
-	case ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxProcessed, ferrydriver.InboxFailed,
-		ferrydriver.InboxDead, ferrydriver.InboxDiscarded, ferrydriver.InboxRetracted:
-		return true
-	}
-	return false
-}
-
 // ListInbox implements ferrydriver.Inbox.
 func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
 	states := make([]string, len(p.States))
@@ -373,7 +363,7 @@ func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxPar
 	}
 	literals := make([]string, len(states))
 	for i, st := range states {
-		if !knownState(ferrydriver.InboxState(st)) {
+		if !ferrydriver.InboxState(st).Valid() {
 			return nil, fmt.Errorf("ferrypg: list inbox of group %s: %q is not an inbox state", p.Group, st)
 		}
 		literals[i] = "'" + st + "'"
