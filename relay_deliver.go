@@ -727,8 +727,9 @@ func (p *pipeline) park() error {
 	return nil
 }
 
-// parkKey moves k's queue to the store. An event in flight stays the head:
-// its outcome still counts, and the key's next event waits for it.
+// parkKey moves k's queue to the store. The events in flight stay at the
+// head of the queue (an ordered sink takes several of a key in one call):
+// their outcomes still count, and the key's next event waits for them.
 func (p *pipeline) parkKey(k *keyState, reason string) error {
 	events := make([]*ferryevent.Event, len(k.q))
 	for i, e := range k.q {
@@ -737,7 +738,7 @@ func (p *pipeline) parkKey(k *keyState, reason string) error {
 	if err := p.parker.ParkEvents(p.pubCtx, &ferrydriver.ParkEventsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Events: events, Reason: reason}); err != nil {
 		return p.storeErr("park a stuck key", err)
 	}
-	keep := min(1, len(k.q))
+	keep := min(k.busy, len(k.q))
 	if k.busy == 0 {
 		keep = 0
 		if k.inReady {

@@ -152,6 +152,82 @@ func TestRelayKeyThatHangsCostsOnlyItself(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "nothing stays parked")
 }
 
+// TestRelayParksAKeyWithSeveralEventsInFlight: on a sink that keeps a key's
+// order within a call (Kafka's), the relay sends several events of a key at
+// once. The destination hangs for that key until it is parked; the events in
+// flight stay its head, and once they are answered every event of the key
+// arrives, in order. (Parking kept only one of them, and the relay crashed
+// when the others were answered.)
+func TestRelayParksAKeyWithSeveralEventsInFlight(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	var events []*ferry.Event
+	for i := range 5 {
+		ev := &ferry.Event{Topic: "t", Key: "stuck", Type: "T", Payload: []byte(strconv.Itoa(i))}
+		require.NoError(t, c.Emit(ctx, ev))
+		events = append(events, ev)
+	}
+	release := make(chan struct{})
+	var inFlight atomic.Int64 // the most events of the stuck key in one call
+	sink := &memsink.Sink{
+		Ordered: true,
+		OnPublish: func(_ context.Context, evs []*ferryevent.Event) {
+			n := int64(0)
+			for _, e := range evs {
+				if e.Key == "stuck" {
+					n++
+				}
+			}
+			for cur := inFlight.Load(); n > cur && !inFlight.CompareAndSwap(cur, n); cur = inFlight.Load() {
+			}
+		},
+		Stall: func(e *ferryevent.Event) bool {
+			select {
+			case <-release:
+				return false
+			default:
+				return e.Key == "stuck"
+			}
+		},
+		StallWait: func(ctx context.Context) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		},
+	}
+	parked := make(chan struct{})
+	var once sync.Once
+	r := stuckRelay(t, drv, sink, func(c *ferry.RelayConfig) {
+		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
+			if k.State == ferry.KeyParked && k.Key == "stuck" {
+				once.Do(func() { close(parked) })
+			}
+		}
+	})
+	run(t, r)
+	// Other keys' acknowledgements are what tells a stuck key from an outage.
+	more, _ := paced(t, c, keysFor(4), 100, 5*time.Millisecond)
+	events = append(events, more...)
+	select {
+	case <-parked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stuck key was never parked")
+	}
+	require.GreaterOrEqual(t, inFlight.Load(), int64(5), "the relay sent the stuck key's first events in one call")
+	close(release)
+	require.Eventually(t, func() bool { return sink.Len() >= len(events) }, 30*time.Second, 10*time.Millisecond, "every event arrives once the key is answered")
+	checkDelivery(t, events, sink.Stored(), true)
+	require.Eventually(t, func() bool {
+		heads, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "default/0"})
+		require.NoError(t, err)
+		return len(heads) == 0
+	}, 10*time.Second, 10*time.Millisecond, "nothing stays parked")
+}
+
 // TestRelayFailingKeyRecovers: one key's publishes fail for a while (as a
 // receiver answering 503), the others flow; it then recovers and its events
 // arrive in order.

@@ -31,7 +31,13 @@ type Sink struct {
 	// events are answered first.
 	Stall     func(*ferryevent.Event) bool
 	StallWait func(ctx context.Context)
+	// Ordered makes the sink report ferrysink.OrderedBatcher's promise, so
+	// that the relay sends several events of a key in one call.
+	Ordered bool
 }
+
+// OrderedBatches implements ferrysink.OrderedBatcher: it returns Ordered.
+func (s *Sink) OrderedBatches() bool { return s.Ordered }
 
 // ErrInjected is the transient failure FailRate injects.
 var ErrInjected = errors.New("memsink: injected transient failure")
