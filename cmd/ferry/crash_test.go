@@ -205,9 +205,19 @@ func (f *fixture) start(command, holder string, extra ...string) *child {
 		_ = cmd.Wait()
 		close(c.done)
 	}()
-	f.t.Cleanup(func() { c.kill() })
+	f.t.Cleanup(func() {
+		c.kill()
+		if f.t.Failed() {
+			// What the child logged last explains most failures.
+			lines := c.logs.all()
+			f.t.Logf("ferry %s --holder %s logged %d lines; the last ones:\n%s", command, holder, len(lines), strings.Join(lines[max(0, len(lines)-failedLogLines):], "\n"))
+		}
+	})
 	return c
 }
+
+// failedLogLines is how much of a child's log a failed test prints.
+const failedLogLines = 60
 
 func (c *child) kill() {
 	_ = c.cmd.Process.Signal(syscall.SIGCONT)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
@@ -63,6 +64,19 @@ func (a *arrivals) count() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.first)
+}
+
+// missing counts, per key, the events of e that have not arrived.
+func (a *arrivals) missing(e *emitted) map[string]int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string]int{}
+	for _, ev := range e.events {
+		if _, ok := a.first[ev.ID.String()]; !ok {
+			out[ev.Key]++
+		}
+	}
+	return out
 }
 
 // emitted is what pacedEmit wrote: each event with its commit time.
@@ -138,7 +152,9 @@ func isStuck(key string) bool { return key == "stuck" }
 // copies arrived in Seq order.
 func requireAllInOrder(t *testing.T, e *emitted, a *arrivals, within time.Duration) {
 	t.Helper()
-	require.Eventually(t, func() bool { return a.count() == len(e.events) }, within, 20*time.Millisecond, "every event arrives")
+	if !assert.Eventually(t, func() bool { return a.count() == len(e.events) }, within, 20*time.Millisecond, "every event arrives") {
+		t.Fatalf("missing after %v, by key: %v", within, a.missing(e))
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for key, seqs := range a.seqs {
