@@ -42,7 +42,9 @@ func (r *Relay) pruneKeys(ctx context.Context, cursor []byte, sweep *keySweep) {
 		res, err := r.store.PruneKeys(ctx, &ferrydriver.PruneKeysParams{Partition: r.cfg.Partition, Cursor: cursor,
 			IdleFor: r.cfg.KeyRetention, After: sweep.after, Limit: retentionChunk})
 		if err != nil {
-			r.log.Warn("ferry: pruning idle keys failed; will retry", "err", err)
+			if ctx.Err() == nil { // a stop is not a failure
+				r.log.Warn("ferry: pruning idle keys failed; will retry", "err", err)
+			}
 			break
 		}
 		total += res.Pruned
@@ -67,7 +69,9 @@ func (r *Relay) retainDeadLetters(ctx context.Context) {
 	for ctx.Err() == nil {
 		n, err := r.store.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: r.name, OlderThan: r.cfg.DeadLetterRetention, Limit: retentionChunk})
 		if err != nil {
-			r.log.Warn("ferry: retention of dead letters failed; will retry", "err", err)
+			if ctx.Err() == nil {
+				r.log.Warn("ferry: retention of dead letters failed; will retry", "err", err)
+			}
 			return
 		}
 		total += n

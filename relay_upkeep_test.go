@@ -2,7 +2,10 @@ package ferry_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/internal/memsink"
 	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/internal/syncbuf"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -142,4 +146,81 @@ func TestKeyRetentionDefaultsToRetention(t *testing.T) {
 	require.Negative(t, (&ferry.RelayConfig{Retention: -1}).WithDefaults().KeyRetention)
 	require.Negative(t, (&ferry.RelayConfig{KeyRetention: -1}).WithDefaults().KeyRetention)
 	require.Equal(t, 14*24*time.Hour, (&ferry.RelayConfig{}).WithDefaults().DeadLetterRetention)
+}
+
+// upkeepBlocker makes one of the relay's upkeep statements wait for its
+// context and fail with it, as a driver's statement does when the relay
+// stops during it.
+type upkeepBlocker struct {
+	ferrydriver.Store
+	which   string
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (b *upkeepBlocker) block(ctx context.Context, which string) error {
+	if which != b.which {
+		return nil
+	}
+	b.once.Do(func() { close(b.entered) })
+	<-ctx.Done()
+	return fmt.Errorf("ferrypg: %s: %w", which, ctx.Err())
+}
+
+func (b *upkeepBlocker) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliveredParams) (int64, error) {
+	if err := b.block(ctx, "DeleteDelivered"); err != nil {
+		return 0, err
+	}
+	return b.Store.DeleteDelivered(ctx, p)
+}
+
+func (b *upkeepBlocker) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	if err := b.block(ctx, "PruneKeys"); err != nil {
+		return nil, err
+	}
+	return b.Store.PruneKeys(ctx, p)
+}
+
+func (b *upkeepBlocker) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {
+	if err := b.block(ctx, "DeleteDeadLetters"); err != nil {
+		return 0, err
+	}
+	return b.Store.DeleteDeadLetters(ctx, p)
+}
+
+func (b *upkeepBlocker) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
+	if err := b.block(ctx, "FeedLag"); err != nil {
+		return nil, err
+	}
+	return b.Store.FeedLag(ctx, p)
+}
+
+// TestRelayStoppedDuringUpkeepWarnsOfNothing: a relay stopped while one of
+// its upkeep statements runs logs no warning (a clean SIGTERM of `ferry run`
+// logged "retention failed … context canceled").
+func TestRelayStoppedDuringUpkeepWarnsOfNothing(t *testing.T) {
+	t.Parallel()
+	for _, which := range []string{"DeleteDelivered", "PruneKeys", "DeleteDeadLetters", "FeedLag"} {
+		t.Run(which, func(t *testing.T) {
+			t.Parallel()
+			drv := newPG(t)
+			store := &upkeepBlocker{Store: drv, which: which, entered: make(chan struct{})}
+			var logs syncbuf.Buffer
+			r, _ := upkeepRelay(t, store, &memsink.Sink{}, ferry.RelayConfig{
+				Retention: time.Nanosecond, KeyRetention: time.Nanosecond, DeadLetterRetention: time.Nanosecond,
+				Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			})
+			c, err := ferry.NewClient(drv, nil)
+			require.NoError(t, err)
+			require.NoError(t, c.Emit(context.Background(), &ferry.Event{Topic: "t", Key: "k", Type: "T"}))
+			stop := run(t, r)
+			select {
+			case <-store.entered:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the relay never ran %s", which)
+			}
+			stop()
+			require.Empty(t, logs.String(), "a stop is not a failure")
+		})
+	}
 }

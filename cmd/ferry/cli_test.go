@@ -4,18 +4,24 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/internal/syncbuf"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,7 +29,14 @@ import (
 // and stderr.
 func ferryBinary(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
+	return ferryBinaryEnv(t, nil, args...)
+}
+
+// ferryBinaryEnv is ferryBinary with variables added to the environment.
+func ferryBinaryEnv(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
 	cmd := exec.Command(ferryBin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Dir = t.TempDir()
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -56,7 +69,11 @@ func TestSubcommandHelpAndUnknownOnes(t *testing.T) {
 			}
 			require.Contains(t, out, "ferry "+command+" <subcommand> -h")
 		}
-		code, _, errOut := ferryBinary(t, command, "sideways")
+		// and each subcommand lists its own flags
+		code, _, errOut := ferryBinary(t, command, subs[0], "-h")
+		require.Equal(t, 0, code, "ferry %s %s -h: %s", command, subs[0], errOut)
+		require.Contains(t, errOut, "Usage of ferry "+command+" "+subs[0]+":\n  -", "ferry %s %s -h lists its flags", command, subs[0])
+		code, _, errOut = ferryBinary(t, command, "sideways")
 		require.Equal(t, 2, code)
 		require.Contains(t, errOut, `unknown subcommand "sideways": ferry `+command+" "+strings.Join(subs, " | "))
 		code, _, errOut = ferryBinary(t, command)
@@ -89,14 +106,19 @@ func TestVersion(t *testing.T) {
 // FERRY_EMIT_HEADERS sets emit's headers (one name=value per line), as
 // every flag has its variable; --header wins over it.
 func TestEmitHeadersFromTheEnvironment(t *testing.T) {
+	t.Parallel()
 	schema := pgtest.Schema(t)
 	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
-	out, code := ferryCmd(t, append([]string{"migrate", "up"}, db...)...)
+	emit := func(env string, args ...string) (int, string) {
+		code, out, errOut := ferryBinaryEnv(t, []string{"FERRY_EMIT_HEADERS=" + env},
+			append(append([]string{"emit", "--topic", "orders", "--type", "OrderPlaced", "--data", "{}"}, db...), args...)...)
+		return code, out + errOut
+	}
+	code, _, errOut := ferryBinary(t, append([]string{"migrate", "up"}, db...)...)
+	require.Equal(t, 0, code, errOut)
+	code, out := emit("tenant=acme\nregion=eu\n", "--key", "k1")
 	require.Equal(t, 0, code, out)
-	t.Setenv("FERRY_EMIT_HEADERS", "tenant=acme\nregion=eu\n")
-	out, code = ferryCmd(t, append([]string{"emit", "--topic", "orders", "--key", "k1", "--type", "OrderPlaced", "--data", "{}"}, db...)...)
-	require.Equal(t, 0, code, out)
-	out, code = ferryCmd(t, append([]string{"emit", "--topic", "orders", "--key", "k2", "--type", "OrderPlaced", "--data", "{}", "--header", "only=flag"}, db...)...)
+	code, out = emit("tenant=acme\nregion=eu\n", "--key", "k2", "--header", "only=flag")
 	require.Equal(t, 0, code, out)
 	headers := map[string]string{}
 	rows, err := pgtest.Pool(t).Query(context.Background(), `SELECT key, headers::text FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()+` ORDER BY key`)
@@ -109,8 +131,7 @@ func TestEmitHeadersFromTheEnvironment(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.JSONEq(t, `{"tenant":"acme","region":"eu"}`, headers["k1"])
 	require.JSONEq(t, `{"only":"flag"}`, headers["k2"], "--header wins over FERRY_EMIT_HEADERS")
-	t.Setenv("FERRY_EMIT_HEADERS", "no-equals-sign")
-	out, code = ferryCmd(t, append([]string{"emit", "--topic", "orders", "--key", "k3", "--type", "OrderPlaced", "--data", "{}"}, db...)...)
+	code, out = emit("no-equals-sign", "--key", "k3")
 	require.Equal(t, 2, code, out)
 	require.Contains(t, out, "FERRY_EMIT_HEADERS")
 }
@@ -139,6 +160,7 @@ func TestRelaySettingsAreCheckedFirst(t *testing.T) {
 		{[]string{"--poll-interval", "0s"}, "--poll-interval / FERRY_POLL_INTERVAL / relay.poll_interval is 0s"},
 		{[]string{"--lease-ttl", "1ms"}, "--lease-ttl / FERRY_LEASE_TTL / relay.lease_ttl is 1ms: use 1s or more"},
 		{[]string{"--dead-policy", "sometimes"}, `--dead-policy / FERRY_DEAD_POLICY / relay.dead_policy is "sometimes"`},
+		{[]string{"--partition", "-1"}, "--partition / FERRY_PARTITION is -1: use 0 or more"},
 	} {
 		// An unreachable database: were it opened first, the error would say so.
 		args := append([]string{"relay", "--database-url", "postgres://postgres@127.0.0.1:1/none", "--nats-url", "nats://127.0.0.1:1"}, c.args...)
@@ -210,4 +232,63 @@ func TestUnknownNestedConfigKeyIsNamed(t *testing.T) {
 	require.Contains(t, errOut, `line 4: unknown key "relay.poll_intervall": the keys under relay are feed, holder, batch_size, poll_interval,`)
 	require.NotContains(t, errOut, "struct {")
 	require.NotContains(t, errOut, "connect", "nothing is opened before the configuration is checked")
+}
+
+// TestTailReadsWhatFerryRunPublished runs the binaries as a new user does:
+// `ferry run` on the embedded defaults while port 4222 is taken (its NATS
+// server moves to a free port), `ferry emit`, then `ferry tail`, which must
+// read the server `ferry run` started, not the one on 4222, and fetch many
+// messages per request (it asked for one at a time).
+func TestTailReadsWhatFerryRunPublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	if ln, err := net.Listen("tcp", "127.0.0.1:4222"); err == nil {
+		t.Cleanup(func() { ln.Close() }) // taken, by this test if nothing else
+	}
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	cfg := filepath.Join(dir, "ferry.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("data_dir: "+data+"\nrelay:\n  poll_interval: 50ms\nmetrics:\n  addr: \"off\"\n"), 0o600))
+	daemon := exec.Command(ferryBin, "run", "--config", cfg)
+	var logs syncbuf.Buffer
+	daemon.Stderr = &logs
+	require.NoError(t, daemon.Start())
+	t.Cleanup(func() {
+		_ = daemon.Process.Signal(syscall.SIGTERM)
+		_ = daemon.Wait()
+	})
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "ferry: relay is the leader") }, time.Minute, 20*time.Millisecond, "logs:\n%s", logs.String())
+	url, ok := embeddedURL(data)
+	require.True(t, ok, "ferry run records its NATS server's URL")
+	require.NotContains(t, url, ":4222", "4222 is taken: the embedded server moved")
+
+	const events = 1200
+	code, _, errOut := ferryBinary(t, "emit", "--data-dir", data, "--topic", "orders", "--key", "o-1", "--type", "OrderPlaced", "--data", `{}`, "--count", strconv.Itoa(events))
+	require.Zero(t, code, errOut)
+	nc, err := nats.Connect(url)
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s, err := js.Stream(ctx, ferrynats.DefaultStream)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs == events
+	}, time.Minute, 20*time.Millisecond, "the relay publishes every event")
+	// Every pull request of a JetStream consumer is a message on this subject.
+	var pulls atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.CONSUMER.MSG.NEXT.>", func(*nats.Msg) { pulls.Add(1) })
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+
+	code, out, errOut := ferryBinary(t, "tail", "--data-dir", data, "--wait", "1s")
+	require.Zero(t, code, errOut)
+	require.Equal(t, events, strings.Count(out, "OrderPlaced"))
+	require.NoError(t, nc.Flush())
+	require.NoError(t, sub.Unsubscribe())
+	t.Logf("ferry tail read %d events in %d pull requests", events, pulls.Load())
+	require.LessOrEqual(t, pulls.Load(), int64(20), "tail fetches many messages per request")
 }

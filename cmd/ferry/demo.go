@@ -168,7 +168,7 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoReport, error) {
 		}
 	} else {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
-			return nil, fmt.Errorf("--dir %s: %w", dir, err)
+			return nil, usagef("--dir %s: %v (choose a directory you can write to, or leave --dir out for a temporary one)", dir, err)
 		}
 		if _, err := os.Stat(filepath.Join(dir, "ferry.db")); err == nil {
 			return nil, usagef("--dir %s already holds a demo (ferry.db): remove it, or choose another directory", dir)
@@ -185,14 +185,17 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoReport, error) {
 	d := &demo{cfg: cfg, log: slog.New(slog.NewJSONHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 
 	w := cfg.out
-	mode := "as fast as they can"
+	create, mode := "create", "as fast as they can"
+	if cfg.producers == 1 {
+		create, mode = "creates", "as fast as it can"
+	}
 	if cfg.rate > 0 {
 		mode = fmt.Sprintf("at %s orders/s", thousands(int64(cfg.rate)))
 	}
 	fmt.Fprintf(w, "Ferry demo: an order service in one process, on the embedded defaults (nothing to install).\n")
 	fmt.Fprintf(w, "  data     %s (SQLite ferry.db, NATS store nats/, logs demo.log)\n", dir)
-	fmt.Fprintf(w, "  produce  %s create %s for %s, %s; each order's\n",
-		plural(cfg.producers, "producer"), plural(cfg.events, "order"), plural(cfg.keys, "customer"), mode)
+	fmt.Fprintf(w, "  produce  %s %s %s for %s, %s; each order's\n",
+		plural(cfg.producers, "producer"), create, plural(cfg.events, "order"), plural(cfg.keys, "customer"), mode)
 	fmt.Fprintf(w, "           OrderPlaced event is written to the outbox in the order's own transaction\n")
 	fmt.Fprintf(w, "  relay    publishes the outbox, per customer in commit order, to JetStream stream %s\n", demoStream)
 	fmt.Fprintf(w, "  consume  group %q reads the stream into its inbox and keeps per-customer totals,\n", demoGroup)

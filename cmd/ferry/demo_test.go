@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,6 +39,50 @@ func TestDemo(t *testing.T) {
 	require.EqualValues(t, rep.Produced, rep.Applied)
 	require.Contains(t, out.String(), "All checks passed")
 	require.NotContains(t, out.String(), "FAIL")
+	require.Contains(t, out.String(), "4 producers create 2,000 orders for 50 customers, as fast as they can;")
+}
+
+// TestDemoSaysOneRight runs the binary with one of everything: the banner
+// says "1 producer creates 1 order for 1 customer, as fast as it can" (it
+// said "1 producers create 1 orders").
+func TestDemoSaysOneRight(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := ferryBinary(t, "demo", "--events", "1", "--keys", "1", "--producers", "1")
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "produce  1 producer creates 1 order for 1 customer, as fast as it can;")
+	require.Contains(t, out, "All checks passed")
+}
+
+// TestDemoNamesAnUnusableDir: a --dir that cannot be created (a file is in
+// the way: refused even to root) is a usage error naming --dir, with what
+// to do.
+func TestDemoNamesAnUnusableDir(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	code, _, errOut := ferryBinary(t, "demo", "--dir", filepath.Join(file, "demo"))
+	require.Equal(t, 2, code, errOut)
+	require.Contains(t, errOut, "--dir "+filepath.Join(file, "demo")+": ")
+	require.Contains(t, errOut, "choose a directory you can write to")
+}
+
+// TestDemoInterruptedBinary: SIGINT (Ctrl-C) to the running binary ends the
+// demo with "interrupted" and exit 130, not "context canceled".
+func TestDemoInterruptedBinary(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(ferryBin, "demo", "--events", "200000", "--rate", "1000")
+	cmd.Dir = t.TempDir()
+	var out, errOut syncbuf.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "produce") }, time.Minute, 20*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, errOut.String())
+	require.Equal(t, 130, exit.ExitCode(), errOut.String())
+	require.Equal(t, "ferry demo: interrupted\n", errOut.String())
 }
 
 // TestDemoCrash: the same with the relay and the consumer killed at random

@@ -289,6 +289,8 @@ func (dc *daemonConfig) validate() error {
 		return usagef("%s is %d: use 0 (never give up) or more", name("max-attempts", "FERRY_MAX_ATTEMPTS", "max_attempts"), dc.maxAttempts)
 	case dc.maxAge < 0:
 		return usagef("%s is %v: use 0 (never give up) or a positive duration", name("max-age", "FERRY_MAX_AGE", "max_age"), dc.maxAge)
+	case !dc.allPartitions && dc.partition < 0:
+		return usagef("--partition / FERRY_PARTITION is %d: use 0 or more (0 is the first partition; `ferry partitions show` lists them)", dc.partition)
 	case dc.deadPolicy != "hold" && dc.deadPolicy != "continue":
 		return usagef("%s is %q: use hold or continue", name("dead-policy", "FERRY_DEAD_POLICY", "dead_policy"), dc.deadPolicy)
 	}

@@ -296,6 +296,33 @@ func TestMissingTopicIsPermanent(t *testing.T) {
 	require.ErrorContains(t, errs[0], `"app.orders" does not exist`)
 }
 
+// TestPublishRefusesFerrysHeaderNames: Emit refuses header names Ferry
+// writes itself; an event holding one all the same (an outbox row of an
+// earlier version) fails permanently, naming it, instead of being sent
+// without it. Other headers go through unchanged.
+func TestPublishRefusesFerrysHeaderNames(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	c := cluster(t)
+	sink := newSink(t, c.ListenAddrs(), nil)
+	defer sink.Close(ctx)
+	for _, name := range []string{"ce_id", "CE_ferrytopic", "ce_traceparent", "content-type", "Content-Type"} {
+		ev := &ferryevent.Event{Topic: "orders", Key: "k", Type: "T"}
+		require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+		ev.Headers = map[string]string{name: "x"} // past Emit's check
+		err := sink.Publish(ctx, []*ferryevent.Event{ev})[0]
+		require.True(t, ferrysink.IsPermanent(err), "%s: %v", name, err)
+		require.ErrorContains(t, err, strconv.Quote(name))
+	}
+	ev := &ferryevent.Event{Topic: "orders", Key: "k", Type: "T", Headers: map[string]string{"x-ce_id": "y", "tenant": "acme"}}
+	require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+	require.NoError(t, sink.Publish(ctx, []*ferryevent.Event{ev})[0])
+	stored, err := readAll(ctx, c.ListenAddrs(), "orders")
+	require.NoError(t, err)
+	require.Len(t, stored, 1, "only the last event was stored")
+	require.Equal(t, ev.Headers, stored[0].Event.Headers)
+}
+
 // TestLaterRecordsOfAKeyFailWithTheFirst: when the broker keeps refusing a
 // partition's records past the delivery timeout, every record of that
 // partition in the call fails: none is acknowledged after an earlier one
