@@ -10,7 +10,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -287,8 +289,8 @@ func diff(want, got *ferryevent.Event) string {
 // refuses are not sent.
 func Fuzz(f *testing.F, roundTrip func(t *testing.T, ev *ferryevent.Event) *ferryevent.Event) {
 	addSeeds(f)
-	f.Fuzz(func(t *testing.T, topic, key, typ, source, contentType, headerName, headerValue string, payload []byte, created, seq int64) {
-		ev := fuzzEvent(topic, key, typ, source, contentType, headerName, headerValue, payload, created, seq)
+	f.Fuzz(func(t *testing.T, topic, key, typ, source, contentType, headers string, payload []byte, created, seq int64) {
+		ev := fuzzEvent(topic, key, typ, source, contentType, headers, payload, created, seq)
 		if ev == nil {
 			return // Emit refuses it
 		}
@@ -301,26 +303,38 @@ func Fuzz(f *testing.F, roundTrip func(t *testing.T, ev *ferryevent.Event) *ferr
 func addSeeds(f *testing.F) {
 	for _, c := range Cases(0) {
 		ev := c.Event
-		name, value := "", ""
-		for n, v := range ev.Headers {
-			if name == "" || n < name {
-				name, value = n, v
-			}
+		names := slices.Sorted(maps.Keys(ev.Headers))
+		var headers []string
+		for _, n := range names {
+			headers = append(headers, n, ev.Headers[n])
 		}
-		f.Add(ev.Topic, ev.Key, ev.Type, ev.Source, ev.ContentType, name, value, ev.Payload, ev.CreatedAt.UnixMicro(), int64(1))
+		f.Add(ev.Topic, ev.Key, ev.Type, ev.Source, ev.ContentType, strings.Join(headers, fuzzHeaderSep), ev.Payload, ev.CreatedAt.UnixMicro(), int64(1))
 	}
 }
+
+// fuzzHeaderSep separates the names and values of the headers in one fuzz
+// argument: name, value, name, value, ... (NUL is refused in both, so no
+// header the fuzzer should try is lost to the encoding).
+const fuzzHeaderSep = "\x00"
 
 // fuzzEvent builds an event from a wire fuzzer's arguments and prepares
 // it as Emit would. It returns nil when Emit would refuse it: only what
 // Validate accepts must cross a wire unchanged.
-func fuzzEvent(topic, key, typ, source, contentType, headerName, headerValue string, payload []byte, createdMicros, seq int64) *ferryevent.Event {
+func fuzzEvent(topic, key, typ, source, contentType, headers string, payload []byte, createdMicros, seq int64) *ferryevent.Event {
 	ev := &ferryevent.Event{
 		Topic: topic, Key: key, Type: typ, Source: source, ContentType: contentType,
 		Payload: payload, CreatedAt: time.UnixMicro(createdMicros),
 	}
-	if headerName != "" {
-		ev.Headers = map[string]string{headerName: headerValue}
+	if headers != "" {
+		parts := strings.Split(headers, fuzzHeaderSep)
+		ev.Headers = make(map[string]string, (len(parts)+1)/2)
+		for i := 0; i < len(parts); i += 2 {
+			value := ""
+			if i+1 < len(parts) {
+				value = parts[i+1]
+			}
+			ev.Headers[parts[i]] = value
+		}
 	}
 	if ferryevent.Prepare(ev, 0, 0, time.Now()) != nil {
 		return nil
