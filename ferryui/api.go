@@ -1,8 +1,11 @@
-// Package ferryui is Ferry's admin HTTP API: what the relay and the
-// consumer groups are doing, their dead letters, one event's path through
-// them, and the actions an operator takes on them (redrive, discard, a
-// group's dead policy). It works over the driver seams, so the same
-// handler serves PostgreSQL, SQLite and MongoDB; `ferry ui` serves it.
+// Package ferryui is Ferry's web console and its admin HTTP API: what the
+// relay and the consumer groups are doing, their dead letters, one event's
+// path through them, and the actions an operator takes on them (redrive,
+// discard, a group's dead policy). It works over the driver seams, so the
+// same handler serves PostgreSQL, SQLite and MongoDB; `ferry ui` serves it.
+// The console (at /) is a page and a script embedded in the package, built
+// on the API (under /api/v1/) in the browser; it shows every value from an
+// event as text, and its Content-Security-Policy runs no other script.
 //
 // It is safe by default: reads are GETs and every action is a POST that
 // needs the token (Authorization: Bearer), a JSON body (which a page of
@@ -69,7 +72,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Handler serves the API under /api/v1/.
+// Handler serves the API under /api/v1/ and the web console at /.
 type Handler struct {
 	cfg Config
 	mux *http.ServeMux
@@ -103,6 +106,7 @@ func New(cfg *Config) (*Handler, error) {
 	h.action("POST /api/v1/groups/{group}/discard", h.groupAction(false))
 	h.action("POST /api/v1/groups/{group}/policy", h.groupPolicy)
 	h.route("GET /api/v1/events/{id}", h.event)
+	h.routeConsole()
 	h.route("/api/", func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, "no such API path: " + r.URL.Path + " (the API is under /api/v1/)"}
 	})

@@ -49,6 +49,8 @@ type demoConfig struct {
 	out       io.Writer
 	tty       bool // redraw one progress line instead of printing lines
 	interval  time.Duration
+	ui        bool   // after the checks, serve the console on the demo's data until interrupted
+	uiAddr    string // where
 }
 
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -63,6 +65,8 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	f.Int(&cfg.producers, "producers", "FERRY_DEMO_PRODUCERS", 4, "concurrent producers")
 	f.Bool(&cfg.crash, "crash", "FERRY_DEMO_CRASH", false, "crash the relay and the consumer at random moments while orders flow, and restart them")
 	f.Int(&seed, "seed", "FERRY_DEMO_SEED", 0, "random seed (0: random)")
+	f.Bool(&cfg.ui, "ui", "FERRY_DEMO_UI", false, "after the checks, keep the demo's data and serve the web console on it until Ctrl-C")
+	f.String(&cfg.uiAddr, "ui-addr", "FERRY_UI_ADDR", defaultUIAddr, "with --ui, the console's address")
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -272,7 +276,41 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoReport, error) {
 		rep.checks = append(rep.checks, demoCheck{name: "finished in time", value: waitErr.Error(), pass: false})
 	}
 	d.printReport(rep)
+	if cfg.ui {
+		if err := d.serveConsole(ctx, dir, logFile); err != nil {
+			return nil, err
+		}
+	}
 	return rep, nil
+}
+
+// serveConsole serves the web console on the demo's database until ctx
+// ends (Ctrl-C), which is then the demo's normal end.
+func (d *demo) serveConsole(ctx context.Context, dir string, logs io.Writer) error {
+	b := &backend{name: "sqlite", label: "database " + filepath.Join(dir, "ferry.db"), store: d.drv, inbox: d.drv}
+	ui, err := startUI(b, uiSettings{addr: d.cfg.uiAddr, feed: "default", groups: demoGroup}, logs)
+	if err != nil {
+		return err
+	}
+	w := d.cfg.out
+	fmt.Fprintf(w, "\nThe console, on the demo's data: %s#token=%s\n", ui.console, ui.token)
+	fmt.Fprintf(w, "  (its JSON API: %s; actions need the token in the address). Ctrl-C to stop", ui.url)
+	if d.cfg.dir == "" && !d.cfg.keep {
+		fmt.Fprintf(w, " and remove %s", dir)
+	}
+	fmt.Fprintln(w, ".")
+	errc := make(chan error, 1)
+	go func() { errc <- ui.srv.Serve(ui.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("the console stopped: %w", err)
+	case <-ctx.Done():
+	}
+	stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = ui.srv.Shutdown(stop)
+	fmt.Fprintln(w, "console stopped")
+	return nil
 }
 
 func (d *demo) createTables(ctx context.Context) error {

@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -129,4 +132,46 @@ func TestDemoInterrupted(t *testing.T) {
 	cancel()
 	require.Equal(t, 130, <-done, errOut.String())
 	require.Equal(t, "ferry demo: interrupted\n", errOut.String())
+}
+
+// TestDemoUI: `ferry demo --ui` keeps its data after the checks and serves
+// the console on it, with the token in the address it prints, until Ctrl-C,
+// which then ends the demo normally (exit 0).
+func TestDemoUI(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(ferryBin, "demo", "--events", "50", "--keys", "5", "--producers", "1", "--ui", "--ui-addr", "127.0.0.1:0")
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), "FERRY_UI_TOKEN=")
+	var out, errOut syncbuf.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	re := regexp.MustCompile(`The console, on the demo's data: (http://\S+/)#token=([0-9a-f]{32})`)
+	var m []string
+	require.Eventually(t, func() bool { m = re.FindStringSubmatch(out.String()); return m != nil }, 2*time.Minute, 20*time.Millisecond, "%s%s", out.String(), errOut.String())
+	require.Contains(t, out.String(), "All checks passed")
+	console, token := m[1], m[2]
+
+	resp, err := http.Get(console)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the console's page")
+	resp, err = http.Get(console + "api/v1/groups")
+	require.NoError(t, err)
+	var groups struct{ Groups []struct{ Group string } }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&groups))
+	resp.Body.Close()
+	require.Equal(t, "projection", groups.Groups[0].Group, "the demo's group, on its data")
+	req, err := http.NewRequest(http.MethodPost, console+"api/v1/dead-letters/redrive", strings.NewReader(`{"filter":{},"dry_run":true}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the printed token authorises actions")
+
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	require.NoError(t, cmd.Wait(), errOut.String())
+	require.Contains(t, out.String(), "console stopped")
 }

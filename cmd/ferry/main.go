@@ -44,7 +44,7 @@ Usage:
                                      the outbox's partition count, stored with the schema; set refuses
                                      until every relay has delivered everything and stopped
   ferry status  [flags]              checkpoint, lag, lease and dead letters (--json; --exact counts)
-  ferry ui      [flags]              the admin API (JSON) on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events, actions
+  ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events, actions
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group;
                                      redrive and discard act on what list shows (--dry-run)

@@ -263,8 +263,8 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Duration(&dc.keyRetention, "key-retention", "FERRY_KEY_RETENTION", time.Duration(fc.Relay.KeyRetention), "forget a key's sequence once it is idle this long with every event delivered; its next Seq is 1 (0: as --retention; negative: never)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
-	f.String(&dc.uiAddr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the admin API (as `ferry ui`) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
-	f.Bool(&dc.uiReadOnly, "ui-read-only", "FERRY_UI_READ_ONLY", fc.UI.ReadOnly, "the admin API refuses every action")
+	f.String(&dc.uiAddr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the web console and its admin API (as `ferry ui`) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
+	f.Bool(&dc.uiReadOnly, "ui-read-only", "FERRY_UI_READ_ONLY", fc.UI.ReadOnly, "the console and its API refuse every action")
 	dc.allPartitions = true
 }
 
@@ -430,11 +430,11 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		defer srv.Close()
 		switch {
 		case dc.uiReadOnly:
-			log.Info("ferry: admin API, read-only", "url", ui.url)
+			log.Info("ferry: admin API, read-only", "url", ui.url, "console", ui.console)
 		case ui.generated:
-			log.Info("ferry: admin API; actions need this token (set FERRY_UI_TOKEN to choose it)", "url", ui.url, "token", ui.token)
+			log.Info("ferry: admin API; actions need this token (set FERRY_UI_TOKEN to choose it)", "url", ui.url, "token", ui.token, "console", ui.console+"#token="+ui.token)
 		default:
-			log.Info("ferry: admin API; actions need the token in FERRY_UI_TOKEN", "url", ui.url)
+			log.Info("ferry: admin API; actions need the token in FERRY_UI_TOKEN", "url", ui.url, "console", ui.console)
 		}
 		g.Go(func() error {
 			if err := srv.Serve(ui.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -21,14 +21,14 @@ import (
 // machine only.
 const defaultUIAddr = "127.0.0.1:9470"
 
-// cmdUI serves the admin API (ferryui) until ctx ends.
+// cmdUI serves the web console and its admin API (ferryui) until ctx ends.
 func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newFlags("ui", stderr)
 	var db dbFlags
 	db.register(f)
 	var addr, feed, groups string
 	var readOnly bool
-	f.String(&addr, "ui-addr", "FERRY_UI_ADDR", defaultUIAddr, "address to serve the console's API on (another host than loopback exposes it: put it behind your own access control)")
+	f.String(&addr, "ui-addr", "FERRY_UI_ADDR", defaultUIAddr, "address to serve the console and its API on (another host than loopback exposes it: put it behind your own access control)")
 	f.String(&feed, "feed", "FERRY_FEED", "default", "the relay's feed")
 	f.String(&groups, "groups", "FERRY_UI_GROUPS", "", "consumer groups to show besides those the database lists, comma-separated")
 	f.Bool(&readOnly, "read-only", "FERRY_UI_READ_ONLY", false, "refuse every action (redrive, discard, dead policy)")
@@ -48,11 +48,15 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "ferry ui: serving the admin API of %s on %s\n", b.label, ui.url)
 	switch {
 	case readOnly:
-		fmt.Fprintln(stdout, "ferry ui: read-only: actions are refused")
+		fmt.Fprintf(stdout, "ferry ui: the console: %s (read-only: actions are refused)\n", ui.console)
 	case ui.generated:
 		fmt.Fprintf(stdout, "ferry ui: actions need this token (Authorization: Bearer …); set FERRY_UI_TOKEN to choose it: %s\n", ui.token)
+		// The fragment stays in the browser: the console keeps the token
+		// for its tab and takes it out of the address.
+		fmt.Fprintf(stdout, "ferry ui: the console, with the token: %s#token=%s\n", ui.console, ui.token)
 	default:
 		fmt.Fprintln(stdout, "ferry ui: actions need the token in FERRY_UI_TOKEN (Authorization: Bearer …)")
+		fmt.Fprintf(stdout, "ferry ui: the console: %s (paste the token into its header for actions)\n", ui.console)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ui.ln) }()
@@ -80,6 +84,7 @@ type uiServer struct {
 	srv       *http.Server
 	ln        net.Listener
 	url       string // of the API
+	console   string // of the console's page
 	token     string
 	generated bool // the token was made here (FERRY_UI_TOKEN unset)
 }
@@ -115,7 +120,8 @@ func startUI(b *backend, st uiSettings, logs io.Writer) (*uiServer, error) {
 		return nil, usagef("--ui-addr %s: %v: choose a free address (FERRY_UI_ADDR)", st.addr, err)
 	}
 	ui.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	ui.url = "http://" + ui.ln.Addr().String() + "/api/v1/"
+	ui.console = "http://" + ui.ln.Addr().String() + "/"
+	ui.url = ui.console + "api/v1/"
 	if host, _, _ := net.SplitHostPort(ui.ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
 		fmt.Fprintf(logs, "ferry ui: listening on %s, not only this machine: anyone who can reach it can read events and dead letters\n", ui.ln.Addr())
 	}

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -77,6 +78,30 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 	}
 	_, err = inbox.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "billing", Events: []*ferryevent.Event{pending}})
 	require.NoError(t, err)
+
+	t.Run("TheConsoleIsServedLockedDown", func(t *testing.T) {
+		for path, kind := range map[string]string{"/": "text/html", "/console/console.js": "text/javascript", "/console/console.css": "text/css"} {
+			resp, err := http.Get(srv.URL + path)
+			require.NoError(t, err)
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, resp.StatusCode, path)
+			require.Contains(t, resp.Header.Get("Content-Type"), kind, path)
+			require.NotEmpty(t, body, path)
+			// Only the console's own script runs: no inline script, no other
+			// origin, no framing.
+			csp := resp.Header.Get("Content-Security-Policy")
+			require.Contains(t, csp, "script-src 'self'", path)
+			require.NotContains(t, csp, "unsafe-inline", path)
+			require.Contains(t, csp, "frame-ancestors 'none'", path)
+			require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"), path)
+		}
+		resp, err := http.Get(srv.URL + "/console/no-such-file.js")
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	})
 
 	t.Run("Feeds", func(t *testing.T) {
 		var out struct{ Feeds []ferryui.FeedJSON }

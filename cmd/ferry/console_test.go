@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// chromiumPath is the browser the console tests drive: Debian's chromium
+// (.ci/run installs it), or FERRY_TEST_CHROMIUM.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{os.Getenv("FERRY_TEST_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser"} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("no chromium: apt-get install chromium, or set FERRY_TEST_CHROMIUM to a Chromium binary")
+	}
+	t.Skip("no chromium: apt-get install chromium, or set FERRY_TEST_CHROMIUM to a Chromium binary")
+	return ""
+}
+
+// browser starts a headless Chromium with a fresh profile; any JavaScript
+// dialog (an alert a hostile value would open) fails the test.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.Flag("headless", true), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank"))) // starts the browser
+	require.NoError(t, chromedp.Listen(ctx, func(ev any) {
+		switch d := ev.(type) {
+		case *page.EventJavascriptDialogOpening:
+			t.Errorf("the page opened a %s dialog: %q (a value ran as script)", d.Type, d.Message)
+		case page.EventJavascriptDialogOpening:
+			t.Errorf("the page opened a %s dialog: %q (a value ran as script)", d.Type, d.Message)
+		}
+	}))
+	return ctx
+}
+
+// startConsole runs `ferry ui` on the database with the token and returns
+// the console's address.
+func startConsole(t *testing.T, token string, db ...string) string {
+	t.Helper()
+	cmd := exec.Command(ferryBin, append([]string{"ui", "--ui-addr", "127.0.0.1:0"}, db...)...)
+	cmd.Env = append(os.Environ(), "FERRY_UI_TOKEN="+token)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	console := ""
+	for console == "" && lines.Scan() {
+		if m := regexp.MustCompile(`the console: (http://\S+/) `).FindStringSubmatch(lines.Text()); m != nil {
+			console = m[1]
+		}
+	}
+	require.NotEmpty(t, console, "ferry ui prints the console's address")
+	go func() {
+		for lines.Scan() {
+		}
+	}()
+	return console
+}
+
+// The hostile values: each must show as the text it is.
+const (
+	hostileKey     = `<script>alert("key")</script>`
+	hostilePayload = `<img src=x onerror=alert("payload")> "quoted" & 'single' </pre><b>`
+	hostileHeader  = `<b onmouseover=alert(1)>bold</b>`
+)
+
+// TestConsoleInABrowser drives the web console `ferry ui` serves with
+// headless Chromium, on a running pipeline (an outbox relayed into a
+// consumer group's inbox): the overview shows the group; its dead event,
+// with hostile key, payload and header, is found on the group's page and
+// shown as text; redriving it without the token is refused; with it, the
+// redrive shows its count first, then the event is processed, which its
+// timeline shows. FERRY_CONSOLE_SCREENSHOTS=dir saves the pages as PNGs
+// (docs/console-*.png are made so).
+func TestConsoleInABrowser(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	schema := pgtest.Schema(t)
+	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: schema})
+	require.NoError(t, err)
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+
+	// The pipeline: a relay into group billing's inbox, whose handler
+	// fails the poison event until told otherwise.
+	var failing atomic.Bool
+	failing.Store(true)
+	billing, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", MaxAttempts: 1, PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	billing.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		if ev.Key == hostileKey && failing.Load() {
+			return fmt.Errorf("card declined for %s", hostileKey)
+		}
+		return nil
+	})
+	relay, err := ferry.NewRelay(drv, billing.Sink(), &ferry.RelayConfig{PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { done <- relay.Run(runCtx) }()
+	go func() { done <- billing.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-done)
+		require.NoError(t, <-done)
+	})
+	client, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	for i := range 20 {
+		require.NoError(t, client.Emit(context.Background(), &ferry.Event{Topic: "orders", Key: fmt.Sprintf("customer-%d", i%5), Type: "OrderPlaced", Payload: []byte(`{"total":12}`)}))
+	}
+	poison := &ferry.Event{Topic: "orders", Key: hostileKey, Type: "OrderPlaced", Payload: []byte(hostilePayload), Headers: map[string]string{"x-note": hostileHeader}}
+	require.NoError(t, client.Emit(context.Background(), poison))
+	id := poison.ID.String()
+	require.Eventually(t, func() bool {
+		rows, err := drv.ListInbox(context.Background(), &ferrydriver.ListInboxParams{Group: "billing", States: []ferrydriver.InboxState{ferrydriver.InboxDead}, Limit: 10})
+		require.NoError(t, err)
+		return len(rows) == 1
+	}, time.Minute, 20*time.Millisecond, "the poison event goes dead")
+
+	const token = "console-test-token"
+	console := startConsole(t, token, db...)
+	shots := os.Getenv("FERRY_CONSOLE_SCREENSHOTS")
+	step := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, time.Minute)
+		t.Cleanup(cancel)
+		return c
+	}
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(step(), steps...), what)
+	}
+	text := func(sel string) string {
+		t.Helper()
+		v, err := chromedp.Run(step(), chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, "the text of %s", sel)
+		return v
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		v, err := chromedp.Run(step(), chromedp.Evaluate[string](expr))
+		require.NoError(t, err, expr)
+		return v
+	}
+	shot := func(name string) {
+		t.Helper()
+		if shots == "" {
+			return
+		}
+		png, err := chromedp.Run(step(), chromedp.FullScreenshot(100))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(shots, "console-"+name+".png"), png, 0o644))
+	}
+	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+	// No element may come from a value: the page's own markup has none of these in main.
+	const injected = `String(document.querySelectorAll('main img, main script, main [onerror], main [onmouseover]').length)`
+
+	// The overview of the running pipeline.
+	do("the overview shows the group", chromedp.Navigate(console),
+		chromedp.WaitVisible(css(`#groups [data-group="billing"]`)), chromedp.WaitVisible(css(`#feeds [data-feed="default/0"]`)),
+		chromedp.Sleep(4*time.Second)) // a few samples for the charts
+	require.Contains(t, text(`#groups [data-group="billing"]`), "dead")
+	shot("overview")
+
+	// The dead event, on the group's page, grouped by its reason.
+	row := fmt.Sprintf(`tr[data-id="%s"]`, id)
+	do("the group's dead event is listed", chromedp.Click(css(`#groups [data-group="billing"] a[href$="state=dead"]`)), chromedp.WaitVisible(css(row)))
+	require.Contains(t, text(row), hostileKey, "the key shows as text")
+	require.Equal(t, "console.js", eval(`[...document.scripts].map(s => s.src.split('/').pop()).join(',')`), "the page runs its own script only")
+	require.Equal(t, "0", eval(injected), "no element came from the values")
+	require.Equal(t, "card declined for "+hostileKey, text(`section.reason .head .text`))
+	shot("group-dead")
+
+	// Without the token, the action is refused.
+	do("a token-less redrive is refused", chromedp.Click(css(`section.reason .head button.primary`)), chromedp.WaitVisible(css(`#flash.error`)))
+	require.Contains(t, text(`#flash`), "needs the console's token")
+
+	// With it: the count first, then the redrive.
+	failing.Store(false)
+	do("the redrive shows its count", chromedp.SendKeys(css(`#token`), token), chromedp.Click(css(`#token-form button`)),
+		chromedp.Click(css(`section.reason .head button.primary`)), chromedp.WaitVisible(css(`.confirm`)))
+	require.Contains(t, text(`#token-state`), "token set")
+	require.Contains(t, text(`.confirm`), "Redrive: 1 event?")
+	do("the redrive runs", chromedp.Click(css(`.confirm button[data-confirm="yes"]`)), chromedp.WaitVisible(css(`#flash:not(.error)`)))
+	require.Contains(t, text(`#flash`), "done for 1 event")
+
+	// Its timeline: it becomes processed (the page follows it).
+	do("the timeline shows it processed", chromedp.Navigate(console+"#/events/"+id),
+		chromedp.WaitVisible(css(`#timeline li[data-group="billing"] .state.processed`)))
+	require.Contains(t, text(`#timeline`), "Committed to the outbox")
+	require.Equal(t, hostilePayload, eval(`document.getElementById('payload').textContent`))
+	require.Contains(t, text(`#headers`), hostileHeader)
+	require.Equal(t, hostileKey, eval(`document.getElementById('event-key').textContent`))
+	require.Equal(t, "0", eval(injected), "the values are text, not markup")
+	shot("event")
+
+	if shots != "" {
+		do("the dead letters page", chromedp.Navigate(console+"#/dead-letters"), chromedp.WaitVisible(css(`main h1`)))
+		shot("dead-letters")
+	}
+}

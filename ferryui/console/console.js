@@ -1,0 +1,411 @@
+// Ferry console: a small front end on the admin API (api/v1/). Every value
+// from the API reaches the page as text (textContent, attribute values set
+// through the DOM), never as markup, so a key, payload, header or error
+// text cannot inject anything.
+'use strict';
+
+const API = 'api/v1/';
+const TOKEN_KEY = 'ferry-console-token';
+const POLL_MS = 3000;
+const SAMPLES = 60; // points kept per sparkline (3 minutes at POLL_MS)
+
+// ---- DOM helpers ----
+
+// el builds an element: attrs are properties/attributes (on* are
+// listeners), children are nodes or strings (made text nodes).
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else if (k === 'class') e.className = v;
+    else if (k === 'dataset') Object.assign(e.dataset, v);
+    else e.setAttribute(k, v === true ? '' : String(v));
+  }
+  append(e, children);
+  return e;
+}
+
+function append(parent, children) {
+  for (const c of children.flat(Infinity)) {
+    if (c === undefined || c === null || c === false) continue;
+    parent.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return parent;
+}
+
+function link(href, ...children) { return el('a', { href }, ...children); }
+
+function fmtTime(t) {
+  if (!t) return '';
+  const d = new Date(t);
+  return isNaN(d) ? String(t) : d.toLocaleString(undefined, { hour12: false }) + '.' + String(d.getMilliseconds()).padStart(3, '0');
+}
+
+function fmtSeconds(s) {
+  if (s === undefined || s === null) return '';
+  if (s < 1) return (s * 1000).toFixed(0) + ' ms';
+  if (s < 120) return s.toFixed(1) + ' s';
+  if (s < 7200) return (s / 60).toFixed(1) + ' min';
+  return (s / 3600).toFixed(1) + ' h';
+}
+
+function fmtCount(n, capped) {
+  const s = Number(n || 0).toLocaleString();
+  return capped && n >= capped ? s + '+' : s;
+}
+
+function stateBadge(state) { return el('span', { class: 'state ' + state }, state); }
+
+function eventLink(id) { return link('#/events/' + encodeURIComponent(id), el('span', { class: 'mono' }, id.slice(0, 8) + '…')); }
+
+// ---- the API ----
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ''; }
+
+async function get(path) {
+  const r = await fetch(API + path, { headers: { Accept: 'application/json' } });
+  const body = await r.json().catch(() => ({ error: r.status + ' ' + r.statusText }));
+  if (!r.ok) throw new Error(body.error || r.statusText);
+  return body;
+}
+
+// post runs an action; the API wants the token, a JSON body and this origin.
+async function post(path, body) {
+  const headers = { 'Content-Type': 'application/json', Accept: 'application/json' };
+  if (token()) headers.Authorization = 'Bearer ' + token();
+  const r = await fetch(API + path, { method: 'POST', headers, body: JSON.stringify(body) });
+  const out = await r.json().catch(() => ({ error: r.status + ' ' + r.statusText }));
+  if (!r.ok) throw new Error(out.error || r.statusText);
+  return out;
+}
+
+function flash(msg, isError) {
+  const f = document.getElementById('flash');
+  f.textContent = msg;
+  f.className = isError ? 'error' : '';
+  f.hidden = false;
+  clearTimeout(flash.timer);
+  if (!isError) flash.timer = setTimeout(() => { f.hidden = true; }, 6000);
+}
+
+// confirmAction asks the API how many events an action selects (a dry
+// run), shows the count in place, and acts on exactly that many once
+// confirmed (expect: a selection that changed meanwhile is refused).
+async function confirmAction(where, path, body, what) {
+  let dry;
+  try {
+    dry = await post(path, { ...body, dry_run: true });
+  } catch (e) {
+    flash(e.message, true);
+    return;
+  }
+  where.querySelectorAll('.confirm').forEach((c) => c.remove());
+  const box = el('div', { class: 'confirm', role: 'alertdialog' },
+    el('span', {}, `${what}: ${dry.selected} event${dry.selected === 1 ? '' : 's'}?`),
+    el('button', {
+      class: 'primary', 'data-confirm': 'yes', onclick: async () => {
+        box.remove();
+        try {
+          const res = await post(path, { ...body, expect: dry.selected });
+          flash(`${what}: done for ${res.done} event${res.done === 1 ? '' : 's'}.`);
+        } catch (e) {
+          flash(e.message, true);
+        }
+        route();
+      },
+    }, 'Confirm'),
+    el('button', { onclick: () => box.remove() }, 'Cancel'));
+  where.prepend(box);
+}
+
+// ---- sparklines from successive polls ----
+
+const history = new Map(); // series name → [numbers]
+
+function sample(name, v) {
+  const s = history.get(name) || [];
+  s.push(Number(v) || 0);
+  if (s.length > SAMPLES) s.shift();
+  history.set(name, s);
+  return s;
+}
+
+function sparkline(values, label) {
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('class', 'spark');
+  svg.setAttribute('viewBox', `0 0 ${SAMPLES - 1} 40`);
+  svg.setAttribute('preserveAspectRatio', 'none');
+  svg.setAttribute('role', 'img');
+  svg.setAttribute('aria-label', label);
+  const max = Math.max(1, ...values);
+  const off = SAMPLES - values.length;
+  const pts = values.map((v, i) => `${off + i},${(38 - (v / max) * 36).toFixed(1)}`).join(' ');
+  const line = document.createElementNS(ns, 'polyline');
+  line.setAttribute('points', values.length === 1 ? `${off},${pts.split(',')[1]} ${SAMPLES - 1},${pts.split(',')[1]}` : pts);
+  svg.appendChild(line);
+  const title = document.createElementNS(ns, 'title');
+  title.textContent = `${label}: last ${values.length} samples, ${POLL_MS / 1000} s apart, max ${max.toLocaleString()}`;
+  svg.appendChild(title);
+  return svg;
+}
+
+// ---- pages ----
+
+function figure(value, label) { return el('div', { class: 'figure' }, el('b', {}, value), el('span', {}, label)); }
+
+async function overview(main) {
+  const [feeds, groups] = await Promise.all([get('feeds'), get('groups').catch((e) => ({ error: e.message }))]);
+  const page = [el('h1', {}, 'Overview')];
+  page.push(el('h2', {}, 'Relay feeds'));
+  page.push(el('div', { class: 'cards', id: 'feeds' }, feeds.feeds.map((f) => {
+    const lag = sample('lag:' + f.feed, f.lag_events);
+    return el('div', { class: 'card', dataset: { feed: f.feed } },
+      el('h3', {}, f.feed, ' ', f.lease_held ? el('span', { class: 'state processed' }, 'led') : el('span', { class: 'state failed' }, 'no leader')),
+      el('div', { class: 'figures' },
+        figure(fmtCount(f.lag_events) + (f.lag_estimated ? ' ≈' : ''), 'events behind'),
+        figure(fmtSeconds(f.lag_seconds) || '0 s', 'oldest unpublished'),
+        figure(f.checkpoint_at ? fmtSeconds(f.checkpoint_age_seconds) : 'never', 'since checkpoint'),
+        figure(link('#/dead-letters?feed=' + encodeURIComponent(f.feed), fmtCount(f.dead_letters) + (f.dead_letters_more ? '+' : '')), 'dead letters')),
+      sparkline(lag, 'events behind'),
+      el('div', { class: 'muted' }, f.lease_holder ? `leader ${f.lease_holder}, term ${f.lease_term}` : 'no lease yet'));
+  })));
+  page.push(el('h2', {}, 'Consumer groups'));
+  if (groups.error) {
+    page.push(el('p', { class: 'muted' }, groups.error));
+  } else if (groups.groups.length === 0) {
+    page.push(el('p', { class: 'muted' }, 'No consumer group has received an event yet.'));
+  } else {
+    page.push(el('div', { class: 'cards', id: 'groups' }, groups.groups.map((g) => {
+      const c = g.counts || {};
+      const backlog = sample('backlog:' + g.group, (c.pending || 0) + (c.failed || 0) + (c.processing || 0));
+      return el('div', { class: 'card', dataset: { group: g.group } },
+        el('h3', {}, link('#/groups/' + encodeURIComponent(g.group), g.group)),
+        el('div', { class: 'figures' },
+          figure(fmtCount(c.pending, groups.count_cap), 'pending'),
+          figure(fmtCount(c.processing, groups.count_cap), 'processing'),
+          figure(fmtCount(c.failed, groups.count_cap), 'retrying'),
+          figure(link('#/groups/' + encodeURIComponent(g.group) + '?state=dead', fmtCount(c.dead, groups.count_cap)), 'dead')),
+        sparkline(backlog, 'backlog (pending, processing, retrying)'));
+    })));
+  }
+  main.replaceChildren(...page);
+  return true; // poll
+}
+
+// groupByReason groups items by reason(item), largest group first.
+function groupByReason(items, reason) {
+  const m = new Map();
+  for (const it of items) {
+    const r = reason(it) || '(no error text)';
+    if (!m.has(r)) m.set(r, []);
+    m.get(r).push(it);
+  }
+  return [...m.entries()].sort((a, b) => b[1].length - a[1].length);
+}
+
+function reasonBlock(reason, rows, header, row, actions) {
+  const block = el('section', { class: 'reason' });
+  append(block, [
+    el('div', { class: 'head' }, el('b', {}, rows.length.toLocaleString()), el('span', { class: 'text' }, reason), el('div', { class: 'actions' }, actions(block))),
+    el('table', {}, el('thead', {}, el('tr', {}, header.map((h) => el('th', {}, h)))), el('tbody', {}, rows.map(row))),
+  ]);
+  return block;
+}
+
+async function deadLetters(main, params) {
+  const q = new URLSearchParams();
+  for (const k of ['feed', 'key', 'type', 'topic', 'after']) if (params.get(k)) q.set(k, params.get(k));
+  q.set('limit', '500');
+  const page = await get('dead-letters?' + q);
+  const items = page.dead_letters;
+  const filter = {};
+  for (const k of ['feed', 'key', 'type', 'topic']) if (params.get(k)) filter[k] = params.get(k);
+  const out = [el('h1', {}, 'Relay dead letters')];
+  if (Object.keys(filter).length) out.push(el('p', { class: 'muted' }, 'Filtered by ', Object.entries(filter).map(([k, v]) => `${k} = ${v}`).join(', '), ' · ', link('#/dead-letters', 'show all')));
+  if (items.length === 0) {
+    out.push(el('p', { class: 'muted', id: 'empty' }, 'No dead letters.'));
+  } else {
+    out.push(el('p', { class: 'muted' }, `${items.length.toLocaleString()} on this page, grouped by reason. An action shows its count before it runs.`));
+    for (const [reason, rows] of groupByReason(items, (d) => d.reason)) {
+      const ids = rows.map((d) => d.event.id);
+      out.push(reasonBlock(reason, rows, ['Event', 'Feed', 'Topic', 'Key', 'Type', 'Failed at', ''], (d) => el('tr', { dataset: { id: d.event.id } },
+        el('td', {}, eventLink(d.event.id)), el('td', {}, d.feed), el('td', {}, d.event.topic),
+        el('td', { class: 'clip mono' }, link('#/dead-letters?key=' + encodeURIComponent(d.event.key), d.event.key)),
+        el('td', {}, d.event.type), el('td', {}, fmtTime(d.failed_at)),
+        el('td', {}, el('div', { class: 'actions' },
+          el('button', { onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/redrive', { ids: [d.event.id] }, 'Redrive') }, 'Redrive'),
+          el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/discard', { ids: [d.event.id] }, 'Discard') }, 'Discard')))),
+      (block) => [
+        el('button', { class: 'primary', onclick: () => confirmAction(block, 'dead-letters/redrive', { ids }, 'Redrive') }, `Redrive ${ids.length}`),
+        el('button', { class: 'danger', onclick: () => confirmAction(block, 'dead-letters/discard', { ids }, 'Discard') }, `Discard ${ids.length}`),
+      ]));
+    }
+  }
+  if (page.next) {
+    const n = new URLSearchParams(params);
+    n.set('after', page.next);
+    out.push(el('p', {}, link('#/dead-letters?' + n, 'Next page →')));
+  }
+  main.replaceChildren(...out);
+  return false;
+}
+
+const STATES = ['dead', 'failed', 'pending', 'processing', 'processed', 'retracted', 'discarded'];
+
+async function group(main, name, params) {
+  const state = params.get('state') || 'dead';
+  const q = new URLSearchParams({ state, limit: '500' });
+  if (params.get('key')) q.set('key', params.get('key'));
+  const page = await get('groups/' + encodeURIComponent(name) + '/events?' + q);
+  const base = '#/groups/' + encodeURIComponent(name);
+  const out = [el('h1', {}, 'Group ', name)];
+  out.push(el('div', { class: 'tabs' }, STATES.map((s) => el('a', { href: base + '?state=' + s, class: s === state ? 'active' : '' }, s))));
+  if (state === 'dead') {
+    const policy = el('div', { class: 'actions' }, el('span', { class: 'muted' }, 'Dead policy:'),
+      el('button', { onclick: () => setPolicy(name, true) }, 'Hold a dead event’s key'),
+      el('button', { onclick: () => setPolicy(name, false) }, 'Let its later events run'));
+    out.push(policy);
+  }
+  const rows = page.events;
+  if (rows.length === 0) {
+    out.push(el('p', { class: 'muted', id: 'empty' }, `No ${state} events.`));
+  } else if (state === 'dead' || state === 'failed') {
+    for (const [reason, rs] of groupByReason(rows, (r) => r.last_error)) {
+      const ids = rs.map((r) => r.event.id);
+      out.push(reasonBlock(reason, rs, ['Event', 'Key', 'Type', 'Attempts', 'Received', state === 'dead' ? 'Dead since' : 'Next attempt'], (r) => el('tr', { dataset: { id: r.event.id } },
+        el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip mono' }, r.event.key), el('td', {}, r.event.type),
+        el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', {}, fmtTime(state === 'dead' ? r.finished_at : r.next_attempt_at))),
+      (block) => state !== 'dead' ? [] : [
+        el('button', { class: 'primary', onclick: () => confirmAction(block, 'groups/' + encodeURIComponent(name) + '/redrive', { ids }, 'Redrive') }, `Redrive ${ids.length}`),
+        el('button', { class: 'danger', onclick: () => confirmAction(block, 'groups/' + encodeURIComponent(name) + '/discard', { ids }, 'Discard') }, `Discard ${ids.length}`),
+      ]));
+    }
+  } else {
+    out.push(el('table', {}, el('thead', {}, el('tr', {}, ['Event', 'Key', 'Seq', 'Type', 'Attempts', 'Received', 'Finished'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows.map((r) => el('tr', { dataset: { id: r.event.id } },
+        el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip mono' }, r.event.key), el('td', { class: 'num' }, r.event.seq), el('td', {}, r.event.type),
+        el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', {}, fmtTime(r.finished_at)))))));
+  }
+  main.replaceChildren(...out);
+  return state === 'processing' || state === 'pending';
+}
+
+async function setPolicy(name, hold) {
+  try {
+    await post('groups/' + encodeURIComponent(name) + '/policy', { hold_dead: hold });
+    flash(hold ? `${name}: a dead event now holds its key’s later events.` : `${name}: a dead event’s key now goes on.`);
+  } catch (e) {
+    flash(e.message, true);
+  }
+}
+
+function fields(pairs) {
+  return el('dl', { class: 'fields' }, pairs.filter(([, v]) => v !== undefined && v !== '').map(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
+}
+
+function payloadView(ev) {
+  if (ev.payload_text !== undefined && ev.payload_text !== null) return el('pre', { id: 'payload' }, ev.payload_text);
+  const bytes = atob(ev.payload || '');
+  const hex = [...bytes.slice(0, 512)].map((c) => c.charCodeAt(0).toString(16).padStart(2, '0')).join(' ');
+  return el('div', {}, el('p', { class: 'muted' }, `binary, ${bytes.length.toLocaleString()} bytes${bytes.length > 512 ? ' (the first 512 shown)' : ''}`), el('pre', { id: 'payload' }, hex));
+}
+
+async function eventPage(main, id) {
+  const t = await get('events/' + encodeURIComponent(id));
+  const ev = (t.dead_letter && t.dead_letter.event) || (t.groups[0] && t.groups[0].event);
+  const out = [el('h1', {}, 'Event ', el('span', { class: 'mono' }, t.id))];
+  out.push(fields([['Topic', ev.topic], ['Key', el('span', { class: 'mono', id: 'event-key' }, ev.key)], ['Seq', String(ev.seq)], ['Type', ev.type],
+    ['Source', ev.source], ['Content type', ev.content_type], ['Committed', fmtTime(ev.created_at)]]));
+  const steps = [el('li', { class: 'good' }, el('b', {}, 'Committed to the outbox'), ' ', el('span', { class: 'muted' }, fmtTime(ev.created_at)))];
+  if (t.dead_letter) {
+    const dl = t.dead_letter;
+    steps.push(el('li', { class: 'bad', id: 'relay-dead' }, el('b', {}, 'Dead-lettered by the relay'), ' ', el('span', { class: 'muted' }, `${dl.feed}, ${fmtTime(dl.failed_at)}`),
+      el('pre', {}, dl.reason),
+      el('div', { class: 'actions' },
+        el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/redrive', { ids: [t.id] }, 'Redrive') }, 'Redrive'),
+        el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/discard', { ids: [t.id] }, 'Discard') }, 'Discard'))));
+  } else if (t.groups.length) {
+    steps.push(el('li', { class: 'good' }, el('b', {}, 'Published by the relay'), ' ', el('span', { class: 'muted' }, 'before its first delivery')));
+  }
+  for (const g of t.groups) {
+    const done = g.state === 'processed' ? 'good' : (g.state === 'dead' || g.state === 'failed' ? 'bad' : '');
+    steps.push(el('li', { class: done, dataset: { group: g.group } },
+      el('b', {}, 'Group ', link('#/groups/' + encodeURIComponent(g.group), g.group)), ' ', stateBadge(g.state), ' ',
+      el('span', { class: 'muted' }, `received ${fmtTime(g.received_at)}, ${g.attempts} attempt${g.attempts === 1 ? '' : 's'}`,
+        g.finished_at ? `, finished ${fmtTime(g.finished_at)}` : '', g.next_attempt_at ? `, next attempt ${fmtTime(g.next_attempt_at)}` : ''),
+      g.last_error ? el('pre', { title: 'the last error' }, (g.state === 'processed' ? 'earlier attempt: ' : '') + g.last_error) : null,
+      g.state === 'dead' ? el('div', { class: 'actions' },
+        el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'groups/' + encodeURIComponent(g.group) + '/redrive', { ids: [t.id] }, 'Redrive') }, 'Redrive'),
+        el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'groups/' + encodeURIComponent(g.group) + '/discard', { ids: [t.id] }, 'Discard') }, 'Discard')) : null));
+  }
+  out.push(el('h2', {}, 'Timeline'), el('ol', { class: 'timeline', id: 'timeline' }, steps));
+  const headers = Object.entries(ev.headers || {}).sort(([a], [b]) => a.localeCompare(b));
+  out.push(el('h2', {}, 'Headers'));
+  out.push(headers.length ? el('table', { id: 'headers' }, el('tbody', {}, headers.map(([k, v]) => el('tr', {}, el('td', { class: 'mono' }, k), el('td', { class: 'mono' }, v))))) : el('p', { class: 'muted' }, 'None.'));
+  out.push(el('h2', {}, 'Payload'), payloadView(ev));
+  main.replaceChildren(...out);
+  return t.groups.some((g) => g.state !== 'processed' && g.state !== 'dead');
+}
+
+// ---- routing ----
+
+let timer;
+let generation = 0; // of the page shown: a slower, older load must not replace a newer page
+
+async function route() {
+  clearTimeout(timer);
+  const mine = ++generation;
+  const hash = location.hash.replace(/^#/, '') || '/';
+  const [path, query] = hash.split('?');
+  const params = new URLSearchParams(query || '');
+  const parts = path.split('/').filter(Boolean).map(decodeURIComponent);
+  document.querySelectorAll('nav a').forEach((a) => a.classList.toggle('active',
+    (a.dataset.nav === 'overview' && parts.length === 0) || a.dataset.nav === parts[0]));
+  // The page is built off-screen and shown only if no newer navigation
+  // started meanwhile.
+  const main = document.createElement('div');
+  let poll = false;
+  try {
+    if (parts.length === 0) poll = await overview(main);
+    else if (parts[0] === 'dead-letters') poll = await deadLetters(main, params);
+    else if (parts[0] === 'groups' && parts[1]) poll = await group(main, parts[1], params);
+    else if (parts[0] === 'events' && parts[1]) poll = await eventPage(main, parts[1]);
+    else main.replaceChildren(el('p', {}, 'No such page. ', link('#/', 'Overview')));
+    document.title = 'Ferry console · ' + (parts[0] || 'overview');
+  } catch (e) {
+    main.replaceChildren(el('p', { class: 'muted', id: 'error' }, e.message));
+    poll = true;
+  }
+  if (mine !== generation) return;
+  document.getElementById('main').replaceChildren(...main.childNodes);
+  if (poll) timer = setTimeout(route, POLL_MS);
+}
+
+function showToken() {
+  document.getElementById('token-state').textContent = token() ? 'actions: token set' : 'actions need the token';
+}
+
+function init() {
+  // `ferry ui` prints a link with the token in the fragment (never sent to
+  // the server): keep it for this tab and take it out of the address.
+  const m = location.hash.match(/^#token=([^&]*)/);
+  if (m) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    history.replaceState(null, '', location.pathname + '#/');
+  }
+  document.getElementById('token-form').addEventListener('submit', (e) => {
+    e.preventDefault();
+    const input = document.getElementById('token');
+    if (input.value) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    else sessionStorage.removeItem(TOKEN_KEY);
+    input.value = '';
+    showToken();
+  });
+  showToken();
+  window.addEventListener('hashchange', route);
+  route();
+}
+
+document.addEventListener('DOMContentLoaded', init);
