@@ -15,6 +15,11 @@ import (
 // OpenTelemetry.
 type Hook any
 
+// DefaultSystem is the messaging system that telemetry names when nothing
+// names another: Ferry itself, the transport of the relay's inbox sink
+// (Consumer.Sink) and of an Ingest whose context names none.
+const DefaultSystem = "ferry"
+
 // EmitHook is called by Emit and EmitTx for each event, with the caller's
 // context, after its ID is filled in and before it is validated: it may add
 // headers. A tracing hook writes the trace context of ctx there
@@ -55,6 +60,13 @@ type PublishHook interface {
 type IngestInfo struct {
 	// Group is the consumer's group.
 	Group string
+	// System names the transport the events came through, as the
+	// ingest's context says (ferrysink.WithSystem): the broker of a source
+	// run by Consume that is a ferrysink.Describer ("nats", "kafka",
+	// "rabbitmq"), "webhook" from ferrywebhook.Handler, "evm" from
+	// ferrychain, "ferry" (DefaultSystem) from the relay's inbox sink and
+	// when the context names none.
+	System string
 	// Events are the events delivered. Read them, do not change them.
 	Events []*Event
 	// Inserted is how many were new to the inbox; the others were

@@ -43,8 +43,15 @@ func Dial(url string) func(ctx context.Context) (Client, error) {
 	}
 }
 
+// System is the transport a Source's deliveries name ("evm": the logs of
+// an EVM chain, read over JSON-RPC): the context of its Ingest calls
+// carries it (ferrysink.WithSystem), so that a *ferry.Consumer reports it
+// on its receive spans and its ferry_consumer_ingested_events_total.
+const System = "evm"
+
 // Inbox is where the source puts events: a consumer group's inbox.
-// *ferry.Consumer implements it.
+// *ferry.Consumer implements it. Give the consumer the hooks of your
+// service (ferry.ConsumerConfig.Hooks) to trace and count the deliveries.
 type Inbox interface {
 	Group() string
 	Ingest(ctx context.Context, events []*ferryevent.Event) (int, error)

@@ -56,6 +56,14 @@
 // provider refuses a range; the last window is read block by block, by
 // hash.
 //
+// # Telemetry
+//
+// Config.Hooks takes ferry.MetricsHooks for the source's ferry_chain_*
+// metrics. The source's Ingest calls name "evm" (System) as the transport
+// of their events (ferrysink.WithSystem), so that a *ferry.Consumer given
+// hooks reports them on its receive spans (ferryotel) and in
+// ferry_consumer_ingested_events_total{system="evm"}.
+//
 // # Verification
 //
 // The tests run go-ethereum's simulated backend (which can fork) against

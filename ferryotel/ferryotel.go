@@ -29,6 +29,19 @@
 // plus ferry.key and ferry.feed. A failed publish or handler call records
 // the error and sets the span's status.
 //
+// messaging.system names the transport each span is about. A send span
+// names the sink's destination ("nats", "kafka", "rabbitmq", "webhook":
+// ferrysink.Describer), a receive span (one per delivery into an inbox,
+// ferry.IngestHook) the transport the delivery came through
+// (ferry.IngestInfo.System: the same names from their sources and the
+// webhook receiver, "evm" from ferrychain). Both say "ferry" for the
+// direct path, where the relay writes into the inbox itself
+// (Consumer.Sink). A process span always says "ferry": the handler reads
+// the event from the consumer's inbox, a table of Ferry's, not from the
+// broker, which the event left when its receive span ended (a redelivery,
+// a retry or a rescue runs from the inbox too); the receive span of the
+// same trace tells where it came from.
+//
 // The root module does not depend on OpenTelemetry: import this package
 // only where you want it.
 package ferryotel
@@ -144,7 +157,7 @@ func (t *Tracer) OnPublish(info *ferry.PublishInfo) {
 	ev := info.Event
 	system := info.System
 	if system == "" {
-		system = "ferry"
+		system = ferry.DefaultSystem
 	}
 	parent := t.Extract(context.Background(), ev)
 	_, span := t.tracer.Start(parent, "send "+ev.Topic,
@@ -182,15 +195,20 @@ func (t *Tracer) links(evs []*ferry.Event) []trace.Link {
 // OnIngest records a consumer's "receive" span (kind consumer) for one
 // delivery it put in its inbox (ferry.IngestHook), from the insert's start
 // to its end: for one event, a child of the event's trace context; for
-// several, linked to each event's context.
+// several, linked to each event's context. Its messaging.system is the
+// transport the delivery came through (ferry.IngestInfo.System).
 func (t *Tracer) OnIngest(info *ferry.IngestInfo) {
 	if len(info.Events) == 0 {
 		return
 	}
+	system := info.System
+	if system == "" {
+		system = ferry.DefaultSystem
+	}
 	links := t.links(info.Events)
 	parent := context.Background()
 	attrs := []attribute.KeyValue{
-		attribute.String("messaging.system", "ferry"),
+		attribute.String("messaging.system", system),
 		attribute.String("messaging.operation.type", "receive"),
 		attribute.String("messaging.operation.name", "ingest"),
 		attribute.String("messaging.destination.name", info.Events[0].Topic),
@@ -220,7 +238,9 @@ func (t *Tracer) Middleware() ferry.Middleware {
 		}
 		links := t.links(evs)
 		attrs := []attribute.KeyValue{
-			attribute.String("messaging.system", "ferry"),
+			// The handler reads from the consumer's inbox, whatever
+			// brought the events there (see the package documentation).
+			attribute.String("messaging.system", ferry.DefaultSystem),
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.operation.name", "process"),
 			attribute.String("messaging.destination.name", evs[0].Topic),
