@@ -7,12 +7,15 @@ import (
 
 // Hook observes Ferry's runtime, for tracing, metrics or logs, without the
 // root module depending on any telemetry stack: a hook is any value that
-// implements one or more of the interfaces below (EmitHook,
-// PublishHook, IngestHook, TxHook, MetricsHook). A Client, a Relay or a Consumer given hooks calls, on each,
-// the methods it implements that concern it. Hooks are called from many
-// goroutines at once and on Ferry's own paths: they must be safe for
-// concurrent use and must not block. Package ferryotel is a hook for
-// OpenTelemetry.
+// implements one or more of EmitHook (Config.Hooks), PublishHook
+// (RelayConfig.Hooks), IngestHook (ConsumerConfig.Hooks), TxHook
+// (TxOptions.Hooks), SettleHook (AwaitSettled's trailing hooks) and
+// MetricsHook (all of them). A Client, a Relay, a Consumer, RunTx or
+// AwaitSettled given hooks calls, on each, the methods it implements that
+// concern it. Hooks are called from many goroutines at once and on Ferry's
+// own paths: they must be safe for concurrent use and must not block.
+// Package ferryotel is a hook for OpenTelemetry, ferryprom a MetricsHook
+// for Prometheus.
 type Hook any
 
 // DefaultSystem is the messaging system that telemetry names when nothing

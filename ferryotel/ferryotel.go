@@ -61,7 +61,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
 // ScopeName is the instrumentation scope of Ferry's spans.
@@ -305,28 +304,32 @@ func (s txSpan) OnEnd(attempts int, err error) {
 	s.span.End()
 }
 
-// AwaitSettled is ferry.AwaitSettled in a span, "AwaitSettled" (kind
-// internal), that records the group, how many events it waited for, the
-// outcome (ferry.settlement.outcome: "settled", "failed" or "pending")
-// and how many were pending or failed.
-func (t *Tracer) AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, timeout time.Duration) (*ferry.Settlement, error) {
+var _ ferry.SettleHook = (*Tracer)(nil)
+
+// OnSettleStart starts the span of an AwaitSettled call, "AwaitSettled"
+// (kind internal), in which the wait runs (ferry.SettleHook): pass the
+// Tracer among AwaitSettled's trailing hooks. The span records the group
+// and how many events it waited for (ferry.settlement.events), and ends
+// with the outcome (ferry.settlement.outcome: "settled", "failed" or
+// "pending") and how many were pending or failed, or with the error.
+func (t *Tracer) OnSettleStart(ctx context.Context, group string, ids []uuid.UUID) (context.Context, func(*ferry.Settlement, error)) {
 	ctx, span := t.tracer.Start(ctx, "AwaitSettled", trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
 		attribute.String("messaging.consumer.group.name", group),
 		attribute.Int("ferry.settlement.events", len(ids)),
 	))
-	defer span.End()
-	st, err := ferry.AwaitSettled(ctx, s, group, ids, timeout)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		return st, err
+	return ctx, func(st *ferry.Settlement, err error) {
+		defer span.End()
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			return
+		}
+		span.SetAttributes(
+			attribute.String("ferry.settlement.outcome", st.Outcome()),
+			attribute.Int("ferry.settlement.pending", len(st.Pending)),
+			attribute.Int("ferry.settlement.failed", len(st.Failed)),
+		)
 	}
-	span.SetAttributes(
-		attribute.String("ferry.settlement.outcome", st.Outcome()),
-		attribute.Int("ferry.settlement.pending", len(st.Pending)),
-		attribute.Int("ferry.settlement.failed", len(st.Failed)),
-	)
-	return st, nil
 }
 
 // LogHandler wraps h so that every record logged with a context carries

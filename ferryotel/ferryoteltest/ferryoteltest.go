@@ -120,7 +120,7 @@ func testOneTrace(t *testing.T, p Pipeline) {
 	case <-ctx.Done():
 		t.Fatal("the event did not reach its handler")
 	}
-	st, err := tr.AwaitSettled(reqCtx, drv, "billing", []uuid.UUID{ev.ID}, 10*time.Second)
+	st, err := ferry.AwaitSettled(reqCtx, drv, "billing", []uuid.UUID{ev.ID}, 10*time.Second, tr)
 	require.NoError(t, err)
 	require.True(t, st.Done())
 	stop()
