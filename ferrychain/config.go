@@ -206,7 +206,9 @@ type Config struct {
 	// (ferryprom.New(registerer) for Prometheus: ferry_chain_head_block,
 	// _cursor_block, _head_lag_blocks, _reorgs_total, _reorg_depth_blocks,
 	// _retracted_events_total, _ingested_events_total, _rpc_errors_total).
-	// Optional.
+	// Optional. The inbox's own metrics and spans come from the hooks of
+	// the *ferry.Consumer (ConsumerConfig.Hooks), which sees the source's
+	// deliveries as system "evm" (System).
 	Hooks []ferry.Hook
 }
 

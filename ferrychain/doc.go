@@ -71,7 +71,8 @@
 // one, a transaction re-mined at another log index, a crash injected before
 // and after every inbox operation of the reorg, clean restarts between its
 // steps, a WebSocket endpoint whose connections are cut (through a proxy),
-// and a deep reorg halting a 1-confirmation group. The simulated backend's
+// a deep reorg halting a 1-confirmation group, and a reorg's metrics read
+// from a Prometheus registry (ferryprom). The simulated backend's
 // "safe" equals "latest" and its "finalized" moves in 32-block steps, so
 // the tier tests use confirmations.
 package ferrychain
