@@ -75,7 +75,7 @@ func cmdChainRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(c.level)); err != nil {
 		return usagef("--log-level %q: use debug, info, warn or error", c.level)
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(tracedLogs(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})))
 	if c.rpcURL == "" || c.group == "" || c.contracts == "" {
 		return usagef("--rpc-url, --group and --contracts are required (or FERRY_CHAIN_RPC_URL, FERRY_CHAIN_GROUP, FERRY_CHAIN_CONTRACTS)")
 	}
