@@ -334,8 +334,10 @@ func (t *Tracer) OnSettleStart(ctx context.Context, group string, ids []uuid.UUI
 
 // LogHandler wraps h so that every record logged with a context carries
 // trace_id and span_id: those of the span active in the context, or else,
-// for the consumer's records about one event (ferry.EventFromContext),
-// those of the event's trace context (the span that emitted it). Give it
+// for the consumer's and the relay's records about one event (a failed
+// attempt, a dead event, a dead letter, a held key:
+// ferry.EventFromContext), those of the event's trace context (the span
+// that emitted it). Give it
 // to Ferry's loggers (ConsumerConfig.Logger, RelayConfig.Logger) and your
 // own, and log with the handler's ctx (slog.InfoContext).
 func (t *Tracer) LogHandler(h slog.Handler) slog.Handler { return &logHandler{next: h, t: t} }
