@@ -1,40 +1,54 @@
 // Package ferryotel traces Ferry with OpenTelemetry, from the request that
 // emits an event to every handler that applies it.
 //
-// One Tracer plugs into the three places an event passes:
+// One Tracer is a hook (ferry.Hook) for every place an event passes, and
+// makes the consumer's middleware:
 //
-//		tr := ferryotel.New() // the global TracerProvider and W3C Trace Context
-//		client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
-//		relay, _ := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Hooks: []ferry.Hook{tr}})
-//		consumer, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing",
-//			Middleware: []ferry.Middleware{tr.Middleware()}})
+//	tr := ferryotel.New() // the global TracerProvider and W3C Trace Context
+//	client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
+//	relay, _ := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Hooks: []ferry.Hook{tr}})
+//	consumer, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing",
+//		Hooks: []ferry.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
+//	res, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferry.Hook{tr}}, placeOrder)
+//	st, err := ferry.AwaitSettled(ctx, drv, "billing", ids, 2*time.Second, tr)
 //
-//	  - Emit and EmitTx write the trace context of their ctx (the request's
-//	    span) into each event's headers, traceparent and tracestate, unless
-//	    the event has a traceparent of its own. The headers are stored in the
-//	    outbox and carried by every sink, source and inbox.
-//	  - The relay records a "send <topic>" span (kind producer) for each
-//	    event it publishes, from the hand-off to the sink's answer, as a
-//	    child of the event's trace context.
-//	  - The consumer runs each handler call in a "process <topic>" span (kind
-//	    consumer): for one event, a child of the event's trace context, with
-//	    a link to it too; for a batch handler's call, a span linked to each
-//	    event's context. Spans the handler starts from its ctx are children
-//	    of it.
+// What it records:
+//
+//   - Emit and EmitTx write the trace context of their ctx (the request's
+//     span) into each event's headers, traceparent and tracestate, unless
+//     the event has a traceparent of its own (ferry.EmitHook). The headers
+//     are stored in the outbox and carried by every sink, source and inbox.
+//   - The relay records a "send <topic>" span (kind producer) for each
+//     event it publishes, from the hand-off to the sink's answer, as a
+//     child of the event's trace context (ferry.PublishHook).
+//   - The consumer records a "receive <topic>" span (kind consumer) for
+//     each delivery it puts in its inbox, from a source, a webhook
+//     receiver, ferrychain or the relay's inbox sink (ferry.IngestHook):
+//     for one event, a child of the event's trace context; for several,
+//     linked to each event's context.
+//   - The consumer runs each handler call in a "process <topic>" span (kind
+//     consumer, Middleware): for one event, a child of the event's trace
+//     context, with a link to it too; for a batch handler's call, a span
+//     linked to each event's context. Spans the handler starts from its
+//     ctx are children of it.
+//   - RunTx is one "RunTx" span with a "retry" event per rerun
+//     (ferry.TxHook); AwaitSettled one "AwaitSettled" span with the outcome
+//     (ferry.SettleHook).
+//   - LogHandler puts trace_id and span_id into log records.
 //
 // The attributes follow the OpenTelemetry messaging semantic conventions:
 // messaging.system, messaging.destination.name (the topic),
 // messaging.message.id (the event ID), messaging.operation.type ("send",
-// "process"), messaging.consumer.group.name, messaging.batch.message_count,
-// plus ferry.key and ferry.feed. A failed publish or handler call records
-// the error and sets the span's status.
+// "receive", "process"), messaging.consumer.group.name,
+// messaging.batch.message_count, plus ferry.key and ferry.feed. A failed
+// publish, delivery or handler call records the error and sets the span's
+// status.
 //
 // messaging.system names the transport each span is about. A send span
 // names the sink's destination ("nats", "kafka", "rabbitmq", "webhook":
-// ferrysink.Describer), a receive span (one per delivery into an inbox,
-// ferry.IngestHook) the transport the delivery came through
-// (ferry.IngestInfo.System: the same names from their sources and the
-// webhook receiver, "evm" from ferrychain). Both say "ferry" for the
+// ferrysink.Describer), a receive span the transport the delivery came
+// through (ferry.IngestInfo.System: the same names from their sources and
+// the webhook receiver, "evm" from ferrychain). Both say "ferry" for the
 // direct path, where the relay writes into the inbox itself
 // (Consumer.Sink). A process span always says "ferry": the handler reads
 // the event from the consumer's inbox, a table of Ferry's, not from the
@@ -67,8 +81,9 @@ import (
 const ScopeName = "github.com/ferry-dev/ferry/ferryotel"
 
 // Tracer records Ferry's spans and carries trace context in events. It is
-// a ferry.EmitHook and a ferry.PublishHook, and makes consumer middleware;
-// it is safe for concurrent use.
+// a ferry.EmitHook, PublishHook, IngestHook, TxHook and SettleHook, and
+// makes consumer middleware (Middleware) and log handlers (LogHandler); it
+// is safe for concurrent use.
 type Tracer struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
