@@ -381,16 +381,22 @@ func (c *Consumer[TTx]) Notify() {
 
 // Ingest records events in the group's inbox, once per event ID, and wakes
 // the workers. Sources call it and acknowledge to their broker only after
-// it returned nil: then the events are durable.
+// it returned nil: then the events are durable. The transport the events
+// came through is the system ctx carries (ferrysink.WithSystem; Consume and
+// the webhook receiver set it), or "ferry" (IngestInfo.System).
 func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted int, err error) {
 	start := time.Now()
 	defer func() {
-		c.m.ingested.WithLabelValues("inserted").Add(float64(inserted))
+		system := ferrysink.SystemOf(ctx)
+		if system == "" {
+			system = DefaultSystem
+		}
+		c.m.ingested.Add(float64(inserted), system, "inserted")
 		if err == nil {
-			c.m.ingested.WithLabelValues("duplicate").Add(float64(len(events) - inserted))
+			c.m.ingested.Add(float64(len(events)-inserted), system, "duplicate")
 		}
 		for _, h := range c.ingest {
-			h.OnIngest(&IngestInfo{Group: c.cfg.Group, Events: events, Inserted: inserted, Start: start, Err: err})
+			h.OnIngest(&IngestInfo{Group: c.cfg.Group, System: system, Events: events, Inserted: inserted, Start: start, Err: err})
 		}
 	}()
 	res, err := c.driver.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: c.cfg.Group, Events: events})
@@ -918,10 +924,14 @@ func (c *Consumer[TTx]) Sink() ferrysink.Sink { return &inboxSink[TTx]{c: c} }
 
 type inboxSink[TTx any] struct{ c *Consumer[TTx] }
 
+// System returns "ferry": the relay writes into the inbox itself, with no
+// broker between (ferrysink.Describer), and its deliveries say so.
+func (s *inboxSink[TTx]) System() string { return DefaultSystem }
+
 // Publish ingests events in one statement: all or none.
 func (s *inboxSink[TTx]) Publish(ctx context.Context, events []*ferryevent.Event) []error {
 	errs := make([]error, len(events))
-	if _, err := s.c.Ingest(ctx, events); err != nil {
+	if _, err := s.c.Ingest(ferrysink.WithSystem(ctx, DefaultSystem), events); err != nil {
 		for i := range errs {
 			errs[i] = err
 		}
@@ -937,9 +947,17 @@ func (s *inboxSink[TTx]) Close(context.Context) error { return nil }
 
 // Consume runs src (ferrynats, ferrykafka or ferryrabbit's Source) into the
 // consumer's inbox until ctx ends, returning what src.Run returns. Run the
-// consumer itself next to it (Run).
+// consumer itself next to it (Run). A source that names its broker
+// (ferrysink.Describer) has its deliveries reported with that system.
 func (c *Consumer[TTx]) Consume(ctx context.Context, src ferrysink.Source) error {
+	system := ""
+	if d, ok := src.(ferrysink.Describer); ok {
+		system = d.System()
+	}
 	return src.Run(ctx, func(ctx context.Context, events []*Event) error {
+		if system != "" {
+			ctx = ferrysink.WithSystem(ctx, system)
+		}
 		_, err := c.Ingest(ctx, events)
 		return err
 	})

@@ -7,13 +7,21 @@ import (
 
 // Hook observes Ferry's runtime, for tracing, metrics or logs, without the
 // root module depending on any telemetry stack: a hook is any value that
-// implements one or more of the interfaces below (EmitHook,
-// PublishHook, IngestHook, TxHook, MetricsHook). A Client, a Relay or a Consumer given hooks calls, on each,
-// the methods it implements that concern it. Hooks are called from many
-// goroutines at once and on Ferry's own paths: they must be safe for
-// concurrent use and must not block. Package ferryotel is a hook for
-// OpenTelemetry.
+// implements one or more of EmitHook (Config.Hooks), PublishHook
+// (RelayConfig.Hooks), IngestHook (ConsumerConfig.Hooks), TxHook
+// (TxOptions.Hooks), SettleHook (AwaitSettled's trailing hooks) and
+// MetricsHook (all of them). A Client, a Relay, a Consumer, RunTx or
+// AwaitSettled given hooks calls, on each, the methods it implements that
+// concern it. Hooks are called from many goroutines at once and on Ferry's
+// own paths: they must be safe for concurrent use and must not block.
+// Package ferryotel is a hook for OpenTelemetry, ferryprom a MetricsHook
+// for Prometheus.
 type Hook any
+
+// DefaultSystem is the messaging system that telemetry names when nothing
+// names another: Ferry itself, the transport of the relay's inbox sink
+// (Consumer.Sink) and of an Ingest whose context names none.
+const DefaultSystem = "ferry"
 
 // EmitHook is called by Emit and EmitTx for each event, with the caller's
 // context, after its ID is filled in and before it is validated: it may add
@@ -55,6 +63,13 @@ type PublishHook interface {
 type IngestInfo struct {
 	// Group is the consumer's group.
 	Group string
+	// System names the transport the events came through, as the
+	// ingest's context says (ferrysink.WithSystem): the broker of a source
+	// run by Consume that is a ferrysink.Describer ("nats", "kafka",
+	// "rabbitmq"), "webhook" from ferrywebhook.Handler, "evm" from
+	// ferrychain, "ferry" (DefaultSystem) from the relay's inbox sink and
+	// when the context names none.
+	System string
 	// Events are the events delivered. Read them, do not change them.
 	Events []*Event
 	// Inserted is how many were new to the inbox; the others were

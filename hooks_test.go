@@ -10,10 +10,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryprom"
+	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/internal/promtest"
 )
 
 type ctxKey struct{}
@@ -171,5 +175,92 @@ func TestMiddlewareWrapsEveryHandlerCall(t *testing.T) {
 				require.Contains(t, joined, "outer mw 2 Many|inner")
 			}
 		})
+	}
+}
+
+// ingestRecorder is an IngestHook.
+type ingestRecorder struct {
+	mu    sync.Mutex
+	infos []ferry.IngestInfo
+}
+
+func (h *ingestRecorder) OnIngest(info *ferry.IngestInfo) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.infos = append(h.infos, *info)
+}
+
+func (h *ingestRecorder) systems() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]string, len(h.infos))
+	for i, info := range h.infos {
+		out[i] = info.System
+	}
+	return out
+}
+
+// describedSource delivers its events once, as a broker named system
+// would, then waits for the end (a ferrysink.Source and Describer).
+type describedSource struct {
+	system string
+	events []*ferry.Event
+}
+
+func (s *describedSource) System() string { return s.system }
+
+func (s *describedSource) Run(ctx context.Context, ingest func(context.Context, []*ferry.Event) error) error {
+	if err := ingest(ctx, s.events); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// TestIngestNamesItsTransport: each delivery reports the transport it came
+// through to the IngestHook and in the ingest metric's system label: the
+// system of its context (ferrysink.WithSystem), that of a source run by
+// Consume that names one, "ferry" for the relay's inbox sink and when
+// nothing names one.
+func TestIngestNamesItsTransport(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	drv := newPG(t)
+	reg := prometheus.NewRegistry()
+	rec := &ingestRecorder{}
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "ingest", Hooks: []ferry.Hook{rec, ferryprom.New(reg)}})
+	require.NoError(t, err)
+	event := func(key string) *ferry.Event {
+		return &ferry.Event{ID: ferry.NewID(), Topic: "t", Key: key, Type: "T", Seq: 1, CreatedAt: time.Now()}
+	}
+
+	_, err = c.Ingest(ctx, []*ferry.Event{event("a")})
+	require.NoError(t, err)
+	dup := event("b")
+	_, err = c.Ingest(ferrysink.WithSystem(ctx, "webhook"), []*ferry.Event{dup})
+	require.NoError(t, err)
+	_, err = c.Ingest(ferrysink.WithSystem(ctx, "webhook"), []*ferry.Event{dup})
+	require.NoError(t, err)
+	require.NoError(t, c.Sink().Publish(ctx, []*ferry.Event{event("c")})[0])
+	require.Equal(t, "ferry", c.Sink().(ferrysink.Describer).System(), "the relay's send spans name the direct path too")
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Consume(runCtx, &describedSource{system: "nats", events: []*ferry.Event{event("d"), event("e")}})
+	}()
+	require.Eventually(t, func() bool { return len(rec.systems()) == 5 }, 30*time.Second, 10*time.Millisecond)
+	stop()
+	require.NoError(t, <-done)
+
+	require.Equal(t, []string{"ferry", "webhook", "webhook", "ferry", "nats"}, rec.systems())
+	for _, s := range []struct {
+		system, result string
+		want           float64
+	}{{"ferry", "inserted", 2}, {"webhook", "inserted", 1}, {"webhook", "duplicate", 1}, {"nats", "inserted", 2}, {"nats", "duplicate", 0}} {
+		got, ok := promtest.Value(t, reg, "ferry_consumer_ingested_events_total", map[string]string{"group": "ingest", "system": s.system, "result": s.result})
+		require.True(t, ok, "no series for system %s, result %s", s.system, s.result)
+		require.Equal(t, s.want, got, "system %s, result %s", s.system, s.result)
 	}
 }

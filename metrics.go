@@ -150,6 +150,10 @@ func (l labelled) Add(v float64)                        { l.in.Add(v, l.lv) }
 func (l labelled) Set(v float64)                        { l.in.Set(v, l.lv) }
 func (l labelled) Observe(v float64)                    { l.in.Observe(v, l.lv) }
 
+// Add adds n to the series of the label values lv (a vector of several
+// labels).
+func (v counterVec) Add(n float64, lv ...string) { v.in.Add(n, lv...) }
+
 // exponential returns n buckets from start, each factor times the last.
 func exponential(start, factor float64, n int) []float64 {
 	out := make([]float64, n)
@@ -232,7 +236,8 @@ func newConsumerMetrics(hooks []Hook, group string) (*consumerMetrics, error) {
 	s := &metricSet{hooks: hooks, labels: map[string]string{"group": group}}
 	m := &consumerMetrics{
 		ingested: counterVec{s.make("ferry_consumer_ingested_events_total",
-			"Events delivered to the inbox, by result: inserted (new), duplicate (a redelivery of an event it had).", Counter, []string{"result"}, nil)},
+			"Events delivered to the inbox, by system (the transport they came through: nats, kafka, rabbitmq, webhook, evm, ferry) and result: inserted (new), duplicate (a redelivery of an event it had).",
+			Counter, []string{"system", "result"}, nil)},
 		outcomes: counterVec{s.make("ferry_consumer_attempts_total",
 			"Handler attempts by outcome: processed, retried, dead, claim_lost, skipped (no handler, SkipUnhandled), not_begun (no transaction: not counted).", Counter, []string{"outcome"}, nil)},
 		rescues: s.counter("ferry_consumer_rescues_total",

@@ -41,21 +41,50 @@ func (s *Settlement) Outcome() string {
 // timeout passes, and says which settled, which failed (and why) and which
 // are still pending. It is woken by the database when an event finishes
 // (it does not poll), and it reads on a connection of its own: called inside
-// a request's transaction, it still sees the consumer's commits. Each
-// MetricsHook among hooks records the wait (ferry_settlement_wait_seconds,
-// by outcome).
+// a request's transaction, it still sees the consumer's commits. The
+// trailing hooks observe the wait: each SettleHook hears of its start and
+// end (ferryotel records a span), each MetricsHook records it
+// (ferry_settlement_wait_seconds, by outcome), so that
+//
+//	st, err := ferry.AwaitSettled(ctx, drv, "billing", ids, 2*time.Second, prom, tr)
+//
+// gives the metric and the span.
 func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, timeout time.Duration, hooks ...Hook) (*Settlement, error) {
 	if group == "" {
 		return nil, errors.New("ferry: AwaitSettled needs the consumer group")
 	}
+	var ends []func(*Settlement, error)
+	for _, sh := range hooksOf[SettleHook](hooks) {
+		var end func(*Settlement, error)
+		ctx, end = sh.OnSettleStart(ctx, group, ids)
+		ends = append(ends, end)
+	}
 	start := time.Now()
-	rows, err := s.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: group, EventIDs: ids, Deadline: start.Add(timeout)})
+	out, err := awaitSettled(ctx, s, group, ids, start.Add(timeout))
+	if err == nil {
+		newCallMetrics(hooks).settleWait.Observe(time.Since(start).Seconds(), out.Outcome())
+	}
+	for _, end := range ends {
+		end(out, err)
+	}
+	return out, err
+}
+
+func awaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, deadline time.Time) (*Settlement, error) {
+	rows, err := s.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: group, EventIDs: ids, Deadline: deadline})
 	if err != nil {
 		return nil, err
 	}
-	out := settlementOf(ids, rows)
-	newCallMetrics(hooks).settleWait.Observe(time.Since(start).Seconds(), out.Outcome())
-	return out, nil
+	return settlementOf(ids, rows), nil
+}
+
+// SettleHook observes AwaitSettled calls (its trailing hooks).
+type SettleHook interface {
+	// OnSettleStart is called when an AwaitSettled call starts waiting
+	// for ids of group. The context it returns is the one the wait runs
+	// in (a tracing hook puts the call's span there); end is called once,
+	// when AwaitSettled returns, with what it returns.
+	OnSettleStart(ctx context.Context, group string, ids []uuid.UUID) (_ context.Context, end func(st *Settlement, err error))
 }
 
 // Failed returns, for the events of ids that group gave up on, the reason.

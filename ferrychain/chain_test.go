@@ -149,12 +149,13 @@ type group struct {
 	handled atomic.Int64
 }
 
-func newGroup(t *testing.T, drv *ferrypg.Driver[pgx.Tx], name string) *group {
+func newGroup(t *testing.T, drv *ferrypg.Driver[pgx.Tx], name string, hooks ...ferry.Hook) *group {
 	table := pgx.Identifier{drv.Schema(), "effects_" + name}.Sanitize()
 	_, err := pgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (
 		n bigserial PRIMARY KEY, event_id uuid NOT NULL, note text NOT NULL, block bigint NOT NULL, log_index int NOT NULL, sign int NOT NULL)`)
 	require.NoError(t, err)
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: name, PollInterval: 10 * time.Millisecond, RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond})
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: name, PollInterval: 10 * time.Millisecond, RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond,
+		Hooks: hooks})
 	require.NoError(t, err)
 	g := &group{name: name, table: table, drv: drv, c: c}
 	record := func(sign int) ferry.HandlerFunc[pgx.Tx] {
@@ -212,8 +213,9 @@ func (g *group) settle(t *testing.T) {
 	}, 20*time.Second, 10*time.Millisecond)
 }
 
-// runSource runs a source for g until the returned stop is called.
-func runSource(t *testing.T, drv *ferrypg.Driver[pgx.Tx], g *group, c *chain, tier ferrychain.Tier, wrap func(ferrychain.Inbox) ferrychain.Inbox) (stop func() error) {
+// runSource runs a source for g, with hooks, until the returned stop is
+// called.
+func runSource(t *testing.T, drv *ferrypg.Driver[pgx.Tx], g *group, c *chain, tier ferrychain.Tier, wrap func(ferrychain.Inbox) ferrychain.Inbox, hooks ...ferry.Hook) (stop func() error) {
 	t.Helper()
 	var inbox ferrychain.Inbox = g.c
 	if wrap != nil {
@@ -228,6 +230,7 @@ func runSource(t *testing.T, drv *ferrypg.Driver[pgx.Tx], g *group, c *chain, ti
 		PollInterval: 20 * time.Millisecond,
 		LeaseTTL:     time.Second,
 		Holder:       "test",
+		Hooks:        hooks,
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -43,8 +43,15 @@ func Dial(url string) func(ctx context.Context) (Client, error) {
 	}
 }
 
+// System is the transport a Source's deliveries name ("evm": the logs of
+// an EVM chain, read over JSON-RPC): the context of its Ingest calls
+// carries it (ferrysink.WithSystem), so that a *ferry.Consumer reports it
+// on its receive spans and its ferry_consumer_ingested_events_total.
+const System = "evm"
+
 // Inbox is where the source puts events: a consumer group's inbox.
-// *ferry.Consumer implements it.
+// *ferry.Consumer implements it. Give the consumer the hooks of your
+// service (ferry.ConsumerConfig.Hooks) to trace and count the deliveries.
 type Inbox interface {
 	Group() string
 	Ingest(ctx context.Context, events []*ferryevent.Event) (int, error)
@@ -199,7 +206,9 @@ type Config struct {
 	// (ferryprom.New(registerer) for Prometheus: ferry_chain_head_block,
 	// _cursor_block, _head_lag_blocks, _reorgs_total, _reorg_depth_blocks,
 	// _retracted_events_total, _ingested_events_total, _rpc_errors_total).
-	// Optional.
+	// Optional. The inbox's own metrics and spans come from the hooks of
+	// the *ferry.Consumer (ConsumerConfig.Hooks), which sees the source's
+	// deliveries as system "evm" (System).
 	Hooks []ferry.Hook
 }
 

@@ -56,6 +56,14 @@
 // provider refuses a range; the last window is read block by block, by
 // hash.
 //
+// # Telemetry
+//
+// Config.Hooks takes ferry.MetricsHooks for the source's ferry_chain_*
+// metrics. The source's Ingest calls name "evm" (System) as the transport
+// of their events (ferrysink.WithSystem), so that a *ferry.Consumer given
+// hooks reports them on its receive spans (ferryotel) and in
+// ferry_consumer_ingested_events_total{system="evm"}.
+//
 // # Verification
 //
 // The tests run go-ethereum's simulated backend (which can fork) against
@@ -63,7 +71,8 @@
 // one, a transaction re-mined at another log index, a crash injected before
 // and after every inbox operation of the reorg, clean restarts between its
 // steps, a WebSocket endpoint whose connections are cut (through a proxy),
-// and a deep reorg halting a 1-confirmation group. The simulated backend's
+// a deep reorg halting a 1-confirmation group, and a reorg's metrics read
+// from a Prometheus registry (ferryprom). The simulated backend's
 // "safe" equals "latest" and its "finalized" moves in 32-block steps, so
 // the tier tests use confirmations.
 package ferrychain

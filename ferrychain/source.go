@@ -20,6 +20,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/internal/backoff"
 )
 
@@ -463,7 +464,7 @@ func (r *run) ingest(ctx context.Context, logs []types.Log, blockTime uint64, e 
 			e.Events = append(e.Events, ev.ID)
 		}
 	}
-	if _, err := r.s.inbox.Ingest(ctx, events); err != nil {
+	if _, err := r.s.inbox.Ingest(ferrysink.WithSystem(ctx, System), events); err != nil {
 		return fmt.Errorf("ferrychain: ingest %d events: %w", len(events), err)
 	}
 	r.s.m.ingested.Add(float64(len(events)))

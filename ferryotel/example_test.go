@@ -67,7 +67,7 @@ func Example() {
 		panic(err)
 	}
 	req.End()
-	if _, err := tr.AwaitSettled(reqCtx, drv, "billing", []uuid.UUID{ev.ID}, 10*time.Second); err != nil {
+	if _, err := ferry.AwaitSettled(reqCtx, drv, "billing", []uuid.UUID{ev.ID}, 10*time.Second, tr); err != nil {
 		panic(err)
 	}
 	stop()

@@ -1,33 +1,60 @@
 // Package ferryotel traces Ferry with OpenTelemetry, from the request that
 // emits an event to every handler that applies it.
 //
-// One Tracer plugs into the three places an event passes:
+// One Tracer is a hook (ferry.Hook) for every place an event passes, and
+// makes the consumer's middleware:
 //
-//		tr := ferryotel.New() // the global TracerProvider and W3C Trace Context
-//		client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
-//		relay, _ := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Hooks: []ferry.Hook{tr}})
-//		consumer, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing",
-//			Middleware: []ferry.Middleware{tr.Middleware()}})
+//	tr := ferryotel.New() // the global TracerProvider and W3C Trace Context
+//	client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
+//	relay, _ := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Hooks: []ferry.Hook{tr}})
+//	consumer, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing",
+//		Hooks: []ferry.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
+//	res, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferry.Hook{tr}}, placeOrder)
+//	st, err := ferry.AwaitSettled(ctx, drv, "billing", ids, 2*time.Second, tr)
 //
-//	  - Emit and EmitTx write the trace context of their ctx (the request's
-//	    span) into each event's headers, traceparent and tracestate, unless
-//	    the event has a traceparent of its own. The headers are stored in the
-//	    outbox and carried by every sink, source and inbox.
-//	  - The relay records a "send <topic>" span (kind producer) for each
-//	    event it publishes, from the hand-off to the sink's answer, as a
-//	    child of the event's trace context.
-//	  - The consumer runs each handler call in a "process <topic>" span (kind
-//	    consumer): for one event, a child of the event's trace context, with
-//	    a link to it too; for a batch handler's call, a span linked to each
-//	    event's context. Spans the handler starts from its ctx are children
-//	    of it.
+// What it records:
+//
+//   - Emit and EmitTx write the trace context of their ctx (the request's
+//     span) into each event's headers, traceparent and tracestate, unless
+//     the event has a traceparent of its own (ferry.EmitHook). The headers
+//     are stored in the outbox and carried by every sink, source and inbox.
+//   - The relay records a "send <topic>" span (kind producer) for each
+//     event it publishes, from the hand-off to the sink's answer, as a
+//     child of the event's trace context (ferry.PublishHook).
+//   - The consumer records a "receive <topic>" span (kind consumer) for
+//     each delivery it puts in its inbox, from a source, a webhook
+//     receiver, ferrychain or the relay's inbox sink (ferry.IngestHook):
+//     for one event, a child of the event's trace context; for several,
+//     linked to each event's context.
+//   - The consumer runs each handler call in a "process <topic>" span (kind
+//     consumer, Middleware): for one event, a child of the event's trace
+//     context, with a link to it too; for a batch handler's call, a span
+//     linked to each event's context. Spans the handler starts from its
+//     ctx are children of it.
+//   - RunTx is one "RunTx" span with a "retry" event per rerun
+//     (ferry.TxHook); AwaitSettled one "AwaitSettled" span with the outcome
+//     (ferry.SettleHook).
+//   - LogHandler puts trace_id and span_id into log records.
 //
 // The attributes follow the OpenTelemetry messaging semantic conventions:
 // messaging.system, messaging.destination.name (the topic),
 // messaging.message.id (the event ID), messaging.operation.type ("send",
-// "process"), messaging.consumer.group.name, messaging.batch.message_count,
-// plus ferry.key and ferry.feed. A failed publish or handler call records
-// the error and sets the span's status.
+// "receive", "process"), messaging.consumer.group.name,
+// messaging.batch.message_count, plus ferry.key and ferry.feed. A failed
+// publish, delivery or handler call records the error and sets the span's
+// status.
+//
+// messaging.system names the transport each span is about. A send span
+// names the sink's destination ("nats", "kafka", "rabbitmq", "webhook":
+// ferrysink.Describer), a receive span the transport the delivery came
+// through (ferry.IngestInfo.System: the same names from their sources and
+// the webhook receiver, "evm" from ferrychain). Both say "ferry" for the
+// direct path, where the relay writes into the inbox itself
+// (Consumer.Sink). A process span always says "ferry": the handler reads
+// the event from the consumer's inbox, a table of Ferry's, not from the
+// broker, which the event left when its receive span ended (a redelivery,
+// a retry or a rescue runs from the inbox too); the receive span of the
+// same trace tells where it came from.
 //
 // The root module does not depend on OpenTelemetry: import this package
 // only where you want it.
@@ -48,15 +75,15 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
 // ScopeName is the instrumentation scope of Ferry's spans.
 const ScopeName = "github.com/ferry-dev/ferry/ferryotel"
 
 // Tracer records Ferry's spans and carries trace context in events. It is
-// a ferry.EmitHook and a ferry.PublishHook, and makes consumer middleware;
-// it is safe for concurrent use.
+// a ferry.EmitHook, PublishHook, IngestHook, TxHook and SettleHook, and
+// makes consumer middleware (Middleware) and log handlers (LogHandler); it
+// is safe for concurrent use.
 type Tracer struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
@@ -144,7 +171,7 @@ func (t *Tracer) OnPublish(info *ferry.PublishInfo) {
 	ev := info.Event
 	system := info.System
 	if system == "" {
-		system = "ferry"
+		system = ferry.DefaultSystem
 	}
 	parent := t.Extract(context.Background(), ev)
 	_, span := t.tracer.Start(parent, "send "+ev.Topic,
@@ -182,15 +209,20 @@ func (t *Tracer) links(evs []*ferry.Event) []trace.Link {
 // OnIngest records a consumer's "receive" span (kind consumer) for one
 // delivery it put in its inbox (ferry.IngestHook), from the insert's start
 // to its end: for one event, a child of the event's trace context; for
-// several, linked to each event's context.
+// several, linked to each event's context. Its messaging.system is the
+// transport the delivery came through (ferry.IngestInfo.System).
 func (t *Tracer) OnIngest(info *ferry.IngestInfo) {
 	if len(info.Events) == 0 {
 		return
 	}
+	system := info.System
+	if system == "" {
+		system = ferry.DefaultSystem
+	}
 	links := t.links(info.Events)
 	parent := context.Background()
 	attrs := []attribute.KeyValue{
-		attribute.String("messaging.system", "ferry"),
+		attribute.String("messaging.system", system),
 		attribute.String("messaging.operation.type", "receive"),
 		attribute.String("messaging.operation.name", "ingest"),
 		attribute.String("messaging.destination.name", info.Events[0].Topic),
@@ -220,7 +252,9 @@ func (t *Tracer) Middleware() ferry.Middleware {
 		}
 		links := t.links(evs)
 		attrs := []attribute.KeyValue{
-			attribute.String("messaging.system", "ferry"),
+			// The handler reads from the consumer's inbox, whatever
+			// brought the events there (see the package documentation).
+			attribute.String("messaging.system", ferry.DefaultSystem),
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.operation.name", "process"),
 			attribute.String("messaging.destination.name", evs[0].Topic),
@@ -285,34 +319,40 @@ func (s txSpan) OnEnd(attempts int, err error) {
 	s.span.End()
 }
 
-// AwaitSettled is ferry.AwaitSettled in a span, "AwaitSettled" (kind
-// internal), that records the group, how many events it waited for, the
-// outcome (ferry.settlement.outcome: "settled", "failed" or "pending")
-// and how many were pending or failed.
-func (t *Tracer) AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, timeout time.Duration) (*ferry.Settlement, error) {
+var _ ferry.SettleHook = (*Tracer)(nil)
+
+// OnSettleStart starts the span of an AwaitSettled call, "AwaitSettled"
+// (kind internal), in which the wait runs (ferry.SettleHook): pass the
+// Tracer among AwaitSettled's trailing hooks. The span records the group
+// and how many events it waited for (ferry.settlement.events), and ends
+// with the outcome (ferry.settlement.outcome: "settled", "failed" or
+// "pending") and how many were pending or failed, or with the error.
+func (t *Tracer) OnSettleStart(ctx context.Context, group string, ids []uuid.UUID) (context.Context, func(*ferry.Settlement, error)) {
 	ctx, span := t.tracer.Start(ctx, "AwaitSettled", trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
 		attribute.String("messaging.consumer.group.name", group),
 		attribute.Int("ferry.settlement.events", len(ids)),
 	))
-	defer span.End()
-	st, err := ferry.AwaitSettled(ctx, s, group, ids, timeout)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		return st, err
+	return ctx, func(st *ferry.Settlement, err error) {
+		defer span.End()
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			return
+		}
+		span.SetAttributes(
+			attribute.String("ferry.settlement.outcome", st.Outcome()),
+			attribute.Int("ferry.settlement.pending", len(st.Pending)),
+			attribute.Int("ferry.settlement.failed", len(st.Failed)),
+		)
 	}
-	span.SetAttributes(
-		attribute.String("ferry.settlement.outcome", st.Outcome()),
-		attribute.Int("ferry.settlement.pending", len(st.Pending)),
-		attribute.Int("ferry.settlement.failed", len(st.Failed)),
-	)
-	return st, nil
 }
 
 // LogHandler wraps h so that every record logged with a context carries
 // trace_id and span_id: those of the span active in the context, or else,
-// for the consumer's records about one event (ferry.EventFromContext),
-// those of the event's trace context (the span that emitted it). Give it
+// for the consumer's and the relay's records about one event (a failed
+// attempt, a dead event, a dead letter, a held key:
+// ferry.EventFromContext), those of the event's trace context (the span
+// that emitted it). Give it
 // to Ferry's loggers (ConsumerConfig.Logger, RelayConfig.Logger) and your
 // own, and log with the handler's ctx (slog.InfoContext).
 func (t *Tracer) LogHandler(h slog.Handler) slog.Handler { return &logHandler{next: h, t: t} }

@@ -15,7 +15,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
+	"github.com/ferry-dev/ferry/internal/memsink"
 	"github.com/ferry-dev/ferry/internal/syncbuf"
 )
 
@@ -100,4 +102,49 @@ func TestLogsCarryTraceIDs(t *testing.T) {
 	}
 	require.Equal(t, 2, applying)
 	require.Equal(t, 1, failed)
+}
+
+// TestRelayDeadLetterLogCarriesTrace: with LogHandler, the relay's record
+// of an event it dead-lettered (the destination refused it for good)
+// carries the trace of the request that emitted the event, though the
+// relay logs it outside any span.
+func TestRelayDeadLetterLogCarriesTrace(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tr, tp, _ := ferryoteltest.Recorder(t)
+	logs := &syncbuf.Buffer{}
+	log := slog.New(tr.LogHandler(slog.NewJSONHandler(logs, nil)))
+	drv := ferryoteltest.Driver(ctx, t)
+	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
+	require.NoError(t, err)
+	sink := &memsink.Sink{Permanent: func(ev *ferryevent.Event) bool { return ev.Key == "refused" }}
+	relay, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Logger: log,
+		Hooks: []ferry.Hook{tr}})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	var g errgroup.Group
+	g.Go(func() error { return relay.Run(runCtx) })
+
+	reqCtx, req := tp.Tracer("app").Start(ctx, "POST /orders")
+	ev := &ferry.Event{Topic: "orders", Key: "refused", Type: "OrderPlaced"}
+	require.NoError(t, client.Emit(reqCtx, ev))
+	req.End()
+	var dead map[string]any
+	require.Eventually(t, func() bool {
+		for _, r := range records(t, logs) {
+			if r["msg"] == "ferry: event dead-lettered" {
+				dead = r
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 20*time.Millisecond, "the relay did not log the dead letter")
+	stop()
+	require.NoError(t, g.Wait())
+
+	require.Equal(t, ev.ID.String(), dead["event_id"])
+	require.Equal(t, req.SpanContext().TraceID().String(), dead["trace_id"], "the record carries the emitting request's trace")
+	require.Equal(t, req.SpanContext().SpanID().String(), dead["span_id"])
+	require.Equal(t, "WARN", dead["level"])
 }

@@ -64,10 +64,31 @@ type EachPublisher interface {
 }
 
 // Describer is implemented by sinks that name the kind of destination they
-// publish to, for telemetry (the OpenTelemetry messaging.system
-// attribute): "nats", "kafka", "rabbitmq", "webhook".
+// publish to, and by sources that name the broker they read, for telemetry
+// (the OpenTelemetry messaging.system attribute, the system label of
+// ferry_consumer_ingested_events_total): "nats", "kafka", "rabbitmq",
+// "webhook". ferry.Consumer.Consume hands a Describer source's system to
+// the consumer's Ingest through WithSystem.
 type Describer interface {
 	System() string
+}
+
+type systemKey struct{}
+
+// WithSystem returns a context that carries system, the kind of transport
+// the events of an ingest call came through ("nats", "webhook", "evm",
+// ...): ferry.Consumer.Ingest reports it to its hooks (IngestInfo.System)
+// and labels its metric with it. Consume sets it for a source that is a
+// Describer; code that calls Ingest itself, such as a webhook receiver
+// (ferrywebhook.Handler does) or ferrychain, sets it here.
+func WithSystem(ctx context.Context, system string) context.Context {
+	return context.WithValue(ctx, systemKey{}, system)
+}
+
+// SystemOf returns the system ctx carries (WithSystem), or "".
+func SystemOf(ctx context.Context) string {
+	s, _ := ctx.Value(systemKey{}).(string)
+	return s
 }
 
 // DuplicateReporter is implemented by sinks whose destination reports the

@@ -75,7 +75,7 @@ func cmdChainRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(c.level)); err != nil {
 		return usagef("--log-level %q: use debug, info, warn or error", c.level)
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(tracedLogs(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})))
 	if c.rpcURL == "" || c.group == "" || c.contracts == "" {
 		return usagef("--rpc-url, --group and --contracts are required (or FERRY_CHAIN_RPC_URL, FERRY_CHAIN_GROUP, FERRY_CHAIN_CONTRACTS)")
 	}
@@ -123,13 +123,16 @@ func cmdChainRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := migrateUp(ctx, b.store, log); err != nil {
 		return err
 	}
-	inbox, err := b.chainInbox(c.group)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The source's metrics and the inbox's (ingested events, by system)
+	// on one registry; the tracer, when traces are exported, sees the
+	// deliveries too.
+	cfg.Hooks = append([]ferry.Hook{ferryprom.New(reg)}, hooks...)
+	inbox, err := b.chainInbox(c.group, log, cfg.Hooks)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Hooks = []ferry.Hook{ferryprom.New(reg)}
 	src, err := ferrychain.New(b.store, inbox, cfg)
 	if err != nil {
 		return usagef("%v", err)
@@ -201,10 +204,12 @@ func cmdChainStatus(ctx context.Context, args []string, stdout, stderr io.Writer
 }
 
 // chainInboxFor returns a consumer of group over drv used only to ingest
-// and retract (its handlers run in the user's service).
-func chainInboxFor[TTx any](drv ferrydriver.Inbox[TTx]) func(group string) (ferrychain.Inbox, error) {
-	return func(group string) (ferrychain.Inbox, error) {
-		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group})
+// and retract (its handlers run in the user's service). Its hooks see each
+// delivery: ferry_consumer_ingested_events_total{system="evm"} and, when
+// traces are exported, a receive span per block's logs.
+func chainInboxFor[TTx any](drv ferrydriver.Inbox[TTx]) func(group string, log *slog.Logger, hooks []ferry.Hook) (ferrychain.Inbox, error) {
+	return func(group string, log *slog.Logger, hooks []ferry.Hook) (ferrychain.Inbox, error) {
+		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group, Logger: log, Hooks: hooks})
 		if err != nil {
 			return nil, usagef("--group: %v", err)
 		}

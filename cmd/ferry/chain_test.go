@@ -5,8 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
+	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,15 +26,25 @@ import (
 	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
-// TestChainRunAndStatus runs `ferry chain run` against a simulated chain
-// served over WebSocket, then `ferry chain status --json`: the group's
-// inbox holds one event per log and the cursor is at the head.
-func TestChainRunAndStatus(t *testing.T) {
-	t.Parallel()
+// freePort returns a port nothing listens on now.
+func freePort(t *testing.T) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	port := ln.Addr().(*net.TCPAddr).Port
 	require.NoError(t, ln.Close())
+	return port
+}
+
+// TestChainRunAndStatus runs `ferry chain run` against a simulated chain
+// served over WebSocket, then `ferry chain status --json`: the group's
+// inbox holds one event per log, the cursor is at the head, and /metrics
+// counts the logs both as the source's (ferry_chain_ingested_events_total)
+// and as the inbox's deliveries from system "evm"
+// (ferry_consumer_ingested_events_total).
+func TestChainRunAndStatus(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	key, err := crypto.GenerateKey()
 	require.NoError(t, err)
 	contract := common.HexToAddress("0x00000000000000000000000000000000000c0de0")
@@ -47,7 +61,7 @@ func TestChainRunAndStatus(t *testing.T) {
 	schema := pgtest.Schema(t)
 	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
 	args := append([]string{"chain", "run", "--rpc-url", fmt.Sprintf("ws://127.0.0.1:%d", port), "--group", "indexer",
-		"--contracts", contract.Hex(), "--poll-interval", "50ms", "--metrics-addr", "off"}, db...)
+		"--contracts", contract.Hex(), "--poll-interval", "50ms", "--metrics-addr", metricsAddr}, db...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var stderr bytes.Buffer
@@ -76,6 +90,35 @@ func TestChainRunAndStatus(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "chain run log: %s", &stderr)
 	require.Equal(t, head, status.Head)
 	require.Equal(t, "latest", status.Tier)
+	want := []string{
+		`ferry_chain_ingested_events_total{group="indexer"} 5`,
+		`ferry_consumer_ingested_events_total{group="indexer",result="inserted",system="evm"} 5`,
+	}
+	scrape := func() string {
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	var served string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		served = scrape()
+		if !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(served, w) }) || time.Now().After(deadline) {
+			break
+		}
+	}
+	var ours []string
+	for _, line := range strings.Split(served, "\n") {
+		if strings.HasPrefix(line, "ferry_") {
+			ours = append(ours, line)
+		}
+	}
+	for _, w := range want {
+		require.True(t, strings.Contains(served, w), "/metrics of ferry chain run has no %s; its ferry_ series:\n%s", w, strings.Join(ours, "\n"))
+	}
 	cancel()
 	require.Equal(t, 0, <-done, "chain run exits cleanly on SIGTERM: %s", &stderr)
 

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -171,8 +172,9 @@ type backend struct {
 	ping   func(ctx context.Context) error
 	close  func()
 	sqlite *ferrysqlite.Driver // set for SQLite
-	// chainInbox returns a group's inbox for a chain source.
-	chainInbox func(group string) (ferrychain.Inbox, error)
+	// chainInbox returns a group's inbox for a chain source, reporting
+	// its deliveries to hooks and logging to log.
+	chainInbox func(group string, log *slog.Logger, hooks []ferry.Hook) (ferrychain.Inbox, error)
 }
 
 // inboxAdmin is what operators do with consumer groups' inboxes.

@@ -307,7 +307,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(dc.logLevel)); err != nil {
 		return usagef("--log-level / FERRY_LOG_LEVEL %q: use debug, info, warn or error", dc.logLevel)
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(tracedLogs(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})))
 
 	var defaults []string
 	if dc.embedded && dc.db.url == "" {

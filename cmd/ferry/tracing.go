@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -18,9 +19,22 @@ import (
 	"github.com/ferry-dev/ferry/ferryotel"
 )
 
-// hooks are the hooks every relay and client of this process gets: the
-// OpenTelemetry tracer when startTracing turned export on.
+// hooks are the hooks every relay, client and chain inbox of this process
+// gets: the OpenTelemetry tracer when startTracing turned export on.
 var hooks []ferry.Hook
+
+// tracer is that tracer; nil when traces are not exported.
+var tracer *ferryotel.Tracer
+
+// tracedLogs returns h wrapped so that records about an event, or logged
+// in a span, carry trace_id and span_id (ferryotel's LogHandler) when
+// traces are exported; h itself otherwise.
+func tracedLogs(h slog.Handler) slog.Handler {
+	if tracer == nil {
+		return h
+	}
+	return tracer.LogHandler(h)
+}
 
 // tracingWanted reports whether the standard OpenTelemetry variables ask
 // for traces to be exported over OTLP.
@@ -35,9 +49,11 @@ func tracingWanted() bool {
 // (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set, configured by the
 // standard variables (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT,
 // _COMPRESSION, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*),
-// and sets hooks so that relays record their publish spans and clients
-// carry trace context. The returned function flushes what is buffered; it
-// is a no-op when nothing was started.
+// and sets hooks so that relays record their publish spans, clients carry
+// trace context and chain inboxes record their receive spans, and tracer
+// so that the daemons' logs carry trace IDs (tracedLogs). The returned
+// function flushes what is buffered; it is a no-op when nothing was
+// started.
 func startTracing(ctx context.Context) (stop func(), err error) {
 	if !tracingWanted() {
 		return func() {}, nil
@@ -66,7 +82,8 @@ func startTracing(ctx context.Context) (stop func(), err error) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
-	hooks = []ferry.Hook{ferryotel.New(ferryotel.WithTracerProvider(tp))}
+	tracer = ferryotel.New(ferryotel.WithTracerProvider(tp))
+	hooks = []ferry.Hook{tracer}
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

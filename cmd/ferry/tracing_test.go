@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -209,4 +210,42 @@ func TestRelayExportsTracesOverOTLP(t *testing.T) {
 	require.ErrorAs(t, err, &exit)
 	require.Equal(t, 2, exit.ExitCode())
 	require.Contains(t, string(out), "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: ferry exports traces over OTLP/HTTP only; set it to http/protobuf")
+}
+
+// TestRelayLogsCarryTraceIDs: with OTEL_EXPORTER_OTLP_ENDPOINT set, the
+// records `ferry relay` logs about an event carry the event's trace: the
+// WARN record of an event it dead-lettered (too large for the stream) has
+// the trace_id and span_id of the span that emitted it.
+func TestRelayLogsCarryTraceIDs(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	rc := newOTLPReceiver(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := f.js.CreateStream(ctx, jetstream.StreamConfig{Name: f.stream, Subjects: []string{f.prefix + ".>"}, Storage: jetstream.MemoryStorage, MaxMsgSize: 512})
+	require.NoError(t, err)
+	f.sinkArgs = []string{"--nats-url", natsURL(), "--stream", f.stream, "--subject-prefix", f.prefix}
+	f.env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rc.srv.URL, "OTEL_BSP_SCHEDULE_DELAY=100"}
+	relay := f.startRelay("traced-logs")
+	defer relay.stop(t)
+
+	const traceID, spanID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	ev := &ferry.Event{Topic: "orders", Key: "order-1", Type: "OrderPlaced", Payload: []byte(`"` + strings.Repeat("x", 2048) + `"`),
+		Headers: map[string]string{"traceparent": "00-" + traceID + "-" + spanID + "-01"}}
+	require.NoError(t, f.client.Emit(ctx, ev))
+	var dead map[string]any
+	require.Eventually(t, func() bool {
+		for _, l := range relay.logs.all() {
+			var rec map[string]any
+			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "ferry: event dead-lettered" {
+				dead = rec
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 50*time.Millisecond, "the relay did not dead-letter the event larger than the stream's max_msg_size")
+	require.Equal(t, ev.ID.String(), dead["event_id"])
+	require.Equal(t, "WARN", dead["level"])
+	require.Equal(t, traceID, dead["trace_id"], "the record carries the trace of the span that emitted the event")
+	require.Equal(t, spanID, dead["span_id"])
 }

@@ -34,7 +34,8 @@ var quiet = slog.New(slog.DiscardHandler)
 
 // Pipeline is one path an event can take from the relay to a consumer.
 type Pipeline struct {
-	// System is the messaging.system the relay's send span must name.
+	// System is the messaging.system the relay's send span and the
+	// consumer's receive span must name: the transport of the path.
 	System string
 	// Wire connects the relay to the consumer c: it returns the relay's
 	// sink and, when the events travel through a broker, the source c
@@ -64,11 +65,12 @@ func Driver(ctx context.Context, t testing.TB) *ferrypg.Driver[pgx.Tx] {
 }
 
 // Exercise emits one event on PostgreSQL inside a request span and checks
-// the trace it leaves: the relay's send span and the handler's process
-// span are children of the request span (process linked to it too), a
-// span the handler starts is a child of process, AwaitSettled's span
-// records the outcome, and the attributes follow the messaging
-// conventions.
+// the trace it leaves: the relay's send span, the consumer's receive span
+// and the handler's process span are children of the request span
+// (process linked to it too), a span the handler starts is a child of
+// process, AwaitSettled's span records the outcome, and the attributes
+// follow the messaging conventions: send and receive name the path's
+// System, process names "ferry" (the inbox it reads).
 func Exercise(t *testing.T, p Pipeline) {
 	t.Helper()
 	testOneTrace(t, p)
@@ -118,7 +120,7 @@ func testOneTrace(t *testing.T, p Pipeline) {
 	case <-ctx.Done():
 		t.Fatal("the event did not reach its handler")
 	}
-	st, err := tr.AwaitSettled(reqCtx, drv, "billing", []uuid.UUID{ev.ID}, 10*time.Second)
+	st, err := ferry.AwaitSettled(reqCtx, drv, "billing", []uuid.UUID{ev.ID}, 10*time.Second, tr)
 	require.NoError(t, err)
 	require.True(t, st.Done())
 	stop()
@@ -146,7 +148,7 @@ func testOneTrace(t *testing.T, p Pipeline) {
 	require.Equal(t, request.SpanContext().SpanID(), settled.Parent().SpanID())
 	require.Equal(t, request.SpanContext().SpanID(), receive.Parent().SpanID(), "receive: a child of the request")
 	require.Equal(t, trace.SpanKindConsumer, receive.SpanKind())
-	requireAttrs(t, receive, map[string]string{"messaging.operation.type": "receive", "messaging.consumer.group.name": "billing",
+	requireAttrs(t, receive, map[string]string{"messaging.system": p.System, "messaging.operation.type": "receive", "messaging.consumer.group.name": "billing",
 		"messaging.message.id": ev.ID.String(), "messaging.batch.message_count": "1", "ferry.inserted": "1"})
 	requireAttrs(t, settled, map[string]string{"ferry.settlement.outcome": "settled", "messaging.consumer.group.name": "billing", "ferry.settlement.events": "1"})
 	requireAttrs(t, send, map[string]string{
@@ -154,7 +156,7 @@ func testOneTrace(t *testing.T, p Pipeline) {
 		"messaging.message.id": ev.ID.String(), "ferry.key": "order-1", "ferry.feed": "billing/0",
 	})
 	requireAttrs(t, process, map[string]string{
-		"messaging.operation.type": "process", "messaging.destination.name": "orders", "messaging.message.id": ev.ID.String(),
+		"messaging.system": ferry.DefaultSystem, "messaging.operation.type": "process", "messaging.destination.name": "orders", "messaging.message.id": ev.ID.String(),
 		"messaging.consumer.group.name": "billing", "ferry.key": "order-1",
 	})
 }

@@ -242,6 +242,7 @@ func TestSourceConformance(t *testing.T) {
 				return src
 			}
 		},
+		System: "kafka",
 	})
 }
 

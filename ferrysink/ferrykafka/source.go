@@ -188,3 +188,8 @@ func (s *Source) handle(ctx context.Context, records []*kgo.Record, ingest func(
 	}
 	return nil
 }
+
+// System returns "kafka", the broker the source reads, for telemetry
+// (ferrysink.Describer): ferry.Consumer.Consume reports its deliveries
+// with it.
+func (s *Source) System() string { return "kafka" }

@@ -92,6 +92,7 @@ func TestSourceConformance(t *testing.T) {
 				return src
 			}
 		},
+		System: "nats",
 	})
 }
 

@@ -721,3 +721,8 @@ func (r *run) release() {
 		r.log.Debug("ferrynats: flush released messages", "err", err)
 	}
 }
+
+// System returns "nats", the broker the source reads, for telemetry
+// (ferrysink.Describer): ferry.Consumer.Consume reports its deliveries
+// with it.
+func (s *Source) System() string { return "nats" }

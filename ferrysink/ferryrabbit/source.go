@@ -560,3 +560,8 @@ func (r *run) disconnect(conn *amqp.Connection, ch *amqp.Channel) {
 	}
 	<-done // closing the connection ends the channel's close
 }
+
+// System returns "rabbitmq", the broker the source reads, for telemetry
+// (ferrysink.Describer): ferry.Consumer.Consume reports its deliveries
+// with it.
+func (s *Source) System() string { return "rabbitmq" }

@@ -38,6 +38,7 @@ func TestSourceConformance(t *testing.T) {
 				return src
 			}
 		},
+		System: "rabbitmq",
 	})
 }
 

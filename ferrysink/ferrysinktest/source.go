@@ -23,17 +23,31 @@ type SourceHarness struct {
 	// resuming after what earlier sources of the same destination
 	// acknowledged. New registers the destination's removal with t.Cleanup.
 	New func(t *testing.T) (publish func(ctx context.Context, events []*ferryevent.Event) error, newSource func(t *testing.T) ferrysink.Source)
+	// System is the broker the source names for telemetry
+	// (ferrysink.Describer): "nats", "kafka", "rabbitmq"; empty when it
+	// names none.
+	System string
 }
 
 // ExerciseSource runs the source conformance suite: every event delivered
 // with each key's order kept, a failed ingest retried before anything later
 // of its key, a restart resuming after what was acknowledged (and before
-// what was not), and a prompt stop.
+// what was not), a prompt stop, and the system it names.
 func ExerciseSource(t *testing.T, h SourceHarness) {
 	t.Helper()
 	if h.New == nil {
 		t.Fatal("ferrysinktest: SourceHarness.New is nil")
 	}
+
+	t.Run("NamesItsSystem", func(t *testing.T) {
+		t.Parallel()
+		_, newSource := h.New(t)
+		got := ""
+		if d, ok := newSource(t).(ferrysink.Describer); ok {
+			got = d.System()
+		}
+		require.Equal(t, h.System, got, "the source's System() (ferrysink.Describer) names its deliveries' transport on receive spans and the ingest metric")
+	})
 
 	t.Run("DeliversInKeyOrder", func(t *testing.T) {
 		t.Parallel()

@@ -19,7 +19,10 @@ import (
 // Sink: it accepts POST requests with a body of at most DefaultMaxBodyBytes,
 // verifies them against secrets (any of them matches, as during a rotation)
 // with DefaultTolerance, checks that ce-id is the signed webhook-id, decodes
-// the event and calls handle with the request's context. It answers:
+// the event and calls handle with the request's context, which names
+// "webhook" as the delivery's transport (ferrysink.WithSystem: a
+// ferry.Consumer's Ingest called with it reports it on its receive span and
+// metric). It answers:
 //
 //	204 No Content          handle returned nil
 //	400 Bad Request         the request is not a well-formed Ferry event (the body says why)
@@ -40,7 +43,7 @@ import (
 // Handler panics when secrets is empty or holds a malformed secret: a
 // configuration error to find at start-up. For another tolerance or body
 // limit, write the handler with Verify and DecodeRequest, which is all
-// Handler does.
+// Handler does (and give Ingest ferrysink.WithSystem(ctx, "webhook")).
 func Handler(secrets []string, handle func(ctx context.Context, ev ferryevent.Event) error) http.Handler {
 	keys, err := parseSecrets(secrets)
 	if err != nil {
@@ -90,7 +93,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "ferrywebhook: ce-id differs from the signed webhook-id", http.StatusUnauthorized)
 		return
 	}
-	if err := h.handle(r.Context(), ev); err != nil {
+	if err := h.handle(ferrysink.WithSystem(r.Context(), "webhook"), ev); err != nil {
 		var pe *ferrysink.PermanentError
 		if errors.As(err, &pe) {
 			http.Error(w, "ferrywebhook: event "+ev.ID.String()+" refused: "+pe.Reason, http.StatusUnprocessableEntity)

@@ -56,7 +56,7 @@ func TestHandler(t *testing.T) {
 	var got []ferryevent.Event
 	var fail error
 	h := ferrywebhook.Handler([]string{otherSecret, secret}, func(ctx context.Context, e ferryevent.Event) error {
-		require.NotNil(t, ctx)
+		require.Equal(t, "webhook", ferrysink.SystemOf(ctx), "the delivery names its transport for Ingest")
 		if fail != nil {
 			return fail
 		}
