@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"strconv"
 )
@@ -158,8 +159,12 @@ func state[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], id uu
 func awaitState[TTx any](ctx context.Context, t *testing.T, d InboxDriver[TTx], id uuid.UUID, want ferrydriver.InboxState) *ferrydriver.InboxRow {
 	t.Helper()
 	var row *ferrydriver.InboxRow
-	require.Eventually(t, func() bool { row = state(ctx, t, d, id); return row.State == want }, 30*time.Second, 10*time.Millisecond,
-		"event %s never became %s", id, want)
+	if !assert.Eventually(t, func() bool { row = state(ctx, t, d, id); return row.State == want }, 30*time.Second, 10*time.Millisecond,
+		"event %s never became %s", id, want) {
+		// Where it stopped says which part of the consumer did not move.
+		t.Fatalf("event %s stayed %s: %d attempt(s), last error %q, next attempt at %v, received at %v",
+			id, row.State, row.Attempts, row.LastError, row.NextAttemptAt, row.ReceivedAt)
+	}
 	return row
 }
 
