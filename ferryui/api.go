@@ -106,6 +106,8 @@ func New(cfg *Config) (*Handler, error) {
 	h.action("POST /api/v1/groups/{group}/discard", h.groupAction(false))
 	h.action("POST /api/v1/groups/{group}/policy", h.groupPolicy)
 	h.route("GET /api/v1/events/{id}", h.event)
+	h.route("GET /api/v1/parked", h.parked)
+	h.route("GET /api/v1/keys/{key}", h.key)
 	h.routeConsole()
 	h.route("/api/", func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, "no such API path: " + r.URL.Path + " (the API is under /api/v1/)"}
@@ -744,6 +746,151 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 	}
 	if out.DeadLetter == nil && len(out.Groups) == 0 {
 		return &apiError{http.StatusNotFound, "event " + id.String() + " is neither a relay dead letter nor in any consumer group's inbox"}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// ParkedJSON is a key the relay set aside because its destination stopped
+// acknowledging it: its first parked event, and whether the relay gave up
+// retrying it (held: `ferry parked release` or skip lets it go).
+type ParkedJSON struct {
+	Feed     string    `json:"feed"`
+	Key      string    `json:"key"`
+	Held     bool      `json:"held"`
+	Reason   string    `json:"reason,omitempty"`
+	ParkedAt time.Time `json:"parked_at"`
+	Queued   int64     `json:"queued"`
+	Event    EventJSON `json:"event"`
+}
+
+func parkedJSON(p *ferrydriver.ParkedEvent) ParkedJSON {
+	return ParkedJSON{Feed: p.Feed, Key: p.Event.Key, Held: p.Held, Reason: p.Reason, ParkedAt: p.ParkedAt, Queued: p.Queued, Event: eventJSON(&p.Event)}
+}
+
+// partitionFeeds names the feed's partitions (Feed/0, Feed/1, ...).
+func (h *Handler) partitionFeeds(ctx context.Context) ([]string, error) {
+	n := 1
+	if ps, ok := h.cfg.Store.(ferrydriver.PartitionStore); ok {
+		stored, err := ps.StoredPartitions(ctx)
+		if err != nil {
+			return nil, err
+		}
+		n = stored
+	}
+	out := make([]string, n)
+	for p := range n {
+		out[p] = h.cfg.Feed + "/" + strconv.Itoa(p)
+	}
+	return out, nil
+}
+
+// parkedKeys returns the parked keys of the feed's partitions (all of them,
+// at most limit per partition, when keys is nil).
+func (h *Handler) parkedKeys(ctx context.Context, keys []string, limit int) ([]ParkedJSON, error) {
+	out := []ParkedJSON{}
+	pk, ok := h.cfg.Store.(ferrydriver.Parker)
+	if !ok {
+		return out, nil
+	}
+	feeds, err := h.partitionFeeds(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, feed := range feeds {
+		heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: keys, Limit: limit})
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range heads {
+			out = append(out, parkedJSON(p))
+		}
+	}
+	return out, nil
+}
+
+// parked lists the keys the relay parked or holds, per partition: a page
+// of each (limit, default DefaultPage).
+func (h *Handler) parked(w http.ResponseWriter, r *http.Request) error {
+	f, err := filterFromQuery(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	out, err := h.parkedKeys(r.Context(), nil, f.Limit)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"parked": out})
+	return nil
+}
+
+// KeyJSON is where one key stands: parked or held at the relay, its relay
+// dead letters, and, in each consumer group, its rows not yet finished in
+// key order: those that hold it (processing, failed, dead; its head is one
+// of them) and a page of the pending ones behind.
+type KeyJSON struct {
+	Key         string           `json:"key"`
+	Parked      []ParkedJSON     `json:"parked"`
+	DeadLetters []DeadLetterJSON `json:"dead_letters"`
+	Groups      []KeyGroupJSON   `json:"groups"`
+}
+
+// KeyGroupJSON is a key's unfinished rows in one group; More says the page
+// did not hold them all.
+type KeyGroupJSON struct {
+	Group  string         `json:"group"`
+	Events []InboxRowJSON `json:"events"`
+	More   bool           `json:"more,omitempty"`
+}
+
+// blockingStates are those of a key's rows that its later rows wait for.
+var blockingStates = []ferrydriver.InboxState{ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead}
+
+func (h *Handler) key(w http.ResponseWriter, r *http.Request) error {
+	key := r.PathValue("key")
+	f, err := filterFromQuery(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	out := KeyJSON{Key: key, DeadLetters: []DeadLetterJSON{}, Groups: []KeyGroupJSON{}}
+	if out.Parked, err = h.parkedKeys(r.Context(), []string{key}, 0); err != nil {
+		return err
+	}
+	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{Key: key, Limit: f.Limit})
+	if err != nil {
+		return err
+	}
+	for _, dl := range dls {
+		out.DeadLetters = append(out.DeadLetters, DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)})
+	}
+	if h.cfg.Inbox != nil {
+		names, err := h.groupNames(r.Context())
+		if err != nil {
+			return err
+		}
+		for _, g := range names {
+			// What holds the key (a row running, retrying or dead: its head
+			// is one of them), then a page of what waits, newest first.
+			blocking, err := h.cfg.Inbox.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: g, States: blockingStates, Key: key, Limit: f.Limit})
+			if err != nil {
+				return err
+			}
+			waiting, err := h.cfg.Inbox.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: g, States: []ferrydriver.InboxState{ferrydriver.InboxPending}, Key: key, Limit: f.Limit + 1})
+			if err != nil {
+				return err
+			}
+			if len(blocking)+len(waiting) == 0 {
+				continue
+			}
+			kg := KeyGroupJSON{Group: g, More: len(blocking) == f.Limit || len(waiting) > f.Limit}
+			rows := append(blocking, waiting[:min(len(waiting), f.Limit)]...)
+			// A key's rows run in their order: the head first.
+			sort.SliceStable(rows, func(i, j int) bool { return rows[i].Event.Seq < rows[j].Event.Seq })
+			for _, row := range rows {
+				kg.Events = append(kg.Events, inboxRowJSON(row))
+			}
+			out.Groups = append(out.Groups, kg)
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

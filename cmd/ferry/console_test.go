@@ -205,6 +205,14 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, "card declined for "+hostileKey, text(`section.reason .head .text`))
 	shot("group-dead")
 
+	// Where its key stands: its dead head holds it in billing.
+	do("the key's page", chromedp.Click(css(row+` td.clip a`)), chromedp.WaitVisible(css(`table[data-group="billing"] `+row)))
+	require.Equal(t, hostileKey, eval(`document.getElementById('key-name').textContent`))
+	require.Contains(t, text(`table[data-group="billing"] `+row), "dead")
+	require.Equal(t, "0", eval(injected), "no element came from the values")
+	shot("key")
+	do("back to the group", chromedp.Navigate(console+"#/groups/billing?state=dead"), chromedp.WaitVisible(css(row)))
+
 	// Without the token, the action is refused.
 	do("a token-less redrive is refused", chromedp.Click(css(`section.reason .head button.primary`)), chromedp.WaitVisible(css(`#flash.error`)))
 	require.Contains(t, text(`#flash`), "needs the console's token")

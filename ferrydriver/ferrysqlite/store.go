@@ -194,10 +194,7 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	if p.After != nil {
 		afterAt, afterID = nullMicros(p.After.FailedAt), p.After.EventID.String()
 	}
-	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
- WHERE `+deadLetterFilter+`
-   AND (?9 IS NULL OR (failed_at <= ?9 AND (failed_at < ?9 OR event_id > ?10)))
- ORDER BY failed_at DESC, event_id LIMIT ?7`, append(deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit), afterAt, afterID)...)
+	rows, err := d.r.QueryContext(ctx, sqlListDeadLetters, append(deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit), afterAt, afterID)...)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}
@@ -208,6 +205,13 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 // deadLetterFilter selects dead letters by feed ?1, key ?2, type ?3,
 // topic ?4, failed at or after ?5 and before ?6, and the event IDs of the
 // JSON array ?8 (each when set); ?7 is the limit of the statement.
+// sqlListDeadLetters lists dead letters newest failure first, after the
+// cursor (?9, ?10), walking ferry_dead_letters_list_idx (migration 8).
+const sqlListDeadLetters = `SELECT ` + deadLetterColumns + ` FROM ferry_dead_letters
+ WHERE ` + deadLetterFilter + `
+   AND (?9 IS NULL OR (failed_at <= ?9 AND (failed_at < ?9 OR event_id > ?10)))
+ ORDER BY failed_at DESC, event_id LIMIT ?7`
+
 const deadLetterFilter = `(?1 = '' OR feed = ?1) AND (?2 = '' OR key = ?2) AND (?3 = '' OR type = ?3) AND (?4 = '' OR topic = ?4)
    AND (?5 IS NULL OR failed_at >= ?5) AND (?6 IS NULL OR failed_at < ?6)
    AND (?8 = '[]' OR event_id IN (SELECT value FROM json_each(?8)))`

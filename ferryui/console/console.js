@@ -57,6 +57,8 @@ function fmtCount(n, capped) {
 
 function stateBadge(state) { return el('span', { class: 'state ' + state }, state); }
 
+function keyLink(key) { return link('#/keys/' + encodeURIComponent(key), el('span', { class: 'mono' }, key)); }
+
 function eventLink(id) { return link('#/events/' + encodeURIComponent(id), el('span', { class: 'mono' }, id.slice(0, 8) + '…')); }
 
 // ---- the API ----
@@ -169,7 +171,7 @@ async function overview(main) {
         figure(f.checkpoint_at ? fmtSeconds(f.checkpoint_age_seconds) : 'never', 'since checkpoint'),
         figure(link('#/dead-letters?feed=' + encodeURIComponent(f.feed), fmtCount(f.dead_letters) + (f.dead_letters_more ? '+' : '')), 'dead letters')),
       sparkline(lag, 'events behind'),
-      el('div', { class: 'muted' }, f.lease_holder ? `leader ${f.lease_holder}, term ${f.lease_term}` : 'no lease yet'));
+      el('div', { class: 'muted' }, f.lease_holder ? `leader ${f.lease_holder}, term ${f.lease_term}` : 'no lease yet', ' · ', link('#/parked', 'parked keys')));
   })));
   page.push(el('h2', {}, 'Consumer groups'));
   if (groups.error) {
@@ -232,7 +234,7 @@ async function deadLetters(main, params) {
       const ids = rows.map((d) => d.event.id);
       out.push(reasonBlock(reason, rows, ['Event', 'Feed', 'Topic', 'Key', 'Type', 'Failed at', ''], (d) => el('tr', { dataset: { id: d.event.id } },
         el('td', {}, eventLink(d.event.id)), el('td', {}, d.feed), el('td', {}, d.event.topic),
-        el('td', { class: 'clip mono' }, link('#/dead-letters?key=' + encodeURIComponent(d.event.key), d.event.key)),
+        el('td', { class: 'clip' }, keyLink(d.event.key)),
         el('td', {}, d.event.type), el('td', {}, fmtTime(d.failed_at)),
         el('td', {}, el('div', { class: 'actions' },
           el('button', { onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/redrive', { ids: [d.event.id] }, 'Redrive') }, 'Redrive'),
@@ -275,7 +277,7 @@ async function group(main, name, params) {
     for (const [reason, rs] of groupByReason(rows, (r) => r.last_error)) {
       const ids = rs.map((r) => r.event.id);
       out.push(reasonBlock(reason, rs, ['Event', 'Key', 'Type', 'Attempts', 'Received', state === 'dead' ? 'Dead since' : 'Next attempt'], (r) => el('tr', { dataset: { id: r.event.id } },
-        el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip mono' }, r.event.key), el('td', {}, r.event.type),
+        el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip' }, keyLink(r.event.key)), el('td', {}, r.event.type),
         el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', {}, fmtTime(state === 'dead' ? r.finished_at : r.next_attempt_at))),
       (block) => state !== 'dead' ? [] : [
         el('button', { class: 'primary', onclick: () => confirmAction(block, 'groups/' + encodeURIComponent(name) + '/redrive', { ids }, 'Redrive') }, `Redrive ${ids.length}`),
@@ -285,7 +287,7 @@ async function group(main, name, params) {
   } else {
     out.push(el('table', {}, el('thead', {}, el('tr', {}, ['Event', 'Key', 'Seq', 'Type', 'Attempts', 'Received', 'Finished'].map((h) => el('th', {}, h)))),
       el('tbody', {}, rows.map((r) => el('tr', { dataset: { id: r.event.id } },
-        el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip mono' }, r.event.key), el('td', { class: 'num' }, r.event.seq), el('td', {}, r.event.type),
+        el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip' }, keyLink(r.event.key)), el('td', { class: 'num' }, r.event.seq), el('td', {}, r.event.type),
         el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', {}, fmtTime(r.finished_at)))))));
   }
   main.replaceChildren(...out);
@@ -316,7 +318,7 @@ async function eventPage(main, id) {
   const t = await get('events/' + encodeURIComponent(id));
   const ev = (t.dead_letter && t.dead_letter.event) || (t.groups[0] && t.groups[0].event);
   const out = [el('h1', {}, 'Event ', el('span', { class: 'mono' }, t.id))];
-  out.push(fields([['Topic', ev.topic], ['Key', el('span', { class: 'mono', id: 'event-key' }, ev.key)], ['Seq', String(ev.seq)], ['Type', ev.type],
+  out.push(fields([['Topic', ev.topic], ['Key', link('#/keys/' + encodeURIComponent(ev.key), el('span', { class: 'mono', id: 'event-key' }, ev.key))], ['Seq', String(ev.seq)], ['Type', ev.type],
     ['Source', ev.source], ['Content type', ev.content_type], ['Committed', fmtTime(ev.created_at)]]));
   const steps = [el('li', { class: 'good' }, el('b', {}, 'Committed to the outbox'), ' ', el('span', { class: 'muted' }, fmtTime(ev.created_at)))];
   if (t.dead_letter) {
@@ -349,6 +351,47 @@ async function eventPage(main, id) {
   return t.groups.some((g) => g.state !== 'processed' && g.state !== 'dead');
 }
 
+function parkedRows(items) {
+  return el('table', { id: 'parked' }, el('thead', {}, el('tr', {}, ['Key', 'Feed', 'State', 'Events waiting', 'Parked at', 'Last error'].map((h) => el('th', {}, h)))),
+    el('tbody', {}, items.map((p) => el('tr', { dataset: { key: p.key } },
+      el('td', { class: 'clip' }, keyLink(p.key)), el('td', {}, p.feed), el('td', {}, stateBadge(p.held ? 'held' : 'parked')),
+      el('td', { class: 'num' }, p.queued.toLocaleString()), el('td', {}, fmtTime(p.parked_at)), el('td', { class: 'clip mono' }, p.reason || '')))));
+}
+
+async function parked(main) {
+  const page = await get('parked?limit=500');
+  const out = [el('h1', {}, 'Parked keys'),
+    el('p', { class: 'muted' }, 'Keys whose destination stopped acknowledging them while other keys flowed: their events wait, in order, and go once it answers. ',
+      'A held key gave up retrying (dead policy hold): `ferry parked release <key>` retries it, `ferry parked skip <key>` dead-letters its head.')];
+  out.push(page.parked.length ? parkedRows(page.parked) : el('p', { class: 'muted', id: 'empty' }, 'No key is parked.'));
+  main.replaceChildren(...out);
+  return true;
+}
+
+// keyPage shows where one key stands: at the relay, in its dead letters,
+// and in each group (what holds it, then what waits behind).
+async function keyPage(main, key) {
+  const k = await get('keys/' + encodeURIComponent(key));
+  const out = [el('h1', {}, 'Key ', el('span', { class: 'mono', id: 'key-name' }, k.key))];
+  out.push(el('h2', {}, 'At the relay'));
+  out.push(k.parked.length ? parkedRows(k.parked) : el('p', { class: 'muted' }, 'Not parked: its events go as they commit.'));
+  out.push(el('h2', {}, 'Relay dead letters'));
+  out.push(k.dead_letters.length ? el('table', {}, el('tbody', {}, k.dead_letters.map((d) => el('tr', {},
+    el('td', {}, eventLink(d.event.id)), el('td', { class: 'num' }, '#' + d.event.seq), el('td', {}, d.event.type), el('td', {}, fmtTime(d.failed_at)), el('td', { class: 'clip mono' }, d.reason)))))
+    : el('p', { class: 'muted' }, 'None.'));
+  out.push(el('h2', {}, 'Consumer groups'));
+  if (k.groups.length === 0) out.push(el('p', { class: 'muted' }, 'Nothing unfinished in any group: every event of this key that arrived was processed (or discarded).'));
+  for (const g of k.groups) {
+    out.push(el('h3', {}, link('#/groups/' + encodeURIComponent(g.group), g.group), g.more ? el('span', { class: 'muted' }, ' (more wait than shown)') : null));
+    out.push(el('table', { dataset: { group: g.group } }, el('thead', {}, el('tr', {}, ['Event', 'Seq', 'Type', 'State', 'Attempts', 'Received', 'Last error'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, g.events.map((r) => el('tr', { dataset: { id: r.event.id } },
+        el('td', {}, eventLink(r.event.id)), el('td', { class: 'num' }, r.event.seq), el('td', {}, r.event.type), el('td', {}, stateBadge(r.state)),
+        el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', { class: 'clip mono' }, r.last_error || ''))))));
+  }
+  main.replaceChildren(...out);
+  return k.groups.length > 0 || k.parked.length > 0;
+}
+
 // ---- routing ----
 
 let timer;
@@ -372,6 +415,8 @@ async function route() {
     else if (parts[0] === 'dead-letters') poll = await deadLetters(main, params);
     else if (parts[0] === 'groups' && parts[1]) poll = await group(main, parts[1], params);
     else if (parts[0] === 'events' && parts[1]) poll = await eventPage(main, parts[1]);
+    else if (parts[0] === 'keys' && parts[1]) poll = await keyPage(main, parts.slice(1).join('/'));
+    else if (parts[0] === 'parked') poll = await parked(main);
     else main.replaceChildren(el('p', {}, 'No such page. ', link('#/', 'Overview')));
     document.title = 'Ferry console · ' + (parts[0] || 'overview');
   } catch (e) {

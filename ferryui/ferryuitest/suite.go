@@ -290,6 +290,57 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Len(t, tl.Groups, 1)
 		require.Equal(t, "billing", tl.Groups[0].Group)
 	})
+
+	t.Run("WhereAKeyStands", func(t *testing.T) {
+		// Group shipping: key z's head is dead, its next event waits.
+		head, next := ferrydrivertest.Event("orders", "z", "1"), ferrydrivertest.Event("orders", "z", "2")
+		head.Seq, next.Seq = 1, 2
+		require.NoError(t, inbox.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: "shipping", HoldDead: true}))
+		_, err := inbox.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "shipping", Events: []*ferryevent.Event{head, next}})
+		require.NoError(t, err)
+		rows, err := inbox.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "shipping", Worker: "suite", Limit: 10, TTL: time.Minute, MaxAttempts: 10})
+		require.NoError(t, err)
+		require.Len(t, rows, 1, "one head per key")
+		require.NoError(t, inbox.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "shipping", EventID: rows[0].Event.ID, Claim: rows[0].Claim, Error: "no address", Dead: true}))
+
+		var k ferryui.KeyJSON
+		c.get("/api/v1/keys/z", http.StatusOK, &k)
+		require.Equal(t, "z", k.Key)
+		require.Empty(t, k.DeadLetters)
+		require.Empty(t, k.Parked)
+		require.Len(t, k.Groups, 1)
+		require.Equal(t, "shipping", k.Groups[0].Group)
+		require.Len(t, k.Groups[0].Events, 2)
+		require.Equal(t, []string{"dead", "pending"}, []string{k.Groups[0].Events[0].State, k.Groups[0].Events[1].State}, "the head first")
+		require.Equal(t, head.ID.String(), k.Groups[0].Events[0].Event.ID)
+		require.Equal(t, "no address", k.Groups[0].Events[0].LastError)
+
+		k = ferryui.KeyJSON{}
+		body := c.get("/api/v1/keys/"+url.PathEscape(Hostile), http.StatusOK, &k)
+		require.NotContains(t, body, "<script>")
+		require.Equal(t, Hostile, k.Key)
+		require.Len(t, k.DeadLetters, 1, "the relay dead letter of the hostile key")
+		require.Equal(t, hostile.ID.String(), k.DeadLetters[0].Event.ID)
+
+		pk, ok := store.(ferrydriver.Parker)
+		if !ok {
+			return
+		}
+		parked := ferrydrivertest.Event("orders", "p", "parked")
+		require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "suite", Term: lease.Term, Events: []*ferryevent.Event{parked}, Reason: "not acknowledged"}))
+		var list struct{ Parked []ferryui.ParkedJSON }
+		c.get("/api/v1/parked", http.StatusOK, &list)
+		require.Len(t, list.Parked, 1)
+		require.Equal(t, "p", list.Parked[0].Key)
+		require.Equal(t, "default/0", list.Parked[0].Feed)
+		require.False(t, list.Parked[0].Held)
+		require.EqualValues(t, 1, list.Parked[0].Queued)
+		require.Equal(t, "not acknowledged", list.Parked[0].Reason)
+		k = ferryui.KeyJSON{}
+		c.get("/api/v1/keys/p", http.StatusOK, &k)
+		require.Len(t, k.Parked, 1)
+		require.Equal(t, parked.ID.String(), k.Parked[0].Event.ID)
+	})
 }
 
 type client struct {

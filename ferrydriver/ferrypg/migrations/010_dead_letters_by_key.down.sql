@@ -1,0 +1,1 @@
+DROP INDEX {schema}.dead_letters_key_idx;

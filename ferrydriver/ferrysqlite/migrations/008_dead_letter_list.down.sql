@@ -1,0 +1,1 @@
+DROP INDEX ferry_dead_letters_list_idx;
