@@ -68,6 +68,9 @@ type Config struct {
 	Token string
 	// ReadOnly refuses every action.
 	ReadOnly bool
+	// Chains reports the chain sources' cursors (ferrychain.ReadCursor,
+	// which this package does not import); nil: no chain sources shown.
+	Chains func(ctx context.Context) ([]ChainJSON, error)
 	// Logger records actions taken; nil discards.
 	Logger *slog.Logger
 }
@@ -108,6 +111,7 @@ func New(cfg *Config) (*Handler, error) {
 	h.route("GET /api/v1/events/{id}", h.event)
 	h.route("GET /api/v1/parked", h.parked)
 	h.route("GET /api/v1/keys/{key}", h.key)
+	h.route("GET /api/v1/chains", h.chains)
 	h.routeConsole()
 	h.route("/api/", func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, "no such API path: " + r.URL.Path + " (the API is under /api/v1/)"}
@@ -893,5 +897,37 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// ChainJSON is a chain source's saved position: the tier it follows, the
+// last block it ingested, its reorgs, when it saved, who leads it and, when
+// the console can ask the node, the chain's head and the lag in blocks.
+type ChainJSON struct {
+	Name      string    `json:"name"`
+	ChainID   uint64    `json:"chain_id"`
+	Tier      string    `json:"tier"`
+	Block     uint64    `json:"block"`
+	Hash      string    `json:"hash"`
+	Window    int       `json:"window_blocks"`
+	Reorgs    uint64    `json:"reorgs"`
+	SavedAt   time.Time `json:"saved_at"`
+	Holder    string    `json:"lease_holder,omitempty"`
+	Held      bool      `json:"lease_held"`
+	Head      *uint64   `json:"head,omitempty"`
+	LagBlocks *uint64   `json:"head_lag_blocks,omitempty"`
+	HeadError string    `json:"head_error,omitempty"`
+}
+
+func (h *Handler) chains(w http.ResponseWriter, r *http.Request) error {
+	out := []ChainJSON{}
+	if h.cfg.Chains != nil {
+		got, err := h.cfg.Chains(r.Context())
+		if err != nil {
+			return err
+		}
+		out = append(out, got...)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"chains": out})
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryui"
 	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
@@ -119,6 +120,23 @@ func TestChainRunAndStatus(t *testing.T) {
 	for _, w := range want {
 		require.True(t, strings.Contains(served, w), "/metrics of ferry chain run has no %s; its ferry_ series:\n%s", w, strings.Join(ours, "\n"))
 	}
+
+	// The console shows the source's cursor, and its lag from the node's head.
+	console := startConsole(t, "chain-token", append([]string{"--chain-groups", "indexer", "--rpc-url", fmt.Sprintf("ws://127.0.0.1:%d", port)}, db...)...)
+	resp, err := http.Get(console + "api/v1/chains")
+	require.NoError(t, err)
+	var chains struct{ Chains []ferryui.ChainJSON }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&chains))
+	resp.Body.Close()
+	require.Len(t, chains.Chains, 1)
+	c := chains.Chains[0]
+	require.Equal(t, "chain/indexer", c.Name)
+	require.Equal(t, "latest", c.Tier)
+	require.Equal(t, head, c.Block)
+	require.NotNil(t, c.Head, "the head, from --rpc-url: %s", c.HeadError)
+	require.Equal(t, head, *c.Head)
+	require.EqualValues(t, 0, *c.LagBlocks)
+	require.True(t, c.Held, "chain run leads it")
 	cancel()
 	require.Equal(t, 0, <-done, "chain run exits cleanly on SIGTERM: %s", &stderr)
 

@@ -12,8 +12,10 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferrychain"
 	"github.com/ferry-dev/ferry/ferryui"
 )
 
@@ -26,12 +28,14 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newFlags("ui", stderr)
 	var db dbFlags
 	db.register(f)
-	var addr, feed, groups string
+	var addr, feed, groups, chains, rpcURL string
 	var readOnly bool
 	f.String(&addr, "ui-addr", "FERRY_UI_ADDR", defaultUIAddr, "address to serve the console and its API on (another host than loopback exposes it: put it behind your own access control)")
 	f.String(&feed, "feed", "FERRY_FEED", "default", "the relay's feed")
 	f.String(&groups, "groups", "FERRY_UI_GROUPS", "", "consumer groups to show besides those the database lists, comma-separated")
 	f.Bool(&readOnly, "read-only", "FERRY_UI_READ_ONLY", false, "refuse every action (redrive, discard, dead policy)")
+	f.String(&chains, "chain-groups", "FERRY_UI_CHAIN_GROUPS", "", "chain sources to show (the groups of `ferry chain run`), comma-separated")
+	f.String(&rpcURL, "rpc-url", "FERRY_CHAIN_RPC_URL", "", "with --chain-groups, the node to read the chain's head from, for each source's lag in blocks")
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -40,7 +44,7 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.close()
-	ui, err := startUI(b, uiSettings{addr: addr, feed: feed, groups: groups, readOnly: readOnly}, stderr)
+	ui, err := startUI(b, uiSettings{addr: addr, feed: feed, groups: groups, readOnly: readOnly, chains: chains, rpcURL: rpcURL}, stderr)
 	if err != nil {
 		return err
 	}
@@ -77,6 +81,7 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 type uiSettings struct {
 	addr, feed, groups string
 	readOnly           bool
+	chains, rpcURL     string // chain sources shown, and the node their head is read from
 }
 
 // uiServer is the console's server, listening, not yet serving.
@@ -106,11 +111,8 @@ func startUI(b *backend, st uiSettings, logs io.Writer) (*uiServer, error) {
 	if b.inbox != nil {
 		cfg.Inbox = b.inbox
 	}
-	for _, g := range strings.Split(st.groups, ",") {
-		if g = strings.TrimSpace(g); g != "" {
-			cfg.Groups = append(cfg.Groups, g)
-		}
-	}
+	cfg.Groups = splitList(st.groups)
+	cfg.Chains = chainCursors(b, splitList(st.chains), st.rpcURL)
 	h, err := ferryui.New(cfg)
 	if err != nil {
 		return nil, err
@@ -126,4 +128,72 @@ func startUI(b *backend, st uiSettings, logs io.Writer) (*uiServer, error) {
 		fmt.Fprintf(logs, "ferry ui: listening on %s, not only this machine: anyone who can reach it can read events and dead letters\n", ui.ln.Addr())
 	}
 	return ui, nil
+}
+
+// splitList reads a comma-separated flag.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// chainCursors reads the saved cursors of the chain sources named (nil:
+// none) and, with a node, the chain's head for their lag. A node that does
+// not answer is reported with each cursor, not as a failure of the page.
+func chainCursors(b *backend, names []string, rpcURL string) func(context.Context) ([]ferryui.ChainJSON, error) {
+	if len(names) == 0 {
+		return nil
+	}
+	var mu sync.Mutex
+	var node ferrychain.Client
+	head := func(ctx context.Context) (uint64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if node == nil {
+			c, err := ferrychain.Dial(rpcURL)(ctx)
+			if err != nil {
+				return 0, err
+			}
+			node = c
+		}
+		h, err := node.HeaderByNumber(ctx, nil)
+		if err != nil {
+			node = nil // dial again next time
+			return 0, err
+		}
+		return h.Number.Uint64(), nil
+	}
+	return func(ctx context.Context) ([]ferryui.ChainJSON, error) {
+		var at *uint64
+		headErr := ""
+		if rpcURL != "" {
+			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			n, err := head(hctx)
+			cancel()
+			if err != nil {
+				headErr = "the node at --rpc-url did not answer: " + err.Error()
+			} else {
+				at = &n
+			}
+		}
+		out := make([]ferryui.ChainJSON, 0, len(names))
+		for _, name := range names {
+			info, err := ferrychain.ReadCursor(ctx, b.store, name)
+			if err != nil {
+				return nil, err
+			}
+			c := ferryui.ChainJSON{Name: info.Name, ChainID: info.ChainID, Tier: info.Tier, Block: info.Block, Hash: info.Hash.Hex(),
+				Window: info.Window, Reorgs: info.Reorgs, SavedAt: info.SavedAt, Holder: info.Holder, Held: info.Held, Head: at, HeadError: headErr}
+			if at != nil {
+				lag := *at - min(*at, info.Block)
+				c.LagBlocks = &lag
+			}
+			out = append(out, c)
+		}
+		return out, nil
+	}
 }

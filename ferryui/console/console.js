@@ -158,7 +158,7 @@ function sparkline(values, label) {
 function figure(value, label) { return el('div', { class: 'figure' }, el('b', {}, value), el('span', {}, label)); }
 
 async function overview(main) {
-  const [feeds, groups] = await Promise.all([get('feeds'), get('groups').catch((e) => ({ error: e.message }))]);
+  const [feeds, groups, chains] = await Promise.all([get('feeds'), get('groups').catch((e) => ({ error: e.message })), get('chains').catch(() => ({ chains: [] }))]);
   const page = [el('h1', {}, 'Overview')];
   page.push(el('h2', {}, 'Relay feeds'));
   page.push(el('div', { class: 'cards', id: 'feeds' }, feeds.feeds.map((f) => {
@@ -190,6 +190,21 @@ async function overview(main) {
           figure(fmtCount(c.failed, groups.count_cap), 'retrying'),
           figure(link('#/groups/' + encodeURIComponent(g.group) + '?state=dead', fmtCount(c.dead, groups.count_cap)), 'dead')),
         sparkline(backlog, 'backlog (pending, processing, retrying)'));
+    })));
+  }
+  if (chains.chains.length) {
+    page.push(el('h2', {}, 'Chain sources'));
+    page.push(el('div', { class: 'cards', id: 'chains' }, chains.chains.map((c) => {
+      const lag = c.head_lag_blocks !== undefined ? sample('chain:' + c.name, c.head_lag_blocks) : null;
+      return el('div', { class: 'card', dataset: { chain: c.name } },
+        el('h3', {}, c.name, ' ', c.lease_held ? el('span', { class: 'state processed' }, 'led') : el('span', { class: 'state failed' }, 'no leader')),
+        el('div', { class: 'figures' },
+          figure(Number(c.block).toLocaleString(), 'last block ingested'),
+          figure(c.head_lag_blocks !== undefined ? Number(c.head_lag_blocks).toLocaleString() : '?', 'blocks behind the head'),
+          figure(c.tier || '?', 'tier'),
+          figure(Number(c.reorgs).toLocaleString(), 'reorgs')),
+        lag ? sparkline(lag, 'blocks behind the head') : null,
+        el('div', { class: 'muted' }, `chain ${c.chain_id}, saved ${fmtTime(c.saved_at)}`, c.lease_holder ? `, leader ${c.lease_holder}` : '', c.head_error ? ` · ${c.head_error}` : ''));
     })));
   }
   main.replaceChildren(...page);

@@ -111,6 +111,10 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, "suite", out.Feeds[0].LeaseHolder)
 		require.True(t, out.Feeds[0].LeaseHeld)
 		require.EqualValues(t, 4, out.Feeds[0].DeadLetters)
+		var chains struct{ Chains []ferryui.ChainJSON }
+		c.get("/api/v1/chains", http.StatusOK, &chains)
+		require.NotNil(t, chains.Chains, "an empty list when no chain source is configured")
+		require.Empty(t, chains.Chains)
 	})
 
 	t.Run("DeadLettersArePagedAndShownExactly", func(t *testing.T) {
