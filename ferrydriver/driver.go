@@ -494,3 +494,23 @@ func ExtrapolateLag(counted int64, from, last, head float64) (events int64, esti
 	}
 	return int64(float64(counted) * (head - from) / (last - from)), true
 }
+
+// OutboxTxReporter is implemented by backends that can name the open
+// transactions that wrote to the outbox: their events are published when
+// they commit, so one left open (a slow request, a session idle in
+// transaction) is why an event emitted in it has not arrived.
+type OutboxTxReporter interface {
+	// OldestOutboxTx returns the oldest open transaction that wrote to the
+	// outbox, or nil when there is none.
+	OldestOutboxTx(ctx context.Context) (*OpenTx, error)
+}
+
+// OpenTx is an open database transaction.
+type OpenTx struct {
+	PID         int
+	Started     time.Time
+	State       string // "active", "idle in transaction", ...
+	Application string
+	// Now is the database clock when it was seen.
+	Now time.Time
+}

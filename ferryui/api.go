@@ -282,6 +282,17 @@ type FeedJSON struct {
 	DatabaseNow       time.Time  `json:"database_now"`
 }
 
+// OpenTxJSON is an open database transaction (the feeds list's
+// oldest_outbox_tx: the oldest that wrote to the outbox and has not
+// committed; its events are published when it does).
+type OpenTxJSON struct {
+	PID         int       `json:"pid"`
+	Started     time.Time `json:"started"`
+	AgeSeconds  float64   `json:"age_seconds"`
+	State       string    `json:"state,omitempty"`
+	Application string    `json:"application,omitempty"`
+}
+
 func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
 	n := 1
 	if ps, ok := h.cfg.Store.(ferrydriver.PartitionStore); ok {
@@ -314,7 +325,19 @@ func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
 		}
 		out = append(out, f)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"feeds": out})
+	page := map[string]any{"feeds": out}
+	// The oldest open transaction that wrote to the outbox (PostgreSQL):
+	// its events go when it commits.
+	if rep, ok := h.cfg.Store.(ferrydriver.OutboxTxReporter); ok {
+		tx, err := rep.OldestOutboxTx(r.Context())
+		if err != nil {
+			return err
+		}
+		if tx != nil {
+			page["oldest_outbox_tx"] = OpenTxJSON{PID: tx.PID, Started: tx.Started, AgeSeconds: tx.Now.Sub(tx.Started).Seconds(), State: tx.State, Application: tx.Application}
+		}
+	}
+	writeJSON(w, http.StatusOK, page)
 	return nil
 }
 

@@ -440,7 +440,7 @@ type queries struct {
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                      string
 	waiterAdd, waiterRemove, inboxCounts                                                             string
 	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                      string
-	inboxDeleteIdleKeys, inboxRetract                                                                string
+	inboxDeleteIdleKeys, inboxRetract, oldestOutboxTx                                                string
 	requestClaim, requestFinish, requestGet, requestDelete                                           string
 	storedPartitions, lockSettings, truncateSettings, insertSettings                                 string
 	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                                 string
@@ -464,7 +464,7 @@ func newQueries(schema string) queries {
 		inboxRescueDue: r(sqlInboxRescueDue), inboxFinish: r(sqlInboxFinish),
 		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey), inboxRefreshKeyNotify: r(sqlInboxRefreshKeyNotify),
 		inboxGroups:   r(sqlInboxGroups),
-		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates),
+		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates), oldestOutboxTx: r(sqlOldestOutboxTx),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
 		inboxDeleteIdleKeys: r(sqlInboxDeleteIdleKeys), inboxRetract: r(sqlInboxRetract),

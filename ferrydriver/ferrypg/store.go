@@ -519,3 +519,27 @@ func (d *Driver[TTx]) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusP
 func invalidRecord(ev *ferryevent.Event, reason string) *ferrydriver.InvalidRecord {
 	return &ferrydriver.InvalidRecord{Event: *ev, Reason: reason}
 }
+
+// sqlOldestOutboxTx finds the oldest open transaction holding the lock an
+// INSERT into the outbox takes (RowExclusiveLock, kept to the end of the
+// transaction): O(locks held), whatever the outbox holds.
+const sqlOldestOutboxTx = `
+SELECT a.pid, a.xact_start, COALESCE(a.state, ''), COALESCE(a.application_name, ''), now()
+  FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'relation' AND l.relation = '{schema}.outbox'::regclass AND l.mode = 'RowExclusiveLock'
+   AND l.granted AND a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL
+ ORDER BY a.xact_start LIMIT 1`
+
+// OldestOutboxTx implements ferrydriver.OutboxTxReporter. The relay's own
+// retention deletes take the same lock, briefly.
+func (d *Driver[TTx]) OldestOutboxTx(ctx context.Context) (*ferrydriver.OpenTx, error) {
+	tx := &ferrydriver.OpenTx{}
+	err := queryRow(ctx, d.db, []any{&tx.PID, &tx.Started, &tx.State, &tx.Application, &tx.Now}, d.queries.oldestOutboxTx)
+	if isNoRows(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, d.wrapErr("find open transactions that wrote to the outbox", err)
+	}
+	return tx, nil
+}

@@ -161,6 +161,13 @@ async function overview(main) {
   const [feeds, groups, chains] = await Promise.all([get('feeds'), get('groups').catch((e) => ({ error: e.message })), get('chains').catch(() => ({ chains: [] }))]);
   const page = [el('h1', {}, 'Overview')];
   page.push(el('h2', {}, 'Relay feeds'));
+  const otx = feeds.oldest_outbox_tx;
+  if (otx && otx.age_seconds >= 1) {
+    page.push(el('p', { class: 'watched-tx', id: 'oldest-outbox-tx' },
+      `An open transaction wrote to the outbox ${fmtSeconds(otx.age_seconds)} ago and has not committed: pid ${otx.pid}`,
+      otx.state ? ` (${otx.state})` : '', otx.application ? `, application ${otx.application}` : '',
+      el('span', { class: 'muted' }, '. Its events are published when it commits.')));
+  }
   page.push(el('div', { class: 'cards', id: 'feeds' }, feeds.feeds.map((f) => {
     const lag = sample('lag:' + f.feed, f.lag_events);
     return el('div', { class: 'card', dataset: { feed: f.feed } },
