@@ -93,9 +93,9 @@ type ConsumerConfig struct {
 	// a negative value keeps them forever.
 	InboxRetention time.Duration
 	// ShutdownTimeout bounds how long Run takes to return once its context
-	// is cancelled: running handlers may finish until its last quarter (at
-	// most 2 s of it) begins; then their contexts are cancelled. Default
-	// 10 s.
+	// is cancelled: a claim in flight may answer, and running handlers
+	// (those it claimed too) may finish, until its last quarter (at most
+	// 2 s of it) begins; then their contexts are cancelled. Default 10 s.
 	ShutdownTimeout time.Duration
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -461,8 +461,14 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	var handlers sync.WaitGroup
+	var stoppedAt atomic.Int64 // the stop's time counts against ShutdownTimeout
+	defer context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })()
 	err := c.run(ctx, work, &handlers)
-	c.drain(&handlers, cancelWork)
+	since := time.Now()
+	if at := stoppedAt.Load(); at != 0 {
+		since = time.Unix(0, at)
+	}
+	c.drain(&handlers, cancelWork, since)
 	return err
 }
 
@@ -484,13 +490,14 @@ func (c *Consumer[TTx]) storePolicy(ctx context.Context) error {
 	}
 }
 
-// drain waits for the running handlers within ShutdownTimeout: it cancels
-// them when its last quarter begins, and abandons them at its end.
-func (c *Consumer[TTx]) drain(handlers *sync.WaitGroup, cancel context.CancelFunc) {
+// drain waits for the running handlers within ShutdownTimeout counted
+// from since (the stop; a claim in flight may have taken some of it): it
+// cancels them when its last quarter begins, and abandons them at its end.
+func (c *Consumer[TTx]) drain(handlers *sync.WaitGroup, cancel context.CancelFunc, since time.Time) {
 	done := make(chan struct{})
 	go func() { handlers.Wait(); close(done) }()
 	reserve := min(c.cfg.ShutdownTimeout/4, 2*time.Second)
-	grace := time.NewTimer(c.cfg.ShutdownTimeout - reserve)
+	grace := time.NewTimer(max(0, c.cfg.ShutdownTimeout-reserve-time.Since(since)))
 	defer grace.Stop()
 	select {
 	case <-done:
@@ -539,7 +546,14 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 		// counted from before the claim, less a margin.
 		deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
 		if free > 0 {
-			rows, err = c.driver.ClaimInbox(ctx, c.claimParams(limit, false))
+			rows, err = c.claim(ctx, limit, false)
+		}
+		if err != nil && len(rows) > 0 {
+			// The rows were claimed (a step after the claim failed, such as
+			// telling settlement waiters of rows it made DEAD): run them,
+			// or nobody would until their claims expired.
+			c.log.Warn("ferry: claiming events partly failed; running the events it claimed", "err", err, "events", len(rows))
+			err = nil
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -589,6 +603,32 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 	return nil
 }
 
+// claim runs ClaimInbox so that a stop does not drop what it claims. A
+// claim already sent commits in the database whether or not its answer is
+// read (PostgreSQL runs a statement it has received although the client
+// gave up, and a cancel request it gets before reading it is ignored), so a
+// claim cancelled by ctx's end left its events PROCESSING, run by nobody,
+// until their claims expired (ClaimTTL; seen in CI as an event stuck for
+// 30 s after a restart). Once ctx ends the claim gets claimGrace more to
+// answer; what it returns runs like any claim, within the shutdown's
+// grace period.
+func (c *Consumer[TTx]) claim(ctx context.Context, limit int, rescue bool) ([]*ferrydriver.InboxRow, error) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(c.claimGrace(), cancel)
+		context.AfterFunc(cctx, func() { t.Stop() })
+	})
+	defer stop()
+	return c.driver.ClaimInbox(cctx, c.claimParams(limit, rescue))
+}
+
+// claimGrace is how long a claim in flight may still answer after a stop:
+// a quarter of the shutdown's time, at most a tenth of a claim's.
+func (c *Consumer[TTx]) claimGrace() time.Duration {
+	return min(c.cfg.ShutdownTimeout/4, c.cfg.ClaimTTL/10)
+}
+
 // claimParams asks for up to limit events (rescues: whose claim expired).
 func (c *Consumer[TTx]) claimParams(limit int, rescue bool) *ferrydriver.ClaimInboxParams {
 	return &ferrydriver.ClaimInboxParams{Group: c.cfg.Group, Worker: c.worker, Limit: limit, TTL: c.cfg.ClaimTTL,
@@ -636,7 +676,7 @@ drain:
 		}
 	}
 	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
-	rows, err := c.driver.ClaimInbox(ctx, c.claimParams(1, true))
+	rows, err := c.claim(ctx, 1, true)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn("ferry: rescuing an expired claim failed; will retry", "err", err)

@@ -119,7 +119,8 @@ type Inbox[TTx any] interface {
 	// whose attempts already reached p.MaxAttempts is not claimed: it is
 	// made DEAD with ReasonAttemptsExhausted, its key follows the group's
 	// stored dead policy, and it is returned with State InboxDead so that
-	// the caller reports it.
+	// the caller reports it. Rows returned with an error were claimed all
+	// the same (a step after the claim failed): the caller runs them.
 	ClaimInbox(ctx context.Context, p *ClaimInboxParams) ([]*InboxRow, error)
 	// RescueDue reports whether a claim of the group has expired (a row
 	// for ClaimInbox with Rescue). It reads an index of the rows being

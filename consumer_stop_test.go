@@ -1,0 +1,103 @@
+package ferry_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// lateClaims is a PostgreSQL driver whose next claim, once armed, behaves
+// as one the database received but had not read yet when the consumer
+// stopped: it waits for release, then runs to its commit whatever its
+// context says (the server does not know the client gave up), and returns
+// the rows with its context's error, as pgx does.
+type lateClaims struct {
+	*ferrypg.Driver[pgx.Tx]
+	mu      sync.Mutex
+	armed   bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (d *lateClaims) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	d.mu.Lock()
+	armed := d.armed
+	d.armed = false
+	d.mu.Unlock()
+	if !armed {
+		return d.Driver.ClaimInbox(ctx, p)
+	}
+	close(d.entered)
+	<-d.release
+	rows, err := d.Driver.ClaimInbox(context.WithoutCancel(ctx), p)
+	if err == nil {
+		err = ctx.Err()
+	}
+	return rows, err
+}
+
+// TestStopDoesNotStrandAClaimInFlight: the consumer is stopped while a
+// claim is on its way to the database, and the claim then commits, taking
+// an event that arrived meanwhile. That event must still run (during the
+// stop, or at once after a restart), not sit PROCESSING until its claim
+// expires: the claim loop used to take a claim whose context had ended for
+// "nothing claimed" (a CI failure: an event stuck for the 30 s of its
+// claim after a restart).
+func TestStopDoesNotStrandAClaimInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := &lateClaims{Driver: newPG(t), entered: make(chan struct{}), release: make(chan struct{})}
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", PollInterval: 20 * time.Millisecond, ClaimTTL: 5 * time.Minute})
+	require.NoError(t, err)
+	c.HandleAll(func(context.Context, pgx.Tx, *ferry.Event) error { return nil })
+	state := func(id uuid.UUID) *ferrydriver.InboxRow {
+		rows, err := drv.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: "g", EventIDs: []uuid.UUID{id}})
+		require.NoError(t, err)
+		require.Contains(t, rows, id)
+		return rows[id]
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	drv.mu.Lock()
+	drv.armed = true
+	drv.mu.Unlock()
+	go func() { done <- c.Run(runCtx) }()
+	select {
+	case <-drv.entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the consumer never claimed")
+	}
+	stop() // while the claim is on its way
+	ev := &ferryevent.Event{Topic: "t", Key: "k", Type: "T"}
+	require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+	_, err = c.Ingest(ctx, []*ferryevent.Event{ev})
+	require.NoError(t, err)
+	close(drv.release) // the database reads the claim now: it takes ev
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return")
+	}
+	if state(ev.ID).State != ferrydriver.InboxProcessed {
+		// Not run during the stop: a restart must run it now, not when its
+		// claim expires in five minutes.
+		runCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { done <- c.Run(runCtx) }()
+		defer func() { stop(); require.NoError(t, <-done) }()
+	}
+	require.Eventually(t, func() bool { return state(ev.ID).State == ferrydriver.InboxProcessed }, 30*time.Second, 10*time.Millisecond,
+		"the event the late claim took runs: %+v", state(ev.ID))
+	require.Equal(t, 1, state(ev.ID).Attempts)
+}
