@@ -236,6 +236,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, "0", eval(injected), "the values are text, not markup")
 	shot("event")
 
+	// The address `ferry ui` prints carries the token in its fragment: the
+	// page keeps it for the tab and takes it out of the address.
+	do("the printed address", chromedp.Navigate(console+"#token=from-the-address"), chromedp.WaitVisible(css(`#groups [data-group="billing"]`)))
+	require.Equal(t, "from-the-address", eval(`sessionStorage.getItem('ferry-console-token')`))
+	require.Equal(t, "#/", eval(`location.hash`))
+	require.Contains(t, text(`#token-state`), "token set")
+
 	if shots != "" {
 		do("the dead letters page", chromedp.Navigate(console+"#/dead-letters"), chromedp.WaitVisible(css(`main h1`)))
 		shot("dead-letters")

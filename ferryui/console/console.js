@@ -123,13 +123,13 @@ async function confirmAction(where, path, body, what) {
 
 // ---- sparklines from successive polls ----
 
-const history = new Map(); // series name → [numbers]
+const samples = new Map(); // series name → [numbers] (not `history`: that is window.history)
 
 function sample(name, v) {
-  const s = history.get(name) || [];
+  const s = samples.get(name) || [];
   s.push(Number(v) || 0);
   if (s.length > SAMPLES) s.shift();
-  history.set(name, s);
+  samples.set(name, s);
   return s;
 }
 
@@ -419,8 +419,20 @@ async function keyPage(main, key) {
 let timer;
 let generation = 0; // of the page shown: a slower, older load must not replace a newer page
 
+// takeToken keeps the token of an address `ferry ui` printed (in the
+// fragment, which the browser never sends to the server) for this tab,
+// and takes it out of the address.
+function takeToken() {
+  const m = location.hash.match(/^#token=([^&]*)/);
+  if (!m) return;
+  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+  history.replaceState(null, '', location.pathname + '#/');
+  showToken();
+}
+
 async function route() {
   clearTimeout(timer);
+  takeToken();
   const mine = ++generation;
   const hash = location.hash.replace(/^#/, '') || '/';
   const [path, query] = hash.split('?');
@@ -455,13 +467,6 @@ function showToken() {
 }
 
 function init() {
-  // `ferry ui` prints a link with the token in the fragment (never sent to
-  // the server): keep it for this tab and take it out of the address.
-  const m = location.hash.match(/^#token=([^&]*)/);
-  if (m) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
-    history.replaceState(null, '', location.pathname + '#/');
-  }
   document.getElementById('token-form').addEventListener('submit', (e) => {
     e.preventDefault();
     const input = document.getElementById('token');
