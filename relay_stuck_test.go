@@ -67,6 +67,27 @@ func latencies(sink *memsink.Sink, committed map[string]time.Time, skip string) 
 	return out
 }
 
+// hangingStuckKey returns a sink that answers key "stuck" only once
+// release is closed (or the call's context ends), the others at once.
+func hangingStuckKey(release <-chan struct{}) *memsink.Sink {
+	return &memsink.Sink{
+		Stall: func(e *ferryevent.Event) bool {
+			select {
+			case <-release:
+				return false
+			default:
+				return e.Key == "stuck"
+			}
+		},
+		StallWait: func(ctx context.Context) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		},
+	}
+}
+
 // failingStuckKey returns a sink that fails key "stuck" transiently while
 // the flag is set (it is, to begin with).
 func failingStuckKey() (*memsink.Sink, *atomic.Bool) {
@@ -100,22 +121,7 @@ func TestRelayKeyThatHangsCostsOnlyItself(t *testing.T) {
 	c, err := ferry.NewClient(drv, nil)
 	require.NoError(t, err)
 	release := make(chan struct{})
-	sink := &memsink.Sink{
-		Stall: func(e *ferryevent.Event) bool {
-			select {
-			case <-release:
-				return false
-			default:
-				return e.Key == "stuck"
-			}
-		},
-		StallWait: func(ctx context.Context) {
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-		},
-	}
+	sink := hangingStuckKey(release)
 	var parked atomic.Int64
 	r := stuckRelay(t, drv, sink, func(c *ferry.RelayConfig) {
 		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
@@ -172,32 +178,17 @@ func TestRelayParksAKeyWithSeveralEventsInFlight(t *testing.T) {
 	}
 	release := make(chan struct{})
 	var inFlight atomic.Int64 // the most events of the stuck key in one call
-	sink := &memsink.Sink{
-		Ordered: true,
-		OnPublish: func(_ context.Context, evs []*ferryevent.Event) {
-			n := int64(0)
-			for _, e := range evs {
-				if e.Key == "stuck" {
-					n++
-				}
+	sink := hangingStuckKey(release)
+	sink.Ordered = true
+	sink.OnPublish = func(_ context.Context, evs []*ferryevent.Event) {
+		n := int64(0)
+		for _, e := range evs {
+			if e.Key == "stuck" {
+				n++
 			}
-			for cur := inFlight.Load(); n > cur && !inFlight.CompareAndSwap(cur, n); cur = inFlight.Load() {
-			}
-		},
-		Stall: func(e *ferryevent.Event) bool {
-			select {
-			case <-release:
-				return false
-			default:
-				return e.Key == "stuck"
-			}
-		},
-		StallWait: func(ctx context.Context) {
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-		},
+		}
+		for cur := inFlight.Load(); n > cur && !inFlight.CompareAndSwap(cur, n); cur = inFlight.Load() {
+		}
 	}
 	parked := make(chan struct{})
 	var once sync.Once

@@ -241,6 +241,10 @@ type DeadLetterJSON struct {
 	Event    EventJSON `json:"event"`
 }
 
+func deadLetterJSON(dl *ferrydriver.DeadLetter) DeadLetterJSON {
+	return DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)}
+}
+
 // InboxRowJSON is an event in a consumer group's inbox.
 type InboxRowJSON struct {
 	Group         string     `json:"group"`
@@ -294,17 +298,12 @@ type OpenTxJSON struct {
 }
 
 func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
-	n := 1
-	if ps, ok := h.cfg.Store.(ferrydriver.PartitionStore); ok {
-		stored, err := ps.StoredPartitions(r.Context())
-		if err != nil {
-			return err
-		}
-		n = stored
+	names, err := h.partitionFeeds(r.Context())
+	if err != nil {
+		return err
 	}
-	out := make([]FeedJSON, 0, n)
-	for p := range n {
-		name := h.cfg.Feed + "/" + strconv.Itoa(p)
+	out := make([]FeedJSON, 0, len(names))
+	for p, name := range names {
 		st, err := h.cfg.Store.FeedStatus(r.Context(), &ferrydriver.FeedStatusParams{Feed: name, Partition: p})
 		if err != nil {
 			return err
@@ -403,7 +402,7 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) error {
 	}
 	items := make([]DeadLetterJSON, len(dls))
 	for i, dl := range dls {
-		items[i] = DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)}
+		items[i] = deadLetterJSON(dl)
 	}
 	page := map[string]any{"dead_letters": items}
 	if len(dls) == f.Limit {
@@ -449,7 +448,7 @@ func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, "no relay dead letter has event ID " + id.String()}
 	}
 	dl := dls[0]
-	writeJSON(w, http.StatusOK, DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)})
+	writeJSON(w, http.StatusOK, deadLetterJSON(dl))
 	return nil
 }
 
@@ -754,7 +753,8 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if len(dls) > 0 {
-		out.DeadLetter = &DeadLetterJSON{Feed: dls[0].Feed, Reason: dls[0].Reason, FailedAt: dls[0].FailedAt, Event: eventJSON(&dls[0].Event)}
+		dl := deadLetterJSON(dls[0])
+		out.DeadLetter = &dl
 	}
 	if h.cfg.Inbox != nil {
 		names, err := h.groupNames(r.Context())
@@ -888,7 +888,7 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	for _, dl := range dls {
-		out.DeadLetters = append(out.DeadLetters, DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)})
+		out.DeadLetters = append(out.DeadLetters, deadLetterJSON(dl))
 	}
 	if h.cfg.Inbox != nil {
 		names, err := h.groupNames(r.Context())

@@ -241,7 +241,6 @@ func TestUnknownNestedConfigKeyIsNamed(t *testing.T) {
 // messages per request (it asked for one at a time).
 func TestTailReadsWhatFerryRunPublished(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	if ln, err := net.Listen("tcp", "127.0.0.1:4222"); err == nil {
 		t.Cleanup(func() { ln.Close() }) // taken, by this test if nothing else
 	}
@@ -265,19 +264,7 @@ func TestTailReadsWhatFerryRunPublished(t *testing.T) {
 	const events = 1200
 	code, _, errOut := ferryBinary(t, "emit", "--data-dir", data, "--topic", "orders", "--key", "o-1", "--type", "OrderPlaced", "--data", `{}`, "--count", strconv.Itoa(events))
 	require.Zero(t, code, errOut)
-	nc, err := nats.Connect(url)
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		s, err := js.Stream(ctx, ferrynats.DefaultStream)
-		if err != nil {
-			return false
-		}
-		info, err := s.Info(ctx)
-		return err == nil && info.State.Msgs == events
-	}, time.Minute, 20*time.Millisecond, "the relay publishes every event")
+	nc := awaitStreamMsgs(t, url, ferrynats.DefaultStream, events, time.Minute)
 	// Every pull request of a JetStream consumer is a message on this subject.
 	var pulls atomic.Int64
 	sub, err := nc.Subscribe("$JS.API.CONSUMER.MSG.NEXT.>", func(*nats.Msg) { pulls.Add(1) })
@@ -291,4 +278,26 @@ func TestTailReadsWhatFerryRunPublished(t *testing.T) {
 	require.NoError(t, sub.Unsubscribe())
 	t.Logf("ferry tail read %d events in %d pull requests", events, pulls.Load())
 	require.LessOrEqual(t, pulls.Load(), int64(20), "tail fetches many messages per request")
+}
+
+// awaitStreamMsgs connects to the NATS server at url and waits until its
+// stream holds want messages; it returns the connection (closed with the
+// test).
+func awaitStreamMsgs(t *testing.T, url, stream string, want uint64, within time.Duration) *nats.Conn {
+	t.Helper()
+	ctx := context.Background()
+	nc, err := nats.Connect(url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs == want
+	}, within, 20*time.Millisecond, "stream %s holds %d messages", stream, want)
+	return nc
 }

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/internal/syncbuf"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 )
 
@@ -131,19 +129,7 @@ func TestRunOnEmbeddedDefaults(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, run(ctx, []string{"emit", "--data-dir", data, "--topic", "orders", "--key", "o-1", "--type", "OrderPlaced", "--data", `{"n":1}`, "--count", "25"}, &out, &errOut), errOut.String())
 
-	nc, err := nats.Connect(url)
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		s, err := js.Stream(ctx, "FERRY")
-		if err != nil {
-			return false
-		}
-		info, err := s.Info(ctx)
-		return err == nil && info.State.Msgs == 25
-	}, 20*time.Second, 20*time.Millisecond)
+	awaitStreamMsgs(t, url, "FERRY", 25, 20*time.Second)
 
 	out.Reset()
 	require.Equal(t, 0, run(ctx, []string{"status", "--data-dir", data, "--feed", "shop", "--json"}, &out, &errOut), errOut.String())
