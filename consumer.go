@@ -526,6 +526,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 	defer upkeep.Wait()
 	upkeep.Go(func() { c.maintain(ctx) })
 	errAttempt := 0
+	runLength := 1.0 // events per key in the last claim
 	var rescueChecked time.Time
 	for ctx.Err() == nil {
 		if time.Since(rescueChecked) >= rescueInterval(c.cfg.ClaimTTL) {
@@ -536,9 +537,13 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 			}
 		}
 		free := c.cfg.Workers - len(slots)
-		limit := free
+		limit, perKey, keys := free, 1, free
 		if c.batcher != nil {
-			limit = free * c.cfg.BatchSize
+			// Runs of a key's events, up to a batch each; as many keys as
+			// the last claim's runs suggest fill the batches (a deep
+			// backlog gives long runs: few keys need locking).
+			limit, perKey = free*c.cfg.BatchSize, c.cfg.BatchSize
+			keys = max(free, int(float64(limit)/max(runLength, 1)))
 		}
 		var rows []*ferrydriver.InboxRow
 		var err error
@@ -546,7 +551,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 		// counted from before the claim, less a margin.
 		deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
 		if free > 0 {
-			rows, err = c.claim(ctx, limit, false)
+			rows, err = c.claim(ctx, &ferrydriver.ClaimInboxParams{Limit: limit, PerKey: perKey, Keys: keys})
 		}
 		if err != nil && len(rows) > 0 {
 			// The rows were claimed (a step after the claim failed, such as
@@ -578,7 +583,10 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 			}
 			runnable = append(runnable, row)
 		}
-		for _, batch := range split(runnable, free) {
+		if k := distinctKeys(runnable); k > 0 {
+			runLength = float64(len(runnable)) / float64(k)
+		}
+		for _, batch := range batches(runnable, free, max(perKey, 1)) {
 			slots <- struct{}{}
 			handlers.Go(func() {
 				defer func() { <-slots; c.Notify() }()
@@ -612,7 +620,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 // 30 s after a restart). Once ctx ends the claim gets claimGrace more to
 // answer; what it returns runs like any claim, within the shutdown's
 // grace period.
-func (c *Consumer[TTx]) claim(ctx context.Context, limit int, rescue bool) ([]*ferrydriver.InboxRow, error) {
+func (c *Consumer[TTx]) claim(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() {
@@ -620,19 +628,25 @@ func (c *Consumer[TTx]) claim(ctx context.Context, limit int, rescue bool) ([]*f
 		context.AfterFunc(cctx, func() { t.Stop() })
 	})
 	defer stop()
-	return c.driver.ClaimInbox(cctx, c.claimParams(limit, rescue))
+	p.Group, p.Worker, p.TTL, p.MaxAttempts = c.cfg.Group, c.worker, c.cfg.ClaimTTL, c.cfg.MaxAttempts
+	return c.driver.ClaimInbox(cctx, p)
+}
+
+// distinctKeys counts the keys of claimed rows (grouped by key).
+func distinctKeys(rows []*ferrydriver.InboxRow) int {
+	n := 0
+	for i, row := range rows {
+		if i == 0 || row.Event.Key != rows[i-1].Event.Key {
+			n++
+		}
+	}
+	return n
 }
 
 // claimGrace is how long a claim in flight may still answer after a stop:
 // a quarter of the shutdown's time, at most a tenth of a claim's.
 func (c *Consumer[TTx]) claimGrace() time.Duration {
 	return min(c.cfg.ShutdownTimeout/4, c.cfg.ClaimTTL/10)
-}
-
-// claimParams asks for up to limit events (rescues: whose claim expired).
-func (c *Consumer[TTx]) claimParams(limit int, rescue bool) *ferrydriver.ClaimInboxParams {
-	return &ferrydriver.ClaimInboxParams{Group: c.cfg.Group, Worker: c.worker, Limit: limit, TTL: c.cfg.ClaimTTL,
-		MaxAttempts: c.cfg.MaxAttempts, Rescue: rescue}
 }
 
 // rescueInterval is how often a consumer looks for expired claims.
@@ -676,7 +690,7 @@ drain:
 		}
 	}
 	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
-	rows, err := c.claim(ctx, 1, true)
+	rows, err := c.claim(ctx, &ferrydriver.ClaimInboxParams{Limit: 1, Rescue: true})
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn("ferry: rescuing an expired claim failed; will retry", "err", err)

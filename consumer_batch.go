@@ -19,16 +19,34 @@ func (e *errBatchClaimLost) Error() string {
 	return fmt.Sprintf("the claims of %d events of the batch were lost", len(e.lost))
 }
 
-// split cuts rows into at most n batches of nearly equal sizes, in order.
-func split[T any](rows []T, n int) [][]T {
-	if n < 1 {
-		n = 1
+// batches cuts claimed rows (grouped by key, each key's in claim order)
+// into batches of at most size rows, n of them if the keys allow,
+// keeping each key's rows together and in order, the batches about even.
+// Keys of a claim (ConsumerConfig.BatchSize rows at most each) that do
+// not pack into n batches make one more, which waits for a free worker.
+func batches(rows []*ferrydriver.InboxRow, n, size int) [][]*ferrydriver.InboxRow {
+	n = max(n, 1)
+	var runs [][]*ferrydriver.InboxRow
+	for i := 0; i < len(rows); {
+		j := i + 1
+		for j < len(rows) && rows[j].Event.Key == rows[i].Event.Key {
+			j++
+		}
+		runs = append(runs, rows[i:j])
+		i = j
 	}
-	n = min(n, len(rows))
-	out := make([][]T, 0, n)
-	for i := range n {
-		lo, hi := i*len(rows)/n, (i+1)*len(rows)/n
-		out = append(out, rows[lo:hi])
+	n = min(n, len(runs))
+	target := (len(rows) + n - 1) / max(n, 1)
+	var out [][]*ferrydriver.InboxRow
+	var cur []*ferrydriver.InboxRow
+	for _, run := range runs {
+		if len(cur) > 0 && (len(cur)+len(run) > size || (len(cur) >= target && len(out)+1 < n)) {
+			out, cur = append(out, cur), nil
+		}
+		cur = append(cur, run...)
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
 	}
 	return out
 }
@@ -61,9 +79,8 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		}
 	}()
 	out := make([]batchOutcome, len(rows))
-	units := c.units(rows)
 	var running []int // the events whose handler call runs; nil: none (the end)
-	var late []int    // the events left out: the batch ran out of time first
+	var late []int    // the events left out: the batch ran out of time first, or an earlier event of their key did not finish
 	budget := batchBudget(c.cfg.ClaimTTL)
 	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
 		txStart := time.Now()
@@ -81,6 +98,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 			}
 			return herr, nil
 		}
+		stopped := map[string]bool{} // keys whose event did not finish: their later events wait
 		record := func(i int, herr error, unhandled bool) {
 			row := rows[i]
 			o := batchOutcome{err: herr, unhandled: unhandled}
@@ -91,47 +109,76 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 				if o.dead {
 					f.State = ferrydriver.InboxDead
 				}
+				stopped[row.Event.Key] = true
 			}
 			out[i] = o
 			fin.Rows = append(fin.Rows, f)
 		}
-		for k, u := range units {
-			if time.Since(txStart) > budget {
-				// Slow handlers: commit what ran, give the rest back.
-				for _, u := range units[k:] {
-					late = append(late, u.rows...)
+		rounds := roundsOf(rows)
+	runRounds:
+		for r, round := range rounds {
+			var todo []int
+			for _, i := range round {
+				if stopped[rows[i].Event.Key] {
+					late = append(late, i)
+				} else {
+					todo = append(todo, i)
 				}
-				break
 			}
-			if u.batch != nil && len(u.rows) > 1 {
-				// One call for all; if it fails, one call for each.
-				running = u.rows
-				evs := make([]*Event, len(u.rows))
-				for j, i := range u.rows {
-					evs[j] = &rows[i].Event
-				}
-				herr, stop := run(func(ctx context.Context, tx TTx) error { return c.callBatch(ctx, tx, u.batch, evs) })
-				if stop != nil {
-					return stop
-				}
-				if herr == nil {
-					for _, i := range u.rows {
-						record(i, nil, false)
+			units := c.units(rows, todo)
+			for k, u := range units {
+				if time.Since(txStart) > budget {
+					// Slow handlers: commit what ran, give the rest back.
+					for _, u := range units[k:] {
+						late = append(late, u.rows...)
 					}
-					continue
+					for _, round := range rounds[r+1:] {
+						late = append(late, round...)
+					}
+					break runRounds
 				}
-			}
-			for _, i := range u.rows {
-				running = []int{i}
-				handler, unhandled := c.handlerFor(&rows[i].Event)
-				herr, stop := run(func(ctx context.Context, tx TTx) error { return c.callHandler(ctx, tx, handler, &rows[i].Event) })
-				if stop != nil {
-					return stop
+				if u.batch != nil && len(u.rows) > 1 {
+					// One call for all; if it fails, one call for each.
+					running = u.rows
+					evs := make([]*Event, len(u.rows))
+					for j, i := range u.rows {
+						evs[j] = &rows[i].Event
+					}
+					herr, stop := run(func(ctx context.Context, tx TTx) error { return c.callBatch(ctx, tx, u.batch, evs) })
+					if stop != nil {
+						return stop
+					}
+					if herr == nil {
+						for _, i := range u.rows {
+							record(i, nil, false)
+						}
+						continue
+					}
 				}
-				record(i, herr, unhandled)
+				for _, i := range u.rows {
+					running = []int{i}
+					handler, unhandled := c.handlerFor(&rows[i].Event)
+					herr, stop := run(func(ctx context.Context, tx TTx) error { return c.callHandler(ctx, tx, handler, &rows[i].Event) })
+					if stop != nil {
+						return stop
+					}
+					record(i, herr, unhandled)
+				}
 			}
 		}
 		running = nil
+		now := time.Now()
+		for _, i := range late {
+			// Not run: they run again at once, uncounted (a key's events
+			// after one that did not finish are not recorded; they wait
+			// behind it).
+			why := "given back: its batch ran out of time before its turn"
+			if stopped[rows[i].Event.Key] {
+				why = "given back: an earlier event of its key did not finish"
+			}
+			fin.Rows = append(fin.Rows, ferrydriver.FinishedRow{EventID: rows[i].Event.ID, Claim: rows[i].Claim, State: ferrydriver.InboxFailed,
+				Error: why, RetryAt: now, Uncounted: true})
+		}
 		lost, err := b.FinishInboxTx(ctx, tx, fin)
 		if err != nil {
 			return err
@@ -146,15 +193,11 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		return nil
 	})
 	if err == nil {
-		var back []*ferrydriver.InboxRow
 		for i, row := range rows {
-			if slices.Contains(late, i) {
-				back = append(back, row)
-				continue
+			if !slices.Contains(late, i) {
+				c.recordOutcome(ctx, row, out[i])
 			}
-			c.recordOutcome(ctx, row, out[i])
 		}
-		c.giveBack(ctx, b, back, "its batch ran out of time before its turn")
 		return
 	}
 	var lost *errBatchClaimLost
@@ -170,7 +213,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 			}
 			back = append(back, row)
 		}
-		c.giveBack(ctx, b, back, "rolled back with a batch in which another event's claim was lost")
+		c.giveBack(ctx, b, back, "rolled back with a batch in which another event's claim was lost", nil, nil, start)
 	case errors.Is(err, ferrydriver.ErrTxNotBegun):
 		for _, row := range rows {
 			c.notBegun(ctx, row, err)
@@ -185,12 +228,10 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 				failed = append(failed, row)
 			}
 		}
-		// The others first, in one transaction: their claims end with the
-		// batch's.
-		c.giveBack(ctx, b, back, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error())
-		for _, row := range failed {
-			c.fail(ctx, row, err, start)
-		}
+		// In one transaction: their claims end with the batch's, and a
+		// key's events are recorded together (one that failed after an
+		// earlier one of its key that is given back counts its attempt).
+		c.giveBack(ctx, b, back, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error(), failed, err, start)
 	}
 }
 
@@ -216,18 +257,30 @@ var errClaimsGone = errors.New("some claims had ended")
 
 // giveBack returns claimed events of a batch to run again at once, not
 // counted (their handlers succeeded or never ran; the batch rolled back
-// for another event's sake, or ran out of time), in one transaction. An
-// event whose claim ended meanwhile is left out: it is rescued, as any
-// expired claim.
-func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, why string) {
+// for another event's sake), and records the failed attempt, counted, of
+// those in failed (their handler call was running when the batch's
+// transaction failed with ferr), in one transaction. An event whose claim
+// ended meanwhile is left out: it is rescued, as any expired claim.
+func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, why string,
+	failed []*ferrydriver.InboxRow, ferr error, start time.Time) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
 	defer cancel()
-	for attempt := 0; len(rows) > 0 && attempt < 2; attempt++ {
+	dead := make(map[uuid.UUID]bool, len(failed))
+	for attempt := 0; len(rows)+len(failed) > 0 && attempt < 2; attempt++ {
 		now := time.Now()
-		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, len(rows))}
-		for i, row := range rows {
-			fin.Rows[i] = ferrydriver.FinishedRow{EventID: row.Event.ID, Claim: row.Claim, State: ferrydriver.InboxFailed,
-				Error: "given back: " + why, RetryAt: now, Uncounted: true}
+		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, 0, len(rows)+len(failed))}
+		for _, row := range rows {
+			fin.Rows = append(fin.Rows, ferrydriver.FinishedRow{EventID: row.Event.ID, Claim: row.Claim, State: ferrydriver.InboxFailed,
+				Error: "given back: " + why, RetryAt: now, Uncounted: true})
+		}
+		for _, row := range failed {
+			d, retryAt := c.decide(row, ferr)
+			f := ferrydriver.FinishedRow{EventID: row.Event.ID, Claim: row.Claim, State: ferrydriver.InboxFailed, Error: ferr.Error(), RetryAt: retryAt}
+			if d {
+				f.State = ferrydriver.InboxDead
+			}
+			dead[row.Event.ID] = d
+			fin.Rows = append(fin.Rows, f)
 		}
 		var lost []uuid.UUID
 		err := c.driver.RunInTx(fctx, func(ctx context.Context, tx TTx) error {
@@ -240,12 +293,50 @@ func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher
 		if !errors.Is(err, errClaimsGone) {
 			if err != nil {
 				// The claims expire and the events run again: nothing is lost.
-				c.log.Warn("ferry: giving back the events of a failed batch failed; they run again once their claims expire", "events", len(rows), "err", err)
+				c.log.Warn("ferry: giving back the events of a failed batch failed; they run again once their claims expire", "events", len(rows)+len(failed), "err", err)
+				return
+			}
+			for _, row := range failed {
+				if dead[row.Event.ID] {
+					c.reportDead(ctx, row, ferr)
+				} else {
+					c.m.outcomes.WithLabelValues("retried").Inc()
+					c.log.InfoContext(withEvent(ctx, &row.Event), "ferry: handler failed; will retry", "event_id", row.Event.ID, "attempt", row.Attempts, "err", ferr)
+				}
 			}
 			return
 		}
-		rows = slices.DeleteFunc(rows, func(r *ferrydriver.InboxRow) bool { return slices.Contains(lost, r.Event.ID) })
+		gone := func(r *ferrydriver.InboxRow) bool { return slices.Contains(lost, r.Event.ID) }
+		for _, row := range failed {
+			if gone(row) {
+				c.m.outcomes.WithLabelValues("claim_lost").Inc()
+				c.log.WarnContext(withEvent(ctx, &row.Event), "ferry: an event's handler failed after its claim had ended: the failure is not recorded; the event runs again, or already did in a later attempt",
+					"event_id", row.Event.ID, "key", row.Event.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond), "err", ferr)
+			}
+		}
+		rows, failed = slices.DeleteFunc(rows, gone), slices.DeleteFunc(failed, gone)
 	}
+}
+
+// roundsOf orders a batch's rows (grouped by key, each key's in claim
+// order) into rounds: the first row of every key, then the second, and so
+// on. A round has one row per key at most, so its events of a type with a
+// batch handler go in one call (of different keys, as HandleBatch
+// promises), and every key runs in order.
+func roundsOf(rows []*ferrydriver.InboxRow) [][]int {
+	var out [][]int
+	nth := 0
+	for i, row := range rows {
+		if i == 0 || row.Event.Key != rows[i-1].Event.Key {
+			nth = 0
+		}
+		if nth == len(out) {
+			out = append(out, nil)
+		}
+		out[nth] = append(out[nth], i)
+		nth++
+	}
+	return out
 }
 
 // unit is what one handler call of a batch covers: events of a type with a
@@ -255,12 +346,14 @@ type unit[TTx any] struct {
 	rows  []int // indexes into the batch's rows
 }
 
-// units groups a batch's rows: those of a type with a batch handler by
-// type, each other row alone, in the order of their first row.
-func (c *Consumer[TTx]) units(rows []*ferrydriver.InboxRow) []unit[TTx] {
+// units groups rows of one round (indexes into rows): those of a type
+// with a batch handler by type, each other row alone, in the order of
+// their first row.
+func (c *Consumer[TTx]) units(rows []*ferrydriver.InboxRow, round []int) []unit[TTx] {
 	var out []unit[TTx]
 	byType := map[string]int{}
-	for i, row := range rows {
+	for _, i := range round {
+		row := rows[i]
 		fn := c.batched[row.Event.Type]
 		if fn == nil {
 			out = append(out, unit[TTx]{rows: []int{i}})

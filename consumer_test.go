@@ -321,7 +321,9 @@ func TestConsumerRetract(t *testing.T) {
 	t.Parallel()
 	drv := newPG(t)
 	table := effects(t, drv)
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "indexer", PollInterval: 20 * time.Millisecond})
+	// One event per transaction: seq 1 and 2 commit while seq 3 waits (in
+	// batches a key's run shares one transaction).
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "indexer", PollInterval: 20 * time.Millisecond, BatchSize: 1})
 	require.NoError(t, err)
 	gate := make(chan struct{})
 	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
@@ -341,8 +343,16 @@ func TestConsumerRetract(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 4 }, 10*time.Second, 10*time.Millisecond,
 		"seq 1 and 2 of both keys are processed; seq 3 waits")
+	var k0s3 uuid.UUID
+	for _, ev := range evs {
+		if ev.Key == "k0" && ev.Seq == 3 {
+			k0s3 = ev.ID
+		}
+	}
 	require.Eventually(t, func() bool {
-		return count(t, `SELECT count(*) FROM `+pgx.Identifier{drv.Schema(), "inbox"}.Sanitize()+` WHERE key = 'k0' AND seq = 3 AND state = 'processing'`) == 1
+		st, err := drv.InboxStates(context.Background(), &ferrydriver.InboxIDsParams{Group: "indexer", EventIDs: []uuid.UUID{k0s3}})
+		require.NoError(t, err)
+		return st[k0s3] != nil && st[k0s3].State == ferrydriver.InboxProcessing
 	}, 10*time.Second, 10*time.Millisecond, "k0's seq 3 is claimed (its handler waits)")
 	// Retract seq 2, 3 and 4 of k0 (2 processed, 3 running, 4 pending).
 	var k0 []*ferry.Event

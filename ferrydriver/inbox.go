@@ -62,9 +62,12 @@ type InboxBatcher[TTx any] interface {
 	Savepoint(ctx context.Context, tx TTx, fn func(ctx context.Context, tx TTx) error) error
 	// FinishInboxTx records the outcomes of claimed rows inside tx, the
 	// transaction of their handlers' writes, and recomputes their keys'
-	// heads: PROCESSED, FAILED until RetryAt, or DEAD. It returns the
-	// event IDs whose claim was lost (expired, or taken over); the caller
-	// must then roll tx back, since those rows' handlers' writes are in it.
+	// heads: PROCESSED, FAILED until RetryAt, or DEAD. A key's rows are
+	// reported in the order they were claimed, and none after one that
+	// failed (or went DEAD under Hold): the rows of a claim it does not
+	// name run again, uncounted. It returns the event IDs whose claim was
+	// lost (expired, or taken over); the caller must then roll tx back,
+	// since those rows' handlers' writes are in it.
 	FinishInboxTx(ctx context.Context, tx TTx, p *FinishInboxParams) (lost []uuid.UUID, err error)
 }
 
@@ -110,17 +113,22 @@ type Inbox[TTx any] interface {
 	// recorded (atomically: concurrent duplicates insert once). Events of
 	// one key must be inserted in delivery order.
 	InsertInbox(ctx context.Context, p *InsertInboxParams) (*InsertInboxResult, error)
-	// ClaimInbox claims up to p.Limit runnable rows, at most one per key and
-	// always a key's oldest unfinished row, marking them PROCESSING for
-	// p.Worker until p.TTL from now, counting the attempt, and giving each
-	// claim a token of its own (InboxRow.Claim) that fences every later
-	// change of the row. Runnable: PENDING, or FAILED and due; with
-	// p.Rescue, only PROCESSING rows whose claim expired instead. A head
-	// whose attempts already reached p.MaxAttempts is not claimed: it is
-	// made DEAD with ReasonAttemptsExhausted, its key follows the group's
-	// stored dead policy, and it is returned with State InboxDead so that
-	// the caller reports it. Rows returned with an error were claimed all
-	// the same (a step after the claim failed): the caller runs them.
+	// ClaimInbox claims up to p.Limit runnable rows: of each key, its oldest
+	// unfinished row, and with p.PerKey > 1 (where the backend can) up to
+	// p.PerKey of its rows in order, stopping before the first that cannot
+	// run now. They are PROCESSING for p.Worker until p.TTL from now, the
+	// attempt counts, and the claim has a token of its own (InboxRow.Claim,
+	// the same for every row of one call) that fences every later change of
+	// the rows. Runnable: PENDING, or FAILED and due. A key with a row
+	// claimed (or whose claim expired) is not claimed again until it is
+	// finished or rescued. With p.Rescue, one row of a key whose claim
+	// expired is claimed instead, alone: the head of what the expired claim
+	// covered. A head whose attempts already reached p.MaxAttempts is not
+	// claimed: it is made DEAD with ReasonAttemptsExhausted, its key follows
+	// the group's stored dead policy, and it is returned with State
+	// InboxDead so that the caller reports it. Rows are returned grouped by
+	// key, each key's in order. Rows returned with an error were claimed
+	// all the same (a step after the claim failed): the caller runs them.
 	ClaimInbox(ctx context.Context, p *ClaimInboxParams) ([]*InboxRow, error)
 	// RescueDue reports whether a claim of the group has expired (a row
 	// for ClaimInbox with Rescue). It reads an index of the rows being
@@ -244,8 +252,15 @@ type InsertInboxResult struct {
 type ClaimInboxParams struct {
 	Group  string
 	Worker string
-	Limit  int
-	TTL    time.Duration
+	// Limit bounds the rows claimed.
+	Limit int
+	// PerKey bounds the rows claimed of one key (a run of its next rows,
+	// in order); 0 or 1: its head only. Backends that claim row by row
+	// claim heads only, whatever it says.
+	PerKey int
+	// Keys bounds the keys claimed; 0: Limit.
+	Keys int
+	TTL  time.Duration
 	// MaxAttempts bounds the attempts of a row: one that already had as
 	// many (they lost their claims) goes DEAD instead. 0: no bound.
 	MaxAttempts int

@@ -175,7 +175,6 @@ type Driver[TTx any] struct {
 	beginTx func(ctx context.Context, iso Isolation) (TTx, func(context.Context) error, func(context.Context) error, error)
 	queries queries
 	park    parkQueries
-	batch   batchQueries
 	channel string
 	hub     settleHub
 	// stored is the partition count the driver last read from the schema;
@@ -251,7 +250,6 @@ func (d *Driver[TTx]) MaxConns() int { return d.maxConns() }
 func (d *Driver[TTx]) init() {
 	d.queries = newQueries(d.cfg.Schema)
 	d.park = newParkQueries(d.cfg.Schema)
-	d.batch = newBatchQueries(d.cfg.Schema)
 	d.channel = d.cfg.Schema + ".outbox"
 	d.hub.d = hubDriver[TTx]{d}
 }
@@ -426,25 +424,26 @@ func (d *Driver[TTx]) wrapErr(op string, err error) error {
 }
 
 type queries struct {
-	append, appendNotify, tickRead, readBatch                                                        string
-	appendOne, appendOneNotify                                                                       string
-	loadCheckpoint, saveCheckpoint                                                                   string
-	acquireLease, renewLease, releaseLease, getLease                                                 string
-	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter                               string
-	deleteDelivered, feedLag, armListener, disarmListener, seqCache                                  string
-	partitionCursors, feedLagExact, countDeadLetterExact                                             string
-	deleteDeadLetters, keysChunk, pruneKeys                                                          string
-	selectRedrive, deleteRedriven, discardDeadLetters                                                string
-	inboxInsert, inboxClaim, inboxRescue, inboxRescueDue, inboxFinish, inboxLockKey, inboxRefreshKey string
-	inboxRefreshKeyNotify, inboxGroups                                                               string
-	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                      string
-	waiterAdd, waiterRemove, inboxCounts                                                             string
-	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                      string
-	inboxDeleteIdleKeys, inboxRetract, oldestOutboxTx                                                string
-	requestClaim, requestFinish, requestGet, requestDelete                                           string
-	storedPartitions, lockSettings, truncateSettings, insertSettings                                 string
-	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                                 string
-	undelivered, parkedByFeed                                                                        string
+	append, appendNotify, tickRead, readBatch                                                   string
+	appendOne, appendOneNotify                                                                  string
+	loadCheckpoint, saveCheckpoint                                                              string
+	acquireLease, renewLease, releaseLease, getLease                                            string
+	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter                          string
+	deleteDelivered, feedLag, armListener, disarmListener, seqCache                             string
+	partitionCursors, feedLagExact, countDeadLetterExact                                        string
+	deleteDeadLetters, keysChunk, pruneKeys                                                     string
+	selectRedrive, deleteRedriven, discardDeadLetters                                           string
+	inboxInsert, inboxClaim, inboxRescueKeys, inboxCharge, inboxHead, inboxClaimOne, inboxKill  string
+	inboxUnclaim, inboxRescueDue, inboxFinishRows, inboxLockKeys, inboxRefreshKeys, inboxGroups string
+	inboxListProcessing, inboxRetractClaims                                                     string
+	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                 string
+	waiterAdd, waiterRemove, inboxCounts                                                        string
+	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                 string
+	inboxDeleteIdleKeys, inboxRetract, oldestOutboxTx                                           string
+	requestClaim, requestFinish, requestGet, requestDelete                                      string
+	storedPartitions, lockSettings, truncateSettings, insertSettings                            string
+	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                            string
+	undelivered, parkedByFeed                                                                   string
 }
 
 func newQueries(schema string) queries {
@@ -460,10 +459,11 @@ func newQueries(schema string) queries {
 		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
 		deleteDeadLetters: r(sqlDeleteDeadLetters), keysChunk: r(sqlKeysChunk), pruneKeys: r(sqlPruneKeys),
 		selectRedrive: r(sqlSelectRedrive), deleteRedriven: r(sqlDeleteRedriven), discardDeadLetters: r(sqlDiscardDeadLetters),
-		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescue: r(sqlInboxRescue),
-		inboxRescueDue: r(sqlInboxRescueDue), inboxFinish: r(sqlInboxFinish),
-		inboxLockKey: r(sqlInboxLockKey), inboxRefreshKey: r(sqlInboxRefreshKey), inboxRefreshKeyNotify: r(sqlInboxRefreshKeyNotify),
-		inboxGroups:   r(sqlInboxGroups),
+		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescueKeys: r(sqlInboxRescueKeys),
+		inboxCharge: r(sqlInboxCharge), inboxHead: r(sqlInboxHead), inboxClaimOne: r(sqlInboxClaimOne), inboxKill: r(sqlInboxKill),
+		inboxUnclaim: r(sqlInboxUnclaim), inboxRescueDue: r(sqlInboxRescueDue), inboxFinishRows: r(sqlInboxFinishRows),
+		inboxLockKeys: r(sqlInboxLockKeys), inboxRefreshKeys: r(sqlInboxRefreshKeys), inboxGroups: r(sqlInboxGroups),
+		inboxListProcessing: r(inboxListProcessing), inboxRetractClaims: r(sqlInboxRetractClaims),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates), oldestOutboxTx: r(sqlOldestOutboxTx),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -52,42 +53,170 @@ func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInbo
 	return res, nil
 }
 
-// ClaimInbox implements ferrydriver.Inbox.
+// ClaimInbox implements ferrydriver.Inbox: a claim takes runs of keys'
+// rows (sqlInboxClaim); a rescue, one row of a key whose claim expired
+// (rescueInbox).
 func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
-	token := uuid.NewString() // one per call: each row is claimed once in it
-	q := d.queries.inboxClaim
 	if p.Rescue {
-		q = d.queries.inboxRescue
+		return d.rescueInbox(ctx, p)
 	}
-	var out []*ferrydriver.InboxRow
+	token := uuid.NewString() // one per call: each key is claimed once in it
+	perKey, keys := max(p.PerKey, 1), p.Keys
+	if keys <= 0 {
+		keys = p.Limit
+	}
+	var out, dead []*ferrydriver.InboxRow
+	var idle []string
 	err := d.inRC(ctx, func(e executor) error {
-		out = out[:0]
-		return e.pipeline(ctx, step{sql: q, args: []any{p.Group, p.Limit, p.Worker, p.TTL.Milliseconds(),
-			token, p.MaxAttempts, ferrydriver.ReasonAttemptsExhausted}, scan: func(r rows) error {
-			row, err := scanInboxRow(r, p.Group)
-			out = append(out, row)
-			return err
+		out, dead, idle = out[:0], dead[:0], idle[:0]
+		return e.pipeline(ctx, step{sql: d.queries.inboxClaim, args: []any{p.Group, keys, p.Worker, p.TTL.Milliseconds(),
+			token, p.MaxAttempts, ferrydriver.ReasonAttemptsExhausted, perKey, p.Limit}, scan: func(r rows) error {
+			var kind string
+			var n int64
+			row, err := scanInboxRow(r, p.Group, &kind, &n)
+			if err != nil {
+				return err
+			}
+			switch kind {
+			case "claimed":
+				row.Claim = token
+				out = append(out, row)
+			case "dead":
+				dead = append(dead, row)
+			default:
+				idle = append(idle, row.Event.Key)
+			}
+			return nil
 		}})
 	})
 	if err != nil {
 		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
 	}
-	var dead []string
-	for _, row := range out {
-		if row.State == ferrydriver.InboxProcessing {
-			row.Claim = token
-		} else {
-			dead = append(dead, row.Event.ID.String())
+	out = append(out, dead...)
+	if len(idle) > 0 {
+		// Runnable with nothing to run (their rows were retracted, say):
+		// recomputed from what has committed since.
+		if err := d.inTx(ctx, func(e executor) error { return d.refreshKeys(ctx, e, p.Group, idle) }); err != nil {
+			return out, err
 		}
 	}
 	if len(dead) > 0 {
 		// After the claim's commit: a waiter registered since reads the
 		// row as DEAD.
-		if err := d.notifySettled(ctx, d.db, p.Group, dead, ferrydriver.InboxDead); err != nil {
+		if err := d.notifyFinished(ctx, d.db, p.Group, dead); err != nil {
 			return out, err
 		}
 	}
 	return out, nil
+}
+
+// rescueInbox claims, for each of up to p.Limit keys due for a rescue, the
+// key's next row alone. A key is due when its claim expired (the process
+// that held it crashed, or its handler outlived the claim: every row the
+// claim covered counts an attempt, and those rows are suspect) or when it
+// has suspect rows left: they run one at a time, so that the one that
+// crashes its process is found and spends only its own attempts. A row
+// whose attempts are spent goes DEAD instead.
+func (d *Driver[TTx]) rescueInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	token := uuid.NewString()
+	var out, dead []*ferrydriver.InboxRow
+	err := d.inTx(ctx, func(e executor) error {
+		out, dead = out[:0], dead[:0]
+		type due struct {
+			key                           string
+			expired                       bool
+			from, through, done, suspects int64
+		}
+		var keys []due
+		err := scanAll(func() (rows, error) { return e.query(ctx, d.queries.inboxRescueKeys, p.Group, p.Limit) }, func(r rows) error {
+			var k due
+			if err := r.Scan(&k.key, &k.expired, &k.from, &k.through, &k.done, &k.suspects); err != nil {
+				return err
+			}
+			keys = append(keys, k)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		var refresh []string
+		for _, k := range keys {
+			if k.expired {
+				if _, err := e.exec(ctx, d.queries.inboxCharge, p.Group, k.key, k.from, k.through); err != nil {
+					return err
+				}
+				k.suspects = max(k.suspects, k.through)
+			}
+			var pos int64
+			var due bool
+			var head *ferrydriver.InboxRow
+			err := scanAll(func() (rows, error) { return e.query(ctx, d.queries.inboxHead, p.Group, k.key, k.done) }, func(r rows) error {
+				row, err := scanInboxRow(r, p.Group, &pos, &due)
+				head = row
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			switch {
+			case head != nil && pos <= k.suspects && head.State != ferrydriver.InboxDead && (head.State == ferrydriver.InboxPending || due) &&
+				p.MaxAttempts > 0 && head.Attempts >= p.MaxAttempts:
+				// Spent: DEAD, and the key goes on (or holds) by its policy.
+				if err := queryRow(ctx, e, []any{&head.State, &head.Attempts, &head.LastError, &head.FinishedAt}, d.queries.inboxKill,
+					p.Group, head.Event.ID, ferrydriver.ReasonAttemptsExhausted); err != nil {
+					return err
+				}
+				dead = append(dead, head)
+				if _, err := e.exec(ctx, d.queries.inboxUnclaim, p.Group, k.key, k.suspects); err != nil {
+					return err
+				}
+				refresh = append(refresh, k.key)
+			case head != nil && pos <= k.suspects && (head.State == ferrydriver.InboxPending || (head.State == ferrydriver.InboxFailed && due)):
+				if _, err := e.exec(ctx, d.queries.inboxClaimOne, p.Group, k.key, pos, token, p.Worker, p.TTL.Milliseconds(), k.suspects); err != nil {
+					return err
+				}
+				head.State, head.Attempts, head.Claim = ferrydriver.InboxProcessing, head.Attempts+1, token
+				out = append(out, head)
+			default:
+				// Nothing of the expired claim is left to run now (or the
+				// head waits for its retry, or is held): the key is
+				// recomputed, through rescues while it is suspect.
+				if _, err := e.exec(ctx, d.queries.inboxUnclaim, p.Group, k.key, k.suspects); err != nil {
+					return err
+				}
+				refresh = append(refresh, k.key)
+			}
+		}
+		if len(refresh) > 0 {
+			return d.refreshKeys(ctx, e, p.Group, refresh)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, d.wrapErr("rescue inbox rows of group "+p.Group, err)
+	}
+	if len(dead) > 0 {
+		if err := d.notifyFinished(ctx, d.db, p.Group, dead); err != nil {
+			return append(out, dead...), err
+		}
+	}
+	return append(out, dead...), nil
+}
+
+// inTx runs op in a READ COMMITTED transaction of the driver's own.
+func (d *Driver[TTx]) inTx(ctx context.Context, op func(e executor) error) error {
+	e, commit, rollback, err := d.begin.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("ferrypg: begin: %w", err)
+	}
+	if err := op(e); err != nil {
+		_ = rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := commit(ctx); err != nil {
+		return fmt.Errorf("ferrypg: commit: %w", err)
+	}
+	return nil
 }
 
 // RescueDue implements ferrydriver.Inbox.
@@ -190,72 +319,118 @@ func (d *Driver[TTx]) runInTxOnce(ctx context.Context, fn func(ctx context.Conte
 
 // CompleteInboxTx implements ferrydriver.Inbox.
 func (d *Driver[TTx]) CompleteInboxTx(ctx context.Context, tx TTx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, d.wrapTx(tx), p.Group, p.EventID.String(), p.Claim, ferrydriver.InboxProcessed, "", nil, false)
+	lost, err := d.finishRows(ctx, d.wrapTx(tx), p.Group, []ferrydriver.FinishedRow{{EventID: p.EventID, Claim: p.Claim, State: ferrydriver.InboxProcessed}})
+	if err != nil {
+		return err
+	}
+	if len(lost) > 0 {
+		return fmt.Errorf("ferrypg: mark event %s processed for group %s: %w", p.EventID, p.Group, ferrydriver.ErrClaimLost)
+	}
+	return nil
 }
 
 // FailInbox implements ferrydriver.Inbox.
 func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) error {
-	state := ferrydriver.InboxFailed
-	var retry *time.Time
+	row := ferrydriver.FinishedRow{EventID: p.EventID, Claim: p.Claim, State: ferrydriver.InboxFailed, Error: p.Error, RetryAt: p.RetryAt, Uncounted: p.Uncounted}
 	if p.Dead {
-		state = ferrydriver.InboxDead
-	} else {
-		retry = &p.RetryAt
+		row.State = ferrydriver.InboxDead
 	}
-	e, commit, rollback, err := d.begin.begin(ctx)
-	if err != nil {
-		return fmt.Errorf("ferrypg: begin: %w", err)
-	}
-	if err := d.finish(ctx, e, p.Group, p.EventID.String(), p.Claim, state, p.Error, retry, p.Uncounted); err != nil {
-		_ = rollback(context.WithoutCancel(ctx))
+	err := d.inTx(ctx, func(e executor) error {
+		lost, err := d.finishRows(ctx, e, p.Group, []ferrydriver.FinishedRow{row})
+		if err == nil && len(lost) > 0 {
+			err = fmt.Errorf("ferrypg: mark event %s %s for group %s: %w", p.EventID, row.State, p.Group, ferrydriver.ErrClaimLost)
+		}
 		return err
+	})
+	if err != nil && !errors.Is(err, ferrydriver.ErrClaimLost) {
+		return fmt.Errorf("ferrypg: record a failed attempt: %w", err)
 	}
-	if err := commit(ctx); err != nil {
-		return fmt.Errorf("ferrypg: commit failed attempt: %w", err)
-	}
-	return nil
+	return err
 }
 
-// finish moves a claimed row to state, then recomputes its key's head:
-// update the row and lock the key (one statement), and only then (in a new
-// statement, so with a snapshot taken after the lock) look for the next
-// head and tell the callers awaiting the event. Both go in one round trip:
-// the refresh finds the key by the event. When the claim is lost the
-// refresh still runs (and may have locked the key for itself) but the
+// finishRows records the outcomes of claimed rows in e's transaction
+// (sqlInboxFinishRows) and tells the callers awaiting those that finished,
+// in one round trip. It returns the events whose claim was lost: the
 // caller rolls the transaction back.
-func (d *Driver[TTx]) finish(ctx context.Context, e executor, group, id, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted bool) error {
-	if _, err := uuid.Parse(claim); err != nil {
-		return fmt.Errorf("ferrypg: mark event %s %s for group %s: claim token %q is not one ClaimInbox gave: %w", id, state, group, claim, ferrydriver.ErrClaimLost)
+func (d *Driver[TTx]) finishRows(ctx context.Context, e executor, group string, finished []ferrydriver.FinishedRow) ([]uuid.UUID, error) {
+	if len(finished) == 0 {
+		return nil, nil
 	}
-	held := false
-	err := e.pipeline(ctx,
-		step{sql: d.queries.inboxFinish, args: []any{group, id, claim, string(state), lastErr, retry, uncounted},
-			scan: func(rows) error { held = true; return nil }},
-		step{sql: d.queries.inboxRefreshKeyNotify, args: []any{group, id, string(state), d.settleChannel()}})
-	if !held && (err == nil || failedStep(err) > 0) {
-		// Lost (whatever the refresh did, or failed to do, is rolled back).
-		return fmt.Errorf("ferrypg: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	n := len(finished)
+	ids, claims, states, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	retry, uncounted := make([]*time.Time, n), make([]bool, n)
+	var doneIDs, doneStates []string
+	for i, r := range finished {
+		if _, err := uuid.Parse(r.Claim); err != nil {
+			return []uuid.UUID{r.EventID}, nil // not a token ClaimInbox gave: never this row's claim
+		}
+		ids[i], claims[i], states[i], errs[i], uncounted[i] = r.EventID.String(), r.Claim, string(r.State), r.Error, r.Uncounted
+		if r.State == ferrydriver.InboxFailed {
+			retry[i] = &finished[i].RetryAt
+		}
+		if r.State.Finished() {
+			doneIDs, doneStates = append(doneIDs, ids[i]), append(doneStates, states[i])
+		}
+	}
+	held := make(map[uuid.UUID]bool, n)
+	steps := []step{{sql: d.queries.inboxFinishRows, args: []any{group, ids, claims, states, errs, retry, uncounted}, scan: func(r rows) error {
+		var id uuid.UUID
+		if err := r.Scan(&id); err != nil {
+			return err
+		}
+		held[id] = true
+		return nil
+	}}}
+	if len(doneIDs) > 0 {
+		steps = append(steps, step{sql: d.queries.inboxNotify, args: []any{group, doneIDs, doneStates, d.settleChannel()}})
+	}
+	err := e.pipeline(ctx, steps...)
+	if err != nil && failedStep(err) == 0 {
+		return nil, d.wrapErr("finish inbox rows of group "+group, err)
+	}
+	var lost []uuid.UUID
+	for _, r := range finished {
+		if !held[r.EventID] {
+			lost = append(lost, r.EventID)
+		}
+	}
+	if len(lost) > 0 {
+		return lost, nil // the caller rolls back: nothing else to do
 	}
 	if err != nil {
-		return d.wrapErr("mark inbox row "+string(state), err)
+		return nil, d.wrapErr("notify settlement waiters", err)
+	}
+	return nil, nil
+}
+
+// refreshKeys recomputes keys of a group from their queues
+// (sqlInboxRefreshKeys), in e's transaction: it locks them first, in key
+// order, and recomputes them in a statement of its own, which sees every
+// row committed before the locks were granted.
+func (d *Driver[TTx]) refreshKeys(ctx context.Context, e executor, group string, keys []string) error {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	err := e.pipeline(ctx, step{sql: d.queries.inboxLockKeys, args: []any{group, keys}}, step{sql: d.queries.inboxRefreshKeys, args: []any{group, keys}})
+	if err != nil {
+		return d.wrapErr("recompute inbox keys of group "+group, err)
 	}
 	return nil
 }
 
-// refreshKey recomputes a key's head under the group's stored dead policy.
-func (d *Driver[TTx]) refreshKey(ctx context.Context, e executor, group, key string) error {
-	if _, err := e.exec(ctx, d.queries.inboxLockKey, group, key); err != nil {
-		return d.wrapErr("lock inbox key", err)
+// notifyFinished tells the callers awaiting rows that they finished, in
+// the states the rows say.
+func (d *Driver[TTx]) notifyFinished(ctx context.Context, e executor, group string, finished []*ferrydriver.InboxRow) error {
+	ids, states := make([]string, len(finished)), make([]string, len(finished))
+	for i, r := range finished {
+		ids[i], states[i] = r.Event.ID.String(), string(r.State)
 	}
-	if _, err := e.exec(ctx, d.queries.inboxRefreshKey, group, key); err != nil {
-		return d.wrapErr("refresh inbox key", err)
-	}
-	return nil
+	return d.notifySettled(ctx, e, group, ids, states)
 }
 
-func (d *Driver[TTx]) notifySettled(ctx context.Context, e executor, group string, ids []string, state ferrydriver.InboxState) error {
+func (d *Driver[TTx]) notifySettled(ctx context.Context, e executor, group string, ids, states []string) error {
 	var n int
-	if err := queryRow(ctx, e, []any{&n}, d.queries.inboxNotify, group, ids, string(state), d.settleChannel()); err != nil {
+	if err := queryRow(ctx, e, []any{&n}, d.queries.inboxNotify, group, ids, states, d.settleChannel()); err != nil {
 		return d.wrapErr("notify settlement waiters", err)
 	}
 	return nil
@@ -288,18 +463,9 @@ func (d *Driver[TTx]) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPo
 		return d.wrapErr("list inbox keys", err)
 	}
 	for start := 0; start < len(keys); start += 500 {
-		e, commit, rollback, err := d.begin.begin(ctx)
-		if err != nil {
-			return fmt.Errorf("ferrypg: begin: %w", err)
-		}
-		for _, k := range keys[start:min(start+500, len(keys))] {
-			if err := d.refreshKey(ctx, e, p.Group, k); err != nil {
-				_ = rollback(context.WithoutCancel(ctx))
-				return err
-			}
-		}
-		if err := commit(ctx); err != nil {
-			return fmt.Errorf("ferrypg: commit: %w", err)
+		chunk := keys[start:min(start+500, len(keys))]
+		if err := d.inTx(ctx, func(e executor) error { return d.refreshKeys(ctx, e, p.Group, chunk) }); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -328,14 +494,16 @@ func scanInboxRows(r rows, group string) ([]*ferrydriver.InboxRow, error) {
 	return out, r.Err()
 }
 
-// scanInboxRow reads the current row of r (inboxRowColumns).
-func scanInboxRow(r rows, group string) (*ferrydriver.InboxRow, error) {
+// scanInboxRow reads the current row of r: the columns lead (read into
+// lead's pointers, if any), then inboxRowColumns.
+func scanInboxRow(r rows, group string, lead ...any) (*ferrydriver.InboxRow, error) {
 	row := &ferrydriver.InboxRow{Group: group}
 	ev := &row.Event
 	var headers *string
 	var state string
-	if err := r.Scan(&ev.ID, &ev.Key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
-		&state, &row.Attempts, &row.LastError, &row.NextAttemptAt, &row.ReceivedAt, &row.FinishedAt); err != nil {
+	dest := append(lead, &ev.ID, &ev.Key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
+		&state, &row.Attempts, &row.LastError, &row.NextAttemptAt, &row.ReceivedAt, &row.FinishedAt)
+	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
 	row.State = ferrydriver.InboxState(state)
@@ -361,14 +529,24 @@ func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxPar
 	if limit <= 0 {
 		limit = 100
 	}
-	literals := make([]string, len(states))
-	for i, st := range states {
-		if !ferrydriver.InboxState(st).Valid() {
+	// PROCESSING is not stored: those rows are found through the claims,
+	// and the stored states named as literals (see sqlInboxList).
+	var stored []string
+	processing := ""
+	for _, st := range states {
+		switch {
+		case !ferrydriver.InboxState(st).Valid():
 			return nil, fmt.Errorf("ferrypg: list inbox of group %s: %q is not an inbox state", p.Group, st)
+		case st == string(ferrydriver.InboxProcessing):
+			processing = d.queries.inboxListProcessing
+		default:
+			stored = append(stored, "'"+st+"'")
 		}
-		literals[i] = "'" + st + "'"
 	}
-	q := strings.Replace(d.queries.inboxList, "{states}", strings.Join(literals, ", "), 1)
+	if len(stored) == 0 {
+		stored = []string{"'processing'"} // stored by no row: the claims' part alone
+	}
+	q := strings.NewReplacer("{stored}", strings.Join(stored, ", "), "{processing}", processing).Replace(d.queries.inboxList)
 	r, err := d.db.query(ctx, q, p.Group, states, p.Key, p.Type, idStrings(p.EventIDs), nullTime(p.Since), nullTime(p.Until), limit)
 	if err != nil {
 		return nil, d.wrapErr("list inbox of group "+p.Group, err)
@@ -418,18 +596,17 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 	if err := r.Err(); err != nil {
 		return 0, d.wrapErr("mark dead letters", err)
 	}
-	sorted := make([]string, 0, len(keys))
-	for k := range keys {
-		sorted = append(sorted, k)
-	}
-	slices.Sort(sorted) // lock keys in order, like ingestion
-	for _, key := range sorted {
-		if err := d.refreshKey(ctx, e, p.Group, key); err != nil {
+	if len(keys) > 0 {
+		if err := d.refreshKeys(ctx, e, p.Group, slices.Collect(maps.Keys(keys))); err != nil {
 			return 0, err
 		}
 	}
 	if state.Finished() && len(ids) > 0 {
-		if err := d.notifySettled(ctx, e, p.Group, ids, state); err != nil {
+		states := make([]string, len(ids))
+		for i := range states {
+			states[i] = string(state)
+		}
+		if err := d.notifySettled(ctx, e, p.Group, ids, states); err != nil {
 			return 0, err
 		}
 	}
@@ -503,7 +680,7 @@ func (d *Driver[TTx]) inboxStates(ctx context.Context, e executor, group string,
 	if lock {
 		// Wait for a finisher that already updated a row to commit, so that
 		// its outcome is seen (its NOTIFY predates our waiter).
-		q += " FOR SHARE"
+		q += " FOR SHARE OF i"
 	}
 	r, err := e.query(ctx, q, group, idStrings(ids))
 	if err != nil {

@@ -2,18 +2,35 @@ package ferrypg
 
 import "strings"
 
-// SQL of the consumer inbox (migration 002). {schema} is replaced by the
-// quoted schema name.
+// SQL of the consumer inbox (migrations 002, 007, 008 and 011). {schema} is
+// replaced by the quoted schema name.
+//
+// The inbox keeps one row per (group, event), written twice: when it is
+// received (PENDING) and when its outcome is known (PROCESSED, FAILED,
+// DEAD). Claims live on the key's row (inbox_keys, migration 011): a claim
+// takes a run of a key's next rows in order, up to a position, with one
+// token and one expiry, and the finish that records their outcomes moves
+// the key's done_pos past the rows that finished. So an event costs one
+// write of its row after ingestion, and a run of a key's events costs two
+// writes of the key's row in all. A row inside a live claim's range reads
+// as PROCESSING (inboxClaimed).
+//
+// Lock order, everywhere: inbox rows first, then key rows in key order.
+// Ingestion inserts its rows and then upserts their keys (in key order); a
+// finish updates its rows and then locks its keys (in key order); a
+// retraction locks its rows (in event order) and then its keys.
 
 // sqlInboxInsert records events once per (group, event ID) and makes the
-// keys that had nothing to do runnable. Inserting first and locking the
-// key rows second (in key order) cannot deadlock with completion, which
-// updates the completed row and then locks its key. It updates the row of
-// every key it inserted for, even one that stays as it was: a completion
-// running under REPEATABLE READ or SERIALIZABLE (a database default, or
-// Config.InboxIsolation) whose snapshot misses the new row then fails to
-// lock the key with a serialization failure, and runs again, instead of
-// marking the key idle with a row left in it.
+// keys that had nothing to do runnable. It raises each key's tail_pos
+// under the key's row lock, so that a finish, which locks the key too,
+// reads whether more rows came for it whatever its snapshot saw; a row
+// that landed at or below a key's done_pos (two deliveries of one key
+// racing) lowers done_pos to come before it, so that it is not passed
+// over. It updates the row of every key it inserted for, so that a finish
+// running under REPEATABLE READ or SERIALIZABLE (Config.InboxIsolation)
+// whose snapshot misses the new rows fails to update the key with a
+// serialization failure, and runs again, instead of marking the key idle
+// with rows left in it.
 const sqlInboxInsert = `
 WITH input AS (
     SELECT * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[],
@@ -24,157 +41,306 @@ WITH input AS (
     SELECT $1, event_id, key, seq, topic, type, source, content_type, NULLIF(headers, '')::jsonb, payload, created_at
       FROM input ORDER BY ord
     ON CONFLICT (group_name, event_id) DO NOTHING
-    RETURNING event_id, key
+    RETURNING event_id, key, pos
 ), keys AS (
-    INSERT INTO {schema}.inbox_keys AS k (group_name, key, runnable_at)
-    SELECT DISTINCT $1, key, now() FROM ins ORDER BY 2
+    INSERT INTO {schema}.inbox_keys AS k (group_name, key, runnable_at, tail_pos, done_pos)
+    SELECT $1, key, now(), max(pos), min(pos) - 1 FROM ins GROUP BY key ORDER BY key
     ON CONFLICT (group_name, key) DO UPDATE
-       SET runnable_at = CASE WHEN k.runnable_at IS NULL AND k.held_by IS NULL THEN now() ELSE k.runnable_at END
+       SET tail_pos = greatest(k.tail_pos, excluded.tail_pos),
+           done_pos = least(k.done_pos, excluded.done_pos),
+           runnable_at = CASE WHEN k.runnable_at IS NULL AND k.held_by IS NULL AND k.claim_token IS NULL AND k.rescue_at IS NULL
+                              THEN now() ELSE k.runnable_at END
     RETURNING 1
 )
 SELECT event_id FROM ins`
-
-// The claim statements. A head is a key's oldest unfinished row (a DEAD
-// row counts when the group holds keys behind dead rows). Its commit is
-// asynchronous: a claim lost in a database crash only means the row runs
-// again, which the inbox absorbs. Each row claimed gets the token $5; a
-// head that already had $6 attempts ($6 > 0) goes DEAD with the reason $7
-// instead, and its key follows the group's stored policy ({hold}).
-//
-// sqlInboxClaim claims the heads of up to $2 runnable keys that are
-// PENDING, or FAILED and due. sqlInboxRescue claims up to $2 heads that
-// are PROCESSING with an expired claim (their worker died, or outlived the
-// claim): the consumer runs those one at a time, alone, so that one which
-// crashes its process takes no other event's attempt with it.
-
-// claimHeads selects, for the locked keys k, the heads that may run now
-// ({runnable} on h), unless another row of the key runs (a redriven older
-// row under Continue).
-const claimHeads = `
-head AS MATERIALIZED (
-    SELECT h.event_id, h.tid, k.group_name FROM k CROSS JOIN LATERAL (
-        SELECT ctid AS tid, event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
-         WHERE i.group_name = k.group_name AND i.key = k.key
-           AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR {hold})
-         ORDER BY pos LIMIT 1) h
-     WHERE {runnable}
-       AND NOT EXISTS (SELECT 1 FROM {schema}.inbox p
-                        WHERE p.key = k.key AND p.group_name = k.group_name AND p.state = 'processing'
-                          AND p.claim_expires_at > now() AND p.event_id <> h.event_id)
-), exhausted AS (
-    UPDATE {schema}.inbox i
-       SET state = 'dead', claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL, finished_at = now(),
-           last_error = $7 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
-      FROM head WHERE i.ctid = head.tid AND i.event_id = head.event_id AND i.group_name = head.group_name
-       AND $6 > 0 AND i.attempts >= $6 AND {runnable_i}
-    RETURNING i.*
-), claimed AS (
-    -- The row is re-checked: it may have changed since the snapshot. It is
-    -- found by its tuple id (a join on the primary key let the planner
-    -- scan the group's unfinished rows instead when its statistics were
-    -- stale); a row updated meanwhile has a new one, fails the recheck and
-    -- is left for the next claim.
-    UPDATE {schema}.inbox i
-       SET state = 'processing', attempts = attempts + 1, claimed_by = $3, claim_token = $5::uuid,
-           claim_expires_at = now() + $4 * interval '1 millisecond'
-      FROM head WHERE i.ctid = head.tid AND i.event_id = head.event_id AND i.group_name = head.group_name
-       AND NOT ($6 > 0 AND i.attempts >= $6) AND {runnable_i}
-    RETURNING i.*
-), keys AS (
-    UPDATE {schema}.inbox_keys ik SET runnable_at = c.claim_expires_at
-      FROM claimed c WHERE ik.group_name = c.group_name AND ik.key = c.key
-), dead_keys AS (
-    -- Hold: the dead head holds its key; Continue: the next row may run.
-    UPDATE {schema}.inbox_keys ik
-       SET runnable_at = CASE WHEN {hold} THEN NULL ELSE now() END,
-           held_by = CASE WHEN {hold} THEN x.event_id END
-      FROM exhausted x WHERE ik.group_name = x.group_name AND ik.key = x.key
-)`
-
-const claimResult = `
-SELECT ` + inboxRowColumns + ` FROM (SELECT * FROM claimed UNION ALL SELECT * FROM exhausted) r ORDER BY pos`
-
-func claimCondition(prefix string, rescue bool) string {
-	if rescue {
-		return "(" + prefix + ".state = 'processing' AND " + prefix + ".claim_expires_at <= now())"
-	}
-	return "(" + prefix + ".state = 'pending' OR (" + prefix + ".state = 'failed' AND " + prefix + ".next_attempt_at <= now()))"
-}
-
-func claimHeadsFor(rescue bool) string {
-	return strings.NewReplacer("{runnable}", claimCondition("h", rescue), "{runnable_i}", claimCondition("i", rescue),
-		"{hold}", holdDead).Replace(claimHeads)
-}
 
 // holdDead is the dead policy stored for the group $1 (SetInboxPolicy), the
 // only one: true (Hold) when none is. It is evaluated once per statement.
 const holdDead = `COALESCE((SELECT hold_dead FROM {schema}.inbox_groups WHERE group_name = $1), true)`
 
+// unfinishedAfter is the condition on an inbox row i of a key's queue:
+// not finished (a DEAD row counts when the group holds keys behind dead
+// rows). It names the states as literals, so that inbox_unfinished_idx
+// (key, group_name, pos) serves it.
+const unfinishedAfter = `i.state IN ('pending', 'failed', 'dead') AND (i.state <> 'dead' OR ` + holdDead + `)`
+
+// inboxRowColumns are the columns scanInboxRow reads, of an inbox row i
+// and cl.claimed (inboxClaimed): a claimed row reads as PROCESSING, its
+// attempt counted.
+const inboxRowColumns = `i.event_id, i.key, i.seq, i.topic, i.type, i.source, i.content_type, i.headers::text, i.payload, i.created_at,
+       CASE WHEN cl.claimed THEN 'processing' ELSE i.state END, i.attempts + cl.claimed::int,
+       COALESCE(i.last_error, ''), i.next_attempt_at, i.received_at, COALESCE(i.finished_at, 'epoch')`
+
+// inboxClaimed joins an inbox row i to cl.claimed: whether the row is
+// inside its key's claim (one that expired included: its rows are
+// PROCESSING until a rescue takes them). Only a PENDING or FAILED row can
+// be, and only for those is the key looked up (a page of DEAD rows costs
+// no lookup).
+const inboxClaimed = `
+ CROSS JOIN LATERAL (SELECT CASE WHEN i.state IN ('pending', 'failed') THEN EXISTS (
+        SELECT 1 FROM {schema}.inbox_keys c
+         WHERE c.key = i.key AND c.group_name = i.group_name AND c.claim_token IS NOT NULL
+           AND i.pos > c.claim_from AND i.pos <= c.claim_through) ELSE false END AS claimed) cl`
+
+// sqlInboxClaim claims runs of keys' rows: the keys ($2 at most) whose
+// runnable_at has come, oldest first, locked with SKIP LOCKED, and of each
+// its first unfinished rows above done_pos ($8 at most), up to the first
+// that cannot run now (a FAILED row not yet due, a DEAD row holding the
+// key, a row whose attempts are spent); $9 rows at most in all. Each key
+// claimed gets the claim ($5, for worker $3, expiring in $4 ms), no longer
+// runnable but due for a rescue when the claim expires. A key's first row
+// whose attempts ($6 > 0) are spent goes DEAD with the reason $7 instead,
+// and its key follows the group's stored policy. A key locked with nothing
+// to claim and nothing spent is returned as 'idle': the caller recomputes
+// it (refreshKeys), since this statement's snapshot may predate rows its
+// lock waited for. Its commit is asynchronous: a claim lost in a crash
+// only means the rows run again.
+//
+// Each row comes with what became of it: 'claimed' (ordered by key, then
+// position), 'dead', or 'idle' (only the key is meaningful).
 var sqlInboxClaim = `
 WITH k AS (
-    SELECT group_name, key FROM {schema}.inbox_keys
+    SELECT key, done_pos, runnable_at AS k_at FROM {schema}.inbox_keys
      WHERE group_name = $1 AND runnable_at <= now()
        AND set_config('synchronous_commit', 'off', true) IS NOT NULL
      ORDER BY runnable_at LIMIT $2
      FOR UPDATE SKIP LOCKED
-), ` + claimHeadsFor(false) + `, idle AS (
-    -- Keys that were due but had nothing to claim (a rescue among them)
-    -- go to the back for a second, so that they cannot crowd out the others.
-    UPDATE {schema}.inbox_keys ik SET runnable_at = now() + interval '1 second'
-      FROM k WHERE ik.group_name = k.group_name AND ik.key = k.key
-       AND k.key NOT IN (SELECT key FROM claimed) AND k.key NOT IN (SELECT key FROM exhausted)
-)` + claimResult
-
-var sqlInboxRescue = `
-WITH expired AS (
-    SELECT key FROM {schema}.inbox
-     WHERE group_name = $1 AND state = 'processing' AND claim_expires_at <= now()
-       AND set_config('synchronous_commit', 'off', true) IS NOT NULL
-     ORDER BY claim_expires_at LIMIT $2
-), k AS (
-    SELECT ik.group_name, ik.key FROM {schema}.inbox_keys ik
-     WHERE ik.group_name = $1 AND ik.key IN (SELECT key FROM expired)
-     FOR UPDATE SKIP LOCKED
-), ` + claimHeadsFor(true) + claimResult
-
-// sqlInboxRescueDue says whether a claim of the group has expired.
-const sqlInboxRescueDue = `
-SELECT EXISTS (SELECT 1 FROM {schema}.inbox WHERE group_name = $1 AND state = 'processing' AND claim_expires_at <= now())`
-
-// sqlInboxFinish ends a claimed attempt: PROCESSED, FAILED or DEAD ($7:
-// the attempt is taken back, its handler never ran). It matches nothing
-// unless $3 is the row's current, unexpired claim. It also locks the
-// row's key (as sqlInboxLockKey does), so that the refresh that follows,
-// in a statement of its own, sees every row committed before the lock was
-// granted.
-const sqlInboxFinish = `
-WITH upd AS (
-    UPDATE {schema}.inbox
-       SET state = $4, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
-           attempts = CASE WHEN $7 THEN greatest(attempts - 1, 0) ELSE attempts END,
-           last_error = CASE WHEN $4 = 'processed' THEN last_error ELSE $5 END,
-           next_attempt_at = COALESCE($6::timestamptz, next_attempt_at),
-           finished_at = CASE WHEN $4 IN ('processed', 'dead') THEN now() END
-     WHERE group_name = $1 AND event_id = $2 AND claim_token = $3::uuid AND state = 'processing'
-       AND claim_expires_at > clock_timestamp()
-    RETURNING key
-), locked AS (
-    SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = (SELECT key FROM upd) FOR UPDATE
+), r AS MATERIALIZED (
+    SELECT k.key, k.k_at, i.tid, i.event_id, i.pos, i.state, i.attempts, i.next_attempt_at,
+           (i.state = 'pending' OR (i.state = 'failed' AND i.next_attempt_at <= now())) AND NOT ($6 > 0 AND i.attempts >= $6) AS ok
+      FROM k CROSS JOIN LATERAL (
+        SELECT i.ctid AS tid, i.event_id, i.pos, i.state, i.attempts, i.next_attempt_at FROM {schema}.inbox i
+         WHERE i.key = k.key AND i.group_name = $1 AND i.pos > k.done_pos AND ` + unfinishedAfter + `
+         ORDER BY i.pos LIMIT $8) i
+), runs AS MATERIALIZED (
+    SELECT q.*, row_number() OVER (ORDER BY q.k_at, q.key, q.pos) AS n
+      FROM (SELECT r.*, bool_and(r.ok) OVER (PARTITION BY r.key ORDER BY r.pos) AS run FROM r) q
+     WHERE q.run
+), p AS MATERIALIZED (
+    SELECT * FROM runs WHERE runs.n <= $9
+), spent AS (
+    UPDATE {schema}.inbox i
+       SET state = 'dead', finished_at = now(),
+           last_error = $7 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
+      FROM (SELECT DISTINCT ON (r.key) r.* FROM r ORDER BY r.key, r.pos) h
+     WHERE i.group_name = $1 AND i.event_id = ANY ((SELECT array_agg(r.event_id) FROM r)::uuid[]) AND i.ctid = h.tid AND i.event_id = h.event_id
+       AND $6 > 0 AND h.attempts >= $6 AND (h.state = 'pending' OR (h.state = 'failed' AND h.next_attempt_at <= now()))
+    RETURNING i.*
+), claimed AS (
+    UPDATE {schema}.inbox_keys ik
+       SET claim_token = $5::uuid, claimed_by = $3, claim_from = ik.done_pos, claim_through = c.through,
+           claim_expires_at = now() + $4 * interval '1 millisecond', rescue_at = now() + $4 * interval '1 millisecond',
+           runnable_at = NULL
+      FROM (SELECT p.key, max(p.pos) AS through FROM p GROUP BY p.key) c
+     WHERE ik.group_name = $1 AND ik.key = ANY ((SELECT array_agg(p.key) FROM p)::text[]) AND ik.key = c.key
+), spent_keys AS (
+    -- Hold: the dead row holds its key; Continue: the key moves past it.
+    UPDATE {schema}.inbox_keys ik
+       SET held_by = CASE WHEN ` + holdDead + ` THEN x.event_id END,
+           done_pos = CASE WHEN ` + holdDead + ` THEN ik.done_pos ELSE x.pos END,
+           runnable_at = CASE WHEN NOT ` + holdDead + ` AND ik.tail_pos > x.pos THEN now() END
+      FROM spent x WHERE ik.group_name = $1 AND ik.key = ANY ((SELECT array_agg(x.key) FROM spent x)::text[]) AND ik.key = x.key
 )
-SELECT key FROM upd WHERE (SELECT count(*) FROM locked) >= 0`
+SELECT 'claimed', p.n, i.event_id, i.key, i.seq, i.topic, i.type, i.source, i.content_type, i.headers::text, i.payload, i.created_at,
+       'processing', i.attempts + 1, COALESCE(i.last_error, ''), i.next_attempt_at, i.received_at, COALESCE(i.finished_at, 'epoch')
+  FROM p JOIN {schema}.inbox i ON i.group_name = $1 AND i.event_id = ANY ((SELECT array_agg(p.event_id) FROM p)::uuid[])
+        AND i.ctid = p.tid AND i.event_id = p.event_id
+UNION ALL
+SELECT 'dead', 0, x.event_id, x.key, x.seq, x.topic, x.type, x.source, x.content_type, x.headers::text, x.payload, x.created_at,
+       x.state, x.attempts, COALESCE(x.last_error, ''), x.next_attempt_at, x.received_at, COALESCE(x.finished_at, 'epoch')
+  FROM spent x
+UNION ALL
+SELECT 'idle', 0, '00000000-0000-0000-0000-000000000000'::uuid, k.key, 0, '', '', '', '', NULL, ''::bytea, now(),
+       '', 0, '', now(), now(), 'epoch'
+  FROM k WHERE k.key NOT IN (SELECT runs.key FROM runs) AND k.key NOT IN (SELECT x.key FROM spent x)
+ ORDER BY 1, 2`
 
-// sqlInboxNotify tells the callers awaiting events that they finished. It
-// runs as its own statement after the row changed (and its key was
-// locked), so its snapshot sees every waiter registered before: a waiter
-// registered later reads the row FOR SHARE, which waits for this commit.
+// sqlInboxRescueKeys locks up to $2 keys of group $1 due for a rescue (an
+// expired claim, or suspect rows: see migration 011), oldest first, for
+// the rest of a rescue's transaction.
+const sqlInboxRescueKeys = `
+SELECT key, claim_token IS NOT NULL, COALESCE(claim_from, 0), COALESCE(claim_through, 0), done_pos, suspect_through
+  FROM {schema}.inbox_keys
+ WHERE group_name = $1 AND rescue_at <= now() AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+ ORDER BY rescue_at LIMIT $2
+   FOR UPDATE SKIP LOCKED`
+
+// sqlInboxCharge counts an attempt for every unfinished row of key $2 that
+// an expired claim covered (positions $3 to $4): its process crashed, or
+// its handler outlived the claim, while it ran them.
+const sqlInboxCharge = `
+UPDATE {schema}.inbox i SET attempts = attempts + 1
+ WHERE i.key = $2 AND i.group_name = $1 AND i.pos > $3 AND i.pos <= $4 AND i.state IN ('pending', 'failed')`
+
+// sqlInboxHead reads key $2's first unfinished row above position $3.
+const sqlInboxHead = `
+SELECT i.pos, i.next_attempt_at <= now(), ` + inboxRowColumns + `
+  FROM {schema}.inbox i CROSS JOIN (SELECT false AS claimed) cl
+ WHERE i.key = $2 AND i.group_name = $1 AND i.pos > $3 AND ` + unfinishedAfter + `
+ ORDER BY i.pos LIMIT 1`
+
+// sqlInboxClaimOne claims key $2's row at position $3 alone, for a rescue.
+const sqlInboxClaimOne = `
+UPDATE {schema}.inbox_keys
+   SET claim_token = $4::uuid, claimed_by = $5, claim_from = $3 - 1, claim_through = $3, done_pos = $3 - 1,
+       claim_expires_at = now() + $6 * interval '1 millisecond', rescue_at = now() + $6 * interval '1 millisecond',
+       runnable_at = NULL, held_by = NULL, suspect_through = $7
+ WHERE group_name = $1 AND key = $2`
+
+// sqlInboxKill makes the row $2 DEAD: its attempts are spent.
+const sqlInboxKill = `
+UPDATE {schema}.inbox i
+   SET state = 'dead', finished_at = now(),
+       last_error = $3 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
+ WHERE i.group_name = $1 AND i.event_id = $2
+RETURNING i.state, i.attempts, COALESCE(i.last_error, ''), COALESCE(i.finished_at, 'epoch')`
+
+// sqlInboxUnclaim ends key $2's claim (a rescue that claimed nothing, a
+// retraction) and records what the key's rows are suspect up to ($3): the
+// key is then recomputed (sqlInboxRefreshKeys).
+const sqlInboxUnclaim = `
+UPDATE {schema}.inbox_keys
+   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL,
+       rescue_at = NULL, suspect_through = greatest(suspect_through, $3)
+ WHERE group_name = $1 AND key = $2`
+
+// sqlInboxRescueDue says whether a key of the group is due for a rescue.
+const sqlInboxRescueDue = `
+SELECT EXISTS (SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND rescue_at <= now())`
+
+// sqlInboxFinishRows records the outcomes of claimed rows ($2..$7, one
+// element per row) and moves their keys on; it returns the rows whose
+// key's claim held (the others' claims were lost). A key's reported rows
+// are taken in position order: those up to the first that did not finish
+// (FAILED, given back, or DEAD under Hold), the "stop", are recorded; of
+// those after it, only a counted failure is, as an attempt (its key goes
+// on from the stop). A key's row is locked after the inbox rows and in key
+// order (see the lock order above); it is then the latest version,
+// whatever this statement's snapshot saw, so tail_pos says whether rows
+// came for the key since it was claimed.
+//
+// A key whose claim holds (the token, unexpired) then moves: done_pos to
+// the last row of the finished run (unless a redrive or a racing delivery
+// lowered it since the claim: see sqlInboxRefreshKeys), and it is runnable
+// again at once if rows are left (unreported rows of the claim, or rows
+// after tail), at the stop's retry time, or never while a DEAD stop holds
+// it. A key whose rows are suspect (an expired claim covered them) goes on
+// through rescues instead.
+//
+// Every table is reached by its key columns from the rows given (a LATERAL
+// with LIMIT, which the planner cannot turn into a join of its own
+// choosing; = ANY): a generic plan made on an empty inbox cannot scan a
+// group.
+var sqlInboxFinishRows = `
+WITH x AS MATERIALIZED (
+    SELECT r.*, i.tid, i.key, i.pos,
+           r.state = 'processed' OR (r.state = 'dead' AND NOT ` + holdDead + `) AS passes
+      FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[], $7::bool[])
+           AS r(event_id, claim, state, err, retry_at, uncounted)
+     CROSS JOIN LATERAL (
+        SELECT i.ctid AS tid, i.key, i.pos FROM {schema}.inbox i WHERE i.event_id = r.event_id AND i.group_name = $1 LIMIT 1) i
+), w AS MATERIALIZED (
+    SELECT y.*, NOT y.run AND COALESCE(lag(y.run) OVER (PARTITION BY y.key ORDER BY y.pos), true) AS stop
+      FROM (SELECT x.*, bool_and(x.passes) OVER (PARTITION BY x.key ORDER BY x.pos) AS run FROM x) y
+), kx AS MATERIALIZED (
+    SELECT w.key, min(w.claim::text)::uuid AS claim, count(DISTINCT w.claim) AS claims, max(w.pos) AS reported,
+           max(w.pos) FILTER (WHERE w.run) AS passed,
+           min(w.state) FILTER (WHERE w.stop) AS st_state, min(w.retry_at) FILTER (WHERE w.stop) AS st_retry,
+           min(w.event_id::text) FILTER (WHERE w.stop) AS st_id
+      FROM w GROUP BY w.key
+), upd AS (
+    UPDATE {schema}.inbox i
+       SET state = CASE WHEN w.run OR w.stop THEN w.state ELSE i.state END,
+           attempts = CASE WHEN w.uncounted THEN i.attempts ELSE i.attempts + 1 END,
+           last_error = CASE WHEN w.state = 'processed' THEN i.last_error ELSE w.err END,
+           next_attempt_at = CASE WHEN w.run OR w.stop THEN COALESCE(w.retry_at, i.next_attempt_at) ELSE i.next_attempt_at END,
+           finished_at = CASE WHEN NOT (w.run OR w.stop) THEN i.finished_at WHEN w.state IN ('processed', 'dead') THEN now() END
+      FROM w
+     WHERE i.group_name = $1 AND i.event_id = ANY ($2::uuid[]) AND i.ctid = w.tid AND i.event_id = w.event_id
+       AND (w.run OR w.stop OR (NOT w.uncounted AND w.state IN ('failed', 'dead')))
+    RETURNING 1
+), locked AS MATERIALIZED (
+    SELECT ik.key FROM {schema}.inbox_keys ik
+     WHERE ik.group_name = $1 AND ik.key = ANY ((SELECT array_agg(kx.key) FROM kx)::text[]) AND (SELECT count(*) FROM upd) >= 0
+     ORDER BY ik.key FOR UPDATE
+), held AS (
+    UPDATE {schema}.inbox_keys k
+       SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL,
+           done_pos = CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END,
+           held_by = CASE WHEN k.done_pos >= k.claim_from AND kx.st_state = 'dead' THEN kx.st_id::uuid END,
+           runnable_at = CASE WHEN k.suspect_through <= CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END
+                              THEN ` + finishNext + ` END,
+           rescue_at = CASE WHEN k.suspect_through > CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END
+                            THEN ` + finishNext + ` END
+      FROM kx
+     WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
+       AND kx.claims = 1 AND k.claim_token = kx.claim AND k.claim_expires_at > clock_timestamp()
+    RETURNING k.key
+)
+SELECT x.event_id FROM x WHERE x.key IN (SELECT held.key FROM held)`
+
+// finishNext is when a key that a finish moved may run next (NULL: not
+// until something changes it): at once when a redrive or a racing
+// delivery lowered its done_pos since the claim, at the stopping row's
+// retry time, never while its DEAD row holds it, at once when rows of the
+// claim went unreported or rows came after it, never when it is idle.
+const finishNext = `CASE
+        WHEN k.done_pos < k.claim_from THEN now()
+        WHEN kx.st_state = 'failed' THEN kx.st_retry
+        WHEN kx.st_state = 'dead' THEN NULL
+        WHEN kx.reported < k.claim_through THEN now()
+        WHEN k.tail_pos > COALESCE(kx.passed, k.claim_from) THEN now()
+        END`
+
+// sqlInboxNotify tells the callers awaiting events ($2) that they finished
+// (in the states $3). It runs as its own statement after the rows changed
+// (and their keys were locked), so its snapshot sees every waiter
+// registered before: a waiter registered later reads the row FOR SHARE,
+// which waits for this commit.
 const sqlInboxNotify = `
 SELECT count(*) FROM (
-    SELECT pg_notify($4, e.id::text || ':' || $3)
-      FROM unnest($2::uuid[]) e(id)
+    SELECT pg_notify($4, e.id::text || ':' || e.state)
+      FROM unnest($2::uuid[], $3::text[]) e(id, state)
       JOIN {schema}.settle_waiters w ON w.group_name = $1 AND w.until > now() AND e.id = ANY (w.event_ids)) n`
 
+// sqlInboxLockKeys locks the keys $2 of group $1, in key order.
+const sqlInboxLockKeys = `
+SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = ANY ($2::text[]) ORDER BY key FOR UPDATE`
+
+// sqlInboxRefreshKeys recomputes the keys $2 of group $1 from their
+// queues, after a change that can move a key's head back or forth (a
+// redrive, a discard, a retraction, a policy change, a claim that found a
+// runnable key with nothing to run). It runs in a statement after
+// sqlInboxLockKeys, so its snapshot sees every row committed before the
+// locks were granted: all of each key's rows up to its tail_pos. The head
+// is the key's first unfinished row from the start of its queue (the
+// partial index holds unfinished rows only): one that a redrive made
+// PENDING below done_pos is found. A claimed key keeps its claim, and only
+// has done_pos lowered below such a row (its finish then leaves done_pos
+// there and makes the key runnable). Any other key: done_pos just below
+// the head (the tail when none); held by a DEAD head under Hold; runnable
+// when its head may run (through rescues while it is suspect); idle when
+// it has no head.
+var sqlInboxRefreshKeys = `
+UPDATE {schema}.inbox_keys k
+   SET done_pos = CASE WHEN k.claim_token IS NOT NULL THEN least(k.done_pos, h.pos - 1) ELSE COALESCE(h.pos - 1, k.tail_pos) END,
+       held_by = CASE WHEN k.claim_token IS NOT NULL THEN k.held_by WHEN h.state = 'dead' THEN h.event_id END,
+       runnable_at = CASE WHEN k.claim_token IS NOT NULL THEN k.runnable_at
+                          WHEN h.pos IS NULL OR h.pos <= k.suspect_through THEN NULL ELSE ` + headNext + ` END,
+       rescue_at = CASE WHEN k.claim_token IS NOT NULL THEN k.rescue_at
+                        WHEN h.pos <= k.suspect_through THEN ` + headNext + ` END
+  FROM unnest($2::text[]) kk(key)
+  LEFT JOIN LATERAL (
+    SELECT i.pos, i.event_id, i.state, i.next_attempt_at FROM {schema}.inbox i
+     WHERE i.key = kk.key AND i.group_name = $1 AND ` + unfinishedAfter + `
+     ORDER BY i.pos LIMIT 1) h ON true
+ WHERE k.group_name = $1 AND k.key = kk.key`
+
+// headNext is when a key whose head is h may run.
+const headNext = `CASE h.state WHEN 'pending' THEN now() WHEN 'failed' THEN h.next_attempt_at END`
+
 // sqlInboxSetState moves DEAD rows to $3 (pending: redrive; discarded)
-// and returns their keys; finishing rows notify waiters as above.
+// and returns their keys; the caller recomputes the keys.
 const sqlInboxSetState = `
 UPDATE {schema}.inbox
    SET state = $3,
@@ -197,26 +363,42 @@ const sqlInboxGroups = `SELECT group_name FROM {schema}.inbox_groups ORDER BY gr
 
 const sqlInboxGroupKeys = `SELECT key FROM {schema}.inbox_keys WHERE group_name = $1 ORDER BY key`
 
-const inboxRowColumns = `event_id, key, seq, topic, type, source, content_type, headers::text, payload, created_at,
-       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, COALESCE(finished_at, 'epoch')`
-
 // sqlInboxList lists a group's rows in the states $2, newest finished
-// first. {states} is the same states as literals (ListInbox writes them
-// from the known ones): with them, a plan made for any parameters can
-// use the partial index of those states (inbox_dead_idx for DEAD, the
-// console's list), where "state = ANY ($2)" alone read the whole group
-// under a generic plan (TestConsolePagesAreFlat).
+// first. {stored} is the stored states those are (a PROCESSING row is
+// stored PENDING or FAILED) as literals, which ListInbox writes from the
+// known ones: with them, a plan made for any parameters can use the
+// partial index of those states (inbox_dead_idx for DEAD, the console's
+// list), where "state = ANY ($2)" alone read the whole group under a
+// generic plan (TestConsolePagesAreFlat). {processing} adds the rows of
+// the group's claims, found through its claimed keys (few, by nature),
+// when PROCESSING is asked for.
 const sqlInboxList = `
-SELECT ` + inboxRowColumns + ` FROM {schema}.inbox
- WHERE group_name = $1 AND state = ANY ($2::text[]) AND state IN ({states})
-   AND ($3 = '' OR key = $3) AND ($4 = '' OR type = $4)
-   AND (cardinality($5::uuid[]) = 0 OR event_id = ANY ($5::uuid[]))
-   AND ($6::timestamptz IS NULL OR finished_at >= $6) AND ($7::timestamptz IS NULL OR finished_at < $7)
- ORDER BY finished_at DESC NULLS FIRST, received_at DESC LIMIT $8`
+SELECT ` + inboxRowColumns + ` FROM (
+    SELECT i.* FROM {schema}.inbox i
+     WHERE i.group_name = $1 AND i.state IN ({stored})
+       AND ($3 = '' OR i.key = $3) AND ($4 = '' OR i.type = $4)
+       AND (cardinality($5::uuid[]) = 0 OR i.event_id = ANY ($5::uuid[]))
+       AND ($6::timestamptz IS NULL OR i.finished_at >= $6) AND ($7::timestamptz IS NULL OR i.finished_at < $7)
+    {processing}) i` + inboxClaimed + `
+ WHERE (CASE WHEN cl.claimed THEN 'processing' ELSE i.state END) = ANY ($2::text[])
+ ORDER BY i.finished_at DESC NULLS FIRST, i.received_at DESC LIMIT $8`
+
+// inboxListProcessing is sqlInboxList's {processing}: the rows inside the
+// group's claims (claimed keys have rescue_at set: inbox_keys_rescue_idx).
+const inboxListProcessing = `
+    UNION
+    SELECT i.* FROM {schema}.inbox_keys ck CROSS JOIN LATERAL (
+        SELECT i.* FROM {schema}.inbox i
+         WHERE i.key = ck.key AND i.group_name = $1 AND i.pos > ck.claim_from AND i.pos <= ck.claim_through
+           AND i.state IN ('pending', 'failed')
+           AND ($4 = '' OR i.type = $4) AND (cardinality($5::uuid[]) = 0 OR i.event_id = ANY ($5::uuid[]))
+         ORDER BY i.pos) i
+     WHERE ck.group_name = $1 AND ck.rescue_at IS NOT NULL AND ck.claim_token IS NOT NULL
+       AND ($3 = '' OR ck.key = $3) AND $6::timestamptz IS NULL AND $7::timestamptz IS NULL`
 
 const sqlInboxStates = `
-SELECT ` + inboxRowColumns + ` FROM {schema}.inbox
- WHERE group_name = $1 AND event_id = ANY ($2::uuid[])`
+SELECT ` + inboxRowColumns + ` FROM {schema}.inbox i` + inboxClaimed + `
+ WHERE i.group_name = $1 AND i.event_id = ANY ($2::uuid[])`
 
 // sqlInboxDeleteIdleKeys removes keys with nothing left to run or hold, a
 // chunk at a time. Ingestion re-creates a key's row when it needs it; the
@@ -227,7 +409,7 @@ const sqlInboxDeleteIdleKeys = `
 DELETE FROM {schema}.inbox_keys k
  WHERE k.group_name = $1 AND (k.group_name, k.key) IN (
        SELECT group_name, key FROM {schema}.inbox_keys
-        WHERE group_name = $1 AND runnable_at IS NULL AND held_by IS NULL
+        WHERE group_name = $1 AND runnable_at IS NULL AND held_by IS NULL AND claim_token IS NULL AND rescue_at IS NULL
         LIMIT $2 FOR UPDATE SKIP LOCKED)
    AND NOT EXISTS (SELECT 1 FROM {schema}.inbox i
                     WHERE i.key = k.key AND i.group_name = k.group_name
@@ -236,11 +418,29 @@ DELETE FROM {schema}.inbox_keys k
 // sqlInboxCounts counts a group's PENDING, PROCESSING, FAILED and DEAD
 // rows, each up to $2, through inbox_states_idx (migration 007): O($2)
 // whatever the backlog. The states are literals so that the partial index
-// applies.
-var sqlInboxCounts = "SELECT " + strings.Join(func() []string {
+// applies. Rows inside claims (found through the claimed keys) count as
+// PROCESSING, not as what they are stored as.
+var sqlInboxCounts = `
+WITH claimed AS MATERIALIZED (
+    SELECT i.state FROM {schema}.inbox_keys ck CROSS JOIN LATERAL (
+        SELECT i.state FROM {schema}.inbox i
+         WHERE i.key = ck.key AND i.group_name = $1 AND i.pos > ck.claim_from AND i.pos <= ck.claim_through
+           AND i.state IN ('pending', 'failed')) i
+     WHERE ck.group_name = $1 AND ck.rescue_at IS NOT NULL AND ck.claim_token IS NOT NULL
+     LIMIT $2
+)
+SELECT ` + strings.Join(func() []string {
 	var q []string
 	for _, st := range []string{"pending", "processing", "failed", "dead"} {
-		q = append(q, `(SELECT count(*) FROM (SELECT 1 FROM {schema}.inbox WHERE group_name = $1 AND state = '`+st+`' LIMIT $2) c)`)
+		stored := `(SELECT count(*) FROM (SELECT 1 FROM {schema}.inbox WHERE group_name = $1 AND state = '` + st + `' LIMIT $2) c)`
+		switch st {
+		case "processing":
+			stored = `(SELECT count(*) FROM claimed)`
+		case "pending", "failed":
+			// At the cap it stays the cap: the count is "at least".
+			stored = `(SELECT CASE WHEN n >= $2 THEN n ELSE greatest(n - (SELECT count(*) FROM claimed WHERE state = '` + st + `'), 0) END FROM ` + stored + ` n(n))`
+		}
+		q = append(q, stored)
 	}
 	return q
 }(), ", ")
@@ -257,68 +457,27 @@ SELECT $1, $2, $3::uuid[], $4 WHERE set_config('synchronous_commit', 'off', true
 
 const sqlWaiterRemove = `DELETE FROM {schema}.settle_waiters WHERE id = $1 OR until < now() - interval '1 minute'`
 
-const sqlInboxLockKey = `
-SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = $2 FOR UPDATE`
-
-// keyHeadSet sets a key's runnable_at and held_by from its head h (the
-// columns of the inbox row) and until, the latest claim of another of its
-// rows still running (NULL: none).
-func keyHeadSet(h, until string) string {
-	return strings.NewReplacer("{h}", h, "{until}", until).Replace(`
-    runnable_at = CASE
-        WHEN {until} IS NOT NULL THEN {until} -- a row of the key is running
-        WHEN {h}.state = 'pending' THEN now()
-        WHEN {h}.state = 'failed' THEN {h}.next_attempt_at
-        WHEN {h}.state = 'processing' THEN {h}.claim_expires_at
-        ELSE NULL END,
-    held_by = CASE WHEN {h}.state = 'dead' THEN {h}.event_id END`)
-}
-
-// sqlInboxRefreshKey recomputes when a key's head may run, after its head
-// changed. It runs in a statement after sqlInboxLockKey, so its snapshot
-// sees every row committed before the lock was granted. Under the group's
-// stored policy, a DEAD head holds its key.
-var sqlInboxRefreshKey = refreshKey("$2")
-
-// refreshKey is sqlInboxRefreshKey for the key of group $1 that the
-// expression key names.
-func refreshKey(key string) string {
-	return strings.ReplaceAll(`
-UPDATE {schema}.inbox_keys k SET `+keyHeadSet("h", "busy.until")+`
-  FROM (SELECT NULL) dummy
-  LEFT JOIN LATERAL (
-    SELECT event_id, state, next_attempt_at, claim_expires_at FROM {schema}.inbox i
-     WHERE i.group_name = $1 AND i.key = {key}
-       AND i.state IN ('pending', 'processing', 'failed', 'dead') AND (i.state <> 'dead' OR `+holdDead+`)
-     ORDER BY pos LIMIT 1) h ON true
-  LEFT JOIN LATERAL (
-    SELECT max(claim_expires_at) AS until FROM {schema}.inbox p
-     WHERE p.key = {key} AND p.group_name = $1 AND p.state = 'processing' AND p.claim_expires_at > now()) busy ON true
- WHERE k.group_name = $1 AND k.key = {key}`, "{key}", key)
-}
-
-// sqlInboxRefreshKeyNotify is sqlInboxRefreshKey for the key of the row
-// $2 that just finished (in state $3), which also tells the callers
-// awaiting it (as sqlInboxNotify does, on channel $4) when $3 is a final
-// state. It runs after the statement that changed the row and locked the
-// key, in the same round trip (a pipeline), so it finds the key by the
-// row.
-var sqlInboxRefreshKeyNotify = refreshKey(`(SELECT key FROM {schema}.inbox WHERE group_name = $1 AND event_id = $2::uuid)`) + `
-RETURNING (SELECT count(*) FROM (
-    SELECT pg_notify($4, $2::text || ':' || $3)
-      FROM {schema}.settle_waiters w
-     WHERE $3 IN ('processed', 'dead') AND w.group_name = $1 AND w.until > now() AND $2::uuid = ANY (w.event_ids)) n)`
-
 // sqlInboxRetract marks a group's rows RETRACTED and returns, for each
-// row found, its state before and its key. Rows are locked first (as
-// completion does), keys only after, by the caller.
-const sqlInboxRetract = `
+// row found, its state before (PROCESSING inside a claim), its key and its
+// position. Rows are locked first (as
+// a finish does), keys only after, by the caller.
+var sqlInboxRetract = `
 WITH old AS (
-    SELECT event_id, state, key FROM {schema}.inbox
+    SELECT event_id, state, key, pos FROM {schema}.inbox
      WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) ORDER BY event_id FOR UPDATE
 ), up AS (
     UPDATE {schema}.inbox i
-       SET state = 'retracted', claimed_by = NULL, claim_expires_at = NULL, finished_at = now()
+       SET state = 'retracted', finished_at = now()
       FROM old WHERE i.group_name = $1 AND i.event_id = old.event_id AND old.state <> 'retracted'
 )
-SELECT event_id::text, state, key FROM old`
+SELECT i.event_id::text, CASE WHEN cl.claimed THEN 'processing' ELSE i.state END, i.key, i.pos
+  FROM (SELECT old.*, $1::text AS group_name FROM old) i` + inboxClaimed
+
+// sqlInboxRetractClaims ends the claims of keys $2 that cover a retracted
+// row at positions $3 (the worker running it finds its claim lost); the
+// caller then recomputes the keys.
+const sqlInboxRetractClaims = `
+UPDATE {schema}.inbox_keys k
+   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL, rescue_at = NULL
+  FROM unnest($2::text[], $3::bigint[]) r(key, pos)
+ WHERE k.group_name = $1 AND k.key = r.key AND k.claim_token IS NOT NULL AND r.pos > k.claim_from AND r.pos <= k.claim_through`

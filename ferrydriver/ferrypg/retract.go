@@ -3,6 +3,7 @@ package ferrypg
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -30,7 +31,7 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 		ids[i] = r.Event.ID.String()
 		index[ids[i]] = i
 	}
-	keys := map[string]bool{}
+	keys := map[string][]int64{} // key → positions of its rows retracted
 	found, err := d.retractRows(ctx, e, p.Group, ids, keys)
 	if err != nil {
 		return nil, err
@@ -70,21 +71,36 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 			return nil, err
 		}
 		for _, ev := range compensations {
-			keys[ev.Key] = true
+			if _, ok := keys[ev.Key]; !ok {
+				keys[ev.Key] = nil
+			}
 		}
 	}
-	sorted := make([]string, 0, len(keys))
-	for k := range keys {
-		sorted = append(sorted, k)
-	}
-	slices.Sort(sorted)
-	for _, key := range sorted {
-		if err := d.refreshKey(ctx, e, p.Group, key); err != nil {
-			return nil, err
+	// A claim that covers a retracted row ends: the worker running it
+	// finds its claim lost.
+	var claimKeys []string
+	var claimPos []int64
+	for key, positions := range keys {
+		for _, pos := range positions {
+			claimKeys, claimPos = append(claimKeys, key), append(claimPos, pos)
 		}
+	}
+	lock := slices.Sorted(maps.Keys(keys))
+	if _, err := e.exec(ctx, d.queries.inboxLockKeys, p.Group, lock); err != nil {
+		return nil, d.wrapErr("lock inbox keys", err)
+	}
+	if _, err := e.exec(ctx, d.queries.inboxRetractClaims, p.Group, claimKeys, claimPos); err != nil {
+		return nil, d.wrapErr("end the claims of retracted rows", err)
+	}
+	if err := d.refreshKeys(ctx, e, p.Group, lock); err != nil {
+		return nil, err
 	}
 	if len(retracted) > 0 {
-		if err := d.notifySettled(ctx, e, p.Group, retracted, ferrydriver.InboxRetracted); err != nil {
+		states := make([]string, len(retracted))
+		for i := range states {
+			states[i] = string(ferrydriver.InboxRetracted)
+		}
+		if err := d.notifySettled(ctx, e, p.Group, retracted, states); err != nil {
 			return nil, err
 		}
 	}
@@ -96,7 +112,7 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 
 // retractRows retracts the group's rows among ids and returns the state
 // each had; it adds their keys to keys.
-func (d *Driver[TTx]) retractRows(ctx context.Context, e executor, group string, ids []string, keys map[string]bool) (map[string]ferrydriver.InboxState, error) {
+func (d *Driver[TTx]) retractRows(ctx context.Context, e executor, group string, ids []string, keys map[string][]int64) (map[string]ferrydriver.InboxState, error) {
 	r, err := e.query(ctx, d.queries.inboxRetract, group, ids)
 	if err != nil {
 		return nil, d.wrapErr("retract inbox rows of group "+group, err)
@@ -105,11 +121,12 @@ func (d *Driver[TTx]) retractRows(ctx context.Context, e executor, group string,
 	found := map[string]ferrydriver.InboxState{}
 	for r.Next() {
 		var id, state, key string
-		if err := r.Scan(&id, &state, &key); err != nil {
+		var pos int64
+		if err := r.Scan(&id, &state, &key, &pos); err != nil {
 			return nil, d.wrapErr("retract inbox rows", err)
 		}
 		found[id] = ferrydriver.InboxState(state)
-		keys[key] = true
+		keys[key] = append(keys[key], pos)
 	}
 	if err := r.Err(); err != nil {
 		return nil, d.wrapErr("retract inbox rows", err)
