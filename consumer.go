@@ -212,6 +212,10 @@ type Consumer[TTx any] struct {
 	running atomic.Bool
 	// batcher is the driver when Run batches events (BatchSize > 1).
 	batcher ferrydriver.InboxBatcher[TTx]
+	// finisher is the driver when it can record several outcomes in one
+	// transaction (an InboxBatcher), whatever BatchSize says: it gives
+	// back what a run could not apply in time.
+	finisher ferrydriver.InboxBatcher[TTx]
 	// batchChosen: the caller set BatchSize (not the default).
 	batchChosen bool
 	// frozen is set by Run: the handlers are read without a lock from
@@ -450,6 +454,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		}
 	}
 	c.batcher = nil
+	c.finisher, _ = c.driver.(ferrydriver.InboxBatcher[TTx])
 	if b, ok := c.driver.(ferrydriver.InboxBatcher[TTx]); ok && c.cfg.BatchSize > 1 {
 		c.batcher = b
 	} else if c.cfg.BatchSize > 1 && c.batchChosen {
@@ -537,7 +542,9 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 			}
 		}
 		free := c.cfg.Workers - len(slots)
-		limit, perKey, keys := free, 1, free
+		// One event per transaction: each free worker gets a run of one
+		// key's events, which it applies in order, a transaction each.
+		limit, perKey, keys := free*maxRun, maxRun, free
 		if c.batcher != nil {
 			// Runs of a key's events, up to a batch each; as many keys as
 			// the last claim's runs suggest fill the batches (a deep
@@ -586,14 +593,18 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 		if k := distinctKeys(runnable); k > 0 {
 			runLength = float64(len(runnable)) / float64(k)
 		}
-		for _, batch := range batches(runnable, free, max(perKey, 1)) {
+		units := runsOf(runnable) // one event per transaction: a worker per key's run
+		if c.batcher != nil {
+			units = batches(runnable, free, max(perKey, 1))
+		}
+		for _, batch := range units {
 			slots <- struct{}{}
 			handlers.Go(func() {
 				defer func() { <-slots; c.Notify() }()
-				if len(batch) == 1 {
-					c.process(work, batch[0], deadline)
-				} else {
+				if c.batcher != nil && len(batch) > 1 {
 					c.processBatch(work, c.batcher, batch, deadline)
+				} else {
+					c.processRun(work, batch, deadline)
 				}
 			})
 		}
@@ -705,7 +716,7 @@ drain:
 		c.m.rescues.Inc()
 		c.log.WarnContext(withEvent(ctx, &row.Event), "ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone",
 			"event_id", row.Event.ID, "key", row.Event.Key, "type", row.Event.Type, "attempt", row.Attempts, "max_attempts", c.cfg.MaxAttempts)
-		c.process(work, row, deadline)
+		c.process(work, row, deadline, false)
 	}
 	return len(rows) > 0
 }
@@ -835,8 +846,41 @@ func (c *Consumer[TTx]) call(ctx context.Context, evs []*Event, run func(ctx con
 	return chain(c.cfg.Middleware, evs, run)(context.WithValue(ctx, groupKey{}, c.cfg.Group))
 }
 
-// process runs one claimed event and records the outcome.
-func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, deadline time.Time) {
+// maxRun bounds the events of one key that a worker claims at once to
+// apply one per transaction (ConsumerConfig.BatchSize 1): a run costs
+// one claim.
+const maxRun = 32
+
+// processRun applies claimed events one per transaction, in order: a run
+// of one key's events claimed together (or one event). The claim stays on
+// the run's later events while the earlier ones commit; when one does not
+// finish (it failed, its claim was lost) the driver releases the rest,
+// which run again, uncounted, and so does a run that outlives its time
+// budget (see batchBudget).
+func (c *Consumer[TTx]) processRun(ctx context.Context, rows []*ferrydriver.InboxRow, deadline time.Time) {
+	start := time.Now()
+	for i, row := range rows {
+		if i > 0 && time.Since(start) > batchBudget(c.cfg.ClaimTTL) {
+			if c.finisher != nil {
+				c.giveBack(ctx, c.finisher, rows[i:], "its run ran out of time before its turn", nil, nil, start)
+				return
+			}
+			for _, row := range rows[i:] {
+				_ = c.failInbox(ctx, &ferrydriver.FailInboxParams{Group: c.cfg.Group, EventID: row.Event.ID, Claim: row.Claim,
+					Error: "given back: its run ran out of time before its turn", RetryAt: time.Now(), Uncounted: true})
+			}
+			return
+		}
+		if !c.process(ctx, row, deadline, i < len(rows)-1) {
+			return
+		}
+	}
+}
+
+// process runs one claimed event and records the outcome; keep keeps the
+// claim on the later events of its run. It reports whether the event
+// finished (processed, or skipped unhandled).
+func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, deadline time.Time, keep bool) bool {
 	ev := &row.Event
 	handler, unhandled := c.handlerFor(ev)
 	hctx, cancel := context.WithDeadline(ctx, deadline) // ctx: the work context, cancelled only by a stop past its grace
@@ -848,27 +892,28 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 			return err
 		}
 		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
-			Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim})
+			Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Keep: keep})
 	})
 	if err == nil && unhandled {
 		c.m.outcomes.WithLabelValues("skipped").Inc()
-		return
+		return true
 	}
 	if err == nil {
 		c.m.outcomes.WithLabelValues("processed").Inc()
-		return
+		return true
 	}
 	if errors.Is(err, ferrydriver.ErrClaimLost) {
 		c.m.outcomes.WithLabelValues("claim_lost").Inc()
 		c.log.WarnContext(withEvent(ctx, ev), "ferry: an event's handler outlived its claim: its effect was rolled back; the event runs again, or already did in a later attempt",
 			"event_id", ev.ID, "key", ev.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond))
-		return
+		return false
 	}
 	if errors.Is(err, ferrydriver.ErrTxNotBegun) {
 		c.notBegun(ctx, row, err)
-		return
+		return false
 	}
 	c.fail(ctx, row, err, start)
+	return false
 }
 
 // fail records a failed attempt of row (started at start): FAILED with a

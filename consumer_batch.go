@@ -26,15 +26,7 @@ func (e *errBatchClaimLost) Error() string {
 // not pack into n batches make one more, which waits for a free worker.
 func batches(rows []*ferrydriver.InboxRow, n, size int) [][]*ferrydriver.InboxRow {
 	n = max(n, 1)
-	var runs [][]*ferrydriver.InboxRow
-	for i := 0; i < len(rows); {
-		j := i + 1
-		for j < len(rows) && rows[j].Event.Key == rows[i].Event.Key {
-			j++
-		}
-		runs = append(runs, rows[i:j])
-		i = j
-	}
+	runs := runsOf(rows)
 	n = min(n, len(runs))
 	target := (len(rows) + n - 1) / max(n, 1)
 	var out [][]*ferrydriver.InboxRow
@@ -49,6 +41,20 @@ func batches(rows []*ferrydriver.InboxRow, n, size int) [][]*ferrydriver.InboxRo
 		out = append(out, cur)
 	}
 	return out
+}
+
+// runsOf cuts claimed rows (grouped by key) into each key's run.
+func runsOf(rows []*ferrydriver.InboxRow) [][]*ferrydriver.InboxRow {
+	var runs [][]*ferrydriver.InboxRow
+	for i := 0; i < len(rows); {
+		j := i + 1
+		for j < len(rows) && rows[j].Event.Key == rows[i].Event.Key {
+			j++
+		}
+		runs = append(runs, rows[i:j])
+		i = j
+	}
+	return runs
 }
 
 // batchOutcome is what became of one event of a batch.
@@ -201,6 +207,15 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		return
 	}
 	var lost *errBatchClaimLost
+	var atCommit *ferrydriver.ClaimsLostError
+	if errors.As(err, &atCommit) {
+		// The driver found the lost claims with the commit.
+		lost = &errBatchClaimLost{lost: make(map[uuid.UUID]bool, len(atCommit.Lost))}
+		for _, id := range atCommit.Lost {
+			lost.lost[id] = true
+		}
+		err = lost
+	}
 	switch {
 	case errors.As(err, &lost):
 		var back []*ferrydriver.InboxRow
@@ -290,6 +305,10 @@ func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher
 			}
 			return err
 		})
+		var atCommit *ferrydriver.ClaimsLostError
+		if errors.As(err, &atCommit) {
+			lost, err = atCommit.Lost, errClaimsGone
+		}
 		if !errors.Is(err, errClaimsGone) {
 			if err != nil {
 				// The claims expire and the events run again: nothing is lost.

@@ -3,6 +3,7 @@ package ferrydriver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -37,6 +38,22 @@ func (s InboxState) Valid() bool { return slices.Contains(InboxStates, s) }
 // took the row over. The handler's transaction must roll back.
 var ErrClaimLost = errors.New("inbox claim lost: the claim expired or a later attempt took the row over")
 
+// ClaimsLostError is what RunInTx returns when the transaction recorded
+// outcomes (CompleteInboxTx, InboxBatcher.FinishInboxTx) whose claims were
+// found lost at its commit: a backend may send those with the COMMIT, in
+// one round trip, and the transaction then rolls back. Lost names the
+// rows (as far as could be read after the rollback). It wraps
+// ErrClaimLost.
+type ClaimsLostError struct {
+	Lost []uuid.UUID
+}
+
+func (e *ClaimsLostError) Error() string {
+	return fmt.Sprintf("the inbox claims of %d events were lost at commit (they expired, or a later attempt took them over): the transaction rolled back", len(e.Lost))
+}
+
+func (e *ClaimsLostError) Unwrap() error { return ErrClaimLost }
+
 // ConnLimiter is implemented by drivers over a bounded connection pool: a
 // consumer warns at Run when the pool cannot serve its workers' handlers
 // plus its claims and upkeep.
@@ -67,7 +84,10 @@ type InboxBatcher[TTx any] interface {
 	// failed (or went DEAD under Hold): the rows of a claim it does not
 	// name run again, uncounted. It returns the event IDs whose claim was
 	// lost (expired, or taken over); the caller must then roll tx back,
-	// since those rows' handlers' writes are in it.
+	// since those rows' handlers' writes are in it. In a transaction of
+	// RunInTx, a backend may send it with the commit instead (and return
+	// no lost IDs here): a lost claim then makes RunInTx roll back and
+	// return a *ClaimsLostError.
 	FinishInboxTx(ctx context.Context, tx TTx, p *FinishInboxParams) (lost []uuid.UUID, err error)
 }
 
@@ -139,7 +159,9 @@ type Inbox[TTx any] interface {
 	RunInTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error
 	// CompleteInboxTx marks a claimed row PROCESSED inside tx, the
 	// transaction of the handler's own writes; ErrClaimLost unless p.Claim
-	// is the row's current claim and has not expired.
+	// is the row's current claim and has not expired. In a transaction of
+	// RunInTx, a backend may send it with the commit instead: a lost claim
+	// then makes RunInTx roll back and return a *ClaimsLostError.
 	CompleteInboxTx(ctx context.Context, tx TTx, p *CompleteInboxParams) error
 	// FailInbox records a failed attempt: FAILED until p.RetryAt, or DEAD
 	// when p.Dead. ErrClaimLost unless p.Claim is the row's current claim
@@ -294,6 +316,12 @@ type CompleteInboxParams struct {
 	EventID uuid.UUID
 	// Claim is InboxRow.Claim of the attempt.
 	Claim string
+	// Keep keeps the claim on the key's later rows of the same claim,
+	// which the caller runs next, each in a transaction of its own, in
+	// order (a run of a key's events claimed together: ClaimInboxParams.
+	// PerKey). Without it, those rows run again, uncounted. Backends that
+	// claim row by row ignore it.
+	Keep bool
 }
 
 // FailInboxParams record a failed attempt.

@@ -68,6 +68,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f.Int(&workers, "workers", "FERRY_BENCH_WORKERS", 8, "consume/settle: consumer workers")
 	var consumerBatch int
 	f.Int(&consumerBatch, "consumer-batch", "FERRY_BENCH_CONSUMER_BATCH", 32, "consume: the batched mode's ConsumerConfig.BatchSize (the other mode runs one event per transaction)")
+	var modes string
+	f.String(&modes, "modes", "FERRY_BENCH_MODES", "ceiling,one,batch,handlebatch", "consume: which runs, in this order (ceiling: the machine's ceiling; one: one event per transaction; batch: batches; handlebatch: batches with HandleBatch)")
 	if err := f.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -100,7 +102,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if mode == "consume" || mode == "settle" {
 		fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, GOMAXPROCS %d, workers %d, keys %d\n", mode, serverVersion(ctx, pool), runtime.GOMAXPROCS(0), workers, keys)
 		if mode == "consume" {
-			return benchConsume(ctx, stdout, pool, drv, events, keys, workers, consumerBatch)
+			return benchConsume(ctx, stdout, pool, drv, events, keys, workers, consumerBatch, strings.Split(modes, ","))
 		}
 		return benchSettle(ctx, stdout, pool, drv, events, keys, workers, rate)
 	}

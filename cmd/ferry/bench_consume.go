@@ -105,22 +105,22 @@ func (r consumeResult) String() string {
 // one event per transaction and batched, next to the machine's ceiling for
 // the same work without an inbox: workers clients each committing one
 // upsert per transaction.
-func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], n, keys, workers, batch int) error {
-	ceiling, err := benchCeiling(ctx, pool, drv.Schema(), n, keys, workers)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(w, ceiling)
-	for _, m := range []struct {
-		size     int
-		multiRow bool
-		name     string
-	}{
-		{1, false, "consume, one event per transaction"},
-		{batch, false, fmt.Sprintf("consume, batches of up to %d", batch)},
-		{batch, true, fmt.Sprintf("consume, batches of %d, HandleBatch", batch)},
-	} {
-		r, err := benchConsumeMode(ctx, pool, drv, m.name, fmt.Sprintf("bench%d%v", m.size, m.multiRow), n, keys, workers, m.size, m.multiRow)
+func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], n, keys, workers, batch int, modes []string) error {
+	for _, mode := range modes {
+		var r consumeResult
+		var err error
+		switch mode {
+		case "ceiling":
+			r, err = benchCeiling(ctx, pool, drv.Schema(), n, keys, workers)
+		case "one":
+			r, err = benchConsumeMode(ctx, pool, drv, "consume, one event per transaction", "bench1", n, keys, workers, 1, false)
+		case "batch":
+			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of up to %d", batch), fmt.Sprintf("bench%d", batch), n, keys, workers, batch, false)
+		case "handlebatch":
+			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of %d, HandleBatch", batch), fmt.Sprintf("bench%dhb", batch), n, keys, workers, batch, true)
+		default:
+			return fmt.Errorf("--modes: %q is not one of ceiling, one, batch, handlebatch", mode)
+		}
 		if err != nil {
 			return err
 		}

@@ -469,6 +469,7 @@ func testInboxConcurrent[TTx any](t *testing.T, d InboxDriver[TTx]) {
 					return
 				}
 				for _, r := range rows {
+					recorded := false
 					err := d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
 						if err := d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim}); err != nil {
 							return err
@@ -477,10 +478,15 @@ func testInboxConcurrent[TTx any](t *testing.T, d InboxDriver[TTx]) {
 						// only be claimed after it, so the record's order is
 						// the order the rows ran in (recording after RunInTx
 						// returned could be overtaken by the next row's worker).
-						mu.Lock()
-						done[r.Event.Key] = append(done[r.Event.Key], string(r.Event.Payload))
-						total++
-						mu.Unlock()
+						// Once per event: a backend may find a conflict at
+						// the commit, and RunInTx runs this again.
+						if !recorded {
+							recorded = true
+							mu.Lock()
+							done[r.Event.Key] = append(done[r.Event.Key], string(r.Event.Payload))
+							total++
+							mu.Unlock()
+						}
 						return nil
 					})
 					if err != nil {

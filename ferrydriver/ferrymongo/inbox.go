@@ -286,7 +286,12 @@ func (d *Driver) refreshKey(tx context.Context, group, key string, now time.Time
 // claimed meanwhile conflicts and is skipped.
 func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
 	now := time.Now().UTC()
+	// One head per key: as many as both Limit and Keys allow (PerKey does
+	// not apply: rows are claimed one by one).
 	limit := int64(max(p.Limit, 1))
+	if p.Keys > 0 {
+		limit = min(limit, int64(p.Keys))
+	}
 	var cur *mongo.Cursor
 	var err error
 	if p.Rescue {

@@ -185,6 +185,9 @@ type Driver[TTx any] struct {
 	// sessionsRC is 1 once the sessions' default isolation was seen to be
 	// READ COMMITTED, 2 once seen to be another (see inRC).
 	sessionsRC atomic.Int32
+	// pool is the pgx pool of a driver made by New (nil for NewSQL): its
+	// RunInTx runs lazyTx transactions.
+	pool *pgxpool.Pool
 }
 
 // New returns a driver over a pgx pool. The pool stays the caller's: the
@@ -195,6 +198,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Driver[pgx.Tx], error) {
 		return nil, err
 	}
 	d := &Driver[pgx.Tx]{
+		pool:     pool,
 		cfg:      c,
 		db:       pgxExec{pool},
 		begin:    poolBeginner{pool},
@@ -435,7 +439,8 @@ type queries struct {
 	selectRedrive, deleteRedriven, discardDeadLetters                                           string
 	inboxInsert, inboxClaim, inboxRescueKeys, inboxCharge, inboxHead, inboxClaimOne, inboxKill  string
 	inboxUnclaim, inboxRescueDue, inboxFinishRows, inboxLockKeys, inboxRefreshKeys, inboxGroups string
-	inboxListProcessing, inboxRetractClaims                                                     string
+	inboxListProcessing, inboxRetractClaims, inboxCompleteOne                                   string
+	inboxFinishRowsCommit, inboxCompleteOneCommit, inboxLostClaims                              string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                 string
 	waiterAdd, waiterRemove, inboxCounts                                                        string
 	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                 string
@@ -461,9 +466,11 @@ func newQueries(schema string) queries {
 		selectRedrive: r(sqlSelectRedrive), deleteRedriven: r(sqlDeleteRedriven), discardDeadLetters: r(sqlDiscardDeadLetters),
 		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescueKeys: r(sqlInboxRescueKeys),
 		inboxCharge: r(sqlInboxCharge), inboxHead: r(sqlInboxHead), inboxClaimOne: r(sqlInboxClaimOne), inboxKill: r(sqlInboxKill),
-		inboxUnclaim: r(sqlInboxUnclaim), inboxRescueDue: r(sqlInboxRescueDue), inboxFinishRows: r(sqlInboxFinishRows),
+		inboxUnclaim: r(sqlInboxUnclaim), inboxRescueDue: r(sqlInboxRescueDue), inboxFinishRows: r(strings.Replace(sqlInboxFinishRows, "{tail}", finishTail, 1)),
+		inboxFinishRowsCommit:  r(strings.Replace(sqlInboxFinishRows, "{tail}", finishRowsTailCommit, 1)),
+		inboxCompleteOneCommit: r(strings.Replace(sqlInboxCompleteOne, "{tail}", completeOneTailCommit, 1)), inboxLostClaims: r(sqlInboxLostClaims),
 		inboxLockKeys: r(sqlInboxLockKeys), inboxRefreshKeys: r(sqlInboxRefreshKeys), inboxGroups: r(sqlInboxGroups),
-		inboxListProcessing: r(inboxListProcessing), inboxRetractClaims: r(sqlInboxRetractClaims),
+		inboxListProcessing: r(inboxListProcessing), inboxRetractClaims: r(sqlInboxRetractClaims), inboxCompleteOne: r(strings.Replace(sqlInboxCompleteOne, "{tail}", finishTail, 1)),
 		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates), oldestOutboxTx: r(sqlOldestOutboxTx),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),

@@ -303,6 +303,9 @@ func rerunConflicts(ctx context.Context, op func() error) error {
 }
 
 func (d *Driver[TTx]) runInTxOnce(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
+	if d.pool != nil {
+		return d.runLazyTx(ctx, fn)
+	}
 	tx, commit, rollback, err := d.beginTx(ctx, d.cfg.InboxIsolation)
 	if err != nil {
 		return fmt.Errorf("ferrypg: %w: %w", ferrydriver.ErrTxNotBegun, err)
@@ -317,14 +320,52 @@ func (d *Driver[TTx]) runInTxOnce(ctx context.Context, fn func(ctx context.Conte
 	return nil
 }
 
-// CompleteInboxTx implements ferrydriver.Inbox.
-func (d *Driver[TTx]) CompleteInboxTx(ctx context.Context, tx TTx, p *ferrydriver.CompleteInboxParams) error {
-	lost, err := d.finishRows(ctx, d.wrapTx(tx), p.Group, []ferrydriver.FinishedRow{{EventID: p.EventID, Claim: p.Claim, State: ferrydriver.InboxProcessed}})
+// runLazyTx runs fn in a lazyTx on a connection of the pool: acquiring it
+// is the transaction's beginning (ErrTxNotBegun when it fails), and the
+// BEGIN goes with the first statement.
+func (d *Driver[TTx]) runLazyTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
+	conn, err := d.pool.Acquire(ctx)
 	if err != nil {
+		return fmt.Errorf("ferrypg: %w: %w", ferrydriver.ErrTxNotBegun, err)
+	}
+	defer conn.Release() // a connection left in a transaction is closed, not reused
+	tx := &lazyTx{d: d, conn: conn.Conn(), opts: pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(d.cfg.InboxIsolation)}}
+	if err := fn(ctx, any(tx).(TTx)); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}
-	if len(lost) > 0 {
-		return fmt.Errorf("ferrypg: mark event %s processed for group %s: %w", p.EventID, p.Group, ferrydriver.ErrClaimLost)
+	if err := tx.Commit(ctx); err != nil {
+		var lost *ferrydriver.ClaimsLostError
+		if errors.As(err, &lost) {
+			return fmt.Errorf("ferrypg: %w", err)
+		}
+		return fmt.Errorf("ferrypg: commit: %w", err)
+	}
+	return nil
+}
+
+// CompleteInboxTx implements ferrydriver.Inbox: sqlInboxCompleteOne, and
+// the settlement waiters told, in one round trip; in a transaction of
+// RunInTx, in the round trip of its COMMIT (see lazyTx).
+func (d *Driver[TTx]) CompleteInboxTx(ctx context.Context, tx TTx, p *ferrydriver.CompleteInboxParams) error {
+	lost := fmt.Errorf("ferrypg: mark event %s processed for group %s: %w", p.EventID, p.Group, ferrydriver.ErrClaimLost)
+	if _, err := uuid.Parse(p.Claim); err != nil {
+		return lost // not a token ClaimInbox gave: never this row's claim
+	}
+	notify := step{sql: d.queries.inboxNotify, args: []any{p.Group, []uuid.UUID{p.EventID}, []string{string(ferrydriver.InboxProcessed)}, d.settleChannel()}}
+	if deferFinish(any(tx), &deferredFinish{group: p.Group, ids: []string{p.EventID.String()}, claims: []string{p.Claim},
+		steps: []step{{sql: d.queries.inboxCompleteOneCommit, args: []any{p.Group, p.EventID, p.Claim, p.Keep}}, notify}}) {
+		return nil
+	}
+	held := false
+	err := d.wrapTx(tx).pipeline(ctx,
+		step{sql: d.queries.inboxCompleteOne, args: []any{p.Group, p.EventID, p.Claim, p.Keep}, scan: func(rows) error { held = true; return nil }},
+		notify)
+	if !held && (err == nil || failedStep(err) > 0) {
+		return lost // the caller rolls back whatever was done
+	}
+	if err != nil {
+		return d.wrapErr("mark inbox row processed", err)
 	}
 	return nil
 }
@@ -336,7 +377,7 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 		row.State = ferrydriver.InboxDead
 	}
 	err := d.inTx(ctx, func(e executor) error {
-		lost, err := d.finishRows(ctx, e, p.Group, []ferrydriver.FinishedRow{row})
+		lost, err := d.finishRows(ctx, e, p.Group, []ferrydriver.FinishedRow{row}, false, nil)
 		if err == nil && len(lost) > 0 {
 			err = fmt.Errorf("ferrypg: mark event %s %s for group %s: %w", p.EventID, row.State, p.Group, ferrydriver.ErrClaimLost)
 		}
@@ -350,9 +391,10 @@ func (d *Driver[TTx]) FailInbox(ctx context.Context, p *ferrydriver.FailInboxPar
 
 // finishRows records the outcomes of claimed rows in e's transaction
 // (sqlInboxFinishRows) and tells the callers awaiting those that finished,
-// in one round trip. It returns the events whose claim was lost: the
-// caller rolls the transaction back.
-func (d *Driver[TTx]) finishRows(ctx context.Context, e executor, group string, finished []ferrydriver.FinishedRow) ([]uuid.UUID, error) {
+// in one round trip; keep keeps the claims on the rows not reported. It
+// returns the events whose claim was lost: the caller rolls the
+// transaction back.
+func (d *Driver[TTx]) finishRows(ctx context.Context, e executor, group string, finished []ferrydriver.FinishedRow, keep bool, tx any) ([]uuid.UUID, error) {
 	if len(finished) == 0 {
 		return nil, nil
 	}
@@ -372,8 +414,16 @@ func (d *Driver[TTx]) finishRows(ctx context.Context, e executor, group string, 
 			doneIDs, doneStates = append(doneIDs, ids[i]), append(doneStates, states[i])
 		}
 	}
+	var notify []step
+	if len(doneIDs) > 0 {
+		notify = append(notify, step{sql: d.queries.inboxNotify, args: []any{group, doneIDs, doneStates, d.settleChannel()}})
+	}
+	if deferFinish(tx, &deferredFinish{group: group, ids: ids, claims: claims,
+		steps: append([]step{{sql: d.queries.inboxFinishRowsCommit, args: []any{group, ids, claims, states, errs, retry, uncounted, keep}}}, notify...)}) {
+		return nil, nil
+	}
 	held := make(map[uuid.UUID]bool, n)
-	steps := []step{{sql: d.queries.inboxFinishRows, args: []any{group, ids, claims, states, errs, retry, uncounted}, scan: func(r rows) error {
+	steps := []step{{sql: d.queries.inboxFinishRows, args: []any{group, ids, claims, states, errs, retry, uncounted, keep}, scan: func(r rows) error {
 		var id uuid.UUID
 		if err := r.Scan(&id); err != nil {
 			return err
@@ -381,10 +431,7 @@ func (d *Driver[TTx]) finishRows(ctx context.Context, e executor, group string, 
 		held[id] = true
 		return nil
 	}}}
-	if len(doneIDs) > 0 {
-		steps = append(steps, step{sql: d.queries.inboxNotify, args: []any{group, doneIDs, doneStates, d.settleChannel()}})
-	}
-	err := e.pipeline(ctx, steps...)
+	err := e.pipeline(ctx, append(steps, notify...)...)
 	if err != nil && failedStep(err) == 0 {
 		return nil, d.wrapErr("finish inbox rows of group "+group, err)
 	}

@@ -209,7 +209,8 @@ const sqlInboxRescueDue = `
 SELECT EXISTS (SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND rescue_at <= now())`
 
 // sqlInboxFinishRows records the outcomes of claimed rows ($2..$7, one
-// element per row) and moves their keys on; it returns the rows whose
+// element per row) and moves their keys on (keeping their claims on what
+// is left of them when $8: see finishKeeps); it returns the rows whose
 // key's claim held (the others' claims were lost). A key's reported rows
 // are taken in position order: those up to the first that did not finish
 // (FAILED, given back, or DEAD under Hold), the "stop", are recorded; of
@@ -243,7 +244,7 @@ WITH x AS MATERIALIZED (
     SELECT y.*, NOT y.run AND COALESCE(lag(y.run) OVER (PARTITION BY y.key ORDER BY y.pos), true) AS stop
       FROM (SELECT x.*, bool_and(x.passes) OVER (PARTITION BY x.key ORDER BY x.pos) AS run FROM x) y
 ), kx AS MATERIALIZED (
-    SELECT w.key, min(w.claim::text)::uuid AS claim, count(DISTINCT w.claim) AS claims, max(w.pos) AS reported,
+    SELECT w.key, min(w.claim::text)::uuid AS claim, count(DISTINCT w.claim) AS claims, min(w.pos) AS first, max(w.pos) AS reported,
            max(w.pos) FILTER (WHERE w.run) AS passed,
            min(w.state) FILTER (WHERE w.stop) AS st_state, min(w.retry_at) FILTER (WHERE w.stop) AS st_retry,
            min(w.event_id::text) FILTER (WHERE w.stop) AS st_id
@@ -265,19 +266,84 @@ WITH x AS MATERIALIZED (
      ORDER BY ik.key FOR UPDATE
 ), held AS (
     UPDATE {schema}.inbox_keys k
-       SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL,
+       SET claim_token = CASE WHEN ` + finishKeeps + ` THEN k.claim_token END,
+           claimed_by = CASE WHEN ` + finishKeeps + ` THEN k.claimed_by END,
+           claim_from = CASE WHEN ` + finishKeeps + ` THEN kx.passed END,
+           claim_through = CASE WHEN ` + finishKeeps + ` THEN k.claim_through END,
+           claim_expires_at = CASE WHEN ` + finishKeeps + ` THEN k.claim_expires_at END,
            done_pos = CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END,
            held_by = CASE WHEN k.done_pos >= k.claim_from AND kx.st_state = 'dead' THEN kx.st_id::uuid END,
-           runnable_at = CASE WHEN k.suspect_through <= CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END
+           runnable_at = CASE WHEN ` + finishKeeps + ` THEN NULL
+                              WHEN k.suspect_through <= CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END
                               THEN ` + finishNext + ` END,
-           rescue_at = CASE WHEN k.suspect_through > CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END
+           rescue_at = CASE WHEN ` + finishKeeps + ` THEN k.rescue_at
+                            WHEN k.suspect_through > CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END
                             THEN ` + finishNext + ` END
       FROM kx
      WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
        AND kx.claims = 1 AND k.claim_token = kx.claim AND k.claim_expires_at > clock_timestamp()
+       AND kx.first > k.claim_from AND kx.reported <= k.claim_through
     RETURNING k.key
 )
-SELECT x.event_id FROM x WHERE x.key IN (SELECT held.key FROM held)`
+{tail}`
+
+// The tails of the finish statements: one returns the rows whose key's
+// claim held (the caller rolls back when some were lost); the other, for a
+// finish sent with its transaction's COMMIT, raises when a claim was lost
+// (inbox_claims_held, migration 011), which rolls that COMMIT back.
+const (
+	finishTail = `SELECT x.event_id FROM x WHERE x.key IN (SELECT held.key FROM held)`
+	// Every reported row found, every key's claim held.
+	finishRowsTailCommit = `SELECT {schema}.inbox_claims_held((SELECT count(*) FROM held),
+    CASE WHEN (SELECT count(*) FROM x) < cardinality($2::uuid[]) THEN cardinality($2::uuid[]) + 1 ELSE (SELECT count(DISTINCT x.key) FROM x) END)`
+	completeOneTailCommit = `SELECT {schema}.inbox_claims_held((SELECT count(*) FROM held), 1)`
+)
+
+// sqlInboxCompleteOne is sqlInboxFinishRows for one row that processed
+// ($2, under the claim $3; $4: keep the claim on the rest of its run), the
+// path of every event applied alone: two updates and no more, since the
+// general statement's windows and sorts cost more to start than one row
+// costs to finish. It returns the row if its key's claim held. The row's
+// state is tested with NOT IN, which no partial index's predicate follows
+// from: the only way to the row is its primary key, whatever the plan.
+var sqlInboxCompleteOne = `
+WITH x AS MATERIALIZED (
+    UPDATE {schema}.inbox i SET state = 'processed', attempts = i.attempts + 1, finished_at = now()
+     WHERE i.event_id = $2 AND i.group_name = $1 AND i.state NOT IN ('processed', 'dead', 'discarded', 'retracted')
+    RETURNING i.event_id, i.key, i.pos
+), kx AS (
+    SELECT x.key, x.pos AS passed, x.pos AS reported, NULL::text AS st_state, NULL::timestamptz AS st_retry, NULL::text AS st_id FROM x
+), held AS (
+    UPDATE {schema}.inbox_keys k
+       SET claim_token = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_token END,
+           claimed_by = CASE WHEN ` + finishKeepsOne + ` THEN k.claimed_by END,
+           claim_from = CASE WHEN ` + finishKeepsOne + ` THEN kx.passed END,
+           claim_through = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_through END,
+           claim_expires_at = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_expires_at END,
+           done_pos = CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END,
+           held_by = NULL,
+           runnable_at = CASE WHEN ` + finishKeepsOne + ` THEN NULL
+                              WHEN k.suspect_through <= CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END
+                              THEN ` + finishNext + ` END,
+           rescue_at = CASE WHEN ` + finishKeepsOne + ` THEN k.rescue_at
+                            WHEN k.suspect_through > CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END
+                            THEN ` + finishNext + ` END
+      FROM kx
+     WHERE k.group_name = $1 AND k.key = kx.key AND k.claim_token = $3::uuid AND k.claim_expires_at > clock_timestamp()
+       AND kx.passed > k.claim_from AND kx.passed <= k.claim_through
+    RETURNING k.key
+)
+{tail}`
+
+// finishKeepsOne is finishKeeps for sqlInboxCompleteOne.
+var finishKeepsOne = strings.Replace(finishKeeps, "$8", "$4", 1)
+
+// finishKeeps says whether a finish keeps its key's claim ($8, for the
+// claim's rows left: a run of the key's events, each finished in a
+// transaction of its own): every reported row finished, rows of the claim
+// are left, and nothing (a redrive, a racing delivery) lowered done_pos
+// since the claim. The claim then starts after the rows finished.
+const finishKeeps = `($8 AND kx.st_state IS NULL AND kx.passed < k.claim_through AND k.done_pos >= k.claim_from)`
 
 // finishNext is when a key that a finish moved may run next (NULL: not
 // until something changes it): at once when a redrive or a racing
@@ -291,6 +357,17 @@ const finishNext = `CASE
         WHEN kx.reported < k.claim_through THEN now()
         WHEN k.tail_pos > COALESCE(kx.passed, k.claim_from) THEN now()
         END`
+
+// sqlInboxLostClaims names, of rows a finish reported under their claims
+// ($2, $3), those whose key's claim does not hold (read after a finish
+// sent with its COMMIT rolled back for a lost claim).
+const sqlInboxLostClaims = `
+SELECT r.event_id FROM unnest($2::uuid[], $3::uuid[]) r(event_id, claim)
+ WHERE NOT EXISTS (
+       SELECT 1 FROM {schema}.inbox i JOIN {schema}.inbox_keys k ON k.group_name = i.group_name AND k.key = i.key
+        WHERE i.event_id = r.event_id AND i.group_name = $1
+          AND k.claim_token = r.claim AND k.claim_expires_at > clock_timestamp()
+          AND i.pos > k.claim_from AND i.pos <= k.claim_through AND i.state IN ('pending', 'failed'))`
 
 // sqlInboxNotify tells the callers awaiting events ($2) that they finished
 // (in the states $3). It runs as its own statement after the rows changed

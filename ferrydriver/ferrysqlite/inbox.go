@@ -205,7 +205,7 @@ SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NOT NUL
 SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= ?
  ORDER BY claim_expires_at LIMIT ?`
 		}
-		rows, err := tx.QueryContext(ctx, q, p.Group, t, max(p.Limit, 1))
+		rows, err := tx.QueryContext(ctx, q, p.Group, t, claimLimit(p))
 		if err != nil {
 			return d.wrapErr(op, err)
 		}
@@ -692,3 +692,14 @@ func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledPa
 }
 
 var _ ferrydriver.Inbox[*sql.Tx] = (*Driver)(nil)
+
+// claimLimit is how many heads a claim takes: one per key, so as many as
+// both Limit and Keys allow (PerKey does not apply: rows are claimed one
+// by one).
+func claimLimit(p *ferrydriver.ClaimInboxParams) int {
+	n := max(p.Limit, 1)
+	if p.Keys > 0 {
+		n = min(n, p.Keys)
+	}
+	return n
+}

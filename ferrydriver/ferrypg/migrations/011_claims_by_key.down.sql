@@ -1,3 +1,4 @@
+DROP FUNCTION {schema}.inbox_claims_held(bigint, bigint);
 ALTER TABLE {schema}.inbox ADD COLUMN claimed_by text, ADD COLUMN claim_expires_at timestamptz, ADD COLUMN claim_token uuid;
 CREATE INDEX inbox_processing_key_idx ON {schema}.inbox (group_name, key, claim_expires_at) WHERE state = 'processing';
 -- Claims in flight end: their rows run again.

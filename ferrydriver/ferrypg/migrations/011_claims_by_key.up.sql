@@ -36,6 +36,20 @@ ALTER TABLE {schema}.inbox_keys
 -- expiry, a finish clears it) and suspect runs.
 CREATE INDEX inbox_keys_rescue_idx ON {schema}.inbox_keys (group_name, rescue_at) WHERE rescue_at IS NOT NULL;
 
+-- A finish sent with its transaction's COMMIT, in one round trip, calls
+-- this with the keys whose claims held and the keys it finished: when a
+-- claim was lost, the error makes the COMMIT roll back, as the finish's
+-- caller would have (ferrypg reads which claims were lost after).
+CREATE FUNCTION {schema}.inbox_claims_held(held bigint, finished bigint) RETURNS bigint
+    LANGUAGE plpgsql AS $$
+BEGIN
+    IF held < finished THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF001',
+            MESSAGE = format('ferry: the inbox claims of %s of %s keys were lost (they expired, or a later attempt took them over): the transaction rolls back', finished - held, finished);
+    END IF;
+    RETURN held;
+END $$;
+
 -- Rows claimed under schema 10 run again (their attempt was counted when
 -- they were claimed).
 WITH s AS (
