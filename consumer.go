@@ -550,6 +550,11 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 			// the last claim's runs suggest fill the batches (a deep
 			// backlog gives long runs: few keys need locking).
 			limit, perKey = free*c.cfg.BatchSize, c.cfg.BatchSize
+			if len(c.batched) > 0 {
+				// A batch handler gets a round's events (one per key) in
+				// one call: short runs of many keys make few calls.
+				perKey = batchHandlerRun(c.cfg.BatchSize)
+			}
 			keys = max(free, int(float64(limit)/max(runLength, 1)))
 		}
 		var rows []*ferrydriver.InboxRow
@@ -595,7 +600,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 		}
 		units := runsOf(runnable) // one event per transaction: a worker per key's run
 		if c.batcher != nil {
-			units = batches(runnable, free, max(perKey, 1))
+			units = batches(runnable, free, c.cfg.BatchSize)
 		}
 		for _, batch := range units {
 			slots <- struct{}{}
@@ -844,6 +849,14 @@ func (c *Consumer[TTx]) call(ctx context.Context, evs []*Event, run func(ctx con
 		}
 	}()
 	return chain(c.cfg.Middleware, evs, run)(context.WithValue(ctx, groupKey{}, c.cfg.Group))
+}
+
+// batchHandlerRun is how many events of one key a batch takes when the
+// consumer has batch handlers (HandleBatch), which get one call per round
+// of a batch (one event of each key): a round trip per round, against two
+// writes of a key's row per key, balanced.
+func batchHandlerRun(batchSize int) int {
+	return max(1, batchSize/8)
 }
 
 // maxRun bounds the events of one key that a worker claims at once to

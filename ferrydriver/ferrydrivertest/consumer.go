@@ -61,6 +61,8 @@ func ExerciseConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 			t.Run("BatchHandlerFailureStaysTheFailingEvents", func(t *testing.T) { t.Parallel(); testConsumerBatchHandler(t, h) })
 			t.Run("HandlerOutlivingTheDeadlineCostsOnlyItsEvent", func(t *testing.T) { t.Parallel(); testConsumerDeadlineInBatch(t, h) })
 			t.Run("SlowHandlersMakeSmallBatches", func(t *testing.T) { t.Parallel(); testConsumerSlowBatch(t, h) })
+			t.Run("AKeysRunStopsAtAFailure", func(t *testing.T) { t.Parallel(); testConsumerRuns(t, h, false) })
+			t.Run("BatchHandlerCallsTakeOneEventPerKey", func(t *testing.T) { t.Parallel(); testConsumerRuns(t, h, true) })
 		})
 	}
 }
@@ -562,5 +564,93 @@ func testConsumerSlowBatch[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	defer mu.Unlock()
 	for _, n := range inTx {
 		require.LessOrEqual(t, n, 7, "a transaction ran %d handlers of 200 ms: past its one-second budget", n)
+	}
+}
+
+// testConsumerRuns: a backlog of a few keys with many events each, so
+// that a claim can take runs of a key's events (ClaimInboxParams.PerKey)
+// and a batch several events of one key. An event that goes DEAD in the
+// middle of its key's run stops the run: the key's earlier events are
+// applied, its later ones run after it, in order (the group continues past
+// DEAD events here), each once. With a batch handler, no call gets two
+// events of one key.
+func testConsumerRuns[TTx any](t *testing.T, h ConsumerHarness[TTx], batchHandler bool) {
+	ctx := ctxT(t, 2*time.Minute)
+	d := h.New(t)
+	record, counts := h.Effects(t, d)
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{Workers: 2, MaxAttempts: 2, DeadPolicy: ferry.Continue})
+	const keys, perKey = 4, 24
+	evs := make([]*ferryevent.Event, 0, keys*perKey)
+	for i := range keys * perKey {
+		ev := Event("Tested", fmt.Sprintf("k%d", i%keys), strconv.Itoa(i))
+		ev.Seq = int64(i/keys + 1)
+		evs = append(evs, ev)
+	}
+	poisoned := func(ev *ferryevent.Event) bool {
+		return (ev.Key == "k0" && ev.Seq == 5) || (ev.Key == "k1" && ev.Seq == 17)
+	}
+	var dead []uuid.UUID
+	for _, ev := range evs {
+		if poisoned(ev) {
+			dead = append(dead, ev.ID)
+		}
+	}
+	var mu sync.Mutex
+	order := map[string][]int64{} // what handlers applied, in order, once their call succeeded
+	applied := func(evs ...*ferryevent.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range evs {
+			order[ev.Key] = append(order[ev.Key], ev.Seq)
+		}
+	}
+	apply := func(ctx context.Context, tx TTx, ev *ferryevent.Event) error {
+		if poisoned(ev) {
+			return errors.New("poison")
+		}
+		return record(ctx, tx, ev)
+	}
+	if batchHandler {
+		c.HandleEventBatch("Tested", func(ctx context.Context, tx TTx, evs []*ferryevent.Event) error {
+			seen := map[string]bool{}
+			for _, ev := range evs {
+				if seen[ev.Key] {
+					t.Errorf("a batch handler's call got two events of key %s", ev.Key)
+				}
+				seen[ev.Key] = true
+			}
+			for _, ev := range evs {
+				if err := apply(ctx, tx, ev); err != nil {
+					return err
+				}
+			}
+			applied(evs...)
+			return nil
+		})
+	} else {
+		c.HandleAll(func(ctx context.Context, tx TTx, ev *ferryevent.Event) error {
+			if err := apply(ctx, tx, ev); err != nil {
+				return err
+			}
+			applied(ev)
+			return nil
+		})
+	}
+	_, err := c.Ingest(ctx, evs) // before Run: a backlog in every key
+	require.NoError(t, err)
+	settle(ctx, t, d, run(c), counts, evs, dead...)
+	mu.Lock()
+	defer mu.Unlock()
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		got := order[key]
+		for i := 1; i < len(got); i++ {
+			require.Less(t, got[i-1], got[i], "key %s applied out of order: %v", key, got)
+		}
+		want := perKey
+		if key == "k0" || key == "k1" {
+			want--
+		}
+		require.Len(t, got, want, "key %s: every event but the dead one applied (a batch handler's call that failed rolled back: %v)", key, got)
 	}
 }
