@@ -6,13 +6,15 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 )
 
 // eventArrays are events as parallel column arrays, the form in which the
 // outbox, inbox and dead-letter statements take them (one round trip for a
 // whole batch, through unnest). Headers are JSON text, "" for none.
 type eventArrays struct {
-	ids, topics, keys, types, sources, contentTypes, headers []string
+	ids                                                 []uuid.UUID
+	topics, keys, types, sources, contentTypes, headers []string
 	seqs                                                     []int64
 	payloads                                                 [][]byte
 	created                                                  []time.Time
@@ -21,12 +23,12 @@ type eventArrays struct {
 func encodeEvents(events []*ferryevent.Event) (*eventArrays, error) {
 	n := len(events)
 	a := &eventArrays{
-		ids: make([]string, n), topics: make([]string, n), keys: make([]string, n), types: make([]string, n),
+		ids: make([]uuid.UUID, n), topics: make([]string, n), keys: make([]string, n), types: make([]string, n),
 		sources: make([]string, n), contentTypes: make([]string, n), headers: make([]string, n),
 		seqs: make([]int64, n), payloads: make([][]byte, n), created: make([]time.Time, n),
 	}
 	for i, ev := range events {
-		a.ids[i], a.topics[i], a.keys[i], a.types[i] = ev.ID.String(), ev.Topic, ev.Key, ev.Type
+		a.ids[i], a.topics[i], a.keys[i], a.types[i] = ev.ID, ev.Topic, ev.Key, ev.Type
 		a.sources[i], a.contentTypes[i], a.seqs[i], a.created[i] = ev.Source, ev.ContentType, ev.Seq, ev.CreatedAt
 		if len(ev.Headers) > 0 {
 			b, err := json.Marshal(ev.Headers)

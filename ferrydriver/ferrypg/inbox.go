@@ -26,7 +26,7 @@ func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInbo
 	if err != nil {
 		return nil, err
 	}
-	index := make(map[string]int, n)
+	index := make(map[uuid.UUID]int, n)
 	for i, id := range a.ids {
 		index[id] = i
 	}
@@ -37,7 +37,7 @@ func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInbo
 		}
 		defer r.Close()
 		for r.Next() {
-			var id string
+			var id uuid.UUID
 			if err := r.Scan(&id); err != nil {
 				return err
 			}
@@ -348,21 +348,23 @@ func (d *Driver[TTx]) runLazyTx(ctx context.Context, fn func(ctx context.Context
 // the settlement waiters told, in one round trip; in a transaction of
 // RunInTx, in the round trip of its COMMIT (see lazyTx).
 func (d *Driver[TTx]) CompleteInboxTx(ctx context.Context, tx TTx, p *ferrydriver.CompleteInboxParams) error {
-	lost := fmt.Errorf("ferrypg: mark event %s processed for group %s: %w", p.EventID, p.Group, ferrydriver.ErrClaimLost)
-	if _, err := uuid.Parse(p.Claim); err != nil {
-		return lost // not a token ClaimInbox gave: never this row's claim
+	claim, err := uuid.Parse(p.Claim)
+	if err != nil {
+		// Not a token ClaimInbox gave: never this row's claim.
+		return fmt.Errorf("ferrypg: mark event %s processed for group %s: %w", p.EventID, p.Group, ferrydriver.ErrClaimLost)
 	}
 	notify := step{sql: d.queries.inboxNotify, args: []any{p.Group, []uuid.UUID{p.EventID}, []string{string(ferrydriver.InboxProcessed)}, d.settleChannel()}}
-	if deferFinish(any(tx), &deferredFinish{group: p.Group, ids: []string{p.EventID.String()}, claims: []string{p.Claim},
-		steps: []step{{sql: d.queries.inboxCompleteOneCommit, args: []any{p.Group, p.EventID, p.Claim, p.Keep}}, notify}}) {
+	if deferFinish(any(tx), &deferredFinish{group: p.Group, ids: []uuid.UUID{p.EventID}, claims: []uuid.UUID{claim},
+		steps: []step{{sql: d.queries.inboxCompleteOneCommit, args: []any{p.Group, p.EventID, claim, p.Keep}}, notify}}) {
 		return nil
 	}
 	held := false
-	err := d.wrapTx(tx).pipeline(ctx,
-		step{sql: d.queries.inboxCompleteOne, args: []any{p.Group, p.EventID, p.Claim, p.Keep}, scan: func(rows) error { held = true; return nil }},
+	err = d.wrapTx(tx).pipeline(ctx,
+		step{sql: d.queries.inboxCompleteOne, args: []any{p.Group, p.EventID, claim, p.Keep}, scan: func(rows) error { held = true; return nil }},
 		notify)
 	if !held && (err == nil || failedStep(err) > 0) {
-		return lost // the caller rolls back whatever was done
+		// The caller rolls back whatever was done.
+		return fmt.Errorf("ferrypg: mark event %s processed for group %s: %w", p.EventID, p.Group, ferrydriver.ErrClaimLost)
 	}
 	if err != nil {
 		return d.wrapErr("mark inbox row processed", err)
@@ -399,14 +401,16 @@ func (d *Driver[TTx]) finishRows(ctx context.Context, e executor, group string, 
 		return nil, nil
 	}
 	n := len(finished)
-	ids, claims, states, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	ids, claims, states, errs := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
 	retry, uncounted := make([]*time.Time, n), make([]bool, n)
-	var doneIDs, doneStates []string
+	var doneIDs []uuid.UUID
+	var doneStates []string
 	for i, r := range finished {
-		if _, err := uuid.Parse(r.Claim); err != nil {
+		claim, err := uuid.Parse(r.Claim)
+		if err != nil {
 			return []uuid.UUID{r.EventID}, nil // not a token ClaimInbox gave: never this row's claim
 		}
-		ids[i], claims[i], states[i], errs[i], uncounted[i] = r.EventID.String(), r.Claim, string(r.State), r.Error, r.Uncounted
+		ids[i], claims[i], states[i], errs[i], uncounted[i] = r.EventID, claim, string(r.State), r.Error, r.Uncounted
 		if r.State == ferrydriver.InboxFailed {
 			retry[i] = &finished[i].RetryAt
 		}
@@ -468,14 +472,14 @@ func (d *Driver[TTx]) refreshKeys(ctx context.Context, e executor, group string,
 // notifyFinished tells the callers awaiting rows that they finished, in
 // the states the rows say.
 func (d *Driver[TTx]) notifyFinished(ctx context.Context, e executor, group string, finished []*ferrydriver.InboxRow) error {
-	ids, states := make([]string, len(finished)), make([]string, len(finished))
+	ids, states := make([]uuid.UUID, len(finished)), make([]string, len(finished))
 	for i, r := range finished {
-		ids[i], states[i] = r.Event.ID.String(), string(r.State)
+		ids[i], states[i] = r.Event.ID, string(r.State)
 	}
 	return d.notifySettled(ctx, e, group, ids, states)
 }
 
-func (d *Driver[TTx]) notifySettled(ctx context.Context, e executor, group string, ids, states []string) error {
+func (d *Driver[TTx]) notifySettled(ctx context.Context, e executor, group string, ids []uuid.UUID, states []string) error {
 	var n int
 	if err := queryRow(ctx, e, []any{&n}, d.queries.inboxNotify, group, ids, states, d.settleChannel()); err != nil {
 		return d.wrapErr("notify settlement waiters", err)
@@ -629,9 +633,10 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 		return 0, d.wrapErr("mark dead letters "+string(state), err)
 	}
 	keys := map[string]bool{}
-	var ids []string
+	var ids []uuid.UUID
 	for r.Next() {
-		var key, id string
+		var key string
+		var id uuid.UUID
 		if err := r.Scan(&key, &id); err != nil {
 			r.Close()
 			return 0, d.wrapErr("mark dead letters", err)

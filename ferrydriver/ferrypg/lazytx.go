@@ -44,7 +44,7 @@ type lazyTx struct {
 // what the rows reported were (to name those lost).
 type deferredFinish struct {
 	group       string
-	ids, claims []string
+	ids, claims []uuid.UUID
 	steps       []step
 }
 
@@ -276,10 +276,7 @@ func (d *Driver[TTx]) lostClaims(ctx context.Context, e executor, f *deferredFin
 	if err != nil || len(lost) == 0 {
 		// Unknown which: all of them (the caller runs none of them again;
 		// they are rescued if their claims still hold).
-		lost = lost[:0]
-		for _, id := range f.ids {
-			lost = append(lost, uuid.MustParse(id))
-		}
+		lost = append(lost[:0], f.ids...)
 	}
 	return lost
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 )
 
 // RetractInbox implements ferrydriver.InboxRetractor. In one transaction
@@ -37,20 +38,20 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 		return nil, err
 	}
 	var absent, compensations []*ferryevent.Event
-	var retracted []string
+	var retracted []uuid.UUID
 	for i, r := range p.Retractions {
 		prior, ok := found[ids[i]]
 		res.Prior[i] = prior
 		switch {
 		case !ok:
 			absent = append(absent, r.Event)
-			retracted = append(retracted, ids[i])
+			retracted = append(retracted, r.Event.ID)
 		case prior == ferrydriver.InboxRetracted:
 		case prior == ferrydriver.InboxProcessed && r.Compensation != nil:
 			compensations = append(compensations, r.Compensation)
-			retracted = append(retracted, ids[i])
+			retracted = append(retracted, r.Event.ID)
 		default:
-			retracted = append(retracted, ids[i])
+			retracted = append(retracted, r.Event.ID)
 		}
 	}
 	// Events never received: recorded, then retracted like the others.
