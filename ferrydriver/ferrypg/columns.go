@@ -15,9 +15,9 @@ import (
 type eventArrays struct {
 	ids                                                 []uuid.UUID
 	topics, keys, types, sources, contentTypes, headers []string
-	seqs                                                     []int64
-	payloads                                                 [][]byte
-	created                                                  []time.Time
+	seqs                                                []int64
+	payloads                                            [][]byte
+	created                                             []time.Time
 }
 
 func encodeEvents(events []*ferryevent.Event) (*eventArrays, error) {
