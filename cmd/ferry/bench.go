@@ -68,6 +68,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f.Int(&workers, "workers", "FERRY_BENCH_WORKERS", 8, "consume/settle: consumer workers")
 	var consumerBatch int
 	f.Int(&consumerBatch, "consumer-batch", "FERRY_BENCH_CONSUMER_BATCH", 32, "consume: the batched mode's ConsumerConfig.BatchSize (the other mode runs one event per transaction)")
+	var findMax bool
+	f.Bool(&findMax, "find-max", "FERRY_BENCH_FIND_MAX", false, "e2e: first find the highest rate the pipeline sustains, then measure at --rate and at half that maximum")
 	var modes string
 	f.String(&modes, "modes", "FERRY_BENCH_MODES", "ceiling,one,batch,handlebatch", "consume: which runs, in this order (ceiling: the machine's ceiling; one: one event per transaction; batch: batches; handlebatch: batches with HandleBatch)")
 	if err := f.Parse(args[1:]); err != nil {
@@ -134,7 +136,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, NATS %s, GOMAXPROCS %d, batch %d, keys %d\n", mode, serverVersion(ctx, pool), nc.ConnectedServerVersion(), runtime.GOMAXPROCS(0), batch, keys)
 	if mode == "e2e" {
-		return benchE2E(ctx, stdout, pool, drv, client, relay, js, stream, prefix, rate, duration, keys, producers, workers, consumerBatch)
+		return benchE2E(ctx, stdout, pool, drv, client, relay, js, stream, prefix, rate, duration, keys, producers, workers, consumerBatch, findMax)
 	}
 	if mode == "ingest" {
 		return benchIngest(ctx, stdout, drv, sink, js, stream, prefix, events, keys)
@@ -254,16 +256,28 @@ func benchLatency(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry
 	return p.report(w, received, "receive")
 }
 
-// benchArrivals records when each bench event (Type "Bench<i>") arrived.
+// benchArrivals records when each bench event (Type "<prefix><i>")
+// arrived.
 type benchArrivals struct {
-	at  []atomic.Int64
-	got atomic.Int64
+	prefix string
+	at     []atomic.Int64
+	got    atomic.Int64
 }
 
-func newBenchArrivals(n int) *benchArrivals { return &benchArrivals{at: make([]atomic.Int64, n)} }
+func newBenchArrivals(n int) *benchArrivals { return newPhaseArrivals("Bench", n) }
+
+// newPhaseArrivals records the events whose Type has prefix (a phase of a
+// run that produces several times).
+func newPhaseArrivals(prefix string, n int) *benchArrivals {
+	return &benchArrivals{prefix: prefix, at: make([]atomic.Int64, n)}
+}
 
 func (a *benchArrivals) record(ev *ferry.Event, now int64) {
-	i, err := strconv.Atoi(strings.TrimPrefix(ev.Type, "Bench"))
+	rest, ok := strings.CutPrefix(ev.Type, a.prefix)
+	if !ok {
+		return
+	}
+	i, err := strconv.Atoi(rest)
 	if err != nil || i < 0 || i >= len(a.at) {
 		return
 	}
@@ -289,6 +303,11 @@ type production struct {
 // produceAt commits n events, one per transaction, at rate over
 // producers connections, each event i at its intended time.
 func produceAt(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], n, rate, keys, producers int) *production {
+	return producePhase(ctx, w, pool, c, "Bench", n, rate, keys, producers)
+}
+
+// producePhase is produceAt for events of Type "<prefix><i>".
+func producePhase(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], prefix string, n, rate, keys, producers int) *production {
 	p := &production{intended: make([]int64, n), committed: make([]atomic.Int64, n)}
 	start := time.Now()
 	for i := range p.intended {
@@ -306,7 +325,7 @@ func produceAt(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Cl
 				if wait := time.Until(time.Unix(0, p.intended[i])); wait > 0 {
 					time.Sleep(wait)
 				}
-				ev := &ferry.Event{Topic: "orders", Key: "customer-" + strconv.Itoa(rand.IntN(keys)), Type: "Bench" + strconv.Itoa(i), Payload: payload(i)}
+				ev := &ferry.Event{Topic: "orders", Key: "customer-" + strconv.Itoa(rand.IntN(keys)), Type: prefix + strconv.Itoa(i), Payload: payload(i)}
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.EmitTx(ctx, tx, ev) })
 				if err != nil {
 					fmt.Fprintln(w, "producer:", err)
@@ -322,7 +341,18 @@ func produceAt(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Cl
 
 // report prints commit → arrival and intended → arrival percentiles.
 func (p *production) report(w io.Writer, a *benchArrivals, what string) error {
-	var fromCommit, fromIntent []time.Duration
+	fromCommit, fromIntent := p.latencies(a)
+	fmt.Fprintf(w, "  commit -> %s:   %s\n", what, percentiles(fromCommit))
+	fmt.Fprintf(w, "  intended -> %s: %s\n", what, percentiles(fromIntent))
+	if len(fromCommit) < len(p.intended) {
+		return fmt.Errorf("%d events did not arrive", len(p.intended)-len(fromCommit))
+	}
+	return nil
+}
+
+// latencies are, for the events that arrived, commit → arrival and
+// intended → arrival.
+func (p *production) latencies(a *benchArrivals) (fromCommit, fromIntent []time.Duration) {
 	for i := range p.intended {
 		r, cm := a.at[i].Load(), p.committed[i].Load()
 		if r == 0 || cm == 0 {
@@ -331,12 +361,7 @@ func (p *production) report(w io.Writer, a *benchArrivals, what string) error {
 		fromCommit = append(fromCommit, time.Duration(max(0, r-cm)))
 		fromIntent = append(fromIntent, time.Duration(r-p.intended[i]))
 	}
-	fmt.Fprintf(w, "  commit -> %s:   %s\n", what, percentiles(fromCommit))
-	fmt.Fprintf(w, "  intended -> %s: %s\n", what, percentiles(fromIntent))
-	if len(fromCommit) < len(p.intended) {
-		return fmt.Errorf("%d events did not arrive", len(p.intended)-len(fromCommit))
-	}
-	return nil
+	return fromCommit, fromIntent
 }
 
 func percentiles(ds []time.Duration) string {

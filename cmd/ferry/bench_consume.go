@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -421,16 +422,17 @@ func benchIngest(ctx context.Context, w io.Writer, drv *ferrypg.Driver[pgx.Tx], 
 
 // benchE2E produces at rate for d and times each event from its
 // producer's commit to the commit of the consumer transaction that applied
-// it: outbox → relay → JetStream → source → inbox → handler.
+// it: outbox → relay → JetStream → source → inbox → handler. With findMax
+// it first looks for the highest rate the pipeline sustains (findMaxRate),
+// then measures at rate and at half that maximum, through one pipeline.
 func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], client *ferry.Client[pgx.Tx], relay *ferry.Relay,
-	js jetstream.JetStream, stream, prefix string, rate int, d time.Duration, keys, producers, workers, batch int) error {
-	n := int(d.Seconds() * float64(rate))
-	applied := newBenchArrivals(n)
+	js jetstream.JetStream, stream, prefix string, rate int, d time.Duration, keys, producers, workers, batch int, findMax bool) error {
 	table, err := projection(ctx, pool, drv.Schema(), "projection_e2e")
 	if err != nil {
 		return err
 	}
-	stamped := &commitStamper{Driver: drv, arrivals: applied}
+	stamped := &commitStamper{Driver: drv}
+	stamped.arrivals.Store(newBenchArrivals(0))
 	c, err := ferry.NewConsumer(stamped, &ferry.ConsumerConfig{Group: "e2e", Workers: workers, BatchSize: batch, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
@@ -454,9 +456,52 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 	g.Go(func() { errs <- c.Run(rctx) })
 	g.Go(func() { errs <- c.Consume(rctx, src) })
 	time.Sleep(time.Second) // let the relay take its lease
-	fmt.Fprintf(w, "end to end at %d events/s for %v (consumer: %d workers, batch size %d)\n", rate, d, workers, batch)
-	p := produceAt(ctx, w, pool, client, n, rate, keys, producers)
-	applied.await(n, 30*time.Second)
+	phase := 0
+	// run produces at r for dur and reports; it returns the intended →
+	// applied p99 and whether every event was applied within settle of
+	// the production's end.
+	run := func(r int, dur, settle time.Duration, report bool) (time.Duration, bool) {
+		phase++
+		n := max(1, int(dur.Seconds()*float64(r)))
+		applied := newPhaseArrivals(fmt.Sprintf("Bench%d.", phase), n)
+		stamped.arrivals.Store(applied)
+		p := producePhase(ctx, w, pool, client, applied.prefix, n, r, keys, producers)
+		applied.await(n, settle)
+		fromCommit, fromIntent := p.latencies(applied)
+		all := len(fromCommit) == n
+		// What is left drains before the next phase, which must not
+		// start behind a backlog.
+		applied.await(n, time.Minute)
+		p99 := time.Duration(0)
+		if len(fromIntent) > 0 {
+			slices.Sort(fromIntent)
+			p99 = fromIntent[min(len(fromIntent)-1, len(fromIntent)*99/100)]
+		}
+		if report {
+			fmt.Fprintf(w, "end to end at %d events/s for %v (consumer: %d workers, batch size %d): %d of %d applied\n", r, dur, workers, batch, len(fromCommit), n)
+			fmt.Fprintf(w, "  commit -> applied:   %s\n", percentiles(fromCommit))
+			fmt.Fprintf(w, "  intended -> applied: %s\n", percentiles(fromIntent))
+		}
+		return p99, all
+	}
+	var runErr error
+	if findMax {
+		best := findMaxRate(w, func(r int) bool {
+			p99, all := run(r, 4*time.Second, 3*time.Second, false)
+			ok := all && p99 < time.Second
+			fmt.Fprintf(w, "  %5d events/s: %s (intended -> applied p99 %v)\n", r, map[bool]string{true: "sustained", false: "not sustained"}[ok], p99.Round(time.Millisecond))
+			return ok
+		})
+		fmt.Fprintf(w, "sustained maximum: about %d events/s (producers: one event per transaction, %d connections)\n", best, producers)
+		if _, all := run(rate, d, 30*time.Second, true); !all {
+			runErr = fmt.Errorf("events at %d/s did not all arrive within 30 s", rate)
+		}
+		if _, all := run(max(1, best/2), d, 30*time.Second, true); !all && runErr == nil {
+			runErr = fmt.Errorf("events at %d/s did not all arrive within 30 s", best/2)
+		}
+	} else if _, all := run(rate, d, 30*time.Second, true); !all {
+		runErr = fmt.Errorf("events at %d/s did not all arrive within 30 s", rate)
+	}
 	cancel()
 	g.Wait()
 	close(errs)
@@ -465,15 +510,32 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 			return err
 		}
 	}
-	fmt.Fprintf(w, "  %d of %d applied\n", applied.got.Load(), n)
-	return p.report(w, applied, "applied")
+	return runErr
+}
+
+// findMaxRate steps the rate up by 500 events/s from 1,000 while sustained
+// says the pipeline keeps up, then once by 250 past the last sustained
+// rate; it returns the highest rate sustained (0: not even the first).
+func findMaxRate(w io.Writer, sustained func(rate int) bool) int {
+	fmt.Fprintln(w, "looking for the sustained maximum (4 s per step; sustained: every event applied, intended -> applied p99 under 1 s)")
+	best := 0
+	for r := 1000; r <= 100_000; r += 500 {
+		if !sustained(r) {
+			break
+		}
+		best = r
+	}
+	if best > 0 && sustained(best+250) {
+		best += 250
+	}
+	return best
 }
 
 // commitStamper records, for each event its handlers applied, when the
 // consumer transaction that applied it committed.
 type commitStamper struct {
 	*ferrypg.Driver[pgx.Tx]
-	arrivals *benchArrivals
+	arrivals atomic.Pointer[benchArrivals]
 }
 
 type stampKey struct{}
@@ -493,8 +555,9 @@ func (s *commitStamper) RunInTx(ctx context.Context, fn func(ctx context.Context
 	})
 	if err == nil {
 		now := time.Now().UnixNano()
+		a := s.arrivals.Load()
 		for _, ev := range evs {
-			s.arrivals.record(ev, now)
+			a.record(ev, now)
 		}
 	}
 	return err
