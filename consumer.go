@@ -41,20 +41,24 @@ type ConsumerConfig struct {
 	// Workers is how many transactions run at once (never two events of
 	// one key). Default 8.
 	Workers int
-	// BatchSize is how many claimed events (of different keys) one
-	// transaction may apply, each handler in a savepoint of its own: a
-	// failing handler is rolled back to it and recorded as that event's
-	// failed attempt, and the others commit. Claims are split over the free
-	// workers, so a light load runs small batches at once and adds no
-	// latency; a batch whose handlers are slow commits what ran after a
-	// second (a quarter of ClaimTTL if less) and gives the rest back. The
-	// events of a batch share its transaction: what a handler sets for the
-	// transaction (SET LOCAL, advisory transaction locks) holds for the
-	// handlers after it. 1 applies one event per transaction. Backends
-	// without savepoints (MongoDB; see ferrydriver.InboxBatcher) run one
-	// per transaction whatever the setting. Default 32: on PostgreSQL
-	// about three times the events/s of 1, and a lower p99 end to end
-	// (docs/benchmarks.md).
+	// BatchSize is how many claimed events one transaction may apply, each
+	// handler in a savepoint of its own: a failing handler is rolled back
+	// to it and recorded as that event's failed attempt, and the others
+	// commit. A batch holds runs of one or more keys' events, each key's in
+	// order (a key's events after one that failed wait for its retry). A
+	// claim is split over the free workers, so a light load runs small
+	// batches at once and adds no latency; a batch whose handlers are slow
+	// commits what ran after a second (a quarter of ClaimTTL if less) and
+	// gives the rest back. The events of a batch share its transaction:
+	// what a handler sets for the transaction (SET LOCAL, advisory
+	// transaction locks) holds for the handlers after it. 1 applies one
+	// event per transaction (a worker still claims a run of a key's events
+	// at once, and commits each alone). Backends without savepoints
+	// (MongoDB; see ferrydriver.InboxBatcher) run one per transaction
+	// whatever the setting. At most 64: PostgreSQL keeps the
+	// subtransactions of 64 savepoints per transaction in shared memory.
+	// Default 32: on PostgreSQL about four times the events/s of 1, with
+	// HandleBatch six (docs/benchmarks.md).
 	BatchSize int
 	// ClaimTTL is how long a worker owns an event it runs. A handler must
 	// finish within it; past it the event may run elsewhere, and this

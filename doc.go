@@ -105,22 +105,29 @@ cancelled, their transactions roll back and the events run again later.
 Events reach the group's inbox from a source: the outbox of the same
 database (a Relay into Consumer.Sink), or a broker subscription calling
 Consumer.Ingest. Keys run in parallel, each key in order; failures retry
-with backoff, then go DEAD (ConsumerConfig.OnDead, DeadPolicy). Attempts
-are counted when an event is claimed, so one that crashes the process goes
-DEAD too, after MaxAttempts crashes; an event whose claim expired runs
-again alone, so that it costs no other event an attempt. An event of a type
+with backoff, then go DEAD (ConsumerConfig.OnDead, DeadPolicy). A crash
+costs an attempt too: the events a claim covered when it expired (their
+process crashed, or a handler outlived ConsumerConfig.ClaimTTL) count one
+each and run again one at a time, each alone in its process, so the event
+that crashes its process goes DEAD after MaxAttempts crashes and costs no
+other event a second attempt. An event of a type
 without a handler fails, naming its type, unless HandleAll handles it or
 ConsumerConfig.SkipUnhandled skips it. Register handlers before Run. The
 group's dead policy is stored when Run starts and is the one every process
 of the group follows.
 
-By default a transaction applies up to 32 claimed events of different keys
-(ConsumerConfig.BatchSize; 1 for one per transaction), each handler in a
-savepoint of its own, so that a failing handler is rolled back alone and
-recorded as its event's failed attempt while the others commit.
-HandleBatch registers a handler that gets a batch's events of its type in
-one call, for multi-row statements; when the call fails it runs again for
-each event alone.
+A worker claims a run of a key's next events at once (one claim on the
+key, not one per event). By default a transaction applies up to 32 claimed
+events (ConsumerConfig.BatchSize; 1 for one per transaction): runs of one
+or more keys, each key's in order, each handler in a savepoint of its own,
+so that a failing handler is rolled back alone and recorded as its event's
+failed attempt while the others commit; the key's later events in the
+batch then wait behind it. HandleBatch registers a handler that gets a
+batch's events of its type in one call, one event per key per call (a
+batch runs in rounds: the first event of each key, then the second...),
+for multi-row statements; when the call fails it runs again for each
+event alone. While an event is claimed, InboxStates reads it as
+PROCESSING, and so does the rest of its run.
 
 AwaitSettled tells a request path whether a group has settled events,
 failed them (and why) or not yet, woken by the database rather than

@@ -237,6 +237,24 @@ func (r *applyRecorder) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data 
 	}
 }
 
+// TraceBatchStart implements pgx.BatchTracer: a consumer's BEGIN and
+// COMMIT may travel in pipelines (Ferry's pgx driver sends BEGIN with the
+// transaction's first statement and COMMIT with the inbox's record).
+func (r *applyRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+// TraceBatchQuery follows a pipeline's BEGIN, COMMIT and ROLLBACK as
+// TraceQueryStart and TraceQueryEnd follow those sent alone.
+func (r *applyRecorder) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	qctx := r.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: data.SQL, Args: data.Args})
+	r.TraceQueryEnd(qctx, conn, pgx.TraceQueryEndData{CommandTag: data.CommandTag, Err: data.Err})
+}
+
+func (r *applyRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+var _ pgx.BatchTracer = (*applyRecorder)(nil)
+
 // record notes an apply in conn's open transaction.
 func (r *applyRecorder) record(conn *pgx.Conn, customer string, pos, seq int64) {
 	r.mu.Lock()
