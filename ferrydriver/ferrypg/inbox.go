@@ -422,12 +422,18 @@ func (d *Driver[TTx]) finishRows(ctx context.Context, e executor, group string, 
 	if len(doneIDs) > 0 {
 		notify = append(notify, step{sql: d.queries.inboxNotify, args: []any{group, doneIDs, doneStates, d.settleChannel()}})
 	}
+	// Every row processed under one claim: sqlInboxCompleteRows.
+	q, qCommit, args := d.queries.inboxFinishRows, d.queries.inboxFinishRowsCommit, []any{group, ids, claims, states, errs, retry, uncounted, keep}
+	if !slices.ContainsFunc(states, func(s string) bool { return s != string(ferrydriver.InboxProcessed) }) &&
+		!slices.ContainsFunc(claims, func(c uuid.UUID) bool { return c != claims[0] }) {
+		q, qCommit, args = d.queries.inboxCompleteRows, d.queries.inboxCompleteRowsCommit, []any{group, ids, claims[0], keep}
+	}
 	if deferFinish(tx, &deferredFinish{group: group, ids: ids, claims: claims,
-		steps: append([]step{{sql: d.queries.inboxFinishRowsCommit, args: []any{group, ids, claims, states, errs, retry, uncounted, keep}}}, notify...)}) {
+		steps: append([]step{{sql: qCommit, args: args}}, notify...)}) {
 		return nil, nil
 	}
 	held := make(map[uuid.UUID]bool, n)
-	steps := []step{{sql: d.queries.inboxFinishRows, args: []any{group, ids, claims, states, errs, retry, uncounted, keep}, scan: func(r rows) error {
+	steps := []step{{sql: q, args: args, scan: func(r rows) error {
 		var id uuid.UUID
 		if err := r.Scan(&id); err != nil {
 			return err

@@ -152,23 +152,29 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 	}
 	// Plan every statement of a claim, a finish and a refresh on the empty
 	// inbox (a prepared statement's generic plan is made at its first run).
-	for i := range 4 {
-		ev := ferrydrivertest.Event("t", "warm", "T")
+	for i := range 6 {
+		ev := ferrydrivertest.Event("t", fmt.Sprintf("warm%d", i), "T")
 		_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
 		require.NoError(t, err)
 		rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Minute, MaxAttempts: 10})
 		require.NoError(t, err)
 		require.Len(t, rows, 1)
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if i%2 == 0 {
+			if i%3 == 0 {
 				return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: ev.ID, Claim: rows[0].Claim})
 			}
+			// A row processed (the statement of runs that all processed),
+			// or failed and then processed (the general one).
+			state := ferrydriver.InboxProcessed
+			if i%3 == 2 {
+				state = ferrydriver.InboxDead
+			}
 			lost, err := drv.FinishInboxTx(ctx, tx, &ferrydriver.FinishInboxParams{Group: "g",
-				Rows: []ferrydriver.FinishedRow{{EventID: ev.ID, Claim: rows[0].Claim, State: ferrydriver.InboxProcessed}}})
+				Rows: []ferrydriver.FinishedRow{{EventID: ev.ID, Claim: rows[0].Claim, State: state, Error: "x"}}})
 			require.Empty(t, lost)
 			return err
 		}))
-		require.NoError(t, drv.inTx(ctx, func(e executor) error { return drv.refreshKeys(ctx, e, "g", []string{"warm"}) }))
+		require.NoError(t, drv.inTx(ctx, func(e executor) error { return drv.refreshKeys(ctx, e, "g", []string{"warm0"}) }))
 	}
 	hotInbox(t, pool, s, "g", 30_000)
 	token, ids := claimFor(t, drv, "g", 1, 32, 32) // the hot key, runnable first
@@ -197,6 +203,7 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 	explain("claim", 400, drv.queries.inboxClaim, claimArgs("g", 32, 32, 256)...)
 	explain("finish", 800, drv.queries.inboxFinishRows, finishArgs("g", token, ids)...)
 	explain("completion of one", 60, drv.queries.inboxCompleteOne, "g", ids[0], token, true)
+	explain("completion of a run", 800, drv.queries.inboxCompleteRows, "g", ids, token, false)
 	explain("key refresh", 60, drv.queries.inboxRefreshKeys, "g", []string{"hot", "k1", "k2"})
 }
 

@@ -335,7 +335,49 @@ WITH x AS MATERIALIZED (
 )
 {tail}`
 
-// finishKeepsOne is finishKeeps for sqlInboxCompleteOne.
+// sqlInboxCompleteRows is sqlInboxFinishRows for rows that all processed
+// ($2), under one claim ($3; $4: keep it on what is left of the keys'
+// runs): a batch that nothing failed in, the common case. With no row
+// stopping a key, each key's run finished through its last row reported,
+// and the windows and sorts that find where a run stopped are not needed.
+var sqlInboxCompleteRows = `
+WITH x AS MATERIALIZED (
+    UPDATE {schema}.inbox i SET state = 'processed', attempts = i.attempts + 1, finished_at = now()
+     WHERE i.event_id = ANY ($2::uuid[]) AND i.group_name = $1 AND i.state NOT IN ('processed', 'dead', 'discarded', 'retracted')
+    RETURNING i.event_id, i.key, i.pos
+), kx AS MATERIALIZED (
+    SELECT x.key, min(x.pos) AS first, max(x.pos) AS passed, max(x.pos) AS reported,
+           NULL::text AS st_state, NULL::timestamptz AS st_retry, NULL::text AS st_id
+      FROM x GROUP BY x.key
+), locked AS MATERIALIZED (
+    SELECT ik.key FROM {schema}.inbox_keys ik
+     WHERE ik.group_name = $1 AND ik.key = ANY ((SELECT array_agg(kx.key) FROM kx)::text[])
+     ORDER BY ik.key FOR UPDATE
+), held AS (
+    UPDATE {schema}.inbox_keys k
+       SET claim_token = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_token END,
+           claimed_by = CASE WHEN ` + finishKeepsOne + ` THEN k.claimed_by END,
+           claim_from = CASE WHEN ` + finishKeepsOne + ` THEN kx.passed END,
+           claim_through = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_through END,
+           claim_expires_at = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_expires_at END,
+           done_pos = CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END,
+           held_by = NULL,
+           runnable_at = CASE WHEN ` + finishKeepsOne + ` THEN NULL
+                              WHEN k.suspect_through <= CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END
+                              THEN ` + finishNext + ` END,
+           rescue_at = CASE WHEN ` + finishKeepsOne + ` THEN k.rescue_at
+                            WHEN k.suspect_through > CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END
+                            THEN ` + finishNext + ` END
+      FROM kx
+     WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
+       AND k.claim_token = $3::uuid AND k.claim_expires_at > clock_timestamp()
+       AND kx.first > k.claim_from AND kx.reported <= k.claim_through
+    RETURNING k.key
+)
+{tail}`
+
+// finishKeepsOne is finishKeeps for sqlInboxCompleteOne and
+// sqlInboxCompleteRows.
 var finishKeepsOne = strings.Replace(finishKeeps, "$8", "$4", 1)
 
 // finishKeeps says whether a finish keeps its key's claim ($8, for the
