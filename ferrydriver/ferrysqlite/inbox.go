@@ -131,24 +131,22 @@ type head struct {
 // another of its rows is running, as of t.
 func (d *Driver) keyHead(ctx context.Context, tx *sql.Tx, group, key string, t int64) (*head, error) {
 	h := &head{}
+	// One statement: a key without a head has no row running either (a
+	// running row is unfinished, so it would be the head).
 	err := tx.QueryRowContext(ctx, `
-SELECT event_id, state, attempts, next_attempt_at, claim_expires_at FROM ferry_inbox
- WHERE group_name = ?1 AND key = ?2 AND `+unfinished+`
-   AND (state <> 'dead' OR COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?1), 1))
- ORDER BY pos LIMIT 1`, group, key).Scan(&h.id, &h.state, &h.attempts, &h.nextAttempt, &h.claimExpires)
+SELECT h.event_id, h.state, h.attempts, h.next_attempt_at, h.claim_expires_at,
+       (SELECT max(p.claim_expires_at) FROM ferry_inbox p
+         WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at > ?3 AND p.event_id <> h.event_id)
+  FROM (SELECT event_id, state, attempts, next_attempt_at, claim_expires_at FROM ferry_inbox
+         WHERE group_name = ?1 AND key = ?2 AND `+unfinished+`
+           AND (state <> 'dead' OR COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?1), 1))
+         ORDER BY pos LIMIT 1) h`, group, key, t).Scan(&h.id, &h.state, &h.attempts, &h.nextAttempt, &h.claimExpires, &h.busyUntil)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
 		return nil, d.wrapErr("read the head of inbox key "+key, err)
 	default:
 		h.exists = true
-	}
-	err = tx.QueryRowContext(ctx, `
-SELECT max(claim_expires_at) FROM ferry_inbox
- WHERE group_name = ? AND key = ? AND state = 'processing' AND claim_expires_at > ? AND event_id <> ?`,
-		group, key, t, h.id).Scan(&h.busyUntil)
-	if err != nil {
-		return nil, d.wrapErr("read the running rows of inbox key "+key, err)
 	}
 	if h.exists && !h.busyUntil.Valid {
 		switch h.state {
