@@ -67,7 +67,7 @@ func poisonChild(schema, policy string, batch int) int {
 
 // TestPoisonEventThatKillsTheConsumer: an event whose handler crashes the
 // process every time goes DEAD after MaxAttempts crashes (the attempts are
-// counted when claimed), OnDead fires once, its key's later events follow
+// counted even when its process crashes), OnDead fires once, its key's later events follow
 // the policy, and every other key's events are applied exactly once.
 func TestPoisonEventThatKillsTheConsumer(t *testing.T) {
 	t.Parallel()

@@ -37,11 +37,11 @@ func (f *ferryInbox) Describe() string {
 	s := fmt.Sprintf("ferrypg inbox, ferry.NewConsumer with Workers %d, BatchSize %d, other ConsumerConfig defaults; ", inboxWorkers, f.batch)
 	switch {
 	case f.batchFn:
-		s += fmt.Sprintf("HandleEventBatch: one multi-row upsert (unnest) per call, a call per transaction of up to %d events of different keys", f.batch)
+		s += fmt.Sprintf("HandleEventBatch: one multi-row upsert (unnest) per call, each call one event per key; up to %d events per transaction, runs of %d of a key's events, a call per round of the batch (its keys' first events, then their second...), each in a savepoint", f.batch, max(1, f.batch/8))
 	case f.batch > 1:
-		s += fmt.Sprintf("HandleAll: one upsert per event, up to %d events of different keys per transaction, each in a savepoint", f.batch)
+		s += fmt.Sprintf("HandleAll: one upsert per event, up to %d events per transaction (runs of up to %d of a key's events, in order), each in a savepoint", f.batch, f.batch)
 	default:
-		s += "HandleAll: one upsert per event, one event per transaction"
+		s += "HandleAll: one upsert per event, one event per transaction (a worker claims a run of up to 32 of a key's events and commits each alone)"
 	}
 	return s + "; backlog put in the inbox with Consumer.Ingest, 1,000 events per call"
 }

@@ -165,7 +165,8 @@ type Inbox[TTx any] interface {
 	CompleteInboxTx(ctx context.Context, tx TTx, p *CompleteInboxParams) error
 	// FailInbox records a failed attempt: FAILED until p.RetryAt, or DEAD
 	// when p.Dead. ErrClaimLost unless p.Claim is the row's current claim
-	// and has not expired. The attempt was counted when it was claimed.
+	// and has not expired. The attempt counts (as the claim said it would:
+	// InboxRow.Attempts of a claimed row includes it).
 	FailInbox(ctx context.Context, p *FailInboxParams) error
 
 	// SetInboxPolicy stores a group's dead policy; if it changed, every key
