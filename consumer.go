@@ -109,6 +109,12 @@ type ConsumerConfig struct {
 	// Middleware wraps every handler call, the first outermost (see
 	// Middleware): tracing (ferryotel), logging, metrics, code of your own.
 	Middleware []Middleware
+	// ActivityInterval is how often the consumer records what it did
+	// (events applied, failed and gone DEAD, commit → applied latency,
+	// handler time) in an inbox that keeps it (ferrydriver.
+	// ActivityRecorder), for the console's series. Default
+	// DefaultActivityInterval; negative: never.
+	ActivityInterval time.Duration
 }
 
 // DeadEvent describes an event that will not be retried.
@@ -152,6 +158,9 @@ func (c *ConsumerConfig) WithDefaults() ConsumerConfig {
 	if out.ShutdownTimeout == 0 {
 		out.ShutdownTimeout = 10 * time.Second
 	}
+	if out.ActivityInterval == 0 {
+		out.ActivityInterval = DefaultActivityInterval
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -176,6 +185,8 @@ func (c *ConsumerConfig) validate() error {
 		return fmt.Errorf("ferry: ConsumerConfig.PollInterval is %v: use at least 1ms (default 200ms)", c.PollInterval)
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("ferry: ConsumerConfig.ShutdownTimeout is %v: use a positive duration (default 10s)", c.ShutdownTimeout)
+	case c.ActivityInterval > 0 && c.ActivityInterval < 10*time.Millisecond:
+		return fmt.Errorf("ferry: ConsumerConfig.ActivityInterval is %v: use at least 10ms, or a negative value for none (default %v)", c.ActivityInterval, DefaultActivityInterval)
 	case c.DeadPolicy != Hold && c.DeadPolicy != Continue:
 		return fmt.Errorf("ferry: ConsumerConfig.DeadPolicy %d is not Hold or Continue", c.DeadPolicy)
 	}
@@ -225,6 +236,9 @@ type Consumer[TTx any] struct {
 	// frozen is set by Run: the handlers are read without a lock from
 	// then on, so registering one after Run panics.
 	frozen atomic.Bool
+	// meter counts what the consumer does for the console, while Run runs
+	// and the inbox keeps activity (nil otherwise).
+	meter *activityMeter
 }
 
 // NewConsumer returns a consumer of group cfg.Group over driver.
@@ -469,6 +483,16 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	// a stop lets them finish first.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
+	c.meter = nil
+	if rec, ok := c.driver.(ferrydriver.ActivityRecorder); ok && c.cfg.ActivityInterval > 0 {
+		// Until the handlers have finished: what they do in the grace
+		// period counts too.
+		c.meter = newActivityMeter(ferrydriver.ActivityConsumer, c.cfg.Group, c.worker)
+		mctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() { defer close(done); c.meter.run(mctx, rec, c.cfg.ActivityInterval, c.log) }()
+		defer func() { stop(); <-done }()
+	}
 	var handlers sync.WaitGroup
 	var stoppedAt atomic.Int64 // the stop's time counts against ShutdownTimeout
 	defer context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })()
@@ -911,12 +935,14 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
 			Group: c.cfg.Group, EventID: ev.ID, Claim: row.Claim, Keep: keep})
 	})
-	if err == nil && unhandled {
-		c.m.outcomes.WithLabelValues("skipped").Inc()
-		return true
-	}
 	if err == nil {
-		c.m.outcomes.WithLabelValues("processed").Inc()
+		now := time.Now()
+		c.meter.did(now, now.Sub(start), ev.CreatedAt)
+		if unhandled {
+			c.m.outcomes.WithLabelValues("skipped").Inc()
+		} else {
+			c.m.outcomes.WithLabelValues("processed").Inc()
+		}
 		return true
 	}
 	if errors.Is(err, ferrydriver.ErrClaimLost) {
@@ -953,9 +979,11 @@ func (c *Consumer[TTx]) fail(ctx context.Context, row *ferrydriver.InboxRow, err
 		return
 	}
 	if dead {
+		c.meter.fail(1, 0)
 		c.reportDead(ctx, row, err)
 		return
 	}
+	c.meter.fail(1, 0)
 	c.m.outcomes.WithLabelValues("retried").Inc()
 	c.log.InfoContext(withEvent(ctx, ev), "ferry: handler failed; will retry", "event_id", ev.ID, "attempt", row.Attempts, "retry_at", retryAt, "err", err)
 }
@@ -985,6 +1013,7 @@ func (c *Consumer[TTx]) notBegun(ctx context.Context, row *ferrydriver.InboxRow,
 // reportDead counts, logs and hands to OnDead an event that went DEAD.
 func (c *Consumer[TTx]) reportDead(ctx context.Context, row *ferrydriver.InboxRow, err error) {
 	ev := &row.Event
+	c.meter.fail(0, 1)
 	c.m.outcomes.WithLabelValues("dead").Inc()
 	c.log.ErrorContext(withEvent(ctx, ev), "ferry: event is dead", "event_id", ev.ID, "key", ev.Key, "type", ev.Type, "attempts", row.Attempts, "err", err)
 	if c.cfg.OnDead != nil {

@@ -199,9 +199,11 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		return nil
 	})
 	if err == nil {
+		now := time.Now()
+		per := now.Sub(start) / time.Duration(len(rows))
 		for i, row := range rows {
 			if !slices.Contains(late, i) {
-				c.recordOutcome(ctx, row, out[i])
+				c.recordOutcome(ctx, row, out[i], now, per)
 			}
 		}
 		return
@@ -251,9 +253,14 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 }
 
 // recordOutcome counts and logs what became of an event of a committed
-// batch (which recorded it).
-func (c *Consumer[TTx]) recordOutcome(ctx context.Context, row *ferrydriver.InboxRow, o batchOutcome) {
+// batch (which recorded it), committed at now after per of handler time.
+func (c *Consumer[TTx]) recordOutcome(ctx context.Context, row *ferrydriver.InboxRow, o batchOutcome, now time.Time, per time.Duration) {
 	ev := &row.Event
+	if o.err == nil {
+		c.meter.did(now, per, ev.CreatedAt)
+	} else {
+		c.meter.fail(1, 0)
+	}
 	switch {
 	case o.err == nil && o.unhandled:
 		c.m.outcomes.WithLabelValues("skipped").Inc()
@@ -316,6 +323,7 @@ func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher
 				return
 			}
 			for _, row := range failed {
+				c.meter.fail(1, 0)
 				if dead[row.Event.ID] {
 					c.reportDead(ctx, row, ferr)
 				} else {

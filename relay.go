@@ -117,6 +117,11 @@ type RelayConfig struct {
 	// and run it (see Balancer). Without it every relay competes for its
 	// partition's lease, and one process may lead them all.
 	Balancer *Balancer
+	// ActivityInterval is how often the relay records what it did (events
+	// published, failed and dead-lettered, commit → publish latency) in a
+	// store that keeps it (ferrydriver.ActivityRecorder), for the console's
+	// series. Default DefaultActivityInterval; negative: never.
+	ActivityInterval time.Duration
 }
 
 // StuckKey describes a key whose destination does not acknowledge it.
@@ -196,6 +201,7 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	def(&out.StallTimeout, 2*time.Second)
 	def(&out.DeadLetterRetention, 14*24*time.Hour)
 	def(&out.KeyRetention, out.Retention)
+	def(&out.ActivityInterval, DefaultActivityInterval)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -206,6 +212,8 @@ func (c *RelayConfig) validate() error {
 	switch {
 	case c.BatchSize < 1:
 		return fmt.Errorf("ferry: RelayConfig.BatchSize is %d: use at least 1 (default 500)", c.BatchSize)
+	case c.ActivityInterval > 0 && c.ActivityInterval < 10*time.Millisecond:
+		return fmt.Errorf("ferry: RelayConfig.ActivityInterval is %v: use at least 10ms, or a negative value for none (default %v)", c.ActivityInterval, DefaultActivityInterval)
 	case c.Partition < 0:
 		return fmt.Errorf("ferry: RelayConfig.Partition is %d: partitions are numbered from 0", c.Partition)
 	case c.PollInterval < time.Millisecond:
@@ -233,10 +241,13 @@ func (c *RelayConfig) validate() error {
 // sink acknowledged (or the event was dead-lettered). One relay per feed is
 // active at a time, by a lease fenced with a term; others wait as standbys.
 type Relay struct {
-	store   ferrydriver.Store
-	sink    ferrysink.Sink
-	cfg     RelayConfig
-	name    string
+	store ferrydriver.Store
+	sink  ferrysink.Sink
+	cfg   RelayConfig
+	name  string
+	// meter counts what the relay does for the console, while Run runs
+	// and the store keeps activity (nil otherwise).
+	meter   *activityMeter
 	log     *slog.Logger
 	m       *relayMetrics
 	ordered bool
@@ -312,6 +323,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.running.Store(false)
 	r.holder = fmt.Sprintf("%s#%08x", r.cfg.HolderID, rand.Uint32())
 	r.log = r.cfg.Logger.With("feed", r.name, "holder", r.holder)
+	r.meter = nil
+	if rec, ok := r.store.(ferrydriver.ActivityRecorder); ok && r.cfg.ActivityInterval > 0 {
+		r.meter = newActivityMeter(ferrydriver.ActivityRelay, r.name, r.holder)
+		mctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() { defer close(done); r.meter.run(mctx, rec, r.cfg.ActivityInterval, r.log) }()
+		defer func() { stop(); <-done }()
+	}
 	attempt := 0
 	bal := r.cfg.Balancer
 	standby := func() {

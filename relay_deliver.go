@@ -505,6 +505,7 @@ func (p *pipeline) settle(outs []callOutcome) error {
 			case e.err == nil:
 				acked++
 				p.lastAck = now
+				p.r.meter.did(now, 0, e.ev.CreatedAt)
 				if err := p.finish(k, e, nil); err != nil {
 					return err
 				}
@@ -574,6 +575,7 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 	k.attempts++
 	k.lastErr = err
 	p.r.m.retries.Inc()
+	p.r.meter.fail(1, 0)
 	age := now.Sub(k.since)
 	cfg := &p.r.cfg
 	if (cfg.MaxAttempts > 0 && k.attempts >= cfg.MaxAttempts) || (cfg.MaxAge > 0 && age >= cfg.MaxAge) {
@@ -623,6 +625,7 @@ func (p *pipeline) giveUp(k *keyState, err error, age time.Duration) error {
 	}
 	if dl != nil {
 		p.r.m.deadLetters.Inc()
+		p.r.meter.fail(0, 1)
 	}
 	p.r.alert(p.pubCtx, &StuckKey{Feed: p.r.name, Key: k.key, Event: *e.ev, State: KeyDeadLettered, Attempts: attempts, Since: since, Err: err})
 	p.markReady(k)
@@ -639,6 +642,7 @@ func (p *pipeline) deadLetter(dead []*ferrydriver.DeadLetter) error {
 		p.r.log.WarnContext(withEvent(p.pubCtx, &d.Event), "ferry: event dead-lettered", "event_id", d.Event.ID, "key", d.Event.Key, "topic", d.Event.Topic, "reason", d.Reason)
 	}
 	p.r.m.deadLetters.Add(float64(len(dead)))
+	p.r.meter.fail(0, int64(len(dead)))
 	return nil
 }
 

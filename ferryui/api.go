@@ -7,6 +7,10 @@
 // on the API (under /api/v1/) in the browser; it shows every value from an
 // event as text, and its Content-Security-Policy runs no other script.
 //
+// Besides the backends' state, it shows what the relays and consumers did
+// over time (GET /api/v1/activity): the samples each records in its store
+// every interval (ferrydriver.ActivityRecorder), summed per component.
+//
 // It is safe by default: reads are GETs and every action is a POST that
 // needs the token (Authorization: Bearer), a JSON body (which a page of
 // another origin cannot send without the browser asking first), and, when
@@ -112,6 +116,7 @@ func New(cfg *Config) (*Handler, error) {
 	h.route("GET /api/v1/parked", h.parked)
 	h.route("GET /api/v1/keys/{key}", h.key)
 	h.route("GET /api/v1/chains", h.chains)
+	h.route("GET /api/v1/activity", h.activity)
 	h.routeConsole()
 	h.route("/api/", func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, "no such API path: " + r.URL.Path + " (the API is under /api/v1/)"}

@@ -119,7 +119,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	// fails the poison event until told otherwise.
 	var failing atomic.Bool
 	failing.Store(true)
-	billing, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", MaxAttempts: 1, PollInterval: 50 * time.Millisecond})
+	billing, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", MaxAttempts: 1, PollInterval: 50 * time.Millisecond,
+		ActivityInterval: 200 * time.Millisecond})
 	require.NoError(t, err)
 	billing.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
 		if ev.Key == hostileKey && failing.Load() {
@@ -127,7 +128,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 		return nil
 	})
-	relay, err := ferry.NewRelay(drv, billing.Sink(), &ferry.RelayConfig{PollInterval: 50 * time.Millisecond})
+	relay, err := ferry.NewRelay(drv, billing.Sink(), &ferry.RelayConfig{PollInterval: 50 * time.Millisecond, ActivityInterval: 200 * time.Millisecond})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 2)
@@ -194,6 +195,16 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.WaitVisible(css(`#groups [data-group="billing"]`)), chromedp.WaitVisible(css(`#feeds [data-feed="default/0"]`)),
 		chromedp.Sleep(4*time.Second)) // a few samples for the charts
 	require.Contains(t, text(`#groups [data-group="billing"]`), "dead")
+	// The series the relay and the consumer recorded: events per second
+	// over the last minutes, with their latency (the 21 events went
+	// through before the page opened: the charts show them, not the
+	// current rate).
+	require.Contains(t, text(`#feeds [data-feed="default/0"]`), "published/s")
+	require.Contains(t, text(`#groups [data-group="billing"]`), "applied/s")
+	for _, chart := range []string{"events published per second", "events applied per second"} {
+		peak := eval(`(() => { const t = document.querySelector('svg[aria-label="` + chart + `"] title'); return t ? t.textContent.replace(/.*max /, '') : 'none'; })()`)
+		require.NotContains(t, []string{"none", "0"}, peak, "%s: the chart shows the events that went through", chart)
+	}
 	shot("overview")
 
 	// The dead event, on the group's page, grouped by its reason.

@@ -370,6 +370,9 @@ func (d *Driver) indexes() []index {
 			Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}})}},
 		// A parked key's head: its first document by pos.
 		{d.parked(), mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "key", Value: 1}, {Key: "pos", Value: 1}}}},
+		// Activity samples: read by time, and expired by the server.
+		{d.activity(), mongo.IndexModel{Keys: bson.D{{Key: "at", Value: 1}},
+			Options: options.Index().SetExpireAfterSeconds(int32(ferrydriver.DefaultActivityRetention / time.Second))}},
 	}
 }
 
@@ -381,6 +384,8 @@ func (d *Driver) Migrations() []ferrydriver.Migration {
 		Down: "drop them"}, {Version: 2, Name: "partitions",
 		Up: "store the partition count in " + d.cfg.Prefix + "meta (Config.Partitions, or what an existing outbox uses, or 1) " +
 			"and set the outbox's validator to refuse events computed with another count",
+		Down: "dropped with the collections"}, {Version: 3, Name: "activity",
+		Up:   "create the collection " + d.cfg.Prefix + "activity (what relays and consumers did, for the console), its samples expiring after a day",
 		Down: "dropped with the collections"}}
 }
 
@@ -392,7 +397,7 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 		return &ferrydriver.MigrateResult{Applied: ms, Current: len(ms)}, nil
 	}
 	colls := []*mongo.Collection{d.outbox, d.keys, d.checkpoints, d.leases, d.deadLetters, d.requests(),
-		d.inbox(), d.inboxKeys(), d.inboxGroups(), d.counters(), d.meta(), d.parked()}
+		d.inbox(), d.inboxKeys(), d.inboxGroups(), d.counters(), d.meta(), d.parked(), d.activity()}
 	if p.Down {
 		for _, c := range colls {
 			if err := c.Drop(ctx); err != nil {

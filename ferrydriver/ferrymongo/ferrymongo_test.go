@@ -136,6 +136,12 @@ func TestTransactorSuite(t *testing.T) {
 	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[context.Context] { return newDriver(t) })
 }
 
+func TestActivitySuite(t *testing.T) {
+	mongoClient(t)
+	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{ServerExpires: true,
+		New: func(t *testing.T) ferrydriver.ActivityRecorder { return newDriver(t) }})
+}
+
 func TestInboxSuite(t *testing.T) {
 	mongoClient(t)
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[context.Context] { return newDriver(t) })

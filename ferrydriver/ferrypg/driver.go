@@ -442,6 +442,7 @@ type queries struct {
 	inboxListProcessing, inboxRetractClaims, inboxCompleteOne                                   string
 	inboxFinishRowsCommit, inboxCompleteOneCommit, inboxLostClaims                              string
 	inboxCompleteRows, inboxCompleteRowsCommit                                                  string
+	activityInsert, activityList                                                                string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                 string
 	waiterAdd, waiterRemove, inboxCounts                                                        string
 	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                 string
@@ -470,6 +471,7 @@ func newQueries(schema string) queries {
 		inboxUnclaim: r(sqlInboxUnclaim), inboxRescueDue: r(sqlInboxRescueDue), inboxFinishRows: r(strings.Replace(sqlInboxFinishRows, "{tail}", finishTail, 1)),
 		inboxFinishRowsCommit:  r(strings.Replace(sqlInboxFinishRows, "{tail}", finishRowsTailCommit, 1)),
 		inboxCompleteOneCommit: r(strings.Replace(sqlInboxCompleteOne, "{tail}", completeOneTailCommit, 1)), inboxLostClaims: r(sqlInboxLostClaims),
+		activityInsert: r(sqlActivityInsert), activityList: r(sqlActivityList),
 		inboxCompleteRows:       r(strings.Replace(sqlInboxCompleteRows, "{tail}", finishTail, 1)),
 		inboxCompleteRowsCommit: r(strings.Replace(sqlInboxCompleteRows, "{tail}", finishRowsTailCommit, 1)),
 		inboxLockKeys:           r(sqlInboxLockKeys), inboxRefreshKeys: r(sqlInboxRefreshKeys), inboxGroups: r(sqlInboxGroups),

@@ -118,6 +118,11 @@ func TestDriverSuiteDatabaseSQL(t *testing.T) {
 	})
 }
 
+func TestActivitySuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{New: func(t *testing.T) ferrydriver.ActivityRecorder { return newDriver(t, nil) }})
+}
+
 func TestInboxSuitePgx(t *testing.T) {
 	t.Parallel()
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[pgx.Tx] { return newDriver(t, nil) })

@@ -60,6 +60,11 @@ func TestInboxSuite(t *testing.T) {
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return newDriver(t) })
 }
 
+func TestActivitySuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{New: func(t *testing.T) ferrydriver.ActivityRecorder { return newDriver(t) }})
+}
+
 func TestTransactorSuite(t *testing.T) {
 	t.Parallel()
 	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[*sql.Tx] { return newDriver(t) })

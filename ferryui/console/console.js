@@ -133,24 +133,61 @@ function sample(name, v) {
   return s;
 }
 
-function sparkline(values, label) {
+// sparkline draws values (the last of width points; the chart's left is
+// empty until there are width) as a line; title describes it.
+function sparkline(values, label, width = SAMPLES, title = `${label}: last ${values.length} samples, ${POLL_MS / 1000} s apart`) {
   const ns = 'http://www.w3.org/2000/svg';
   const svg = document.createElementNS(ns, 'svg');
   svg.setAttribute('class', 'spark');
-  svg.setAttribute('viewBox', `0 0 ${SAMPLES - 1} 40`);
+  svg.setAttribute('viewBox', `0 0 ${width - 1} 40`);
   svg.setAttribute('preserveAspectRatio', 'none');
   svg.setAttribute('role', 'img');
   svg.setAttribute('aria-label', label);
   const max = Math.max(1, ...values);
-  const off = SAMPLES - values.length;
+  const off = width - values.length;
   const pts = values.map((v, i) => `${off + i},${(38 - (v / max) * 36).toFixed(1)}`).join(' ');
   const line = document.createElementNS(ns, 'polyline');
-  line.setAttribute('points', values.length === 1 ? `${off},${pts.split(',')[1]} ${SAMPLES - 1},${pts.split(',')[1]}` : pts);
+  line.setAttribute('points', values.length === 1 ? `${off},${pts.split(',')[1]} ${width - 1},${pts.split(',')[1]}` : pts);
   svg.appendChild(line);
-  const title = document.createElementNS(ns, 'title');
-  title.textContent = `${label}: last ${values.length} samples, ${POLL_MS / 1000} s apart, max ${max.toLocaleString()}`;
-  svg.appendChild(title);
+  const t = document.createElementNS(ns, 'title');
+  t.textContent = `${title}, max ${Math.max(0, ...values).toLocaleString(undefined, { maximumFractionDigits: 1 })}`;
+  svg.appendChild(t);
   return svg;
+}
+
+// ---- series the relays and consumers record (api/v1/activity) ----
+
+const ACTIVITY_WINDOW = '15m';
+
+// activitySeries indexes activity's series by kind and name.
+function activitySeries(activity) {
+  const m = new Map();
+  for (const s of (activity && activity.series) || []) m.set(s.kind + ':' + s.name, s);
+  return m;
+}
+
+// rateSpark draws a series' events done per second over the window, a
+// step with no sample drawn as 0.
+function rateSpark(act, s, label) {
+  const steps = Math.max(2, Math.round((new Date(act.until) - new Date(act.since)) / 1000 / act.step_seconds));
+  const values = new Array(steps).fill(0);
+  for (const p of (s && s.points) || []) {
+    const i = Math.round((new Date(p.at) - new Date(act.since)) / 1000 / act.step_seconds) - 1;
+    if (i >= 0 && i < steps) values[i] = p.done_per_second;
+  }
+  return sparkline(values, label, steps, `${label}: the last ${ACTIVITY_WINDOW}, in steps of ${act.step_seconds} s`);
+}
+
+// activityFigures are a series' last step: events/s, and its latencies.
+function activityFigures(s, done, latency) {
+  const last = s && s.points.length ? s.points[s.points.length - 1] : null;
+  const fresh = last && (Date.now() - new Date(last.at)) < 60000;
+  const rate = (v) => (fresh ? v : 0).toLocaleString(undefined, { maximumFractionDigits: 1 });
+  const figs = [figure(rate(last ? last.done_per_second : 0), done + '/s')];
+  if (last && fresh && last.done > 0) figs.push(figure(fmtSeconds(last.latency_p99_seconds), latency + ' p99'));
+  if (last && fresh && last.handler_p99_seconds) figs.push(figure(fmtSeconds(last.handler_p99_seconds), 'handler p99'));
+  if (last && fresh && last.failed > 0) figs.push(figure(rate(last.failed_per_second), 'failed/s'));
+  return figs;
 }
 
 // ---- pages ----
@@ -158,7 +195,9 @@ function sparkline(values, label) {
 function figure(value, label) { return el('div', { class: 'figure' }, el('b', {}, value), el('span', {}, label)); }
 
 async function overview(main) {
-  const [feeds, groups, chains] = await Promise.all([get('feeds'), get('groups').catch((e) => ({ error: e.message })), get('chains').catch(() => ({ chains: [] }))]);
+  const [feeds, groups, chains, activity] = await Promise.all([get('feeds'), get('groups').catch((e) => ({ error: e.message })),
+    get('chains').catch(() => ({ chains: [] })), get('activity?since=' + ACTIVITY_WINDOW).catch(() => null)]);
+  const series = activitySeries(activity);
   const page = [el('h1', {}, 'Overview')];
   page.push(el('h2', {}, 'Relay feeds'));
   const otx = feeds.oldest_outbox_tx;
@@ -178,6 +217,12 @@ async function overview(main) {
         figure(f.checkpoint_at ? fmtSeconds(f.checkpoint_age_seconds) : 'never', 'since checkpoint'),
         figure(link('#/dead-letters?feed=' + encodeURIComponent(f.feed), fmtCount(f.dead_letters) + (f.dead_letters_more ? '+' : '')), 'dead letters')),
       sparkline(lag, 'events behind'),
+      el('div', { class: 'muted caption' }, 'events behind, since this page opened'),
+      activity && activity.recorded ? [
+        el('div', { class: 'figures activity' }, activityFigures(series.get('relay:' + f.feed), 'published', 'commit → publish')),
+        rateSpark(activity, series.get('relay:' + f.feed), 'events published per second'),
+        el('div', { class: 'muted caption' }, `published per second, the last ${ACTIVITY_WINDOW}`),
+      ] : null,
       el('div', { class: 'muted' }, f.lease_holder ? `leader ${f.lease_holder}, term ${f.lease_term}` : 'no lease yet', ' · ', link('#/parked', 'parked keys')));
   })));
   page.push(el('h2', {}, 'Consumer groups'));
@@ -196,7 +241,13 @@ async function overview(main) {
           figure(fmtCount(c.processing, groups.count_cap), 'processing'),
           figure(fmtCount(c.failed, groups.count_cap), 'retrying'),
           figure(link('#/groups/' + encodeURIComponent(g.group) + '?state=dead', fmtCount(c.dead, groups.count_cap)), 'dead')),
-        sparkline(backlog, 'backlog (pending, processing, retrying)'));
+        sparkline(backlog, 'backlog (pending, processing, retrying)'),
+        el('div', { class: 'muted caption' }, 'backlog, since this page opened'),
+        activity && activity.recorded ? [
+          el('div', { class: 'figures activity' }, activityFigures(series.get('consumer:' + g.group), 'applied', 'commit → applied')),
+          rateSpark(activity, series.get('consumer:' + g.group), 'events applied per second'),
+          el('div', { class: 'muted caption' }, `applied per second, the last ${ACTIVITY_WINDOW}`),
+        ] : null);
     })));
   }
   if (chains.chains.length) {

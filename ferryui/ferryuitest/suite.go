@@ -103,6 +103,65 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, http.StatusNotFound, resp.StatusCode)
 	})
 
+	t.Run("Activity", func(t *testing.T) {
+		rec, ok := any(store).(ferrydriver.ActivityRecorder)
+		irec, iok := any(inbox).(ferrydriver.ActivityRecorder)
+		var empty ferryui.ActivityJSON
+		c.get("/api/v1/activity", http.StatusOK, &empty)
+		if !ok || !iok {
+			t.Log("the backend keeps no activity (ferrydriver.ActivityRecorder): no series")
+			return
+		}
+		require.True(t, empty.Recorded)
+		at := time.Now().Add(-time.Minute).UTC()
+		// Two relay processes in one step, summed; a group's one.
+		require.NoError(t, rec.RecordActivity(ctx, &ferrydriver.RecordActivityParams{Samples: []*ferrydriver.ActivitySample{
+			{Kind: ferrydriver.ActivityRelay, Name: "default/0", Process: "r1", At: at, Interval: 10 * time.Second, Done: 100, Failed: 4,
+				LatencyP50: 10 * time.Millisecond, LatencyP99: 20 * time.Millisecond},
+			{Kind: ferrydriver.ActivityRelay, Name: "default/0", Process: "r2", At: at, Interval: 10 * time.Second, Done: 50, Dead: 1,
+				LatencyP50: 40 * time.Millisecond, LatencyP99: 90 * time.Millisecond},
+		}}))
+		require.NoError(t, irec.RecordActivity(ctx, &ferrydriver.RecordActivityParams{Samples: []*ferrydriver.ActivitySample{
+			{Kind: ferrydriver.ActivityConsumer, Name: Hostile, Process: "c1", At: at, Interval: 10 * time.Second, Done: 30, Failed: 2, Dead: 1,
+				LatencyP50: 5 * time.Millisecond, LatencyP99: 9 * time.Millisecond, HandlerP50: time.Millisecond, HandlerP99: 3 * time.Millisecond},
+		}}))
+		var got ferryui.ActivityJSON
+		c.get("/api/v1/activity?since=5m", http.StatusOK, &got)
+		require.Equal(t, 10.0, got.StepSeconds, "5 minutes in steps of 10 s")
+		require.Len(t, got.Series, 2)
+		relay, group := got.Series[0], got.Series[1]
+		require.Equal(t, [2]string{ferrydriver.ActivityRelay, "default/0"}, [2]string{relay.Kind, relay.Name})
+		require.Len(t, relay.Points, 1)
+		p := relay.Points[0]
+		require.Equal(t, []int64{150, 4, 1}, []int64{p.Done, p.Failed, p.Dead})
+		require.Equal(t, 2, p.Processes)
+		require.InDelta(t, 15.0, p.DonePerSecond, 1e-9)
+		require.InDelta(t, 0.4, p.FailedPerSecond, 1e-9)
+		require.InDelta(t, 0.020, p.LatencyP50, 1e-6, "the processes' medians weighted by what each did")
+		require.InDelta(t, 0.090, p.LatencyP99, 1e-6, "the largest p99")
+		require.Equal(t, int64(150), relay.Total.Done)
+		require.Equal(t, [2]string{ferrydriver.ActivityConsumer, Hostile}, [2]string{group.Kind, group.Name})
+		require.InDelta(t, 0.003, group.Points[0].HandlerP99, 1e-6)
+
+		var relays ferryui.ActivityJSON
+		c.get("/api/v1/activity?since=5m&kind=relay", http.StatusOK, &relays)
+		require.Len(t, relays.Series, 1)
+		var one ferryui.ActivityJSON
+		c.get("/api/v1/activity?since=5m&name="+url.QueryEscape(Hostile), http.StatusOK, &one)
+		require.Len(t, one.Series, 1)
+		var recent ferryui.ActivityJSON
+		c.get("/api/v1/activity?since=30s", http.StatusOK, &recent)
+		require.Empty(t, recent.Series, "the samples are a minute old")
+		var day ferryui.ActivityJSON
+		c.get("/api/v1/activity?since=24h", http.StatusOK, &day)
+		require.Equal(t, 480.0, day.StepSeconds, "a day in at most 180 steps")
+		for _, bad := range []string{"since=yesterday", "since=48h", "kind=sink", "since=" + url.QueryEscape(time.Now().Add(time.Hour).Format(time.RFC3339))} {
+			var e struct{ Error string }
+			c.get("/api/v1/activity?"+bad, http.StatusBadRequest, &e)
+			require.NotEmpty(t, e.Error, bad)
+		}
+	})
+
 	t.Run("Feeds", func(t *testing.T) {
 		var out struct{ Feeds []ferryui.FeedJSON }
 		c.get("/api/v1/feeds", http.StatusOK, &out)

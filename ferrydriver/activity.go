@@ -1,0 +1,79 @@
+package ferrydriver
+
+import (
+	"context"
+	"time"
+)
+
+// ActivityRecorder is implemented by stores that keep what relays and
+// consumers did over time, for the console (ferryui): every running relay
+// and consumer records a sample of each interval it ran (how many events
+// it published or applied, how long they took), and the console reads them
+// back as series. Samples cost one write per component and process every
+// interval, whatever the throughput.
+type ActivityRecorder interface {
+	// RecordActivity stores samples, and removes samples older than
+	// p.Retention (a bounded number per call).
+	RecordActivity(ctx context.Context, p *RecordActivityParams) error
+	// ListActivity returns the samples recorded at p.Since or later,
+	// oldest first, at most p.Limit (0 or more than ActivityListCap:
+	// ActivityListCap).
+	ListActivity(ctx context.Context, p *ListActivityParams) ([]*ActivitySample, error)
+}
+
+// ActivityListCap bounds ListActivity: about an hour of 10-second samples
+// of 25 components and processes.
+const ActivityListCap = 10_000
+
+// Activity kinds: what recorded a sample.
+const (
+	// ActivityRelay is a relay's sample; its Name is the feed and
+	// partition ("default/0").
+	ActivityRelay = "relay"
+	// ActivityConsumer is a consumer's sample; its Name is the group.
+	ActivityConsumer = "consumer"
+)
+
+// ActivitySample is what one component (a relay of a feed partition, a
+// consumer of a group) in one process did in one interval, which ends at
+// At.
+type ActivitySample struct {
+	Kind    string
+	Name    string
+	Process string
+	At      time.Time
+	// Interval is the sample's length.
+	Interval time.Duration
+	// Done counts the events published (relay) or applied (consumer) in
+	// the interval.
+	Done int64
+	// Failed counts failed attempts (a publish to retry, a handler's
+	// error); Dead the events that went to the dead letters.
+	Failed, Dead int64
+	// LatencyP50 and LatencyP99 are, of the events done in the interval,
+	// the time from their creation (Event.CreatedAt, the producer's emit)
+	// to their publish acknowledgement (relay) or to the commit that
+	// applied them (consumer). Zero when none was done.
+	LatencyP50, LatencyP99 time.Duration
+	// HandlerP50 and HandlerP99 are a consumer's handler transactions'
+	// time per event, begin to commit. Zero for relays.
+	HandlerP50, HandlerP99 time.Duration
+}
+
+// RecordActivityParams are samples to store.
+type RecordActivityParams struct {
+	Samples []*ActivitySample
+	// Retention is how long samples are kept; 0: DefaultActivityRetention.
+	Retention time.Duration
+}
+
+// DefaultActivityRetention is how long samples are kept by default.
+const DefaultActivityRetention = 24 * time.Hour
+
+// ListActivityParams select samples.
+type ListActivityParams struct {
+	Since time.Time
+	// Kind and Name select exactly when set.
+	Kind, Name string
+	Limit      int
+}

@@ -1,0 +1,186 @@
+package ferryui
+
+import (
+	"context"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+)
+
+// ActivityJSON is GET /api/v1/activity: what the relays and consumer
+// groups did over a window, one series per component (a relay's feed
+// partition, a group), from the samples every running relay and consumer
+// records (ferrydriver.ActivityRecorder), its processes summed per step.
+type ActivityJSON struct {
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
+	// StepSeconds is the width of a point.
+	StepSeconds float64          `json:"step_seconds"`
+	Series      []ActivitySeries `json:"series"`
+	// Recorded says whether the backends keep activity at all (false: no
+	// series can come).
+	Recorded bool `json:"recorded"`
+}
+
+// ActivitySeries is one component's points, oldest first; a step with no
+// sample is absent (nothing of it ran, or it recorded nothing).
+type ActivitySeries struct {
+	Kind   string          `json:"kind"` // "relay" or "consumer"
+	Name   string          `json:"name"`
+	Points []ActivityPoint `json:"points"`
+	// Total sums the window's points.
+	Total ActivityPoint `json:"total"`
+}
+
+// ActivityPoint is one step of a series. Rates are per second of the
+// step; latencies, in seconds, are of the events done in it: p50 the
+// mean of the processes' medians weighted by what each did, p99 the
+// largest of their p99s.
+type ActivityPoint struct {
+	At              time.Time `json:"at"`
+	Done            int64     `json:"done"`
+	Failed          int64     `json:"failed"`
+	Dead            int64     `json:"dead"`
+	DonePerSecond   float64   `json:"done_per_second"`
+	FailedPerSecond float64   `json:"failed_per_second"`
+	LatencyP50      float64   `json:"latency_p50_seconds"`
+	LatencyP99      float64   `json:"latency_p99_seconds"`
+	HandlerP50      float64   `json:"handler_p50_seconds,omitempty"`
+	HandlerP99      float64   `json:"handler_p99_seconds,omitempty"`
+	Processes       int       `json:"processes"`
+}
+
+// maxPoints bounds a series: the step widens with the window.
+const maxPoints = 180
+
+// activity answers GET /api/v1/activity?since=15m[&kind=relay|consumer]
+// [&name=…]: since is a duration back from now (up to a day) or an
+// RFC 3339 time.
+func (h *Handler) activity(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	until := time.Now().UTC()
+	since := until.Add(-15 * time.Minute)
+	if v := q.Get("since"); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			since = until.Add(-d)
+		} else if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			since = t.UTC()
+		} else {
+			return badRequest("since=%q is neither a duration back from now (15m, 1h) nor an RFC 3339 time", v)
+		}
+	}
+	if until.Sub(since) > ferrydriver.DefaultActivityRetention {
+		return badRequest("since=%q reaches back more than %v, the samples' retention: ask for less", q.Get("since"), ferrydriver.DefaultActivityRetention)
+	}
+	if since.After(until) {
+		return badRequest("since=%q is in the future", q.Get("since"))
+	}
+	kind, name := q.Get("kind"), q.Get("name")
+	if kind != "" && kind != ferrydriver.ActivityRelay && kind != ferrydriver.ActivityConsumer {
+		return badRequest("kind=%q: use relay or consumer", kind)
+	}
+	step := max(10*time.Second, until.Sub(since)/maxPoints).Round(time.Second)
+	out := ActivityJSON{Since: since, Until: until, StepSeconds: step.Seconds(), Series: []ActivitySeries{}}
+	var samples []*ferrydriver.ActivitySample
+	// Relays record in the outbox's store, consumers in the inbox's (the
+	// same database, often: then once).
+	sources := []struct {
+		rec  any
+		kind string
+	}{{h.cfg.Store, ferrydriver.ActivityRelay}, {h.cfg.Inbox, ferrydriver.ActivityConsumer}}
+	for _, s := range sources {
+		rec, ok := s.rec.(ferrydriver.ActivityRecorder)
+		if !ok || (kind != "" && kind != s.kind) {
+			continue
+		}
+		out.Recorded = true
+		got, err := listActivity(r.Context(), rec, since, s.kind, name)
+		if err != nil {
+			return err
+		}
+		samples = append(samples, got...)
+	}
+	out.Series = series(samples, since, step)
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// listActivity reads a kind's samples since, up to the cap.
+func listActivity(ctx context.Context, rec ferrydriver.ActivityRecorder, since time.Time, kind, name string) ([]*ferrydriver.ActivitySample, error) {
+	return rec.ListActivity(ctx, &ferrydriver.ListActivityParams{Since: since, Kind: kind, Name: name, Limit: ferrydriver.ActivityListCap})
+}
+
+// series sums samples into steps of one series per (kind, name).
+func series(samples []*ferrydriver.ActivitySample, since time.Time, step time.Duration) []ActivitySeries {
+	type id struct{ kind, name string }
+	type acc struct {
+		point     ActivityPoint
+		weighted  float64 // p50s × done, for the weighted mean
+		hWeighted float64
+		procs     map[string]bool
+	}
+	steps := map[id]map[int64]*acc{}
+	for _, s := range samples {
+		k := id{s.Kind, s.Name}
+		if steps[k] == nil {
+			steps[k] = map[int64]*acc{}
+		}
+		n := int64(s.At.Sub(since) / step)
+		a := steps[k][n]
+		if a == nil {
+			a = &acc{point: ActivityPoint{At: since.Add(time.Duration(n+1) * step)}, procs: map[string]bool{}}
+			steps[k][n] = a
+		}
+		p := &a.point
+		p.Done, p.Failed, p.Dead = p.Done+s.Done, p.Failed+s.Failed, p.Dead+s.Dead
+		p.LatencyP99 = max(p.LatencyP99, s.LatencyP99.Seconds())
+		p.HandlerP99 = max(p.HandlerP99, s.HandlerP99.Seconds())
+		a.weighted += s.LatencyP50.Seconds() * float64(s.Done)
+		a.hWeighted += s.HandlerP50.Seconds() * float64(s.Done)
+		a.procs[s.Process] = true
+	}
+	out := make([]ActivitySeries, 0, len(steps))
+	for k, byStep := range steps {
+		ser := ActivitySeries{Kind: k.kind, Name: k.name, Points: make([]ActivityPoint, 0, len(byStep))}
+		var weighted, hWeighted float64
+		procs := map[string]bool{}
+		for _, a := range byStep {
+			p := a.point
+			p.Processes = len(a.procs)
+			p.DonePerSecond = float64(p.Done) / step.Seconds()
+			p.FailedPerSecond = float64(p.Failed) / step.Seconds()
+			if p.Done > 0 {
+				p.LatencyP50, p.HandlerP50 = a.weighted/float64(p.Done), a.hWeighted/float64(p.Done)
+			}
+			ser.Points = append(ser.Points, p)
+			t := &ser.Total
+			t.Done, t.Failed, t.Dead = t.Done+p.Done, t.Failed+p.Failed, t.Dead+p.Dead
+			t.LatencyP99, t.HandlerP99 = max(t.LatencyP99, p.LatencyP99), max(t.HandlerP99, p.HandlerP99)
+			weighted, hWeighted = weighted+a.weighted, hWeighted+a.hWeighted
+			for pr := range a.procs {
+				procs[pr] = true
+			}
+		}
+		sort.Slice(ser.Points, func(i, j int) bool { return ser.Points[i].At.Before(ser.Points[j].At) })
+		if len(ser.Points) > 0 {
+			t := &ser.Total
+			t.At = ser.Points[len(ser.Points)-1].At
+			window := ser.Points[len(ser.Points)-1].At.Sub(since).Seconds()
+			t.DonePerSecond, t.FailedPerSecond = float64(t.Done)/window, float64(t.Failed)/window
+			if t.Done > 0 {
+				t.LatencyP50, t.HandlerP50 = weighted/float64(t.Done), hWeighted/float64(t.Done)
+			}
+			t.Processes = len(procs)
+		}
+		out = append(out, ser)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Kind != out[j].Kind {
+			return out[i].Kind > out[j].Kind // relays first
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
