@@ -222,6 +222,41 @@ type ListInboxParams struct {
 	Since, Until time.Time
 	// Limit caps the result; 0 means 100.
 	Limit int
+	// After, when set, lists the rows that come after it in the list's
+	// order (finish time, then receipt time, newest first, then event ID):
+	// the next page. Only for finished states (DEAD, PROCESSED, DISCARDED,
+	// RETRACTED), which have a finish time.
+	After *InboxCursor
+}
+
+// InboxCursor is where a page of ListInbox ended: its last row's finish
+// and receipt times and event ID (InboxCursorOf).
+type InboxCursor struct {
+	FinishedAt, ReceivedAt time.Time
+	EventID                uuid.UUID
+}
+
+// InboxCursorOf is the cursor after row.
+func InboxCursorOf(row *InboxRow) *InboxCursor {
+	return &InboxCursor{FinishedAt: row.FinishedAt, ReceivedAt: row.ReceivedAt, EventID: row.Event.ID}
+}
+
+// ErrCursorNeedsFinishedStates is ListInbox's refusal of After with an
+// unfinished state.
+var ErrCursorNeedsFinishedStates = errors.New("a page after a cursor lists finished states only (dead, processed, discarded, retracted)")
+
+// CheckInboxCursor returns ErrCursorNeedsFinishedStates when p has a
+// cursor and a state that is not finished (no states means DEAD).
+func CheckInboxCursor(p *ListInboxParams) error {
+	if p.After == nil {
+		return nil
+	}
+	for _, s := range p.States {
+		if !s.Finished() {
+			return fmt.Errorf("ferrydriver: list inbox of group %s: state %s: %w", p.Group, s, ErrCursorNeedsFinishedStates)
+		}
+	}
+	return nil
 }
 
 // InboxPolicyParams set a group's dead policy.

@@ -16,8 +16,9 @@
 // another origin cannot send without the browser asking first), and, when
 // the request says where it comes from (Origin), the same host. A
 // read-only handler refuses every action. Every call reads O(page) rows:
-// lists are capped (MaxPage), and relay dead letters page by a cursor (a
-// list's "next", passed back as after=).
+// lists are capped (MaxPage), and relay dead letters and a group's finished
+// events (dead, processed, discarded, retracted) page by a cursor (a list's
+// "next", passed back as after=).
 package ferryui
 
 import (
@@ -666,8 +667,16 @@ func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	rows, err := in.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: r.PathValue("group"), States: states, Key: f.Key, Type: f.Type,
-		Since: f.Since, Until: f.Until, Limit: f.Limit})
+	after, err := parseInboxCursor(r.URL.Query().Get("after"))
+	if err != nil {
+		return err
+	}
+	list := &ferrydriver.ListInboxParams{Group: r.PathValue("group"), States: states, Key: f.Key, Type: f.Type,
+		Since: f.Since, Until: f.Until, Limit: f.Limit, After: after}
+	if ferrydriver.CheckInboxCursor(list) != nil {
+		return badRequest("after= pages lists of finished events only (state=dead, processed, discarded, retracted): ask for one of those")
+	}
+	rows, err := in.ListInbox(r.Context(), list)
 	if err != nil {
 		return err
 	}
@@ -675,8 +684,31 @@ func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
 	for i, row := range rows {
 		items[i] = inboxRowJSON(row)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"events": items})
+	page := map[string]any{"events": items}
+	if last := len(rows) - 1; len(rows) == f.Limit && ferrydriver.CheckInboxCursor(&ferrydriver.ListInboxParams{States: states, After: &ferrydriver.InboxCursor{}}) == nil {
+		c := ferrydriver.InboxCursorOf(rows[last])
+		page["next"] = c.FinishedAt.UTC().Format(time.RFC3339Nano) + "," + c.ReceivedAt.UTC().Format(time.RFC3339Nano) + "," + c.EventID.String()
+	}
+	writeJSON(w, http.StatusOK, page)
 	return nil
+}
+
+// parseInboxCursor reads a group's list's "next": where its next page
+// starts.
+func parseInboxCursor(v string) (*ferrydriver.InboxCursor, error) {
+	if v == "" {
+		return nil, nil
+	}
+	parts := strings.Split(v, ",")
+	if len(parts) == 3 {
+		fin, ferr := time.Parse(time.RFC3339Nano, parts[0])
+		rec, rerr := time.Parse(time.RFC3339Nano, parts[1])
+		id, ierr := uuid.Parse(parts[2])
+		if ferr == nil && rerr == nil && ierr == nil {
+			return &ferrydriver.InboxCursor{FinishedAt: fin, ReceivedAt: rec, EventID: id}, nil
+		}
+	}
+	return nil, badRequest("after=%q is not a place in the list: pass the \"next\" of the page before, as it is", v)
 }
 
 func (h *Handler) groupAction(redrive bool) func(w http.ResponseWriter, r *http.Request) error {

@@ -39,6 +39,7 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("ConcurrentWorkersKeepKeyOrder", func(t *testing.T) { t.Parallel(); testInboxConcurrent(t, newDriver(t)) })
 	t.Run("DeadLettersListRedriveDiscard", func(t *testing.T) { t.Parallel(); testInboxDeadLetters(t, newDriver(t)) })
 	t.Run("RetentionOfProcessed", func(t *testing.T) { t.Parallel(); testInboxRetention(t, newDriver(t)) })
+	t.Run("DeadRowsPageByCursor", func(t *testing.T) { t.Parallel(); testInboxPages(t, newDriver(t)) })
 	t.Run("AwaitSettled", func(t *testing.T) { t.Parallel(); testAwaitSettled(t, newDriver(t)) })
 	t.Run("PolicyChangesAndContinueRedrive", func(t *testing.T) { t.Parallel(); testInboxPolicy(t, newDriver(t)) })
 	t.Run("Retract", func(t *testing.T) {
@@ -691,4 +692,45 @@ func testInboxPolicy[TTx any](t *testing.T, d InboxDriver[TTx]) {
 		got := claim(ctx, t, d, "w")
 		return len(got) == 1 && string(got[0].Event.Payload) == "later"
 	}, 5*time.Second, 50*time.Millisecond, "k is not stranded behind d2")
+}
+
+// testInboxPages: DEAD rows listed a page at a time, each page after the
+// last row of the one before (ListInboxParams.After), give every row once,
+// newest failure first; a cursor is refused for unfinished states.
+func testInboxPages[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 60*time.Second)
+	var evs []*ferryevent.Event
+	for i := range 75 {
+		evs = append(evs, Event("t", fmt.Sprintf("k%02d", i), strconv.Itoa(i)))
+	}
+	insert(ctx, t, d, evs...)
+	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "w", Limit: 100, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, rows, len(evs))
+	for _, r := range rows {
+		require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad", Dead: true}))
+	}
+	seen := map[uuid.UUID]bool{}
+	var last *ferrydriver.InboxRow
+	var after *ferrydriver.InboxCursor
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 10, "paging ends")
+		page, err := d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, Limit: 20, After: after})
+		require.NoError(t, err)
+		if len(page) == 0 {
+			break
+		}
+		for _, r := range page {
+			require.False(t, seen[r.Event.ID], "event %s listed twice", r.Event.ID)
+			seen[r.Event.ID] = true
+			if last != nil {
+				require.False(t, r.FinishedAt.After(last.FinishedAt), "newest failure first")
+			}
+			last = r
+		}
+		after = ferrydriver.InboxCursorOf(page[len(page)-1])
+	}
+	require.Len(t, seen, len(evs), "every dead row once")
+	_, err = d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxPending}, After: after})
+	require.ErrorIs(t, err, ferrydriver.ErrCursorNeedsFinishedStates)
 }

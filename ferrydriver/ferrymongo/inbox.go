@@ -575,11 +575,23 @@ func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) 
 		filter = append(filter, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}})
 	}
 	filter = timeRange(filter, "finished_at", p.Since, p.Until)
+	if err := ferrydriver.CheckInboxCursor(p); err != nil {
+		return nil, err
+	}
+	if c := p.After; c != nil {
+		// After (finished_at, received_at, event) in the order below.
+		fin, rec := c.FinishedAt.UTC(), c.ReceivedAt.UTC()
+		filter = append(filter, bson.E{Key: "$or", Value: bson.A{
+			bson.D{{Key: "finished_at", Value: bson.D{{Key: "$lt", Value: fin}}}},
+			bson.D{{Key: "finished_at", Value: fin}, {Key: "received_at", Value: bson.D{{Key: "$lt", Value: rec}}}},
+			bson.D{{Key: "finished_at", Value: fin}, {Key: "received_at", Value: rec}, {Key: "_id", Value: bson.D{{Key: "$lt", Value: rowID(p.Group, c.EventID)}}}},
+		}})
+	}
 	limit := int64(p.Limit)
 	if limit <= 0 {
 		limit = 100
 	}
-	cur, err := d.inbox().Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "finished_at", Value: -1}, {Key: "received_at", Value: -1}}).SetLimit(limit))
+	cur, err := d.inbox().Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "finished_at", Value: -1}, {Key: "received_at", Value: -1}, {Key: "_id", Value: -1}}).SetLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: list inbox of group %s: %w", p.Group, err)
 	}

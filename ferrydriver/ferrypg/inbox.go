@@ -603,8 +603,17 @@ func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxPar
 	if len(stored) == 0 {
 		stored = []string{"'processing'"} // stored by no row: the claims' part alone
 	}
+	if err := ferrydriver.CheckInboxCursor(p); err != nil {
+		return nil, err
+	}
+	var afterFinished, afterReceived *time.Time
+	afterID := uuid.Nil
+	if p.After != nil {
+		afterFinished, afterReceived, afterID = &p.After.FinishedAt, &p.After.ReceivedAt, p.After.EventID
+	}
 	q := strings.NewReplacer("{stored}", strings.Join(stored, ", "), "{processing}", processing).Replace(d.queries.inboxList)
-	r, err := d.db.query(ctx, q, p.Group, states, p.Key, p.Type, idStrings(p.EventIDs), nullTime(p.Since), nullTime(p.Until), limit)
+	r, err := d.db.query(ctx, q, p.Group, states, p.Key, p.Type, idStrings(p.EventIDs), nullTime(p.Since), nullTime(p.Until), limit,
+		afterFinished, afterReceived, afterID)
 	if err != nil {
 		return nil, d.wrapErr("list inbox of group "+p.Group, err)
 	}

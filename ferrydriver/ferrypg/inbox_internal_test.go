@@ -490,6 +490,11 @@ func TestConsolePagesAreFlat(t *testing.T) {
 	var deepAt time.Time
 	var deepID string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT failed_at, event_id::text FROM `+s+`.dead_letters ORDER BY failed_at DESC, event_id OFFSET $1 LIMIT 1`, n*3/4).Scan(&deepAt, &deepID))
+	var deepFin, deepRec time.Time
+	var deepEvent uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT finished_at, received_at, event_id FROM `+s+`.inbox WHERE group_name = 'g'
+		ORDER BY finished_at DESC, received_at DESC, event_id DESC OFFSET $1 LIMIT 1`, n*3/4).Scan(&deepFin, &deepRec, &deepEvent))
+	deadList := strings.NewReplacer("{stored}", "'dead'", "{processing}", "").Replace(drv.queries.inboxList)
 	for _, tc := range []struct {
 		what    string
 		q       string
@@ -504,7 +509,9 @@ func TestConsolePagesAreFlat(t *testing.T) {
 		{"a key's dead letters", drv.queries.listDeadLetters, false, []any{"", "k777", "", "", nil, nil, 50, []string{}, "infinity", uuid.Nil.String()}},
 		// Its generic plan sorts the group's DEAD rows (about 2,000 pages
 		// here): PostgreSQL keeps the custom plan, far cheaper, for it.
-		{"a page of a group's DEAD events", strings.NewReplacer("{stored}", "'dead'", "{processing}", "").Replace(drv.queries.inboxList), false, []any{"g", []string{"dead"}, "", "", []string{}, nil, nil, 50}},
+		{"a page of a group's DEAD events", deadList, false, []any{"g", []string{"dead"}, "", "", []string{}, nil, nil, 50, nil, nil, nil}},
+		// The console's next page: a range of inbox_dead_idx from the cursor.
+		{"a deep page of a group's DEAD events", deadList, false, []any{"g", []string{"dead"}, "", "", []string{}, nil, nil, 50, deepFin, deepRec, deepEvent}},
 	} {
 		custom := statementBuffers(t, pool, false, tc.q, tc.args...)
 		t.Logf("%s, of %d: %d buffers", tc.what, n, custom)

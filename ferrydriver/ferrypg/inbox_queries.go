@@ -488,7 +488,8 @@ const sqlInboxGroupKeys = `SELECT key FROM {schema}.inbox_keys WHERE group_name 
 // known ones: with them, a plan made for any parameters can use the
 // partial index of those states (inbox_dead_idx for DEAD, the console's
 // list), where "state = ANY ($2)" alone read the whole group under a
-// generic plan (TestConsolePagesAreFlat). {processing} adds the rows of
+// generic plan (TestConsolePagesAreFlat). A page after a cursor ($9..$11:
+// finished rows only) is a range of that index too. {processing} adds the rows of
 // the group's claims, found through its claimed keys (few, by nature),
 // when PROCESSING is asked for.
 const sqlInboxList = `
@@ -498,9 +499,10 @@ SELECT ` + inboxRowColumns + ` FROM (
        AND ($3 = '' OR i.key = $3) AND ($4 = '' OR i.type = $4)
        AND (cardinality($5::uuid[]) = 0 OR i.event_id = ANY ($5::uuid[]))
        AND ($6::timestamptz IS NULL OR i.finished_at >= $6) AND ($7::timestamptz IS NULL OR i.finished_at < $7)
+       AND ($9::timestamptz IS NULL OR (i.finished_at <= $9 AND (i.finished_at, i.received_at, i.event_id) < ($9, $10, $11::uuid)))
     {processing}) i` + inboxClaimed + `
  WHERE (CASE WHEN cl.claimed THEN 'processing' ELSE i.state END) = ANY ($2::text[])
- ORDER BY i.finished_at DESC NULLS FIRST, i.received_at DESC LIMIT $8`
+ ORDER BY i.finished_at DESC NULLS FIRST, i.received_at DESC, i.event_id DESC LIMIT $8`
 
 // inboxListProcessing is sqlInboxList's {processing}: the rows inside the
 // group's claims (claimed keys have rescue_at set: inbox_keys_rescue_idx).

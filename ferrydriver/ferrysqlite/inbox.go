@@ -453,7 +453,14 @@ func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) 
 		q += ` AND finished_at < ?`
 		args = append(args, micros(p.Until))
 	}
-	q += ` ORDER BY finished_at IS NOT NULL, finished_at DESC, received_at DESC LIMIT ?`
+	if err := ferrydriver.CheckInboxCursor(p); err != nil {
+		return nil, err
+	}
+	if c := p.After; c != nil {
+		q += ` AND finished_at <= ? AND (finished_at, received_at, event_id) < (?, ?, ?)`
+		args = append(args, micros(c.FinishedAt), micros(c.FinishedAt), micros(c.ReceivedAt), c.EventID.String())
+	}
+	q += ` ORDER BY finished_at IS NOT NULL, finished_at DESC, received_at DESC, event_id DESC LIMIT ?`
 	args = append(args, limit)
 	rows, err := d.r.QueryContext(ctx, q, args...)
 	if err != nil {

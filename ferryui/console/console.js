@@ -332,7 +332,7 @@ const STATES = ['dead', 'failed', 'pending', 'processing', 'processed', 'retract
 async function group(main, name, params) {
   const state = params.get('state') || 'dead';
   const q = new URLSearchParams({ state, limit: '500' });
-  if (params.get('key')) q.set('key', params.get('key'));
+  for (const k of ['key', 'after']) if (params.get(k)) q.set(k, params.get(k));
   const page = await get('groups/' + encodeURIComponent(name) + '/events?' + q);
   const base = '#/groups/' + encodeURIComponent(name);
   const out = [el('h1', {}, 'Group ', name)];
@@ -362,6 +362,12 @@ async function group(main, name, params) {
       el('tbody', {}, rows.map((r) => el('tr', { dataset: { id: r.event.id } },
         el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip' }, keyLink(r.event.key)), el('td', { class: 'num' }, r.event.seq), el('td', {}, r.event.type),
         el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', {}, fmtTime(r.finished_at)))))));
+  }
+  if (page.next) {
+    const n = new URLSearchParams(params);
+    n.set('state', state);
+    n.set('after', page.next);
+    out.push(el('p', {}, link(base + '?' + n, 'Next page →')));
   }
   main.replaceChildren(...out);
   return state === 'processing' || state === 'pending';

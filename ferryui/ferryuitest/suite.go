@@ -317,6 +317,31 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.get("/api/v1/groups/billing/events?state=pending,dead&key=c", http.StatusOK, &page)
 		require.Len(t, page.Events, 1)
 		require.Equal(t, pending.ID.String(), page.Events[0].Event.ID)
+
+		// DEAD events a page at a time: the first page's "next" gives the
+		// second, which holds the other.
+		var first struct {
+			Events []ferryui.InboxRowJSON
+			Next   string
+		}
+		c.get("/api/v1/groups/billing/events?limit=1", http.StatusOK, &first)
+		require.Len(t, first.Events, 1)
+		require.NotEmpty(t, first.Next)
+		var second struct {
+			Events []ferryui.InboxRowJSON
+			Next   string
+		}
+		c.get("/api/v1/groups/billing/events?limit=1&after="+url.QueryEscape(first.Next), http.StatusOK, &second)
+		require.Len(t, second.Events, 1)
+		require.NotEqual(t, first.Events[0].Event.ID, second.Events[0].Event.ID)
+		var third struct{ Events []ferryui.InboxRowJSON }
+		c.get("/api/v1/groups/billing/events?limit=1&after="+url.QueryEscape(second.Next), http.StatusOK, &third)
+		require.Empty(t, third.Events, "two DEAD events, two pages")
+		for _, bad := range []string{"after=yesterday", "state=pending&after=" + url.QueryEscape(first.Next)} {
+			var e struct{ Error string }
+			c.get("/api/v1/groups/billing/events?"+bad, http.StatusBadRequest, &e)
+			require.NotEmpty(t, e.Error, bad)
+		}
 	})
 
 	t.Run("GroupActions", func(t *testing.T) {
