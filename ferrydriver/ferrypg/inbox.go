@@ -128,21 +128,24 @@ func (d *Driver[TTx]) rescueInbox(ctx context.Context, p *ferrydriver.ClaimInbox
 			from, through, done, suspects int64
 		}
 		var keys []due
-		err := scanAll(func() (rows, error) { return e.query(ctx, d.queries.inboxRescueKeys, p.Group, p.Limit) }, func(r rows) error {
+		// Each statement goes through a pipeline, under its planner
+		// settings (see plannerSettings): a rescue's plans stay on the
+		// indexes whatever the statistics said.
+		err := e.pipeline(ctx, step{sql: d.queries.inboxRescueKeys, args: []any{p.Group, p.Limit}, scan: func(r rows) error {
 			var k due
 			if err := r.Scan(&k.key, &k.expired, &k.from, &k.through, &k.done, &k.suspects); err != nil {
 				return err
 			}
 			keys = append(keys, k)
 			return nil
-		})
+		}})
 		if err != nil {
 			return err
 		}
 		var refresh []string
 		for _, k := range keys {
 			if k.expired {
-				if _, err := e.exec(ctx, d.queries.inboxCharge, p.Group, k.key, k.from, k.through); err != nil {
+				if err := e.pipeline(ctx, step{sql: d.queries.inboxCharge, args: []any{p.Group, k.key, k.from, k.through}}); err != nil {
 					return err
 				}
 				k.suspects = max(k.suspects, k.through)
@@ -150,42 +153,48 @@ func (d *Driver[TTx]) rescueInbox(ctx context.Context, p *ferrydriver.ClaimInbox
 			var pos int64
 			var due bool
 			var head *ferrydriver.InboxRow
-			err := scanAll(func() (rows, error) { return e.query(ctx, d.queries.inboxHead, p.Group, k.key, k.done) }, func(r rows) error {
+			err := e.pipeline(ctx, step{sql: d.queries.inboxHead, args: []any{p.Group, k.key, k.done}, scan: func(r rows) error {
 				row, err := scanInboxRow(r, p.Group, &pos, &due)
 				head = row
 				return err
-			})
+			}})
 			if err != nil {
 				return err
 			}
-			switch {
-			case head != nil && pos <= k.suspects && head.State != ferrydriver.InboxDead && (head.State == ferrydriver.InboxPending || due) &&
-				p.MaxAttempts > 0 && head.Attempts >= p.MaxAttempts:
-				// Spent: DEAD, and the key goes on (or holds) by its policy.
-				if err := queryRow(ctx, e, []any{&head.State, &head.Attempts, &head.LastError, &head.FinishedAt}, d.queries.inboxKill,
-					p.Group, head.Event.ID, ferrydriver.ReasonAttemptsExhausted); err != nil {
+			spent := head != nil && pos <= k.suspects && head.State != ferrydriver.InboxDead && (head.State == ferrydriver.InboxPending || due) &&
+				p.MaxAttempts > 0 && head.Attempts >= p.MaxAttempts
+			if spent {
+				// Spent: DEAD, and the key goes on (or holds) by its
+				// policy; unless another transaction holds the row (see
+				// sqlInboxKill): the key is recomputed, and a later rescue
+				// finds the row as that transaction left it.
+				killed := false
+				err := e.pipeline(ctx, step{sql: d.queries.inboxKill, args: []any{p.Group, head.Event.ID, ferrydriver.ReasonAttemptsExhausted}, scan: func(r rows) error {
+					killed = true
+					return r.Scan(&head.State, &head.Attempts, &head.LastError, &head.FinishedAt)
+				}})
+				if err != nil {
 					return err
 				}
-				dead = append(dead, head)
-				if _, err := e.exec(ctx, d.queries.inboxUnclaim, p.Group, k.key, k.suspects); err != nil {
-					return err
+				if killed {
+					dead = append(dead, head)
 				}
-				refresh = append(refresh, k.key)
-			case head != nil && pos <= k.suspects && (head.State == ferrydriver.InboxPending || (head.State == ferrydriver.InboxFailed && due)):
-				if _, err := e.exec(ctx, d.queries.inboxClaimOne, p.Group, k.key, pos, token, p.Worker, p.TTL.Milliseconds(), k.suspects); err != nil {
+			}
+			if !spent && head != nil && pos <= k.suspects && (head.State == ferrydriver.InboxPending || (head.State == ferrydriver.InboxFailed && due)) {
+				if err := e.pipeline(ctx, step{sql: d.queries.inboxClaimOne, args: []any{p.Group, k.key, pos, token, p.Worker, p.TTL.Milliseconds(), k.suspects}}); err != nil {
 					return err
 				}
 				head.State, head.Attempts, head.Claim = ferrydriver.InboxProcessing, head.Attempts+1, token
 				out = append(out, head)
-			default:
-				// Nothing of the expired claim is left to run now (or the
-				// head waits for its retry, or is held): the key is
-				// recomputed, through rescues while it is suspect.
-				if _, err := e.exec(ctx, d.queries.inboxUnclaim, p.Group, k.key, k.suspects); err != nil {
-					return err
-				}
-				refresh = append(refresh, k.key)
+				continue
 			}
+			// The head went DEAD, or nothing of the expired claim is left
+			// to run now (or the head waits for its retry, or is held): the
+			// key is recomputed, through rescues while it is suspect.
+			if err := e.pipeline(ctx, step{sql: d.queries.inboxUnclaim, args: []any{p.Group, k.key, k.suspects}}); err != nil {
+				return err
+			}
+			refresh = append(refresh, k.key)
 		}
 		if len(refresh) > 0 {
 			return d.refreshKeys(ctx, e, p.Group, refresh)
@@ -222,7 +231,7 @@ func (d *Driver[TTx]) inTx(ctx context.Context, op func(e executor) error) error
 // RescueDue implements ferrydriver.Inbox.
 func (d *Driver[TTx]) RescueDue(ctx context.Context, group string) (bool, error) {
 	var due bool
-	if err := queryRow(ctx, d.db, []any{&due}, d.queries.inboxRescueDue, group); err != nil {
+	if err := d.db.pipeline(ctx, step{sql: d.queries.inboxRescueDue, args: []any{group}, scan: func(r rows) error { return r.Scan(&due) }}); err != nil {
 		return false, d.wrapErr("look for expired claims in group "+group, err)
 	}
 	return due, nil
@@ -764,12 +773,15 @@ func (d *Driver[TTx]) inboxStates(ctx context.Context, e executor, group string,
 	return out, nil
 }
 
+// lastReadTimeout bounds AwaitSettled's read at its deadline.
+const lastReadTimeout = 2 * time.Second
+
 // AwaitSettled implements ferrydriver.Settler. It subscribes to the
 // driver's settlement hub (one LISTEN connection shared by all callers),
 // registers a waiter row (finishing one of the events then notifies), reads
 // the events' states once (FOR SHARE, so that a finisher that missed the
 // waiter has committed by then), and then only waits: one notification per
-// finished event, no polling.
+// finished event, no polling, and one last read at the deadline.
 func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
 	if !d.canWait {
 		return nil, errors.New("ferrypg: AwaitSettled needs LISTEN/NOTIFY: use a pgx pool or database/sql with the pgx driver")
@@ -822,7 +834,20 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-timer.C:
-			return states, nil // the deadline: what is left is pending
+			// The deadline: what is left is pending, as a last read finds
+			// it (a notification can be missed: a connection that dropped
+			// and came back between two reads).
+			last, cancel := context.WithTimeout(ctx, lastReadTimeout)
+			fresh, err := d.inboxStates(last, d.db, p.Group, p.EventIDs, false)
+			cancel()
+			if err == nil {
+				for id := range pending {
+					if row, ok := fresh[id]; ok {
+						states[id] = row
+					}
+				}
+			}
+			return states, nil
 		case <-sub.dirty:
 			// Notifications may have been missed: read again.
 			fresh, err := d.inboxStates(ctx, d.db, p.Group, p.EventIDs, false)

@@ -176,8 +176,29 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 		}))
 		require.NoError(t, drv.inTx(ctx, func(e executor) error { return drv.refreshKeys(ctx, e, "g", []string{"warm0"}) }))
 	}
+	// And a rescue's: a claim that expires, rescued, whose rescue's claim
+	// expires too and is found lost at its commit.
+	ev := ferrydrivertest.Event("t", "warm-rescue", "T")
+	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
+	require.NoError(t, err)
+	for _, rescue := range []bool{false, true} {
+		require.Eventually(t, func() bool {
+			rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Millisecond, MaxAttempts: 10, Rescue: rescue})
+			require.NoError(t, err)
+			return len(rows) == 1
+		}, 30*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { due, err := drv.RescueDue(ctx, "g"); return err == nil && due }, 30*time.Second, 5*time.Millisecond)
+	}
+	var lost *ferrydriver.ClaimsLostError
+	require.ErrorAs(t, drv.RunInTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: ev.ID, Claim: uuid.NewString()})
+	}), &lost)
 	hotInbox(t, pool, s, "g", 30_000)
 	token, ids := claimFor(t, drv, "g", 1, 32, 32) // the hot key, runnable first
+	tokens := make([]string, len(ids))
+	for i := range tokens {
+		tokens[i] = token
+	}
 
 	explain := func(what string, limit int, query string, args ...any) {
 		t.Helper()
@@ -198,13 +219,20 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 		t.Logf("%s planned on an empty inbox, run over 30,000 rows: %d buffers", what, buffers)
 		require.Less(t, buffers, limit, "the %s must touch O(rows) pages whatever the statistics were when it was planned:\n%s", what, textPlan(t, tx, name, args))
 	}
-	// Bounds: a run of 32 rows claimed or finished (their rows, index
-	// entries and keys), one row completed, three keys recomputed.
+	// Bounds: a run of 32 rows claimed, finished or charged (their rows,
+	// index entries and keys), one row completed, three keys recomputed, a
+	// rescue's key and head; a scan of the hot key's 30,000 rows reads
+	// thousands.
 	explain("claim", 400, drv.queries.inboxClaim, claimArgs("g", 32, 32, 256)...)
 	explain("finish", 800, drv.queries.inboxFinishRows, finishArgs("g", token, ids)...)
 	explain("completion of one", 60, drv.queries.inboxCompleteOne, "g", ids[0], token, true)
 	explain("completion of a run", 800, drv.queries.inboxCompleteRows, "g", ids, token, false)
 	explain("key refresh", 60, drv.queries.inboxRefreshKeys, "g", []string{"hot", "k1", "k2"})
+	explain("rescue check", 60, drv.queries.inboxRescueDue, "g")
+	explain("rescue's keys", 60, drv.queries.inboxRescueKeys, "g", 1)
+	explain("rescue's charge", 800, drv.queries.inboxCharge, "g", "hot", 0, 32)
+	explain("rescue's head", 60, drv.queries.inboxHead, "g", "hot", 0)
+	explain("lost claims", 400, drv.queries.inboxLostClaims, "g", ids, tokens)
 }
 
 // explainArgs writes args as SQL literals, for EXECUTE (which takes no

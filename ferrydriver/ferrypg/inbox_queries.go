@@ -2,7 +2,7 @@ package ferrypg
 
 import "strings"
 
-// SQL of the consumer inbox (migrations 002, 007, 008 and 011). {schema} is
+// SQL of the consumer inbox (migrations 002, 007, 008, 011 and 013). {schema} is
 // replaced by the quoted schema name.
 //
 // The inbox keeps one row per (group, event), written twice: when it is
@@ -18,7 +18,11 @@ import "strings"
 // Lock order, everywhere: inbox rows first, then key rows in key order.
 // Ingestion inserts its rows and then upserts their keys (in key order); a
 // finish updates its rows and then locks its keys (in key order); a
-// retraction locks its rows (in event order) and then its keys.
+// retraction locks its rows (in event order) and then its keys. The
+// statements that start from a key (a claim whose row's attempts are
+// spent, a rescue) take the rows they change with SKIP LOCKED, never
+// waiting for one, and leave a row that another transaction holds for
+// later.
 
 // sqlInboxInsert records events once per (group, event ID) and makes the
 // keys that had nothing to do runnable. It raises each key's tail_pos
@@ -26,7 +30,9 @@ import "strings"
 // reads whether more rows came for it whatever its snapshot saw; a row
 // that landed at or below a key's done_pos (two deliveries of one key
 // racing) lowers done_pos to come before it, so that it is not passed
-// over. It updates the row of every key it inserted for, so that a finish
+// over, and one that landed inside a live claim's range (its position
+// taken before the claim's rows, its commit after the claim read them)
+// marks the claim (claim_dirty: see keyLowered). It updates the row of every key it inserted for, so that a finish
 // running under REPEATABLE READ or SERIALIZABLE (Config.InboxIsolation)
 // whose snapshot misses the new rows fails to update the key with a
 // serialization failure, and runs again, instead of marking the key idle
@@ -48,6 +54,7 @@ WITH input AS (
     ON CONFLICT (group_name, key) DO UPDATE
        SET tail_pos = greatest(k.tail_pos, excluded.tail_pos),
            done_pos = least(k.done_pos, excluded.done_pos),
+           claim_dirty = k.claim_dirty OR (k.claim_token IS NOT NULL AND excluded.done_pos < k.claim_through),
            runnable_at = CASE WHEN k.runnable_at IS NULL AND k.held_by IS NULL AND k.claim_token IS NULL AND k.rescue_at IS NULL
                               THEN now() ELSE k.runnable_at END
     RETURNING 1
@@ -125,10 +132,15 @@ WITH k AS (
       FROM (SELECT DISTINCT ON (r.key) r.* FROM r ORDER BY r.key, r.pos) h
      WHERE i.group_name = $1 AND i.event_id = ANY ((SELECT array_agg(r.event_id) FROM r)::uuid[]) AND i.ctid = h.tid AND i.event_id = h.event_id
        AND $6 > 0 AND h.attempts >= $6 AND (h.state = 'pending' OR (h.state = 'failed' AND h.next_attempt_at <= now()))
+       -- The key is locked already: a row another transaction holds (a
+       -- retraction, which waits for the key next) is left for later.
+       AND i.ctid = ANY (ARRAY(SELECT l.ctid FROM {schema}.inbox l
+                                WHERE l.group_name = $1 AND l.event_id = ANY ((SELECT array_agg(r.event_id) FROM r WHERE $6 > 0 AND r.attempts >= $6)::uuid[])
+                                  FOR UPDATE SKIP LOCKED))
     RETURNING i.*
 ), claimed AS (
     UPDATE {schema}.inbox_keys ik
-       SET claim_token = $5::uuid, claimed_by = $3, claim_from = ik.done_pos, claim_through = c.through,
+       SET claim_token = $5::uuid, claim_dirty = false, claimed_by = $3, claim_from = ik.done_pos, claim_through = c.through,
            claim_expires_at = now() + $4 * interval '1 millisecond', rescue_at = now() + $4 * interval '1 millisecond',
            runnable_at = NULL
       FROM (SELECT p.key, max(p.pos) AS through FROM p GROUP BY p.key) c
@@ -167,10 +179,17 @@ SELECT key, claim_token IS NOT NULL, COALESCE(claim_from, 0), COALESCE(claim_thr
 
 // sqlInboxCharge counts an attempt for every unfinished row of key $2 that
 // an expired claim covered (positions $3 to $4): its process crashed, or
-// its handler outlived the claim, while it ran them.
+// its handler outlived the claim, while it ran them. A rescue holds the
+// key's row already, so it must not wait for an inbox row (the lock order
+// is rows, then keys): a row locked by another transaction (a retraction,
+// a late finish of the expired claim, both of which wait for the key) is
+// left uncharged.
 const sqlInboxCharge = `
 UPDATE {schema}.inbox i SET attempts = attempts + 1
- WHERE i.key = $2 AND i.group_name = $1 AND i.pos > $3 AND i.pos <= $4 AND i.state IN ('pending', 'failed')`
+ WHERE i.event_id = ANY (ARRAY(
+       SELECT l.event_id FROM {schema}.inbox l
+        WHERE l.key = $2 AND l.group_name = $1 AND l.pos > $3 AND l.pos <= $4 AND l.state IN ('pending', 'failed')
+        ORDER BY l.pos FOR UPDATE SKIP LOCKED)) AND i.group_name = $1 AND i.key = $2`
 
 // sqlInboxHead reads key $2's first unfinished row above position $3.
 const sqlInboxHead = `
@@ -182,17 +201,20 @@ SELECT i.pos, i.next_attempt_at <= now(), ` + inboxRowColumns + `
 // sqlInboxClaimOne claims key $2's row at position $3 alone, for a rescue.
 const sqlInboxClaimOne = `
 UPDATE {schema}.inbox_keys
-   SET claim_token = $4::uuid, claimed_by = $5, claim_from = $3 - 1, claim_through = $3, done_pos = $3 - 1,
+   SET claim_token = $4::uuid, claim_dirty = false, claimed_by = $5, claim_from = $3 - 1, claim_through = $3, done_pos = $3 - 1,
        claim_expires_at = now() + $6 * interval '1 millisecond', rescue_at = now() + $6 * interval '1 millisecond',
        runnable_at = NULL, held_by = NULL, suspect_through = $7
  WHERE group_name = $1 AND key = $2`
 
-// sqlInboxKill makes the row $2 DEAD: its attempts are spent.
+// sqlInboxKill makes the row $2 DEAD: its attempts are spent. Like
+// sqlInboxCharge, it does not wait for a row another transaction locked:
+// it returns nothing then.
 const sqlInboxKill = `
 UPDATE {schema}.inbox i
    SET state = 'dead', finished_at = now(),
        last_error = $3 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
- WHERE i.group_name = $1 AND i.event_id = $2
+ WHERE i.group_name = $1 AND i.event_id = $2 AND i.ctid = ANY (ARRAY(
+       SELECT l.ctid FROM {schema}.inbox l WHERE l.group_name = $1 AND l.event_id = $2 FOR UPDATE SKIP LOCKED))
 RETURNING i.state, i.attempts, COALESCE(i.last_error, ''), COALESCE(i.finished_at, 'epoch')`
 
 // sqlInboxUnclaim ends key $2's claim (a rescue that claimed nothing, a
@@ -200,7 +222,7 @@ RETURNING i.state, i.attempts, COALESCE(i.last_error, ''), COALESCE(i.finished_a
 // key is then recomputed (sqlInboxRefreshKeys).
 const sqlInboxUnclaim = `
 UPDATE {schema}.inbox_keys
-   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL,
+   SET claim_token = NULL, claim_dirty = false, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL,
        rescue_at = NULL, suspect_through = greatest(suspect_through, $3)
  WHERE group_name = $1 AND key = $2`
 
@@ -221,8 +243,8 @@ SELECT EXISTS (SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND rescu
 // came for the key since it was claimed.
 //
 // A key whose claim holds (the token, unexpired) then moves: done_pos to
-// the last row of the finished run (unless a redrive or a racing delivery
-// lowered it since the claim: see sqlInboxRefreshKeys), and it is runnable
+// the last row of the finished run (unless the key's queue changed under
+// the claim: see keyLowered), and it is runnable
 // again at once if rows are left (unreported rows of the claim, or rows
 // after tail), at the stop's retry time, or never while a DEAD stop holds
 // it. A key whose rows are suspect (an expired claim covered them) goes on
@@ -266,18 +288,18 @@ WITH x AS MATERIALIZED (
      ORDER BY ik.key FOR UPDATE
 ), held AS (
     UPDATE {schema}.inbox_keys k
-       SET claim_token = CASE WHEN ` + finishKeeps + ` THEN k.claim_token END,
+       SET claim_token = CASE WHEN ` + finishKeeps + ` THEN k.claim_token END, claim_dirty = false,
            claimed_by = CASE WHEN ` + finishKeeps + ` THEN k.claimed_by END,
            claim_from = CASE WHEN ` + finishKeeps + ` THEN kx.passed END,
            claim_through = CASE WHEN ` + finishKeeps + ` THEN k.claim_through END,
            claim_expires_at = CASE WHEN ` + finishKeeps + ` THEN k.claim_expires_at END,
-           done_pos = CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END,
-           held_by = CASE WHEN k.done_pos >= k.claim_from AND kx.st_state = 'dead' THEN kx.st_id::uuid END,
+           done_pos = ` + finishDone("COALESCE(kx.passed, k.claim_from)") + `,
+           held_by = CASE WHEN NOT ` + keyLowered + ` AND kx.st_state = 'dead' THEN kx.st_id::uuid END,
            runnable_at = CASE WHEN ` + finishKeeps + ` THEN NULL
-                              WHEN k.suspect_through <= CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END
+                              WHEN k.suspect_through <= ` + finishDone("COALESCE(kx.passed, k.claim_from)") + `
                               THEN ` + finishNext + ` END,
            rescue_at = CASE WHEN ` + finishKeeps + ` THEN k.rescue_at
-                            WHEN k.suspect_through > CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE COALESCE(kx.passed, k.claim_from) END
+                            WHEN k.suspect_through > ` + finishDone("COALESCE(kx.passed, k.claim_from)") + `
                             THEN ` + finishNext + ` END
       FROM kx
      WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
@@ -315,18 +337,18 @@ WITH x AS MATERIALIZED (
     SELECT x.key, x.pos AS passed, x.pos AS reported, NULL::text AS st_state, NULL::timestamptz AS st_retry, NULL::text AS st_id FROM x
 ), held AS (
     UPDATE {schema}.inbox_keys k
-       SET claim_token = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_token END,
+       SET claim_token = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_token END, claim_dirty = false,
            claimed_by = CASE WHEN ` + finishKeepsOne + ` THEN k.claimed_by END,
            claim_from = CASE WHEN ` + finishKeepsOne + ` THEN kx.passed END,
            claim_through = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_through END,
            claim_expires_at = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_expires_at END,
-           done_pos = CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END,
+           done_pos = ` + finishDone("kx.passed") + `,
            held_by = NULL,
            runnable_at = CASE WHEN ` + finishKeepsOne + ` THEN NULL
-                              WHEN k.suspect_through <= CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END
+                              WHEN k.suspect_through <= ` + finishDone("kx.passed") + `
                               THEN ` + finishNext + ` END,
            rescue_at = CASE WHEN ` + finishKeepsOne + ` THEN k.rescue_at
-                            WHEN k.suspect_through > CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END
+                            WHEN k.suspect_through > ` + finishDone("kx.passed") + `
                             THEN ` + finishNext + ` END
       FROM kx
      WHERE k.group_name = $1 AND k.key = kx.key AND k.claim_token = $3::uuid AND k.claim_expires_at > clock_timestamp()
@@ -355,18 +377,18 @@ WITH x AS MATERIALIZED (
      ORDER BY ik.key FOR UPDATE
 ), held AS (
     UPDATE {schema}.inbox_keys k
-       SET claim_token = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_token END,
+       SET claim_token = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_token END, claim_dirty = false,
            claimed_by = CASE WHEN ` + finishKeepsOne + ` THEN k.claimed_by END,
            claim_from = CASE WHEN ` + finishKeepsOne + ` THEN kx.passed END,
            claim_through = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_through END,
            claim_expires_at = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_expires_at END,
-           done_pos = CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END,
+           done_pos = ` + finishDone("kx.passed") + `,
            held_by = NULL,
            runnable_at = CASE WHEN ` + finishKeepsOne + ` THEN NULL
-                              WHEN k.suspect_through <= CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END
+                              WHEN k.suspect_through <= ` + finishDone("kx.passed") + `
                               THEN ` + finishNext + ` END,
            rescue_at = CASE WHEN ` + finishKeepsOne + ` THEN k.rescue_at
-                            WHEN k.suspect_through > CASE WHEN k.done_pos < k.claim_from THEN k.done_pos ELSE kx.passed END
+                            WHEN k.suspect_through > ` + finishDone("kx.passed") + `
                             THEN ` + finishNext + ` END
       FROM kx
      WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
@@ -382,10 +404,30 @@ var finishKeepsOne = strings.Replace(finishKeeps, "$8", "$4", 1)
 
 // finishKeeps says whether a finish keeps its key's claim ($8, for the
 // claim's rows left: a run of the key's events, each finished in a
-// transaction of its own): every reported row finished, rows of the claim
-// are left, and nothing (a redrive, a racing delivery) lowered done_pos
-// since the claim. The claim then starts after the rows finished.
-const finishKeeps = `($8 AND kx.st_state IS NULL AND kx.passed < k.claim_through AND k.done_pos >= k.claim_from)`
+// transaction of its own): every reported row finished and rows of the
+// claim are left. The claim then starts after the rows finished; the
+// worker running the run's later rows holds them still, and no other
+// claims them meanwhile, even when the key's queue changed under the
+// claim (keyLowered: done_pos stays where it was, below the claim's new
+// start, and the run's last finish makes the key runnable from there).
+const finishKeeps = `($8 AND kx.st_state IS NULL AND kx.passed < k.claim_through)`
+
+// keyLowered says whether key k's queue changed under its claim since the
+// claim read it: a redrive or a delivery lowered done_pos below the claim's
+// start, or (claim_dirty, migration 013) a row committed inside the
+// claim's range, a redrive or discard there, or the group's dead policy
+// changed. A finish then cannot tell what the claim saw from what it did
+// not: it leaves done_pos where the claim began (finishDone), holds
+// nothing (the next claim applies the policy in force) and makes the key
+// runnable at once; the rows it finished are passed over by the next claim.
+const keyLowered = `(k.done_pos < k.claim_from OR k.claim_dirty)`
+
+// finishDone is where a finish moves key k's done_pos: past the rows that
+// finished (passed), or, when the queue changed under the claim
+// (keyLowered), no further than where the claim began.
+func finishDone(passed string) string {
+	return `CASE WHEN ` + keyLowered + ` THEN least(k.done_pos, k.claim_from) ELSE ` + passed + ` END`
+}
 
 // finishNext is when a key that a finish moved may run next (NULL: not
 // until something changes it): at once when a redrive or a racing
@@ -393,7 +435,7 @@ const finishKeeps = `($8 AND kx.st_state IS NULL AND kx.passed < k.claim_through
 // retry time, never while its DEAD row holds it, at once when rows of the
 // claim went unreported or rows came after it, never when it is idle.
 const finishNext = `CASE
-        WHEN k.done_pos < k.claim_from THEN now()
+        WHEN ` + keyLowered + ` THEN now()
         WHEN kx.st_state = 'failed' THEN kx.st_retry
         WHEN kx.st_state = 'dead' THEN NULL
         WHEN kx.reported < k.claim_through THEN now()
@@ -403,24 +445,35 @@ const finishNext = `CASE
 // sqlInboxLostClaims names, of rows a finish reported under their claims
 // ($2, $3), those whose key's claim does not hold (read after a finish
 // sent with its COMMIT rolled back for a lost claim).
+//
+// Each row is reached by its primary key (a LIMIT 1 subquery that names
+// no state, which no partial index serves) and its key by the key's: a
+// plan made on an empty inbox cannot scan the group's unfinished rows.
 const sqlInboxLostClaims = `
 SELECT r.event_id FROM unnest($2::uuid[], $3::uuid[]) r(event_id, claim)
  WHERE NOT EXISTS (
-       SELECT 1 FROM {schema}.inbox i JOIN {schema}.inbox_keys k ON k.group_name = i.group_name AND k.key = i.key
-        WHERE i.event_id = r.event_id AND i.group_name = $1
-          AND k.claim_token = r.claim AND k.claim_expires_at > clock_timestamp()
+       SELECT 1 FROM (SELECT i.key, i.pos, i.state FROM {schema}.inbox i WHERE i.event_id = r.event_id AND i.group_name = $1 LIMIT 1) i
+         JOIN {schema}.inbox_keys k ON k.group_name = $1 AND k.key = i.key
+        WHERE k.claim_token = r.claim AND k.claim_expires_at > clock_timestamp()
           AND i.pos > k.claim_from AND i.pos <= k.claim_through AND i.state IN ('pending', 'failed'))`
 
 // sqlInboxNotify tells the callers awaiting events ($2) that they finished
 // (in the states $3). It runs as its own statement after the rows changed
-// (and their keys were locked), so its snapshot sees every waiter
-// registered before: a waiter registered later reads the row FOR SHARE,
-// which waits for this commit.
+// (and their keys were locked), so under READ COMMITTED its snapshot sees
+// every waiter registered before: a waiter registered later reads the row
+// FOR SHARE, which waits for this commit. Under REPEATABLE READ or
+// SERIALIZABLE (Config.InboxIsolation, or a caller's own transaction) the
+// snapshot is the transaction's, which can predate a waiter that read the
+// row before it changed: every finished event is notified then, waiters
+// or not (what that costs: PostgreSQL orders the commits of transactions
+// that notify).
 const sqlInboxNotify = `
 SELECT count(*) FROM (
     SELECT pg_notify($4, e.id::text || ':' || e.state)
       FROM unnest($2::uuid[], $3::text[]) e(id, state)
-      JOIN {schema}.settle_waiters w ON w.group_name = $1 AND w.until > now() AND e.id = ANY (w.event_ids)) n`
+     WHERE current_setting('transaction_isolation') <> 'read committed'
+        OR EXISTS (SELECT 1 FROM {schema}.settle_waiters w
+                    WHERE w.group_name = $1 AND w.until > now() AND e.id = ANY (w.event_ids))) n`
 
 // sqlInboxLockKeys locks the keys $2 of group $1, in key order.
 const sqlInboxLockKeys = `
@@ -435,14 +488,16 @@ SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = ANY ($2::text[
 // is the key's first unfinished row from the start of its queue (the
 // partial index holds unfinished rows only): one that a redrive made
 // PENDING below done_pos is found. A claimed key keeps its claim, and only
-// has done_pos lowered below such a row (its finish then leaves done_pos
-// there and makes the key runnable). Any other key: done_pos just below
+// has done_pos lowered below such a row and the claim marked (claim_dirty:
+// its finish then leaves done_pos no further than where the claim began
+// and makes the key runnable, see keyLowered). Any other key: done_pos just below
 // the head (the tail when none); held by a DEAD head under Hold; runnable
 // when its head may run (through rescues while it is suspect); idle when
 // it has no head.
 var sqlInboxRefreshKeys = `
 UPDATE {schema}.inbox_keys k
    SET done_pos = CASE WHEN k.claim_token IS NOT NULL THEN least(k.done_pos, h.pos - 1) ELSE COALESCE(h.pos - 1, k.tail_pos) END,
+       claim_dirty = k.claim_token IS NOT NULL,
        held_by = CASE WHEN k.claim_token IS NOT NULL THEN k.held_by WHEN h.state = 'dead' THEN h.event_id END,
        runnable_at = CASE WHEN k.claim_token IS NOT NULL THEN k.runnable_at
                           WHEN h.pos IS NULL OR h.pos <= k.suspect_through THEN NULL ELSE ` + headNext + ` END,
@@ -594,11 +649,27 @@ WITH old AS (
 SELECT i.event_id::text, CASE WHEN cl.claimed THEN 'processing' ELSE i.state END, i.key, i.pos
   FROM (SELECT old.*, $1::text AS group_name FROM old) i` + inboxClaimed
 
-// sqlInboxRetractClaims ends the claims of keys $2 that cover a retracted
-// row at positions $3 (the worker running it finds its claim lost); the
-// caller then recomputes the keys.
+// sqlInboxRetractClaims cuts the claims of keys $2 that cover a retracted
+// row (at positions $3) short, to end just before the first such row: the
+// worker running it finds its claim lost there, and its rows before stay
+// its own (no other worker claims them while it may be running them). A
+// claim with nothing left to run (every row of it finished or retracted)
+// ends instead; one cut to nothing with rows after the cut (a batch may be
+// running them) stays the worker's until it expires. It runs after the
+// rows were retracted, in the same transaction; the caller then
+// recomputes the keys (which marks the claims left: keyLowered).
 const sqlInboxRetractClaims = `
 UPDATE {schema}.inbox_keys k
-   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL, rescue_at = NULL
-  FROM unnest($2::text[], $3::bigint[]) r(key, pos)
- WHERE k.group_name = $1 AND k.key = r.key AND k.claim_token IS NOT NULL AND r.pos > k.claim_from AND r.pos <= k.claim_through`
+   SET claim_through = CASE WHEN c.live THEN c.first - 1 END,
+       claim_token = CASE WHEN c.live THEN k.claim_token END, claimed_by = CASE WHEN c.live THEN k.claimed_by END,
+       claim_from = CASE WHEN c.live THEN k.claim_from END, claim_expires_at = CASE WHEN c.live THEN k.claim_expires_at END,
+       rescue_at = CASE WHEN c.live THEN k.rescue_at END
+  FROM (SELECT ck.key, min(r.pos) AS first, EXISTS (
+               SELECT 1 FROM {schema}.inbox i
+                WHERE i.key = ck.key AND i.group_name = $1 AND i.pos > min(ck.claim_from) AND i.pos <= min(ck.claim_through)
+                  AND i.state IN ('pending', 'failed')) AS live
+          FROM unnest($2::text[], $3::bigint[]) r(key, pos)
+          JOIN {schema}.inbox_keys ck ON ck.group_name = $1 AND ck.key = r.key
+         WHERE ck.claim_token IS NOT NULL AND r.pos > ck.claim_from AND r.pos <= ck.claim_through
+         GROUP BY ck.key) c
+ WHERE k.group_name = $1 AND k.key = c.key`

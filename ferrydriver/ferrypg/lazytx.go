@@ -265,14 +265,14 @@ func deferFinish(tx any, f *deferredFinish) bool {
 // caller acts on, and a claim may have moved since).
 func (d *Driver[TTx]) lostClaims(ctx context.Context, e executor, f *deferredFinish) []uuid.UUID {
 	var lost []uuid.UUID
-	err := scanAll(func() (rows, error) { return e.query(ctx, d.queries.inboxLostClaims, f.group, f.ids, f.claims) }, func(r rows) error {
+	err := e.pipeline(ctx, step{sql: d.queries.inboxLostClaims, args: []any{f.group, f.ids, f.claims}, scan: func(r rows) error {
 		var id uuid.UUID
 		if err := r.Scan(&id); err != nil {
 			return err
 		}
 		lost = append(lost, id)
 		return nil
-	})
+	}})
 	if err != nil || len(lost) == 0 {
 		// Unknown which: all of them (the caller runs none of them again;
 		// they are rescued if their claims still hold).

@@ -54,6 +54,18 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 			retracted = append(retracted, r.Event.ID)
 		}
 	}
+	// Every key the retraction touches is locked now, in key order, before
+	// the inserts below upsert some of them (one at a time, they would take
+	// keys out of order against an ingestion or a finish).
+	for _, ev := range append(slices.Clone(absent), compensations...) {
+		if _, ok := keys[ev.Key]; !ok {
+			keys[ev.Key] = nil
+		}
+	}
+	lock := slices.Sorted(maps.Keys(keys))
+	if _, err := e.exec(ctx, d.queries.inboxLockKeys, p.Group, lock); err != nil {
+		return nil, d.wrapErr("lock inbox keys", err)
+	}
 	// Events never received: recorded, then retracted like the others.
 	if len(absent) > 0 {
 		if err := d.insertInbox(ctx, e, p.Group, absent); err != nil {
@@ -71,14 +83,9 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 		if err := d.insertInbox(ctx, e, p.Group, compensations); err != nil {
 			return nil, err
 		}
-		for _, ev := range compensations {
-			if _, ok := keys[ev.Key]; !ok {
-				keys[ev.Key] = nil
-			}
-		}
 	}
-	// A claim that covers a retracted row ends: the worker running it
-	// finds its claim lost.
+	// A claim that covers a retracted row is cut short before it: the
+	// worker running it finds its claim lost there.
 	var claimKeys []string
 	var claimPos []int64
 	for key, positions := range keys {
@@ -86,12 +93,8 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 			claimKeys, claimPos = append(claimKeys, key), append(claimPos, pos)
 		}
 	}
-	lock := slices.Sorted(maps.Keys(keys))
-	if _, err := e.exec(ctx, d.queries.inboxLockKeys, p.Group, lock); err != nil {
-		return nil, d.wrapErr("lock inbox keys", err)
-	}
 	if _, err := e.exec(ctx, d.queries.inboxRetractClaims, p.Group, claimKeys, claimPos); err != nil {
-		return nil, d.wrapErr("end the claims of retracted rows", err)
+		return nil, d.wrapErr("cut the claims of retracted rows short", err)
 	}
 	if err := d.refreshKeys(ctx, e, p.Group, lock); err != nil {
 		return nil, err

@@ -1,0 +1,1 @@
+ALTER TABLE {schema}.inbox_keys DROP COLUMN claim_dirty;
