@@ -175,6 +175,9 @@ type Inbox[TTx any] interface {
 	// make a row DEAD or release a key (ClaimInbox, CompleteInboxTx,
 	// FailInbox, RedriveInbox, DiscardInbox, RetractInbox) reads it; a group
 	// with none stored holds (a DEAD row holds its key's later rows back).
+	// A claim made while the change is under way may run the rows it took
+	// under the old policy; what a key does after that claim finishes
+	// follows the new one.
 	SetInboxPolicy(ctx context.Context, p *InboxPolicyParams) error
 	// ListInbox lists inbox rows (dead letters, typically), newest first.
 	ListInbox(ctx context.Context, p *ListInboxParams) ([]*InboxRow, error)
