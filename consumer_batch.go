@@ -65,13 +65,19 @@ type batchOutcome struct {
 	retryAt   time.Time
 }
 
-// processBatch runs claimed events of different keys in one transaction,
-// each handler in a savepoint of its own, and records every outcome with
-// set-based statements before the commit: a failing handler is rolled back
-// to its savepoint and recorded as that event's failed attempt, and the
-// others' effects commit. When the transaction itself fails, the attempt
-// counts for the events whose handler call was running (all of them when
-// it failed at the end), and the others run again at once, uncounted.
+// processBatch runs claimed events of different keys in one transaction
+// and records every outcome with set-based statements before the commit:
+// a failing handler's effects are rolled back and recorded as that event's
+// failed attempt, and the others' effects commit.
+//
+// Under SavepointsOnFailure (the default) the batch first runs with no
+// savepoint. When a handler fails, that transaction is rolled back at
+// once and the batch runs again with a savepoint per handler: the failed
+// event is recorded with the error it just gave (its handler is not
+// called again, so a failure costs it one call and one attempt), the
+// handlers before it run again and commit, and the rest run once. For
+// savepointCooldown after a failure, the consumer's batches take
+// savepoints from the start. Under SavepointsAlways every batch does.
 func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, deadline time.Time) {
 	// A tenth of ClaimTTL earlier than one event's: what the batch gives
 	// back must be back before the claims end.
@@ -84,6 +90,50 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 			c.m.handlerSeconds.Observe(per)
 		}
 	}()
+	var first *firstFailure
+	if c.cfg.Savepoints == SavepointsOnFailure && time.Now().UnixNano() >= c.savepointsUntil.Load() {
+		if first = c.applyBatch(ctx, hctx, b, rows, start, nil); first == nil {
+			return
+		}
+		c.savepointsUntil.Store(time.Now().Add(c.savepointCooldown).UnixNano())
+		c.log.Debug("ferry: a handler failed in a batch run without savepoints; the batch runs again with them",
+			"event_id", rows[first.at].Event.ID, "events", len(rows), "err", first.err)
+	}
+	c.applyBatch(ctx, hctx, b, rows, start, &savepointRun{first: first})
+}
+
+// savepointCooldown is how long a consumer's batches take savepoints from
+// the start after a handler failed in one (SavepointsOnFailure): a failing
+// dependency then does not make every batch run twice.
+const savepointCooldown = 10 * time.Second
+
+// firstFailure rolls back a batch run without savepoints: the handler
+// call of rows[at] (a batch handler's call for several events starting
+// there, if batch) failed with err. It does not wrap err, so that a
+// transactor does not take it for a failure of its own to rerun.
+type firstFailure struct {
+	at    int
+	batch bool
+	err   error
+}
+
+func (f *firstFailure) Error() string {
+	return fmt.Sprintf("a handler failed in a batch run without savepoints (it runs again with them): %v", f.err)
+}
+
+// savepointRun is a batch run with a savepoint per handler call, after
+// first, the failure that ended a run without them (nil if none did).
+type savepointRun struct {
+	first *firstFailure
+}
+
+// applyBatch runs the batch in one transaction: with a savepoint per
+// handler call when sp is non-nil, and with none otherwise, where the
+// first failing handler rolls the whole transaction back and is returned
+// (nothing of the batch is recorded then: its claims stand for the run
+// with savepoints). Every other outcome is recorded here. Handlers run
+// under hctx; ctx is the worker's.
+func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, start time.Time, sp *savepointRun) *firstFailure {
 	out := make([]batchOutcome, len(rows))
 	var running []int // the events whose handler call runs; nil: none (the end)
 	var late []int    // the events left out: the batch ran out of time first, or an earlier event of their key did not finish
@@ -94,7 +144,20 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, 0, len(rows))}
 		// run runs one handler call in a savepoint; a non-nil stop means
 		// the transaction cannot go on.
-		run := func(fn func(ctx context.Context, tx TTx) error) (herr, stop error) {
+		run := func(at int, batch bool, fn func(ctx context.Context, tx TTx) error) (herr, stop error) {
+			if sp == nil {
+				herr = fn(ctx, tx)
+				switch {
+				case ctx.Err() != nil:
+					return nil, ctx.Err()
+				case herr != nil:
+					return nil, &firstFailure{at: at, batch: batch, err: herr}
+				}
+				return nil, nil
+			}
+			if f := sp.first; f != nil && f.at == at && f.batch == batch {
+				return f.err, nil // it failed in the run without savepoints, whose writes are gone
+			}
 			herr = b.Savepoint(ctx, tx, fn)
 			if errors.Is(herr, ferrydriver.ErrSavepoint) || ctx.Err() != nil {
 				if herr == nil {
@@ -150,7 +213,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 					for j, i := range u.rows {
 						evs[j] = &rows[i].Event
 					}
-					herr, stop := run(func(ctx context.Context, tx TTx) error { return c.callBatch(ctx, tx, u.batch, evs) })
+					herr, stop := run(u.rows[0], true, func(ctx context.Context, tx TTx) error { return c.callBatch(ctx, tx, u.batch, evs) })
 					if stop != nil {
 						return stop
 					}
@@ -164,7 +227,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 				for _, i := range u.rows {
 					running = []int{i}
 					handler, unhandled := c.handlerFor(&rows[i].Event)
-					herr, stop := run(func(ctx context.Context, tx TTx) error { return c.callHandler(ctx, tx, handler, &rows[i].Event) })
+					herr, stop := run(i, false, func(ctx context.Context, tx TTx) error { return c.callHandler(ctx, tx, handler, &rows[i].Event) })
 					if stop != nil {
 						return stop
 					}
@@ -206,7 +269,11 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 				c.recordOutcome(ctx, row, out[i], now, per)
 			}
 		}
-		return
+		return nil
+	}
+	var first *firstFailure
+	if sp == nil && errors.As(err, &first) {
+		return first
 	}
 	var lost *errBatchClaimLost
 	var atCommit *ferrydriver.ClaimsLostError
@@ -250,6 +317,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		// earlier one of its key that is given back counts its attempt).
 		c.giveBack(ctx, b, back, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error(), failed, err, start)
 	}
+	return nil
 }
 
 // recordOutcome counts and logs what became of an event of a committed

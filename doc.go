@@ -119,10 +119,14 @@ of the group follows.
 A worker claims a run of a key's next events at once (one claim on the
 key, not one per event). By default a transaction applies up to 32 claimed
 events (ConsumerConfig.BatchSize; 1 for one per transaction): runs of one
-or more keys, each key's in order, each handler in a savepoint of its own,
-so that a failing handler is rolled back alone and recorded as its event's
-failed attempt while the others commit; the key's later events in the
-batch then wait behind it. HandleBatch registers a handler that gets a
+or more keys, each key's in order, so that a failing handler is rolled
+back alone and recorded as its event's failed attempt while the others
+commit; the key's later events in the batch then wait behind it. A batch
+first runs with no savepoint, and when a handler fails it rolls back and
+runs again with a savepoint per handler, the failing event recorded with
+the error it gave and the handlers before it called again (see
+SavepointMode; SavepointsAlways takes a savepoint per handler from the
+start). HandleBatch registers a handler that gets a
 batch's events of its type in one call, one event per key per call (a
 batch runs in rounds: the first event of each key, then the second...),
 for multi-row statements; when the call fails it runs again for each

@@ -45,8 +45,8 @@ func projection(ctx context.Context, pool *pgxpool.Pool, schema, name string) (s
 	return t, err
 }
 
-func benchConsumer(drv ferrydriver.Inbox[pgx.Tx], group, table string, workers, batch int, multiRow bool, onCommit func(ev *ferry.Event)) (*ferry.Consumer[pgx.Tx], error) {
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group, Workers: workers, BatchSize: batch, PollInterval: 20 * time.Millisecond,
+func benchConsumer(drv ferrydriver.Inbox[pgx.Tx], group, table string, workers, batch int, multiRow bool, sp ferry.SavepointMode, onCommit func(ev *ferry.Event)) (*ferry.Consumer[pgx.Tx], error) {
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group, Workers: workers, BatchSize: batch, Savepoints: sp, PollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, err
@@ -114,13 +114,15 @@ func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *fer
 		case "ceiling":
 			r, err = benchCeiling(ctx, pool, drv.Schema(), n, keys, workers)
 		case "one":
-			r, err = benchConsumeMode(ctx, pool, drv, "consume, one event per transaction", "bench1", n, keys, workers, 1, false)
+			r, err = benchConsumeMode(ctx, pool, drv, "consume, one event per transaction", "bench1", n, keys, workers, 1, false, ferry.SavepointsOnFailure)
 		case "batch":
-			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of up to %d", batch), fmt.Sprintf("bench%d", batch), n, keys, workers, batch, false)
+			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of up to %d", batch), fmt.Sprintf("bench%d", batch), n, keys, workers, batch, false, ferry.SavepointsOnFailure)
+		case "batch-savepoints":
+			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of %d, SavepointsAlways", batch), fmt.Sprintf("bench%dsp", batch), n, keys, workers, batch, false, ferry.SavepointsAlways)
 		case "handlebatch":
-			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of %d, HandleBatch", batch), fmt.Sprintf("bench%dhb", batch), n, keys, workers, batch, true)
+			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of %d, HandleBatch", batch), fmt.Sprintf("bench%dhb", batch), n, keys, workers, batch, true, ferry.SavepointsOnFailure)
 		default:
-			return fmt.Errorf("--modes: %q is not one of ceiling, one, batch, handlebatch", mode)
+			return fmt.Errorf("--modes: %q is not one of ceiling, one, batch, batch-savepoints, handlebatch", mode)
 		}
 		if err != nil {
 			return err
@@ -177,13 +179,13 @@ func benchCeiling(ctx context.Context, pool *pgxpool.Pool, schema string, n, key
 
 // benchConsumeMode ingests n events for a fresh group, then runs a
 // consumer until the projection counts all of them.
-func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], name, group string, n, keys, workers, batch int, multiRow bool) (consumeResult, error) {
+func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], name, group string, n, keys, workers, batch int, multiRow bool, sp ferry.SavepointMode) (consumeResult, error) {
 	table, err := projection(ctx, pool, drv.Schema(), "projection_"+group)
 	if err != nil {
 		return consumeResult{}, err
 	}
 	timed := &timedInbox{Driver: drv}
-	c, err := benchConsumer(timed, group, table, workers, batch, multiRow, nil)
+	c, err := benchConsumer(timed, group, table, workers, batch, multiRow, sp, nil)
 	if err != nil {
 		return consumeResult{}, err
 	}
@@ -288,7 +290,7 @@ func benchSettle(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferr
 	}
 	var mu sync.Mutex
 	handled := map[uuid.UUID]time.Time{}
-	c, err := benchConsumer(drv, "bench", table, workers, 1, false, func(ev *ferry.Event) {
+	c, err := benchConsumer(drv, "bench", table, workers, 1, false, ferry.SavepointsOnFailure, func(ev *ferry.Event) {
 		mu.Lock()
 		handled[ev.ID] = time.Now() // just before the commit
 		mu.Unlock()

@@ -33,7 +33,8 @@ type ConsumerHarness[TTx any] struct {
 	// counts reads how many committed effects each event has.
 	Effects func(t *testing.T, drv InboxDriver[TTx]) (record func(ctx context.Context, tx TTx, ev *ferryevent.Event) error, counts func(ctx context.Context) (map[uuid.UUID]int, error))
 
-	batch int // ConsumerConfig.BatchSize of the run
+	batch      int                 // ConsumerConfig.BatchSize of the run
+	savepoints ferry.SavepointMode // ConsumerConfig.Savepoints of the run
 }
 
 // ExerciseConsumer runs a ferry.Consumer over the backend: its lifecycle
@@ -41,15 +42,20 @@ type ConsumerHarness[TTx any] struct {
 // errors returned, one Run at a time), an attempt that outlived its claim
 // meeting a later one, and events nobody handles.
 //
-// Every test runs twice: one event per transaction (BatchSize 1), and in
-// batches (BatchSize 32; a backend without ferrydriver.InboxBatcher runs
-// one per transaction then too).
+// Every test runs three times: one event per transaction (BatchSize 1),
+// and in batches (BatchSize 32; a backend without ferrydriver.InboxBatcher
+// runs one per transaction then too), with savepoints on failure (the
+// default) and always.
 func ExerciseConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
-	for _, batch := range []int{1, 32} {
-		t.Run(fmt.Sprintf("BatchSize%d", batch), func(t *testing.T) {
+	for _, mode := range []struct {
+		name       string
+		batch      int
+		savepoints ferry.SavepointMode
+	}{{"BatchSize1", 1, ferry.SavepointsOnFailure}, {"BatchSize32", 32, ferry.SavepointsOnFailure}, {"BatchSize32SavepointsAlways", 32, ferry.SavepointsAlways}} {
+		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			h := h
-			h.batch = batch
+			h.batch, h.savepoints = mode.batch, mode.savepoints
 			t.Run("StopLetsRunningHandlersFinish", func(t *testing.T) { t.Parallel(); testConsumerGracefulStop(t, h) })
 			t.Run("StopCancelsHandlersAfterTheGracePeriod", func(t *testing.T) { t.Parallel(); testConsumerCancelledStop(t, h) })
 			t.Run("RunReturnsWhatRetryingCannotFix", func(t *testing.T) { t.Parallel(); testConsumerFatal(t, h) })
@@ -103,6 +109,9 @@ func newConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx], d InboxDriver[TT
 	t.Helper()
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = h.batch
+	}
+	if cfg.Savepoints == ferry.SavepointsOnFailure {
+		cfg.Savepoints = h.savepoints
 	}
 	if cfg.Group == "" {
 		cfg.Group = group
@@ -401,19 +410,28 @@ func testConsumerExactlyOnce[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	for _, ev := range evs {
 		require.Equal(t, 1, got[ev.ID], "event %s applied once", ev.ID)
 	}
-	// A handler's view of order includes attempts that rolled back; the
-	// committed ones are the last of each Seq, and they must rise.
 	for k, seqs := range order {
-		var committed []int64
-		for _, s := range seqs {
-			if len(committed) > 0 && committed[len(committed)-1] == s {
-				continue
-			}
-			committed = append(committed, s)
-		}
+		committed := committedOrder(seqs)
 		require.True(t, slices.IsSorted(committed), "key %s ran out of order: %v", k, committed)
 		require.Len(t, committed, n/keys, "key %s", k)
 	}
+}
+
+// committedOrder is what handler calls of a key's events (their Seqs, in
+// call order) left once the calls that rolled back are taken out: a call
+// for an event that was called before means that its earlier call, and
+// every call after it, rolled back (an attempt that failed or lost its
+// claim, a batch run again with savepoints). Whether what is left was
+// applied once is for the effects to tell.
+func committedOrder(seqs []int64) []int64 {
+	var out []int64
+	for _, s := range seqs {
+		if i := slices.Index(out, s); i >= 0 {
+			out = out[:i]
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // testConsumerPoison: one poison event among 100 of different keys, run
@@ -643,7 +661,7 @@ func testConsumerRuns[TTx any](t *testing.T, h ConsumerHarness[TTx], batchHandle
 	defer mu.Unlock()
 	for k := range keys {
 		key := fmt.Sprintf("k%d", k)
-		got := order[key]
+		got := committedOrder(order[key])
 		for i := 1; i < len(got); i++ {
 			require.Less(t, got[i-1], got[i], "key %s applied out of order: %v", key, got)
 		}
