@@ -809,7 +809,9 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if out.DeadLetter == nil && len(out.Groups) == 0 {
-		return &apiError{http.StatusNotFound, "event " + id.String() + " is neither a relay dead letter nor in any consumer group's inbox"}
+		return &apiError{http.StatusNotFound, "event " + id.String() + " is neither a relay dead letter nor in any consumer group's inbox: " +
+			"an event still in the outbox (not yet published, or received by no group) is not looked up by ID; " +
+			"the feeds' lag says how far the relay is behind, and GET /api/v1/keys/{key} what holds its key"}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -241,6 +241,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	do("the timeline shows it processed", chromedp.Navigate(console+"#/events/"+id),
 		chromedp.WaitVisible(css(`#timeline li[data-group="billing"] .state.processed`)))
 	require.Contains(t, text(`#timeline`), "Committed to the outbox")
+	require.Regexp(t, `by .*\d\d:\d\d:\d\d\.\d{3}, its first delivery`, text(`#published`), "bounded by its first delivery's time")
 	require.Equal(t, hostilePayload, eval(`document.getElementById('payload').textContent`))
 	require.Contains(t, text(`#headers`), hostileHeader)
 	require.Equal(t, hostileKey, eval(`document.getElementById('event-key').textContent`))

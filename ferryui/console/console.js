@@ -408,7 +408,10 @@ async function eventPage(main, id) {
         el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/redrive', { ids: [t.id] }, 'Redrive') }, 'Redrive'),
         el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/discard', { ids: [t.id] }, 'Discard') }, 'Discard'))));
   } else if (t.groups.length) {
-    steps.push(el('li', { class: 'good' }, el('b', {}, 'Published by the relay'), ' ', el('span', { class: 'muted' }, 'before its first delivery')));
+    // The relay keeps no time per event (an index on the outbox to find
+    // one would cost every append): its first delivery bounds it.
+    const first = t.groups.map((g) => g.received_at).sort((a, b) => Date.parse(a) - Date.parse(b))[0];
+    steps.push(el('li', { class: 'good', id: 'published' }, el('b', {}, 'Published by the relay'), ' ', el('span', { class: 'muted' }, `by ${fmtTime(first)}, its first delivery`)));
   }
   for (const g of t.groups) {
     const done = g.state === 'processed' ? 'good' : (g.state === 'dead' || g.state === 'failed' ? 'bad' : '');
