@@ -104,13 +104,21 @@ func BenchmarkRelayDrain(b *testing.B) {
 // per transaction and in batches: b.N events over 500 keys.
 func BenchmarkConsume(b *testing.B) {
 	for _, sync := range []string{"NORMAL", "FULL"} {
-		for _, batch := range []int{1, 32} {
-			b.Run("synchronous="+sync+"/BatchSize="+strconv.Itoa(batch), func(b *testing.B) {
+		for _, m := range []struct {
+			batch int
+			sp    ferry.SavepointMode
+		}{{1, ferry.SavepointsOnFailure}, {32, ferry.SavepointsOnFailure}, {32, ferry.SavepointsAlways}} {
+			batch := m.batch
+			name := "synchronous=" + sync + "/BatchSize=" + strconv.Itoa(batch)
+			if m.sp == ferry.SavepointsAlways {
+				name += "/SavepointsAlways"
+			}
+			b.Run(name, func(b *testing.B) {
 				drv, _ := benchDriver(b, sync)
 				ctx := context.Background()
 				_, err := drv.DB().Exec(`CREATE TABLE projection (customer TEXT PRIMARY KEY, orders INTEGER NOT NULL, last_seq INTEGER NOT NULL)`)
 				require.NoError(b, err)
-				c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "bench", BatchSize: batch, PollInterval: 5 * time.Millisecond,
+				c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "bench", BatchSize: batch, Savepoints: m.sp, PollInterval: 5 * time.Millisecond,
 					Logger: slog.New(slog.DiscardHandler)})
 				require.NoError(b, err)
 				var applied atomic.Int64
