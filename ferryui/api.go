@@ -470,11 +470,16 @@ type ActionRequest struct {
 }
 
 // ActionResult says how many events an action selected and acted on.
+// An action by filter selects one page (the filter's limit, DefaultPage
+// if none): More says the page was full, so more events may match; the
+// same request again (a dry run to count, then the action) takes the next
+// page, since the events acted on no longer match.
 type ActionResult struct {
 	Selected int      `json:"selected"`
 	Done     int      `json:"done"`
 	IDs      []string `json:"ids"`
 	DryRun   bool     `json:"dry_run,omitempty"`
+	More     bool     `json:"more"`
 }
 
 func (a *ActionRequest) ids() ([]uuid.UUID, error) {
@@ -536,7 +541,8 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string,
 	if err := req.expected(len(selected)); err != nil {
 		return err
 	}
-	res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun}
+	res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun,
+		More: req.Filter != nil && len(selected) == req.Filter.Limit}
 	if !req.DryRun && len(selected) > 0 {
 		if res.Done, err = do(r.Context(), selected); err != nil {
 			return err

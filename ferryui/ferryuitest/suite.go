@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -289,6 +290,49 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.get("/api/v1/dead-letters/"+plain2.ID.String(), http.StatusNotFound, nil)
 		c.post("/api/v1/dead-letters/discard", `{}`, http.StatusBadRequest, nil)
 		c.post("/api/v1/dead-letters/discard", `{"ids":["x"],"surprise":1}`, http.StatusBadRequest, nil)
+	})
+
+	t.Run("ActionsByFilterGoPageByPage", func(t *testing.T) {
+		// Seven dead letters of topic "bulk" on their own feed, one with a
+		// payload of 256 KiB and a reason of 64 KiB: a filter's action takes
+		// a page at a time and says when more may match.
+		lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/1", Holder: "suite", TTL: time.Minute})
+		require.NoError(t, err)
+		var bulk []*ferrydriver.DeadLetter
+		for i := range 7 {
+			ev := ferrydrivertest.Event("bulk", fmt.Sprintf("bulk-%d", i), "x")
+			bulk = append(bulk, &ferrydriver.DeadLetter{Feed: "default/1", Event: *ev, Reason: "refused", FailedAt: time.Now().Add(time.Duration(i) * time.Millisecond)})
+		}
+		long := &bulk[0].Event
+		long.Payload = bytes.Repeat([]byte(Hostile), 256<<10/len(Hostile)+1)
+		bulk[0].Reason = strings.Repeat(Hostile, 64<<10/len(Hostile)+1)
+		require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "default/1", Holder: "suite", Term: lease.Term, DeadLetters: bulk}))
+		var dl ferryui.DeadLetterJSON
+		c.get("/api/v1/dead-letters/"+long.ID.String(), http.StatusOK, &dl)
+		require.NotNil(t, dl.Event.PayloadText)
+		require.True(t, string(long.Payload) == *dl.Event.PayloadText, "a long payload reads back whole (%d bytes of %d)", len(*dl.Event.PayloadText), len(long.Payload))
+		require.True(t, bulk[0].Reason == dl.Reason, "a long reason reads back whole (%d bytes of %d)", len(dl.Reason), len(bulk[0].Reason))
+
+		var res ferryui.ActionResult
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"bulk","limit":3},"dry_run":true}`, http.StatusOK, &res)
+		require.Equal(t, 3, res.Selected)
+		require.True(t, res.More, "a full page: more may match")
+		done := 0
+		for page := 0; ; page++ {
+			require.Less(t, page, 3, "three pages of 3 take 7")
+			c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"bulk","limit":3}}`, http.StatusOK, &res)
+			done += res.Done
+			if !res.More {
+				break
+			}
+		}
+		require.Equal(t, 7, done)
+		require.Equal(t, 1, res.Done, "the last page holds what was left")
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"bulk"},"dry_run":true}`, http.StatusOK, &res)
+		require.Zero(t, res.Selected)
+		require.False(t, res.More)
+		c.post("/api/v1/dead-letters/discard", `{"ids":["`+plain1.ID.String()+`"],"dry_run":true}`, http.StatusOK, &res)
+		require.False(t, res.More, "a selection by IDs is whole")
 	})
 
 	t.Run("GroupsAndTheirEvents", func(t *testing.T) {
