@@ -379,9 +379,17 @@ type FailInboxParams struct {
 
 // GroupLister is implemented by inboxes that can list their consumer
 // groups: every group whose dead policy is stored (each consumer stores
-// it when it starts), in name order, at most MaxListedGroups.
+// it when it starts), in name order, at most MaxListedGroups, with that
+// policy.
 type GroupLister interface {
-	InboxGroups(ctx context.Context) ([]string, error)
+	InboxGroups(ctx context.Context) ([]GroupPolicy, error)
+}
+
+// GroupPolicy is a consumer group and its stored dead policy.
+type GroupPolicy struct {
+	Group string
+	// HoldDead: a key's later events wait behind a DEAD one.
+	HoldDead bool
 }
 
 // MaxListedGroups bounds InboxGroups.

@@ -581,16 +581,22 @@ func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r 
 }
 
 // GroupJSON is a consumer group: its inbox rows by state (each counted to
-// ferrydriver.InboxCountCap).
+// ferrydriver.InboxCountCap) and its stored dead policy, "hold" (a key's
+// later events wait behind a DEAD one: each DEAD event holds its key) or
+// "continue"; "hold" too when none is stored (no consumer of the group
+// has started), as consumers then hold.
 type GroupJSON struct {
-	Group  string           `json:"group"`
-	Counts map[string]int64 `json:"counts"`
+	Group      string           `json:"group"`
+	Counts     map[string]int64 `json:"counts"`
+	DeadPolicy string           `json:"dead_policy"`
 }
 
-func (h *Handler) groupNames(ctx context.Context) ([]string, error) {
-	names := map[string]bool{}
+// groupPolicies lists the groups, each with its stored policy (true:
+// hold) when the inbox lists them, in name order.
+func (h *Handler) groupPolicies(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
+	hold := map[string]bool{}
 	for _, g := range h.cfg.Groups {
-		names[g] = true
+		hold[g] = true
 	}
 	if gl, ok := h.cfg.Inbox.(ferrydriver.GroupLister); ok {
 		listed, err := gl.InboxGroups(ctx)
@@ -598,15 +604,22 @@ func (h *Handler) groupNames(ctx context.Context) ([]string, error) {
 			return nil, err
 		}
 		for _, g := range listed {
-			names[g] = true
+			hold[g.Group] = g.HoldDead
 		}
 	}
-	out := make([]string, 0, len(names))
-	for g := range names {
-		out = append(out, g)
+	out := make([]ferrydriver.GroupPolicy, 0, len(hold))
+	for g, h := range hold {
+		out = append(out, ferrydriver.GroupPolicy{Group: g, HoldDead: h})
 	}
-	sort.Strings(out)
+	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
 	return out, nil
+}
+
+func policyName(hold bool) string {
+	if hold {
+		return "hold"
+	}
+	return "continue"
 }
 
 func (h *Handler) inbox() (Inbox, error) {
@@ -621,12 +634,13 @@ func (h *Handler) groups(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	names, err := h.groupNames(r.Context())
+	groups, err := h.groupPolicies(r.Context())
 	if err != nil {
 		return err
 	}
-	out := make([]GroupJSON, 0, len(names))
-	for _, g := range names {
+	out := make([]GroupJSON, 0, len(groups))
+	for _, gp := range groups {
+		g := gp.Group
 		counts, err := in.InboxCounts(r.Context(), g)
 		if err != nil {
 			return err
@@ -635,7 +649,7 @@ func (h *Handler) groups(w http.ResponseWriter, r *http.Request) error {
 		for st, n := range counts {
 			c[string(st)] = n
 		}
-		out = append(out, GroupJSON{Group: g, Counts: c})
+		out = append(out, GroupJSON{Group: g, Counts: c, DeadPolicy: policyName(gp.HoldDead)})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"groups": out, "count_cap": ferrydriver.InboxCountCap})
 	return nil
@@ -690,7 +704,17 @@ func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
 	for i, row := range rows {
 		items[i] = inboxRowJSON(row)
 	}
-	page := map[string]any{"events": items}
+	groups, err := h.groupPolicies(r.Context())
+	if err != nil {
+		return err
+	}
+	hold := true // no stored policy: consumers hold
+	for _, g := range groups {
+		if g.Group == list.Group {
+			hold = g.HoldDead
+		}
+	}
+	page := map[string]any{"events": items, "dead_policy": policyName(hold)}
 	if last := len(rows) - 1; len(rows) == f.Limit && ferrydriver.CheckInboxCursor(&ferrydriver.ListInboxParams{States: states, After: &ferrydriver.InboxCursor{}}) == nil {
 		c := ferrydriver.InboxCursorOf(rows[last])
 		page["next"] = c.FinishedAt.UTC().Format(time.RFC3339Nano) + "," + c.ReceivedAt.UTC().Format(time.RFC3339Nano) + "," + c.EventID.String()
@@ -800,11 +824,12 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 		out.DeadLetter = &dl
 	}
 	if h.cfg.Inbox != nil {
-		names, err := h.groupNames(r.Context())
+		groups, err := h.groupPolicies(r.Context())
 		if err != nil {
 			return err
 		}
-		for _, g := range names {
+		for _, gp := range groups {
+			g := gp.Group
 			rows, err := h.cfg.Inbox.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: g, States: ferrydriver.InboxStates, EventIDs: []uuid.UUID{id}, Limit: 1})
 			if err != nil {
 				return err
@@ -936,11 +961,12 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) error {
 		out.DeadLetters = append(out.DeadLetters, deadLetterJSON(dl))
 	}
 	if h.cfg.Inbox != nil {
-		names, err := h.groupNames(r.Context())
+		groups, err := h.groupPolicies(r.Context())
 		if err != nil {
 			return err
 		}
-		for _, g := range names {
+		for _, gp := range groups {
+			g := gp.Group
 			// What holds the key (a row running, retrying or dead: its head
 			// is one of them), then a page of what waits, newest first.
 			blocking, err := h.cfg.Inbox.ListInbox(r.Context(), &ferrydriver.ListInboxParams{Group: g, States: blockingStates, Key: key, Limit: f.Limit})

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
@@ -137,6 +138,17 @@ func TestChainRunAndStatus(t *testing.T) {
 	require.Equal(t, head, *c.Head)
 	require.EqualValues(t, 0, *c.LagBlocks)
 	require.True(t, c.Held, "chain run leads it")
+
+	// And on the console's overview, in a browser: the source's card.
+	bctx, bcancel := context.WithTimeout(browser(t), time.Minute)
+	defer bcancel()
+	card := `#chains [data-chain="chain/indexer"]`
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(console), chromedp.WaitVisible(chromedp.CSS(card))), "the overview shows the chain source's card")
+	shown, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(card)))
+	require.NoError(t, err)
+	for _, want := range []string{"chain/indexer", "led", fmt.Sprintf("%d\nlast block ingested", head), "0\nblocks behind the head", "latest\ntier"} {
+		require.Regexp(t, strings.ReplaceAll(want, "\n", `\s*`), shown, "the card: %q", shown)
+	}
 	cancel()
 	require.Equal(t, 0, <-done, "chain run exits cleanly on SIGTERM: %s", &stderr)
 

@@ -214,6 +214,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, "console.js", eval(`[...document.scripts].map(s => s.src.split('/').pop()).join(',')`), "the page runs its own script only")
 	require.Equal(t, "0", eval(injected), "no element came from the values")
 	require.Equal(t, "card declined for "+hostileKey, text(`section.reason .head .text`))
+	require.Equal(t, "hold", eval(`document.getElementById('policy').dataset.policy`), "the group's stored dead policy")
+	require.Equal(t, "true", eval(`String(document.querySelector('#policy button.active').disabled)`), "the policy in force is the pressed button")
 	shot("group-dead")
 
 	// Where its key stands: its dead head holds it in billing.

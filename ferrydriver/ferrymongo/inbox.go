@@ -650,27 +650,29 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 	return changed, nil
 }
 
-// InboxCounts implements ferrydriver.Inbox: each state counted up to the
-// cap, through the (g, state, finished_at) index.
 // InboxGroups implements ferrydriver.GroupLister.
-func (d *Driver) InboxGroups(ctx context.Context) ([]string, error) {
+func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
 	cur, err := d.inboxGroups().Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).
-		SetLimit(ferrydriver.MaxListedGroups).SetProjection(bson.D{{Key: "_id", Value: 1}}))
+		SetLimit(ferrydriver.MaxListedGroups).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "hold_dead", Value: 1}}))
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: list consumer groups: %w", err)
 	}
 	var docs []struct {
 		Group string `bson:"_id"`
+		Hold  bool   `bson:"hold_dead"`
 	}
 	if err := cur.All(ctx, &docs); err != nil {
 		return nil, fmt.Errorf("ferrymongo: list consumer groups: %w", err)
 	}
-	out := make([]string, len(docs))
+	out := make([]ferrydriver.GroupPolicy, len(docs))
 	for i, doc := range docs {
-		out[i] = doc.Group
+		out[i] = ferrydriver.GroupPolicy{Group: doc.Group, HoldDead: doc.Hold}
 	}
 	return out, nil
 }
+
+// InboxCounts implements ferrydriver.Inbox: each state counted up to the
+// cap, through the (g, state, finished_at) index.
 
 func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
 	out := map[ferrydriver.InboxState]int64{}

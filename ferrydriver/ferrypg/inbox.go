@@ -693,16 +693,16 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 }
 
 // InboxGroups implements ferrydriver.GroupLister.
-func (d *Driver[TTx]) InboxGroups(ctx context.Context) ([]string, error) {
+func (d *Driver[TTx]) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
 	r, err := d.db.query(ctx, d.queries.inboxGroups, ferrydriver.MaxListedGroups)
 	if err != nil {
 		return nil, d.wrapErr("list consumer groups", err)
 	}
 	defer r.Close()
-	var out []string
+	var out []ferrydriver.GroupPolicy
 	for r.Next() {
-		var g string
-		if err := r.Scan(&g); err != nil {
+		var g ferrydriver.GroupPolicy
+		if err := r.Scan(&g.Group, &g.HoldDead); err != nil {
 			return nil, d.wrapErr("list consumer groups", err)
 		}
 		out = append(out, g)

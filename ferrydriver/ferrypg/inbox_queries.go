@@ -533,7 +533,7 @@ up AS (
 )
 SELECT COALESCE((SELECT hold_dead FROM old) IS DISTINCT FROM $2, true)`
 
-const sqlInboxGroups = `SELECT group_name FROM {schema}.inbox_groups ORDER BY group_name LIMIT $1`
+const sqlInboxGroups = `SELECT group_name, hold_dead FROM {schema}.inbox_groups ORDER BY group_name LIMIT $1`
 
 const sqlInboxGroupKeys = `SELECT key FROM {schema}.inbox_keys WHERE group_name = $1 ORDER BY key`
 

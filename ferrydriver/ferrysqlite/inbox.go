@@ -539,16 +539,16 @@ var sqlInboxCounts = func() string {
 }()
 
 // InboxGroups implements ferrydriver.GroupLister.
-func (d *Driver) InboxGroups(ctx context.Context) ([]string, error) {
-	rows, err := d.r.QueryContext(ctx, `SELECT group_name FROM ferry_inbox_groups ORDER BY group_name LIMIT ?`, ferrydriver.MaxListedGroups)
+func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
+	rows, err := d.r.QueryContext(ctx, `SELECT group_name, hold_dead FROM ferry_inbox_groups ORDER BY group_name LIMIT ?`, ferrydriver.MaxListedGroups)
 	if err != nil {
 		return nil, d.wrapErr("list consumer groups", err)
 	}
 	defer rows.Close()
-	var out []string
+	var out []ferrydriver.GroupPolicy
 	for rows.Next() {
-		var g string
-		if err := rows.Scan(&g); err != nil {
+		var g ferrydriver.GroupPolicy
+		if err := rows.Scan(&g.Group, &g.HoldDead); err != nil {
 			return nil, d.wrapErr("list consumer groups", err)
 		}
 		out = append(out, g)

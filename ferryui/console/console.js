@@ -241,6 +241,9 @@ async function overview(main) {
           figure(fmtCount(c.processing, groups.count_cap), 'processing'),
           figure(fmtCount(c.failed, groups.count_cap), 'retrying'),
           figure(link('#/groups/' + encodeURIComponent(g.group) + '?state=dead', fmtCount(c.dead, groups.count_cap)), 'dead')),
+        el('div', { class: 'muted caption policy' }, g.dead_policy === 'hold'
+          ? `dead policy hold: ${c.dead ? fmtCount(c.dead, groups.count_cap) + ' dead event(s) hold their keys' : 'no key held'}`
+          : 'dead policy continue: no key is held'),
         sparkline(backlog, 'backlog (pending, processing, retrying)'),
         el('div', { class: 'muted caption' }, 'backlog, since this page opened'),
         activity && activity.recorded ? [
@@ -338,9 +341,11 @@ async function group(main, name, params) {
   const out = [el('h1', {}, 'Group ', name)];
   out.push(el('div', { class: 'tabs' }, STATES.map((s) => el('a', { href: base + '?state=' + s, class: s === state ? 'active' : '' }, s))));
   if (state === 'dead') {
-    const policy = el('div', { class: 'actions' }, el('span', { class: 'muted' }, 'Dead policy:'),
-      el('button', { onclick: () => setPolicy(name, true) }, 'Hold a dead event’s key'),
-      el('button', { onclick: () => setPolicy(name, false) }, 'Let its later events run'));
+    const hold = page.dead_policy === 'hold';
+    const policy = el('div', { class: 'actions', id: 'policy', dataset: { policy: page.dead_policy } }, el('span', { class: 'muted' }, 'Dead policy:'),
+      el('b', {}, hold ? 'hold (each dead event holds its key’s later events)' : 'continue (a dead event’s key goes on)'),
+      el('button', { class: hold ? 'active' : '', disabled: hold, onclick: () => setPolicy(name, true) }, 'Hold a dead event’s key'),
+      el('button', { class: hold ? '' : 'active', disabled: !hold, onclick: () => setPolicy(name, false) }, 'Let its later events run'));
     out.push(policy);
   }
   const rows = page.events;
@@ -377,6 +382,7 @@ async function setPolicy(name, hold) {
   try {
     await post('groups/' + encodeURIComponent(name) + '/policy', { hold_dead: hold });
     flash(hold ? `${name}: a dead event now holds its key’s later events.` : `${name}: a dead event’s key now goes on.`);
+    await route();
   } catch (e) {
     flash(e.message, true);
   }

@@ -349,10 +349,15 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.NotNil(t, billing, "the group that stored its policy is listed: %+v", out.Groups)
 		require.EqualValues(t, 2, billing.Counts["dead"])
 		require.EqualValues(t, 1, billing.Counts["pending"])
+		require.Equal(t, "hold", billing.DeadPolicy, "the stored policy")
 
-		var page struct{ Events []ferryui.InboxRowJSON }
+		var page struct {
+			Events     []ferryui.InboxRowJSON
+			DeadPolicy string `json:"dead_policy"`
+		}
 		body := c.get("/api/v1/groups/billing/events", http.StatusOK, &page)
 		require.Len(t, page.Events, 2, "DEAD by default")
+		require.Equal(t, "hold", page.DeadPolicy)
 		require.NotContains(t, body, "<script>")
 		for _, e := range page.Events {
 			require.Equal(t, "dead", e.State)
@@ -405,6 +410,13 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		var pol map[string]any
 		c.post("/api/v1/groups/billing/policy", `{"hold_dead":false}`, http.StatusOK, &pol)
 		require.Equal(t, false, pol["hold_dead"])
+		var groups struct{ Groups []ferryui.GroupJSON }
+		c.get("/api/v1/groups", http.StatusOK, &groups)
+		policies := map[string]string{}
+		for _, g := range groups.Groups {
+			policies[g.Group] = g.DeadPolicy
+		}
+		require.Equal(t, "continue", policies["billing"], "the new policy is what the groups list says")
 		c.post("/api/v1/groups/billing/policy", `{}`, http.StatusBadRequest, nil)
 	})
 
