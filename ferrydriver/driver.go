@@ -15,6 +15,9 @@ package ferrydriver
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferryevent"
@@ -513,4 +516,90 @@ type OpenTx struct {
 	Application string
 	// Now is the database clock when it was seen.
 	Now time.Time
+}
+
+// ReasonGrouper is implemented by backends that can group the newest
+// failures by their reason, reading a bounded number of rows whatever
+// the table holds: relay dead letters by Reason, and a consumer group's
+// DEAD inbox rows by LastError. The console shows them so, and acts on a
+// reason's events.
+type ReasonGrouper interface {
+	// DeadLetterReasons groups the newest p.Scan relay dead letters (of
+	// p.Feed when set) by reason.
+	DeadLetterReasons(ctx context.Context, p *ReasonsParams) (*Reasons, error)
+	// InboxDeadReasons groups the newest p.Scan DEAD rows of p.Group by
+	// their last error.
+	InboxDeadReasons(ctx context.Context, p *ReasonsParams) (*Reasons, error)
+}
+
+// ReasonsParams bound a grouping by reason.
+type ReasonsParams struct {
+	Feed  string // dead letters of one feed, when set
+	Group string // the consumer group (InboxDeadReasons)
+	// Scan is how many of the newest rows are read: 0 means
+	// DefaultReasonScan.
+	Scan int
+	// IDs is how many event IDs each reason keeps, newest first: 0 means
+	// none.
+	IDs int
+	// Limit caps the reasons returned (those with the most rows first);
+	// 0 means 100.
+	Limit int
+}
+
+// DefaultReasonScan is how many of the newest failures a grouping by
+// reason reads by default.
+const DefaultReasonScan = 10_000
+
+// Reasons is a grouping by reason of the newest failures.
+type Reasons struct {
+	// Scanned is how many rows were read: Scan when older ones exist
+	// that were not.
+	Scanned int
+	// Groups has the reasons with the most rows first (then the latest).
+	Groups []ReasonGroup
+}
+
+// ReasonGroup is the failures of one reason among those read.
+type ReasonGroup struct {
+	Reason   string
+	Count    int
+	Latest   time.Time
+	EventIDs []uuid.UUID // newest first, at most ReasonsParams.IDs
+}
+
+// SortReasons orders groups as Reasons does and cuts them to limit (0:
+// 100), for backends that group in memory.
+func SortReasons(groups []ReasonGroup, limit int) []ReasonGroup {
+	if limit <= 0 {
+		limit = 100
+	}
+	slices.SortFunc(groups, func(a, b ReasonGroup) int {
+		if a.Count != b.Count {
+			return b.Count - a.Count
+		}
+		if c := b.Latest.Compare(a.Latest); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Reason, b.Reason)
+	})
+	return groups[:min(len(groups), limit)]
+}
+
+// ParseIDList parses event IDs joined by commas ("" is none), as backends
+// that aggregate them in SQL return them.
+func ParseIDList(s string) ([]uuid.UUID, error) {
+	if s == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	out := make([]uuid.UUID, len(parts))
+	for i, p := range parts {
+		id, err := uuid.Parse(p)
+		if err != nil {
+			return nil, fmt.Errorf("event ID %q: %w", p, err)
+		}
+		out[i] = id
+	}
+	return out, nil
 }

@@ -18,7 +18,8 @@
 // read-only handler refuses every action. Every call reads O(page) rows:
 // lists are capped (MaxPage), and relay dead letters and a group's finished
 // events (dead, processed, discarded, retracted) page by a cursor (a list's
-// "next", passed back as after=).
+// "next", passed back as after=); a grouping by reason reads the newest
+// failures only (10,000 unless ?scan= says otherwise).
 package ferryui
 
 import (
@@ -105,11 +106,13 @@ func New(cfg *Config) (*Handler, error) {
 	h := &Handler{cfg: c, mux: http.NewServeMux(), log: c.Logger}
 	h.route("GET /api/v1/feeds", h.feeds)
 	h.route("GET /api/v1/dead-letters", h.deadLetters)
+	h.route("GET /api/v1/dead-letters/reasons", h.deadLetterReasons)
 	h.route("GET /api/v1/dead-letters/{id}", h.deadLetter)
 	h.action("POST /api/v1/dead-letters/redrive", h.deadLettersAction(true))
 	h.action("POST /api/v1/dead-letters/discard", h.deadLettersAction(false))
 	h.route("GET /api/v1/groups", h.groups)
 	h.route("GET /api/v1/groups/{group}/events", h.groupEvents)
+	h.route("GET /api/v1/groups/{group}/reasons", h.groupReasons)
 	h.action("POST /api/v1/groups/{group}/redrive", h.groupAction(true))
 	h.action("POST /api/v1/groups/{group}/discard", h.groupAction(false))
 	h.action("POST /api/v1/groups/{group}/policy", h.groupPolicy)
@@ -1024,4 +1027,62 @@ func (h *Handler) chains(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"chains": out})
 	return nil
+}
+
+// ReasonJSON is one reason among the newest failures: how many of those
+// read have it, the latest, and the newest event IDs (at most MaxPage),
+// which an action can take (IDs, a page at a time).
+type ReasonJSON struct {
+	Reason string    `json:"reason"`
+	Count  int       `json:"count"`
+	Latest time.Time `json:"latest"`
+	IDs    []string  `json:"ids"`
+}
+
+// ReasonsJSON groups the newest failures by reason: Scanned of them were
+// read, at most Scan (the rest, older, were not).
+type ReasonsJSON struct {
+	Reasons []ReasonJSON `json:"reasons"`
+	Scanned int          `json:"scanned"`
+	Scan    int          `json:"scan"`
+}
+
+// maxReasonScan bounds ?scan= of a grouping by reason.
+const maxReasonScan = 100_000
+
+func (h *Handler) reasons(w http.ResponseWriter, r *http.Request, group func(ferrydriver.ReasonGrouper, context.Context, *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error), backend any, p *ferrydriver.ReasonsParams) error {
+	rg, ok := backend.(ferrydriver.ReasonGrouper)
+	if !ok {
+		return &apiError{http.StatusNotImplemented, "this backend cannot group failures by reason: list them (dead-letters, groups/{group}/events) and group a page"}
+	}
+	p.Scan, p.IDs = ferrydriver.DefaultReasonScan, MaxPage
+	if v := r.URL.Query().Get("scan"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxReasonScan {
+			return badRequest("scan=%q is not a count of rows to read: use 1 to %d (default %d)", v, maxReasonScan, ferrydriver.DefaultReasonScan)
+		}
+		p.Scan = n
+	}
+	res, err := group(rg, r.Context(), p)
+	if err != nil {
+		return err
+	}
+	out := ReasonsJSON{Reasons: make([]ReasonJSON, len(res.Groups)), Scanned: res.Scanned, Scan: p.Scan}
+	for i, g := range res.Groups {
+		out.Reasons[i] = ReasonJSON{Reason: g.Reason, Count: g.Count, Latest: g.Latest, IDs: idStrings(g.EventIDs)}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (h *Handler) deadLetterReasons(w http.ResponseWriter, r *http.Request) error {
+	return h.reasons(w, r, ferrydriver.ReasonGrouper.DeadLetterReasons, h.cfg.Store, &ferrydriver.ReasonsParams{Feed: r.URL.Query().Get("feed")})
+}
+
+func (h *Handler) groupReasons(w http.ResponseWriter, r *http.Request) error {
+	in, err := h.inbox()
+	if err != nil {
+		return err
+	}
+	return h.reasons(w, r, ferrydriver.ReasonGrouper.InboxDeadReasons, in, &ferrydriver.ReasonsParams{Group: r.PathValue("group")})
 }

@@ -82,6 +82,8 @@ func BenchmarkPagesAtScale(b *testing.B) {
 		{"dead-letters/page-of-500", "/api/v1/dead-letters?limit=500"},
 		{"groups", "/api/v1/groups"},
 		{"group-dead-events", "/api/v1/groups/billing/events?state=dead&limit=500"},
+		{"dead-letters/reasons", "/api/v1/dead-letters/reasons"},
+		{"group-dead-reasons", "/api/v1/groups/billing/reasons"},
 		{"event-timeline", "/api/v1/events/" + deadID},
 		{"key", "/api/v1/keys/customer-42"},
 		{"parked", "/api/v1/parked"},

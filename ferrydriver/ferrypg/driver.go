@@ -443,6 +443,7 @@ type queries struct {
 	inboxFinishRowsCommit, inboxCompleteOneCommit, inboxLostClaims                              string
 	inboxCompleteRows, inboxCompleteRowsCommit                                                  string
 	activityInsert, activityList                                                                string
+	deadLetterReasons, inboxDeadReasons                                                         string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                 string
 	waiterAdd, waiterRemove, inboxCounts                                                        string
 	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                 string
@@ -472,6 +473,7 @@ func newQueries(schema string) queries {
 		inboxFinishRowsCommit:  r(strings.Replace(sqlInboxFinishRows, "{tail}", finishRowsTailCommit, 1)),
 		inboxCompleteOneCommit: r(strings.Replace(sqlInboxCompleteOne, "{tail}", completeOneTailCommit, 1)), inboxLostClaims: r(sqlInboxLostClaims),
 		activityInsert: r(sqlActivityInsert), activityList: r(sqlActivityList),
+		deadLetterReasons: r(sqlDeadLetterReasons), inboxDeadReasons: r(sqlInboxDeadReasons),
 		inboxCompleteRows:       r(strings.Replace(sqlInboxCompleteRows, "{tail}", finishTail, 1)),
 		inboxCompleteRowsCommit: r(strings.Replace(sqlInboxCompleteRows, "{tail}", finishRowsTailCommit, 1)),
 		inboxLockKeys:           r(sqlInboxLockKeys), inboxRefreshKeys: r(sqlInboxRefreshKeys), inboxGroups: r(sqlInboxGroups),

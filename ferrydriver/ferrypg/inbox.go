@@ -582,6 +582,31 @@ func scanInboxRow(r rows, group string, lead ...any) (*ferrydriver.InboxRow, err
 	return row, nil
 }
 
+// listQuery is sqlInboxList for these states. PROCESSING is not stored:
+// those rows are found through the claims, and the stored states are
+// named as literals (see sqlInboxList).
+func (d *Driver[TTx]) listQuery(states []string) (string, error) {
+	var stored []string
+	processing, claimed := "", inboxListUnclaimed
+	for _, st := range states {
+		switch {
+		case !ferrydriver.InboxState(st).Valid():
+			return "", fmt.Errorf("%q is not an inbox state", st)
+		case st == string(ferrydriver.InboxProcessing):
+			processing, claimed = d.queries.inboxListProcessing, inboxListClaimed
+		default:
+			if st == string(ferrydriver.InboxPending) || st == string(ferrydriver.InboxFailed) {
+				claimed = inboxListClaimed
+			}
+			stored = append(stored, "'"+st+"'")
+		}
+	}
+	if len(stored) == 0 {
+		stored = []string{"'processing'"} // stored by no row: the claims' part alone
+	}
+	return strings.NewReplacer("{stored}", strings.Join(stored, ", "), "{processing}", processing, "{claimed}", claimed).Replace(d.queries.inboxList), nil
+}
+
 // ListInbox implements ferrydriver.Inbox.
 func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
 	states := make([]string, len(p.States))
@@ -595,22 +620,9 @@ func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxPar
 	if limit <= 0 {
 		limit = 100
 	}
-	// PROCESSING is not stored: those rows are found through the claims,
-	// and the stored states named as literals (see sqlInboxList).
-	var stored []string
-	processing := ""
-	for _, st := range states {
-		switch {
-		case !ferrydriver.InboxState(st).Valid():
-			return nil, fmt.Errorf("ferrypg: list inbox of group %s: %q is not an inbox state", p.Group, st)
-		case st == string(ferrydriver.InboxProcessing):
-			processing = d.queries.inboxListProcessing
-		default:
-			stored = append(stored, "'"+st+"'")
-		}
-	}
-	if len(stored) == 0 {
-		stored = []string{"'processing'"} // stored by no row: the claims' part alone
+	q, err := d.listQuery(states)
+	if err != nil {
+		return nil, fmt.Errorf("ferrypg: list inbox of group %s: %w", p.Group, err)
 	}
 	if err := ferrydriver.CheckInboxCursor(p); err != nil {
 		return nil, err
@@ -620,8 +632,7 @@ func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxPar
 	if p.After != nil {
 		afterFinished, afterReceived, afterID = &p.After.FinishedAt, &p.After.ReceivedAt, p.After.EventID
 	}
-	q := strings.NewReplacer("{stored}", strings.Join(stored, ", "), "{processing}", processing).Replace(d.queries.inboxList)
-	r, err := d.db.query(ctx, q, p.Group, states, p.Key, p.Type, idStrings(p.EventIDs), nullTime(p.Since), nullTime(p.Until), limit,
+	r, err := d.db.queryCustom(ctx, q, p.Group, states, p.Key, p.Type, idStrings(p.EventIDs), nullTime(p.Since), nullTime(p.Until), limit,
 		afterFinished, afterReceived, afterID)
 	if err != nil {
 		return nil, d.wrapErr("list inbox of group "+p.Group, err)

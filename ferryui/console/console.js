@@ -283,11 +283,47 @@ function groupByReason(items, reason) {
   return [...m.entries()].sort((a, b) => b[1].length - a[1].length);
 }
 
-function reasonBlock(reason, rows, header, row, actions) {
-  const block = el('section', { class: 'reason' });
+// byReason groups a page's items by reason, in the server's grouping of
+// the newest failures when it has one (reasons: the API's answer, or
+// null): each group's count and the IDs its actions take are the
+// server's, its rows those of the page; reasons only the page has follow,
+// counted on the page.
+function byReason(items, reasonOf, reasons) {
+  const page = groupByReason(items, reasonOf);
+  if (!reasons) return page.map(([reason, rows]) => ({ reason, rows, count: rows.length, ids: rows.map((r) => r.event.id) }));
+  const rowsOf = new Map(page);
+  const out = reasons.reasons.map((r) => {
+    const reason = r.reason || '(no error text)';
+    const rows = rowsOf.get(reason) || [];
+    rowsOf.delete(reason);
+    return { reason, rows, count: r.count, ids: r.ids, server: true };
+  });
+  for (const [reason, rows] of rowsOf) out.push({ reason, rows, count: rows.length, ids: rows.map((r) => r.event.id) });
+  return out;
+}
+
+// reasons asks the API to group the newest failures by reason (path:
+// dead-letters/reasons or groups/{g}/reasons); null when it cannot.
+async function reasons(path) {
+  try {
+    return await get(path);
+  } catch (e) {
+    return null;
+  }
+}
+
+function reasonsNote(rs, what) {
+  if (!rs) return `${what} on this page, grouped by reason. An action shows its count before it runs.`;
+  const read = rs.scanned < rs.scan ? `all ${rs.scanned.toLocaleString()}` : `the newest ${rs.scanned.toLocaleString()}`;
+  return `Grouped by reason over ${read}; an action takes up to 500 of a reason at a time and shows its count before it runs.`;
+}
+
+function reasonBlock(g, header, row, actions) {
+  const block = el('section', { class: 'reason', dataset: { count: g.count } });
   append(block, [
-    el('div', { class: 'head' }, el('b', {}, rows.length.toLocaleString()), el('span', { class: 'text' }, reason), el('div', { class: 'actions' }, actions(block))),
-    el('table', {}, el('thead', {}, el('tr', {}, header.map((h) => el('th', {}, h)))), el('tbody', {}, rows.map(row))),
+    el('div', { class: 'head' }, el('b', {}, g.count.toLocaleString()), el('span', { class: 'text' }, g.reason), el('div', { class: 'actions' }, actions(block, g.ids))),
+    g.rows.length ? el('table', {}, el('thead', {}, el('tr', {}, header.map((h) => el('th', {}, h)))), el('tbody', {}, g.rows.map(row)))
+      : el('p', { class: 'muted' }, 'None of them on this page.'),
   ]);
   return block;
 }
@@ -296,7 +332,10 @@ async function deadLetters(main, params) {
   const q = new URLSearchParams();
   for (const k of ['feed', 'key', 'type', 'topic', 'after']) if (params.get(k)) q.set(k, params.get(k));
   q.set('limit', '500');
-  const page = await get('dead-letters?' + q);
+  const rq = new URLSearchParams();
+  if (params.get('feed')) rq.set('feed', params.get('feed'));
+  const filtered = ['key', 'type', 'topic', 'after'].some((k) => params.get(k));
+  const [page, rs] = await Promise.all([get('dead-letters?' + q), filtered ? null : reasons('dead-letters/reasons?' + rq)]);
   const items = page.dead_letters;
   const filter = {};
   for (const k of ['feed', 'key', 'type', 'topic']) if (params.get(k)) filter[k] = params.get(k);
@@ -305,17 +344,16 @@ async function deadLetters(main, params) {
   if (items.length === 0) {
     out.push(el('p', { class: 'muted', id: 'empty' }, 'No dead letters.'));
   } else {
-    out.push(el('p', { class: 'muted' }, `${items.length.toLocaleString()} on this page, grouped by reason. An action shows its count before it runs.`));
-    for (const [reason, rows] of groupByReason(items, (d) => d.reason)) {
-      const ids = rows.map((d) => d.event.id);
-      out.push(reasonBlock(reason, rows, ['Event', 'Feed', 'Topic', 'Key', 'Type', 'Failed at', ''], (d) => el('tr', { dataset: { id: d.event.id } },
+    out.push(el('p', { class: 'muted' }, reasonsNote(rs, `${items.length.toLocaleString()}`)));
+    for (const g of byReason(items, (d) => d.reason, rs)) {
+      out.push(reasonBlock(g, ['Event', 'Feed', 'Topic', 'Key', 'Type', 'Failed at', ''], (d) => el('tr', { dataset: { id: d.event.id } },
         el('td', {}, eventLink(d.event.id)), el('td', {}, d.feed), el('td', {}, d.event.topic),
         el('td', { class: 'clip' }, keyLink(d.event.key)),
         el('td', {}, d.event.type), el('td', {}, fmtTime(d.failed_at)),
         el('td', {}, el('div', { class: 'actions' },
           el('button', { onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/redrive', { ids: [d.event.id] }, 'Redrive') }, 'Redrive'),
           el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/discard', { ids: [d.event.id] }, 'Discard') }, 'Discard')))),
-      (block) => [
+      (block, ids) => [
         el('button', { class: 'primary', onclick: () => confirmAction(block, 'dead-letters/redrive', { ids }, 'Redrive') }, `Redrive ${ids.length}`),
         el('button', { class: 'danger', onclick: () => confirmAction(block, 'dead-letters/discard', { ids }, 'Discard') }, `Discard ${ids.length}`),
       ]));
@@ -336,7 +374,9 @@ async function group(main, name, params) {
   const state = params.get('state') || 'dead';
   const q = new URLSearchParams({ state, limit: '500' });
   for (const k of ['key', 'after']) if (params.get(k)) q.set(k, params.get(k));
-  const page = await get('groups/' + encodeURIComponent(name) + '/events?' + q);
+  const grouped = state === 'dead' && !params.get('key') && !params.get('after');
+  const [page, rs] = await Promise.all([get('groups/' + encodeURIComponent(name) + '/events?' + q),
+    grouped ? reasons('groups/' + encodeURIComponent(name) + '/reasons') : null]);
   const base = '#/groups/' + encodeURIComponent(name);
   const out = [el('h1', {}, 'Group ', name)];
   out.push(el('div', { class: 'tabs' }, STATES.map((s) => el('a', { href: base + '?state=' + s, class: s === state ? 'active' : '' }, s))));
@@ -352,12 +392,12 @@ async function group(main, name, params) {
   if (rows.length === 0) {
     out.push(el('p', { class: 'muted', id: 'empty' }, `No ${state} events.`));
   } else if (state === 'dead' || state === 'failed') {
-    for (const [reason, rs] of groupByReason(rows, (r) => r.last_error)) {
-      const ids = rs.map((r) => r.event.id);
-      out.push(reasonBlock(reason, rs, ['Event', 'Key', 'Type', 'Attempts', 'Received', state === 'dead' ? 'Dead since' : 'Next attempt'], (r) => el('tr', { dataset: { id: r.event.id } },
+    if (state === 'dead') out.push(el('p', { class: 'muted' }, reasonsNote(rs, `${rows.length.toLocaleString()}`)));
+    for (const g of byReason(rows, (r) => r.last_error, rs)) {
+      out.push(reasonBlock(g, ['Event', 'Key', 'Type', 'Attempts', 'Received', state === 'dead' ? 'Dead since' : 'Next attempt'], (r) => el('tr', { dataset: { id: r.event.id } },
         el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip' }, keyLink(r.event.key)), el('td', {}, r.event.type),
         el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', {}, fmtTime(state === 'dead' ? r.finished_at : r.next_attempt_at))),
-      (block) => state !== 'dead' ? [] : [
+      (block, ids) => state !== 'dead' ? [] : [
         el('button', { class: 'primary', onclick: () => confirmAction(block, 'groups/' + encodeURIComponent(name) + '/redrive', { ids }, 'Redrive') }, `Redrive ${ids.length}`),
         el('button', { class: 'danger', onclick: () => confirmAction(block, 'groups/' + encodeURIComponent(name) + '/discard', { ids }, 'Discard') }, `Discard ${ids.length}`),
       ]));

@@ -335,6 +335,79 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.False(t, res.More, "a selection by IDs is whole")
 	})
 
+	t.Run("FailuresGroupByReason", func(t *testing.T) {
+		// Feed default/2: three dead letters of one reason, two of a
+		// hostile one, the newest last.
+		lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/2", Holder: "suite", TTL: time.Minute})
+		require.NoError(t, err)
+		// One relay batch shares its failure time: one batch each, apart.
+		var dls []*ferrydriver.DeadLetter
+		for i, reason := range []string{"too large", "too large", Hostile, "too large", Hostile} {
+			ev := ferrydrivertest.Event("reasons", fmt.Sprintf("r-%d", i), "x")
+			dl := &ferrydriver.DeadLetter{Feed: "default/2", Event: *ev, Reason: reason, FailedAt: time.Now()}
+			dls = append(dls, dl)
+			require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "default/2", Holder: "suite", Term: lease.Term,
+				DeadLetters: []*ferrydriver.DeadLetter{dl}}))
+			time.Sleep(5 * time.Millisecond)
+		}
+		id := func(i int) string { return dls[i].Event.ID.String() }
+
+		var out ferryui.ReasonsJSON
+		body := c.get("/api/v1/dead-letters/reasons?feed=default/2", http.StatusOK, &out)
+		require.NotContains(t, body, "<script>")
+		require.Equal(t, 5, out.Scanned)
+		require.Len(t, out.Reasons, 2)
+		for i, want := range []struct {
+			reason string
+			ids    []string
+		}{{"too large", []string{id(3), id(1), id(0)}}, {Hostile, []string{id(4), id(2)}}} {
+			r := out.Reasons[i]
+			require.Equal(t, want.reason, r.Reason)
+			require.Equal(t, len(want.ids), r.Count)
+			require.Equal(t, want.ids, r.IDs, "%s: newest first", want.reason)
+			var dl ferryui.DeadLetterJSON
+			c.get("/api/v1/dead-letters/"+want.ids[0], http.StatusOK, &dl)
+			require.True(t, dl.FailedAt.Equal(r.Latest), "%s: the latest is the newest's failure, %v, not %v", want.reason, dl.FailedAt, r.Latest)
+		}
+		c.get("/api/v1/dead-letters/reasons?feed=default/2&scan=2", http.StatusOK, &out)
+		require.Equal(t, 2, out.Scanned, "only the newest scan are read")
+		require.Equal(t, 2, out.Scan)
+		require.ElementsMatch(t, []int{1, 1}, []int{out.Reasons[0].Count, out.Reasons[1].Count})
+		c.get("/api/v1/dead-letters/reasons?scan=0", http.StatusBadRequest, nil)
+
+		// A reason's IDs are what an action takes.
+		var res ferryui.ActionResult
+		c.post("/api/v1/dead-letters/discard", `{"ids":["`+id(4)+`","`+id(2)+`"],"expect":2}`, http.StatusOK, &res)
+		require.Equal(t, 2, res.Done)
+		c.get("/api/v1/dead-letters/reasons?feed=default/2", http.StatusOK, &out)
+		require.Len(t, out.Reasons, 1)
+		require.Equal(t, "too large", out.Reasons[0].Reason)
+
+		// A group's DEAD rows, by their last error.
+		evs := []*ferryevent.Event{ferrydrivertest.Event("orders", "g-a", "1"), ferrydrivertest.Event("orders", "g-b", "2"), ferrydrivertest.Event("orders", "g-c", "3")}
+		_, err = inbox.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "reasons", Events: evs})
+		require.NoError(t, err)
+		rows, err := inbox.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "reasons", Worker: "suite", Limit: 10, TTL: time.Minute, MaxAttempts: 10})
+		require.NoError(t, err)
+		require.Len(t, rows, 3)
+		for _, row := range rows {
+			why := "card declined"
+			if row.Event.Key == "g-b" {
+				why = Hostile
+			}
+			require.NoError(t, inbox.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "reasons", EventID: row.Event.ID, Claim: row.Claim, Error: why, Dead: true}))
+		}
+		body = c.get("/api/v1/groups/reasons/reasons", http.StatusOK, &out)
+		require.NotContains(t, body, "<script>")
+		require.Equal(t, 3, out.Scanned)
+		require.Len(t, out.Reasons, 2)
+		require.Equal(t, "card declined", out.Reasons[0].Reason)
+		require.Equal(t, 2, out.Reasons[0].Count)
+		require.ElementsMatch(t, []string{evs[0].ID.String(), evs[2].ID.String()}, out.Reasons[0].IDs)
+		require.Equal(t, Hostile, out.Reasons[1].Reason)
+		require.Equal(t, []string{evs[1].ID.String()}, out.Reasons[1].IDs)
+	})
+
 	t.Run("GroupsAndTheirEvents", func(t *testing.T) {
 		var out struct {
 			Groups []ferryui.GroupJSON

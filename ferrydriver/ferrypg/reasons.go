@@ -1,0 +1,82 @@
+package ferrypg
+
+import (
+	"context"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+)
+
+// sqlDeadLetterReasons groups the newest $2 dead letters (of feed $1 when
+// set) by reason: a range of dead_letters_list_idx, or of
+// dead_letters_feed_failed_at_idx for one feed (planned for the values:
+// queryCustom), then the grouping of at most $2 rows. Each group keeps its newest $3 event IDs; $4 groups at
+// most, the one with the most rows first. The last column is how many
+// rows were read.
+const sqlDeadLetterReasons = `
+SELECT reason, count(*)::int, max(failed_at), array_to_string((array_agg(event_id::text ORDER BY failed_at DESC, event_id))[1:$3], ','), (sum(count(*)) OVER ())::int
+  FROM (SELECT reason, failed_at, event_id FROM {schema}.dead_letters
+         WHERE ($1 = '' OR feed = $1) AND failed_at <= 'infinity'::timestamptz
+         ORDER BY failed_at DESC LIMIT $2) s
+ GROUP BY reason ORDER BY 2 DESC, 3 DESC, 1 LIMIT $4`
+
+// sqlInboxDeadReasons groups the newest $2 DEAD rows of group $1 by their
+// last error, through inbox_dead_idx; $3 and $4 as above.
+const sqlInboxDeadReasons = `
+SELECT last_error, count(*)::int, max(finished_at), array_to_string((array_agg(event_id::text ORDER BY finished_at DESC, event_id))[1:$3], ','), (sum(count(*)) OVER ())::int
+  FROM (SELECT COALESCE(last_error, '') AS last_error, finished_at, event_id FROM {schema}.inbox
+         WHERE group_name = $1 AND state = 'dead'
+         ORDER BY finished_at DESC LIMIT $2) s
+ GROUP BY last_error ORDER BY 2 DESC, 3 DESC, 1 LIMIT $4`
+
+// reasonArgs are a grouping's scan, IDs and limit, defaults applied.
+func reasonArgs(p *ferrydriver.ReasonsParams) (scan, ids, limit int) {
+	scan, ids, limit = p.Scan, max(p.IDs, 0), p.Limit
+	if scan <= 0 {
+		scan = ferrydriver.DefaultReasonScan
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	return scan, ids, limit
+}
+
+// DeadLetterReasons implements ferrydriver.ReasonGrouper.
+func (d *Driver[TTx]) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
+	scan, ids, limit := reasonArgs(p)
+	return d.reasons(ctx, "group dead letters by reason", d.queries.deadLetterReasons, p.Feed, scan, ids, limit)
+}
+
+// InboxDeadReasons implements ferrydriver.ReasonGrouper.
+func (d *Driver[TTx]) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
+	scan, ids, limit := reasonArgs(p)
+	return d.reasons(ctx, "group dead events by reason", d.queries.inboxDeadReasons, p.Group, scan, ids, limit)
+}
+
+func (d *Driver[TTx]) reasons(ctx context.Context, op, q, scope string, scan, ids, limit int) (*ferrydriver.Reasons, error) {
+	r, err := d.db.queryCustom(ctx, q, scope, scan, ids, limit)
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	defer r.Close()
+	out := &ferrydriver.Reasons{}
+	for r.Next() {
+		var g ferrydriver.ReasonGroup
+		var latest time.Time
+		var evs string
+		if err := r.Scan(&g.Reason, &g.Count, &latest, &evs, &out.Scanned); err != nil {
+			return nil, d.wrapErr(op, err)
+		}
+		g.Latest = latest.UTC()
+		if g.EventIDs, err = ferrydriver.ParseIDList(evs); err != nil {
+			return nil, d.wrapErr(op, err)
+		}
+		out.Groups = append(out.Groups, g)
+	}
+	if err := r.Err(); err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	return out, nil
+}
+
+var _ ferrydriver.ReasonGrouper = (*Driver[any])(nil)

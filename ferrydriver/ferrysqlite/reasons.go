@@ -1,0 +1,74 @@
+package ferrysqlite
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+)
+
+// sqlDeadLetterReasons groups the newest ?2 dead letters (of feed ?1 when
+// set), a walk of ferry_dead_letters_list_idx, by reason: each group
+// keeps its newest ?3 event IDs, ?4 groups at most, the one with the most
+// rows first; the last column is how many rows were read.
+const sqlDeadLetterReasons = `
+SELECT reason, count(*), max(failed_at), COALESCE(group_concat(CASE WHEN rn <= ?3 THEN event_id END, ',' ORDER BY failed_at DESC, event_id), ''),
+       sum(count(*)) OVER ()
+  FROM (SELECT reason, failed_at, event_id, row_number() OVER (PARTITION BY reason ORDER BY failed_at DESC, event_id) AS rn
+          FROM (SELECT reason, failed_at, event_id FROM ferry_dead_letters
+                 WHERE (?1 = '' OR feed = ?1) ORDER BY failed_at DESC, event_id LIMIT ?2))
+ GROUP BY reason ORDER BY 2 DESC, 3 DESC, 1 LIMIT ?4`
+
+// sqlInboxDeadReasons groups the newest ?2 DEAD rows of group ?1
+// (ferry_inbox_dead_idx) by last error; ?3 and ?4 as above.
+const sqlInboxDeadReasons = `
+SELECT last_error, count(*), max(finished_at), COALESCE(group_concat(CASE WHEN rn <= ?3 THEN event_id END, ',' ORDER BY finished_at DESC, event_id), ''),
+       sum(count(*)) OVER ()
+  FROM (SELECT last_error, finished_at, event_id, row_number() OVER (PARTITION BY last_error ORDER BY finished_at DESC, event_id) AS rn
+          FROM (SELECT COALESCE(last_error, '') AS last_error, finished_at, event_id FROM ferry_inbox
+                 WHERE group_name = ?1 AND state = 'dead' ORDER BY finished_at DESC LIMIT ?2))
+ GROUP BY last_error ORDER BY 2 DESC, 3 DESC, 1 LIMIT ?4`
+
+// DeadLetterReasons implements ferrydriver.ReasonGrouper.
+func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
+	return d.reasons(ctx, "group dead letters by reason", sqlDeadLetterReasons, p.Feed, p)
+}
+
+// InboxDeadReasons implements ferrydriver.ReasonGrouper.
+func (d *Driver) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
+	return d.reasons(ctx, "group dead events by reason", sqlInboxDeadReasons, p.Group, p)
+}
+
+func (d *Driver) reasons(ctx context.Context, op, q, scope string, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
+	scan, limit := p.Scan, p.Limit
+	if scan <= 0 {
+		scan = ferrydriver.DefaultReasonScan
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := d.r.QueryContext(ctx, q, scope, scan, max(p.IDs, 0), limit)
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	defer rows.Close()
+	out := &ferrydriver.Reasons{}
+	for rows.Next() {
+		var g ferrydriver.ReasonGroup
+		var latest sql.NullInt64
+		var ids string
+		if err := rows.Scan(&g.Reason, &g.Count, &latest, &ids, &out.Scanned); err != nil {
+			return nil, d.wrapErr(op, err)
+		}
+		if latest.Valid {
+			g.Latest = fromMicros(latest.Int64)
+		}
+		if g.EventIDs, err = ferrydriver.ParseIDList(ids); err != nil {
+			return nil, d.wrapErr(op, err)
+		}
+		out.Groups = append(out.Groups, g)
+	}
+	return out, d.wrapErr(op, rows.Err())
+}
+
+var _ ferrydriver.ReasonGrouper = (*Driver)(nil)
