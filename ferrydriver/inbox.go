@@ -379,8 +379,9 @@ type FailInboxParams struct {
 
 // GroupLister is implemented by inboxes that can list their consumer
 // groups: every group whose dead policy is stored (each consumer stores
-// it when it starts), in name order, at most MaxListedGroups, with that
-// policy.
+// it when it starts) or that has events waiting (ingested before any of
+// its consumers started: holding, as consumers do without a stored
+// policy), in name order, at most MaxListedGroups, with its policy.
 type GroupLister interface {
 	InboxGroups(ctx context.Context) ([]GroupPolicy, error)
 }

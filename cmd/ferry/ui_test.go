@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -79,5 +80,81 @@ func TestUIServesTheAdminAPI(t *testing.T) {
 		require.NoError(t, err, "ferry ui exits 0 on SIGTERM")
 	case <-time.After(30 * time.Second):
 		t.Fatal("ferry ui did not stop within 30 s of SIGTERM")
+	}
+}
+
+// TestUIReadOnlyAndWhereItListens: `ferry ui` listens on 127.0.0.1:9470
+// unless told otherwise (its -h says so); --read-only refuses every action,
+// even with the token, and still serves the pages; an address that is not
+// loopback is served with a warning that anyone who reaches it can read
+// events (0.0.0.0 here: the test connects through 127.0.0.1 only).
+func TestUIReadOnlyAndWhereItListens(t *testing.T) {
+	t.Parallel()
+	out, code := ferryCmd(t, "ui", "-h")
+	require.Equal(t, 0, code, out)
+	require.Regexp(t, `-ui-addr string\s+address to serve the console.*\(default "127\.0\.0\.1:9470"\)`, strings.ReplaceAll(out, "\n", " "))
+
+	schema := pgtest.Schema(t)
+	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	out, code = ferryCmd(t, append([]string{"migrate", "up"}, db...)...)
+	require.Equal(t, 0, code, out)
+
+	for _, tc := range []struct {
+		name, addr string
+		readOnly   bool
+	}{{"read-only on loopback", "127.0.0.1:0", true}, {"every address", "0.0.0.0:0", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"ui", "--ui-addr", tc.addr}, db...)
+			if tc.readOnly {
+				args = append(args, "--read-only")
+			}
+			cmd := exec.Command(ferryBin, args...)
+			cmd.Env = append(os.Environ(), "FERRY_UI_TOKEN=the-token")
+			var stderr syncbuf.Buffer
+			cmd.Stderr = &stderr
+			stdout, err := cmd.StdoutPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			lines := bufio.NewScanner(stdout)
+			var api, said string
+			for api == "" && lines.Scan() {
+				said += lines.Text() + "\n"
+				if m := regexp.MustCompile(`on http://\S+:(\d+)/api/v1/$`).FindStringSubmatch(lines.Text()); m != nil {
+					api = "http://127.0.0.1:" + m[1] + "/api/v1/"
+				}
+			}
+			require.NotEmpty(t, api, "ferry ui prints where it serves: %s", said)
+			for lines.Scan() {
+				said += lines.Text() + "\n"
+				if strings.Contains(lines.Text(), "the console") {
+					break
+				}
+			}
+			go func() {
+				for lines.Scan() {
+				}
+			}()
+			resp, err := http.Get(api + "feeds")
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode, "pages are served")
+			req, err := http.NewRequest("POST", api+"dead-letters/redrive", strings.NewReader(`{"filter":{},"dry_run":true}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer the-token")
+			resp, err = http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			if tc.readOnly {
+				require.Contains(t, said, "(read-only: actions are refused)")
+				require.Equal(t, http.StatusForbidden, resp.StatusCode, "read-only refuses an action with the token")
+				require.NotContains(t, stderr.String(), "not only this machine")
+			} else {
+				require.Equal(t, http.StatusOK, resp.StatusCode, "the token's action")
+				require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "not only this machine") }, 10*time.Second, 20*time.Millisecond,
+					"ferry ui warns that every address exposes it: %s", stderr.String())
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -664,11 +665,27 @@ func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, er
 	if err := cur.All(ctx, &docs); err != nil {
 		return nil, fmt.Errorf("ferrymongo: list consumer groups: %w", err)
 	}
-	out := make([]ferrydriver.GroupPolicy, len(docs))
-	for i, doc := range docs {
-		out[i] = ferrydriver.GroupPolicy{Group: doc.Group, HoldDead: doc.Hold}
+	hold := make(map[string]bool, len(docs))
+	for _, doc := range docs {
+		hold[doc.Group] = doc.Hold
 	}
-	return out, nil
+	// Groups with keys whose consumer has not started yet (no stored
+	// policy: holding), from the (g, runnable_at) index.
+	var keyed []string
+	if err := d.inboxKeys().Distinct(ctx, "g", bson.D{}).Decode(&keyed); err != nil {
+		return nil, fmt.Errorf("ferrymongo: list consumer groups: %w", err)
+	}
+	for _, g := range keyed {
+		if _, ok := hold[g]; !ok {
+			hold[g] = true
+		}
+	}
+	out := make([]ferrydriver.GroupPolicy, 0, len(hold))
+	for g, h := range hold {
+		out = append(out, ferrydriver.GroupPolicy{Group: g, HoldDead: h})
+	}
+	slices.SortFunc(out, func(a, b ferrydriver.GroupPolicy) int { return strings.Compare(a.Group, b.Group) })
+	return out[:min(len(out), ferrydriver.MaxListedGroups)], nil
 }
 
 // InboxCounts implements ferrydriver.Inbox: each state counted up to the

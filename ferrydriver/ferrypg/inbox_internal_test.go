@@ -511,7 +511,9 @@ func TestConsolePagesAreFlat(t *testing.T) {
 		SELECT 'g', gen_random_uuid(), 'k' || i, 1, 't', 'T', '\x7b7d', now(), 'dead', now() - i * interval '1 millisecond', 'boom'
 		  FROM generate_series(1, $1::int) i`, n)
 	require.NoError(t, err)
-	for _, table := range []string{"dead_letters", "inbox"} {
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.inbox_keys (group_name, key, runnable_at) SELECT 'g' || (i % 3), 'k' || i, NULL FROM generate_series(1, $1::int) i`, n)
+	require.NoError(t, err)
+	for _, table := range []string{"dead_letters", "inbox", "inbox_keys"} {
 		_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.`+table)
 		require.NoError(t, err)
 	}
@@ -549,6 +551,8 @@ func TestConsolePagesAreFlat(t *testing.T) {
 		{"a deep page of a group's DEAD events", deadList, false, []any{"g", []string{"dead"}, "", "", []string{}, nil, nil, 50, deepFin, deepRec, deepEvent}},
 		{"the console's page of 500 DEAD events", deadList, false, []any{"g", []string{"dead"}, "", "", []string{}, nil, nil, 500, nil, nil, nil}},
 		// The event's timeline: its row in the group, in any state.
+		// The groups, found by skipping along inbox_keys from one to the next.
+		{"the consumer groups (3, over 100,000 keys)", drv.queries.inboxGroups, true, []any{1000}},
 		{"an event's row, in any state", timeline, false, []any{"g", allStates, "", "", []string{deepEvent.String()}, nil, nil, 1, nil, nil, nil}},
 	} {
 		custom := statementBuffers(t, pool, false, tc.q, tc.args...)

@@ -533,7 +533,23 @@ up AS (
 )
 SELECT COALESCE((SELECT hold_dead FROM old) IS DISTINCT FROM $2, true)`
 
-const sqlInboxGroups = `SELECT group_name, hold_dead FROM {schema}.inbox_groups ORDER BY group_name LIMIT $1`
+// sqlInboxGroups lists the groups whose policy is stored and those with
+// keys in the inbox (a group whose consumer has not started yet, rows
+// ingested by a source: listed with no stored policy, as holding). The
+// keys' groups are found by a walk of inbox_keys' primary key that skips
+// from one group to the next, O(groups) lookups, not O(keys).
+const sqlInboxGroups = `
+WITH RECURSIVE kg(group_name, n) AS (
+    (SELECT group_name, 1 FROM {schema}.inbox_keys ORDER BY group_name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT k.group_name FROM {schema}.inbox_keys k WHERE k.group_name > kg.group_name ORDER BY k.group_name LIMIT 1), kg.n + 1
+      FROM kg WHERE kg.group_name IS NOT NULL AND kg.n < $1
+)
+SELECT n.group_name, COALESCE(p.hold_dead, true)
+  FROM (SELECT group_name FROM kg WHERE group_name IS NOT NULL
+        UNION SELECT group_name FROM {schema}.inbox_groups) n
+  LEFT JOIN {schema}.inbox_groups p ON p.group_name = n.group_name
+ ORDER BY n.group_name LIMIT $1`
 
 const sqlInboxGroupKeys = `SELECT key FROM {schema}.inbox_keys WHERE group_name = $1 ORDER BY key`
 

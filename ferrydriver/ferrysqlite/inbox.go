@@ -538,9 +538,26 @@ var sqlInboxCounts = func() string {
 	return strings.Join(q, " UNION ALL ")
 }()
 
+// sqlInboxGroups lists the groups whose policy is stored and those with
+// keys in the inbox (a group whose consumer has not started yet: no
+// stored policy, so holding), the keys' groups found by skipping from one
+// group to the next along ferry_inbox_keys' primary key.
+const sqlInboxGroups = `
+WITH RECURSIVE kg(group_name, n) AS (
+    SELECT (SELECT group_name FROM ferry_inbox_keys ORDER BY group_name LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT k.group_name FROM ferry_inbox_keys k WHERE k.group_name > kg.group_name ORDER BY k.group_name LIMIT 1), kg.n + 1
+      FROM kg WHERE kg.group_name IS NOT NULL AND kg.n < ?1
+)
+SELECT n.group_name, COALESCE(p.hold_dead, 1)
+  FROM (SELECT group_name FROM kg WHERE group_name IS NOT NULL
+        UNION SELECT group_name FROM ferry_inbox_groups) n
+  LEFT JOIN ferry_inbox_groups p ON p.group_name = n.group_name
+ ORDER BY n.group_name LIMIT ?1`
+
 // InboxGroups implements ferrydriver.GroupLister.
 func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
-	rows, err := d.r.QueryContext(ctx, `SELECT group_name, hold_dead FROM ferry_inbox_groups ORDER BY group_name LIMIT ?`, ferrydriver.MaxListedGroups)
+	rows, err := d.r.QueryContext(ctx, sqlInboxGroups, ferrydriver.MaxListedGroups)
 	if err != nil {
 		return nil, d.wrapErr("list consumer groups", err)
 	}

@@ -506,6 +506,29 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Nil(t, tl.DeadLetter)
 		require.Len(t, tl.Groups, 1)
 		require.Equal(t, "billing", tl.Groups[0].Group)
+
+		// An event whose source was undone (a chain reorg) reads retracted.
+		rt, ok := inbox.(ferrydriver.InboxRetractor)
+		require.True(t, ok, "the inbox retracts events (ferrydriver.InboxRetractor)")
+		undone := ferrydrivertest.Event("blocks", "0xabc", "log")
+		_, err := inbox.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "indexer", Events: []*ferryevent.Event{undone}})
+		require.NoError(t, err)
+		_, err = rt.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: "indexer", Retractions: []ferrydriver.Retraction{{Event: undone}}})
+		require.NoError(t, err)
+		tl = ferryui.EventTimelineJSON{}
+		c.get("/api/v1/events/"+undone.ID.String(), http.StatusOK, &tl)
+		require.Len(t, tl.Groups, 1)
+		require.Equal(t, "indexer", tl.Groups[0].Group)
+		require.Equal(t, "retracted", tl.Groups[0].State)
+		// Group indexer has had no consumer (no stored policy): it is
+		// listed all the same, as holding.
+		var groups struct{ Groups []ferryui.GroupJSON }
+		c.get("/api/v1/groups", http.StatusOK, &groups)
+		listed := map[string]string{}
+		for _, g := range groups.Groups {
+			listed[g.Group] = g.DeadPolicy
+		}
+		require.Equal(t, "hold", listed["indexer"], "a group with events and no consumer yet: %v", listed)
 	})
 
 	t.Run("WhereAKeyStands", func(t *testing.T) {
