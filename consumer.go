@@ -43,9 +43,12 @@ const (
 	// handler fails, that transaction is rolled back at once, before
 	// anything of it commits, and the batch runs again with a savepoint
 	// per handler: the failing event is recorded with the error it gave
-	// (its handler is not called again: one call, one attempt), the
-	// handlers before it are called again and commit, those after it run
-	// once. For 10 s after a failure the consumer's batches take
+	// (its handler is not called again: one call, one attempt, counted
+	// even when the second run cannot commit), the handlers before it are
+	// called again and commit, those after it run once. A failure that
+	// says the transaction was already aborted (PostgreSQL 25P02: an
+	// earlier handler ignored its statement's error) is not taken as the
+	// handler's own: the second run calls it again. For 10 s after a failure the consumer's batches take
 	// savepoints from the start, so that a failing dependency does not
 	// make every batch run twice. A batch that nothing fails in costs no
 	// subtransaction: on PostgreSQL about a quarter more events/s
@@ -951,7 +954,7 @@ func (c *Consumer[TTx]) processRun(ctx context.Context, rows []*ferrydriver.Inbo
 	for i, row := range rows {
 		if i > 0 && time.Since(start) > batchBudget(c.cfg.ClaimTTL) {
 			if c.finisher != nil {
-				c.giveBack(ctx, c.finisher, rows[i:], "its run ran out of time before its turn", nil, nil, start)
+				c.giveBack(ctx, c.finisher, rows[i:], "its run ran out of time before its turn", nil, start)
 				return
 			}
 			for _, row := range rows[i:] {

@@ -98,6 +98,14 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		c.savepointsUntil.Store(time.Now().Add(c.savepointCooldown).UnixNano())
 		c.log.Debug("ferry: a handler failed in a batch run without savepoints; the batch runs again with them",
 			"event_id", rows[first.at].Event.ID, "events", len(rows), "err", first.err)
+		if hctx.Err() != nil {
+			// Stopping, or out of the claims' time: no second run. The
+			// failure counts; the others run again, uncounted.
+			sp := &savepointRun{first: first}
+			back, failed := sp.chargeFirst(rows, rows)
+			c.giveBack(ctx, b, back, "its batch had no time left to run again after another event's handler failed", failed, start)
+			return
+		}
 	}
 	c.applyBatch(ctx, hctx, b, rows, start, &savepointRun{first: first})
 }
@@ -115,6 +123,19 @@ type firstFailure struct {
 	at    int
 	batch bool
 	err   error
+	// untrusted: err says the transaction was already aborted (SQLSTATE
+	// 25P02: an earlier handler swallowed its statement's error), so the
+	// failure may not be this handler's: the run with savepoints calls it
+	// again, and whichever savepoint then fails is charged.
+	untrusted bool
+}
+
+// txAborted says whether err is PostgreSQL's "current transaction is
+// aborted" (SQLSTATE 25P02), from any driver whose errors tell their
+// SQLSTATE.
+func txAborted(err error) bool {
+	var s interface{ SQLState() string }
+	return errors.As(err, &s) && s.SQLState() == "25P02"
 }
 
 func (f *firstFailure) Error() string {
@@ -141,6 +162,10 @@ func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.Inbo
 	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
 		txStart := time.Now()
 		late = late[:0]
+		// A run with savepoints does not stop for its budget before it has
+		// recorded the failure that made it (the run without them reached
+		// that event within its budget; the claims' deadline still bounds).
+		firstRecorded := sp == nil || sp.first == nil || sp.first.batch || sp.first.untrusted
 		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, 0, len(rows))}
 		// run runs one handler call in a savepoint; a non-nil stop means
 		// the transaction cannot go on.
@@ -151,11 +176,12 @@ func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.Inbo
 				case ctx.Err() != nil:
 					return nil, ctx.Err()
 				case herr != nil:
-					return nil, &firstFailure{at: at, batch: batch, err: herr}
+					return nil, &firstFailure{at: at, batch: batch, err: herr, untrusted: txAborted(herr)}
 				}
 				return nil, nil
 			}
-			if f := sp.first; f != nil && f.at == at && f.batch == batch {
+			if f := sp.first; f != nil && f.at == at && f.batch == batch && !f.untrusted {
+				firstRecorded = true
 				return f.err, nil // it failed in the run without savepoints, whose writes are gone
 			}
 			herr = b.Savepoint(ctx, tx, fn)
@@ -196,7 +222,7 @@ func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.Inbo
 			}
 			units := c.units(rows, todo)
 			for k, u := range units {
-				if time.Since(txStart) > budget {
+				if time.Since(txStart) > budget && firstRecorded {
 					// Slow handlers: commit what ran, give the rest back.
 					for _, u := range units[k:] {
 						late = append(late, u.rows...)
@@ -297,27 +323,51 @@ func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.Inbo
 			}
 			back = append(back, row)
 		}
-		c.giveBack(ctx, b, back, "rolled back with a batch in which another event's claim was lost", nil, nil, start)
+		back, failed := sp.chargeFirst(rows, back)
+		c.giveBack(ctx, b, back, "rolled back with a batch in which another event's claim was lost", failed, start)
 	case errors.Is(err, ferrydriver.ErrTxNotBegun):
-		for _, row := range rows {
+		back, failed := sp.chargeFirst(rows, rows)
+		for _, row := range back {
 			c.notBegun(ctx, row, err)
+		}
+		if len(failed) > 0 {
+			c.giveBack(ctx, b, nil, "", failed, start)
 		}
 	default:
 		c.log.Warn("ferry: a batch's transaction failed; nothing of it was applied", "events", len(rows), "err", err)
-		var back, failed []*ferrydriver.InboxRow
+		var back []*ferrydriver.InboxRow
+		var failed []failedRow
 		for i, row := range rows {
 			if running != nil && !slices.Contains(running, i) {
 				back = append(back, row)
 			} else {
-				failed = append(failed, row)
+				failed = append(failed, failedRow{row, err})
 			}
 		}
+		back, first := sp.chargeFirst(rows, back)
 		// In one transaction: their claims end with the batch's, and a
 		// key's events are recorded together (one that failed after an
 		// earlier one of its key that is given back counts its attempt).
-		c.giveBack(ctx, b, back, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error(), failed, err, start)
+		c.giveBack(ctx, b, back, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error(), append(failed, first...), start)
 	}
 	return nil
+}
+
+// chargeFirst takes out of back, the rows a failed run with savepoints
+// gives back uncounted, the event that had failed in the run without them
+// (sp.first, when it is one event's and to be trusted): its attempt
+// counts, with the error it gave, whatever became of the run after it.
+// sp may be nil (no rerun).
+func (sp *savepointRun) chargeFirst(rows, back []*ferrydriver.InboxRow) ([]*ferrydriver.InboxRow, []failedRow) {
+	if sp == nil || sp.first == nil || sp.first.batch || sp.first.untrusted {
+		return back, nil
+	}
+	row := rows[sp.first.at]
+	i := slices.Index(back, row)
+	if i < 0 {
+		return back, nil
+	}
+	return slices.Delete(slices.Clone(back), i, i+1), []failedRow{{row, sp.first.err}}
 }
 
 // recordOutcome counts and logs what became of an event of a committed
@@ -345,14 +395,21 @@ func (c *Consumer[TTx]) recordOutcome(ctx context.Context, row *ferrydriver.Inbo
 // errClaimsGone rolls back a give-back in which some claims had ended.
 var errClaimsGone = errors.New("some claims had ended")
 
+// failedRow is an event of a batch whose attempt failed with err.
+type failedRow struct {
+	row *ferrydriver.InboxRow
+	err error
+}
+
 // giveBack returns claimed events of a batch to run again at once, not
 // counted (their handlers succeeded or never ran; the batch rolled back
 // for another event's sake), and records the failed attempt, counted, of
 // those in failed (their handler call was running when the batch's
-// transaction failed with ferr), in one transaction. An event whose claim
-// ended meanwhile is left out: it is rescued, as any expired claim.
+// transaction failed, or failed in a run without savepoints), in one
+// transaction. An event whose claim ended meanwhile is left out: it is
+// rescued, as any expired claim.
 func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, why string,
-	failed []*ferrydriver.InboxRow, ferr error, start time.Time) {
+	failed []failedRow, start time.Time) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ClaimTTL)
 	defer cancel()
 	dead := make(map[uuid.UUID]bool, len(failed))
@@ -363,13 +420,13 @@ func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher
 			fin.Rows = append(fin.Rows, ferrydriver.FinishedRow{EventID: row.Event.ID, Claim: row.Claim, State: ferrydriver.InboxFailed,
 				Error: "given back: " + why, RetryAt: now, Uncounted: true})
 		}
-		for _, row := range failed {
-			d, retryAt := c.decide(row, ferr)
-			f := ferrydriver.FinishedRow{EventID: row.Event.ID, Claim: row.Claim, State: ferrydriver.InboxFailed, Error: ferr.Error(), RetryAt: retryAt}
+		for _, fr := range failed {
+			d, retryAt := c.decide(fr.row, fr.err)
+			f := ferrydriver.FinishedRow{EventID: fr.row.Event.ID, Claim: fr.row.Claim, State: ferrydriver.InboxFailed, Error: fr.err.Error(), RetryAt: retryAt}
 			if d {
 				f.State = ferrydriver.InboxDead
 			}
-			dead[row.Event.ID] = d
+			dead[fr.row.Event.ID] = d
 			fin.Rows = append(fin.Rows, f)
 		}
 		var lost []uuid.UUID
@@ -390,26 +447,26 @@ func (c *Consumer[TTx]) giveBack(ctx context.Context, b ferrydriver.InboxBatcher
 				c.log.Warn("ferry: giving back the events of a failed batch failed; they run again once their claims expire", "events", len(rows)+len(failed), "err", err)
 				return
 			}
-			for _, row := range failed {
+			for _, fr := range failed {
 				c.meter.fail(1, 0)
-				if dead[row.Event.ID] {
-					c.reportDead(ctx, row, ferr)
+				if dead[fr.row.Event.ID] {
+					c.reportDead(ctx, fr.row, fr.err)
 				} else {
 					c.m.outcomes.WithLabelValues("retried").Inc()
-					c.log.InfoContext(withEvent(ctx, &row.Event), "ferry: handler failed; will retry", "event_id", row.Event.ID, "attempt", row.Attempts, "err", ferr)
+					c.log.InfoContext(withEvent(ctx, &fr.row.Event), "ferry: handler failed; will retry", "event_id", fr.row.Event.ID, "attempt", fr.row.Attempts, "err", fr.err)
 				}
 			}
 			return
 		}
 		gone := func(r *ferrydriver.InboxRow) bool { return slices.Contains(lost, r.Event.ID) }
-		for _, row := range failed {
-			if gone(row) {
+		for _, fr := range failed {
+			if gone(fr.row) {
 				c.m.outcomes.WithLabelValues("claim_lost").Inc()
-				c.log.WarnContext(withEvent(ctx, &row.Event), "ferry: an event's handler failed after its claim had ended: the failure is not recorded; the event runs again, or already did in a later attempt",
-					"event_id", row.Event.ID, "key", row.Event.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond), "err", ferr)
+				c.log.WarnContext(withEvent(ctx, &fr.row.Event), "ferry: an event's handler failed after its claim had ended: the failure is not recorded; the event runs again, or already did in a later attempt",
+					"event_id", fr.row.Event.ID, "key", fr.row.Event.Key, "attempt", fr.row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond), "err", fr.err)
 			}
 		}
-		rows, failed = slices.DeleteFunc(rows, gone), slices.DeleteFunc(failed, gone)
+		rows, failed = slices.DeleteFunc(rows, gone), slices.DeleteFunc(failed, func(fr failedRow) bool { return gone(fr.row) })
 	}
 }
 

@@ -386,6 +386,9 @@ func filterFromQuery(q url.Values) (Filter, error) {
 }
 
 func (f *Filter) check() error {
+	if f.Limit < 0 {
+		return badRequest("limit %d is not a count: use 1 to %d", f.Limit, MaxPage)
+	}
 	if f.Limit > MaxPage {
 		return badRequest("limit %d is over the API's page of %d: ask for the next page with after= (the list's \"next\")", f.Limit, MaxPage)
 	}

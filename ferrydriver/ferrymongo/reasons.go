@@ -13,14 +13,15 @@ import (
 
 // DeadLetterReasons implements ferrydriver.ReasonGrouper: the newest
 // p.Scan dead letters (of p.Feed when set), read through the failed_at
-// index, grouped by the server.
+// index (the feed's, for one feed: a sort by failed_at alone, which an
+// index serves, not a sort of every dead letter), grouped by the server.
 func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	match := bson.D{}
 	if p.Feed != "" {
 		match = bson.D{{Key: "feed", Value: p.Feed}}
 	}
 	return d.reasons(ctx, "group dead letters by reason", d.deadLetters, match,
-		bson.D{{Key: "failed_at", Value: -1}, {Key: "event._id", Value: 1}}, "$reason", "$failed_at", "$event._id", p)
+		bson.D{{Key: "failed_at", Value: -1}}, "$reason", "$failed_at", "$event._id", p)
 }
 
 // InboxDeadReasons implements ferrydriver.ReasonGrouper: the newest

@@ -26,11 +26,12 @@ type executor interface {
 	// one, committed at its end).
 	pipeline(ctx context.Context, steps ...step) error
 	// queryCustom is query planned for its arguments every time (pgx: the
-	// unnamed statement, never a cached generic plan), for the console's
-	// lists, whose filters ("$3 = '' OR key = $3") only a plan that sees
-	// the values can take out: under a generic plan a page of 500 DEAD
-	// rows took 50–75 ms, and an event's rows in a group as long
-	// (BenchmarkPagesAtScale). database/sql runs query.
+	// unnamed statement, described first so that results stay binary,
+	// never a cached generic plan), for the console's lists, whose filters
+	// ("$3 = '' OR key = $3") only a plan that sees the values can take
+	// out: under a generic plan a page of 500 DEAD rows took 50–75 ms, and
+	// an event's rows in a group as long (BenchmarkPagesAtScale).
+	// database/sql runs query.
 	queryCustom(ctx context.Context, sql string, args ...any) (rows, error)
 }
 
@@ -121,7 +122,7 @@ func (e pgxExec) query(ctx context.Context, sql string, args ...any) (rows, erro
 }
 
 func (e pgxExec) queryCustom(ctx context.Context, sql string, args ...any) (rows, error) {
-	return e.q.Query(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+	return e.q.Query(ctx, sql, append([]any{pgx.QueryExecModeDescribeExec}, args...)...)
 }
 
 func (e pgxExec) pipeline(ctx context.Context, steps ...step) error {
