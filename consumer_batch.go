@@ -98,16 +98,16 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		c.savepointsUntil.Store(time.Now().Add(c.savepointCooldown).UnixNano())
 		c.log.Debug("ferry: a handler failed in a batch run without savepoints; the batch runs again with them",
 			"event_id", rows[first.at].Event.ID, "events", len(rows), "err", first.err)
-		if hctx.Err() != nil {
-			// Stopping, or out of the claims' time: no second run. The
-			// failure counts; the others run again, uncounted.
-			sp := &savepointRun{first: first}
-			back, failed := sp.chargeFirst(rows, rows)
-			c.giveBack(ctx, b, back, "its batch had no time left to run again after another event's handler failed", failed, start)
-			return
-		}
 	}
-	c.applyBatch(ctx, hctx, b, rows, start, &savepointRun{first: first})
+	sp := &savepointRun{first: first}
+	if first != nil && hctx.Err() != nil {
+		// Stopping, or out of the claims' time: no second run. The
+		// failure counts; the others run again, uncounted.
+		back, failed := sp.chargeFirst(rows, rows)
+		c.giveBack(ctx, b, back, "its batch had no time left to run again after another event's handler failed", failed, start)
+		return
+	}
+	c.applyBatch(ctx, hctx, b, rows, start, sp)
 }
 
 // savepointCooldown is how long a consumer's batches take savepoints from
@@ -130,6 +130,10 @@ type firstFailure struct {
 	untrusted bool
 }
 
+func (f *firstFailure) Error() string {
+	return fmt.Sprintf("a handler failed in a batch run without savepoints (it runs again with them): %v", f.err)
+}
+
 // txAborted says whether err is PostgreSQL's "current transaction is
 // aborted" (SQLSTATE 25P02), from any driver whose errors tell their
 // SQLSTATE.
@@ -138,14 +142,20 @@ func txAborted(err error) bool {
 	return errors.As(err, &s) && s.SQLState() == "25P02"
 }
 
-func (f *firstFailure) Error() string {
-	return fmt.Sprintf("a handler failed in a batch run without savepoints (it runs again with them): %v", f.err)
-}
-
 // savepointRun is a batch run with a savepoint per handler call, after
 // first, the failure that ended a run without them (nil if none did).
 type savepointRun struct {
 	first *firstFailure
+}
+
+// charged is the failure the run records without calling its handler
+// again, whose attempt counts whatever becomes of the run: first, when it
+// is one event's and to be trusted; nil otherwise (sp may be nil).
+func (sp *savepointRun) charged() *firstFailure {
+	if sp == nil || sp.first == nil || sp.first.batch || sp.first.untrusted {
+		return nil
+	}
+	return sp.first
 }
 
 // applyBatch runs the batch in one transaction: with a savepoint per
@@ -165,7 +175,7 @@ func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.Inbo
 		// A run with savepoints does not stop for its budget before it has
 		// recorded the failure that made it (the run without them reached
 		// that event within its budget; the claims' deadline still bounds).
-		firstRecorded := sp == nil || sp.first == nil || sp.first.batch || sp.first.untrusted
+		firstRecorded := sp.charged() == nil
 		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, 0, len(rows))}
 		// run runs one handler call in a savepoint; a non-nil stop means
 		// the transaction cannot go on.
@@ -354,20 +364,19 @@ func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.Inbo
 }
 
 // chargeFirst takes out of back, the rows a failed run with savepoints
-// gives back uncounted, the event that had failed in the run without them
-// (sp.first, when it is one event's and to be trusted): its attempt
-// counts, with the error it gave, whatever became of the run after it.
-// sp may be nil (no rerun).
+// gives back uncounted, the event of sp.charged(): its attempt counts,
+// with the error it gave, whatever became of the run after it.
 func (sp *savepointRun) chargeFirst(rows, back []*ferrydriver.InboxRow) ([]*ferrydriver.InboxRow, []failedRow) {
-	if sp == nil || sp.first == nil || sp.first.batch || sp.first.untrusted {
+	f := sp.charged()
+	if f == nil {
 		return back, nil
 	}
-	row := rows[sp.first.at]
+	row := rows[f.at]
 	i := slices.Index(back, row)
 	if i < 0 {
 		return back, nil
 	}
-	return slices.Delete(slices.Clone(back), i, i+1), []failedRow{{row, sp.first.err}}
+	return slices.Delete(slices.Clone(back), i, i+1), []failedRow{{row, f.err}}
 }
 
 // recordOutcome counts and logs what became of an event of a committed

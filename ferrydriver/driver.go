@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -540,11 +539,23 @@ type ReasonsParams struct {
 	// DefaultReasonScan.
 	Scan int
 	// IDs is how many event IDs each reason keeps, newest first: 0 means
-	// none.
+	// none. Bounds applies the defaults.
 	IDs int
 	// Limit caps the reasons returned (those with the most rows first);
 	// 0 means 100.
 	Limit int
+}
+
+// Bounds returns p's scan, IDs per reason and limit, defaults applied.
+func (p *ReasonsParams) Bounds() (scan, ids, limit int) {
+	scan, ids, limit = p.Scan, max(p.IDs, 0), p.Limit
+	if scan <= 0 {
+		scan = DefaultReasonScan
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	return scan, ids, limit
 }
 
 // DefaultReasonScan is how many of the newest failures a grouping by
@@ -568,33 +579,19 @@ type ReasonGroup struct {
 	EventIDs []uuid.UUID // newest first, at most ReasonsParams.IDs
 }
 
-// SortReasons orders groups as Reasons does and cuts them to limit (0:
-// 100), for backends that group in memory.
-func SortReasons(groups []ReasonGroup, limit int) []ReasonGroup {
-	if limit <= 0 {
-		limit = 100
-	}
-	slices.SortFunc(groups, func(a, b ReasonGroup) int {
-		if a.Count != b.Count {
-			return b.Count - a.Count
-		}
-		if c := b.Latest.Compare(a.Latest); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Reason, b.Reason)
-	})
-	return groups[:min(len(groups), limit)]
-}
-
 // ParseIDList parses event IDs joined by commas ("" is none), as backends
 // that aggregate them in SQL return them.
 func ParseIDList(s string) ([]uuid.UUID, error) {
 	if s == "" {
 		return nil, nil
 	}
-	parts := strings.Split(s, ",")
-	out := make([]uuid.UUID, len(parts))
-	for i, p := range parts {
+	return ParseIDs(strings.Split(s, ","))
+}
+
+// ParseIDs parses event IDs as text.
+func ParseIDs(ids []string) ([]uuid.UUID, error) {
+	out := make([]uuid.UUID, len(ids))
+	for i, p := range ids {
 		id, err := uuid.Parse(p)
 		if err != nil {
 			return nil, fmt.Errorf("event ID %q: %w", p, err)

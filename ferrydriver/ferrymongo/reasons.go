@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
@@ -34,13 +33,7 @@ func (d *Driver) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsPar
 }
 
 func (d *Driver) reasons(ctx context.Context, op string, coll *mongo.Collection, match, sort bson.D, reason, at, id any, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
-	scan, limit := p.Scan, p.Limit
-	if scan <= 0 {
-		scan = ferrydriver.DefaultReasonScan
-	}
-	if limit <= 0 {
-		limit = 100
-	}
+	scan, ids, limit := p.Bounds()
 	pipeline := mongo.Pipeline{
 		{{Key: "$match", Value: match}},
 		{{Key: "$sort", Value: sort}},
@@ -55,7 +48,7 @@ func (d *Driver) reasons(ctx context.Context, op string, coll *mongo.Collection,
 				bson.D{{Key: "$limit", Value: limit}},
 				// $push kept the scan's order: newest first.
 				bson.D{{Key: "$project", Value: bson.D{{Key: "n", Value: 1}, {Key: "latest", Value: 1},
-					{Key: "ids", Value: bson.D{{Key: "$slice", Value: bson.A{"$ids", max(p.IDs, 0)}}}}}}},
+					{Key: "ids", Value: bson.D{{Key: "$slice", Value: bson.A{"$ids", ids}}}}}}},
 			}},
 		}}},
 	}
@@ -85,15 +78,11 @@ func (d *Driver) reasons(ctx context.Context, op string, coll *mongo.Collection,
 		out.Scanned = res[0].Total[0].N
 	}
 	for _, g := range res[0].Groups {
-		rg := ferrydriver.ReasonGroup{Reason: g.Reason, Count: g.N, Latest: g.Latest.UTC()}
-		for _, s := range g.IDs {
-			id, err := uuid.Parse(s)
-			if err != nil {
-				return nil, fmt.Errorf("ferrymongo: %s: event ID %q: %w", op, s, err)
-			}
-			rg.EventIDs = append(rg.EventIDs, id)
+		evs, err := ferrydriver.ParseIDs(g.IDs)
+		if err != nil {
+			return nil, fmt.Errorf("ferrymongo: %s: %w", op, err)
 		}
-		out.Groups = append(out.Groups, rg)
+		out.Groups = append(out.Groups, ferrydriver.ReasonGroup{Reason: g.Reason, Count: g.N, Latest: g.Latest.UTC(), EventIDs: evs})
 	}
 	return out, nil
 }

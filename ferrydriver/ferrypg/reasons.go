@@ -29,27 +29,15 @@ SELECT last_error, count(*)::int, max(finished_at), array_to_string((array_agg(e
          ORDER BY finished_at DESC LIMIT $2) s
  GROUP BY last_error ORDER BY 2 DESC, 3 DESC, 1 LIMIT $4`
 
-// reasonArgs are a grouping's scan, IDs and limit, defaults applied.
-func reasonArgs(p *ferrydriver.ReasonsParams) (scan, ids, limit int) {
-	scan, ids, limit = p.Scan, max(p.IDs, 0), p.Limit
-	if scan <= 0 {
-		scan = ferrydriver.DefaultReasonScan
-	}
-	if limit <= 0 {
-		limit = 100
-	}
-	return scan, ids, limit
-}
-
 // DeadLetterReasons implements ferrydriver.ReasonGrouper.
 func (d *Driver[TTx]) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
-	scan, ids, limit := reasonArgs(p)
+	scan, ids, limit := p.Bounds()
 	return d.reasons(ctx, "group dead letters by reason", d.queries.deadLetterReasons, p.Feed, scan, ids, limit)
 }
 
 // InboxDeadReasons implements ferrydriver.ReasonGrouper.
 func (d *Driver[TTx]) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
-	scan, ids, limit := reasonArgs(p)
+	scan, ids, limit := p.Bounds()
 	return d.reasons(ctx, "group dead events by reason", d.queries.inboxDeadReasons, p.Group, scan, ids, limit)
 }
 

@@ -40,14 +40,8 @@ func (d *Driver) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsPar
 }
 
 func (d *Driver) reasons(ctx context.Context, op, q, scope string, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
-	scan, limit := p.Scan, p.Limit
-	if scan <= 0 {
-		scan = ferrydriver.DefaultReasonScan
-	}
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := d.r.QueryContext(ctx, q, scope, scan, max(p.IDs, 0), limit)
+	scan, ids, limit := p.Bounds()
+	rows, err := d.r.QueryContext(ctx, q, scope, scan, ids, limit)
 	if err != nil {
 		return nil, d.wrapErr(op, err)
 	}
