@@ -27,6 +27,10 @@ type activityMeter struct {
 	start              time.Time
 	done, failed, dead int64
 	latency, handler   reservoir
+	// lagEvents and lagAge are a relay's feed lag as it last read it
+	// (lagged); they carry over from one sample to the next.
+	lagEvents int64
+	lagAge    time.Duration
 }
 
 func newActivityMeter(kind, name, process string) *activityMeter {
@@ -84,6 +88,16 @@ func (m *activityMeter) did(now time.Time, handler time.Duration, created ...tim
 	}
 }
 
+// lagged records a relay's feed lag as it now reads it.
+func (m *activityMeter) lagged(events int64, age time.Duration) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lagEvents, m.lagAge = events, age
+}
+
 // fail counts n failed attempts, of which dead went to the dead letters.
 func (m *activityMeter) fail(n, dead int64) {
 	if m == nil {
@@ -101,7 +115,7 @@ func (m *activityMeter) take(now time.Time) *ferrydriver.ActivitySample {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := &ferrydriver.ActivitySample{Kind: m.kind, Name: m.name, Process: m.process, At: now, Interval: now.Sub(m.start),
-		Done: m.done, Failed: m.failed, Dead: m.dead}
+		Done: m.done, Failed: m.failed, Dead: m.dead, LagEvents: m.lagEvents, LagAge: m.lagAge}
 	s.LatencyP50, s.LatencyP99 = m.latency.percentiles()
 	s.HandlerP50, s.HandlerP99 = m.handler.percentiles()
 	m.start, m.done, m.failed, m.dead = now, 0, 0, 0

@@ -72,3 +72,40 @@ func TestActivityIsRecorded(t *testing.T) {
 	require.Positive(t, cons.LatencyP99, "created -> applied")
 	require.Positive(t, cons.HandlerP99)
 }
+
+// TestActivityCarriesTheRelaysLag: a relay's samples carry its feed's lag
+// as it last read it, for the console's lag chart: events its sink does
+// not take stay behind, and the samples say how many and how old.
+func TestActivityCarriesTheRelaysLag(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	client, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, client.Emit(context.Background(), events(7, 7)...))
+	sink := &hangingSink{release: make(chan struct{})}
+	t.Cleanup(func() { close(sink.release) })
+	relay, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond,
+		ActivityInterval: 50 * time.Millisecond, ShutdownTimeout: time.Second})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	var last *ferrydriver.ActivitySample
+	require.Eventually(t, func() bool {
+		samples, err := drv.ListActivity(context.Background(), &ferrydriver.ListActivityParams{Since: start, Kind: ferrydriver.ActivityRelay})
+		require.NoError(t, err)
+		for _, s := range samples {
+			if s.LagEvents > 0 {
+				last = s
+			}
+		}
+		return last != nil && last.LagAge >= 100*time.Millisecond
+	}, 30*time.Second, 20*time.Millisecond, "a sample with the relay's lag")
+	require.Equal(t, int64(7), last.LagEvents, "the events the sink never took")
+	require.Equal(t, "default/0", last.Name)
+}

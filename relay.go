@@ -827,10 +827,11 @@ func (r *Relay) refreshLag(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	r.m.lagEvents.Set(float64(lag.Events))
-	if lag.OldestPending.IsZero() {
-		r.m.lagSeconds.Set(0)
-	} else {
-		r.m.lagSeconds.Set(max(0, lag.Now.Sub(lag.OldestPending).Seconds()))
+	var age time.Duration
+	if !lag.OldestPending.IsZero() {
+		age = max(0, lag.Now.Sub(lag.OldestPending))
 	}
+	r.m.lagEvents.Set(float64(lag.Events))
+	r.m.lagSeconds.Set(age.Seconds())
+	r.meter.lagged(lag.Events, age)
 }

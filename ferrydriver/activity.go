@@ -58,6 +58,12 @@ type ActivitySample struct {
 	// HandlerP50 and HandlerP99 are a consumer's handler transactions'
 	// time per event, begin to commit. Zero for relays.
 	HandlerP50, HandlerP99 time.Duration
+	// LagEvents and LagAge are a relay's feed lag (FeedLag) as it last
+	// read it in the interval: the events committed that its checkpoint
+	// has not passed, and the age of the oldest unpublished one. Zero for
+	// consumers, and for a relay that did not lead its feed.
+	LagEvents int64
+	LagAge    time.Duration
 }
 
 // RecordActivityParams are samples to store.

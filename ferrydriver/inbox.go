@@ -396,6 +396,44 @@ type GroupPolicy struct {
 // MaxListedGroups bounds InboxGroups.
 const MaxListedGroups = 1000
 
+// AttemptLister is implemented by inboxes that keep each row's history as
+// long as they keep the row: its failed attempts, each with its error and
+// what it left the row in, and the operators' redrives of it, the latest
+// AttemptHistory of them. Nothing is written for an attempt that
+// processed, nor on the path of one that did: the history costs failures
+// only. An attempt that ended with no report (its worker crashed, or
+// outlived its claim) has no entry of its own; the attempt numbers around
+// it show it. A row whose attempts such ends spent goes DEAD with an entry
+// of ReasonAttemptsExhausted, numbered with the attempts it had.
+type AttemptLister interface {
+	// InboxAttempts returns the history of an event's row in a group,
+	// oldest first; nil when the group has no such row or it never failed.
+	InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]AttemptRecord, error)
+}
+
+// AttemptRecord is one entry of a row's history (AttemptLister).
+type AttemptRecord struct {
+	// Attempt is the row's attempt that the entry closes: 1 for its first,
+	// and from 1 again after a redrive. A redrive's is the count of
+	// attempts that it reset.
+	Attempt int
+	// State is what the attempt left the row in: FAILED (retried later) or
+	// DEAD; PENDING for a redrive. A failed attempt of a row that a batch
+	// ran after an earlier row of its key stopped reads FAILED: the row is
+	// given back, its attempt counted.
+	State InboxState
+	// Error is the attempt's error, its first AttemptErrorChars characters
+	// (InboxRow.LastError holds all of the last one).
+	Error string
+	At    time.Time
+}
+
+// AttemptHistory bounds a row's history: the oldest entries go first.
+const AttemptHistory = 20
+
+// AttemptErrorChars bounds the error text of one history entry.
+const AttemptErrorChars = 2048
+
 // InboxRetractor is implemented by inboxes that can retract events whose
 // source was undone (a chain reorg orphaned their block).
 type InboxRetractor interface {

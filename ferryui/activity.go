@@ -49,7 +49,13 @@ type ActivityPoint struct {
 	LatencyP99      float64   `json:"latency_p99_seconds"`
 	HandlerP50      float64   `json:"handler_p50_seconds,omitempty"`
 	HandlerP99      float64   `json:"handler_p99_seconds,omitempty"`
-	Processes       int       `json:"processes"`
+	// LagEvents and LagSeconds are a relay's feed lag, the largest its
+	// samples of the step read (events its checkpoint had not passed, the
+	// age of the oldest unpublished one); the total's are its last
+	// point's.
+	LagEvents  int64   `json:"lag_events,omitempty"`
+	LagSeconds float64 `json:"lag_seconds,omitempty"`
+	Processes  int     `json:"processes"`
 }
 
 // maxPoints bounds a series: the step widens with the window.
@@ -137,6 +143,7 @@ func series(samples []*ferrydriver.ActivitySample, since time.Time, step time.Du
 		p.Done, p.Failed, p.Dead = p.Done+s.Done, p.Failed+s.Failed, p.Dead+s.Dead
 		p.LatencyP99 = max(p.LatencyP99, s.LatencyP99.Seconds())
 		p.HandlerP99 = max(p.HandlerP99, s.HandlerP99.Seconds())
+		p.LagEvents, p.LagSeconds = max(p.LagEvents, s.LagEvents), max(p.LagSeconds, s.LagAge.Seconds())
 		a.weighted += s.LatencyP50.Seconds() * float64(s.Done)
 		a.hWeighted += s.HandlerP50.Seconds() * float64(s.Done)
 		a.procs[s.Process] = true
@@ -166,8 +173,9 @@ func series(samples []*ferrydriver.ActivitySample, since time.Time, step time.Du
 		sort.Slice(ser.Points, func(i, j int) bool { return ser.Points[i].At.Before(ser.Points[j].At) })
 		if len(ser.Points) > 0 {
 			t := &ser.Total
-			t.At = ser.Points[len(ser.Points)-1].At
-			window := ser.Points[len(ser.Points)-1].At.Sub(since).Seconds()
+			last := ser.Points[len(ser.Points)-1]
+			t.At, t.LagEvents, t.LagSeconds = last.At, last.LagEvents, last.LagSeconds
+			window := last.At.Sub(since).Seconds()
 			t.DonePerSecond, t.FailedPerSecond = float64(t.Done)/window, float64(t.Failed)/window
 			if t.Done > 0 {
 				t.LatencyP50, t.HandlerP50 = weighted/float64(t.Done), hWeighted/float64(t.Done)

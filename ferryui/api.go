@@ -18,8 +18,13 @@
 // read-only handler refuses every action. Every call reads O(page) rows:
 // lists are capped (MaxPage), and relay dead letters and a group's finished
 // events (dead, processed, discarded, retracted) page by a cursor (a list's
-// "next", passed back as after=); a grouping by reason reads the newest
-// failures only (10,000 unless ?scan= says otherwise).
+// "next", passed back as after=); a filter that no index serves (a type, a
+// topic, a key over finished events) is matched over at most 10,000 rows
+// from where the page starts (?scan=; the page says how many it read, and
+// "next" reads on); a grouping by reason reads the newest failures only
+// (10,000 unless ?scan= says otherwise); an event looked up by ID that is
+// in no inbox and no dead letter is looked for in the first 4,000
+// unpublished events of the backlog (?scan=).
 package ferryui
 
 import (
@@ -40,6 +45,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
 )
 
 // MaxPage caps every list the API returns.
@@ -264,6 +270,19 @@ type InboxRowJSON struct {
 	ReceivedAt    time.Time  `json:"received_at"`
 	FinishedAt    *time.Time `json:"finished_at,omitempty"`
 	Event         EventJSON  `json:"event"`
+	// History is the row's failed attempts and redrives, oldest first
+	// (ferrydriver.AttemptLister); only an event's timeline has it, and
+	// only where the backend keeps it.
+	History []AttemptJSON `json:"history,omitempty"`
+}
+
+// AttemptJSON is one entry of an inbox row's history: a failed attempt
+// (state failed or dead, with its error) or a redrive (state pending).
+type AttemptJSON struct {
+	Attempt int       `json:"attempt"`
+	State   string    `json:"state"`
+	Error   string    `json:"error,omitempty"`
+	At      time.Time `json:"at"`
 }
 
 func inboxRowJSON(r *ferrydriver.InboxRow) InboxRowJSON {
@@ -407,19 +426,24 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Type: f.Type, Topic: f.Topic,
-		Since: f.Since, Until: f.Until, After: after, Limit: f.Limit})
+	scan, err := scanParam(r.URL.Query())
 	if err != nil {
 		return err
 	}
-	items := make([]DeadLetterJSON, len(dls))
-	for i, dl := range dls {
+	got, err := h.pageDeadLetters(r.Context(), f, after, f.Limit, scan)
+	if err != nil {
+		return err
+	}
+	items := make([]DeadLetterJSON, len(got.items))
+	for i, dl := range got.items {
 		items[i] = deadLetterJSON(dl)
 	}
 	page := map[string]any{"dead_letters": items}
-	if len(dls) == f.Limit {
-		last := dls[len(dls)-1]
-		page["next"] = last.FailedAt.UTC().Format(time.RFC3339Nano) + "," + last.Event.ID.String()
+	if got.next != nil {
+		page["next"] = got.next.FailedAt.UTC().Format(time.RFC3339Nano) + "," + got.next.EventID.String()
+	}
+	if got.scanned > 0 {
+		page["scanned"] = got.scanned
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil
@@ -530,7 +554,7 @@ func idStrings(ids []uuid.UUID) []string {
 // IDs or filter), checks the count against Expect and, unless it is a dry
 // run, acts on them (do) and logs what it did.
 func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string,
-	choose func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, error),
+	choose func(ctx context.Context, ids []uuid.UUID, f *Filter) (selected []uuid.UUID, more bool, err error),
 	do func(ctx context.Context, ids []uuid.UUID) (int, error)) error {
 	var req ActionRequest
 	if err := readJSON(r, &req); err != nil {
@@ -540,15 +564,14 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string,
 	if err != nil {
 		return err
 	}
-	selected, err := choose(r.Context(), ids, req.Filter)
+	selected, more, err := choose(r.Context(), ids, req.Filter)
 	if err != nil {
 		return err
 	}
 	if err := req.expected(len(selected)); err != nil {
 		return err
 	}
-	res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun,
-		More: req.Filter != nil && len(selected) == req.Filter.Limit}
+	res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun, More: more}
 	if !req.DryRun && len(selected) > 0 {
 		if res.Done, err = do(r.Context(), selected); err != nil {
 			return err
@@ -564,20 +587,26 @@ func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r 
 	if redrive {
 		verb, act = "redriven", h.cfg.Store.RedriveDeadLetters
 	}
-	choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, error) {
-		list := &ferrydriver.ListDeadLettersParams{EventIDs: ids, Limit: MaxPage}
+	choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, bool, error) {
+		var dls []*ferrydriver.DeadLetter
+		more := false
 		if f != nil {
-			list = &ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Type: f.Type, Topic: f.Topic, Since: f.Since, Until: f.Until, Limit: f.Limit}
-		}
-		dls, err := h.cfg.Store.ListDeadLetters(ctx, list)
-		if err != nil {
-			return nil, err
+			got, err := h.pageDeadLetters(ctx, *f, nil, f.Limit, filterScan)
+			if err != nil {
+				return nil, false, err
+			}
+			dls, more = got.items, got.next != nil
+		} else {
+			var err error
+			if dls, err = h.cfg.Store.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{EventIDs: ids, Limit: MaxPage}); err != nil {
+				return nil, false, err
+			}
 		}
 		out := make([]uuid.UUID, len(dls))
 		for i, dl := range dls {
 			out[i] = dl.Event.ID
 		}
-		return out, nil
+		return out, more, nil
 	}
 	return func(w http.ResponseWriter, r *http.Request) error {
 		return h.act(w, r, "relay dead letters "+verb, choose, func(ctx context.Context, ids []uuid.UUID) (int, error) {
@@ -697,17 +726,21 @@ func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	scan, err := scanParam(r.URL.Query())
+	if err != nil {
+		return err
+	}
 	list := &ferrydriver.ListInboxParams{Group: r.PathValue("group"), States: states, Key: f.Key, Type: f.Type,
 		Since: f.Since, Until: f.Until, Limit: f.Limit, After: after}
 	if ferrydriver.CheckInboxCursor(list) != nil {
 		return badRequest("after= pages lists of finished events only (state=dead, processed, discarded, retracted): ask for one of those")
 	}
-	rows, err := in.ListInbox(r.Context(), list)
+	got, err := pageInbox(r.Context(), in, *list, scan)
 	if err != nil {
 		return err
 	}
-	items := make([]InboxRowJSON, len(rows))
-	for i, row := range rows {
+	items := make([]InboxRowJSON, len(got.items))
+	for i, row := range got.items {
 		items[i] = inboxRowJSON(row)
 	}
 	groups, err := h.groupPolicies(r.Context())
@@ -721,9 +754,11 @@ func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	page := map[string]any{"events": items, "dead_policy": policyName(hold)}
-	if last := len(rows) - 1; len(rows) == f.Limit && ferrydriver.CheckInboxCursor(&ferrydriver.ListInboxParams{States: states, After: &ferrydriver.InboxCursor{}}) == nil {
-		c := ferrydriver.InboxCursorOf(rows[last])
+	if c := got.next; c != nil {
 		page["next"] = c.FinishedAt.UTC().Format(time.RFC3339Nano) + "," + c.ReceivedAt.UTC().Format(time.RFC3339Nano) + "," + c.EventID.String()
+	}
+	if got.scanned > 0 {
+		page["scanned"] = got.scanned
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil
@@ -759,20 +794,20 @@ func (h *Handler) groupAction(redrive bool) func(w http.ResponseWriter, r *http.
 			verb, act = "redriven", in.RedriveInbox
 		}
 		dead := []ferrydriver.InboxState{ferrydriver.InboxDead}
-		choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, error) {
-			list := &ferrydriver.ListInboxParams{Group: group, States: dead, EventIDs: ids, Limit: MaxPage}
+		choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, bool, error) {
+			list := ferrydriver.ListInboxParams{Group: group, States: dead, EventIDs: ids, Limit: MaxPage}
 			if f != nil {
-				list = &ferrydriver.ListInboxParams{Group: group, States: dead, Key: f.Key, Type: f.Type, Since: f.Since, Until: f.Until, Limit: f.Limit}
+				list = ferrydriver.ListInboxParams{Group: group, States: dead, Key: f.Key, Type: f.Type, Since: f.Since, Until: f.Until, Limit: f.Limit}
 			}
-			rows, err := in.ListInbox(ctx, list)
+			got, err := pageInbox(ctx, in, list, filterScan)
 			if err != nil {
-				return nil, err
+				return nil, false, err
 			}
-			out := make([]uuid.UUID, len(rows))
-			for i, row := range rows {
+			out := make([]uuid.UUID, len(got.items))
+			for i, row := range got.items {
 				out[i] = row.Event.ID
 			}
-			return out, nil
+			return out, f != nil && got.next != nil, nil
 		}
 		return h.act(w, r, "group "+group+": dead events "+verb, choose, func(ctx context.Context, ids []uuid.UUID) (int, error) {
 			return act(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: ids})
@@ -813,7 +848,34 @@ type EventTimelineJSON struct {
 	ID         string          `json:"id"`
 	DeadLetter *DeadLetterJSON `json:"dead_letter,omitempty"`
 	Groups     []InboxRowJSON  `json:"groups"`
+	// Outbox is set for an event the relay has not published yet, found
+	// in its partition's backlog.
+	Outbox *OutboxJSON `json:"outbox,omitempty"`
 }
+
+// OutboxJSON is where an event the relay has not published yet waits:
+// the feed (partition) whose backlog holds it and how many events that
+// feed reads before it from its checkpoint. Invalid, when set, is why the
+// relay will dead-letter it instead of publishing it.
+type OutboxJSON struct {
+	Feed    string    `json:"feed"`
+	Ahead   int       `json:"ahead"`
+	Invalid string    `json:"invalid,omitempty"`
+	Event   EventJSON `json:"event"`
+}
+
+// An event that is neither a dead letter nor in an inbox is looked for in
+// the backlog: the outbox has no index on event IDs (one would cost every
+// append), so the backlog is read the way the relay reads it, outboxScan
+// events in all (?scan= up to maxOutboxScan), shared evenly among the
+// partitions: the first 4,000 unpublished events of one partition, the
+// first 1,000 of each of four: about 100-150 ms on PostgreSQL with a
+// backlog of 1,000,000 events (BenchmarkPagesAtScale), most of it the
+// feeds' opening.
+const (
+	outboxScan    = 4_000
+	maxOutboxScan = 100_000
+)
 
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 	id, err := pathID(r)
@@ -841,17 +903,124 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 				return err
 			}
 			for _, row := range rows {
-				out.Groups = append(out.Groups, inboxRowJSON(row))
+				j := inboxRowJSON(row)
+				if j.History, err = h.history(r.Context(), g, id); err != nil {
+					return err
+				}
+				out.Groups = append(out.Groups, j)
 			}
 		}
 	}
 	if out.DeadLetter == nil && len(out.Groups) == 0 {
-		return &apiError{http.StatusNotFound, "event " + id.String() + " is neither a relay dead letter nor in any consumer group's inbox: " +
-			"an event still in the outbox (not yet published, or received by no group) is not looked up by ID; " +
-			"the feeds' lag says how far the relay is behind, and GET /api/v1/keys/{key} what holds its key"}
+		scan := outboxScan
+		if v := r.URL.Query().Get("scan"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxOutboxScan {
+				return badRequest("scan=%q is not a count of events to read: use 1 to %d (default %d)", v, maxOutboxScan, outboxScan)
+			}
+			scan = n
+		}
+		if out.Outbox, err = h.unpublished(r.Context(), id, scan); err != nil {
+			return err
+		}
+		if out.Outbox == nil {
+			return &apiError{http.StatusNotFound, fmt.Sprintf("event %s is not a relay dead letter, not in any consumer group's inbox, "+
+				"and not among the first %d unpublished events of the outbox: it was published to a destination without a Ferry inbox, "+
+				"its key is parked (GET /api/v1/parked), it is further back in the backlog (ask again with a larger scan=, up to %d), or no such event committed", id, scan, maxOutboxScan)}
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// unpublished looks for an event in the backlog of each partition: the
+// first scan/partitions events its feed reads from its checkpoint, read as
+// the relay reads them (a feed of the store; nothing is written).
+func (h *Handler) unpublished(ctx context.Context, id uuid.UUID, scan int) (*OutboxJSON, error) {
+	feeds, err := h.partitionFeeds(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The partitions are read side by side, four at a time: opening a feed
+	// and its first read cost 20-35 ms on PostgreSQL (a session of its own,
+	// a snapshot, the transactions since the checkpoint), the events after
+	// that about 5 µs each.
+	found := make([]*OutboxJSON, len(feeds))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(4)
+	for p, name := range feeds {
+		g.Go(func() error {
+			f, err := h.findInFeed(gctx, name, p, id, max(1, scan/len(feeds)))
+			found[p] = f
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	for _, f := range found {
+		if f != nil {
+			return f, nil
+		}
+	}
+	return nil, nil
+}
+
+func (h *Handler) findInFeed(ctx context.Context, name string, partition int, id uuid.UUID, scan int) (*OutboxJSON, error) {
+	cp, err := h.cfg.Store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: name})
+	if err != nil {
+		return nil, err
+	}
+	f, err := h.cfg.Store.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: name + " (console)", Partition: partition, Cursor: cp.Cursor})
+	if err != nil {
+		return nil, fmt.Errorf("read the backlog of %s: %w", name, err)
+	}
+	defer f.Close()
+	// A feed may return an empty batch where one window of its backlog
+	// ends and the next begins (ferrypg's snapshots): two in a row are
+	// the end.
+	for read, empty := 0, 0; read < scan && empty < 2; {
+		b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: min(scan-read, MaxPage)})
+		if err != nil {
+			return nil, fmt.Errorf("read the backlog of %s: %w", name, err)
+		}
+		for i, ev := range b.Events {
+			if ev.ID == id {
+				return &OutboxJSON{Feed: name, Ahead: read + i, Event: eventJSON(ev)}, nil
+			}
+		}
+		for _, inv := range b.Invalid {
+			if inv.Event.ID == id {
+				return &OutboxJSON{Feed: name, Ahead: read + len(b.Events), Invalid: inv.Reason, Event: eventJSON(&inv.Event)}, nil
+			}
+		}
+		n := len(b.Events) + len(b.Invalid)
+		if n == 0 {
+			empty++
+		} else {
+			empty = 0
+		}
+		read += n
+	}
+	return nil, nil
+}
+
+// history reads an event's history in a group, where the backend keeps
+// one (ferrydriver.AttemptLister).
+func (h *Handler) history(ctx context.Context, group string, id uuid.UUID) ([]AttemptJSON, error) {
+	l, ok := h.cfg.Inbox.(ferrydriver.AttemptLister)
+	if !ok {
+		return nil, nil
+	}
+	entries, err := l.InboxAttempts(ctx, group, id)
+	if err != nil {
+		return nil, err
+	}
+	var out []AttemptJSON
+	for _, e := range entries {
+		out = append(out, AttemptJSON{Attempt: e.Attempt, State: string(e.State), Error: e.Error, At: e.At})
+	}
+	return out, nil
 }
 
 // ParkedJSON is a key the relay set aside because its destination stopped

@@ -133,12 +133,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	relay, err := ferry.NewRelay(drv, billing.Sink(), &ferry.RelayConfig{PollInterval: 50 * time.Millisecond, ActivityInterval: 200 * time.Millisecond})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	go func() { done <- relay.Run(runCtx) }()
+	relayCtx, stopRelay := context.WithCancel(runCtx)
+	done, relayDone := make(chan error, 1), make(chan error, 1)
+	go func() { relayDone <- relay.Run(relayCtx) }()
 	go func() { done <- billing.Run(runCtx) }()
 	t.Cleanup(func() {
 		stop()
-		require.NoError(t, <-done)
+		require.NoError(t, <-relayDone)
 		require.NoError(t, <-done)
 	})
 	client, err := ferry.NewClient(drv, nil)
@@ -207,6 +208,8 @@ func TestConsoleInABrowser(t *testing.T) {
 		peak := eval(`(() => { const t = document.querySelector('svg[aria-label="` + chart + `"] title'); return t ? t.textContent.replace(/.*max /, '') : 'none'; })()`)
 		require.NotContains(t, []string{"none", "0"}, peak, "%s: the chart shows the events that went through", chart)
 	}
+	require.Contains(t, eval(`document.querySelector('#feeds [data-feed="default/0"] svg[aria-label="events behind"] title').textContent`), "the last 15m",
+		"the lag chart is drawn from the relay's samples")
 	shot("overview")
 
 	// The dead event, on the group's page, grouped by its reason.
@@ -250,8 +253,22 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, hostilePayload, eval(`document.getElementById('payload').textContent`))
 	require.Contains(t, text(`#headers`), hostileHeader)
 	require.Equal(t, hostileKey, eval(`document.getElementById('event-key').textContent`))
+	// Its history in the group: the attempt that failed, with its error,
+	// then the redrive.
+	history := `#timeline li[data-group="billing"] ol.attempts`
+	require.Contains(t, text(history+` li.dead`), "Attempt 1")
+	require.Equal(t, "card declined for "+hostileKey, text(history+` li.dead pre`))
+	require.Contains(t, text(history+` li.redrive`), "Redriven")
+	require.Equal(t, "2", eval(`String(document.querySelectorAll('`+history+` > li').length)`))
 	require.Equal(t, "0", eval(injected), "the values are text, not markup")
 	shot("event")
+	// Its key's processed events, from the key's page: the group's page
+	// of PROCESSED events matched by key over the events it read.
+	do("the key's processed events", chromedp.Click(css(`#event-key`)), chromedp.WaitVisible(css(`#key-processed a`)),
+		chromedp.Click(css(`#key-processed a`)), chromedp.WaitVisible(css(row)))
+	require.Contains(t, text(`#scanned`), "Matched among")
+	require.Contains(t, text(row), hostileKey)
+	require.Equal(t, "0", eval(injected), "the values are text, not markup")
 
 	// A relay dead letter (as a broker's refusal leaves one; put in place
 	// here, on a feed of its own), found on the dead-letter page under its
@@ -275,6 +292,17 @@ func TestConsoleInABrowser(t *testing.T) {
 	do("the dead letter is gone", chromedp.WaitVisible(css(`#empty`)))
 	do("its timeline shows it processed", chromedp.Navigate(console+"#/events/"+refused.ID.String()),
 		chromedp.WaitVisible(css(`#timeline li[data-group="billing"] .state.processed`)))
+
+	// With the relay stopped, an event waits in the outbox: its timeline
+	// says where.
+	stopRelay()
+	require.NoError(t, <-relayDone)
+	relayDone <- nil // for the cleanup
+	waiting := &ferry.Event{Topic: "orders", Key: "customer-late", Type: "OrderPlaced", Payload: []byte(`{"total":3}`)}
+	require.NoError(t, client.Emit(context.Background(), waiting))
+	do("an unpublished event's timeline", chromedp.Navigate(console+"#/events/"+waiting.ID.String()), chromedp.WaitVisible(css(`#unpublished`)))
+	require.Contains(t, text(`#unpublished`), "Waiting in the outbox")
+	require.Contains(t, text(`#unpublished`), "0 events ahead of it in default/0")
 
 	// The address `ferry ui` prints carries the token in its fragment: the
 	// page keeps it for the tab and takes it out of the address.

@@ -38,7 +38,7 @@ func testActivityRecordAndList(t *testing.T, d ferrydriver.ActivityRecorder) {
 	t0 := time.Now().UTC().Truncate(time.Millisecond)
 	samples := []*ferrydriver.ActivitySample{
 		{Kind: ferrydriver.ActivityRelay, Name: "default/0", Process: "p1", At: t0, Interval: 10 * time.Second, Done: 12_345, Failed: 3, Dead: 1,
-			LatencyP50: 2500 * time.Microsecond, LatencyP99: 41 * time.Millisecond},
+			LatencyP50: 2500 * time.Microsecond, LatencyP99: 41 * time.Millisecond, LagEvents: 123_456_789, LagAge: 95*time.Second + 250*time.Millisecond},
 		{Kind: ferrydriver.ActivityConsumer, Name: "billing", Process: "p1", At: t0.Add(time.Second), Interval: 9500 * time.Millisecond, Done: 700,
 			LatencyP50: 8 * time.Millisecond, LatencyP99: 30 * time.Millisecond, HandlerP50: 900 * time.Microsecond, HandlerP99: 4 * time.Millisecond},
 		{Kind: ferrydriver.ActivityConsumer, Name: "billing", Process: "p2", At: t0.Add(2 * time.Second), Interval: 10 * time.Second, Failed: 5, Dead: 2},
@@ -54,9 +54,9 @@ func testActivityRecordAndList(t *testing.T, d ferrydriver.ActivityRecorder) {
 		require.Equal(t, want.Name, g.Name)
 		require.Equal(t, want.Process, g.Process)
 		require.WithinDuration(t, want.At, g.At, time.Millisecond)
-		require.Equal(t, []int64{want.Done, want.Failed, want.Dead}, []int64{g.Done, g.Failed, g.Dead})
+		require.Equal(t, []int64{want.Done, want.Failed, want.Dead, want.LagEvents}, []int64{g.Done, g.Failed, g.Dead, g.LagEvents})
 		for j, pair := range [][2]time.Duration{{want.Interval, g.Interval}, {want.LatencyP50, g.LatencyP50}, {want.LatencyP99, g.LatencyP99},
-			{want.HandlerP50, g.HandlerP50}, {want.HandlerP99, g.HandlerP99}} {
+			{want.HandlerP50, g.HandlerP50}, {want.HandlerP99, g.HandlerP99}, {want.LagAge, g.LagAge}} {
 			require.InDelta(t, pair[0], pair[1], float64(time.Microsecond), "sample %d, duration %d", i, j)
 		}
 	}

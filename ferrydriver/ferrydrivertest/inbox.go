@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,16 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("DeadRowsPageByCursor", func(t *testing.T) { t.Parallel(); testInboxPages(t, newDriver(t)) })
 	t.Run("AwaitSettled", func(t *testing.T) { t.Parallel(); testAwaitSettled(t, newDriver(t)) })
 	t.Run("PolicyChangesAndContinueRedrive", func(t *testing.T) { t.Parallel(); testInboxPolicy(t, newDriver(t)) })
+	t.Run("AttemptHistory", func(t *testing.T) {
+		t.Parallel()
+		d := newDriver(t)
+		l, ok := any(d).(ferrydriver.AttemptLister)
+		if !ok {
+			t.Logf("%s does not implement ferrydriver.AttemptLister: the console shows a row's last error only", d.Name())
+			return
+		}
+		testInboxAttempts(t, d, l)
+	})
 	t.Run("Retract", func(t *testing.T) {
 		t.Parallel()
 		d := newDriver(t)
@@ -733,4 +744,119 @@ func testInboxPages[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	require.Len(t, seen, len(evs), "every dead row once")
 	_, err = d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxPending}, After: after})
 	require.ErrorIs(t, err, ferrydriver.ErrCursorNeedsFinishedStates)
+}
+
+// testInboxAttempts: a row's history holds its failed attempts (a crashed
+// one leaves a gap in the numbers) and its redrives, not its successes nor
+// an attempt taken back; it keeps the latest AttemptHistory entries, each
+// error cut to AttemptErrorChars.
+func testInboxAttempts[TTx any](t *testing.T, d InboxDriver[TTx], l ferrydriver.AttemptLister) {
+	ctx := ctxT(t, 60*time.Second)
+	start := time.Now().Add(-time.Second)
+	history := func(id uuid.UUID) []ferrydriver.AttemptRecord {
+		t.Helper()
+		h, err := l.InboxAttempts(ctx, group, id)
+		require.NoError(t, err)
+		for _, e := range h {
+			require.WithinRange(t, e.At, start, time.Now().Add(time.Second), "entry %+v", e)
+		}
+		return h
+	}
+	brief := func(h []ferrydriver.AttemptRecord) []string {
+		out := make([]string, len(h))
+		for i, e := range h {
+			out[i] = fmt.Sprintf("%d %s %s", e.Attempt, e.State, e.Error)
+		}
+		return out
+	}
+	// claimOne claims as a consumer does: a rescue of an expired claim
+	// when one is due, else the next runnable row.
+	claimOne := func(worker string, ttl time.Duration) *ferrydriver.InboxRow {
+		t.Helper()
+		var rows []*ferrydriver.InboxRow
+		require.Eventually(t, func() bool {
+			due, err := d.RescueDue(ctx, group)
+			require.NoError(t, err)
+			rows, err = d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 1, TTL: ttl, Rescue: due})
+			require.NoError(t, err)
+			return len(rows) == 1
+		}, 20*time.Second, 20*time.Millisecond)
+		return rows[0]
+	}
+	fail := func(row *ferrydriver.InboxRow, msg string, dead, uncounted bool) {
+		t.Helper()
+		require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: row.Event.ID, Claim: row.Claim,
+			Error: msg, RetryAt: time.Now().Add(-time.Second), Dead: dead, Uncounted: uncounted}))
+	}
+
+	a := Event("t", "a", "a")
+	insert(ctx, t, d, a)
+	require.Empty(t, history(a.ID), "no history before a failure")
+	fail(claimOne("w", time.Minute), "first: timeout", false, false)
+	// The second attempt crashes: its claim expires with no report.
+	claimOne("dies", 200*time.Millisecond)
+	third := claimOne("w", time.Minute)
+	require.Equal(t, 3, third.Attempts)
+	fail(third, "second: <bad> \"input\"", true, false)
+	require.Equal(t, []string{"1 failed first: timeout", "3 dead second: <bad> \"input\""}, brief(history(a.ID)),
+		"the crashed attempt 2 has no entry")
+	n, err := d.RedriveInbox(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{a.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	again := claimOne("w", time.Minute)
+	require.Equal(t, 1, again.Attempts, "a redrive resets the attempts")
+	complete(ctx, t, d, again)
+	require.Equal(t, []string{"1 failed first: timeout", "3 dead second: <bad> \"input\"", "3 pending "}, brief(history(a.ID)),
+		"the redrive is kept; the attempt that processed adds nothing")
+
+	// An attempt taken back (the handler never ran) is not history; the
+	// latest AttemptHistory entries are.
+	b := Event("t", "b", "b")
+	insert(ctx, t, d, b)
+	fail(claimOne("w", time.Minute), "not begun", false, true)
+	require.Empty(t, history(b.ID), "an uncounted attempt leaves no entry")
+	const failures = ferrydriver.AttemptHistory + 3
+	long := strings.Repeat("é", ferrydriver.AttemptErrorChars+100)
+	for i := 1; i <= failures; i++ {
+		msg := "failure " + strconv.Itoa(i)
+		if i == failures {
+			msg = long
+		}
+		row := claimOne("w", time.Minute)
+		require.Equal(t, i, row.Attempts)
+		fail(row, msg, i == failures, false)
+	}
+	h := history(b.ID)
+	require.Len(t, h, ferrydriver.AttemptHistory, "the history keeps the latest entries")
+	require.Equal(t, failures-ferrydriver.AttemptHistory+1, h[0].Attempt, "the oldest went first")
+	require.Equal(t, "failure "+strconv.Itoa(failures-ferrydriver.AttemptHistory+1), h[0].Error)
+	require.Equal(t, failures, h[len(h)-1].Attempt)
+	require.Equal(t, ferrydriver.InboxDead, h[len(h)-1].State)
+	require.Equal(t, long[:2*ferrydriver.AttemptErrorChars], h[len(h)-1].Error, "an entry's error is cut to AttemptErrorChars characters")
+	rows, err := d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxDead}, EventIDs: []uuid.UUID{b.ID}})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, long, rows[0].LastError, "the row's last error is whole")
+
+	// Attempts that ended with no report spend the row's MaxAttempts: it
+	// goes DEAD with an entry saying so.
+	c := Event("t", "c", "c")
+	insert(ctx, t, d, c)
+	for range 2 {
+		claimOne("dies", 100*time.Millisecond)
+	}
+	var spent []*ferrydriver.InboxRow
+	require.Eventually(t, func() bool {
+		due, err := d.RescueDue(ctx, group)
+		require.NoError(t, err)
+		spent, err = d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "w", Limit: 1, TTL: time.Minute, MaxAttempts: 2, Rescue: due})
+		require.NoError(t, err)
+		return len(spent) == 1
+	}, 20*time.Second, 20*time.Millisecond)
+	require.Equal(t, ferrydriver.InboxDead, spent[0].State)
+	require.Equal(t, []string{"2 dead " + ferrydriver.ReasonAttemptsExhausted}, brief(history(c.ID)))
+
+	none, err := l.InboxAttempts(ctx, group, uuid.New())
+	require.NoError(t, err)
+	require.Empty(t, none, "an event the group never received has no history")
 }

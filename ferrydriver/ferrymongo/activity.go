@@ -29,6 +29,8 @@ type activityDoc struct {
 	LatencyP99 float64   `bson:"latency_p99"`
 	HandlerP50 float64   `bson:"handler_p50"`
 	HandlerP99 float64   `bson:"handler_p99"`
+	LagEvents  int64     `bson:"lag_events,omitempty"`
+	LagSeconds float64   `bson:"lag_seconds,omitempty"`
 }
 
 // RecordActivity implements ferrydriver.ActivityRecorder. The server
@@ -42,7 +44,7 @@ func (d *Driver) RecordActivity(ctx context.Context, p *ferrydriver.RecordActivi
 	for i, s := range p.Samples {
 		docs[i] = activityDoc{Kind: s.Kind, Name: s.Name, Process: s.Process, At: s.At.UTC(), Seconds: s.Interval.Seconds(),
 			Done: s.Done, Failed: s.Failed, Dead: s.Dead, LatencyP50: s.LatencyP50.Seconds(), LatencyP99: s.LatencyP99.Seconds(),
-			HandlerP50: s.HandlerP50.Seconds(), HandlerP99: s.HandlerP99.Seconds()}
+			HandlerP50: s.HandlerP50.Seconds(), HandlerP99: s.HandlerP99.Seconds(), LagEvents: s.LagEvents, LagSeconds: s.LagAge.Seconds()}
 	}
 	if _, err := d.activity().InsertMany(ctx, docs, options.InsertMany().SetOrdered(false)); err != nil {
 		return fmt.Errorf("ferrymongo: record activity: %w", err)
@@ -76,7 +78,7 @@ func (d *Driver) ListActivity(ctx context.Context, p *ferrydriver.ListActivityPa
 		sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 		out[i] = &ferrydriver.ActivitySample{Kind: doc.Kind, Name: doc.Name, Process: doc.Process, At: doc.At, Interval: sec(doc.Seconds),
 			Done: doc.Done, Failed: doc.Failed, Dead: doc.Dead, LatencyP50: sec(doc.LatencyP50), LatencyP99: sec(doc.LatencyP99),
-			HandlerP50: sec(doc.HandlerP50), HandlerP99: sec(doc.HandlerP99)}
+			HandlerP50: sec(doc.HandlerP50), HandlerP99: sec(doc.HandlerP99), LagEvents: doc.LagEvents, LagAge: sec(doc.LagSeconds)}
 	}
 	return out, nil
 }

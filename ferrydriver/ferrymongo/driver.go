@@ -343,6 +343,10 @@ func (d *Driver) appendDocs(ctx, tx context.Context, p *ferrydriver.AppendParams
 	return nil
 }
 
+// droppedIndexes are indexes of the inbox that earlier versions created
+// and that an index of indexes() replaced: Migrate drops them.
+var droppedIndexes = []string{"g_1_state_1_finished_at_1"}
+
 // index is one index Migrate ensures.
 type index struct {
 	coll  *mongo.Collection
@@ -357,13 +361,20 @@ func (d *Driver) indexes() []index {
 		{d.outbox, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}, {Key: "key", Value: 1}, {Key: "seq", Value: 1}}}},
 		{d.checkpoints, mongo.IndexModel{Keys: bson.D{{Key: "p", Value: 1}}}},
 		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "failed_at", Value: -1}}}},
+		// A key's dead letters (the console's key page), newest first.
+		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "event.key", Value: 1}, {Key: "failed_at", Value: -1}, {Key: "event._id", Value: 1}}}},
 		// Retention of dead letters: a feed's oldest first.
 		{d.deadLetters, mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "failed_at", Value: 1}}}},
 		{d.requests(), mongo.IndexModel{Keys: bson.D{{Key: "created_at", Value: 1}}}},
 		// A key's head: its unfinished rows in order.
 		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "key", Value: 1}, {Key: "state", Value: 1}, {Key: "pos", Value: 1}}}},
-		// Retention of processed rows and listings of dead ones.
-		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "state", Value: 1}, {Key: "finished_at", Value: 1}}}},
+		// A group's rows of a state in the order they are listed (newest
+		// finished, then newest received, first): a page of them, PENDING
+		// ones too, is a range of this index, not a sort of all of them.
+		// Retention of processed rows reads it too. It replaces one on
+		// (g, state, finished_at) (droppedIndexes).
+		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "state", Value: 1}, {Key: "finished_at", Value: 1},
+			{Key: "received_at", Value: 1}, {Key: "_id", Value: 1}}}},
 		{d.inboxKeys(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "runnable_at", Value: 1}}}},
 		// Rows being processed, by claim expiry: rescues of expired claims.
 		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "claim_expires_at", Value: 1}},
@@ -425,6 +436,11 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 	for _, ix := range d.indexes() {
 		if _, err := ix.coll.Indexes().CreateOne(ctx, ix.model); err != nil {
 			return nil, fmt.Errorf("ferrymongo: index on %s: %w", ix.coll.Name(), err)
+		}
+	}
+	for _, name := range droppedIndexes {
+		if err := d.inbox().Indexes().DropOne(ctx, name); err != nil && !hasCode(err, 27) { // 27: IndexNotFound
+			return nil, fmt.Errorf("ferrymongo: drop the replaced index %s of %s: %w", name, d.inbox().Name(), err)
 		}
 	}
 	if err := d.reconcileTTL(ctx); err != nil {

@@ -56,6 +56,26 @@ type inboxDoc struct {
 	FinishedAt     *time.Time        `bson:"finished_at,omitempty"`
 }
 
+// attemptEntry is one entry of an inbox row's attempt_log, its history
+// (ferrydriver.AttemptLister): only InboxAttempts reads it.
+type attemptEntry struct {
+	N     int       `bson:"n"`
+	State string    `bson:"state"`
+	Error string    `bson:"error"`
+	At    time.Time `bson:"at"`
+}
+
+// pushAttempt is the update operator that appends an entry to a row's
+// history, keeping its latest ferrydriver.AttemptHistory entries.
+func pushAttempt(n int, state ferrydriver.InboxState, errText string, at time.Time) bson.E {
+	if r := []rune(errText); len(r) > ferrydriver.AttemptErrorChars {
+		errText = string(r[:ferrydriver.AttemptErrorChars])
+	}
+	entry := attemptEntry{N: n, State: string(state), Error: errText, At: at}
+	return bson.E{Key: "$push", Value: bson.D{{Key: "attempt_log", Value: bson.D{
+		{Key: "$each", Value: bson.A{entry}}, {Key: "$slice", Value: -ferrydriver.AttemptHistory}}}}}
+}
+
 func (d *inboxDoc) row() (*ferrydriver.InboxRow, error) {
 	o := outboxDoc{ID: d.ID.Event, Topic: d.Topic, Key: d.Key, Seq: d.Seq, Type: d.Type, Source: d.Source, ContentType: d.ContentType,
 		Headers: d.Headers, Payload: d.Payload, CreatedAt: d.CreatedAt}
@@ -378,7 +398,8 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		err := d.inbox().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: h.doc.ID}, {Key: "state", Value: h.doc.State}},
 			bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxDead)}, {Key: "last_error", Value: reason},
 				{Key: "finished_at", Value: now}}},
-				{Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_expires_at", Value: ""}, {Key: "claim_token", Value: ""}}}},
+				{Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_expires_at", Value: ""}, {Key: "claim_token", Value: ""}}},
+				pushAttempt(h.doc.Attempts, ferrydriver.InboxDead, ferrydriver.ReasonAttemptsExhausted, now)},
 			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
 		if err != nil {
 			return nil, err
@@ -484,6 +505,14 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 	}
 	if err != nil {
 		return fmt.Errorf("ferrymongo: mark inbox row %s: %w", state, err)
+	}
+	if !uncounted && (state == ferrydriver.InboxFailed || state == ferrydriver.InboxDead) {
+		// The history's entry: doc is the row before the update, its
+		// attempts this attempt's number (the claim counted it).
+		if _, err := d.inbox().UpdateOne(tx, bson.D{{Key: "_id", Value: doc.ID}},
+			bson.D{pushAttempt(doc.Attempts, state, lastErr, now)}); err != nil {
+			return fmt.Errorf("ferrymongo: record the failed attempt of event %s: %w", id, err)
+		}
 	}
 	if err := d.refreshKey(tx, group, doc.Key, now); err != nil {
 		return fmt.Errorf("ferrymongo: refresh inbox key %s: %w", doc.Key, err)
@@ -634,6 +663,14 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 			}
 			if err != nil {
 				return err
+			}
+			if state == ferrydriver.InboxPending {
+				// doc is the row before the redrive: its attempts are
+				// what the redrive reset.
+				if _, err := d.inbox().UpdateOne(tx, bson.D{{Key: "_id", Value: doc.ID}},
+					bson.D{pushAttempt(doc.Attempts, ferrydriver.InboxPending, "", now)}); err != nil {
+					return err
+				}
 			}
 			keys[doc.Key] = true
 			changed++
@@ -857,3 +894,25 @@ func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledPa
 }
 
 var _ ferrydriver.Inbox[context.Context] = (*Driver)(nil)
+
+// InboxAttempts implements ferrydriver.AttemptLister.
+func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
+	var doc struct {
+		Log []attemptEntry `bson:"attempt_log"`
+	}
+	err := d.inbox().FindOne(ctx, bson.D{{Key: "_id", Value: rowID(group, eventID)}},
+		options.FindOne().SetProjection(bson.D{{Key: "attempt_log", Value: 1}})).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferrymongo: read the attempts of event %s: %w", eventID, err)
+	}
+	var out []ferrydriver.AttemptRecord
+	for _, e := range doc.Log {
+		out = append(out, ferrydriver.AttemptRecord{Attempt: e.N, State: ferrydriver.InboxState(e.State), Error: e.Error, At: e.At})
+	}
+	return out, nil
+}
+
+var _ ferrydriver.AttemptLister = (*Driver)(nil)

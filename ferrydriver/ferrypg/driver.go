@@ -444,7 +444,7 @@ type queries struct {
 	inboxCompleteRows, inboxCompleteRowsCommit                                                  string
 	activityInsert, activityList                                                                string
 	deadLetterReasons, inboxDeadReasons                                                         string
-	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed                                 string
+	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed, inboxAttempts                  string
 	waiterAdd, waiterRemove, inboxCounts                                                        string
 	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                 string
 	inboxDeleteIdleKeys, inboxRetract, oldestOutboxTx                                           string
@@ -478,7 +478,7 @@ func newQueries(schema string) queries {
 		inboxCompleteRowsCommit: r(strings.Replace(sqlInboxCompleteRows, "{tail}", finishRowsTailCommit, 1)),
 		inboxLockKeys:           r(sqlInboxLockKeys), inboxRefreshKeys: r(sqlInboxRefreshKeys), inboxGroups: r(sqlInboxGroups),
 		inboxListProcessing: r(inboxListProcessing), inboxRetractClaims: r(sqlInboxRetractClaims), inboxCompleteOne: r(strings.Replace(sqlInboxCompleteOne, "{tail}", finishTail, 1)),
-		inboxSetState: r(sqlInboxSetState), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates), oldestOutboxTx: r(sqlOldestOutboxTx),
+		inboxSetState: r(sqlInboxSetState), inboxAttempts: r(sqlInboxAttempts), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates), oldestOutboxTx: r(sqlOldestOutboxTx),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
 		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
 		inboxDeleteIdleKeys: r(sqlInboxDeleteIdleKeys), inboxRetract: r(sqlInboxRetract),

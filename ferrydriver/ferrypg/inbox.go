@@ -2,6 +2,7 @@ package ferrypg
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -587,19 +588,24 @@ func scanInboxRow(r rows, group string, lead ...any) (*ferrydriver.InboxRow, err
 // named as literals (see sqlInboxList).
 func (d *Driver[TTx]) listQuery(states []string) (string, error) {
 	var stored []string
-	processing, claimed := "", inboxListUnclaimed
+	processing, unclaimed := "", false
 	for _, st := range states {
 		switch {
 		case !ferrydriver.InboxState(st).Valid():
 			return "", fmt.Errorf("%q is not an inbox state", st)
 		case st == string(ferrydriver.InboxProcessing):
-			processing, claimed = d.queries.inboxListProcessing, inboxListClaimed
+			processing = d.queries.inboxListProcessing
 		default:
-			if st == string(ferrydriver.InboxPending) || st == string(ferrydriver.InboxFailed) {
-				claimed = inboxListClaimed
-			}
+			unclaimed = unclaimed || st == string(ferrydriver.InboxPending) || st == string(ferrydriver.InboxFailed)
 			stored = append(stored, "'"+st+"'")
 		}
+	}
+	// A claimed row reads as PROCESSING: with PROCESSING asked for, every
+	// row found passes (each is in a state asked for, or claimed); without
+	// it, a PENDING or FAILED row passes only if no claim covers it.
+	claimed := inboxListUnclaimed
+	if unclaimed && processing == "" {
+		claimed = inboxListClaimed
 	}
 	if len(stored) == 0 {
 		stored = []string{"'processing'"} // stored by no row: the claims' part alone
@@ -897,4 +903,42 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 	return states, nil
 }
 
-var _ ferrydriver.Inbox[pgx.Tx] = (*Driver[pgx.Tx])(nil)
+var (
+	_ ferrydriver.Inbox[pgx.Tx] = (*Driver[pgx.Tx])(nil)
+	_ ferrydriver.AttemptLister = (*Driver[pgx.Tx])(nil)
+)
+
+// attemptEntry is one entry of an inbox row's attempt_log (logAttempt).
+type attemptEntry struct {
+	N     int       `json:"n"`
+	State string    `json:"state"`
+	Error string    `json:"error"`
+	At    time.Time `json:"at"`
+}
+
+// InboxAttempts implements ferrydriver.AttemptLister.
+func (d *Driver[TTx]) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
+	r, err := d.db.query(ctx, d.queries.inboxAttempts, group, eventID.String())
+	if err != nil {
+		return nil, d.wrapErr("read the attempts of event "+eventID.String(), err)
+	}
+	defer r.Close()
+	var out []ferrydriver.AttemptRecord
+	for r.Next() {
+		var text string
+		if err := r.Scan(&text); err != nil {
+			return nil, d.wrapErr("read the attempts of event "+eventID.String(), err)
+		}
+		var entries []attemptEntry
+		if err := json.Unmarshal([]byte(text), &entries); err != nil {
+			return nil, fmt.Errorf("ferrypg: the attempt log of event %s in group %s: %w", eventID, group, err)
+		}
+		for _, e := range entries {
+			out = append(out, ferrydriver.AttemptRecord{Attempt: e.N, State: ferrydriver.InboxState(e.State), Error: e.Error, At: e.At})
+		}
+	}
+	if err := r.Err(); err != nil {
+		return nil, d.wrapErr("read the attempts of event "+eventID.String(), err)
+	}
+	return out, nil
+}

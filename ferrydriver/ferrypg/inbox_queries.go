@@ -1,8 +1,13 @@
 package ferrypg
 
-import "strings"
+import (
+	"strconv"
+	"strings"
 
-// SQL of the consumer inbox (migrations 002, 007, 008, 011 and 013). {schema} is
+	"github.com/ferry-dev/ferry/ferrydriver"
+)
+
+// SQL of the consumer inbox (migrations 002, 007, 008, 011, 013 and 014). {schema} is
 // replaced by the quoted schema name.
 //
 // The inbox keeps one row per (group, event), written twice: when it is
@@ -87,7 +92,7 @@ const inboxClaimed = `
  CROSS JOIN LATERAL (SELECT CASE WHEN i.state IN ('pending', 'failed') THEN EXISTS (
         SELECT 1 FROM {schema}.inbox_keys c
          WHERE c.key = i.key AND c.group_name = i.group_name AND c.claim_token IS NOT NULL
-           AND i.pos > c.claim_from AND i.pos <= c.claim_through) ELSE false END AS claimed) cl`
+           AND i.pos > c.claim_from AND i.pos <= c.claim_through) ELSE false END AS claimed OFFSET 0) cl`
 
 // sqlInboxClaim claims runs of keys' rows: the keys ($2 at most) whose
 // runnable_at has come, oldest first, locked with SKIP LOCKED, and of each
@@ -128,7 +133,8 @@ WITH k AS (
 ), spent AS (
     UPDATE {schema}.inbox i
        SET state = 'dead', finished_at = now(),
-           last_error = $7 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
+           last_error = $7 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', ''),
+           attempt_log = ` + logAttempt("i.attempts", "'dead'", "$7") + `
       FROM (SELECT DISTINCT ON (r.key) r.* FROM r ORDER BY r.key, r.pos) h
      WHERE i.group_name = $1 AND i.event_id = ANY ((SELECT array_agg(r.event_id) FROM r)::uuid[]) AND i.ctid = h.tid AND i.event_id = h.event_id
        AND $6 > 0 AND h.attempts >= $6 AND (h.state = 'pending' OR (h.state = 'failed' AND h.next_attempt_at <= now()))
@@ -209,10 +215,11 @@ UPDATE {schema}.inbox_keys
 // sqlInboxKill makes the row $2 DEAD: its attempts are spent. Like
 // sqlInboxCharge, it does not wait for a row another transaction locked:
 // it returns nothing then.
-const sqlInboxKill = `
+var sqlInboxKill = `
 UPDATE {schema}.inbox i
    SET state = 'dead', finished_at = now(),
-       last_error = $3 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', '')
+       last_error = $3 || COALESCE(' (last recorded error: ' || NULLIF(i.last_error, '') || ')', ''),
+       attempt_log = ` + logAttempt("i.attempts", "'dead'", "$3") + `
  WHERE i.group_name = $1 AND i.event_id = $2 AND i.ctid = ANY (ARRAY(
        SELECT l.ctid FROM {schema}.inbox l WHERE l.group_name = $1 AND l.event_id = $2 FOR UPDATE SKIP LOCKED))
 RETURNING i.state, i.attempts, COALESCE(i.last_error, ''), COALESCE(i.finished_at, 'epoch')`
@@ -276,6 +283,9 @@ WITH x AS MATERIALIZED (
        SET state = CASE WHEN w.run OR w.stop THEN w.state ELSE i.state END,
            attempts = CASE WHEN w.uncounted THEN i.attempts ELSE i.attempts + 1 END,
            last_error = CASE WHEN w.state = 'processed' THEN i.last_error ELSE w.err END,
+           attempt_log = CASE WHEN NOT w.uncounted AND w.state IN ('failed', 'dead')
+                              THEN ` + logAttempt("i.attempts + 1", "CASE WHEN w.run OR w.stop THEN w.state ELSE 'failed' END", "w.err") + `
+                              ELSE i.attempt_log END,
            next_attempt_at = CASE WHEN w.run OR w.stop THEN COALESCE(w.retry_at, i.next_attempt_at) ELSE i.next_attempt_at END,
            finished_at = CASE WHEN NOT (w.run OR w.stop) THEN i.finished_at WHEN w.state IN ('processed', 'dead') THEN now() END
       FROM w
@@ -513,12 +523,25 @@ UPDATE {schema}.inbox_keys k
 // headNext is when a key whose head is h may run.
 const headNext = `CASE h.state WHEN 'pending' THEN now() WHEN 'failed' THEN h.next_attempt_at END`
 
+// logAttempt is row i's history (ferrydriver.AttemptLister) with an entry
+// for attempt n appended: the state it left the row in, its error; the
+// oldest entry goes when the history is full.
+func logAttempt(n, state, err string) string {
+	return `(CASE WHEN jsonb_array_length(COALESCE(i.attempt_log, '[]')) >= ` + strconv.Itoa(ferrydriver.AttemptHistory) +
+		` THEN i.attempt_log - 0 ELSE COALESCE(i.attempt_log, '[]') END) || jsonb_build_array(jsonb_build_object('n', ` + n +
+		`, 'state', ` + state + `, 'error', left(` + err + `, ` + strconv.Itoa(ferrydriver.AttemptErrorChars) + `), 'at', now()))`
+}
+
+// sqlInboxAttempts reads the history of row $2 of group $1.
+const sqlInboxAttempts = `SELECT i.attempt_log::text FROM {schema}.inbox i WHERE i.event_id = $2 AND i.group_name = $1 AND i.attempt_log IS NOT NULL`
+
 // sqlInboxSetState moves DEAD rows to $3 (pending: redrive; discarded)
 // and returns their keys; the caller recomputes the keys.
-const sqlInboxSetState = `
-UPDATE {schema}.inbox
+var sqlInboxSetState = `
+UPDATE {schema}.inbox i
    SET state = $3,
        attempts = CASE WHEN $3 = 'pending' THEN 0 ELSE attempts END,
+       attempt_log = CASE WHEN $3 = 'pending' THEN ` + logAttempt("i.attempts", "'pending'", "''") + ` ELSE attempt_log END,
        next_attempt_at = now(),
        finished_at = CASE WHEN $3 = 'discarded' THEN now() ELSE finished_at END
  WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) AND state = 'dead'
@@ -576,15 +599,17 @@ SELECT ` + inboxRowColumns + ` FROM (
  ORDER BY i.finished_at DESC NULLS FIRST, i.received_at DESC, i.event_id DESC LIMIT $8`
 
 // inboxListClaimed is sqlInboxList's {claimed} when the states asked for
-// include PENDING or FAILED, which a claimed row is stored as: such a row
-// is listed only if PROCESSING is asked for. Without those states no row
-// listed can be claimed, and {claimed} is inboxListUnclaimed: with this
-// filter (a subplan per row whose selectivity the planner cannot know)
-// a page of 500 DEAD rows of 100,000 was costed as a walk of all of them,
-// past jit_above_cost, and JIT compilation took 0.8 s of a 1 ms query
-// (BenchmarkPagesAtScale).
+// include PENDING or FAILED, which a claimed row is stored as, and not
+// PROCESSING, which it reads as: such a row is not listed. Otherwise every
+// row found passes, and {claimed} is inboxListUnclaimed. A filter of the
+// form "(CASE WHEN cl.claimed ...) = ANY ($2)" was estimated to keep 0.5%
+// of the rows: a page of 500 DEAD rows of 100,000 was costed as a walk of
+// all of them, past jit_above_cost, and JIT compilation took 0.8 s of a
+// 1 ms query (BenchmarkPagesAtScale); so was a page of PENDING rows, and
+// the subplan ran three times a row. inboxClaimed's subquery is kept
+// whole (OFFSET 0): it runs once a row.
 const (
-	inboxListClaimed   = `(CASE WHEN cl.claimed THEN 'processing' ELSE i.state END) = ANY ($2::text[])`
+	inboxListClaimed   = `NOT cl.claimed AND cardinality($2::text[]) > 0`
 	inboxListUnclaimed = `cardinality($2::text[]) > 0`
 )
 
@@ -621,10 +646,14 @@ DELETE FROM {schema}.inbox_keys k
                       AND i.state IN ('pending', 'processing', 'failed', 'dead'))`
 
 // sqlInboxCounts counts a group's PENDING, PROCESSING, FAILED and DEAD
-// rows, each up to $2, through inbox_states_idx (migration 007): O($2)
+// rows, each up to $2, through inbox_state_pages_idx (migration 016): O($2)
 // whatever the backlog. The states are literals so that the partial index
-// applies. Rows inside claims (found through the claimed keys) count as
-// PROCESSING, not as what they are stored as.
+// applies, and each count reads in the index's order: a sequential scan
+// with a LIMIT looked as cheap to the planner, whatever the table held
+// before the rows it counts (1,936 buffers for a count of 100 PENDING rows
+// behind 100,000 DEAD ones, TestConsolePagesAreFlat, now and then). Rows
+// inside claims (found through the claimed keys) count as PROCESSING, not
+// as what they are stored as.
 var sqlInboxCounts = `
 WITH claimed AS MATERIALIZED (
     SELECT i.state FROM {schema}.inbox_keys ck CROSS JOIN LATERAL (
@@ -637,7 +666,8 @@ WITH claimed AS MATERIALIZED (
 SELECT ` + strings.Join(func() []string {
 	var q []string
 	for _, st := range []string{"pending", "processing", "failed", "dead"} {
-		stored := `(SELECT count(*) FROM (SELECT 1 FROM {schema}.inbox WHERE group_name = $1 AND state = '` + st + `' LIMIT $2) c)`
+		stored := `(SELECT count(*) FROM (SELECT 1 FROM {schema}.inbox WHERE group_name = $1 AND state = '` + st + `'
+                                 ORDER BY finished_at, received_at, event_id LIMIT $2) c)`
 		switch st {
 		case "processing":
 			stored = `(SELECT count(*) FROM claimed)`

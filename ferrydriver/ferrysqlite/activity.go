@@ -20,10 +20,11 @@ func (d *Driver) RecordActivity(ctx context.Context, p *ferrydriver.RecordActivi
 	return d.write(ctx, "record activity", func(tx *sql.Tx) error {
 		for _, s := range p.Samples {
 			if _, err := tx.ExecContext(ctx, `
-INSERT INTO ferry_activity (kind, name, process, at, seconds, done, failed, dead, latency_p50, latency_p99, handler_p50, handler_p99)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+INSERT INTO ferry_activity (kind, name, process, at, seconds, done, failed, dead, latency_p50, latency_p99, handler_p50, handler_p99,
+                            lag_events, lag_seconds)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
 				s.Kind, s.Name, s.Process, micros(s.At), s.Interval.Seconds(), s.Done, s.Failed, s.Dead,
-				s.LatencyP50.Seconds(), s.LatencyP99.Seconds(), s.HandlerP50.Seconds(), s.HandlerP99.Seconds()); err != nil {
+				s.LatencyP50.Seconds(), s.LatencyP99.Seconds(), s.HandlerP50.Seconds(), s.HandlerP99.Seconds(), s.LagEvents, s.LagAge.Seconds()); err != nil {
 				return d.wrapErr("record activity", err)
 			}
 		}
@@ -43,7 +44,7 @@ func (d *Driver) ListActivity(ctx context.Context, p *ferrydriver.ListActivityPa
 		limit = ferrydriver.ActivityListCap
 	}
 	rows, err := d.r.QueryContext(ctx, `
-SELECT kind, name, process, at, seconds, done, failed, dead, latency_p50, latency_p99, handler_p50, handler_p99
+SELECT kind, name, process, at, seconds, done, failed, dead, latency_p50, latency_p99, handler_p50, handler_p99, lag_events, lag_seconds
   FROM ferry_activity WHERE at >= ?1 AND (?2 = '' OR kind = ?2) AND (?3 = '' OR name = ?3)
  ORDER BY at LIMIT ?4`, micros(p.Since), p.Kind, p.Name, limit)
 	if err != nil {
@@ -54,12 +55,13 @@ SELECT kind, name, process, at, seconds, done, failed, dead, latency_p50, latenc
 	for rows.Next() {
 		s := &ferrydriver.ActivitySample{}
 		var at int64
-		var secs, l50, l99, h50, h99 float64
-		if err := rows.Scan(&s.Kind, &s.Name, &s.Process, &at, &secs, &s.Done, &s.Failed, &s.Dead, &l50, &l99, &h50, &h99); err != nil {
+		var secs, l50, l99, h50, h99, lag float64
+		if err := rows.Scan(&s.Kind, &s.Name, &s.Process, &at, &secs, &s.Done, &s.Failed, &s.Dead, &l50, &l99, &h50, &h99, &s.LagEvents, &lag); err != nil {
 			return nil, d.wrapErr("list activity", err)
 		}
 		s.At = fromMicros(at)
 		s.Interval, s.LatencyP50, s.LatencyP99, s.HandlerP50, s.HandlerP99 = seconds(secs), seconds(l50), seconds(l99), seconds(h50), seconds(h99)
+		s.LagAge = seconds(lag)
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {

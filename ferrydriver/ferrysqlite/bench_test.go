@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/ferry-dev/ferry/ferryui/ferryuitest"
 	"github.com/ferry-dev/ferry/internal/memsink"
 	"github.com/stretchr/testify/require"
 )
@@ -161,4 +162,61 @@ func BenchmarkConsume(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkPagesAtScale times every API call the console makes
+// (ferryuitest.BenchmarkPages) on a SQLite database holding
+// FERRY_BENCH_OUTBOX undelivered events (default 1,000,000) over 4
+// partitions, 100,000 relay dead letters and a group with 100,000 dead
+// events (each with a history of 20 attempts), 100,000 processed and
+// 100,000 pending ones:
+//
+//	cd ferrydriver/ferrysqlite && go test -run '^$' -bench PagesAtScale -benchtime 20x
+func BenchmarkPagesAtScale(b *testing.B) {
+	outbox := ferryuitest.BenchOutboxSize(b)
+	const dead = 100_000
+	ctx := context.Background()
+	drv, err := ferrysqlite.Open(filepath.Join(b.TempDir(), "pages.db"), &ferrysqlite.Config{Partitions: 4, Synchronous: "NORMAL"})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = drv.Close() })
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(b, err)
+	start := time.Now()
+	now := time.Now().UnixMicro()
+	series := func(n int) string {
+		return `WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ` + strconv.Itoa(n) + `) `
+	}
+	uuidOf := `lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-7' || substr(hex(randomblob(2)), 2) || '-8' || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))`
+	n := strconv.FormatInt(now, 10)
+	for _, q := range []string{
+		series(outbox) + `INSERT INTO ferry_outbox (partition, event_id, topic, key, seq, type, payload, created_at)
+		 SELECT i % 4, ` + uuidOf + `, 'orders', 'customer-' || (i % 50000), i / 50000 + 1, 'OrderPlaced', X'7b7d', ` + n + ` - i * 1000 FROM s`,
+		series(dead) + `INSERT INTO ferry_dead_letters (feed, event_id, topic, key, seq, type, source, content_type, payload, created_at, reason, failed_at)
+		 SELECT 'default/' || (i % 4), ` + uuidOf + `, 'orders', 'customer-' || i, 1, 'OrderPlaced', 'ferry', '', X'7b7d', ` + n + `,
+		        'refused: ' || (i % 7), ` + n + ` - (i / 500) * 1000000 FROM s`,
+		series(2*dead) + `INSERT INTO ferry_inbox (group_name, event_id, key, seq, topic, type, payload, created_at, state, next_attempt_at, received_at, finished_at, last_error, attempts, attempt_log)
+		 SELECT 'billing', ` + uuidOf + `, 'customer-' || i, 1, 'orders', 'OrderPlaced', X'7b7d', ` + n + `,
+		        CASE WHEN i % 2 = 0 THEN 'dead' ELSE 'processed' END, ` + n + `, ` + n + `, ` + n + ` - i * 1000, 'declined ' || (i % 5), 20,
+		        CASE WHEN i % 2 = 0 THEN (SELECT json_group_array(json_object('n', k, 'state', 'failed', 'error', 'declined: ' || printf('%.200c', 'x'), 'at', ` + n + `))
+		                                   FROM (WITH RECURSIVE a(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM a WHERE k < 20) SELECT k FROM a)) END
+		   FROM s`,
+		series(dead) + `INSERT INTO ferry_inbox (group_name, event_id, key, seq, topic, type, payload, created_at, state, next_attempt_at, received_at)
+		 SELECT 'billing', ` + uuidOf + `, 'customer-' || (i % 50000), i, 'orders', 'OrderPlaced', X'7b7d', ` + n + `, 'pending', ` + n + `, ` + n + ` FROM s`,
+		series(2*dead) + `INSERT INTO ferry_inbox_keys (group_name, key, runnable_at) SELECT 'billing', 'customer-' || i, NULL FROM s`,
+		`INSERT INTO ferry_inbox_groups (group_name, hold_dead) VALUES ('billing', 1) ON CONFLICT DO NOTHING`,
+		`ANALYZE`,
+	} {
+		_, err := drv.DB().ExecContext(ctx, q)
+		require.NoError(b, err, q)
+	}
+	b.Logf("seeded %d outbox events, %d dead letters, %d inbox rows in %v", outbox, dead, 3*dead, time.Since(start).Round(time.Second))
+	var deadID, deepID, waiting string
+	var deepAt int64
+	require.NoError(b, drv.DB().QueryRowContext(ctx, `SELECT event_id FROM ferry_inbox WHERE state = 'dead' LIMIT 1`).Scan(&deadID))
+	require.NoError(b, drv.DB().QueryRowContext(ctx, `SELECT failed_at, event_id FROM ferry_dead_letters ORDER BY failed_at DESC, event_id LIMIT 1 OFFSET 75000`).Scan(&deepAt, &deepID))
+	// 700 events into partition 3's backlog: after the default scan
+	// (1,000 of each of the 4) of each partition before it.
+	require.NoError(b, drv.DB().QueryRowContext(ctx, `SELECT event_id FROM ferry_outbox WHERE partition = 3 ORDER BY id LIMIT 1 OFFSET 700`).Scan(&waiting))
+	ferryuitest.BenchmarkPages(b, drv, drv, ferryuitest.BenchPages{DeadEvent: deadID, Waiting: waiting,
+		DeepCursor: time.UnixMicro(deepAt).UTC().Format(time.RFC3339Nano) + "," + deepID, Key: "customer-42"})
 }

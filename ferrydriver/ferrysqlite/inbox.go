@@ -3,9 +3,11 @@ package ferrysqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -250,9 +252,10 @@ SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND cl
 				// Its last attempts lost their claims: give it up.
 				rows, err := tx.QueryContext(ctx, `
 UPDATE ferry_inbox
-   SET state = 'dead', claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL, finished_at = ?,
-       last_error = ? || COALESCE(' (last recorded error: ' || NULLIF(last_error, '') || ')', '')
- WHERE group_name = ? AND event_id = ? RETURNING `+inboxRowColumns, t, ferrydriver.ReasonAttemptsExhausted, p.Group, h.id)
+   SET state = 'dead', claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL, finished_at = ?1,
+       last_error = ?2 || COALESCE(' (last recorded error: ' || NULLIF(last_error, '') || ')', ''),
+       attempt_log = `+logAttempt("attempts", "'dead'", "?2", "?1")+`
+ WHERE group_name = ?3 AND event_id = ?4 RETURNING `+inboxRowColumns, t, ferrydriver.ReasonAttemptsExhausted, p.Group, h.id)
 				if err != nil {
 					return d.wrapErr(op, err)
 				}
@@ -349,6 +352,7 @@ UPDATE ferry_inbox
    SET state = ?1, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
        attempts = CASE WHEN ?9 THEN max(attempts - 1, 0) ELSE attempts END,
        last_error = CASE WHEN ?1 = 'processed' THEN last_error ELSE ?2 END,
+       attempt_log = CASE WHEN NOT ?9 AND ?1 IN ('failed', 'dead') THEN `+logAttempt("attempts", "?1", "?2", "?8")+` ELSE attempt_log END,
        next_attempt_at = COALESCE(?3, next_attempt_at), finished_at = ?4
  WHERE group_name = ?5 AND event_id = ?6 AND claim_token = ?7 AND state = 'processing' AND claim_expires_at > ?8
 RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), claim, t, uncounted).Scan(&key)
@@ -418,6 +422,23 @@ func placeholders(n int) string {
 
 // ListInbox implements ferrydriver.Inbox.
 func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
+	q, args, err := listInboxQuery(p)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	}
+	out, err := scanInboxRows(rows, p.Group)
+	if err != nil {
+		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	}
+	return out, nil
+}
+
+// listInboxQuery is ListInbox's statement and arguments.
+func listInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) {
 	states := p.States
 	if len(states) == 0 {
 		states = []ferrydriver.InboxState{ferrydriver.InboxDead}
@@ -426,11 +447,35 @@ func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) 
 	if limit <= 0 {
 		limit = 100
 	}
-	q := `SELECT ` + inboxRowColumns + ` FROM ferry_inbox WHERE group_name = ? AND state IN (` + placeholders(len(states)) + `)`
-	args := []any{p.Group}
-	for _, s := range states {
-		args = append(args, string(s))
+	// The states are literals (checked), so that the partial indexes of
+	// the states apply.
+	lits := make([]string, len(states))
+	for i, s := range states {
+		if !s.Valid() {
+			return "", nil, fmt.Errorf("ferrysqlite: list inbox of group %s: %q is not an inbox state", p.Group, s)
+		}
+		lits[i] = "'" + string(s) + "'"
 	}
+	where := `state IN (` + strings.Join(lits, ", ") + `)`
+	// SQLite uses a partial index only when the WHERE clause contains the
+	// index's own condition, or the same term: each index that may serve
+	// the list gets its condition written out.
+	if len(states) == 1 {
+		where = `state = ` + lits[0] // the PROCESSED pages' index
+		if states[0] != ferrydriver.InboxProcessed {
+			where += ` AND state <> 'processed'` // ferry_inbox_state_pages_idx
+		}
+	}
+	allUnfinished := true
+	for _, st := range states {
+		allUnfinished = allUnfinished && slices.Contains([]ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing,
+			ferrydriver.InboxFailed, ferrydriver.InboxDead}, st)
+	}
+	if allUnfinished {
+		where += ` AND ` + unfinished // a key's rows: ferry_inbox_unfinished_idx
+	}
+	q := `SELECT ` + inboxRowColumns + ` FROM ferry_inbox WHERE group_name = ? AND ` + where
+	args := []any{p.Group}
 	if p.Key != "" {
 		q += ` AND key = ?`
 		args = append(args, p.Key)
@@ -454,23 +499,23 @@ func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) 
 		args = append(args, micros(p.Until))
 	}
 	if err := ferrydriver.CheckInboxCursor(p); err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	if c := p.After; c != nil {
 		q += ` AND finished_at <= ? AND (finished_at, received_at, event_id) < (?, ?, ?)`
 		args = append(args, micros(c.FinishedAt), micros(c.FinishedAt), micros(c.ReceivedAt), c.EventID.String())
 	}
-	q += ` ORDER BY finished_at IS NOT NULL, finished_at DESC, received_at DESC, event_id DESC LIMIT ?`
-	args = append(args, limit)
-	rows, err := d.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	// Unfinished rows first (no finished_at), newest received first. With
+	// one state asked for, the rows are all finished or all not: the order
+	// is then an index's (ferry_inbox_state_pages_idx, migration 12, for
+	// an unfinished state), walked a page at a time instead of sorting the
+	// state's rows.
+	order := `finished_at IS NOT NULL, finished_at DESC, received_at DESC, event_id DESC`
+	if len(states) == 1 {
+		order = `finished_at DESC, received_at DESC, event_id DESC`
 	}
-	out, err := scanInboxRows(rows, p.Group)
-	if err != nil {
-		return nil, d.wrapErr("list inbox of group "+p.Group, err)
-	}
-	return out, nil
+	q += ` ORDER BY ` + order + ` LIMIT ?`
+	return q, append(args, limit), nil
 }
 
 // RedriveInbox implements ferrydriver.Inbox.
@@ -498,6 +543,7 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 UPDATE ferry_inbox
    SET state = ?1,
        attempts = CASE WHEN ?1 = 'pending' THEN 0 ELSE attempts END,
+       attempt_log = CASE WHEN ?1 = 'pending' THEN `+logAttempt("attempts", "'pending'", "''", "?2")+` ELSE attempt_log END,
        next_attempt_at = ?2,
        finished_at = CASE WHEN ?1 = 'discarded' THEN ?2 ELSE finished_at END
  WHERE group_name = ?3 AND event_id = ?4 AND state = 'dead'
@@ -528,12 +574,13 @@ RETURNING key`, string(state), t, p.Group, id.String()).Scan(&key)
 }
 
 // sqlInboxCounts counts each unfinished state of group ?1 up to ?2, through
-// ferry_inbox_states_idx: O(cap). The states are literals so that the
-// partial index applies.
+// ferry_inbox_state_pages_idx (migration 12): O(cap). The states are
+// literals, and the index's condition is repeated, so that the partial
+// index applies.
 var sqlInboxCounts = func() string {
 	var q []string
 	for _, st := range []string{"pending", "processing", "failed", "dead"} {
-		q = append(q, `SELECT '`+st+`', (SELECT count(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ?1 AND state = '`+st+`' LIMIT ?2))`)
+		q = append(q, `SELECT '`+st+`', (SELECT count(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ?1 AND state = '`+st+`' AND state <> 'processed' LIMIT ?2))`)
 	}
 	return strings.Join(q, " UNION ALL ")
 }()
@@ -725,3 +772,41 @@ func claimLimit(p *ferrydriver.ClaimInboxParams) int {
 	}
 	return n
 }
+
+// logAttempt is a row's attempt_log (ferrydriver.AttemptLister) with an
+// entry appended for attempt n: the state it left the row in, its error cut
+// to AttemptErrorChars, at (microseconds); the oldest entry goes when the
+// history is full. Each argument is an SQL expression.
+func logAttempt(n, state, err, at string) string {
+	return `json_insert(CASE WHEN json_array_length(COALESCE(attempt_log, '[]')) >= ` + strconv.Itoa(ferrydriver.AttemptHistory) +
+		` THEN json_remove(attempt_log, '$[0]') ELSE COALESCE(attempt_log, '[]') END, '$[#]', json_object('n', ` + n +
+		`, 'state', ` + state + `, 'error', substr(` + err + `, 1, ` + strconv.Itoa(ferrydriver.AttemptErrorChars) + `), 'at', ` + at + `))`
+}
+
+// InboxAttempts implements ferrydriver.AttemptLister.
+func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
+	var text sql.NullString
+	err := d.r.QueryRowContext(ctx, `SELECT attempt_log FROM ferry_inbox WHERE group_name = ? AND event_id = ?`, group, eventID.String()).Scan(&text)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !text.Valid) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, d.wrapErr("read the attempts of event "+eventID.String(), err)
+	}
+	var entries []struct {
+		N     int    `json:"n"`
+		State string `json:"state"`
+		Error string `json:"error"`
+		At    int64  `json:"at"`
+	}
+	if err := json.Unmarshal([]byte(text.String), &entries); err != nil {
+		return nil, fmt.Errorf("ferrysqlite: the attempt log of event %s in group %s: %w", eventID, group, err)
+	}
+	out := make([]ferrydriver.AttemptRecord, len(entries))
+	for i, e := range entries {
+		out[i] = ferrydriver.AttemptRecord{Attempt: e.N, State: ferrydriver.InboxState(e.State), Error: e.Error, At: time.UnixMicro(e.At)}
+	}
+	return out, nil
+}
+
+var _ ferrydriver.AttemptLister = (*Driver)(nil)

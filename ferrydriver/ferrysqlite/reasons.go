@@ -20,13 +20,13 @@ SELECT reason, count(*), max(failed_at), COALESCE(group_concat(CASE WHEN rn <= ?
  GROUP BY reason ORDER BY 2 DESC, 3 DESC, 1 LIMIT ?4`
 
 // sqlInboxDeadReasons groups the newest ?2 DEAD rows of group ?1
-// (ferry_inbox_dead_idx) by last error; ?3 and ?4 as above.
+// (ferry_inbox_state_pages_idx, migration 12) by last error; ?3 and ?4 as above.
 const sqlInboxDeadReasons = `
 SELECT last_error, count(*), max(finished_at), COALESCE(group_concat(CASE WHEN rn <= ?3 THEN event_id END, ',' ORDER BY finished_at DESC, event_id), ''),
        sum(count(*)) OVER ()
   FROM (SELECT last_error, finished_at, event_id, row_number() OVER (PARTITION BY last_error ORDER BY finished_at DESC, event_id) AS rn
           FROM (SELECT COALESCE(last_error, '') AS last_error, finished_at, event_id FROM ferry_inbox
-                 WHERE group_name = ?1 AND state = 'dead' ORDER BY finished_at DESC LIMIT ?2))
+                 WHERE group_name = ?1 AND state = 'dead' AND state <> 'processed' ORDER BY finished_at DESC LIMIT ?2))
  GROUP BY last_error ORDER BY 2 DESC, 3 DESC, 1 LIMIT ?4`
 
 // DeadLetterReasons implements ferrydriver.ReasonGrouper.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -194,7 +195,7 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	if p.After != nil {
 		afterAt, afterID = nullMicros(p.After.FailedAt), p.After.EventID.String()
 	}
-	rows, err := d.r.QueryContext(ctx, sqlListDeadLetters, append(deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit), afterAt, afterID)...)
+	rows, err := d.r.QueryContext(ctx, listDeadLetters(p), append(deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit), afterAt, afterID)...)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}
@@ -204,17 +205,44 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 
 // deadLetterFilter selects dead letters by feed ?1, key ?2, type ?3,
 // topic ?4, failed at or after ?5 and before ?6, and the event IDs of the
-// JSON array ?8 (each when set); ?7 is the limit of the statement.
-// sqlListDeadLetters lists dead letters newest failure first, after the
-// cursor (?9, ?10), walking ferry_dead_letters_list_idx (migration 8).
-const sqlListDeadLetters = `SELECT ` + deadLetterColumns + ` FROM ferry_dead_letters
- WHERE ` + deadLetterFilter + `
-   AND (?9 IS NULL OR (failed_at <= ?9 AND (failed_at < ?9 OR event_id > ?10)))
- ORDER BY failed_at DESC, event_id LIMIT ?7`
+// JSON array ?8; ?7 is the limit of the statement. Only the terms of the
+// fields that are set are written, so that an index serves them (a key:
+// ferry_dead_letters_key_idx, migration 12; a feed: the index on (feed,
+// failed_at)): "(?2 = ” OR key = ?2)" could be served by none, and a page
+// of a key's dead letters walked them all. The parameters of the others
+// are bound all the same, unused.
+func deadLetterFilter(feed, key, typ, topic string, since, until time.Time) string {
+	terms := []string{`(?8 = '[]' OR event_id IN (SELECT value FROM json_each(?8)))`}
+	for _, t := range []struct {
+		set  bool
+		term string
+	}{{feed != "", `feed = ?1`}, {key != "", `key = ?2`}, {typ != "", `type = ?3`}, {topic != "", `topic = ?4`},
+		{!since.IsZero(), `failed_at >= ?5`}, {!until.IsZero(), `failed_at < ?6`}} {
+		if t.set {
+			terms = append(terms, t.term)
+		}
+	}
+	return strings.Join(terms, " AND ")
+}
 
-const deadLetterFilter = `(?1 = '' OR feed = ?1) AND (?2 = '' OR key = ?2) AND (?3 = '' OR type = ?3) AND (?4 = '' OR topic = ?4)
-   AND (?5 IS NULL OR failed_at >= ?5) AND (?6 IS NULL OR failed_at < ?6)
-   AND (?8 = '[]' OR event_id IN (SELECT value FROM json_each(?8)))`
+// listDeadLetters lists dead letters newest failure first, after the
+// cursor (?9, ?10), walking ferry_dead_letters_list_idx (migration 8) or
+// the index of the filter.
+// The cursor's term too is written only when there is one: "?9 IS NULL
+// OR ..." made a deep page walk the index from its start.
+func listDeadLetters(p *ferrydriver.ListDeadLettersParams) string {
+	after := `?9 IS NULL AND ?10 = ?10`
+	if p.After != nil {
+		after = `failed_at <= ?9 AND (failed_at < ?9 OR event_id > ?10)`
+	}
+	return `SELECT ` + deadLetterColumns + ` FROM ferry_dead_letters
+ WHERE ` + deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until) + ` AND ` + after + `
+ ORDER BY failed_at DESC, event_id LIMIT ?7`
+}
+
+func selectionFilter(p *ferrydriver.DeadLetterSelection) string {
+	return deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until)
+}
 
 func deadLetterArgs(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID, limit int) []any {
 	list := make([]string, len(ids))
@@ -239,7 +267,7 @@ func selectionArgs(p *ferrydriver.DeadLetterSelection) []any {
 func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
 	var n int
 	err := d.write(ctx, "redrive dead letters", func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+deadLetterFilter+`
+		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+selectionFilter(p)+`
  ORDER BY failed_at, seq, event_id LIMIT ?7`, selectionArgs(p)...)
 		if err != nil {
 			return d.wrapErr("select dead letters to redrive", err)
@@ -303,7 +331,7 @@ func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 	var n int64
 	err := d.write(ctx, "discard dead letters", func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE rowid IN (
-    SELECT rowid FROM ferry_dead_letters WHERE `+deadLetterFilter+` ORDER BY failed_at, event_id LIMIT ?7)`, selectionArgs(p)...)
+    SELECT rowid FROM ferry_dead_letters WHERE `+selectionFilter(p)+` ORDER BY failed_at, event_id LIMIT ?7)`, selectionArgs(p)...)
 		if err != nil {
 			return d.wrapErr("discard dead letters", err)
 		}

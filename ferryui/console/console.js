@@ -166,17 +166,20 @@ function activitySeries(activity) {
   return m;
 }
 
-// rateSpark draws a series' events done per second over the window, a
-// step with no sample drawn as 0.
-function rateSpark(act, s, label) {
+// seriesSpark draws one figure of a series' points (field: events done
+// per second, a relay's lag) over the window, a step with no sample drawn
+// as 0.
+function seriesSpark(act, s, field, label) {
   const steps = Math.max(2, Math.round((new Date(act.until) - new Date(act.since)) / 1000 / act.step_seconds));
   const values = new Array(steps).fill(0);
   for (const p of (s && s.points) || []) {
     const i = Math.round((new Date(p.at) - new Date(act.since)) / 1000 / act.step_seconds) - 1;
-    if (i >= 0 && i < steps) values[i] = p.done_per_second;
+    if (i >= 0 && i < steps) values[i] = p[field] || 0;
   }
   return sparkline(values, label, steps, `${label}: the last ${ACTIVITY_WINDOW}, in steps of ${act.step_seconds} s`);
 }
+
+function rateSpark(act, s, label) { return seriesSpark(act, s, 'done_per_second', label); }
 
 // activityFigures are a series' last step: events/s, and its latencies.
 function activityFigures(s, done, latency) {
@@ -207,8 +210,11 @@ async function overview(main) {
       otx.state ? ` (${otx.state})` : '', otx.application ? `, application ${otx.application}` : '',
       el('span', { class: 'muted' }, '. Its events are published when it commits.')));
   }
+  const recorded = activity && activity.recorded;
   page.push(el('div', { class: 'cards', id: 'feeds' }, feeds.feeds.map((f) => {
-    const lag = sample('lag:' + f.feed, f.lag_events);
+    // The lag over time: the relays record it in their samples; without
+    // them, what this page saw since it opened.
+    const lag = recorded ? null : sample('lag:' + f.feed, f.lag_events);
     return el('div', { class: 'card', dataset: { feed: f.feed } },
       el('h3', {}, f.feed, ' ', f.lease_held ? el('span', { class: 'state processed' }, 'led') : el('span', { class: 'state failed' }, 'no leader')),
       el('div', { class: 'figures' },
@@ -216,9 +222,9 @@ async function overview(main) {
         figure(fmtSeconds(f.lag_seconds) || '0 s', 'oldest unpublished'),
         figure(f.checkpoint_at ? fmtSeconds(f.checkpoint_age_seconds) : 'never', 'since checkpoint'),
         figure(link('#/dead-letters?feed=' + encodeURIComponent(f.feed), fmtCount(f.dead_letters) + (f.dead_letters_more ? '+' : '')), 'dead letters')),
-      sparkline(lag, 'events behind'),
-      el('div', { class: 'muted caption' }, 'events behind, since this page opened'),
-      activity && activity.recorded ? [
+      recorded ? seriesSpark(activity, series.get('relay:' + f.feed), 'lag_events', 'events behind') : sparkline(lag, 'events behind'),
+      el('div', { class: 'muted caption' }, recorded ? `events behind, the last ${ACTIVITY_WINDOW} (the largest of each step)` : 'events behind, since this page opened'),
+      recorded ? [
         el('div', { class: 'figures activity' }, activityFigures(series.get('relay:' + f.feed), 'published', 'commit → publish')),
         rateSpark(activity, series.get('relay:' + f.feed), 'events published per second'),
         el('div', { class: 'muted caption' }, `published per second, the last ${ACTIVITY_WINDOW}`),
@@ -359,6 +365,7 @@ async function deadLetters(main, params) {
       ]));
     }
   }
+  if (page.scanned) out.push(scannedNote(page.scanned));
   if (page.next) {
     const n = new URLSearchParams(params);
     n.set('after', page.next);
@@ -408,6 +415,7 @@ async function group(main, name, params) {
         el('td', {}, eventLink(r.event.id)), el('td', { class: 'clip' }, keyLink(r.event.key)), el('td', { class: 'num' }, r.event.seq), el('td', {}, r.event.type),
         el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', {}, fmtTime(r.finished_at)))))));
   }
+  if (page.scanned) out.push(scannedNote(page.scanned));
   if (page.next) {
     const n = new URLSearchParams(params);
     n.set('state', state);
@@ -439,9 +447,24 @@ function payloadView(ev) {
   return el('div', {}, el('p', { class: 'muted' }, `binary, ${bytes.length.toLocaleString()} bytes${bytes.length > 512 ? ' (the first 512 shown)' : ''}`), el('pre', { id: 'payload' }, hex));
 }
 
+// historyView lists a group's failed attempts and redrives of an event,
+// oldest first (the API keeps the latest 20 of them).
+function historyView(history) {
+  return el('ol', { class: 'attempts' }, history.map((h) => h.state === 'pending'
+    ? el('li', { class: 'redrive' }, el('b', {}, 'Redriven'), ' ', el('span', { class: 'muted' }, `${fmtTime(h.at)}, after ${h.attempt} attempt${h.attempt === 1 ? '' : 's'}`))
+    : el('li', { class: h.state }, el('b', {}, `Attempt ${h.attempt}`), ' ', stateBadge(h.state), ' ', el('span', { class: 'muted' }, fmtTime(h.at)),
+      h.error ? el('pre', {}, h.error) : null)));
+}
+
+// scannedNote says that a filter no index serves was matched over the
+// events read, not over all of them (the next page reads on).
+function scannedNote(n) {
+  return el('p', { class: 'muted', id: 'scanned' }, `Matched among ${Number(n).toLocaleString()} events read from where this page starts; the next page, if any, reads on.`);
+}
+
 async function eventPage(main, id) {
   const t = await get('events/' + encodeURIComponent(id));
-  const ev = (t.dead_letter && t.dead_letter.event) || (t.groups[0] && t.groups[0].event);
+  const ev = (t.dead_letter && t.dead_letter.event) || (t.groups[0] && t.groups[0].event) || t.outbox.event;
   const out = [el('h1', {}, 'Event ', el('span', { class: 'mono' }, t.id))];
   out.push(fields([['Topic', ev.topic], ['Key', link('#/keys/' + encodeURIComponent(ev.key), el('span', { class: 'mono', id: 'event-key' }, ev.key))], ['Seq', String(ev.seq)], ['Type', ev.type],
     ['Source', ev.source], ['Content type', ev.content_type], ['Committed', fmtTime(ev.created_at)]]));
@@ -453,6 +476,13 @@ async function eventPage(main, id) {
       el('div', { class: 'actions' },
         el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/redrive', { ids: [t.id] }, 'Redrive') }, 'Redrive'),
         el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/discard', { ids: [t.id] }, 'Discard') }, 'Discard'))));
+  } else if (t.outbox) {
+    // Not published yet: where it waits in its partition's backlog.
+    const o = t.outbox;
+    steps.push(o.invalid
+      ? el('li', { class: 'bad', id: 'unpublished' }, el('b', {}, 'Not publishable'), ' ', el('span', { class: 'muted' }, `${o.feed}: the relay will dead-letter it`), el('pre', {}, o.invalid))
+      : el('li', { id: 'unpublished' }, el('b', {}, 'Waiting in the outbox'), ' ',
+        el('span', { class: 'muted' }, `${o.ahead.toLocaleString()} event${o.ahead === 1 ? '' : 's'} ahead of it in ${o.feed}; `, link('#/', 'the feeds’ lag'))));
   } else if (t.groups.length) {
     // The relay keeps no time per event (an index on the outbox to find
     // one would cost every append): its first delivery bounds it.
@@ -465,7 +495,10 @@ async function eventPage(main, id) {
       el('b', {}, 'Group ', link('#/groups/' + encodeURIComponent(g.group), g.group)), ' ', stateBadge(g.state), ' ',
       el('span', { class: 'muted' }, `received ${fmtTime(g.received_at)}, ${g.attempts} attempt${g.attempts === 1 ? '' : 's'}`,
         g.finished_at ? `, finished ${fmtTime(g.finished_at)}` : '', g.next_attempt_at ? `, next attempt ${fmtTime(g.next_attempt_at)}` : ''),
-      g.last_error ? el('pre', { title: 'the last error' }, (g.state === 'processed' ? 'earlier attempt: ' : '') + g.last_error) : null,
+      g.history && g.history.length ? historyView(g.history) : null,
+      // The last error in full, unless the history's last failure holds it.
+      g.last_error && !(g.history || []).filter((h) => h.state !== 'pending').slice(-1).some((h) => h.error === g.last_error)
+        ? el('pre', { title: 'the last error' }, (g.state === 'processed' ? 'earlier attempt: ' : 'last error: ') + g.last_error) : null,
       g.state === 'dead' ? el('div', { class: 'actions' },
         el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'groups/' + encodeURIComponent(g.group) + '/redrive', { ids: [t.id] }, 'Redrive') }, 'Redrive'),
         el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'groups/' + encodeURIComponent(g.group) + '/discard', { ids: [t.id] }, 'Discard') }, 'Discard')) : null));
@@ -476,7 +509,7 @@ async function eventPage(main, id) {
   out.push(headers.length ? el('table', { id: 'headers' }, el('tbody', {}, headers.map(([k, v]) => el('tr', {}, el('td', { class: 'mono' }, k), el('td', { class: 'mono' }, v))))) : el('p', { class: 'muted' }, 'None.'));
   out.push(el('h2', {}, 'Payload'), payloadView(ev));
   main.replaceChildren(...out);
-  return t.groups.some((g) => g.state !== 'processed' && g.state !== 'dead');
+  return !!t.outbox || t.groups.some((g) => g.state !== 'processed' && g.state !== 'dead');
 }
 
 function parkedRows(items) {
@@ -499,7 +532,7 @@ async function parked(main) {
 // keyPage shows where one key stands: at the relay, in its dead letters,
 // and in each group (what holds it, then what waits behind).
 async function keyPage(main, key) {
-  const k = await get('keys/' + encodeURIComponent(key));
+  const [k, groups] = await Promise.all([get('keys/' + encodeURIComponent(key)), get('groups').catch(() => ({ groups: [] }))]);
   const out = [el('h1', {}, 'Key ', el('span', { class: 'mono', id: 'key-name' }, k.key))];
   out.push(el('h2', {}, 'At the relay'));
   out.push(k.parked.length ? parkedRows(k.parked) : el('p', { class: 'muted' }, 'Not parked: its events go as they commit.'));
@@ -515,6 +548,14 @@ async function keyPage(main, key) {
       el('tbody', {}, g.events.map((r) => el('tr', { dataset: { id: r.event.id } },
         el('td', {}, eventLink(r.event.id)), el('td', { class: 'num' }, r.event.seq), el('td', {}, r.event.type), el('td', {}, stateBadge(r.state)),
         el('td', { class: 'num' }, r.attempts), el('td', {}, fmtTime(r.received_at)), el('td', { class: 'clip mono' }, r.last_error || ''))))));
+  }
+  // What the groups finished of the key: no index leads there by key, so
+  // each group's page of PROCESSED events matches the key over the events
+  // it reads, and pages on.
+  if (groups.groups && groups.groups.length) {
+    out.push(el('h2', {}, 'Processed'));
+    out.push(el('p', { id: 'key-processed' }, el('span', { class: 'muted' }, 'This key’s processed events, newest first, in '),
+      groups.groups.map((g, i) => [i ? ', ' : '', link('#/groups/' + encodeURIComponent(g.group) + '?' + new URLSearchParams({ state: 'processed', key: k.key }), g.group)])));
   }
   main.replaceChildren(...out);
   return k.groups.length > 0 || k.parked.length > 0;

@@ -13,6 +13,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -118,7 +121,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		// Two relay processes in one step, summed; a group's one.
 		require.NoError(t, rec.RecordActivity(ctx, &ferrydriver.RecordActivityParams{Samples: []*ferrydriver.ActivitySample{
 			{Kind: ferrydriver.ActivityRelay, Name: "default/0", Process: "r1", At: at, Interval: 10 * time.Second, Done: 100, Failed: 4,
-				LatencyP50: 10 * time.Millisecond, LatencyP99: 20 * time.Millisecond},
+				LatencyP50: 10 * time.Millisecond, LatencyP99: 20 * time.Millisecond, LagEvents: 1200, LagAge: 3 * time.Second},
 			{Kind: ferrydriver.ActivityRelay, Name: "default/0", Process: "r2", At: at, Interval: 10 * time.Second, Done: 50, Dead: 1,
 				LatencyP50: 40 * time.Millisecond, LatencyP99: 90 * time.Millisecond},
 		}}))
@@ -141,6 +144,9 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.InDelta(t, 0.020, p.LatencyP50, 1e-6, "the processes' medians weighted by what each did")
 		require.InDelta(t, 0.090, p.LatencyP99, 1e-6, "the largest p99")
 		require.Equal(t, int64(150), relay.Total.Done)
+		require.Equal(t, int64(1200), p.LagEvents, "the lag of the process that led")
+		require.InDelta(t, 3.0, p.LagSeconds, 1e-6)
+		require.Equal(t, int64(1200), relay.Total.LagEvents, "the last point's lag")
 		require.Equal(t, [2]string{ferrydriver.ActivityConsumer, Hostile}, [2]string{group.Kind, group.Name})
 		require.InDelta(t, 0.003, group.Points[0].HandlerP99, 1e-6)
 
@@ -220,6 +226,38 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.get("/api/v1/dead-letters?topic=invoices", http.StatusOK, &page)
 		require.Len(t, page.DeadLetters, 1)
 		require.Equal(t, plain2.ID.String(), page.DeadLetters[0].Event.ID)
+
+		// A topic or a type, which no index serves, is matched over at most
+		// scan= dead letters from where the page starts: those listed before
+		// the invoice are no invoices; "next" goes on after them.
+		var all, scanned struct {
+			DeadLetters []ferryui.DeadLetterJSON `json:"dead_letters"`
+			Next        string                   `json:"next"`
+			Scanned     int                      `json:"scanned"`
+		}
+		c.get("/api/v1/dead-letters?limit=4", http.StatusOK, &all)
+		at := slices.IndexFunc(all.DeadLetters, func(dl ferryui.DeadLetterJSON) bool { return dl.Event.ID == plain2.ID.String() })
+		require.GreaterOrEqual(t, at, 0)
+		if at > 0 {
+			c.get("/api/v1/dead-letters?topic=invoices&scan="+fmt.Sprint(at), http.StatusOK, &scanned)
+			require.Empty(t, scanned.DeadLetters)
+			require.Equal(t, at, scanned.Scanned)
+			require.NotEmpty(t, scanned.Next, "the walk goes on from the dead letter it read last")
+			next = scanned.Next
+			scanned.Next = ""
+			c.get("/api/v1/dead-letters?topic=invoices&scan=1&after="+url.QueryEscape(next), http.StatusOK, &scanned)
+		} else {
+			c.get("/api/v1/dead-letters?topic=invoices&scan=1", http.StatusOK, &scanned)
+		}
+		require.Len(t, scanned.DeadLetters, 1)
+		require.Equal(t, plain2.ID.String(), scanned.DeadLetters[0].Event.ID)
+		require.Equal(t, 1, scanned.Scanned)
+		scanned.DeadLetters, scanned.Next = nil, ""
+		c.get("/api/v1/dead-letters?type=Tested&topic=orders&limit=5", http.StatusOK, &scanned)
+		require.Len(t, scanned.DeadLetters, 3, "the orders, read to the end of the list")
+		require.Empty(t, scanned.Next, "the list ended before the page was full")
+		require.Equal(t, 4, scanned.Scanned)
+		c.get("/api/v1/dead-letters?type=Tested&scan=0", http.StatusBadRequest, nil)
 	})
 
 	t.Run("BadRequestsSayWhatToDo", func(t *testing.T) {
@@ -230,7 +268,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			"/api/v1/dead-letters?after=yesterday":           "is not a place in the list",
 			"/api/v1/dead-letters?since=yesterday":           "use RFC 3339",
 			"/api/v1/groups/billing/events?state=exploded":   "is not an inbox state",
-			"/api/v1/events/" + uuid.NewString():             "neither a relay dead letter nor",
+			"/api/v1/events/" + uuid.NewString():             "not among the first 4000 unpublished events",
 			"/api/v2/feeds":                                  "the API is under /api/v1/",
 			"/api/v1/groups/billing/events?limit=-3":         "is not a count",
 			"/api/v1/dead-letters?until=2026-13-40T00:00:00": "use RFC 3339",
@@ -439,6 +477,37 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.get("/api/v1/groups/billing/events?state=pending,dead&key=c", http.StatusOK, &page)
 		require.Len(t, page.Events, 1)
 		require.Equal(t, pending.ID.String(), page.Events[0].Event.ID)
+		// A type is matched over at most scan= rows: of DEAD ones, a page
+		// at a time from a cursor; of PENDING ones, the newest, once.
+		var typed struct {
+			Events  []ferryui.InboxRowJSON
+			Next    string
+			Scanned int
+		}
+		c.get("/api/v1/groups/billing/events?state=dead&type=Tested&scan=1", http.StatusOK, &typed)
+		require.Len(t, typed.Events, 1)
+		require.Equal(t, 1, typed.Scanned)
+		require.NotEmpty(t, typed.Next)
+		firstTyped := typed.Events[0].Event.ID
+		nextTyped := typed.Next
+		typed.Events, typed.Next = nil, ""
+		c.get("/api/v1/groups/billing/events?state=dead&type=Tested&scan=1&after="+url.QueryEscape(nextTyped), http.StatusOK, &typed)
+		require.Len(t, typed.Events, 1)
+		require.NotEqual(t, firstTyped, typed.Events[0].Event.ID)
+		typed.Events, typed.Next = nil, ""
+		c.get("/api/v1/groups/billing/events?state=dead&type=Other", http.StatusOK, &typed)
+		require.Empty(t, typed.Events)
+		require.Empty(t, typed.Next, "both DEAD events read, none of type Other")
+		require.Equal(t, 2, typed.Scanned)
+		typed.Events = nil
+		c.get("/api/v1/groups/billing/events?state=pending&type=Tested", http.StatusOK, &typed)
+		require.Len(t, typed.Events, 1)
+		require.Equal(t, pending.ID.String(), typed.Events[0].Event.ID)
+		// A key over PROCESSED rows (no key index covers them): matched
+		// here, like a type.
+		typed.Events, typed.Scanned = nil, 0
+		c.get("/api/v1/groups/billing/events?state=processed&key=a", http.StatusOK, &typed)
+		require.Empty(t, typed.Events)
 
 		// DEAD events a page at a time: the first page's "next" gives the
 		// second, which holds the other.
@@ -474,6 +543,16 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.get("/api/v1/events/"+dead1.ID.String(), http.StatusOK, &tl)
 		require.Len(t, tl.Groups, 1)
 		require.Equal(t, "pending", tl.Groups[0].State, "a redriven event runs again")
+		if _, ok := inbox.(ferrydriver.AttemptLister); ok {
+			// Its history: the failed attempt with its error, the redrive.
+			h := tl.Groups[0].History
+			require.Len(t, h, 2)
+			require.Equal(t, ferryui.AttemptJSON{Attempt: 1, State: "dead", Error: "handler: " + Hostile}, ferryui.AttemptJSON{Attempt: h[0].Attempt, State: h[0].State, Error: h[0].Error})
+			require.Equal(t, ferryui.AttemptJSON{Attempt: 1, State: "pending"}, ferryui.AttemptJSON{Attempt: h[1].Attempt, State: h[1].State, Error: h[1].Error})
+			require.False(t, h[1].At.Before(h[0].At))
+		} else {
+			require.Empty(t, tl.Groups[0].History, "no history where the backend keeps none")
+		}
 		c.post("/api/v1/groups/billing/discard", `{"filter":{"key":"b"},"dry_run":true}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Selected)
 		c.post("/api/v1/groups/billing/discard", `{"filter":{"key":"b"},"expect":1}`, http.StatusOK, &res)
@@ -506,6 +585,27 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Nil(t, tl.DeadLetter)
 		require.Len(t, tl.Groups, 1)
 		require.Equal(t, "billing", tl.Groups[0].Group)
+
+		// Events the relay has not published yet are found in the backlog,
+		// with how many events of the partition it reads before them.
+		waiting := []*ferryevent.Event{ferrydrivertest.Event("orders", "w", "1"), ferrydrivertest.Event("orders", "w", "2"), ferrydrivertest.Event("orders", "w", Hostile)}
+		require.NoError(t, store.Append(ctx, &ferrydriver.AppendParams{Events: waiting}))
+		var first, last ferryui.EventTimelineJSON
+		c.get("/api/v1/events/"+waiting[0].ID.String(), http.StatusOK, &first)
+		body := c.get("/api/v1/events/"+waiting[2].ID.String(), http.StatusOK, &last)
+		require.NotContains(t, body, "<script>")
+		require.NotNil(t, first.Outbox)
+		require.NotNil(t, last.Outbox)
+		require.Empty(t, last.Groups)
+		require.Nil(t, last.DeadLetter)
+		require.Equal(t, "default/0", last.Outbox.Feed)
+		require.Equal(t, first.Outbox.Ahead+2, last.Outbox.Ahead, "the key's events in order")
+		require.Equal(t, Hostile, *last.Outbox.Event.PayloadText)
+		require.Equal(t, first.Outbox.Event.Seq+2, last.Outbox.Event.Seq)
+		var e struct{ Error string }
+		c.get("/api/v1/events/"+waiting[2].ID.String()+"?scan="+fmt.Sprint(first.Outbox.Ahead+2), http.StatusNotFound, &e)
+		require.Contains(t, e.Error, "not among the first")
+		c.get("/api/v1/events/"+waiting[2].ID.String()+"?scan=0", http.StatusBadRequest, &e)
 
 		// An event whose source was undone (a chain reorg) reads retracted.
 		rt, ok := inbox.(ferrydriver.InboxRetractor)
@@ -627,4 +727,77 @@ func (c *client) get(path string, status int, out any) string {
 func (c *client) post(path, body string, status int, out any) string {
 	c.t.Helper()
 	return c.read(c.do("POST", path, []byte(body), Token, map[string]string{"Content-Type": "application/json"}), status, out)
+}
+
+// BenchPages are the places BenchmarkPages reads, in a store seeded at
+// scale: a DEAD event of group billing (its timeline), an event the relay
+// has not published and that is found after the default scan of every
+// partition before its own, a cursor deep in the relay's dead letters, a
+// key with dead letters and inbox rows.
+type BenchPages struct {
+	DeadEvent, Waiting, DeepCursor, Key string
+}
+
+// BenchmarkPages times, through HTTP, every API call the console makes on
+// a store and inbox seeded at scale (each backend seeds its own), and one
+// event that is nowhere (a walk of the backlog's default scan). Each
+// sub-benchmark reports ms/call.
+func BenchmarkPages(b *testing.B, store ferrydriver.Store, inbox ferryui.Inbox, at BenchPages) {
+	h, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true})
+	require.NoError(b, err)
+	srv := httptest.NewServer(h)
+	b.Cleanup(srv.Close)
+	for _, c := range []struct {
+		name, path string
+		status     int
+	}{
+		{"feeds", "/api/v1/feeds", 0},
+		{"dead-letters/first-page", "/api/v1/dead-letters", 0},
+		{"dead-letters/deep-page", "/api/v1/dead-letters?after=" + url.QueryEscape(at.DeepCursor), 0},
+		{"dead-letters/page-of-500", "/api/v1/dead-letters?limit=500", 0},
+		{"dead-letters/by-type", "/api/v1/dead-letters?type=NoSuchType", 0},
+		{"groups", "/api/v1/groups", 0},
+		{"group-dead-events", "/api/v1/groups/billing/events?state=dead&limit=500", 0},
+		{"group-pending-events", "/api/v1/groups/billing/events?state=pending&limit=500", 0},
+		{"group-processed-events", "/api/v1/groups/billing/events?state=processed&limit=500", 0},
+		{"group-processed-by-type", "/api/v1/groups/billing/events?state=processed&type=NoSuchType", 0},
+		{"dead-letters/reasons", "/api/v1/dead-letters/reasons", 0},
+		{"group-dead-reasons", "/api/v1/groups/billing/reasons", 0},
+		{"event-timeline", "/api/v1/events/" + at.DeadEvent, 0},
+		{"event-in-the-backlog", "/api/v1/events/" + at.Waiting, 0},
+		{"event-nowhere", "/api/v1/events/" + uuid.NewString(), http.StatusNotFound},
+		{"key", "/api/v1/keys/" + url.PathEscape(at.Key), 0},
+		{"parked", "/api/v1/parked", 0},
+		{"activity", "/api/v1/activity?since=1h", 0},
+		{"console-page", "/", 0},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				resp, err := http.Get(srv.URL + c.path)
+				require.NoError(b, err)
+				_, err = io.Copy(io.Discard, resp.Body)
+				require.NoError(b, err)
+				resp.Body.Close()
+				want := c.status
+				if want == 0 {
+					want = http.StatusOK
+				}
+				require.Equal(b, want, resp.StatusCode, c.path)
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/call")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// BenchOutboxSize is the outbox's size for BenchmarkPages' seeds:
+// FERRY_BENCH_OUTBOX, or 1,000,000.
+func BenchOutboxSize(b *testing.B) int {
+	v := os.Getenv("FERRY_BENCH_OUTBOX")
+	if v == "" {
+		return 1_000_000
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(b, err, "FERRY_BENCH_OUTBOX=%q is not a count of events", v)
+	return n
 }

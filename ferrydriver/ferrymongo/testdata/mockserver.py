@@ -161,6 +161,9 @@ def empty_database():
     server.autoresponds(lambda r: r.command_name == "update" and r.ok(n=1, nModified=0))
     server.autoresponds(lambda r: r.command_name == "createIndexes" and r.ok(
         createdCollectionAutomatically=False, numIndexesBefore=1, numIndexesAfter=2))
+    # The inbox's replaced index: not there.
+    server.autoresponds(lambda r: r.command_name == "dropIndexes" and r.doc.get("dropIndexes") == "ferry_inbox" and r.fail(
+        "index not found with name [g_1_state_1_finished_at_1]", code=27))
     for coll in ("ferry_checkpoints", "ferry_outbox"):
         server.autoresponds(lambda r, coll=coll: r.command_name == "find" and r.doc.get("find") == coll and r.ok(
             cursor={"id": Int64(0), "ns": "app." + coll, "firstBatch": []}))

@@ -1,0 +1,1 @@
+ALTER TABLE {schema}.inbox DROP COLUMN attempt_log;

@@ -1,0 +1,1 @@
+ALTER TABLE ferry_inbox DROP COLUMN attempt_log;
