@@ -427,6 +427,9 @@ var errTrustExpired = fmt.Errorf("lease not renewed within its TTL: %w", ferrydr
 // the expiry, so it always ends before the lease does.
 func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.Time) error {
 	r.m.leader.Set(1)
+	// A standby reads no lag: its samples must not carry the last one it
+	// read while it led.
+	defer r.meter.lagged(0, 0)
 	// leaseCtx ends when the lease is lost (or on return), not when stop
 	// ends: a stopping relay still finishes its batch in flight.
 	leaseCtx, loseLease := context.WithCancelCause(context.WithoutCancel(stop))

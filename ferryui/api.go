@@ -15,16 +15,17 @@
 // needs the token (Authorization: Bearer), a JSON body (which a page of
 // another origin cannot send without the browser asking first), and, when
 // the request says where it comes from (Origin), the same host. A
-// read-only handler refuses every action. Every call reads O(page) rows:
-// lists are capped (MaxPage), and relay dead letters and a group's finished
-// events (dead, processed, discarded, retracted) page by a cursor (a list's
-// "next", passed back as after=); a filter that no index serves (a type, a
-// topic, a key over finished events) is matched over at most 10,000 rows
-// from where the page starts (?scan=; the page says how many it read, and
-// "next" reads on); a grouping by reason reads the newest failures only
-// (10,000 unless ?scan= says otherwise); an event looked up by ID that is
-// in no inbox and no dead letter is looked for in the first 4,000
-// unpublished events of the backlog (?scan=).
+// read-only handler refuses every action. Every read reads O(page) rows:
+// lists are capped (MaxPage), and relay dead letters and a group's
+// finished events (dead, processed, discarded, retracted) page by a cursor
+// (a list's "next", passed back as after=); a filter that no index serves
+// (a type, a topic; a key over PROCESSED, DISCARDED or RETRACTED events) is
+// matched over at most 10,000 rows from where the page starts (?scan=; the
+// page says how many it read, and "next" reads on); a grouping by reason
+// reads the newest failures only (10,000 unless ?scan= says otherwise); an
+// event looked up by ID that is in no inbox and no dead letter is looked
+// for in the first 4,000 unpublished events of the backlog (?scan=). An
+// action by filter selects in the database, a page at a time.
 package ferryui
 
 import (
@@ -504,6 +505,9 @@ type ActionRequest struct {
 // if none): More says the page was full, so more events may match; the
 // same request again (a dry run to count, then the action) takes the next
 // page, since the events acted on no longer match.
+// The selection applies every filter in the database, the first matches
+// however far back they are: a filter no index serves (a type, a topic)
+// may read many rows to find them.
 type ActionResult struct {
 	Selected int      `json:"selected"`
 	Done     int      `json:"done"`
@@ -587,26 +591,24 @@ func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r 
 	if redrive {
 		verb, act = "redriven", h.cfg.Store.RedriveDeadLetters
 	}
+	// An action by filter selects in the database, every filter applied
+	// there: its page holds the first matches however far back they are
+	// (an action is an operator's write, a page at a time, not a page the
+	// console polls).
 	choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, bool, error) {
-		var dls []*ferrydriver.DeadLetter
-		more := false
+		list := &ferrydriver.ListDeadLettersParams{EventIDs: ids, Limit: MaxPage}
 		if f != nil {
-			got, err := h.pageDeadLetters(ctx, *f, nil, f.Limit, filterScan)
-			if err != nil {
-				return nil, false, err
-			}
-			dls, more = got.items, got.next != nil
-		} else {
-			var err error
-			if dls, err = h.cfg.Store.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{EventIDs: ids, Limit: MaxPage}); err != nil {
-				return nil, false, err
-			}
+			list = &ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Type: f.Type, Topic: f.Topic, Since: f.Since, Until: f.Until, Limit: f.Limit}
+		}
+		dls, err := h.cfg.Store.ListDeadLetters(ctx, list)
+		if err != nil {
+			return nil, false, err
 		}
 		out := make([]uuid.UUID, len(dls))
 		for i, dl := range dls {
 			out[i] = dl.Event.ID
 		}
-		return out, more, nil
+		return out, f != nil && len(dls) == f.Limit, nil
 	}
 	return func(w http.ResponseWriter, r *http.Request) error {
 		return h.act(w, r, "relay dead letters "+verb, choose, func(ctx context.Context, ids []uuid.UUID) (int, error) {
@@ -795,19 +797,19 @@ func (h *Handler) groupAction(redrive bool) func(w http.ResponseWriter, r *http.
 		}
 		dead := []ferrydriver.InboxState{ferrydriver.InboxDead}
 		choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, bool, error) {
-			list := ferrydriver.ListInboxParams{Group: group, States: dead, EventIDs: ids, Limit: MaxPage}
+			list := &ferrydriver.ListInboxParams{Group: group, States: dead, EventIDs: ids, Limit: MaxPage}
 			if f != nil {
-				list = ferrydriver.ListInboxParams{Group: group, States: dead, Key: f.Key, Type: f.Type, Since: f.Since, Until: f.Until, Limit: f.Limit}
+				list = &ferrydriver.ListInboxParams{Group: group, States: dead, Key: f.Key, Type: f.Type, Since: f.Since, Until: f.Until, Limit: f.Limit}
 			}
-			got, err := pageInbox(ctx, in, list, filterScan)
+			rows, err := in.ListInbox(ctx, list)
 			if err != nil {
 				return nil, false, err
 			}
-			out := make([]uuid.UUID, len(got.items))
-			for i, row := range got.items {
+			out := make([]uuid.UUID, len(rows))
+			for i, row := range rows {
 				out[i] = row.Event.ID
 			}
-			return out, f != nil && got.next != nil, nil
+			return out, f != nil && len(rows) == f.Limit, nil
 		}
 		return h.act(w, r, "group "+group+": dead events "+verb, choose, func(ctx context.Context, ids []uuid.UUID) (int, error) {
 			return act(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: ids})
@@ -920,13 +922,19 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 			}
 			scan = n
 		}
-		if out.Outbox, err = h.unpublished(r.Context(), id, scan); err != nil {
-			return err
-		}
+		var backlogErr error
+		out.Outbox, backlogErr = h.unpublished(r.Context(), id, scan)
 		if out.Outbox == nil {
+			where := fmt.Sprintf("not among the first %d unpublished events of the outbox", scan)
+			if backlogErr != nil {
+				// The lookup is a courtesy: a feed that cannot be read here
+				// (a partition count that changed, say) leaves it a 404.
+				h.log.Warn("ferryui: reading the outbox's backlog for an event failed", "event", id, "err", backlogErr)
+				where = "the outbox's backlog could not be read (" + backlogErr.Error() + ")"
+			}
 			return &apiError{http.StatusNotFound, fmt.Sprintf("event %s is not a relay dead letter, not in any consumer group's inbox, "+
-				"and not among the first %d unpublished events of the outbox: it was published to a destination without a Ferry inbox, "+
-				"its key is parked (GET /api/v1/parked), it is further back in the backlog (ask again with a larger scan=, up to %d), or no such event committed", id, scan, maxOutboxScan)}
+				"and %s: it was published to a destination without a Ferry inbox, "+
+				"its key is parked (GET /api/v1/parked), it is further back in the backlog (ask again with a larger scan=, up to %d), or no such event committed", id, where, maxOutboxScan)}
 		}
 	}
 	writeJSON(w, http.StatusOK, out)

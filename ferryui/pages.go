@@ -19,6 +19,9 @@ import (
 const (
 	filterScan    = 10_000
 	maxFilterScan = 100_000
+	// maxUnfinishedScan bounds the walk of PENDING, PROCESSING or FAILED
+	// rows, which page by no cursor: one read of whole rows.
+	maxUnfinishedScan = 2_000
 )
 
 // scanParam reads ?scan=.
@@ -114,7 +117,8 @@ var servedKeyStates = []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydr
 // pageInbox lists a group's rows matching p (p.Limit at most). A type, or
 // a key over states that no key index covers, is matched here over at
 // most scan rows: of finished states a page at a time from p.After; of
-// unfinished ones, which page by no cursor, the newest scan rows.
+// unfinished ones, which page by no cursor, the newest scan rows (at most
+// maxUnfinishedScan).
 func pageInbox(ctx context.Context, in Inbox, p ferrydriver.ListInboxParams, scan int) (*page[*ferrydriver.InboxRow, ferrydriver.InboxCursor], error) {
 	finished := ferrydriver.CheckInboxCursor(&ferrydriver.ListInboxParams{States: p.States, After: &ferrydriver.InboxCursor{}}) == nil
 	keyServed := true
@@ -150,7 +154,7 @@ func pageInbox(ctx context.Context, in Inbox, p ferrydriver.ListInboxParams, sca
 	if finished {
 		return walk(p.After, p.Limit, scan, read, ferrydriver.InboxCursorOf, match)
 	}
-	rows, err := read(nil, scan)
+	rows, err := read(nil, min(scan, maxUnfinishedScan))
 	if err != nil {
 		return nil, err
 	}

@@ -650,14 +650,17 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 		keys := map[string]bool{}
 		for _, id := range p.EventIDs {
 			set := bson.D{{Key: "state", Value: string(state)}, {Key: "next_attempt_at", Value: now}}
+			update := bson.D{{Key: "$set", Value: set}}
 			if state == ferrydriver.InboxPending {
-				set = append(set, bson.E{Key: "attempts", Value: 0})
+				// Unfinished again: no finish time.
+				update[0].Value = append(set, bson.E{Key: "attempts", Value: 0})
+				update = append(update, bson.E{Key: "$unset", Value: bson.D{{Key: "finished_at", Value: ""}}})
 			} else {
-				set = append(set, bson.E{Key: "finished_at", Value: now})
+				update[0].Value = append(set, bson.E{Key: "finished_at", Value: now})
 			}
 			var doc inboxDoc
 			err := d.inbox().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: rowID(p.Group, id)}, {Key: "state", Value: string(ferrydriver.InboxDead)}},
-				bson.D{{Key: "$set", Value: set}}).Decode(&doc)
+				update).Decode(&doc)
 			if errors.Is(err, mongo.ErrNoDocuments) {
 				continue
 			}

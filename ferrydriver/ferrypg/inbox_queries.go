@@ -543,7 +543,7 @@ UPDATE {schema}.inbox i
        attempts = CASE WHEN $3 = 'pending' THEN 0 ELSE attempts END,
        attempt_log = CASE WHEN $3 = 'pending' THEN ` + logAttempt("i.attempts", "'pending'", "''") + ` ELSE attempt_log END,
        next_attempt_at = now(),
-       finished_at = CASE WHEN $3 = 'discarded' THEN now() ELSE finished_at END
+       finished_at = CASE WHEN $3 = 'discarded' THEN now() END -- a redriven row is unfinished again
  WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) AND state = 'dead'
 RETURNING key, event_id`
 

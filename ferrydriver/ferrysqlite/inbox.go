@@ -545,7 +545,7 @@ UPDATE ferry_inbox
        attempts = CASE WHEN ?1 = 'pending' THEN 0 ELSE attempts END,
        attempt_log = CASE WHEN ?1 = 'pending' THEN `+logAttempt("attempts", "'pending'", "''", "?2")+` ELSE attempt_log END,
        next_attempt_at = ?2,
-       finished_at = CASE WHEN ?1 = 'discarded' THEN ?2 ELSE finished_at END
+       finished_at = CASE WHEN ?1 = 'discarded' THEN ?2 END -- a redriven row is unfinished again
  WHERE group_name = ?3 AND event_id = ?4 AND state = 'dead'
 RETURNING key`, string(state), t, p.Group, id.String()).Scan(&key)
 			if errors.Is(err, sql.ErrNoRows) {

@@ -68,7 +68,7 @@ function token() { return sessionStorage.getItem(TOKEN_KEY) || ''; }
 async function get(path) {
   const r = await fetch(API + path, { headers: { Accept: 'application/json' } });
   const body = await r.json().catch(() => ({ error: r.status + ' ' + r.statusText }));
-  if (!r.ok) throw new Error(body.error || r.statusText);
+  if (!r.ok) throw Object.assign(new Error(body.error || r.statusText), { status: r.status });
   return body;
 }
 
@@ -564,6 +564,7 @@ async function keyPage(main, key) {
 // ---- routing ----
 
 let timer;
+let lastStatus; // of the page's failed request, if it failed
 let generation = 0; // of the page shown: a slower, older load must not replace a newer page
 
 // takeToken keeps the token of an address `ferry ui` printed (in the
@@ -601,12 +602,15 @@ async function route() {
     else main.replaceChildren(el('p', {}, 'No such page. ', link('#/', 'Overview')));
     document.title = 'Ferry console · ' + (parts[0] || 'overview');
   } catch (e) {
+    lastStatus = e.status;
     main.replaceChildren(el('p', { class: 'muted', id: 'error' }, e.message));
     poll = true;
   }
   if (mine !== generation) return;
   document.getElementById('main').replaceChildren(...main.childNodes);
-  if (poll) timer = setTimeout(route, POLL_MS);
+  // A page that was not found is looked for again, slowly (an event not
+  // found yet may arrive; its lookup reads the outbox's backlog).
+  if (poll) timer = setTimeout(route, main.querySelector('#error') && lastStatus === 404 ? POLL_MS * 10 : POLL_MS);
 }
 
 function showToken() {
