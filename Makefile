@@ -1,9 +1,10 @@
 # Ferry's development tasks. `make help` lists them.
 # Every module of the repository (see go.work) is tested and linted.
-MODULES := . ferryotel ferrydriver/ferrysqlite ferrydriver/ferrymongo ferrysink/ferrynats ferrysink/ferrykafka ferrysink/ferryrabbit ferrychain cmd/ferry examples/companies bench
+MODULES := . ferryotel ferrydriver/ferrysqlite ferrydriver/ferrymongo ferrydriver/ferrymysql ferrysink/ferrynats ferrysink/ferrykafka ferrysink/ferryrabbit ferrychain cmd/ferry examples/companies bench
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export FERRY_TEST_PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 export FERRY_TEST_NATS_URL ?= nats://127.0.0.1:4222
+export FERRY_TEST_MYSQL_URL ?= mysql://root@127.0.0.1:3307/
 
 .DEFAULT_GOAL := help
 
@@ -12,7 +13,7 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_\/-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
-test: ## Run every test of every module with the race detector (needs PostgreSQL and NATS: make services); failing modules are listed at the end
+test: ## Run every test of every module with the race detector (needs the services: make services); failing modules are listed at the end
 	@failed=""; for m in $(MODULES); do echo "== $$m"; (cd $$m && go test -race -count=1 -timeout 20m ./...) || failed="$$failed $$m"; done; \
 	if [ -n "$$failed" ]; then echo "FAILED modules:$$failed"; exit 1; fi
 
@@ -61,5 +62,5 @@ tidy: ## go mod tidy in every module
 	@for m in $(MODULES); do (cd $$m && go mod tidy) || exit 1; done
 
 .PHONY: services
-services: ## Start PostgreSQL and NATS (JetStream) locally if they are not running
+services: ## Start PostgreSQL, NATS (JetStream), RabbitMQ and a MariaDB with a binlog locally if they are not running
 	@.ci/services
