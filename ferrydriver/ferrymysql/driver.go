@@ -85,6 +85,8 @@ type Driver struct {
 	// an append of one skips the read that tells an existing key from a
 	// new one.
 	knownKeys keyCache
+	// settle is AwaitSettled's binlog reader and its waiters.
+	settle settleHub
 }
 
 // keyCache remembers up to keyCacheSize keys (it forgets them all when
@@ -183,8 +185,10 @@ func (d *Driver) DB() *sql.DB { return d.db }
 // Schema is the database that holds Ferry's tables.
 func (d *Driver) Schema() string { return d.schema }
 
-// Close closes the pool if Open made it.
+// Close stops settlement's binlog reader, and closes the pool if Open
+// made it.
 func (d *Driver) Close() error {
+	d.settle.close()
 	if d.owned {
 		return d.db.Close()
 	}
