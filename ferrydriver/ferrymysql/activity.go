@@ -79,4 +79,3 @@ func (d *Driver) ListActivity(ctx context.Context, p *ferrydriver.ListActivityPa
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-

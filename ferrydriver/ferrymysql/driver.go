@@ -87,6 +87,9 @@ type Driver struct {
 	knownKeys keyCache
 	// settle is AwaitSettled's binlog reader and its waiters.
 	settle settleHub
+	// reruns counts transactions run again (a deadlock, a lock wait
+	// timeout, an ingestion's duplicate).
+	reruns atomic.Int64
 }
 
 // keyCache remembers up to keyCacheSize keys (it forgets them all when

@@ -59,6 +59,7 @@ func (d *Driver) runTx(ctx context.Context, op string, opts *sql.TxOptions, fn f
 		if err == nil || !rerunnable(err) || run == maxTxRuns || ctx.Err() != nil {
 			return err
 		}
+		d.reruns.Add(1)
 		t := time.NewTimer(rerunPause(run + 1))
 		select {
 		case <-ctx.Done():
