@@ -146,7 +146,7 @@ func (d *Driver) claimKeys(ctx context.Context, tx *sql.Tx, p *ferrydriver.Claim
 			args = append(args, k)
 		}
 	}
-	rows, err = tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) FOR UPDATE SKIP LOCKED`, args...)
+	rows, err = tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) FOR UPDATE SKIP LOCKED`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -361,7 +361,7 @@ func setKeyOutcomes(ctx context.Context, tx *sql.Tx, group string, keys []string
 		kArgs = append(kArgs, k)
 	}
 	args := append(append(append(rArgs, hArgs...), group), kArgs...)
-	_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = CASE k`+runnable.String()+` END, held_by = CASE k`+held.String()+` END
+	_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = CASE k`+runnable.String()+` END, held_by = CASE k`+held.String()+` END
  WHERE group_name = ? AND k IN (`+marks(len(kArgs))+`)`, args...)
 	return err
 }

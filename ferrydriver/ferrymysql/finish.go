@@ -137,7 +137,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 	}
 	current := map[uuid.UUID]held{}
 	err := chunks(ids, 500, func(ids []uuid.UUID) error {
-		rows, err := tx.QueryContext(ctx, `SELECT event_id, claim_token, k FROM ferry_inbox
+		rows, err := tx.QueryContext(ctx, `SELECT event_id, claim_token, k FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
  WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state = 'processing' AND claim_expires_at > `+sqlNow+` AND @@in_transaction = 1
  ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
 		if err != nil {
@@ -185,7 +185,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		return lost, nil // the caller rolls back
 	}
 	if len(processed) > 0 {
-		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox SET state = 'processed', claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL, finished_at = `+sqlNow+`
+		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET state = 'processed', claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL, finished_at = `+sqlNow+`
  WHERE group_name = ? AND event_id IN (`+marks(len(processed))+`)`, idArgs([]any{p.Group}, processed)...); err != nil {
 			return nil, d.wrapErr(op, err)
 		}
@@ -196,7 +196,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 			retry = micros(r.RetryAt)
 		}
 		logged := !r.Uncounted
-		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox
+		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
    SET attempt_log = IF(?, `+logAttempt("attempts", "?", "?")+`, attempt_log),
        attempts = IF(?, GREATEST(attempts - 1, 0), attempts),
        last_error = ?, next_attempt_at = COALESCE(?, next_attempt_at),
@@ -214,7 +214,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		for _, k := range keys {
 			args = append(args, k)
 		}
-		_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = `+sqlNow+`, held_by = NULL WHERE group_name = ? AND k IN (`+marks(len(keys))+`)`, args...)
+		_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL WHERE group_name = ? AND k IN (`+marks(len(keys))+`)`, args...)
 		return err
 	})
 	if err != nil {

@@ -147,7 +147,7 @@ func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 func existingEvents(ctx context.Context, q querier, group string, ids []uuid.UUID) (map[uuid.UUID]bool, error) {
 	have := map[uuid.UUID]bool{}
 	err := chunks(ids, 500, func(ids []uuid.UUID) error {
-		rows, err := q.QueryContext(ctx, `SELECT event_id FROM ferry_inbox WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`,
+		rows, err := q.QueryContext(ctx, `SELECT event_id FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`,
 			idArgs([]any{group}, ids)...)
 		if err != nil {
 			return err
@@ -258,7 +258,7 @@ func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys [
 		for _, k := range keys {
 			args = append(args, k)
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys WHERE group_name = ? AND k IN (`+marks(len(keys))+`) ORDER BY k FOR UPDATE`, args...)
+		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k IN (`+marks(len(keys))+`) ORDER BY k FOR UPDATE`, args...)
 		if err != nil {
 			return d.wrapErr(op, err)
 		}
@@ -286,7 +286,7 @@ func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys [
 			if release {
 				cond = ``
 			}
-			if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = `+sqlNow+`, held_by = NULL
+			if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL
  WHERE group_name = ? AND k IN (`+marks(len(keys))+`)`+cond, args...); err != nil {
 				return d.wrapErr(op, err)
 			}
@@ -356,7 +356,7 @@ func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyP
 		if len(args) == 1 {
 			return nil
 		}
-		if _, err := d.db.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = `+sqlNow+`, held_by = NULL
+		if _, err := d.db.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL
  WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) AND runnable_at IS NULL`, args...); err != nil {
 			return d.wrapErr(op, err)
 		}
@@ -482,7 +482,7 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 		err := chunks(ids, 500, func(ids []uuid.UUID) error {
 			// The rows first (each locked by the unique index: in ID
 			// order), then their keys.
-			rows, err := tx.QueryContext(ctx, `SELECT event_id, k FROM ferry_inbox WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state = 'dead'
+			rows, err := tx.QueryContext(ctx, `SELECT event_id, k FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state = 'dead'
  ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
 			if err != nil {
 				return err
@@ -506,10 +506,10 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 			if err := rows.Err(); err != nil || len(dead) == 0 {
 				return err
 			}
-			q := `UPDATE ferry_inbox SET state = 'discarded', finished_at = ` + sqlNow + `, next_attempt_at = ` + sqlNow
+			q := `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET state = 'discarded', finished_at = ` + sqlNow + `, next_attempt_at = ` + sqlNow
 			if state == ferrydriver.InboxPending {
 				// The log first: it reads the attempts the redrive resets.
-				q = `UPDATE ferry_inbox SET attempt_log = ` + logAttempt("attempts", "'pending'", "''") + `,
+				q = `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET attempt_log = ` + logAttempt("attempts", "'pending'", "''") + `,
        state = 'pending', attempts = 0, finished_at = NULL, next_attempt_at = ` + sqlNow
 			}
 			res, err := tx.ExecContext(ctx, q+` WHERE group_name = ? AND event_id IN (`+marks(len(dead))+`) AND state = 'dead'`, idArgs([]any{p.Group}, dead)...)
@@ -594,7 +594,7 @@ func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.Delete
 func (d *Driver) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
 	out := make(map[uuid.UUID]*ferrydriver.InboxRow, len(p.EventIDs))
 	err := chunks(p.EventIDs, 500, func(ids []uuid.UUID) error {
-		rows, err := d.db.QueryContext(ctx, `SELECT `+inboxRowColumns+` FROM ferry_inbox WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`,
+		rows, err := d.db.QueryContext(ctx, `SELECT `+inboxRowColumns+` FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`,
 			idArgs([]any{p.Group}, ids)...)
 		if err != nil {
 			return err
