@@ -38,3 +38,18 @@ var InboxDeadReasonsQuery = strings.TrimPrefix(strings.Replace(sqlReasons, "{sca
 // Reruns counts the driver's transactions that ran again after a deadlock
 // or a lock wait timeout, and ingestions that met a duplicate.
 func (d *Driver) Reruns() int64 { return d.reruns.Load() }
+
+// SettleNotes counts the waiters the binlog reader woke.
+func (d *Driver) SettleNotes() int64 {
+	d.settle.mu.Lock()
+	defer d.settle.mu.Unlock()
+	return d.settle.notes
+}
+
+// SettleWaiters counts the AwaitSettled calls subscribed, and whether the
+// binlog reader runs.
+func (d *Driver) SettleWaiters() (int, bool) {
+	d.settle.mu.Lock()
+	defer d.settle.mu.Unlock()
+	return d.settle.waiters, d.settle.r != nil
+}

@@ -58,6 +58,8 @@ type settleHub struct {
 	failed  time.Time // the last start that failed
 	warned  bool
 	closed  bool
+	// notes counts the waiters woken by the binlog (for tests).
+	notes int64
 }
 
 // settleSub is one AwaitSettled call's subscription.
@@ -213,6 +215,7 @@ func (h *settleHub) notify(group string, id uuid.UUID) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for s := range h.subs[group][id] {
+		h.notes++
 		select {
 		case s.notes <- id:
 		default:
