@@ -111,3 +111,31 @@ func TestIngestersNeverDeadlock(t *testing.T) {
 	require.Equal(t, inserted.Load(), rows)
 	require.Zero(t, drv.Reruns(), "no deadlock, lock wait timeout or duplicate key in any transaction of the driver")
 }
+
+// TestCompletionRefusesATransactionInnoDBEnded: a handler that swallowed
+// the error of a statement after which InnoDB rolled its transaction back
+// (here: a ROLLBACK of its own) runs on outside any transaction; its
+// event is not marked processed by a statement that would commit on its
+// own.
+func TestCompletionRefusesATransactionInnoDBEnded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv := newDriver(t, nil)
+	ev := ferrydrivertest.Event("t", "k", "one")
+	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
+	require.NoError(t, err)
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	err = drv.RunInTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `ROLLBACK`); err != nil {
+			return err
+		}
+		return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: ev.ID, Claim: rows[0].Claim})
+	})
+	require.ErrorContains(t, err, "rolled back before the event was marked processed")
+	st, err := drv.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: "g", EventIDs: []uuid.UUID{ev.ID}})
+	require.NoError(t, err)
+	require.Equal(t, ferrydriver.InboxProcessing, st[ev.ID].State)
+}
