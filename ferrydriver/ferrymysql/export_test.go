@@ -53,3 +53,9 @@ func (d *Driver) SettleWaiters() (int, bool) {
 	defer d.settle.mu.Unlock()
 	return d.settle.waiters, d.settle.r != nil
 }
+
+// Retention's statements.
+const (
+	DeleteProcessedQuery = sqlDeleteProcessed
+	ForgetKeysQuery      = sqlForgetKeys
+)

@@ -564,6 +564,15 @@ func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver
 	return out, d.wrapErr("count inbox rows of group "+group, rows.Err())
 }
 
+// Retention's statements: the group's oldest processed rows (a range of
+// ferry_inbox_pages_idx), and keys with nothing to run or hold (the NULL
+// range of ferry_inbox_keys_runnable_idx).
+const (
+	sqlDeleteProcessed = `DELETE FROM ferry_inbox WHERE group_name = ? AND state = 'processed' AND finished_at < ` + sqlNow + ` - ?
+ ORDER BY finished_at LIMIT ?`
+	sqlForgetKeys = `DELETE FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NULL AND held_by IS NULL LIMIT ?`
+)
+
 // DeleteProcessedInbox implements ferrydriver.Inbox: the group's oldest
 // PROCESSED rows, a range of ferry_inbox_pages_idx, then up to as many of
 // its keys with nothing to run or hold (the runnable index's NULL range),
@@ -575,14 +584,12 @@ func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.Delete
 	if limit <= 0 {
 		limit = 5000
 	}
-	res, err := d.db.ExecContext(ctx, `DELETE FROM ferry_inbox WHERE group_name = ? AND state = 'processed' AND finished_at < `+sqlNow+` - ?
- ORDER BY finished_at LIMIT ?`, p.Group, p.OlderThan.Microseconds(), limit)
+	res, err := d.db.ExecContext(ctx, sqlDeleteProcessed, p.Group, p.OlderThan.Microseconds(), limit)
 	if err != nil {
 		return 0, d.wrapErr("delete processed inbox rows of group "+p.Group, err)
 	}
 	n, _ := res.RowsAffected()
-	if _, err := d.db.ExecContext(ctx, `DELETE FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NULL AND held_by IS NULL LIMIT ?`,
-		p.Group, limit); err != nil {
+	if _, err := d.db.ExecContext(ctx, sqlForgetKeys, p.Group, limit); err != nil {
 		return n, d.wrapErr("delete idle inbox keys of group "+p.Group, err)
 	}
 	return n, nil

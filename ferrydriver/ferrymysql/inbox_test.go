@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,4 +139,47 @@ func TestCompletionRefusesATransactionInnoDBEnded(t *testing.T) {
 	st, err := drv.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: "g", EventIDs: []uuid.UUID{ev.ID}})
 	require.NoError(t, err)
 	require.Equal(t, ferrydriver.InboxProcessing, st[ev.ID].State)
+}
+
+// TestDeadReasonsKeepLongReasonsApart: DEAD events grouped by their last
+// error, each group with its count and newest IDs; two errors that share
+// their first 2,000 bytes stay two groups (MySQL compares only a prefix
+// of a BLOB when it groups by it), and bytes that are not UTF-8 come back
+// as they were.
+func TestDeadReasonsKeepLongReasonsApart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv := newDriver(t, nil)
+	prefix := strings.Repeat("x", 2000)
+	reasons := []string{prefix + "-one", prefix + "-two", prefix + "-two", "\xff\x00 not text"}
+	var evs []*ferryevent.Event
+	for i := range reasons {
+		evs = append(evs, ferrydrivertest.Event("t", "k"+strconv.Itoa(i), strconv.Itoa(i)))
+	}
+	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: evs})
+	require.NoError(t, err)
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 10, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, rows, len(reasons))
+	for _, r := range rows {
+		i, _ := strconv.Atoi(string(r.Event.Payload))
+		require.NoError(t, drv.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "g", EventID: r.Event.ID, Claim: r.Claim, Error: reasons[i], Dead: true}))
+	}
+	got, err := drv.InboxDeadReasons(ctx, &ferrydriver.ReasonsParams{Group: "g", IDs: 5})
+	require.NoError(t, err)
+	require.Equal(t, 4, got.Scanned)
+	require.Len(t, got.Groups, 3)
+	require.Equal(t, prefix+"-two", got.Groups[0].Reason, "the most rows first")
+	require.Equal(t, 2, got.Groups[0].Count)
+	require.ElementsMatch(t, []uuid.UUID{evs[1].ID, evs[2].ID}, got.Groups[0].EventIDs)
+	byReason := map[string]int{}
+	for _, g := range got.Groups {
+		byReason[g.Reason] = g.Count
+	}
+	require.Equal(t, map[string]int{prefix + "-one": 1, prefix + "-two": 2, "\xff\x00 not text": 1}, byReason)
+	hist, err := drv.InboxAttempts(ctx, "g", evs[3].ID)
+	require.NoError(t, err)
+	require.Len(t, hist, 1)
+	require.Equal(t, "\uFFFD\x00 not text", hist[0].Error, "the history's JSON keeps what is valid UTF-8")
 }

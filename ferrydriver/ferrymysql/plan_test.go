@@ -157,4 +157,16 @@ func TestInboxListsReadTheirPageOnly(t *testing.T) {
 	require.Less(t, read, int64(60), "a claim reads a few entries per key (%d)", read)
 	read, _ = rowsRead(ctx, t, drv, ferrymysql.InboxGroupsQuery, 1000)
 	require.Less(t, read, int64(20), "groups: one dive per group (%d)", read)
+	for _, c := range []struct {
+		q, index string
+		args     []any
+	}{
+		{ferrymysql.DeleteProcessedQuery, "ferry_inbox_pages_idx", []any{"g", 1, 100}},
+		{ferrymysql.ForgetKeysQuery, "ferry_inbox_keys_runnable_idx", []any{"g", 100}},
+	} {
+		q, index := c.q, c.index
+		plan := explain(ctx, t, drv, q, c.args...)
+		require.Len(t, plan, 1)
+		require.Contains(t, plan[0], "key="+index+" ", "retention walks an index: %v", plan)
+	}
 }
