@@ -371,7 +371,8 @@ const holdPolicy = `COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE gro
 
 // ListInbox implements ferrydriver.Inbox: a page of each state asked for,
 // each a range of ferry_inbox_pages_idx (ferry_inbox_key_pages_idx with a
-// key) walked from its newest row, merged.
+// key) walked from its newest row, merged; with event IDs, those events
+// looked up by ferry_inbox_event_idx.
 func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
 	q, args, err := listInboxQuery(p)
 	if err != nil {
@@ -409,7 +410,10 @@ func listInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) {
 	var parts []string
 	var args []any
 	index := "ferry_inbox_pages_idx"
-	if p.Key != "" {
+	switch {
+	case len(p.EventIDs) > 0:
+		index = "ferry_inbox_event_idx" // the events, looked up: a page's order is a sort of them
+	case p.Key != "":
 		index = "ferry_inbox_key_pages_idx"
 	}
 	for _, st := range states {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -125,6 +126,8 @@ func TestInboxListsReadTheirPageOnly(t *testing.T) {
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxDead, ferrydriver.InboxProcessed}, Limit: page}, "ferry_inbox_pages_idx", page},
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxPending}, Key: pendingKey, Limit: 5}, "ferry_inbox_key_pages_idx", 5},
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead}, Key: blockedKey, Limit: 5}, "ferry_inbox_key_pages_idx", 5},
+		// An event's timeline: its row, whatever its state.
+		{&ferrydriver.ListInboxParams{Group: "g", States: ferrydriver.InboxStates, EventIDs: []uuid.UUID{evs[4321].ID}, Limit: 1}, "ferry_inbox_event_idx", 1},
 	} {
 		q, args, err := ferrymysql.ListInboxQuery(c.p)
 		require.NoError(t, err)
