@@ -87,9 +87,10 @@ type Driver struct {
 	knownKeys keyCache
 	// settle is AwaitSettled's binlog reader and its waiters.
 	settle settleHub
-	// reruns counts transactions run again (a deadlock, a lock wait
-	// timeout, an ingestion's duplicate).
-	reruns atomic.Int64
+	// reruns counts transactions run again after a deadlock or a lock
+	// wait timeout; duplicates, ingestions run again after meeting a
+	// concurrent delivery of their events.
+	reruns, duplicates atomic.Int64
 }
 
 // keyCache remembers up to keyCacheSize keys (it forgets them all when

@@ -36,8 +36,12 @@ const InboxGroupsQuery = sqlInboxGroups
 var InboxDeadReasonsQuery = strings.TrimPrefix(strings.Replace(sqlReasons, "{scan}", sqlScanInboxDead, 1), "SET STATEMENT group_concat_max_len = 16777216 FOR\n")
 
 // Reruns counts the driver's transactions that ran again after a deadlock
-// or a lock wait timeout, and ingestions that met a duplicate.
+// or a lock wait timeout.
 func (d *Driver) Reruns() int64 { return d.reruns.Load() }
+
+// Duplicates counts ingestions that ran again after meeting a concurrent
+// delivery of their events.
+func (d *Driver) Duplicates() int64 { return d.duplicates.Load() }
 
 // SettleNotes counts the waiters the binlog reader woke.
 func (d *Driver) SettleNotes() int64 {

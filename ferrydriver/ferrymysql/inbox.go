@@ -133,7 +133,7 @@ func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 		if errNumber(err) != errDupEntry || ctx.Err() != nil {
 			break
 		}
-		d.reruns.Add(1)
+		d.duplicates.Add(1)
 		time.Sleep(rerunPause(run))
 	}
 	if err != nil {

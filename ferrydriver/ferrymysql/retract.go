@@ -35,7 +35,7 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 		if errNumber(err) != errDupEntry || ctx.Err() != nil {
 			break
 		}
-		d.reruns.Add(1)
+		d.duplicates.Add(1)
 		time.Sleep(rerunPause(run))
 	}
 	if err != nil {
