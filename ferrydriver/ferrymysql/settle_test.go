@@ -173,3 +173,65 @@ func BenchmarkSettleWakeUp(b *testing.B) {
 	b.ReportMetric(pct(0.50), "p50-µs")
 	b.ReportMetric(pct(0.99), "p99-µs")
 }
+
+// TestSettlementReaderFollowsItsWaiters: the binlog reader starts with the
+// first waiter, outlives the last by a few seconds, then stops, and starts
+// again with the next waiter, which it wakes.
+func TestSettlementReaderFollowsItsWaiters(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	drv := newDriver(t, nil)
+	_, running := drv.SettleWaiters()
+	require.False(t, running, "no reader before a waiter")
+	row := claimOne(ctx, t, drv, "first")
+	completeRow(ctx, t, drv, row)
+	st, err := drv.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: "g", EventIDs: []uuid.UUID{row.Event.ID}, Deadline: time.Now().Add(time.Minute)})
+	require.NoError(t, err)
+	require.Equal(t, ferrydriver.InboxProcessed, st[row.Event.ID].State, "settled already: answered at once")
+	waiters, running := drv.SettleWaiters()
+	require.Equal(t, 0, waiters)
+	require.True(t, running, "the reader outlives its last waiter for a while")
+	require.Eventually(t, func() bool { _, running := drv.SettleWaiters(); return !running }, 20*time.Second, 50*time.Millisecond,
+		"and then stops")
+
+	next := claimOne(ctx, t, drv, "next")
+	done := make(chan ferrydriver.InboxState, 1)
+	go func() {
+		st, err := drv.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: "g", EventIDs: []uuid.UUID{next.Event.ID}, Deadline: time.Now().Add(time.Minute)})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- st[next.Event.ID].State
+	}()
+	awaitSubscribed(t, drv, 1)
+	notes := drv.SettleNotes()
+	completeRow(ctx, t, drv, next)
+	require.Equal(t, ferrydriver.InboxProcessed, <-done)
+	require.Greater(t, drv.SettleNotes(), notes, "woken by the restarted reader")
+}
+
+// TestAwaitSettledWithoutTheBinlog: a driver that cannot read the binlog
+// (no DSN here; no grant or no binlog elsewhere) still settles, by its
+// safety net's reads.
+func TestAwaitSettledWithoutTheBinlog(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	drv := mysqltestOpen(t, newDriver(t, nil)) // no Config.DSN
+	row := claimOne(ctx, t, drv, "blind")
+	done := make(chan ferrydriver.InboxState, 1)
+	go func() {
+		st, err := drv.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: "g", EventIDs: []uuid.UUID{row.Event.ID}, Deadline: time.Now().Add(time.Minute)})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- st[row.Event.ID].State
+	}()
+	require.Eventually(t, func() bool { w, _ := drv.SettleWaiters(); return w == 1 }, 10*time.Second, time.Millisecond)
+	completeRow(ctx, t, drv, row)
+	require.Equal(t, ferrydriver.InboxProcessed, <-done)
+	_, running := drv.SettleWaiters()
+	require.False(t, running)
+	require.Zero(t, drv.SettleNotes())
+}
