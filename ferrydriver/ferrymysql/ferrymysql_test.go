@@ -75,3 +75,8 @@ func TestDriverSuite(t *testing.T) {
 		},
 	})
 }
+
+// newDriverB is newDriver for benchmarks.
+func newDriverB(b *testing.B) *ferrymysql.Driver {
+	return mysqltest.Driver(b, &ferrymysql.Config{RecoveryMargin: time.Millisecond})
+}
