@@ -162,8 +162,9 @@ func Open(dsn string, cfg *Config) (*Driver, error) {
 	// Statements are sent whole, one at a time; times are stored as
 	// integers, so no time zone or parsing setting matters. Parameters
 	// are interpolated by the client: a statement costs one round trip,
-	// not a prepare and an execute (2.3 times the producers' throughput,
-	// BenchmarkEmitTx).
+	// not a prepare and an execute (BenchmarkEmitTx: 1,604 events/s
+	// before, 2,005-2,159 after). An application's own pool does better
+	// with interpolateParams=true in its DSN too.
 	mc.MultiStatements = false
 	mc.InterpolateParams = true
 	conn, err := mysql.NewConnector(mc)
