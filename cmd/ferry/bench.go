@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -86,6 +87,10 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if isMySQLURL(db.url) {
+		return benchMySQL(ctx, stdout, stderr, mode, &db, natsURL, benchRun{events: events, keys: keys, batch: batch, rate: rate,
+			producers: producers, duration: duration, poll: poll, keep: keep})
+	}
 	schema := fmt.Sprintf("ferrybench_%d", time.Now().UnixNano()%1e9)
 	db.schema = schema
 	pool, drv, err := db.openPG(ctx)
@@ -108,24 +113,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return benchSettle(ctx, stdout, pool, drv, events, keys, workers, rate)
 	}
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		return fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
-	}
-	defer nc.Close()
-	stream := "FERRYBENCH_" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
-	prefix := "ferrybench" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
-	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
+	bs, err := openBenchStream(ctx, natsURL, keep)
 	if err != nil {
 		return err
 	}
-	defer sink.Close(context.WithoutCancel(ctx))
-	js, _ := jetstream.New(nc)
-	defer func() {
-		if !keep {
-			_ = js.DeleteStream(context.WithoutCancel(ctx), stream)
-		}
-	}()
+	defer bs.close()
+	nc, sink, js, stream, prefix := bs.nc, bs.sink, bs.js, bs.stream, bs.prefix
 	client, err := ferry.NewClient(drv, nil)
 	if err != nil {
 		return err
@@ -142,9 +135,41 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return benchIngest(ctx, stdout, drv, sink, js, stream, prefix, events, keys)
 	}
 	if mode == "drain" {
-		return benchDrain(ctx, stdout, pool, client, relay, js, stream, events, keys, producers)
+		return benchDrain(ctx, stdout, client, relay, js, stream, events, keys, producers)
 	}
-	return benchLatency(ctx, stdout, pool, client, relay, nc, prefix, rate, duration, keys, producers)
+	return benchLatency(ctx, stdout, pgEmitTx(pool, client), relay, nc, prefix, rate, duration, keys, producers)
+}
+
+// benchStream is a run's JetStream stream, removed after the run unless
+// it is kept.
+type benchStream struct {
+	nc             *nats.Conn
+	sink           *ferrynats.Sink
+	js             jetstream.JetStream
+	stream, prefix string
+	close          func()
+}
+
+func openBenchStream(ctx context.Context, natsURL string, keep bool) (*benchStream, error) {
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
+	}
+	stream := "FERRYBENCH_" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
+	prefix := "ferrybench" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	js, _ := jetstream.New(nc)
+	return &benchStream{nc: nc, sink: sink, js: js, stream: stream, prefix: prefix, close: func() {
+		_ = sink.Close(context.WithoutCancel(ctx))
+		if !keep {
+			_ = js.DeleteStream(context.WithoutCancel(ctx), stream)
+		}
+		nc.Close()
+	}}, nil
 }
 
 func serverVersion(ctx context.Context, pool *pgxpool.Pool) string {
@@ -158,7 +183,7 @@ func payload(i int) []byte {
 }
 
 // benchDrain fills a backlog, then times the relay publishing all of it.
-func benchDrain(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], relay *ferry.Relay, js jetstream.JetStream, stream string, n, keys, producers int) error {
+func benchDrain[TTx any](ctx context.Context, w io.Writer, c *ferry.Client[TTx], relay *ferry.Relay, js jetstream.JetStream, stream string, n, keys, producers int) error {
 	fillStart := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -229,7 +254,7 @@ func benchDrain(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.C
 // benchLatency produces at a fixed rate, one event per transaction, and
 // measures commit -> receipt by a JetStream subscriber, plus intended send
 // time -> receipt (which also counts producer stalls: no coordinated omission).
-func benchLatency(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], relay *ferry.Relay, nc *nats.Conn, prefix string, rate int, d time.Duration, keys, producers int) error {
+func benchLatency(ctx context.Context, w io.Writer, emitTx func(context.Context, *ferry.Event) error, relay *ferry.Relay, nc *nats.Conn, prefix string, rate int, d time.Duration, keys, producers int) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
@@ -248,7 +273,7 @@ func benchLatency(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry
 	}
 	defer sub.Unsubscribe()
 	time.Sleep(time.Second) // let the relay take its lease
-	p := produceAt(ctx, w, pool, c, n, rate, keys, producers)
+	p := produceAt(ctx, w, emitTx, n, rate, keys, producers)
 	received.await(n, 30*time.Second)
 	cancel()
 	<-done
@@ -302,12 +327,35 @@ type production struct {
 
 // produceAt commits n events, one per transaction, at rate over
 // producers connections, each event i at its intended time.
-func produceAt(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], n, rate, keys, producers int) *production {
-	return producePhase(ctx, w, pool, c, "Bench", n, rate, keys, producers)
+func produceAt(ctx context.Context, w io.Writer, emitTx func(context.Context, *ferry.Event) error, n, rate, keys, producers int) *production {
+	return producePhase(ctx, w, emitTx, "Bench", n, rate, keys, producers)
+}
+
+// pgEmitTx emits an event in a transaction of its own on pool, as an
+// application does.
+func pgEmitTx(pool *pgxpool.Pool, c *ferry.Client[pgx.Tx]) func(context.Context, *ferry.Event) error {
+	return func(ctx context.Context, ev *ferry.Event) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.EmitTx(ctx, tx, ev) })
+	}
+}
+
+// sqlEmitTx is pgEmitTx for a database/sql pool.
+func sqlEmitTx(db *sql.DB, c *ferry.Client[*sql.Tx]) func(context.Context, *ferry.Event) error {
+	return func(ctx context.Context, ev *ferry.Event) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := c.EmitTx(ctx, tx, ev); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
 }
 
 // producePhase is produceAt for events of Type "<prefix><i>".
-func producePhase(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry.Client[pgx.Tx], prefix string, n, rate, keys, producers int) *production {
+func producePhase(ctx context.Context, w io.Writer, emitTx func(context.Context, *ferry.Event) error, prefix string, n, rate, keys, producers int) *production {
 	p := &production{intended: make([]int64, n), committed: make([]atomic.Int64, n)}
 	start := time.Now()
 	for i := range p.intended {
@@ -326,7 +374,7 @@ func producePhase(ctx context.Context, w io.Writer, pool *pgxpool.Pool, c *ferry
 					time.Sleep(wait)
 				}
 				ev := &ferry.Event{Topic: "orders", Key: "customer-" + strconv.Itoa(rand.IntN(keys)), Type: prefix + strconv.Itoa(i), Payload: payload(i)}
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.EmitTx(ctx, tx, ev) })
+				err := emitTx(ctx, ev)
 				if err != nil {
 					fmt.Fprintln(w, "producer:", err)
 					return

@@ -467,7 +467,7 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 		n := max(1, int(dur.Seconds()*float64(r)))
 		applied := newPhaseArrivals(fmt.Sprintf("Bench%d.", phase), n)
 		stamped.arrivals.Store(applied)
-		p := producePhase(ctx, w, pool, client, applied.prefix, n, r, keys, producers)
+		p := producePhase(ctx, w, pgEmitTx(pool, client), applied.prefix, n, r, keys, producers)
 		applied.await(n, settle)
 		fromCommit, fromIntent := p.latencies(applied)
 		all := len(fromCommit) == n

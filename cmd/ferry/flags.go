@@ -142,7 +142,7 @@ type dbFlags struct {
 
 func (d *dbFlags) register(f *envFlags) {
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", "",
-		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, or sqlite:path/to/file.db (default: the embedded database, <data-dir>/ferry.db, when it exists)")
+		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, mysql://user:password@host:3306/app (MariaDB 10.6+), or sqlite:path/to/file.db (default: the embedded database, <data-dir>/ferry.db, when it exists)")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", ferrypg.DefaultSchema, "PostgreSQL schema holding Ferry's tables")
 	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", 0, "number of outbox partitions; 0: the count stored with the schema (`ferry partitions show`), another value must match it")
 	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", false, "PostgreSQL: do not use LISTEN/NOTIFY: producers send no wake-ups, relays only poll")
@@ -206,6 +206,9 @@ func (d *dbFlags) open(ctx context.Context, create bool) (*backend, error) {
 	}
 	if strings.HasPrefix(d.url, "mongodb://") || strings.HasPrefix(d.url, "mongodb+srv://") {
 		return d.openMongo(ctx)
+	}
+	if isMySQLURL(d.url) {
+		return d.openMySQL(ctx)
 	}
 	if isSQLite {
 		if path == "" {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
 )
@@ -39,6 +40,8 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		var ms []ferrydriver.Migration
 		if _, ok := sqlitePath(db.url); ok {
 			ms = ferrysqlite.MigrationsFor(&ferrysqlite.Config{Partitions: db.partitions})
+		} else if isMySQLURL(db.url) {
+			ms = ferrymysql.MigrationsFor(&ferrymysql.Config{Partitions: db.partitions})
 		} else {
 			var err error
 			if ms, err = ferrypg.MigrationsFor(&ferrypg.Config{Schema: db.schema, Partitions: db.partitions}); err != nil {

@@ -166,8 +166,13 @@ func Open(dsn string, cfg *Config) (*Driver, error) {
 		return nil, fmt.Errorf("ferrymysql: %w (use the go-sql-driver/mysql form user:password@tcp(host:3306)/db)", err)
 	}
 	// Statements are sent whole, one at a time; times are stored as
-	// integers, so no time zone or parsing setting matters.
+	// integers, so no time zone or parsing setting matters. Parameters
+	// are interpolated by the client: a statement costs one round trip,
+	// not a prepare and an execute (BenchmarkEmitTx: 1,604 events/s
+	// before, 2,005-2,159 after). An application's own pool does better
+	// with interpolateParams=true in its DSN too.
 	mc.MultiStatements = false
+	mc.InterpolateParams = true
 	conn, err := mysql.NewConnector(mc)
 	if err != nil {
 		return nil, fmt.Errorf("ferrymysql: %w", err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -435,7 +436,10 @@ func (f *feed) openStream(ctx context.Context) error {
 		HeartbeatPeriod:  time.Second,
 		ReadTimeout:      30 * time.Second,
 		DisableRetrySync: true,
-		Logger:           d.cfg.Logger.With("feed", f.name),
+		// Events read ahead of the relay: a bound on memory (a rows
+		// event holds up to a few MiB of rows).
+		EventCacheCount: 256,
+		Logger:          slog.New(quietHandler{d.cfg.Logger.Handler()}).With("feed", f.name),
 	}
 	syncer := replication.NewBinlogSyncer(cfg)
 	streamer, err := syncer.StartSync(gomysql.Position{Name: f.pos.File, Pos: f.pos.Pos})
@@ -445,7 +449,7 @@ func (f *feed) openStream(ctx context.Context) error {
 	}
 	pctx, cancel := context.WithCancel(context.Background())
 	f.syncer, f.stop = syncer, cancel
-	f.events, f.errs = make(chan *replication.BinlogEvent, 1024), make(chan error, 1)
+	f.events, f.errs = make(chan *replication.BinlogEvent, 256), make(chan error, 1)
 	f.st = streamState{file: f.pos.File, pos: f.pos.Pos, skip: f.pos.Skip}
 	f.pending = nil
 	f.pumped.Add(1)
@@ -576,4 +580,32 @@ func (c *outboxColumns) event(row []any) (ev *ferryevent.Event, appended int64, 
 		return ev, appended, "invalid outbox row: " + err.Error()
 	}
 	return ev, appended, ""
+}
+
+// quietHandler passes go-mysql's log on with its INFO records (every
+// binlog rotation, every connection's start and end) as DEBUG: the feed
+// reports what matters to an operator itself.
+type quietHandler struct{ slog.Handler }
+
+func (h quietHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.Handler.Enabled(ctx, quiet(l))
+}
+
+func (h quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = quiet(r.Level)
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return quietHandler{h.Handler.WithAttrs(as)}
+}
+func (h quietHandler) WithGroup(name string) slog.Handler {
+	return quietHandler{h.Handler.WithGroup(name)}
+}
+
+func quiet(l slog.Level) slog.Level {
+	if l <= slog.LevelInfo {
+		return slog.LevelDebug
+	}
+	return l
 }

@@ -148,3 +148,8 @@ func TestAdminAPISuite(t *testing.T) {
 	drv := newDriver(t, nil)
 	ferryuitest.Run(t, drv, drv)
 }
+
+// newDriverB is newDriver for benchmarks.
+func newDriverB(b *testing.B) *ferrymysql.Driver {
+	return mysqltest.Driver(b, &ferrymysql.Config{RecoveryMargin: time.Millisecond})
+}

@@ -3,6 +3,7 @@ package ferrymysql
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -274,7 +275,8 @@ func (d *Driver) binlogSyncer(purpose string) (*replication.BinlogSyncer, error)
 		HeartbeatPeriod:  time.Second,
 		ReadTimeout:      30 * time.Second,
 		DisableRetrySync: true,
-		Logger:           d.cfg.Logger.With("binlog", purpose),
+		EventCacheCount:  256,
+		Logger:           slog.New(quietHandler{d.cfg.Logger.Handler()}).With("binlog", purpose),
 	}), nil
 }
 

@@ -92,6 +92,9 @@ func (d *Driver) takeSeqs(ctx context.Context, tx *sql.Tx, keys []string, count 
 			}
 		}
 	}
+	if len(keys) > 1 {
+		return d.takeSeqsOfKeys(ctx, tx, keys, count)
+	}
 	first := make(map[string]int64, len(keys))
 	for _, k := range keys {
 		n := count[k]
@@ -114,6 +117,81 @@ func (d *Driver) takeSeqs(ctx context.Context, tx *sql.Tx, keys []string, count 
 		}
 		first[k] = last - n + 1
 		d.knownKeys.add(k)
+	}
+	return first, nil
+}
+
+// takeSeqsOfKeys is takeSeqs for several keys: one UPDATE of them all (it
+// locks their rows in key order, as one key's UPDATE after another would),
+// and one read of their new numbers (the transaction sees its own
+// writes), whatever their number.
+func (d *Driver) takeSeqsOfKeys(ctx context.Context, tx *sql.Tx, keys []string, count map[string]int64) (map[string]int64, error) {
+	var q strings.Builder
+	args := make([]any, 0, 3*len(keys))
+	q.WriteString(`UPDATE ferry_keys SET touched_at = ` + sqlNow + `, seq = seq + CASE k`)
+	for _, k := range keys {
+		q.WriteString(` WHEN ? THEN ?`)
+		args = append(args, k, count[k])
+	}
+	q.WriteString(` END WHERE k IN (?` + strings.Repeat(`, ?`, len(keys)-1) + `)`)
+	in := make([]any, len(keys))
+	for i, k := range keys {
+		in[i] = k
+	}
+	res, err := tx.ExecContext(ctx, q.String(), append(args, in...)...)
+	if err != nil {
+		return nil, d.wrapErr("append: the keys' sequences", err)
+	}
+	first := make(map[string]int64, len(keys))
+	if n, _ := res.RowsAffected(); int(n) < len(keys) {
+		// Some are not there (PruneKeys removed them, or they could not be
+		// made): created in the transaction, after the others.
+		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_keys WHERE k IN (?`+strings.Repeat(`, ?`, len(keys)-1)+`)`, in...)
+		if err != nil {
+			return nil, d.wrapErr("append: the keys' sequences", err)
+		}
+		have := map[string]bool{}
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return nil, d.wrapErr("append: the keys' sequences", err)
+			}
+			have[k] = true
+		}
+		rows.Close()
+		for _, k := range keys {
+			if !have[k] {
+				if _, err := tx.ExecContext(ctx, sqlNewKey, k, count[k]); err != nil {
+					return nil, d.wrapErr("append: sequence of key "+k, err)
+				}
+				first[k] = 1
+			}
+		}
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT k, seq FROM ferry_keys WHERE k IN (?`+strings.Repeat(`, ?`, len(keys)-1)+`)`, in...)
+	if err != nil {
+		return nil, d.wrapErr("append: the keys' sequences", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var seq int64
+		if err := rows.Scan(&k, &seq); err != nil {
+			return nil, d.wrapErr("append: the keys' sequences", err)
+		}
+		if _, created := first[k]; !created {
+			first[k] = seq - count[k] + 1
+			d.knownKeys.add(k)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrapErr("append: the keys' sequences", err)
+	}
+	for _, k := range keys {
+		if _, ok := first[k]; !ok {
+			return nil, fmt.Errorf("ferrymysql: append: the sequence of key %q was not found after its update", k)
+		}
 	}
 	return first, nil
 }

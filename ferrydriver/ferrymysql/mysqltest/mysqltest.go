@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -77,8 +78,34 @@ func Admin(t testing.TB) *sql.DB {
 // returns its DSN.
 func Database(t testing.TB) string {
 	t.Helper()
+	dsn, _ := database(t)
+	return dsn
+}
+
+// DatabaseURL is Database, and the database's mysql:// URL (for `ferry
+// --database-url`).
+func DatabaseURL(t testing.TB) (dsn, url string) {
+	t.Helper()
+	dsn, name := database(t)
+	u := URL()
+	if i := strings.Index(u, "://"); i >= 0 {
+		if j := strings.Index(u[i+3:], "/"); j >= 0 {
+			rest := u[i+3+j+1:]
+			query := ""
+			if q := strings.Index(rest, "?"); q >= 0 {
+				query = rest[q:]
+			}
+			return dsn, u[:i+3+j+1] + name + query
+		}
+		return dsn, u + "/" + name
+	}
+	return dsn, u
+}
+
+func database(t testing.TB) (dsn, name string) {
+	t.Helper()
 	db := Admin(t)
-	name := fmt.Sprintf("ferry_t%d_%08x", time.Now().Unix()%100000, rand.Uint32())
+	name = fmt.Sprintf("ferry_t%d_%08x", time.Now().Unix()%100000, rand.Uint32())
 	if _, err := db.Exec("CREATE DATABASE " + name); err != nil {
 		t.Fatalf("mysqltest: create database %s: %v", name, err)
 	}
@@ -89,7 +116,7 @@ func Database(t testing.TB) string {
 	})
 	c := baseDSN.Clone()
 	c.DBName = name
-	return c.FormatDSN()
+	return c.FormatDSN(), name
 }
 
 // Driver opens a driver over a fresh, migrated database (cfg may be nil),
