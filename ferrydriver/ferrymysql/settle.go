@@ -250,9 +250,11 @@ func (h *settleHub) close() {
 	}
 }
 
-// binlogSyncer returns a replication connection's settings for Config.DSN
-// (as the feed's: a server id of its own, MariaDB's flavour).
-func (d *Driver) binlogSyncer(purpose string) (*replication.BinlogSyncer, error) {
+// binlogSyncer returns a replication connection for Config.DSN (set up as
+// the feed's: a server id of its own, MariaDB's flavour), which decodes
+// the rows of the events of the tables keep accepts only (the others
+// arrive with no rows).
+func (d *Driver) binlogSyncer(purpose string, keep func(*replication.RowsEvent) bool) (*replication.BinlogSyncer, error) {
 	if d.dsn == nil {
 		return nil, fmt.Errorf("ferrymysql: %s: %w: no Config.DSN to open a replication connection with (ferrymysql.Open sets it)", purpose, ferrydriver.ErrMisconfigured)
 	}
@@ -277,12 +279,25 @@ func (d *Driver) binlogSyncer(purpose string) (*replication.BinlogSyncer, error)
 		DisableRetrySync: true,
 		EventCacheCount:  256,
 		Logger:           slog.New(quietHandler{d.cfg.Logger.Handler()}).With("binlog", purpose),
+		RowsEventDecodeFunc: func(e *replication.RowsEvent, data []byte) error {
+			pos, err := e.DecodeHeader(data)
+			if err != nil || !keep(e) {
+				return err
+			}
+			return e.DecodeData(pos, data)
+		},
 	}), nil
 }
 
 // startSettleReader opens the binlog at its end and follows it.
 func (d *Driver) startSettleReader(ctx context.Context) (*settleReader, error) {
-	syncer, err := d.binlogSyncer("settlement")
+	// Only ferry_inbox's new rows are decoded: the server's other tables
+	// (the outbox's payloads among them) are skipped unread.
+	syncer, err := d.binlogSyncer("settlement", func(e *replication.RowsEvent) bool {
+		t := e.Type()
+		return e.Table != nil && string(e.Table.Table) == "ferry_inbox" && string(e.Table.Schema) == d.schema &&
+			(t == replication.EnumRowsEventTypeInsert || t == replication.EnumRowsEventTypeUpdate)
+	})
 	if err != nil {
 		return nil, err
 	}
