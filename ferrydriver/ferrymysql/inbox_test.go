@@ -184,3 +184,35 @@ func TestDeadReasonsKeepLongReasonsApart(t *testing.T) {
 	require.Len(t, hist, 1)
 	require.Equal(t, "\uFFFD\x00 not text", hist[0].Error, "the history's JSON keeps what is valid UTF-8")
 }
+
+// TestInboxMigrationReverts: migration 2 reverts (its tables go, the
+// outbox's stay) and applies again.
+func TestInboxMigrationReverts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newDriver(t, nil)
+	tables := func() []string {
+		rows, err := drv.DB().QueryContext(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE 'ferry\_%' ORDER BY 1`)
+		require.NoError(t, err)
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var n string
+			require.NoError(t, rows.Scan(&n))
+			out = append(out, n)
+		}
+		return out
+	}
+	all := tables()
+	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true, Steps: 1})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Current)
+	require.NotContains(t, tables(), "ferry_inbox")
+	require.Contains(t, tables(), "ferry_outbox")
+	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Current)
+	require.Equal(t, all, tables())
+	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "x")}})
+	require.NoError(t, err)
+}
