@@ -75,8 +75,8 @@ func (d *Driver) runTxOnce(ctx context.Context, op string, opts *sql.TxOptions, 
 	if err != nil {
 		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, d.wrapErr(op, err))
 	}
+	defer func() { _ = tx.Rollback() }() // fn panicked (after a commit: sql.ErrTxDone)
 	if err := fn(ctx, tx); err != nil {
-		_ = tx.Rollback()
 		return err
 	}
 	if err := tx.Commit(); err != nil {

@@ -42,9 +42,12 @@ const (
 	// settleSafetyNet is how often a waiter reads its events again when
 	// nothing woke it.
 	settleSafetyNet = 2 * time.Second
-	// settleRestart is how soon a reader that failed is started again
+	// settleRestart is how soon a reader that broke is started again
 	// while waiters remain.
 	settleRestart = time.Second
+	// settleRetryStart is how soon a reader that could not start is tried
+	// again (by the next waiter).
+	settleRetryStart = 10 * time.Second
 )
 
 // settleHub is the driver's binlog reader and its waiters.
@@ -56,7 +59,7 @@ type settleHub struct {
 	waiters int
 	r       *settleReader
 	linger  *time.Timer
-	failed  time.Time // the last start that failed
+	retryAt time.Time // no start before (the last one failed)
 	warned  bool
 	closed  bool
 	// notes counts the waiters woken by the binlog (for tests).
@@ -129,13 +132,13 @@ func (h *settleHub) subscribe(ctx context.Context, d *Driver, group string, ids 
 	}
 }
 
-// ensure starts the reader if none runs (at most once per settleRestart
-// after a failure).
+// ensure starts the reader if none runs (after a start that failed, not
+// before settleRetryStart).
 func (h *settleHub) ensure(ctx context.Context, d *Driver) {
 	h.startMu.Lock()
 	defer h.startMu.Unlock()
 	h.mu.Lock()
-	skip := h.r != nil || h.closed || time.Since(h.failed) < settleRestart
+	skip := h.r != nil || h.closed || time.Now().Before(h.retryAt)
 	h.mu.Unlock()
 	if skip {
 		return
@@ -144,7 +147,7 @@ func (h *settleHub) ensure(ctx context.Context, d *Driver) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err != nil {
-		h.failed = time.Now()
+		h.retryAt = time.Now().Add(settleRetryStart)
 		if !h.warned {
 			h.warned = true
 			d.cfg.Logger.Warn("ferrymysql: settlement cannot follow the binlog; AwaitSettled reads its events again every "+settleSafetyNet.String()+" instead",
@@ -318,7 +321,7 @@ func (d *Driver) startSettleReader(ctx context.Context) (*settleReader, error) {
 	r := &settleReader{syncer: syncer, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
-		cols := map[*replication.TableMapEvent]*inboxColumns{}
+		cols := map[uint64]*inboxColumns{}
 		for {
 			ev, err := streamer.GetEvent(rctx)
 			if err != nil {
@@ -340,8 +343,10 @@ type inboxColumns struct {
 }
 
 // settleEvent wakes the waiters of the finished rows of ferry_inbox that
-// ev carries.
-func (d *Driver) settleEvent(ev *replication.BinlogEvent, cols map[*replication.TableMapEvent]*inboxColumns) {
+// ev carries. cols caches the column positions by table ID (a table map
+// event, decoded anew for each transaction, keeps its table's ID until
+// the table changes).
+func (d *Driver) settleEvent(ev *replication.BinlogEvent, cols map[uint64]*inboxColumns) {
 	e, ok := ev.Event.(*replication.RowsEvent)
 	if !ok || e.Table == nil || string(e.Table.Table) != "ferry_inbox" || string(e.Table.Schema) != d.schema {
 		return
@@ -354,7 +359,7 @@ func (d *Driver) settleEvent(ev *replication.BinlogEvent, cols map[*replication.
 	default:
 		return
 	}
-	c := cols[e.Table]
+	c := cols[e.TableID]
 	if c == nil {
 		at := map[string]int{}
 		for i, n := range e.Table.ColumnNameString() {
@@ -369,7 +374,10 @@ func (d *Driver) settleEvent(ev *replication.BinlogEvent, cols map[*replication.
 		} else {
 			c = &inboxColumns{group: g, eventID: id, state: st}
 		}
-		cols[e.Table] = c
+		if len(cols) >= 16 {
+			clear(cols) // the table was changed (or recreated) many times
+		}
+		cols[e.TableID] = c
 	}
 	if c.group < 0 {
 		return

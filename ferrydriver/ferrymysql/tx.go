@@ -51,11 +51,11 @@ func (d *Driver) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx 
 	if err != nil {
 		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, d.wrapErr("begin a transaction", err))
 	}
+	defer func() { _ = tx.Rollback() }() // fn panicked (after a commit: sql.ErrTxDone)
 	st := &attemptState{}
 	attempts.Store(tx, st)
 	defer attempts.Delete(tx)
 	if err := fn(ctx, tx); err != nil {
-		_ = tx.Rollback()
 		return err
 	}
 	err = tx.Commit()
