@@ -16,6 +16,8 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
 	"github.com/ferry-dev/ferry/ferryevent"
 )
 
@@ -215,4 +217,30 @@ func TestInboxMigrationReverts(t *testing.T) {
 	require.Equal(t, all, tables())
 	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "x")}})
 	require.NoError(t, err)
+}
+
+// TestInboxSuiteOnTheApplicationsPool runs the inbox and transactor
+// suites over a driver made with New on a pool of the application's that
+// prepares its statements on the server (no interpolateParams, unlike the
+// pools Open makes): every statement's parameters pass both ways.
+func TestInboxSuiteOnTheApplicationsPool(t *testing.T) {
+	t.Parallel()
+	open := func(t *testing.T) *ferrymysql.Driver {
+		dsn := mysqltest.Database(t)
+		db, err := sql.Open("mysql", dsn)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		drv, err := ferrymysql.New(db, &ferrymysql.Config{DSN: dsn})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = drv.Close() })
+		_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+		require.NoError(t, err)
+		return drv
+	}
+	t.Run("Inbox", func(t *testing.T) {
+		ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return open(t) })
+	})
+	t.Run("Transactor", func(t *testing.T) {
+		ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[*sql.Tx] { return open(t) })
+	})
 }
