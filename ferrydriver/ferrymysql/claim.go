@@ -3,6 +3,7 @@ package ferrymysql
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,10 @@ import (
 
 // noHead is a position no row has.
 const noHead = int64(1<<63 - 1)
+
+// heldHeadPause is how long a key waits whose head another transaction
+// held when a claim wanted it.
+const heldHeadPause = 50 * time.Millisecond
 
 // sqlClaimHeads reads the heads of keys of group (its arguments: group,
 // group, group, the keys; {keys} is their marks), with the group's policy
@@ -259,12 +264,19 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	var expires int64
 	for _, k := range keys {
 		h := heads[k]
-		if h == nil || len(locked) == 0 {
+		if h == nil || !slices.Contains(want, any(h.pos)) {
 			continue
 		}
 		st, ok := locked[h.pos]
-		if !ok || st != h.state {
-			continue // held by another transaction, or changed: the next claim looks again
+		switch {
+		case !ok:
+			// Another transaction holds the head (a retraction, a stale
+			// attempt's completion): a moment later, so that it cannot
+			// crowd the claims out.
+			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now + heldHeadPause.Microseconds(), Valid: true}}
+			continue
+		case st != h.state:
+			continue // changed since it was read: the next claim reads it again
 		}
 		expires = h.now + p.TTL.Microseconds()
 		if p.MaxAttempts > 0 && h.attempts >= p.MaxAttempts {

@@ -244,3 +244,39 @@ func TestInboxSuiteOnTheApplicationsPool(t *testing.T) {
 		ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[*sql.Tx] { return open(t) })
 	})
 }
+
+// TestClaimsNeverWait: a claim skips a key whose row another transaction
+// holds, and a head that another transaction holds, instead of waiting
+// for them (InnoDB would wait 50 s, the claim's context allows 10); both
+// run once released.
+func TestClaimsNeverWait(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv := newDriver(t, nil)
+	a, b, c := ferrydrivertest.Event("t", "a", "a"), ferrydrivertest.Event("t", "b", "b"), ferrydrivertest.Event("t", "c", "c")
+	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{a, b, c}})
+	require.NoError(t, err)
+	other, err := drv.DB().BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback() }()
+	var one int
+	require.NoError(t, other.QueryRowContext(ctx, `SELECT 1 FROM ferry_inbox_keys WHERE group_name = 'g' AND k = 'a' FOR UPDATE`).Scan(&one))
+	require.NoError(t, other.QueryRowContext(ctx, `SELECT 1 FROM ferry_inbox WHERE group_name = 'g' AND event_id = ? FOR UPDATE`, b.ID[:]).Scan(&one))
+	claim := func() []string {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		rows, err := drv.ClaimInbox(cctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 10, TTL: time.Minute})
+		require.NoError(t, err, "a claim does not wait for locks")
+		var got []string
+		for _, r := range rows {
+			got = append(got, string(r.Event.Payload))
+		}
+		return got
+	}
+	require.Equal(t, []string{"c"}, claim(), "the held key and the held head are skipped")
+	require.NoError(t, other.Rollback())
+	var got []string
+	require.Eventually(t, func() bool { got = append(got, claim()...); return len(got) == 2 }, 10*time.Second, 20*time.Millisecond)
+	require.ElementsMatch(t, []string{"a", "b"}, got)
+}
