@@ -101,10 +101,12 @@
 //     use its primary key, and every writer of several keys locks them in
 //     key order.
 //
-// Every list of the console reads a page, a range of an index: a state's
-// rows newest first, a key's, a cursor's next page, counts capped at
-// ferrydriver.InboxCountCap (TestInboxListsReadTheirPageOnly counts the
-// rows the server reads).
+// A page of a state's rows (newest first), of a key's, the page after a
+// cursor, an event's row and the counts by state (capped at
+// ferrydriver.InboxCountCap) each read a range of an index, whatever the
+// inbox holds (TestInboxListsReadTheirPageOnly counts the rows the server
+// reads). A filter by type is not indexed: the console applies it to the
+// pages it reads.
 //
 // # Settlement
 //
