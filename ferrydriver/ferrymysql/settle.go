@@ -143,7 +143,11 @@ func (h *settleHub) ensure(ctx context.Context, d *Driver) {
 	if skip {
 		return
 	}
-	r, err := d.startSettleReader(ctx)
+	// Not the waiter's context: its end must not stop the reader it
+	// starts for everyone, nor count as a failure to start.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	r, err := d.startSettleReader(sctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err != nil {
