@@ -1,6 +1,7 @@
 // Package ferrymysql is Ferry's MariaDB backend (MySQL's wire and SQL):
-// the outbox, written in the application's *sql.Tx, and a feed that reads
-// it back in commit order from the server's binlog.
+// the outbox, written in the application's *sql.Tx, a feed that reads it
+// back in commit order from the server's binlog, and the consumer side:
+// inboxes, settlement and RunTx.
 //
 // # Use
 //
@@ -65,6 +66,79 @@
 // A feed with no saved position starts where the binlog stood when Migrate
 // created the outbox, and scans the outbox when that is unknown or purged.
 // Retention (DeleteDelivered) keeps what such a scan may need.
+//
+// # Consumers: the inbox
+//
+// The driver is a ferrydriver.Inbox (with InboxBatcher, InboxRetractor,
+// GroupLister, AttemptLister, ReasonGrouper, ActivityRecorder and
+// Transactor): a ferry.Consumer runs over it as over PostgreSQL or SQLite.
+// A group's events are rows of ferry_inbox, unique on (group, event ID);
+// each (group, key) has a row in ferry_inbox_keys saying when its head
+// (its oldest unfinished row) may run. Claims take heads row by row, a key
+// at a time, so keys run in parallel and each key in order:
+//
+//   - A claim is one READ COMMITTED transaction. It locks due keys with
+//     SELECT … FOR UPDATE SKIP LOCKED, reads their heads afresh, locks the
+//     heads the same way and marks them PROCESSING with a token of its own
+//     and an expiry (ClaimTTL). Workers never wait for each other; a head
+//     another transaction holds is left to the next claim.
+//   - The handler's writes and the row's PROCESSED commit together:
+//     CompleteInboxTx runs in the handler's transaction (RunInTx), changes
+//     the row only if the claim's token is still the row's and has not
+//     expired, and makes the key due, in one statement. A stale attempt
+//     changes nothing (ferrydriver.ErrClaimLost, and its transaction rolls
+//     back). Batches (ConsumerConfig.BatchSize) run each handler in a
+//     SAVEPOINT of one transaction and record the outcomes before its
+//     commit.
+//   - A failure is FAILED until its retry time, or DEAD after MaxAttempts;
+//     the group's stored dead policy decides whether a DEAD row holds its
+//     key (hold) or lets it go on (continue). Redrive, discard, retention
+//     of processed rows, expired-claim rescue and retraction (chain
+//     reorgs) are there, as on the other backends.
+//   - An ingester reads which of its events the group has and inserts the
+//     others, never asking InnoDB to check a duplicate key (whose gap locks
+//     deadlock concurrent ingesters); statements that address a key's row
+//     use its primary key, and every writer of several keys locks them in
+//     key order.
+//
+// A page of a state's rows (newest first), of a key's, the page after a
+// cursor, an event's row and the counts by state (capped at
+// ferrydriver.InboxCountCap) each read a range of an index, whatever the
+// inbox holds (TestInboxListsReadTheirPageOnly counts the rows the server
+// reads). A filter by type is not indexed: the console applies it to the
+// pages it reads.
+//
+// # Settlement
+//
+// AwaitSettled reads on the pool, one autocommit statement at a time, so a
+// caller's open REPEATABLE READ transaction, whose snapshot predates the
+// consumer's commit, still gets "settled". It does not poll: one binlog
+// reader per driver (a replication connection, as Config.DSN's user, like
+// the feed's), started with the first waiter and stopped five seconds
+// after the last, follows the changes of ferry_inbox rows and wakes the
+// waiters of each row that finished; they read it again, and once more a
+// moment later if InnoDB has not made the commit visible yet (the binlog
+// is written first). A waiter also reads again every two seconds, as a
+// safety net only: when the reader broke (it restarts) or cannot run
+// (no DSN, no binlog, no REPLICATION SLAVE grant: a warning says so).
+// BenchmarkSettleWakeUp measures the time from a commit to the waiter's
+// return.
+//
+// # RunTx
+//
+// ferry.RunTx over the driver runs its callback again after a deadlock
+// (1213) and after a lock wait timeout (1205, which rolls back only its
+// statement: the rest is rolled back before the rerun, never continued).
+// A COMMIT whose answer was lost is never run again blindly: with a
+// request ID, the request record written in the transaction tells, once
+// the session that sent the COMMIT has ended (it is killed if it
+// lingers), whether it committed; without one, RunTx returns
+// ferry.ErrCommitUnknown. The consumer's RunInTx reruns deadlocks and lock
+// wait timeouts the same way, so handlers must have no effect outside
+// their transaction. A handler that swallows a deadlock's error must not
+// go on: InnoDB rolled its transaction back, and what it runs after that
+// commits statement by statement; CompleteInboxTx then refuses to mark the
+// event processed.
 //
 // Stability: the package's API may change until Ferry 1.0; the schema
 // changes only through migrations.

@@ -85,6 +85,12 @@ type Driver struct {
 	// an append of one skips the read that tells an existing key from a
 	// new one.
 	knownKeys keyCache
+	// settle is AwaitSettled's binlog reader and its waiters.
+	settle settleHub
+	// reruns counts transactions run again after a deadlock or a lock
+	// wait timeout; duplicates, ingestions run again after meeting a
+	// concurrent delivery of their events.
+	reruns, duplicates atomic.Int64
 }
 
 // keyCache remembers up to keyCacheSize keys (it forgets them all when
@@ -188,8 +194,10 @@ func (d *Driver) DB() *sql.DB { return d.db }
 // Schema is the database that holds Ferry's tables.
 func (d *Driver) Schema() string { return d.schema }
 
-// Close closes the pool if Open made it.
+// Close stops settlement's binlog reader, and closes the pool if Open
+// made it.
 func (d *Driver) Close() error {
+	d.settle.close()
 	if d.owned {
 		return d.db.Close()
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -13,6 +14,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryui/ferryuitest"
 )
 
 // TestMain checks for leaked goroutines; the shared admin pool of mysqltest
@@ -74,6 +77,76 @@ func TestDriverSuite(t *testing.T) {
 			}
 		},
 	})
+}
+
+func TestInboxSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return newDriver(t, nil) })
+}
+
+func TestActivitySuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{New: func(t *testing.T) ferrydriver.ActivityRecorder { return newDriver(t, nil) }})
+}
+
+func TestTransactorSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[*sql.Tx] { return newDriver(t, nil) })
+}
+
+// TestConsumerSuite runs a ferry.Consumer over the MariaDB inbox in every
+// mode the suite has: one event per transaction, and batches with
+// savepoints on failure and always.
+func TestConsumerSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseConsumer(t, ferrydrivertest.ConsumerHarness[*sql.Tx]{
+		New: func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return newDriver(t, nil) },
+		Unmigrated: func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] {
+			return mysqltest.Open(t, mysqltest.Database(t), nil, false)
+		},
+		Effects: effects,
+	})
+}
+
+// effects is the consumer suite's table of handlers' effects, written in
+// the handlers' transactions.
+func effects(t *testing.T, d ferrydrivertest.InboxDriver[*sql.Tx]) (func(context.Context, *sql.Tx, *ferryevent.Event) error, func(context.Context) (map[uuid.UUID]int, error)) {
+	db := d.(*ferrymysql.Driver).DB()
+	_, err := db.Exec(`CREATE TABLE effects (n BIGINT AUTO_INCREMENT PRIMARY KEY, event_id BINARY(16) NOT NULL) ENGINE=InnoDB`)
+	require.NoError(t, err)
+	record := func(ctx context.Context, tx *sql.Tx, ev *ferryevent.Event) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects (event_id) VALUES (?)`, ev.ID[:])
+		return err
+	}
+	counts := func(ctx context.Context) (map[uuid.UUID]int, error) {
+		rows, err := db.QueryContext(ctx, `SELECT event_id, COUNT(*) FROM effects GROUP BY event_id`)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		out := map[uuid.UUID]int{}
+		for rows.Next() {
+			var id []byte
+			var n int
+			if err := rows.Scan(&id, &n); err != nil {
+				return nil, err
+			}
+			u, err := uuid.FromBytes(id)
+			if err != nil {
+				return nil, err
+			}
+			out[u] = n
+		}
+		return out, rows.Err()
+	}
+	return record, counts
+}
+
+// TestAdminAPISuite runs the admin API (ferryui) over MariaDB.
+func TestAdminAPISuite(t *testing.T) {
+	t.Parallel()
+	drv := newDriver(t, nil)
+	ferryuitest.Run(t, drv, drv)
 }
 
 // newDriverB is newDriver for benchmarks.

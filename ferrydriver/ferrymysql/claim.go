@@ -1,0 +1,391 @@
+package ferrymysql
+
+import (
+	"context"
+	"database/sql"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+)
+
+// A claim is one READ COMMITTED transaction of a few statements, whatever
+// it claims:
+//
+//  1. the due keys, locked with FOR UPDATE SKIP LOCKED on
+//     ferry_inbox_keys_runnable_idx, oldest due first (a rescue: the keys
+//     of rows whose claims expired, locked the same way by primary key);
+//  2. each key's head, read afresh (no lock): the least position of its
+//     oldest pending, failed and processing rows (and dead ones, under the
+//     hold policy), each the first entry of a range of
+//     ferry_inbox_head_idx, and whether another of its rows runs;
+//  3. the heads to claim, locked with FOR UPDATE SKIP LOCKED by primary key
+//     and checked again (a row a finisher or a retraction holds is left to
+//     the next claim; a claim never waits, so no cycle of waits includes
+//     it);
+//  4. the claimed rows made PROCESSING with the claim's token (or DEAD,
+//     when their attempts are spent), read back whole;
+//  5. each key's next due time (its claim's expiry, its head's retry, none)
+//     in one statement.
+
+// noHead is a position no row has.
+const noHead = int64(1<<63 - 1)
+
+// heldHeadPause is how long a key waits whose head another transaction
+// held when a claim wanted it.
+const heldHeadPause = 50 * time.Millisecond
+
+// sqlClaimHeads reads the heads of keys of group (its arguments: group,
+// group, group, the keys; {keys} is their marks), with the group's policy
+// and the server's time.
+const sqlClaimHeads = `
+SELECT h.k, h.hold, ` + sqlNow + `, i.pos, i.event_id, i.state, i.attempts, i.next_attempt_at, i.claim_expires_at,
+       (SELECT MAX(b.claim_expires_at) FROM ferry_inbox b
+         WHERE b.group_name = h.group_name AND b.k = h.k AND b.state = 'processing' AND b.pos <> h.head AND b.claim_expires_at > ` + sqlNow + `)
+  FROM (SELECT kk.group_name, kk.k, pol.hold,
+               LEAST({first:pending}, {first:failed}, {first:processing}, IF(pol.hold, {first:dead}, {none})) AS head
+          FROM ferry_inbox_keys kk
+         CROSS JOIN (SELECT ` + holdPolicy + ` AS hold) pol
+         WHERE kk.group_name = ? AND kk.k IN ({keys})) h
+  LEFT JOIN ferry_inbox i ON i.pos = h.head`
+
+var claimHeadsReplacer = func() *strings.Replacer {
+	var pairs []string
+	for _, st := range []string{"pending", "failed", "processing", "dead"} {
+		pairs = append(pairs, "{first:"+st+"}",
+			`COALESCE((SELECT x.pos FROM ferry_inbox x WHERE x.group_name = kk.group_name AND x.k = kk.k AND x.state = '`+st+`' ORDER BY x.pos LIMIT 1), {none})`)
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
+// claimHead is a key's head as a claim read it.
+type claimHead struct {
+	key         string
+	hold        bool
+	now         int64
+	pos         int64 // 0: no head
+	id          uuid.UUID
+	state       ferrydriver.InboxState
+	attempts    int
+	nextAttempt int64
+	expires     sql.NullInt64
+	busyUntil   sql.NullInt64 // another row of the key runs until then
+}
+
+// keyOutcome is what a claim leaves a key's row saying.
+type keyOutcome struct {
+	runnable sql.NullInt64
+	held     []byte
+}
+
+// ClaimInbox implements ferrydriver.Inbox. Rows are claimed row by row (a
+// key's head at a time): PerKey does not apply.
+func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	op := "claim inbox rows of group " + p.Group
+	var out []*ferrydriver.InboxRow
+	err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
+		var err error
+		out, err = d.claimTx(ctx, tx, p)
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// claimLimit is how many heads a claim takes: one per key, so as many as
+// both Limit and Keys allow.
+func claimLimit(p *ferrydriver.ClaimInboxParams) int {
+	n := max(p.Limit, 1)
+	if p.Keys > 0 {
+		n = min(n, p.Keys)
+	}
+	return n
+}
+
+func scanKeys(rows *sql.Rows) ([]string, error) {
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var k []byte
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, string(k))
+	}
+	return keys, rows.Err()
+}
+
+// claimKeys locks the keys a claim looks at (step 1).
+func (d *Driver) claimKeys(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams) ([]string, error) {
+	if !p.Rescue {
+		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at <= `+sqlNow+`
+ ORDER BY runnable_at LIMIT ? FOR UPDATE SKIP LOCKED`, p.Group, claimLimit(p))
+		if err != nil {
+			return nil, err
+		}
+		return scanKeys(rows)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= `+sqlNow+`
+ ORDER BY claim_expires_at LIMIT ?`, p.Group, claimLimit(p))
+	if err != nil {
+		return nil, err
+	}
+	expired, err := scanKeys(rows)
+	if err != nil || len(expired) == 0 {
+		return nil, err
+	}
+	args := []any{p.Group}
+	seen := map[string]bool{}
+	for _, k := range expired {
+		if !seen[k] {
+			seen[k] = true
+			args = append(args, k)
+		}
+	}
+	rows, err = tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) FOR UPDATE SKIP LOCKED`, args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanKeys(rows)
+}
+
+// claimHeads reads the locked keys' heads (step 2).
+func claimHeads(ctx context.Context, tx *sql.Tx, group string, keys []string) (map[string]*claimHead, error) {
+	q := strings.NewReplacer("{none}", strconv.FormatInt(noHead, 10), "{keys}", marks(len(keys))).Replace(claimHeadsReplacer.Replace(sqlClaimHeads))
+	args := []any{group, group}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]*claimHead, len(keys))
+	for rows.Next() {
+		h := &claimHead{}
+		var key, id []byte
+		var pos, attempts, next sql.NullInt64
+		var state sql.NullString
+		if err := rows.Scan(&key, &h.hold, &h.now, &pos, &id, &state, &attempts, &next, &h.expires, &h.busyUntil); err != nil {
+			return nil, err
+		}
+		h.key = string(key)
+		if pos.Valid {
+			u, err := uuid.FromBytes(id)
+			if err != nil {
+				return nil, err
+			}
+			h.pos, h.id, h.state, h.attempts, h.nextAttempt = pos.Int64, u, ferrydriver.InboxState(state.String), int(attempts.Int64), next.Int64
+		}
+		out[h.key] = h
+	}
+	return out, rows.Err()
+}
+
+// lockHeads locks the rows at positions with FOR UPDATE SKIP LOCKED and
+// returns their states now (step 3): a row another transaction holds is
+// absent.
+func lockHeads(ctx context.Context, tx *sql.Tx, positions []any) (map[int64]ferrydriver.InboxState, error) {
+	out := map[int64]ferrydriver.InboxState{}
+	if len(positions) == 0 {
+		return out, nil
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT pos, state FROM ferry_inbox WHERE pos IN (`+marks(len(positions))+`) FOR UPDATE SKIP LOCKED`, positions...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pos int64
+		var state string
+		if err := rows.Scan(&pos, &state); err != nil {
+			return nil, err
+		}
+		out[pos] = ferrydriver.InboxState(state)
+	}
+	return out, rows.Err()
+}
+
+func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	keys, err := d.claimKeys(ctx, tx, p)
+	if err != nil || len(keys) == 0 {
+		return nil, err
+	}
+	heads, err := claimHeads(ctx, tx, p.Group, keys)
+	if err != nil {
+		return nil, err
+	}
+	outcomes := map[string]keyOutcome{}
+	var want []any // positions of heads to claim or to give up
+	for _, k := range keys {
+		h := heads[k]
+		if h == nil {
+			continue
+		}
+		t := h.now
+		switch {
+		case h.pos == 0:
+			outcomes[k] = keyOutcome{} // nothing to run
+		case h.busyUntil.Valid:
+			outcomes[k] = keyOutcome{runnable: h.busyUntil}
+		case h.state == ferrydriver.InboxDead:
+			outcomes[k] = keyOutcome{held: h.id[:]} // holds its key
+		case h.state == ferrydriver.InboxFailed && h.nextAttempt > t:
+			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.nextAttempt, Valid: true}}
+		case h.state == ferrydriver.InboxProcessing && h.expires.Valid && h.expires.Int64 > t:
+			outcomes[k] = keyOutcome{runnable: h.expires}
+		case h.state == ferrydriver.InboxProcessing && !p.Rescue:
+			// Expired: left to ClaimInbox with Rescue; to the back for a
+			// second, so that it cannot crowd out the others.
+			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: t + time.Second.Microseconds(), Valid: true}}
+		case h.state != ferrydriver.InboxProcessing && p.Rescue:
+			// Runnable, not a rescue: an ordinary claim takes it.
+		default:
+			want = append(want, h.pos)
+		}
+	}
+	locked, err := lockHeads(ctx, tx, want)
+	if err != nil {
+		return nil, err
+	}
+	token := uuid.New() // one per call: each row is claimed once in it
+	var claimed, dead []any
+	var order []int64
+	var expires int64
+	for _, k := range keys {
+		h := heads[k]
+		if h == nil || !slices.Contains(want, any(h.pos)) {
+			continue
+		}
+		st, ok := locked[h.pos]
+		switch {
+		case !ok:
+			// Another transaction holds the head (a retraction, a stale
+			// attempt's completion): a moment later, so that it cannot
+			// crowd the claims out.
+			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now + heldHeadPause.Microseconds(), Valid: true}}
+			continue
+		case st != h.state:
+			continue // changed since it was read: the next claim reads it again
+		}
+		expires = h.now + p.TTL.Microseconds()
+		if p.MaxAttempts > 0 && h.attempts >= p.MaxAttempts {
+			// Its last attempts lost their claims: give it up, under the
+			// group's policy.
+			dead = append(dead, h.pos)
+			if h.hold {
+				outcomes[k] = keyOutcome{held: h.id[:]}
+			} else {
+				outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now, Valid: true}}
+			}
+		} else {
+			claimed = append(claimed, h.pos)
+			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: expires, Valid: true}}
+		}
+		order = append(order, h.pos)
+	}
+	if len(claimed) > 0 {
+		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by = ?, claim_token = ?, claim_expires_at = ?
+ WHERE pos IN (`+marks(len(claimed))+`)`, append([]any{p.Worker, token[:], expires}, claimed...)...); err != nil {
+			return nil, err
+		}
+	}
+	if len(dead) > 0 {
+		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox
+   SET attempt_log = `+logAttempt("attempts", "'dead'", "?")+`,
+       last_error = CONCAT(?, IF(COALESCE(last_error, '') = '', '', CONCAT(' (last recorded error: ', last_error, ')'))),
+       state = 'dead', claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL, finished_at = `+sqlNow+`
+ WHERE pos IN (`+marks(len(dead))+`)`, append([]any{ferrydriver.ReasonAttemptsExhausted, ferrydriver.ReasonAttemptsExhausted}, dead...)...); err != nil {
+			return nil, err
+		}
+	}
+	var out []*ferrydriver.InboxRow
+	if len(order) > 0 {
+		args := make([]any, len(order))
+		for i, pos := range order {
+			args[i] = pos
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT `+inboxRowColumns+`, pos FROM ferry_inbox WHERE pos IN (`+marks(len(args))+`)`, args...)
+		if err != nil {
+			return nil, err
+		}
+		byPos := map[int64]*ferrydriver.InboxRow{}
+		for rows.Next() {
+			var pos int64
+			row, err := scanInboxRow(rows, p.Group, &pos)
+			if err != nil {
+				rows.Close()
+				return nil, err
+			}
+			byPos[pos] = row
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		for _, pos := range order {
+			if row := byPos[pos]; row != nil {
+				if row.State == ferrydriver.InboxProcessing {
+					row.Claim = token.String()
+				}
+				out = append(out, row)
+			}
+		}
+	}
+	return out, setKeyOutcomes(ctx, tx, p.Group, keys, outcomes)
+}
+
+// setKeyOutcomes writes what the claim decided of each key (step 5), in
+// one statement.
+func setKeyOutcomes(ctx context.Context, tx *sql.Tx, group string, keys []string, outcomes map[string]keyOutcome) error {
+	if len(outcomes) == 0 {
+		return nil
+	}
+	var runnable, held strings.Builder
+	var rArgs, hArgs, kArgs []any
+	for _, k := range keys {
+		o, ok := outcomes[k]
+		if !ok {
+			continue
+		}
+		runnable.WriteString(" WHEN ? THEN ?")
+		held.WriteString(" WHEN ? THEN ?")
+		var r any
+		if o.runnable.Valid {
+			r = o.runnable.Int64
+		}
+		var h any
+		if o.held != nil {
+			h = o.held
+		}
+		rArgs = append(rArgs, k, r)
+		hArgs = append(hArgs, k, h)
+		kArgs = append(kArgs, k)
+	}
+	args := append(append(append(rArgs, hArgs...), group), kArgs...)
+	_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = CASE k`+runnable.String()+` END, held_by = CASE k`+held.String()+` END
+ WHERE group_name = ? AND k IN (`+marks(len(kArgs))+`)`, args...)
+	return err
+}
+
+// RescueDue implements ferrydriver.Inbox: the group's PROCESSING range of
+// ferry_inbox_pages_idx (the rows being processed only).
+func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
+	var due bool
+	err := d.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= `+sqlNow+`)`,
+		group).Scan(&due)
+	if err != nil {
+		return false, d.wrapErr("look for expired claims in group "+group, err)
+	}
+	return due, nil
+}

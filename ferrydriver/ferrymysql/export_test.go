@@ -1,0 +1,65 @@
+package ferrymysql
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+)
+
+// ListInboxQuery is ListInbox's statement, for the plan tests.
+func ListInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) { return listInboxQuery(p) }
+
+// InboxCountsQuery is InboxCounts' statement and arguments.
+func InboxCountsQuery(group string) (string, []any) {
+	var args []any
+	for range unfinishedStates {
+		args = append(args, group, ferrydriver.InboxCountCap)
+	}
+	return sqlInboxCounts, args
+}
+
+// ClaimHeadsQuery is a claim's reading of the heads of keys.
+func ClaimHeadsQuery(group string, keys []string) (string, []any) {
+	q := strings.NewReplacer("{none}", strconv.FormatInt(noHead, 10), "{keys}", marks(len(keys))).Replace(claimHeadsReplacer.Replace(sqlClaimHeads))
+	args := []any{group, group}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	return q, args
+}
+
+// InboxGroupsQuery is InboxGroups' statement.
+const InboxGroupsQuery = sqlInboxGroups
+
+// InboxDeadReasonsQuery is InboxDeadReasons' statement (without its SET STATEMENT prefix).
+var InboxDeadReasonsQuery = strings.TrimPrefix(strings.Replace(sqlReasons, "{scan}", sqlScanInboxDead, 1), "SET STATEMENT group_concat_max_len = 16777216 FOR\n")
+
+// Reruns counts the driver's transactions that ran again after a deadlock
+// or a lock wait timeout.
+func (d *Driver) Reruns() int64 { return d.reruns.Load() }
+
+// Duplicates counts ingestions that ran again after meeting a concurrent
+// delivery of their events.
+func (d *Driver) Duplicates() int64 { return d.duplicates.Load() }
+
+// SettleNotes counts the waiters the binlog reader woke.
+func (d *Driver) SettleNotes() int64 {
+	d.settle.mu.Lock()
+	defer d.settle.mu.Unlock()
+	return d.settle.notes
+}
+
+// SettleWaiters counts the AwaitSettled calls subscribed, and whether the
+// binlog reader runs.
+func (d *Driver) SettleWaiters() (int, bool) {
+	d.settle.mu.Lock()
+	defer d.settle.mu.Unlock()
+	return d.settle.waiters, d.settle.r != nil
+}
+
+// Retention's statements.
+const (
+	DeleteProcessedQuery = sqlDeleteProcessed
+	ForgetKeysQuery      = sqlForgetKeys
+)

@@ -1,0 +1,717 @@
+package ferrymysql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
+)
+
+// The inbox follows SQLite's model: one ferry_inbox row per (group,
+// event), one ferry_inbox_keys row per (group, key) saying when the key's
+// head may run, claims row by row (a key's head at a time) with a token
+// and an expiry. With concurrent writers:
+//   - claims lock due keys with SELECT ... FOR UPDATE SKIP LOCKED and the
+//     heads they take the same way, so that workers never wait for each
+//     other, and they alone compute a key's head, at READ COMMITTED (see
+//     claim.go);
+//   - a finish (CompleteInboxTx in the handler's transaction, FailInbox)
+//     changes its row, fenced by the claim's token and expiry, and makes
+//     its key due now, in one statement;
+//   - an ingester reads which of its events exist, inserts the others and
+//     then locks their keys, so that no statement of it checks a duplicate
+//     key (see 002_inbox.up.sql);
+//   - every writer of a key's rows locks the key's row after the rows it
+//     changes, and a claim, which locks them the other way round, never
+//     waits: no cycle of waits, so no deadlock among them.
+
+// unfinishedStates are the states of rows that will run (or hold their
+// key) again.
+var unfinishedStates = []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead}
+
+const inboxRowColumns = `event_id, k, seq, topic, type, source, content_type, headers, payload, created_at,
+       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, finished_at`
+
+func scanInboxRows(rows *sql.Rows, group string) ([]*ferrydriver.InboxRow, error) {
+	defer rows.Close()
+	var out []*ferrydriver.InboxRow
+	for rows.Next() {
+		row, err := scanInboxRow(rows, group)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, row)
+	}
+	return out, rows.Err()
+}
+
+func scanInboxRow(rows *sql.Rows, group string, extra ...any) (*ferrydriver.InboxRow, error) {
+	row := &ferrydriver.InboxRow{Group: group}
+	ev := &row.Event
+	var id, key, headers, lastError []byte
+	var state string
+	var created, next, received int64
+	var finished sql.NullInt64
+	dest := append([]any{&id, &key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created,
+		&state, &row.Attempts, &lastError, &next, &received, &finished}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return nil, err
+	}
+	u, err := uuid.FromBytes(id)
+	if err != nil {
+		return nil, fmt.Errorf("inbox row with event id %x: %w", id, err)
+	}
+	ev.ID, ev.Key, row.LastError = u, string(key), string(lastError)
+	if ev.Payload == nil {
+		ev.Payload = []byte{}
+	}
+	if err := decodeHeaders(ev, headers); err != nil {
+		return nil, err
+	}
+	row.State = ferrydriver.InboxState(state)
+	ev.CreatedAt, row.NextAttemptAt, row.ReceivedAt = fromMicros(created), fromMicros(next), fromMicros(received)
+	if finished.Valid {
+		row.FinishedAt = fromMicros(finished.Int64)
+	}
+	return row, nil
+}
+
+// marks returns "?, ?, ..." for n values.
+func marks(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+// chunks calls fn with successive chunks of at most n of s.
+func chunks[T any](s []T, n int, fn func([]T) error) error {
+	for start := 0; start < len(s); start += n {
+		if err := fn(s[start:min(start+n, len(s))]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// idArgs appends the IDs' stored form to args.
+func idArgs(args []any, ids []uuid.UUID) []any {
+	for _, id := range ids {
+		args = append(args, id[:])
+	}
+	return args
+}
+
+// maxInsertRuns bounds the runs of an ingestion that meets concurrent
+// duplicates of its events.
+const maxInsertRuns = 10
+
+// InsertInbox implements ferrydriver.Inbox, in one READ COMMITTED
+// transaction: which of the events the group has is read, the others are
+// inserted in delivery order, and their keys are made due (created if
+// new). A concurrent delivery of the same events makes the insert fail
+// (duplicate key) or deadlock: the transaction then runs again, and reads
+// them.
+func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error) {
+	res := &ferrydriver.InsertInboxResult{Inserted: make([]bool, len(p.Events))}
+	if len(p.Events) == 0 {
+		return res, nil
+	}
+	op := "insert into inbox of group " + p.Group
+	var err error
+	for run := 1; run <= maxInsertRuns; run++ {
+		err = d.writeRC(ctx, op, func(tx *sql.Tx) error {
+			clear(res.Inserted)
+			return d.insertInboxTx(ctx, tx, p.Group, p.Events, res.Inserted)
+		})
+		if errNumber(err) != errDupEntry || ctx.Err() != nil {
+			break
+		}
+		d.duplicates.Add(1)
+		time.Sleep(rerunPause(run))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// existingEvents returns which of ids group has (a consistent read: no
+// lock).
+func existingEvents(ctx context.Context, q querier, group string, ids []uuid.UUID) (map[uuid.UUID]bool, error) {
+	have := map[uuid.UUID]bool{}
+	err := chunks(ids, 500, func(ids []uuid.UUID) error {
+		rows, err := q.QueryContext(ctx, `SELECT event_id FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`,
+			idArgs([]any{group}, ids)...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var b []byte
+			if err := rows.Scan(&b); err != nil {
+				return err
+			}
+			if u, err := uuid.FromBytes(b); err == nil {
+				have[u] = true
+			}
+		}
+		return rows.Err()
+	})
+	return have, err
+}
+
+// inboxChunkBytes bounds one INSERT of inbox rows (max_allowed_packet is
+// 16 MiB by default on MariaDB).
+const inboxChunkBytes = 4 << 20
+
+// insertInboxTx records the events group does not have yet inside tx,
+// setting inserted[i] for each, and makes their keys due.
+func (d *Driver) insertInboxTx(ctx context.Context, tx *sql.Tx, group string, events []*ferryevent.Event, inserted []bool) error {
+	keys, err := d.insertInboxRows(ctx, tx, group, events, inserted)
+	if err != nil {
+		return err
+	}
+	// A key with nothing to do becomes due; one that waits (a retry, a
+	// running row, a dead head) keeps its time.
+	return d.touchKeys(ctx, tx, group, keys, false)
+}
+
+// insertInboxRows inserts the rows of the events group does not have yet,
+// in their order, and returns their keys.
+func (d *Driver) insertInboxRows(ctx context.Context, tx *sql.Tx, group string, events []*ferryevent.Event, inserted []bool) ([]string, error) {
+	op := "insert into inbox of group " + group
+	ids := make([]uuid.UUID, len(events))
+	for i, ev := range events {
+		ids[i] = ev.ID
+	}
+	have, err := existingEvents(ctx, tx, group, ids)
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	var (
+		sqlb  strings.Builder
+		args  []any
+		size  int
+		keys  []string
+		flush = func() error {
+			if len(args) == 0 {
+				return nil
+			}
+			_, err := tx.ExecContext(ctx, sqlb.String(), args...)
+			sqlb.Reset()
+			args, size = args[:0], 0
+			return d.wrapErr(op, err)
+		}
+	)
+	for i, ev := range events {
+		if have[ev.ID] {
+			continue
+		}
+		have[ev.ID] = true // a second copy in the batch is a duplicate
+		c, err := encodeEvent(ev)
+		if err != nil {
+			return nil, err
+		}
+		if size > 0 && size+len(c.payload) > inboxChunkBytes {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+		if len(args) == 0 {
+			sqlb.WriteString(`INSERT INTO ferry_inbox (group_name, event_id, k, seq, topic, type, source, content_type, headers, payload, created_at, next_attempt_at, received_at) VALUES `)
+		} else {
+			sqlb.WriteString(", ")
+		}
+		sqlb.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ` + sqlNow + `, ` + sqlNow + `)`)
+		args = append(args, group, c.id, ev.Key, ev.Seq, ev.Topic, ev.Type, ev.Source, ev.ContentType, c.headers, c.payload, micros(ev.CreatedAt))
+		size += len(c.payload) + 512
+		inserted[i] = true
+		keys = append(keys, ev.Key)
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return keys, nil
+}
+
+// touchKeys makes keys of group due now, in a READ COMMITTED transaction:
+// those with nothing to do (release: all of them, and the DEAD rows they
+// were held by no longer hold them), creating the rows of keys that have
+// none. The rows are locked in key order (the primary key's), as every
+// writer of several keys does.
+func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys []string, release bool) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	op := "make inbox keys of group " + group + " due"
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	return chunks(keys, 500, func(keys []string) error {
+		args := []any{group}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k IN (`+marks(len(keys))+`) ORDER BY k FOR UPDATE`, args...)
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		exists := map[string]bool{}
+		for rows.Next() {
+			var k []byte
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return d.wrapErr(op, err)
+			}
+			exists[string(k)] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return d.wrapErr(op, err)
+		}
+		var missing []any
+		for _, k := range keys {
+			if !exists[k] {
+				missing = append(missing, group, k)
+			}
+		}
+		if len(exists) > 0 {
+			cond := ` AND runnable_at IS NULL AND held_by IS NULL`
+			if release {
+				cond = ``
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL
+ WHERE group_name = ? AND k IN (`+marks(len(keys))+`)`+cond, args...); err != nil {
+				return d.wrapErr(op, err)
+			}
+		}
+		if len(missing) > 0 {
+			// Keys that cannot exist yet (none was found, and their rows
+			// are only made here, where a duplicate runs the transaction
+			// again).
+			if _, err := tx.ExecContext(ctx, `INSERT INTO ferry_inbox_keys (group_name, k, runnable_at) VALUES `+
+				strings.TrimSuffix(strings.Repeat(`(?, ?, `+sqlNow+`), `, len(missing)/2), ", "), missing...); err != nil {
+				return d.wrapErr(op, err)
+			}
+		}
+		return nil
+	})
+}
+
+// SetInboxPolicy implements ferrydriver.Inbox. When the policy changed,
+// every key of the group that is held or idle is made due, and the next
+// claims compute its head under the new policy (a key whose head runs
+// follows it when that head finishes).
+func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error {
+	op := "store the dead policy of group " + p.Group
+	var old sql.NullBool
+	err := d.db.QueryRowContext(ctx, `SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?`, p.Group).Scan(&old)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return d.wrapErr(op, err)
+	}
+	if old.Valid && old.Bool == p.HoldDead {
+		return nil
+	}
+	if old.Valid {
+		_, err = d.db.ExecContext(ctx, `UPDATE ferry_inbox_groups SET hold_dead = ? WHERE group_name = ?`, p.HoldDead, p.Group)
+	} else {
+		// A group's first policy; two consumers storing it at once: the
+		// second finds the first's (duplicate key), and stores its own.
+		_, err = d.db.ExecContext(ctx, `INSERT INTO ferry_inbox_groups (group_name, hold_dead) VALUES (?, ?)`, p.Group, p.HoldDead)
+		if errNumber(err) == errDupEntry {
+			_, err = d.db.ExecContext(ctx, `UPDATE ferry_inbox_groups SET hold_dead = ? WHERE group_name = ?`, p.HoldDead, p.Group)
+		}
+	}
+	if err != nil {
+		return d.wrapErr(op, err)
+	}
+	// The group's keys in key order, a thousand at a time (each update its
+	// own transaction).
+	after := []byte{}
+	for {
+		rows, err := d.db.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys WHERE group_name = ? AND k > ? AND runnable_at IS NULL ORDER BY k LIMIT 1000`,
+			p.Group, after)
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		args := []any{p.Group}
+		for rows.Next() {
+			var k []byte
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return d.wrapErr(op, err)
+			}
+			args, after = append(args, k), k
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return d.wrapErr(op, err)
+		}
+		if len(args) == 1 {
+			return nil
+		}
+		if _, err := d.db.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL
+ WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) AND runnable_at IS NULL`, args...); err != nil {
+			return d.wrapErr(op, err)
+		}
+		if len(args)-1 < 1000 {
+			return nil
+		}
+	}
+}
+
+// holdPolicy is the SQL of group ?'s stored policy (holding when none).
+const holdPolicy = `COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?), TRUE)`
+
+// ListInbox implements ferrydriver.Inbox: a page of each state asked for,
+// each a range of ferry_inbox_pages_idx (ferry_inbox_key_pages_idx with a
+// key) walked from its newest row, merged; with event IDs, those events
+// looked up by ferry_inbox_event_idx.
+func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
+	q, args, err := listInboxQuery(p)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	}
+	out, err := scanInboxRows(rows, p.Group)
+	if err != nil {
+		return nil, d.wrapErr("list inbox of group "+p.Group, err)
+	}
+	return out, nil
+}
+
+// listInboxQuery is ListInbox's statement and arguments: for each state
+// one SELECT of at most the limit, in the index's order (newest finished,
+// newest received, then event ID, all descending), so that each reads a
+// page; UNION ALL of them sorted again (unfinished rows, which have no
+// finish time, first) and cut to the limit.
+func listInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) {
+	states := p.States
+	if len(states) == 0 {
+		states = []ferrydriver.InboxState{ferrydriver.InboxDead}
+	}
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	if err := ferrydriver.CheckInboxCursor(p); err != nil {
+		return "", nil, err
+	}
+	seen := map[ferrydriver.InboxState]bool{}
+	var parts []string
+	var args []any
+	index := "ferry_inbox_pages_idx"
+	switch {
+	case len(p.EventIDs) > 0:
+		index = "ferry_inbox_event_idx" // the events, looked up: a page's order is a sort of them
+	case p.Key != "":
+		index = "ferry_inbox_key_pages_idx"
+	}
+	for _, st := range states {
+		if !st.Valid() {
+			return "", nil, fmt.Errorf("ferrymysql: list inbox of group %s: %q is not an inbox state", p.Group, st)
+		}
+		if seen[st] {
+			continue
+		}
+		seen[st] = true
+		q := `SELECT ` + inboxRowColumns + ` FROM ferry_inbox FORCE INDEX (` + index + `) WHERE group_name = ? AND state = ?`
+		args = append(args, p.Group, string(st))
+		if p.Key != "" {
+			q += ` AND k = ?`
+			args = append(args, p.Key)
+		}
+		if p.Type != "" {
+			q += ` AND type = ?`
+			args = append(args, p.Type)
+		}
+		if len(p.EventIDs) > 0 {
+			q += ` AND event_id IN (` + marks(len(p.EventIDs)) + `)`
+			args = idArgs(args, p.EventIDs)
+		}
+		if !p.Since.IsZero() {
+			q += ` AND finished_at >= ?`
+			args = append(args, micros(p.Since))
+		}
+		if !p.Until.IsZero() {
+			q += ` AND finished_at < ?`
+			args = append(args, micros(p.Until))
+		}
+		if c := p.After; c != nil {
+			f, r := micros(c.FinishedAt), micros(c.ReceivedAt)
+			q += ` AND finished_at <= ? AND (finished_at < ? OR received_at < ? OR (received_at = ? AND event_id < ?))`
+			args = append(args, f, f, r, r, c.EventID[:])
+		}
+		parts = append(parts, `(`+q+` ORDER BY finished_at DESC, received_at DESC, event_id DESC LIMIT ?)`)
+		args = append(args, limit)
+	}
+	if len(parts) == 1 {
+		return strings.TrimSuffix(strings.TrimPrefix(parts[0], "("), ")"), args, nil
+	}
+	q := strings.Join(parts, " UNION ALL ") + ` ORDER BY finished_at IS NOT NULL, finished_at DESC, received_at DESC, event_id DESC LIMIT ?`
+	return q, append(args, limit), nil
+}
+
+// RedriveInbox implements ferrydriver.Inbox.
+func (d *Driver) RedriveInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error) {
+	return d.setDeadState(ctx, p, ferrydriver.InboxPending)
+}
+
+// DiscardInbox implements ferrydriver.Inbox.
+func (d *Driver) DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error) {
+	return d.setDeadState(ctx, p, ferrydriver.InboxDiscarded)
+}
+
+// setDeadState moves DEAD rows to state (a redrive resets their attempts
+// and logs itself) and makes their keys due, released: the next claim
+// computes each key's head under the group's stored policy.
+func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams, state ferrydriver.InboxState) (int, error) {
+	op := "mark dead events " + string(state)
+	ids := slices.Clone(p.EventIDs)
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return strings.Compare(string(a[:]), string(b[:])) })
+	ids = slices.Compact(ids)
+	changed := 0
+	err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
+		changed = 0
+		var keys []string
+		err := chunks(ids, 500, func(ids []uuid.UUID) error {
+			// The rows first (each locked by the unique index: in ID
+			// order), then their keys.
+			rows, err := tx.QueryContext(ctx, `SELECT event_id, k FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state = 'dead'
+ ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
+			if err != nil {
+				return err
+			}
+			var dead []uuid.UUID
+			for rows.Next() {
+				var id, k []byte
+				if err := rows.Scan(&id, &k); err != nil {
+					rows.Close()
+					return err
+				}
+				u, err := uuid.FromBytes(id)
+				if err != nil {
+					rows.Close()
+					return err
+				}
+				dead = append(dead, u)
+				keys = append(keys, string(k))
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil || len(dead) == 0 {
+				return err
+			}
+			q := `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET state = 'discarded', finished_at = ` + sqlNow + `, next_attempt_at = ` + sqlNow
+			if state == ferrydriver.InboxPending {
+				// The log first: it reads the attempts the redrive resets.
+				q = `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET attempt_log = ` + logAttempt("attempts", "'pending'", "''") + `,
+       state = 'pending', attempts = 0, finished_at = NULL, next_attempt_at = ` + sqlNow
+			}
+			res, err := tx.ExecContext(ctx, q+` WHERE group_name = ? AND event_id IN (`+marks(len(dead))+`) AND state = 'dead'`, idArgs([]any{p.Group}, dead)...)
+			if err != nil {
+				return err
+			}
+			n, _ := res.RowsAffected()
+			changed += int(n)
+			return nil
+		})
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		return d.touchKeys(ctx, tx, p.Group, keys, true)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return changed, nil
+}
+
+// sqlInboxCounts counts each unfinished state of group ? up to ?, each a
+// range of ferry_inbox_pages_idx read from the index alone: O(cap).
+var sqlInboxCounts = func() string {
+	var q []string
+	for _, st := range unfinishedStates {
+		q = append(q, `SELECT '`+string(st)+`', (SELECT COUNT(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = '`+string(st)+`' LIMIT ?) s)`)
+	}
+	return strings.Join(q, " UNION ALL ")
+}()
+
+// InboxCounts implements ferrydriver.Inbox.
+func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
+	var args []any
+	for range unfinishedStates {
+		args = append(args, group, ferrydriver.InboxCountCap)
+	}
+	rows, err := d.db.QueryContext(ctx, sqlInboxCounts, args...)
+	if err != nil {
+		return nil, d.wrapErr("count inbox rows of group "+group, err)
+	}
+	defer rows.Close()
+	out := map[ferrydriver.InboxState]int64{}
+	for rows.Next() {
+		var state string
+		var n int64
+		if err := rows.Scan(&state, &n); err != nil {
+			return nil, d.wrapErr("count inbox rows of group "+group, err)
+		}
+		out[ferrydriver.InboxState(state)] = n
+	}
+	return out, d.wrapErr("count inbox rows of group "+group, rows.Err())
+}
+
+// Retention's statements: the group's oldest processed rows (a range of
+// ferry_inbox_pages_idx), and keys with nothing to run or hold (the NULL
+// range of ferry_inbox_keys_runnable_idx).
+const (
+	sqlDeleteProcessed = `DELETE FROM ferry_inbox WHERE group_name = ? AND state = 'processed' AND finished_at < ` + sqlNow + ` - ?
+ ORDER BY finished_at LIMIT ?`
+	sqlForgetKeys = `DELETE FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NULL AND held_by IS NULL LIMIT ?`
+)
+
+// DeleteProcessedInbox implements ferrydriver.Inbox: the group's oldest
+// PROCESSED rows, a range of ferry_inbox_pages_idx, then up to as many of
+// its keys with nothing to run or hold (the runnable index's NULL range),
+// each statement its own transaction. A key forgotten here is made again
+// by the next event ingested for it (or redriven): an ingester locks a
+// key's row after inserting, and creates it when it is gone.
+func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 5000
+	}
+	res, err := d.db.ExecContext(ctx, sqlDeleteProcessed, p.Group, p.OlderThan.Microseconds(), limit)
+	if err != nil {
+		return 0, d.wrapErr("delete processed inbox rows of group "+p.Group, err)
+	}
+	n, _ := res.RowsAffected()
+	if _, err := d.db.ExecContext(ctx, sqlForgetKeys, p.Group, limit); err != nil {
+		return n, d.wrapErr("delete idle inbox keys of group "+p.Group, err)
+	}
+	return n, nil
+}
+
+// InboxStates implements ferrydriver.Settler: autocommit reads of the
+// pool, each seeing what committed before it began (never a caller's
+// snapshot).
+func (d *Driver) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
+	out := make(map[uuid.UUID]*ferrydriver.InboxRow, len(p.EventIDs))
+	err := chunks(p.EventIDs, 500, func(ids []uuid.UUID) error {
+		rows, err := d.db.QueryContext(ctx, `SELECT `+inboxRowColumns+` FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`,
+			idArgs([]any{p.Group}, ids)...)
+		if err != nil {
+			return err
+		}
+		got, err := scanInboxRows(rows, p.Group)
+		for _, row := range got {
+			out[row.Event.ID] = row
+		}
+		return err
+	})
+	if err != nil {
+		return nil, d.wrapErr("read inbox states of group "+p.Group, err)
+	}
+	return out, nil
+}
+
+// sqlInboxGroups lists the groups whose policy is stored and those with
+// keys in the inbox (a group whose consumer has not started yet: no
+// stored policy, so holding), the keys' groups by a loose scan of
+// ferry_inbox_keys' primary key (one dive per group).
+const sqlInboxGroups = `
+SELECT n.g, COALESCE(p.hold_dead, TRUE)
+  FROM (SELECT DISTINCT group_name AS g FROM ferry_inbox_keys
+        UNION SELECT group_name FROM ferry_inbox_groups) n
+  LEFT JOIN ferry_inbox_groups p ON p.group_name = n.g
+ ORDER BY n.g LIMIT ?`
+
+// InboxGroups implements ferrydriver.GroupLister.
+func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
+	rows, err := d.db.QueryContext(ctx, sqlInboxGroups, ferrydriver.MaxListedGroups)
+	if err != nil {
+		return nil, d.wrapErr("list consumer groups", err)
+	}
+	defer rows.Close()
+	var out []ferrydriver.GroupPolicy
+	for rows.Next() {
+		var g ferrydriver.GroupPolicy
+		var name []byte
+		if err := rows.Scan(&name, &g.HoldDead); err != nil {
+			return nil, d.wrapErr("list consumer groups", err)
+		}
+		g.Group = string(name)
+		out = append(out, g)
+	}
+	return out, d.wrapErr("list consumer groups", rows.Err())
+}
+
+// logAttempt is a row's attempt_log (ferrydriver.AttemptLister) with an
+// entry appended for attempt n: the state it left the row in, its error
+// (an SQL expression of valid UTF-8 already cut to AttemptErrorChars: see
+// attemptError), now; the oldest entry goes when the history is full.
+// Each argument is an SQL expression. In an UPDATE it must come before
+// the assignments of the columns it reads: MySQL assigns left to right,
+// each later one reading the earlier ones' new values.
+func logAttempt(n, state, err string) string {
+	return `JSON_ARRAY_APPEND(IF(JSON_LENGTH(COALESCE(attempt_log, '[]')) >= ` + fmt.Sprint(ferrydriver.AttemptHistory) +
+		`, JSON_REMOVE(attempt_log, '$[0]'), COALESCE(attempt_log, '[]')), '$', JSON_OBJECT('n', ` + n + `, 'state', ` + state +
+		`, 'error', ` + err + `, 'at', ` + sqlNow + `))`
+}
+
+// attemptError is a history entry's error: valid UTF-8 (the log is JSON
+// text), its first AttemptErrorChars characters.
+func attemptError(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	n := 0
+	for i := range s {
+		if n == ferrydriver.AttemptErrorChars {
+			return s[:i]
+		}
+		n++
+	}
+	return s
+}
+
+// InboxAttempts implements ferrydriver.AttemptLister.
+func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
+	var text sql.NullString
+	err := d.db.QueryRowContext(ctx, `SELECT attempt_log FROM ferry_inbox WHERE group_name = ? AND event_id = ?`, group, eventID[:]).Scan(&text)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !text.Valid) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, d.wrapErr("read the attempts of event "+eventID.String(), err)
+	}
+	var entries []struct {
+		N     int    `json:"n"`
+		State string `json:"state"`
+		Error string `json:"error"`
+		At    int64  `json:"at"`
+	}
+	if err := json.Unmarshal([]byte(text.String), &entries); err != nil {
+		return nil, fmt.Errorf("ferrymysql: the attempt log of event %s in group %s: %w", eventID, group, err)
+	}
+	out := make([]ferrydriver.AttemptRecord, len(entries))
+	for i, e := range entries {
+		out[i] = ferrydriver.AttemptRecord{Attempt: e.N, State: ferrydriver.InboxState(e.State), Error: e.Error, At: fromMicros(e.At)}
+	}
+	return out, nil
+}
+
+// MaxConns implements ferrydriver.ConnLimiter.
+func (d *Driver) MaxConns() int { return d.db.Stats().MaxOpenConnections }
+
+var (
+	_ ferrydriver.Inbox[*sql.Tx] = (*Driver)(nil)
+	_ ferrydriver.GroupLister    = (*Driver)(nil)
+	_ ferrydriver.AttemptLister  = (*Driver)(nil)
+	_ ferrydriver.ConnLimiter    = (*Driver)(nil)
+)
