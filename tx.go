@@ -377,6 +377,11 @@ func resolveCommit[TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], 
 		log.Warn("ferry: could not find out whether the transaction committed", "attempt", attempt, "err", err, "commit_err", cu.Err)
 		return ferrydriver.TxOutcomeUnknown
 	}
+	if outcome == ferrydriver.TxOutcomeUnknown {
+		log.Warn("ferry: the connection broke after COMMIT and the database cannot tell whether it committed (no request record to read)",
+			"attempt", attempt, "err", cu.Err)
+		return outcome
+	}
 	log.Info("ferry: the connection broke after COMMIT; resolved the outcome from the database",
 		"attempt", attempt, "committed", outcome == ferrydriver.TxCommitted, "err", cu.Err)
 	return outcome

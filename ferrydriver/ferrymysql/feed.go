@@ -180,8 +180,10 @@ type feed struct {
 	st     streamState
 	// pending are rows read from the stream and not yet returned.
 	pending []pendingRow
-	// columns caches the outbox's column positions per table map.
-	columns map[*replication.TableMapEvent]*outboxColumns
+	// columns caches the outbox's column positions per table id (and
+	// column count: an ALTER gives the table a new map). go-mysql decodes
+	// a new table map for every transaction, so its pointer is no key.
+	columns map[tableMapKey]*outboxColumns
 
 	// The scan's snapshot, nil when not scanning (or before its first
 	// read).
@@ -490,6 +492,11 @@ func (f *feed) Close() error {
 	return nil
 }
 
+type tableMapKey struct {
+	id      uint64
+	columns uint64
+}
+
 // outboxColumns are the positions of ferry_outbox's columns in a table
 // map's rows (read by name: binlog_row_metadata = FULL).
 type outboxColumns struct {
@@ -497,7 +504,8 @@ type outboxColumns struct {
 }
 
 func (f *feed) outboxColumns(t *replication.TableMapEvent) (*outboxColumns, error) {
-	if c, ok := f.columns[t]; ok {
+	key := tableMapKey{id: t.TableID, columns: t.ColumnCount}
+	if c, ok := f.columns[key]; ok {
 		return c, nil
 	}
 	names := t.ColumnNameString()
@@ -516,10 +524,10 @@ func (f *feed) outboxColumns(t *replication.TableMapEvent) (*outboxColumns, erro
 		}
 		*dst = i
 	}
-	if f.columns == nil {
-		f.columns = map[*replication.TableMapEvent]*outboxColumns{}
+	if f.columns == nil || len(f.columns) >= 64 {
+		f.columns = map[tableMapKey]*outboxColumns{}
 	}
-	f.columns[t] = c
+	f.columns[key] = c
 	return c, nil
 }
 

@@ -32,11 +32,12 @@ CREATE TABLE ferry_outbox (
     KEY ferry_outbox_appended_idx (p, appended_at)
 ) ENGINE=InnoDB;
 
--- Per-key sequence. An append takes its key's next numbers with
--- INSERT ... ON DUPLICATE KEY UPDATE, which locks the key's row until the
--- transaction ends: same-key producers serialise, so the one that commits
--- first has the lower numbers and comes first in the binlog; other keys
--- never wait. touched_at is the last append's time, for PruneKeys.
+-- Per-key sequence. An append takes its key's next numbers with an UPDATE
+-- of the key's row (created beforehand if missing, see store.go), which
+-- locks it until the transaction ends: same-key producers serialise, so the
+-- one that commits first has the lower numbers and comes first in the
+-- binlog; other keys never wait. touched_at is the last append's time, for
+-- PruneKeys.
 CREATE TABLE ferry_keys (
     k          VARBINARY(1024) NOT NULL,
     seq        BIGINT          NOT NULL,
