@@ -89,7 +89,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if isMySQLURL(db.url) {
 		return benchMySQL(ctx, stdout, stderr, mode, &db, natsURL, benchRun{events: events, keys: keys, batch: batch, rate: rate,
-			producers: producers, duration: duration, poll: poll, keep: keep})
+			producers: producers, duration: duration, poll: poll, keep: keep,
+			workers: workers, consumerBatch: consumerBatch, modes: strings.Split(modes, ",")})
 	}
 	schema := fmt.Sprintf("ferrybench_%d", time.Now().UnixNano()%1e9)
 	db.schema = schema
@@ -109,9 +110,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if mode == "consume" || mode == "settle" {
 		fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, GOMAXPROCS %d, workers %d, keys %d\n", mode, serverVersion(ctx, pool), runtime.GOMAXPROCS(0), workers, keys)
 		if mode == "consume" {
-			return benchConsume(ctx, stdout, pool, drv, events, keys, workers, consumerBatch, strings.Split(modes, ","))
+			return benchConsume(ctx, stdout, pgBench(pool, drv), events, keys, workers, consumerBatch, strings.Split(modes, ","))
 		}
-		return benchSettle(ctx, stdout, pool, drv, events, keys, workers, rate)
+		return benchSettle(ctx, stdout, pgBench(pool, drv), events, keys, workers, rate)
 	}
 	bs, err := openBenchStream(ctx, natsURL, keep)
 	if err != nil {

@@ -45,7 +45,75 @@ func projection(ctx context.Context, pool *pgxpool.Pool, schema, name string) (s
 	return t, err
 }
 
-func benchConsumer(drv ferrydriver.Inbox[pgx.Tx], group, table string, workers, batch int, multiRow bool, sp ferry.SavepointMode, onCommit func(ev *ferry.Event)) (*ferry.Consumer[pgx.Tx], error) {
+// upsert is the bench handler's one statement: the projection row of the
+// event's customer, counted.
+func upsert(table string) string {
+	return `INSERT INTO ` + table + ` (customer, orders, last_seq) VALUES ($1, 1, $2)
+		ON CONFLICT (customer) DO UPDATE SET orders = ` + table + `.orders + 1, last_seq = excluded.last_seq`
+}
+
+// benchDriver is what ferry bench consume and settle need of a backend's
+// driver: an inbox that batches and waits for settlement.
+type benchDriver[TTx any] interface {
+	ferrydriver.Inbox[TTx]
+	ferrydriver.InboxBatcher[TTx]
+	ferrydriver.ConnLimiter
+	ferrydriver.Settler
+}
+
+// benchDB is the database ferry bench consume and settle run on: Ferry's
+// driver, and the projection the bench handler writes, in the database's
+// dialect.
+type benchDB[TTx any] struct {
+	drv benchDriver[TTx]
+	// server names the database's processes, whose CPU time is reported
+	// when they run on this machine.
+	server string
+	// create makes a projection table: one row per customer, updated by
+	// each event (the exactly-once effect). It returns the table's quoted
+	// name.
+	create func(ctx context.Context, name string) (string, error)
+	// upsert counts one event in the projection, inside tx.
+	upsert func(ctx context.Context, tx TTx, table, key string, seq int64) error
+	// upsertMany counts events of distinct keys in one statement.
+	upsertMany func(ctx context.Context, tx TTx, table string, keys []string, seqs []int64) error
+	// alone runs upsert in a transaction of its own, without Ferry.
+	alone func(ctx context.Context, table, key string, seq int64) error
+	// total sums the projection's counts.
+	total func(ctx context.Context, table string) (int64, error)
+}
+
+// pgBench is a benchDB on PostgreSQL.
+func pgBench(pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx]) *benchDB[pgx.Tx] {
+	return &benchDB[pgx.Tx]{
+		drv:    drv,
+		server: "postgres",
+		create: func(ctx context.Context, name string) (string, error) {
+			return projection(ctx, pool, drv.Schema(), name)
+		},
+		upsert: func(ctx context.Context, tx pgx.Tx, table, key string, seq int64) error {
+			_, err := tx.Exec(ctx, upsert(table), key, seq)
+			return err
+		},
+		upsertMany: func(ctx context.Context, tx pgx.Tx, table string, keys []string, seqs []int64) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (customer, orders, last_seq) SELECT c, 1, s FROM unnest($1::text[], $2::bigint[]) u(c, s)
+				ON CONFLICT (customer) DO UPDATE SET orders = `+table+`.orders + 1, last_seq = excluded.last_seq`, keys, seqs)
+			return err
+		},
+		alone: func(ctx context.Context, table, key string, seq int64) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, upsert(table), key, seq)
+				return err
+			})
+		},
+		total: func(ctx context.Context, table string) (n int64, err error) {
+			err = pool.QueryRow(ctx, `SELECT COALESCE(sum(orders), 0) FROM `+table).Scan(&n)
+			return n, err
+		},
+	}
+}
+
+func benchConsumer[TTx any](db *benchDB[TTx], drv ferrydriver.Inbox[TTx], group, table string, workers, batch int, multiRow bool, sp ferry.SavepointMode, onCommit func(ev *ferry.Event)) (*ferry.Consumer[TTx], error) {
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group, Workers: workers, BatchSize: batch, Savepoints: sp, PollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -54,19 +122,17 @@ func benchConsumer(drv ferrydriver.Inbox[pgx.Tx], group, table string, workers, 
 	if multiRow {
 		// HandleBatch: one statement for all the batch's events of the type
 		// (of different keys, so one row each).
-		c.HandleEventBatch("OrderPlaced", func(ctx context.Context, tx pgx.Tx, evs []*ferry.Event) error {
+		c.HandleEventBatch("OrderPlaced", func(ctx context.Context, tx TTx, evs []*ferry.Event) error {
 			keys, seqs := make([]string, len(evs)), make([]int64, len(evs))
 			for i, ev := range evs {
 				keys[i], seqs[i] = ev.Key, ev.Seq
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (customer, orders, last_seq) SELECT c, 1, s FROM unnest($1::text[], $2::bigint[]) u(c, s)
-				ON CONFLICT (customer) DO UPDATE SET orders = `+table+`.orders + 1, last_seq = excluded.last_seq`, keys, seqs)
-			return err
+			return db.upsertMany(ctx, tx, table, keys, seqs)
 		})
 		return c, nil
 	}
-	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
-		_, err := tx.Exec(ctx, upsert(table), ev.Key, ev.Seq)
+	c.HandleAll(func(ctx context.Context, tx TTx, ev *ferry.Event) error {
+		err := db.upsert(ctx, tx, table, ev.Key, ev.Seq)
 		if err == nil && onCommit != nil {
 			onCommit(ev)
 		}
@@ -75,20 +141,13 @@ func benchConsumer(drv ferrydriver.Inbox[pgx.Tx], group, table string, workers, 
 	return c, nil
 }
 
-// upsert is the bench handler's one statement: the projection row of the
-// event's customer, counted.
-func upsert(table string) string {
-	return `INSERT INTO ` + table + ` (customer, orders, last_seq) VALUES ($1, 1, $2)
-		ON CONFLICT (customer) DO UPDATE SET orders = ` + table + `.orders + 1, last_seq = excluded.last_seq`
-}
-
 // consumeResult is one line of ferry bench consume.
 type consumeResult struct {
 	name     string
 	n        int
 	elapsed  time.Duration
 	txLat    string        // one transaction, begin to commit
-	dbCPU    time.Duration // PostgreSQL's CPU time, all processes
+	dbCPU    time.Duration // the database's CPU time, all processes
 	hasDBCPU bool
 }
 
@@ -106,21 +165,21 @@ func (r consumeResult) String() string {
 // one event per transaction and batched, next to the machine's ceiling for
 // the same work without an inbox: workers clients each committing one
 // upsert per transaction.
-func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], n, keys, workers, batch int, modes []string) error {
+func benchConsume[TTx any](ctx context.Context, w io.Writer, db *benchDB[TTx], n, keys, workers, batch int, modes []string) error {
 	for _, mode := range modes {
 		var r consumeResult
 		var err error
 		switch mode {
 		case "ceiling":
-			r, err = benchCeiling(ctx, pool, drv.Schema(), n, keys, workers)
+			r, err = benchCeiling(ctx, db, n, keys, workers)
 		case "one":
-			r, err = benchConsumeMode(ctx, pool, drv, "consume, one event per transaction", "bench1", n, keys, workers, 1, false, ferry.SavepointsOnFailure)
+			r, err = benchConsumeMode(ctx, db, "consume, one event per transaction", "bench1", n, keys, workers, 1, false, ferry.SavepointsOnFailure)
 		case "batch":
-			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of up to %d", batch), fmt.Sprintf("bench%d", batch), n, keys, workers, batch, false, ferry.SavepointsOnFailure)
+			r, err = benchConsumeMode(ctx, db, fmt.Sprintf("consume, batches of up to %d", batch), fmt.Sprintf("bench%d", batch), n, keys, workers, batch, false, ferry.SavepointsOnFailure)
 		case "batch-savepoints":
-			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of %d, SavepointsAlways", batch), fmt.Sprintf("bench%dsp", batch), n, keys, workers, batch, false, ferry.SavepointsAlways)
+			r, err = benchConsumeMode(ctx, db, fmt.Sprintf("consume, batches of %d, SavepointsAlways", batch), fmt.Sprintf("bench%dsp", batch), n, keys, workers, batch, false, ferry.SavepointsAlways)
 		case "handlebatch":
-			r, err = benchConsumeMode(ctx, pool, drv, fmt.Sprintf("consume, batches of %d, HandleBatch", batch), fmt.Sprintf("bench%dhb", batch), n, keys, workers, batch, true, ferry.SavepointsOnFailure)
+			r, err = benchConsumeMode(ctx, db, fmt.Sprintf("consume, batches of %d, HandleBatch", batch), fmt.Sprintf("bench%dhb", batch), n, keys, workers, batch, true, ferry.SavepointsOnFailure)
 		default:
 			return fmt.Errorf("--modes: %q is not one of ceiling, one, batch, batch-savepoints, handlebatch", mode)
 		}
@@ -134,15 +193,15 @@ func benchConsume(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *fer
 
 // benchCeiling is the same upserts without Ferry: workers clients, one
 // transaction each.
-func benchCeiling(ctx context.Context, pool *pgxpool.Pool, schema string, n, keys, workers int) (consumeResult, error) {
-	t, err := projection(ctx, pool, schema, "ceiling")
+func benchCeiling[TTx any](ctx context.Context, db *benchDB[TTx], n, keys, workers int) (consumeResult, error) {
+	t, err := db.create(ctx, "ceiling")
 	if err != nil {
 		return consumeResult{}, err
 	}
 	evs := benchEvents(n, keys)
 	var next atomic.Int64
 	lat := make([]time.Duration, n)
-	cpu0, hasCPU := postgresCPU()
+	cpu0, hasCPU := processCPU(db.server)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -154,11 +213,7 @@ func benchCeiling(ctx context.Context, pool *pgxpool.Pool, schema string, n, key
 					return
 				}
 				t0 := time.Now()
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := tx.Exec(ctx, upsert(t), evs[i].Key, evs[i].Seq)
-					return err
-				})
-				if err != nil {
+				if err := db.alone(ctx, t, evs[i].Key, evs[i].Seq); err != nil {
 					errs <- err
 					return
 				}
@@ -172,20 +227,20 @@ func benchCeiling(ctx context.Context, pool *pgxpool.Pool, schema string, n, key
 	if err := <-errs; err != nil {
 		return consumeResult{}, err
 	}
-	cpu1, _ := postgresCPU()
+	cpu1, _ := processCPU(db.server)
 	return consumeResult{name: fmt.Sprintf("ceiling, %d clients, 1 upsert/tx", workers), n: n, elapsed: elapsed, txLat: percentiles(lat),
 		dbCPU: cpu1 - cpu0, hasDBCPU: hasCPU}, nil
 }
 
 // benchConsumeMode ingests n events for a fresh group, then runs a
 // consumer until the projection counts all of them.
-func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], name, group string, n, keys, workers, batch int, multiRow bool, sp ferry.SavepointMode) (consumeResult, error) {
-	table, err := projection(ctx, pool, drv.Schema(), "projection_"+group)
+func benchConsumeMode[TTx any](ctx context.Context, db *benchDB[TTx], name, group string, n, keys, workers, batch int, multiRow bool, sp ferry.SavepointMode) (consumeResult, error) {
+	table, err := db.create(ctx, "projection_"+group)
 	if err != nil {
 		return consumeResult{}, err
 	}
-	timed := &timedInbox{Driver: drv}
-	c, err := benchConsumer(timed, group, table, workers, batch, multiRow, sp, nil)
+	timed := &timedInbox[TTx]{benchDriver: db.drv}
+	c, err := benchConsumer(db, timed, group, table, workers, batch, multiRow, sp, nil)
 	if err != nil {
 		return consumeResult{}, err
 	}
@@ -195,12 +250,12 @@ func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driv
 			return consumeResult{}, err
 		}
 	}
-	cpu0, hasCPU := postgresCPU()
+	cpu0, hasCPU := processCPU(db.server)
 	start := time.Now()
 	stop := runConsumer(ctx, c)
 	var total int64
 	for {
-		if err := pool.QueryRow(ctx, `SELECT COALESCE(sum(orders), 0) FROM `+table).Scan(&total); err != nil {
+		if total, err = db.total(ctx, table); err != nil {
 			return consumeResult{}, err
 		}
 		if total >= int64(n) {
@@ -209,7 +264,7 @@ func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driv
 		time.Sleep(20 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
-	cpu1, _ := postgresCPU()
+	cpu1, _ := processCPU(db.server)
 	if err := stop(); err != nil {
 		return consumeResult{}, err
 	}
@@ -220,15 +275,15 @@ func benchConsumeMode(ctx context.Context, pool *pgxpool.Pool, drv *ferrypg.Driv
 }
 
 // timedInbox times the consumer's transactions, begin to commit.
-type timedInbox struct {
-	*ferrypg.Driver[pgx.Tx]
+type timedInbox[TTx any] struct {
+	benchDriver[TTx]
 	mu  sync.Mutex
 	lat []time.Duration
 }
 
-func (t *timedInbox) RunInTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+func (t *timedInbox[TTx]) RunInTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
 	start := time.Now()
-	err := t.Driver.RunInTx(ctx, fn)
+	err := t.benchDriver.RunInTx(ctx, fn)
 	d := time.Since(start)
 	t.mu.Lock()
 	t.lat = append(t.lat, d)
@@ -236,15 +291,19 @@ func (t *timedInbox) RunInTx(ctx context.Context, fn func(ctx context.Context, t
 	return err
 }
 
-func (t *timedInbox) percentiles() string {
+func (t *timedInbox[TTx]) percentiles() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return fmt.Sprintf("%d, %s", len(t.lat), percentiles(t.lat))
 }
 
-// postgresCPU sums the CPU time (user and system) of the processes named
-// postgres on this machine, from /proc; false where there is none to read.
-func postgresCPU() (time.Duration, bool) {
+// postgresCPU is the CPU time of this machine's PostgreSQL processes
+// (processCPU).
+func postgresCPU() (time.Duration, bool) { return processCPU("postgres") }
+
+// processCPU sums the CPU time (user and system) of the processes named
+// name on this machine, from /proc; false where there is none to read.
+func processCPU(name string) (time.Duration, bool) {
 	dirs, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, false
@@ -261,7 +320,7 @@ func postgresCPU() (time.Duration, bool) {
 		}
 		// pid (comm) state ppid ... utime(14) stime(15)
 		open, closing := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-		if open < 0 || closing < open || string(b[open+1:closing]) != "postgres" {
+		if open < 0 || closing < open || string(b[open+1:closing]) != name {
 			continue
 		}
 		f := strings.Fields(string(b[closing+2:]))
@@ -280,17 +339,17 @@ func postgresCPU() (time.Duration, bool) {
 
 // benchSettle ingests events at rate and measures how long after the
 // handler's transaction commits AwaitSettled returns.
-func benchSettle(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], n, keys, workers, rate int) error {
+func benchSettle[TTx any](ctx context.Context, w io.Writer, db *benchDB[TTx], n, keys, workers, rate int) error {
 	if n > 5000 {
 		n = 2000
 	}
-	table, err := projection(ctx, pool, drv.Schema(), "projection")
+	table, err := db.create(ctx, "projection")
 	if err != nil {
 		return err
 	}
 	var mu sync.Mutex
 	handled := map[uuid.UUID]time.Time{}
-	c, err := benchConsumer(drv, "bench", table, workers, 1, false, ferry.SavepointsOnFailure, func(ev *ferry.Event) {
+	c, err := benchConsumer(db, db.drv, "bench", table, workers, 1, false, ferry.SavepointsOnFailure, func(ev *ferry.Event) {
 		mu.Lock()
 		handled[ev.ID] = time.Now() // just before the commit
 		mu.Unlock()
@@ -313,7 +372,7 @@ func benchSettle(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferr
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				s, err := ferry.AwaitSettled(ctx, drv, "bench", []uuid.UUID{ev.ID}, 30*time.Second)
+				s, err := ferry.AwaitSettled(ctx, db.drv, "bench", []uuid.UUID{ev.ID}, 30*time.Second)
 				if err == nil && !s.Done() {
 					err = fmt.Errorf("event %s not settled in 30 s", ev.ID)
 				}

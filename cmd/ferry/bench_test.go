@@ -3,9 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
+	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 func TestBenchWithoutModePointsToTheSideBySideBench(t *testing.T) {
@@ -13,4 +17,34 @@ func TestBenchWithoutModePointsToTheSideBySideBench(t *testing.T) {
 	require.Equal(t, 2, run(context.Background(), []string{"bench", "--quick"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "ferry bench drain | latency | consume | settle")
 	require.Contains(t, errOut.String(), "cd bench && go run ./cmd/ferry-bench --quick")
+}
+
+// TestBenchConsumeAndSettle runs ferry bench consume (every mode) and
+// settle, small, on PostgreSQL and on MariaDB: each mode checks that its
+// projection counted every event exactly once, and settle that every
+// event settled.
+func TestBenchConsumeAndSettle(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		url  func(t *testing.T) string
+	}{
+		{"postgres", func(t *testing.T) string { pgtest.Pool(t); return pgtest.URL() }},
+		{"mysql", func(t *testing.T) string { mysqltest.Admin(t); return mysqltest.URL() }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			url := c.url(t)
+			var out, errOut bytes.Buffer
+			code := run(context.Background(), []string{"bench", "consume", "--database-url", url, "--events", "400", "--keys", "50", "--workers", "4",
+				"--consumer-batch", "8"}, &out, &errOut)
+			require.Equal(t, 0, code, "stdout: %s\nstderr: %s", out.String(), errOut.String())
+			for _, line := range []string{"ceiling, 4 clients, 1 upsert/tx:", "consume, one event per transaction:", "consume, batches of up to 8:",
+				"consume, batches of 8, SavepointsAlways:", "consume, batches of 8, HandleBatch:"} {
+				require.Regexp(t, regexp.QuoteMeta(line)+` +\d+ events/s \(400 in `, out.String())
+			}
+			out.Reset()
+			code = run(context.Background(), []string{"bench", "settle", "--database-url", url, "--events", "40", "--rate", "200", "--workers", "4"}, &out, &errOut)
+			require.Equal(t, 0, code, "stdout: %s\nstderr: %s", out.String(), errOut.String())
+			require.Regexp(t, `settle: 40 events at 200/s; handler commit -> AwaitSettled returns: p50 `, out.String())
+		})
+	}
 }

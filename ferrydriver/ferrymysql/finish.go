@@ -14,28 +14,35 @@ import (
 
 // A finish changes its row only if the claim presented is the row's
 // current one and has not expired (its token, PROCESSING, the expiry after
-// the server's now), and makes the row's key due now, in one statement: a
-// multi-table UPDATE that finds the row by the unique (group, event) index
-// and the key's row by its primary key, record locks both, in that order.
-// It does not compute the key's next head: in the handler's transaction
-// (REPEATABLE READ by default) a read may be older than the locks taken,
-// and would miss an event ingested since; the next claim reads the head
-// afresh. The assignments of the row read none of the columns that others
-// of them change (MySQL does not promise their order in a multi-table
-// UPDATE). @@in_transaction fences a completion whose transaction InnoDB
+// the server's now), found by the unique (group, event) index, then makes
+// the row's key due now by the key's primary key: two single-table
+// UPDATEs, record locking the row and then its key, the order every
+// writer of both takes. (One multi-table UPDATE did both, but MariaDB runs
+// it through a temporary table on disk: it cost 2.4 ms of the server's CPU
+// per finish, a third of the consumer's.) It does not compute the key's
+// next head: in the handler's transaction (REPEATABLE READ by default) a
+// read may be older than the locks taken, and would miss an event ingested
+// since; the next claim reads the head afresh. Single-table assignments
+// run left to right: the attempt log reads the attempts before they
+// change. @@in_transaction fences a completion whose transaction InnoDB
 // already rolled back (a deadlock that the handler did not return): it
 // would otherwise commit on its own.
 var sqlFinish = `
-UPDATE ferry_inbox i LEFT JOIN ferry_inbox_keys kk ON kk.group_name = i.group_name AND kk.k = i.k
-   SET i.attempt_log = IF(?, ` + logAttempt("i.attempts", "?", "?") + `, i.attempt_log),
-       i.attempts = IF(?, GREATEST(i.attempts - 1, 0), i.attempts),
-       i.last_error = IF(? = 'processed', i.last_error, ?),
-       i.next_attempt_at = COALESCE(?, i.next_attempt_at),
-       i.finished_at = IF(? IN ('processed', 'dead'), ` + sqlNow + `, NULL),
-       i.state = ?, i.claimed_by = NULL, i.claim_token = NULL, i.claim_expires_at = NULL,
-       kk.runnable_at = ` + sqlNow + `, kk.held_by = NULL
- WHERE i.group_name = ? AND i.event_id = ? AND i.claim_token = ? AND i.state = 'processing' AND i.claim_expires_at > ` + sqlNow + `
+UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
+   SET attempt_log = IF(?, ` + logAttempt("attempts", "?", "?") + `, attempt_log),
+       attempts = IF(?, GREATEST(attempts - 1, 0), attempts),
+       last_error = IF(? = 'processed', last_error, ?),
+       next_attempt_at = COALESCE(?, next_attempt_at),
+       finished_at = IF(? IN ('processed', 'dead'), ` + sqlNow + `, NULL),
+       state = ?, claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL
+ WHERE group_name = ? AND event_id = ? AND claim_token = ? AND state = 'processing' AND claim_expires_at > ` + sqlNow + `
    AND @@in_transaction = 1`
+
+// sqlFinishKey makes a finished row's key due now (the row's key never
+// changes, so a plain read of it is current).
+const sqlFinishKey = `
+UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = ` + sqlNow + `, held_by = NULL
+ WHERE group_name = ? AND k = (SELECT i.k FROM ferry_inbox i FORCE INDEX (ferry_inbox_event_idx) WHERE i.group_name = ? AND i.event_id = ?)`
 
 // finish records the outcome of a claimed row inside tx; ErrClaimLost when
 // the claim is not the row's current one.
@@ -51,6 +58,9 @@ func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.U
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
 	if n, _ := res.RowsAffected(); n > 0 {
+		if _, err := tx.ExecContext(ctx, sqlFinishKey, group, group, id[:]); err != nil {
+			return d.wrapErr("mark inbox row "+string(state), err)
+		}
 		return nil
 	}
 	var open bool

@@ -173,3 +173,28 @@ func TestInboxListsReadTheirPageOnly(t *testing.T) {
 		require.Contains(t, plan[0], "key="+index+" ", "retention walks an index: %v", plan)
 	}
 }
+
+// TestClaimReadsHeadsFromTheirIndex: a claim finds each key's oldest row
+// of a state at the start of its range of ferry_inbox_head_idx, even on a
+// table whose statistics predate its rows (a consumer's first claims after
+// a backlog arrives), where the optimizer would otherwise walk the primary
+// key in pos order for ORDER BY pos LIMIT 1: through every row, for a state
+// the key has none of.
+func TestClaimReadsHeadsFromTheirIndex(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	drv := newDriver(t, nil)
+	var evs []*ferryevent.Event
+	for i := range 3000 {
+		evs = append(evs, ferrydrivertest.Event("t", "k"+strconv.Itoa(i%500), strconv.Itoa(i)))
+	}
+	for i := 0; i < len(evs); i += 1000 {
+		_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: evs[i : i+1000]})
+		require.NoError(t, err)
+	}
+	q, args := ferrymysql.ClaimHeadsQuery("g", []string{"k1", "k2", "k3", "k4"})
+	read, got := rowsRead(ctx, t, drv, q, args...)
+	require.Equal(t, 4, got)
+	require.Less(t, read, int64(80), "a claim reads a few entries per key, not the table (%d)", read)
+}
