@@ -19,13 +19,23 @@
 //     company. Under READ COMMITTED its insert does nothing and it reads the
 //     winner's company, but the sequence number it took commits unused: a
 //     gap.
+//   - On MySQL (InnoDB, REPEATABLE READ) a write never fails for a
+//     concurrent update: it waits for the row and then reads its latest
+//     version, so the sequence row alone would queue requests, not abort
+//     them, and the loser of a race for one company would take a number
+//     it cannot use. The business key is therefore read with FOR UPDATE:
+//     for a company that does not exist yet, that locks the gap of the
+//     unique index where it would go. Two requests for one company (or
+//     for companies in one gap) then each wait for the other's insert, and
+//     InnoDB rolls one back with a deadlock (1213), which RunTx runs again:
+//     its rerun finds the company, and numbers have no gaps.
 //   - A resent request (same request ID and input) returns the stored result
 //     without running again; the same ID with another input is refused.
 //   - The e-mail to the new member is not sent here: the event is, through
 //     the outbox, and a consumer sends the e-mail once it committed.
 //
-// The same code runs on PostgreSQL (database/sql with the pgx driver) and on
-// SQLite.
+// The same code runs on PostgreSQL (database/sql with the pgx driver), on
+// MySQL and MariaDB (ferrymysql) and on SQLite.
 package companies
 
 import (
@@ -45,7 +55,7 @@ import (
 )
 
 // Backend is a Ferry driver for *sql.Tx that can run transactions:
-// ferrypg.NewSQL or ferrysqlite.Open.
+// ferrypg.NewSQL, ferrymysql.New or ferrysqlite.Open.
 type Backend interface {
 	ferrydriver.Driver[*sql.Tx]
 	ferrydriver.Transactor[*sql.Tx]
@@ -53,10 +63,10 @@ type Backend interface {
 
 // App is the company service.
 type App struct {
-	db       Backend
-	client   *ferry.Client[*sql.Tx]
-	postgres bool
-	log      *slog.Logger
+	db      Backend
+	client  *ferry.Client[*sql.Tx]
+	dialect string // the backend's Name(): "postgres", "mysql" or "sqlite"
+	log     *slog.Logger
 	// ReserveNumbersFirst takes a new company's display number from the
 	// sequence in a short transaction of its own, before the main one
 	// (see ReserveDisplayNumber).
@@ -68,7 +78,7 @@ type App struct {
 
 // New returns the service over db, whose statements it runs on handle
 // (the *sql.DB the backend uses: ferrysqlite's DB(), or the database/sql
-// handle given to ferrypg.NewSQL).
+// handle given to ferrypg.NewSQL or ferrymysql.New).
 func New(db Backend, handle *sql.DB, log *slog.Logger) (*App, error) {
 	c, err := ferry.NewClient(db, nil)
 	if err != nil {
@@ -77,12 +87,12 @@ func New(db Backend, handle *sql.DB, log *slog.Logger) (*App, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &App{db: db, client: c, postgres: db.Name() == "postgres", log: log, exec: handle}, nil
+	return &App{db: db, client: c, dialect: db.Name(), log: log, exec: handle}, nil
 }
 
 // q rewrites ? placeholders as $n for PostgreSQL.
 func (a *App) q(s string) string {
-	if !a.postgres {
+	if a.dialect != "postgres" {
 		return s
 	}
 	var b strings.Builder
@@ -98,26 +108,70 @@ func (a *App) q(s string) string {
 	return b.String()
 }
 
+// insertOrNothing is stmt, an INSERT, made to do nothing (and report no
+// row) when it would duplicate the unique column conflict.
+func (a *App) insertOrNothing(stmt, conflict string) string {
+	if a.dialect == "mysql" {
+		// MySQL has no conflict target: the update that changes nothing
+		// applies to any unique key, which is why only inserts whose
+		// other unique columns cannot collide use it here. (It reports
+		// no row only without the DSN's clientFoundRows.)
+		col, _, _ := strings.Cut(conflict, ",")
+		return stmt + ` ON DUPLICATE KEY UPDATE ` + col + ` = ` + col
+	}
+	return stmt + ` ON CONFLICT (` + conflict + `) DO NOTHING`
+}
+
+// nextNumber takes the next display number in tx (or, when tx is nil, in a
+// statement of its own on the handle).
+func (a *App) nextNumber(ctx context.Context, tx *sql.Tx) (int64, error) {
+	type execQuerier interface {
+		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+		QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	}
+	var q execQuerier = a.exec
+	if tx != nil {
+		q = tx
+	}
+	if a.dialect == "mysql" {
+		// No UPDATE … RETURNING: LAST_INSERT_ID(expr) hands the new value
+		// back in the statement's own reply.
+		r, err := q.ExecContext(ctx, `UPDATE sequences SET value = LAST_INSERT_ID(value + 1) WHERE name = 'company_display_number'`)
+		if err != nil {
+			return 0, err
+		}
+		return r.LastInsertId()
+	}
+	var n int64
+	err := q.QueryRowContext(ctx, a.q(`UPDATE sequences SET value = value + 1 WHERE name = 'company_display_number' RETURNING value`)).Scan(&n)
+	return n, err
+}
+
 // Migrate creates the service's tables in the handle's default schema.
 func (a *App) Migrate(ctx context.Context) error {
-	big := "INTEGER"
-	if a.postgres {
+	big, text, id := "INTEGER", "TEXT", "TEXT"
+	switch a.dialect {
+	case "postgres":
 		big = "BIGINT"
+	case "mysql":
+		// Keys need a length; utf8mb4's binary collation compares as
+		// PostgreSQL and SQLite do.
+		big, text, id = "BIGINT", "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", "CHAR(36)"
 	}
 	for _, stmt := range []string{
 		`CREATE TABLE IF NOT EXISTS companies (
-			id             TEXT PRIMARY KEY,
-			canonical_key  TEXT NOT NULL UNIQUE,
-			name           TEXT NOT NULL,
+			id             ` + id + ` PRIMARY KEY,
+			canonical_key  ` + text + ` NOT NULL UNIQUE,
+			name           ` + text + ` NOT NULL,
 			display_number ` + big + ` NOT NULL UNIQUE,
 			member_count   ` + big + ` NOT NULL DEFAULT 0)`,
 		`CREATE TABLE IF NOT EXISTS memberships (
-			company_id TEXT NOT NULL,
-			member_id  TEXT NOT NULL,
-			role       TEXT NOT NULL,
+			company_id ` + id + ` NOT NULL,
+			member_id  ` + text + ` NOT NULL,
+			role       ` + text + ` NOT NULL,
 			PRIMARY KEY (company_id, member_id))`,
-		`CREATE TABLE IF NOT EXISTS sequences (name TEXT PRIMARY KEY, value ` + big + ` NOT NULL)`,
-		`INSERT INTO sequences (name, value) VALUES ('company_display_number', 0) ON CONFLICT (name) DO NOTHING`,
+		`CREATE TABLE IF NOT EXISTS sequences (name ` + text + ` PRIMARY KEY, value ` + big + ` NOT NULL)`,
+		a.insertOrNothing(`INSERT INTO sequences (name, value) VALUES ('company_display_number', 0)`, "name"),
 	} {
 		if _, err := a.exec.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("companies: migrate: %w", err)
@@ -187,9 +241,7 @@ func CanonicalKey(in LinkInput) (string, error) {
 // for a request that then fails, finds the company already exists, or is a
 // resend answered from its stored result, is never used.
 func (a *App) ReserveDisplayNumber(ctx context.Context) (int64, error) {
-	var n int64
-	err := a.exec.QueryRowContext(ctx, a.q(`UPDATE sequences SET value = value + 1 WHERE name = 'company_display_number' RETURNING value`)).Scan(&n)
-	return n, err
+	return a.nextNumber(ctx, nil)
 }
 
 // LinkCompany links in.MemberID to the company in describes, creating the
@@ -212,9 +264,13 @@ func (a *App) LinkCompany(ctx context.Context, requestID string, in LinkInput) (
 	return ferry.RunTx(ctx, a.db, &ferry.TxOptions{RequestID: requestID, Input: in, Logger: a.log},
 		func(ctx context.Context, tx *sql.Tx) (LinkResult, error) {
 			var res LinkResult
+			lock := ""
+			if a.dialect == "mysql" {
+				lock = " FOR UPDATE" // see the package doc
+			}
 			find := func() error {
 				var id string
-				err := tx.QueryRowContext(ctx, a.q(`SELECT id, display_number FROM companies WHERE canonical_key = ?`), key).Scan(&id, &res.DisplayNumber)
+				err := tx.QueryRowContext(ctx, a.q(`SELECT id, display_number FROM companies WHERE canonical_key = ?`+lock), key).Scan(&id, &res.DisplayNumber)
 				if err != nil {
 					return err
 				}
@@ -227,14 +283,14 @@ func (a *App) LinkCompany(ctx context.Context, requestID string, in LinkInput) (
 				if number == 0 {
 					// The shared row: every new company of every request
 					// writes it, whatever its name.
-					if err := tx.QueryRowContext(ctx, a.q(`UPDATE sequences SET value = value + 1 WHERE name = 'company_display_number' RETURNING value`)).Scan(&number); err != nil {
+					if number, err = a.nextNumber(ctx, tx); err != nil {
 						return res, err
 					}
 				}
 				// The same candidate ID on every attempt of this request.
 				id := ferry.StableID(ctx, "company")
-				r, err := tx.ExecContext(ctx, a.q(`INSERT INTO companies (id, canonical_key, name, display_number) VALUES (?, ?, ?, ?)
-					ON CONFLICT (canonical_key) DO NOTHING`), id.String(), key, in.CompanyName, number)
+				r, err := tx.ExecContext(ctx, a.q(a.insertOrNothing(`INSERT INTO companies (id, canonical_key, name, display_number) VALUES (?, ?, ?, ?)`,
+					"canonical_key")), id.String(), key, in.CompanyName, number)
 				if err != nil {
 					return res, err
 				}
@@ -247,8 +303,8 @@ func (a *App) LinkCompany(ctx context.Context, requestID string, in LinkInput) (
 			} else if err != nil {
 				return res, err
 			}
-			r, err := tx.ExecContext(ctx, a.q(`INSERT INTO memberships (company_id, member_id, role) VALUES (?, ?, ?)
-				ON CONFLICT (company_id, member_id) DO NOTHING`), res.CompanyID.String(), in.MemberID, in.Role)
+			r, err := tx.ExecContext(ctx, a.q(a.insertOrNothing(`INSERT INTO memberships (company_id, member_id, role) VALUES (?, ?, ?)`,
+				"company_id, member_id")), res.CompanyID.String(), in.MemberID, in.Role)
 			if err != nil {
 				return res, err
 			}

@@ -100,14 +100,15 @@ func Close() {
 	}
 }
 
-// Main runs a package's tests, closes the shared pool and fails the package
-// if a test left goroutines behind (a relay that did not stop, a feed
-// session that was not closed). Call it from TestMain.
+// Main runs a package's tests, closes the shared pool (and runs closers:
+// other shared pools, mysqltest.Close) and fails the package if a test left
+// goroutines behind (a relay that did not stop, a feed session that was
+// not closed). Call it from TestMain.
 //
 // Testable examples cannot skip themselves: when the server cannot be
 // reached (and CI is not "true"), Main skips them (-test.skip), saying so
 // and naming the variable, as the tests that need the server skip.
-func Main(m *testing.M) {
+func Main(m *testing.M, closers ...func()) {
 	flag.Parse()
 	if os.Getenv("CI") != "true" {
 		if connect(); poolErr != nil {
@@ -121,6 +122,9 @@ func Main(m *testing.M) {
 	}
 	code := m.Run()
 	Close()
+	for _, c := range closers {
+		c()
+	}
 	if code == 0 {
 		// A driver's settlement listener stays up, idle, for a while after
 		// its last caller (ferrypg's hubIdle): that one is meant to.

@@ -64,6 +64,15 @@ func connect() {
 	})
 }
 
+// Close closes the shared admin pool, if one was opened: call it after a
+// package's tests (pgtest.Main(m, mysqltest.Close)), before a check for
+// leaked goroutines.
+func Close() {
+	if admin != nil {
+		_ = admin.Close()
+	}
+}
+
 // Admin returns a pool on the server with no database chosen.
 func Admin(t testing.TB) *sql.DB {
 	t.Helper()
