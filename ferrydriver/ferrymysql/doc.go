@@ -85,7 +85,9 @@
 //   - The handler's writes and the row's PROCESSED commit together:
 //     CompleteInboxTx runs in the handler's transaction (RunInTx), changes
 //     the row only if the claim's token is still the row's and has not
-//     expired, and makes the key due, in one statement. A stale attempt
+//     expired, then makes the key due (two single-table UPDATEs: MariaDB
+//     runs a multi-table one through an on-disk temporary table, and it
+//     cost more than the rest of the finish). A stale attempt
 //     changes nothing (ferrydriver.ErrClaimLost, and its transaction rolls
 //     back). Batches (ConsumerConfig.BatchSize) run each handler in a
 //     SAVEPOINT of one transaction and record the outcomes before its
