@@ -53,6 +53,18 @@
 // feed needs the binlog position of a consistent snapshot
 // (binlog_snapshot_file), which only MariaDB gives.
 //
+// # A stopped leader
+//
+// A relay's lease transactions (acquire, renew, and the writes fenced on
+// the lease: checkpoints, dead letters, parked events) lock the lease's
+// row over several round trips. A relay stopped between two of them
+// (SIGSTOP, a frozen VM) would keep the row locked for as long as its
+// connection lived, and the standby could not take over. They run with
+// idle_transaction_timeout = 1 s, set for the transaction only: the server
+// ends the stopped relay's connection, which rolls its write back, and the
+// standby takes over when the lease expires. The relay finds out that it
+// lost the lease when it resumes.
+//
 // # Purged binlogs
 //
 // A feed whose saved position is no longer in the binlog (the server

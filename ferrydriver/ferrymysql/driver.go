@@ -91,6 +91,9 @@ type Driver struct {
 	// wait timeout; duplicates, ingestions run again after meeting a
 	// concurrent delivery of their events.
 	reruns, duplicates atomic.Int64
+	// unguarded: the server has no idle_transaction_timeout (MySQL), and
+	// lease transactions run without the guard (guard.go).
+	unguarded atomic.Bool
 }
 
 // keyCache remembers up to keyCacheSize keys (it forgets them all when

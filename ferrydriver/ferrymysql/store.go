@@ -281,7 +281,8 @@ func (d *Driver) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpoi
 
 // holds reports whether holder holds lease name at term, and keeps the
 // lease's row locked (shared) until tx ends: a takeover waits for the
-// fenced write to commit.
+// fenced write to commit. tx is guarded (see guardedWrite): a holder that
+// stops between its statements cannot keep the row locked.
 func holds(ctx context.Context, tx *sql.Tx, name, holder string, term int64) (bool, error) {
 	var one int
 	err := tx.QueryRowContext(ctx, `SELECT 1 FROM ferry_leases WHERE name = ? AND holder = ? AND term = ? AND expires_at > `+sqlNow+` LOCK IN SHARE MODE`,
@@ -295,7 +296,7 @@ func holds(ctx context.Context, tx *sql.Tx, name, holder string, term int64) (bo
 // fencedWrite runs fn in a transaction if holder holds feed's lease at
 // term; ferrydriver.ErrLeaseLost if not.
 func (d *Driver) fencedWrite(ctx context.Context, op, feed, holder string, term int64, fn func(tx *sql.Tx) error) error {
-	return d.write(ctx, op+" of "+feed, func(tx *sql.Tx) error {
+	return d.guardedWrite(ctx, op+" of "+feed, func(tx *sql.Tx) error {
 		ok, err := holds(ctx, tx, feed, holder, term)
 		if err != nil {
 			return d.wrapErr(op+" of "+feed, err)
@@ -339,7 +340,7 @@ func (d *Driver) readLease(ctx context.Context, q queryRower, name string) (*fer
 func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
 	var out *ferrydriver.Lease
 	op := "acquire lease " + p.Name
-	err := d.write(ctx, op, func(tx *sql.Tx) error {
+	err := d.guardedWrite(ctx, op, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO ferry_leases (name, holder, term, expires_at) VALUES (?, '', 0, 0)
 ON DUPLICATE KEY UPDATE name = name`, p.Name); err != nil {
 			return d.wrapErr(op, err)
@@ -371,7 +372,7 @@ ON DUPLICATE KEY UPDATE name = name`, p.Name); err != nil {
 // RenewLease implements ferrydriver.Store.
 func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error) {
 	var out *ferrydriver.Lease
-	err := d.write(ctx, "renew lease "+p.Name, func(tx *sql.Tx) error {
+	err := d.guardedWrite(ctx, "renew lease "+p.Name, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE ferry_leases SET expires_at = `+sqlNow+` + ? WHERE name = ? AND holder = ? AND term = ? AND expires_at > `+sqlNow,
 			p.TTL.Microseconds(), p.Name, p.Holder, p.Term)
 		if err != nil {
