@@ -53,6 +53,21 @@
 // feed needs the binlog position of a consistent snapshot
 // (binlog_snapshot_file), which only MariaDB gives.
 //
+// # Failover
+//
+// A checkpoint holds the GTID position (the last transaction of each
+// replication domain) beside the binlog file and offset, and the feed
+// resumes from the GTID position: a GTID names the same transaction on
+// every server of a replication topology, where a file and an offset are
+// one server's. After a failover, a relay pointed at the promoted replica
+// delivers exactly what came after its checkpoint, provided the replica
+// logged what it applied (log_slave_updates = ON) with the settings above.
+// A replica that had not received the checkpoint's transactions refuses
+// the position (error 1236), and the feed scans the outbox as for a
+// purged binlog. A checkpoint without a GTID position (written before the
+// feed kept one) is resumed from its file and offset, on the server that
+// wrote it.
+//
 // # A stopped leader
 //
 // A relay's lease transactions (acquire, renew, and the writes fenced on

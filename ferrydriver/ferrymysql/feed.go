@@ -31,7 +31,14 @@ import (
 //
 // A cursor is a binlog position: the start of a transaction, and how many
 // of the partition's rows of that transaction were delivered (a batch may
-// end inside a large transaction). A feed with no cursor starts where the
+// end inside a large transaction). It also holds the server's GTID
+// position there (the last transaction of each replication domain before
+// it), and the feed resumes from that when it has it: a GTID names the
+// same transaction on every server of the topology, where a file and an
+// offset are one server's, so a relay follows a failover to a replica
+// (which logs what it applies, log_slave_updates) without losing or
+// repeating events. A position with no GTID (a feed's first, or a scan's)
+// is translated by the server (BINLOG_GTID_POS). A feed with no cursor starts where the
 // binlog stood when Migrate created the outbox. When the binlog a cursor
 // needs was purged, or that position was never recorded, the feed scans
 // the outbox table instead, in a consistent snapshot whose binlog position
@@ -48,6 +55,9 @@ type cursor struct {
 	// transaction starts.
 	File string `json:"file,omitempty"`
 	Pos  uint32 `json:"pos,omitempty"`
+	// GTID is the server's GTID position at File:Pos (gtid_binlog_pos's
+	// form: "0-1-1234", one per domain); nil when not known.
+	GTID *string `json:"gtid,omitempty"`
 	// Skip counts the partition's rows of the transaction at Pos already
 	// delivered.
 	Skip int `json:"skip,omitempty"`
@@ -195,6 +205,10 @@ type streamState struct {
 	file string
 	pos  uint32 // the start of the transaction being read, or of the next
 	inTx bool
+	// gtid is the GTID position at pos (nil: not known), and txGTID the
+	// GTID of the transaction being read (nil between transactions).
+	gtid   *gtidPos
+	txGTID *gomysql.MariadbGTID
 	// seen counts the partition's rows of the transaction at pos read so
 	// far; skip is how many of them the cursor said were delivered.
 	seen, skip int
@@ -205,6 +219,7 @@ type pendingRow struct {
 	invalid  string // set: the row is not a valid event
 	file     string
 	pos      uint32
+	gtid     *string
 	seen     int
 	appended int64
 }
@@ -265,13 +280,13 @@ func (f *feed) follow(ctx context.Context, limit int, wait time.Duration) (*ferr
 			} else {
 				b.Events = append(b.Events, r.ev)
 			}
-			cur.File, cur.Pos, cur.Skip, cur.At = r.file, r.pos, r.seen, max(cur.At, r.appended)
+			cur.File, cur.Pos, cur.GTID, cur.Skip, cur.At = r.file, r.pos, r.gtid, r.seen, max(cur.At, r.appended)
 		}
 		if len(b.Events)+len(b.Invalid) >= limit {
 			break
 		}
 		if !f.st.inTx {
-			cur.File, cur.Pos, cur.Skip = f.st.file, f.st.pos, 0
+			cur.File, cur.Pos, cur.GTID, cur.Skip = f.st.file, f.st.pos, f.st.gtid.text(), 0
 		}
 		var ev *replication.BinlogEvent
 		var err error
@@ -359,7 +374,15 @@ func (f *feed) handle(ev *replication.BinlogEvent) error {
 		if !f.st.inTx {
 			f.st.file, f.st.pos = string(e.NextLogName), uint32(e.Position)
 		}
-	case *replication.MariadbGTIDEvent, *replication.GTIDEvent:
+	case *replication.MariadbGTIDEvent:
+		// A transaction starts here (a stream started by GTID skips what
+		// came before it, so the position so far may be older).
+		if !f.st.inTx && ev.Header.LogPos >= ev.Header.EventSize && ev.Header.LogPos > 0 {
+			f.st.pos = ev.Header.LogPos - ev.Header.EventSize
+		}
+		g := e.GTID
+		f.st.txGTID, f.st.inTx = &g, true
+	case *replication.GTIDEvent:
 		f.st.inTx = true
 	case *replication.QueryEvent:
 		if strings.EqualFold(strings.TrimSpace(string(e.Query)), "BEGIN") {
@@ -401,7 +424,7 @@ func (f *feed) handle(ev *replication.BinlogEvent) error {
 				continue
 			}
 			ev, appended, invalid := cols.event(row)
-			f.pending = append(f.pending, pendingRow{ev: ev, invalid: invalid, file: f.st.file, pos: f.st.pos, seen: f.st.seen, appended: appended})
+			f.pending = append(f.pending, pendingRow{ev: ev, invalid: invalid, file: f.st.file, pos: f.st.pos, gtid: f.st.gtid.text(), seen: f.st.seen, appended: appended})
 		}
 	}
 	return nil
@@ -412,6 +435,10 @@ func (f *feed) boundary(end uint32) {
 	f.st.inTx, f.st.seen, f.st.skip = false, 0, 0
 	if end > 0 {
 		f.st.pos = end
+	}
+	if f.st.txGTID != nil {
+		f.st.gtid = f.st.gtid.with(*f.st.txGTID)
+		f.st.txGTID = nil
 	}
 }
 
@@ -427,6 +454,29 @@ func (f *feed) openStream(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ferrymysql: open feed %s: %w: port %q of Config.DSN", f.name, ferrydriver.ErrMisconfigured, portText)
 	}
+	// The GTID position to start from: the cursor's, or the server's
+	// for the cursor's file and offset.
+	start := f.pos.GTID
+	byGTID := start != nil && *start != ""
+	if start == nil {
+		var g sql.NullString
+		err := d.db.QueryRowContext(ctx, `SELECT BINLOG_GTID_POS(?, ?)`, f.pos.File, f.pos.Pos).Scan(&g)
+		switch {
+		case err != nil:
+			return d.wrapErr("read the GTID position of the binlog at "+f.pos.File+":"+strconv.FormatUint(uint64(f.pos.Pos), 10)+" ("+f.name+")", err)
+		case g.Valid:
+			start = &g.String
+		}
+		// NULL: the file is gone; StartSync below meets the purge.
+	}
+	var gtid *gtidPos
+	if start != nil {
+		p, err := parseGTIDPos(*start)
+		if err != nil {
+			return fmt.Errorf("ferrymysql: open feed %s: the checkpoint's GTID position %q: %w", f.name, *start, err)
+		}
+		gtid = &p
+	}
 	cfg := replication.BinlogSyncerConfig{
 		ServerID:         d.cfg.ServerID + uint32(rand.IntN(1<<20)),
 		Flavor:           gomysql.MariaDBFlavor,
@@ -438,21 +488,32 @@ func (f *feed) openStream(ctx context.Context) error {
 		HeartbeatPeriod:  time.Second,
 		ReadTimeout:      30 * time.Second,
 		DisableRetrySync: true,
+		DiscardGTIDSet:   true, // the feed keeps its own
 		// Events read ahead of the relay: a bound on memory (a rows
 		// event holds up to a few MiB of rows).
 		EventCacheCount: 256,
 		Logger:          slog.New(quietHandler{d.cfg.Logger.Handler()}).With("feed", f.name),
 	}
 	syncer := replication.NewBinlogSyncer(cfg)
-	streamer, err := syncer.StartSync(gomysql.Position{Name: f.pos.File, Pos: f.pos.Pos})
+	var streamer *replication.BinlogStreamer
+	if byGTID {
+		set, perr := gomysql.ParseMariadbGTIDSet(gtid.String())
+		if perr != nil {
+			syncer.Close()
+			return fmt.Errorf("ferrymysql: open feed %s: GTID position %q: %w", f.name, gtid.String(), perr)
+		}
+		streamer, err = syncer.StartSyncGTID(set)
+	} else {
+		streamer, err = syncer.StartSync(gomysql.Position{Name: f.pos.File, Pos: f.pos.Pos})
+	}
 	if err != nil {
 		syncer.Close()
-		return fmt.Errorf("ferrymysql: read the binlog (%s) from %s:%d: %w", f.name, f.pos.File, f.pos.Pos, err)
+		return fmt.Errorf("ferrymysql: read the binlog (%s) from %s:%d (GTID %s): %w", f.name, f.pos.File, f.pos.Pos, gtid.String(), err)
 	}
 	pctx, cancel := context.WithCancel(context.Background())
 	f.syncer, f.stop = syncer, cancel
 	f.events, f.errs = make(chan *replication.BinlogEvent, 256), make(chan error, 1)
-	f.st = streamState{file: f.pos.File, pos: f.pos.Pos, skip: f.pos.Skip}
+	f.st = streamState{file: f.pos.File, pos: f.pos.Pos, skip: f.pos.Skip, gtid: gtid}
 	f.pending = nil
 	f.pumped.Add(1)
 	go func() {
