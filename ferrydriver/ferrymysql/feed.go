@@ -3,6 +3,7 @@ package ferrymysql
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,8 +60,10 @@ type cursor struct {
 	// form: "0-1-1234", one per domain); nil when not known.
 	GTID *string `json:"gtid,omitempty"`
 	// Skip counts the partition's rows of the transaction at Pos already
-	// delivered.
-	Skip int `json:"skip,omitempty"`
+	// delivered, and SkipTx is that transaction's GTID: a stream started
+	// by GTID may send other domains' transactions before it.
+	Skip   int    `json:"skip,omitempty"`
+	SkipTx string `json:"skip_tx,omitempty"`
 	// At is the newest append time (µs) of an event delivered.
 	At int64 `json:"at,omitempty"`
 	// Scan is set while the feed scans the outbox (see above).
@@ -209,9 +212,12 @@ type streamState struct {
 	// GTID of the transaction being read (nil between transactions).
 	gtid   *gtidPos
 	txGTID *gomysql.MariadbGTID
+	txText string // txGTID's text
 	// seen counts the partition's rows of the transaction at pos read so
-	// far; skip is how many of them the cursor said were delivered.
+	// far; skip is how many of them the cursor said were delivered, of
+	// transaction skipTx (""; the first transaction read).
 	seen, skip int
+	skipTx     string
 }
 
 type pendingRow struct {
@@ -220,6 +226,7 @@ type pendingRow struct {
 	file     string
 	pos      uint32
 	gtid     *string
+	tx       string // the GTID of the row's transaction
 	seen     int
 	appended int64
 }
@@ -280,13 +287,13 @@ func (f *feed) follow(ctx context.Context, limit int, wait time.Duration) (*ferr
 			} else {
 				b.Events = append(b.Events, r.ev)
 			}
-			cur.File, cur.Pos, cur.GTID, cur.Skip, cur.At = r.file, r.pos, r.gtid, r.seen, max(cur.At, r.appended)
+			cur.File, cur.Pos, cur.GTID, cur.Skip, cur.SkipTx, cur.At = r.file, r.pos, r.gtid, r.seen, r.tx, max(cur.At, r.appended)
 		}
 		if len(b.Events)+len(b.Invalid) >= limit {
 			break
 		}
 		if !f.st.inTx {
-			cur.File, cur.Pos, cur.GTID, cur.Skip = f.st.file, f.st.pos, f.st.gtid.text(), 0
+			cur.File, cur.Pos, cur.GTID, cur.Skip, cur.SkipTx = f.st.file, f.st.pos, f.st.gtid.text(), 0, ""
 		}
 		var ev *replication.BinlogEvent
 		var err error
@@ -380,8 +387,8 @@ func (f *feed) handle(ev *replication.BinlogEvent) error {
 		if !f.st.inTx && ev.Header.LogPos >= ev.Header.EventSize && ev.Header.LogPos > 0 {
 			f.st.pos = ev.Header.LogPos - ev.Header.EventSize
 		}
-		g := e.GTID
-		f.st.txGTID, f.st.inTx = &g, true
+		g := gtidOf(ev, e)
+		f.st.txGTID, f.st.txText, f.st.inTx = &g, g.String(), true
 	case *replication.GTIDEvent:
 		f.st.inTx = true
 	case *replication.QueryEvent:
@@ -420,25 +427,55 @@ func (f *feed) handle(ev *replication.BinlogEvent) error {
 				continue
 			}
 			f.st.seen++
-			if f.st.seen <= f.st.skip {
+			if f.st.seen <= f.st.skipping() {
 				continue
 			}
 			ev, appended, invalid := cols.event(row)
-			f.pending = append(f.pending, pendingRow{ev: ev, invalid: invalid, file: f.st.file, pos: f.st.pos, gtid: f.st.gtid.text(), seen: f.st.seen, appended: appended})
+			f.pending = append(f.pending, pendingRow{ev: ev, invalid: invalid, file: f.st.file, pos: f.st.pos, gtid: f.st.gtid.text(), tx: f.st.txText,
+				seen: f.st.seen, appended: appended})
 		}
 	}
 	return nil
 }
 
+// gtidOf is a GTID event's GTID, read from the event's bytes: a syncer
+// started by GTID keeps a pointer to the GTID field of the first event of
+// each domain and server in its own GTID set, and moves it forward as
+// later events arrive, so the field may already hold a later
+// transaction's GTID when the feed reads the event (go-mysql 1.13).
+func gtidOf(ev *replication.BinlogEvent, e *replication.MariadbGTIDEvent) gomysql.MariadbGTID {
+	const header = replication.EventHeaderSize
+	if raw := ev.RawData; len(raw) >= header+12 {
+		return gomysql.MariadbGTID{
+			SequenceNumber: binary.LittleEndian.Uint64(raw[header:]),
+			DomainID:       binary.LittleEndian.Uint32(raw[header+8:]),
+			ServerID:       ev.Header.ServerID,
+		}
+	}
+	return e.GTID
+}
+
+// skipping is how many of the partition's rows of the transaction being
+// read were delivered before the stream started.
+func (st *streamState) skipping() int {
+	if st.skipTx == "" || st.skipTx == st.txText {
+		return st.skip
+	}
+	return 0
+}
+
 // boundary ends the transaction being read: the next starts at end.
 func (f *feed) boundary(end uint32) {
-	f.st.inTx, f.st.seen, f.st.skip = false, 0, 0
+	if f.st.skipTx == "" || f.st.skipTx == f.st.txText {
+		f.st.skip, f.st.skipTx = 0, ""
+	}
+	f.st.inTx, f.st.seen = false, 0
 	if end > 0 {
 		f.st.pos = end
 	}
 	if f.st.txGTID != nil {
 		f.st.gtid = f.st.gtid.with(*f.st.txGTID)
-		f.st.txGTID = nil
+		f.st.txGTID, f.st.txText = nil, ""
 	}
 }
 
@@ -514,6 +551,12 @@ func (f *feed) openStream(ctx context.Context) error {
 	f.syncer, f.stop = syncer, cancel
 	f.events, f.errs = make(chan *replication.BinlogEvent, 256), make(chan error, 1)
 	f.st = streamState{file: f.pos.File, pos: f.pos.Pos, skip: f.pos.Skip, gtid: gtid}
+	if byGTID {
+		// By file and offset the transaction at the position comes first;
+		// by GTID, the one the skip names (a cursor without SkipTx has no
+		// skip, or was written by a stream that knew no GTIDs).
+		f.st.skipTx = f.pos.SkipTx
+	}
 	f.pending = nil
 	f.pumped.Add(1)
 	go func() {
