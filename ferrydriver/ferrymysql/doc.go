@@ -62,9 +62,10 @@
 // one server's. After a failover, a relay pointed at the promoted replica
 // delivers exactly what came after its checkpoint, provided the replica
 // logged what it applied (log_slave_updates = ON) with the settings above.
-// A replica that had not received the checkpoint's transactions refuses
-// the position (error 1236), and the feed scans the outbox as for a
-// purged binlog. A checkpoint without a GTID position (written before the
+// A replica that had not received the checkpoint's transactions, or that
+// filtered some of them out (replicate_do_db and the like: it has no GTID
+// for what it skipped), refuses the position (error 1236), and the feed
+// scans the outbox as for a purged binlog. A checkpoint without a GTID position (written before the
 // feed kept one) is resumed from its file and offset, on the server that
 // wrote it.
 //
