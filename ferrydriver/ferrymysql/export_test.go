@@ -52,12 +52,13 @@ func (d *Driver) SettleNotes() int64 {
 	return d.settle.notes
 }
 
-// SettleWaiters counts the AwaitSettled calls subscribed, and whether the
+// SettleWaiters counts the AwaitSettled calls waiting (subscribed, their
+// first read done and some of their events not settled), and whether the
 // binlog reader runs.
 func (d *Driver) SettleWaiters() (int, bool) {
 	d.settle.mu.Lock()
 	defer d.settle.mu.Unlock()
-	return d.settle.waiters, d.settle.r != nil
+	return d.settle.listening, d.settle.r != nil
 }
 
 // Retention's statements.

@@ -39,8 +39,8 @@ import (
 // offset are one server's, so a relay follows a failover to a replica
 // (which logs what it applies, log_slave_updates) without losing or
 // repeating events. A position with no GTID (a feed's first, or a scan's)
-// is translated by the server (BINLOG_GTID_POS). A feed with no cursor starts where the
-// binlog stood when Migrate created the outbox. When the binlog a cursor
+// is translated by the server (BINLOG_GTID_POS). A feed with no cursor
+// starts where the binlog stood when Migrate created the outbox. When the binlog a cursor
 // needs was purged, or that position was never recorded, the feed scans
 // the outbox table instead, in a consistent snapshot whose binlog position
 // the server gives (START TRANSACTION WITH CONSISTENT SNAPSHOT), key by
@@ -500,7 +500,10 @@ func (f *feed) openStream(ctx context.Context) error {
 		err := d.db.QueryRowContext(ctx, `SELECT BINLOG_GTID_POS(?, ?)`, f.pos.File, f.pos.Pos).Scan(&g)
 		switch {
 		case err != nil:
-			return d.wrapErr("read the GTID position of the binlog at "+f.pos.File+":"+strconv.FormatUint(uint64(f.pos.Pos), 10)+" ("+f.name+")", err)
+			// The feed still reads by file and offset; only its cursors
+			// cannot follow a failover until a position is known.
+			d.cfg.Logger.Warn("ferrymysql: the server did not translate the feed's binlog position into GTIDs; its checkpoints will hold none until it does",
+				"feed", f.name, "file", f.pos.File, "pos", f.pos.Pos, "err", err)
 		case g.Valid:
 			start = &g.String
 		}

@@ -62,8 +62,10 @@ type settleHub struct {
 	retryAt time.Time // no start before (the last one failed)
 	warned  bool
 	closed  bool
-	// notes counts the waiters woken by the binlog (for tests).
-	notes int64
+	// notes counts the waiters woken by the binlog, and listening the
+	// waiters past their first read (for tests).
+	notes     int64
+	listening int
 }
 
 // settleSub is one AwaitSettled call's subscription.
@@ -216,6 +218,12 @@ func (h *settleHub) broke(d *Driver, r *settleReader, err error) {
 			}
 		})
 	}
+}
+
+func (h *settleHub) listen(n int) {
+	h.mu.Lock()
+	h.listening += n
+	h.mu.Unlock()
 }
 
 // notify wakes the waiters of (group, id).
@@ -416,6 +424,12 @@ func (d *Driver) settleEvent(ev *replication.BinlogEvent, cols map[uint64]*inbox
 func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
 	sub, unsubscribe := d.settle.subscribe(ctx, d, p.Group, p.EventIDs)
 	defer unsubscribe()
+	// The read below covers whatever a reader's start marked dirty so
+	// far (this waiter's own start among it).
+	select {
+	case <-sub.dirty:
+	default:
+	}
 	states, err := d.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: p.Group, EventIDs: p.EventIDs})
 	if err != nil {
 		return nil, err
@@ -429,6 +443,8 @@ func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledPa
 	if len(pending) == 0 {
 		return states, nil
 	}
+	d.settle.listen(1)
+	defer d.settle.listen(-1)
 	deadline := time.NewTimer(time.Until(p.Deadline))
 	defer deadline.Stop()
 	safety := time.NewTicker(settleSafetyNet)

@@ -38,8 +38,9 @@ func completeRow(ctx context.Context, t testing.TB, drv *ferrymysql.Driver, row 
 	}))
 }
 
-// awaitSubscribed waits until n AwaitSettled calls wait and the binlog
-// reader runs.
+// awaitSubscribed waits until n AwaitSettled calls wait (past their
+// first read: only the binlog or the safety net can wake them now) and
+// the binlog reader runs.
 func awaitSubscribed(t testing.TB, drv *ferrymysql.Driver, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
