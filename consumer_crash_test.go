@@ -1,10 +1,8 @@
 package ferry_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/internal/childtest"
 	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -51,51 +50,13 @@ func consumerChild(schema string) int {
 	})
 }
 
-// childReady is what a child prints on its standard output once SIGTERM
-// stops it cleanly.
-const childReady = "ferry-test-child-ready"
-
-// startChild starts this test binary again as a child process with env
-// added (which selects what it runs) and returns once the child handles
-// SIGTERM (a SIGTERM before that would kill it mid-start, as no clean stop
-// can); the test kills it at the end, if it still runs.
-func startChild(t *testing.T, env ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == childReady {
-				ready <- true
-				_, _ = io.Copy(io.Discard, out)
-				return
-			}
-		}
-		ready <- false
-	}()
-	select {
-	case ok := <-ready:
-		require.True(t, ok, "the child process ended before it was ready")
-	case <-time.After(time.Minute):
-		t.Fatal("the child process was not ready within a minute")
-	}
-	return cmd
-}
-
 // runConsumerChild is the body of a consumer child process: it opens the
 // driver of schema, has newConsumer make the consumer (and register its
 // handlers), runs it until SIGTERM and returns the exit code.
 func runConsumerChild(schema string, newConsumer func(pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx]) (*ferry.Consumer[pgx.Tx], error)) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	fmt.Println(childReady)
+	childtest.SignalReady()
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -157,16 +118,9 @@ func testConsumerCrash(t *testing.T, batch int) {
 	}()
 
 	start := func() *exec.Cmd {
-		return startChild(t, "FERRY_TEST_CONSUMER_CHILD="+drv.Schema(), "FERRY_TEST_CONSUMER_BATCH="+strconv.Itoa(batch))
+		return childtest.Start(t, "FERRY_TEST_CONSUMER_CHILD="+drv.Schema(), "FERRY_TEST_CONSUMER_BATCH="+strconv.Itoa(batch))
 	}
-	rng := rand.New(rand.NewPCG(3, 4))
-	child := start()
-	for range kills {
-		time.Sleep(time.Duration(200+rng.IntN(400)) * time.Millisecond)
-		require.NoError(t, child.Process.Kill())
-		_ = child.Wait()
-		child = start()
-	}
+	child := childtest.KillRepeatedly(t, kills, start)
 	require.NoError(t, <-ingested)
 	require.Eventually(t, func() bool { return count(t, `SELECT count(DISTINCT event_id) FROM `+table) >= n }, 3*time.Minute, 100*time.Millisecond)
 	require.NoError(t, child.Process.Signal(syscall.SIGTERM))

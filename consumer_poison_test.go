@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/internal/childtest"
 	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
@@ -103,7 +104,7 @@ func testPoisonKills(t *testing.T, policy string, batch int) {
 	require.NoError(t, err)
 
 	start := func() *exec.Cmd {
-		return startChild(t, "FERRY_TEST_POISON_CHILD="+drv.Schema()+":"+policy+":"+strconv.Itoa(batch))
+		return childtest.Start(t, "FERRY_TEST_POISON_CHILD="+drv.Schema()+":"+policy+":"+strconv.Itoa(batch))
 	}
 	// Restart the consumer whenever the poison kills it, as a supervisor
 	// would, until a child finds the event DEAD and carries on; the rest

@@ -132,3 +132,31 @@ func (w CountStore) CheckFeed(op string, configured, stored, partition int) erro
 	}
 	return nil
 }
+
+// PartitionChangeRefused is the error a backend's SetPartitions returns
+// when problems (the texts below, and the backend's own) make changing
+// the count now unsafe: it wraps ErrPartitionChangeUnsafe and says what
+// to do. prefix names the backend ("ferrypg"), op the change asked for.
+func PartitionChangeRefused(prefix, op string, problems []string) error {
+	return fmt.Errorf("%s: %s: %w: %s. Stop the producers, let every relay run until `ferry status` shows no lag, "+
+		"stop the relays (they release their leases) and run this again; then start the relays, and the producers "+
+		"(those with Config.Partitions 0 follow the new count, others need it set)",
+		prefix, op, ErrPartitionChangeUnsafe, strings.Join(problems, "; "))
+}
+
+// LeaseHeldProblem is the problem of a relay holding a lease; until says
+// when it expires, in the backend's words.
+func LeaseHeldProblem(holder, lease, until string) string {
+	return fmt.Sprintf("relay %s holds lease %s (%s)", holder, lease, until)
+}
+
+// ParkedProblem is the problem of a feed with n parked events.
+func ParkedProblem(feed string, n int64) string {
+	return fmt.Sprintf("feed %s has %d parked event(s) of stuck keys, not delivered yet", feed, n)
+}
+
+// UnreadPartitionProblem is the problem of a partition with events that no
+// feed has a checkpoint for.
+func UnreadPartitionProblem(partition int) string {
+	return fmt.Sprintf("partition %d has events and no feed has read it", partition)
+}

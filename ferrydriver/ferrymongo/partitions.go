@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -259,10 +258,7 @@ func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitions
 			return nil, errors.Join(fmt.Errorf("ferrymongo: %s: %w", op, err), restore())
 		}
 		if len(problems) > 0 {
-			return nil, errors.Join(fmt.Errorf("ferrymongo: %s: %w: %s. Stop the producers, let every relay run until `ferry status` shows no lag, "+
-				"stop the relays (they release their leases) and run this again; then start the relays, and the producers "+
-				"(those with Config.Partitions 0 follow the new count, others need it set)",
-				op, ferrydriver.ErrPartitionChangeUnsafe, strings.Join(problems, "; ")), restore())
+			return nil, errors.Join(ferrydriver.PartitionChangeRefused("ferrymongo", op, problems), restore())
 		}
 	}
 	if _, err := d.meta().UpdateOne(ctx, bson.D{{Key: "_id", Value: partitionsID}},
@@ -297,7 +293,7 @@ func (d *Driver) changeProblems(ctx context.Context, stored int) ([]string, erro
 	}
 	for _, l := range leases {
 		if ferrydriver.IsRelayLease(l.Name) {
-			problems = append(problems, fmt.Sprintf("relay %s holds lease %s (until %s)", l.Holder, l.Name, l.Until.UTC().Format(time.RFC3339)))
+			problems = append(problems, ferrydriver.LeaseHeldProblem(l.Holder, l.Name, "until "+l.Until.UTC().Format(time.RFC3339)))
 		}
 	}
 
@@ -358,7 +354,7 @@ func (d *Driver) changeProblems(ctx context.Context, stored int) ([]string, erro
 			return nil, fmt.Errorf("look for events of partition %d: %w", part, err)
 		}
 		if n > 0 {
-			problems = append(problems, fmt.Sprintf("partition %d has events and no feed has read it", part))
+			problems = append(problems, ferrydriver.UnreadPartitionProblem(part))
 		}
 	}
 	return problems, nil

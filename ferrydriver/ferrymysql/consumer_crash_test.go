@@ -1,11 +1,9 @@
 package ferrymysql_test
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -22,6 +20,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/internal/childtest"
 )
 
 // The consumer crash test runs this test binary again as the consumer
@@ -32,16 +31,13 @@ func init() {
 	}
 }
 
-// childReady is what a child prints once it handles SIGTERM.
-const childReady = "ferrymysql-test-child-ready"
-
 // consumerChild consumes group "crash" of dsn's database, each event's
 // effect a row of crash_effects in the handler's transaction, until
 // SIGTERM.
 func consumerChild(dsn string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	fmt.Println(childReady)
+	childtest.SignalReady()
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -69,38 +65,6 @@ func consumerChild(dsn string) int {
 		return fail(err)
 	}
 	return 0
-}
-
-// startConsumerChild starts the child and returns once it is ready; the
-// test kills it at the end, if it still runs.
-func startConsumerChild(t *testing.T, env ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == childReady {
-				ready <- true
-				_, _ = io.Copy(io.Discard, out)
-				return
-			}
-		}
-		ready <- false
-	}()
-	select {
-	case ok := <-ready:
-		require.True(t, ok, "the child process ended before it was ready")
-	case <-time.After(time.Minute):
-		t.Fatal("the child process was not ready within a minute")
-	}
-	return cmd
 }
 
 // TestConsumerCrash: a consumer process SIGKILLed at random moments while
@@ -154,16 +118,9 @@ func testConsumerCrash(t *testing.T, batch int) {
 		return v
 	}
 	start := func() *exec.Cmd {
-		return startConsumerChild(t, "FERRY_TEST_MYSQL_CONSUMER_CHILD="+dsn, "FERRY_TEST_MYSQL_CONSUMER_BATCH="+strconv.Itoa(batch))
+		return childtest.Start(t, "FERRY_TEST_MYSQL_CONSUMER_CHILD="+dsn, "FERRY_TEST_MYSQL_CONSUMER_BATCH="+strconv.Itoa(batch))
 	}
-	rng := rand.New(rand.NewPCG(3, 4))
-	child := start()
-	for range kills {
-		time.Sleep(time.Duration(200+rng.IntN(400)) * time.Millisecond)
-		require.NoError(t, child.Process.Kill())
-		_ = child.Wait()
-		child = start()
-	}
+	child := childtest.KillRepeatedly(t, kills, start)
 	require.NoError(t, <-ingested)
 	require.Eventually(t, func() bool { return count(`SELECT COUNT(DISTINCT event_id) FROM crash_effects`) >= n }, 3*time.Minute, 100*time.Millisecond)
 	require.NoError(t, child.Process.Signal(syscall.SIGTERM))

@@ -229,11 +229,18 @@ func (d *Driver) PartitionOf(key string) int {
 // begin fails with ferrydriver.ErrTxNotBegun.
 func (d *Driver) write(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
 	tx, err := d.db.BeginTx(ctx, nil)
+	return d.inTx(op, tx, err, fn)
+}
+
+// inTx runs fn in tx (err: its BeginTx's) and commits it; a transaction
+// fn failed in (or panicked in) is rolled back. A transaction that could
+// not begin fails with ferrydriver.ErrTxNotBegun.
+func (d *Driver) inTx(op string, tx *sql.Tx, err error, fn func(tx *sql.Tx) error) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, d.wrapErr(op, err))
 	}
+	defer func() { _ = tx.Rollback() }() // after a commit: sql.ErrTxDone
 	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
 		return err
 	}
 	if err := tx.Commit(); err != nil {

@@ -68,15 +68,5 @@ func (d *Driver) guardedWrite(ctx context.Context, op string, fn func(tx *sql.Tx
 		}
 	}()
 	tx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, d.wrapErr(op, err))
-	}
-	defer func() { _ = tx.Rollback() }() // fn failed or panicked (after a commit: sql.ErrTxDone)
-	if err := fn(tx); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return d.wrapErr(op+": commit", err)
-	}
-	return nil
+	return d.inTx(op, tx, err, fn)
 }

@@ -4,11 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"time"
-
-	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
 // The driver's own transactions on the consumer side (claims, failures,
@@ -72,17 +69,7 @@ func (d *Driver) runTx(ctx context.Context, op string, opts *sql.TxOptions, fn f
 
 func (d *Driver) runTxOnce(ctx context.Context, op string, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	tx, err := d.db.BeginTx(ctx, opts)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ferrydriver.ErrTxNotBegun, d.wrapErr(op, err))
-	}
-	defer func() { _ = tx.Rollback() }() // fn panicked (after a commit: sql.ErrTxDone)
-	if err := fn(ctx, tx); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return d.wrapErr(op+": commit", err)
-	}
-	return nil
+	return d.inTx(op, tx, err, func(tx *sql.Tx) error { return fn(ctx, tx) })
 }
 
 // errTxGone is CompleteInboxTx's finding that the handler's transaction

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -77,10 +76,7 @@ func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitions
 				return d.wrapErr(op, err)
 			}
 			if len(problems) > 0 {
-				return fmt.Errorf("ferrymysql: %s: %w: %s. Stop the producers, let every relay run until `ferry status` shows no lag, "+
-					"stop the relays (they release their leases) and run this again; then start the relays, and the producers "+
-					"(those with Config.Partitions 0 follow the new count, others need it set)",
-					op, ferrydriver.ErrPartitionChangeUnsafe, strings.Join(problems, "; "))
+				return ferrydriver.PartitionChangeRefused("ferrymysql", op, problems)
 			}
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO ferry_settings (id, partitions) VALUES (1, ?) ON DUPLICATE KEY UPDATE partitions = VALUES(partitions)`, p.Partitions)
@@ -108,8 +104,8 @@ func (d *Driver) changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]
 			return nil, err
 		}
 		if ferrydriver.IsRelayLease(name) {
-			problems = append(problems, fmt.Sprintf("relay %s holds lease %s (its lease expires in %s)", holder, name,
-				(time.Duration(left)*time.Microsecond).Round(time.Second)))
+			problems = append(problems, ferrydriver.LeaseHeldProblem(holder, name,
+				"its lease expires in "+(time.Duration(left)*time.Microsecond).Round(time.Second).String()))
 		}
 	}
 	rows.Close()
@@ -162,7 +158,7 @@ func (d *Driver) changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]
 			rows.Close()
 			return nil, err
 		}
-		problems = append(problems, fmt.Sprintf("feed %s has %d parked event(s) of stuck keys, not delivered yet", feed, n))
+		problems = append(problems, ferrydriver.ParkedProblem(feed, n))
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -181,7 +177,7 @@ func (d *Driver) changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]
 			return nil, err
 		}
 		if has {
-			problems = append(problems, fmt.Sprintf("partition %d has events and no feed has read it", part))
+			problems = append(problems, ferrydriver.UnreadPartitionProblem(part))
 		}
 	}
 	return problems, nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
@@ -98,10 +97,7 @@ func (d *Driver[TTx]) SetPartitions(ctx context.Context, p *ferrydriver.SetParti
 			return nil, d.wrapErr(op, err)
 		}
 		if len(problems) > 0 {
-			return nil, fmt.Errorf("ferrypg: %s: %w: %s. Stop the producers, let every relay run until `ferry status` shows no lag, "+
-				"stop the relays (they release their leases) and run this again; then start the relays, and the producers "+
-				"(those with Config.Partitions 0 follow the new count, others need it set)",
-				op, ferrydriver.ErrPartitionChangeUnsafe, strings.Join(problems, "; "))
+			return nil, ferrydriver.PartitionChangeRefused("ferrypg", op, problems)
 		}
 	}
 	if prev == p.Partitions {
@@ -135,7 +131,7 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 			return nil, err
 		}
 		if ferrydriver.IsRelayLease(name) {
-			problems = append(problems, fmt.Sprintf("relay %s holds lease %s (its lease expires in %.0fs)", holder, name, secs))
+			problems = append(problems, ferrydriver.LeaseHeldProblem(holder, name, fmt.Sprintf("its lease expires in %.0fs", secs)))
 		}
 	}
 	r.Close()
@@ -205,7 +201,7 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 			r.Close()
 			return nil, err
 		}
-		problems = append(problems, fmt.Sprintf("feed %s has %d parked event(s) of stuck keys, not delivered yet", feed, n))
+		problems = append(problems, ferrydriver.ParkedProblem(feed, n))
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
@@ -220,7 +216,7 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 			return nil, err
 		}
 		if has {
-			problems = append(problems, fmt.Sprintf("partition %d has events and no feed has read it", part))
+			problems = append(problems, ferrydriver.UnreadPartitionProblem(part))
 		}
 	}
 	return problems, nil

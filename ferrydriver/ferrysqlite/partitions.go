@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -97,10 +96,7 @@ func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitions
 				return d.wrapErr(op, err)
 			}
 			if len(problems) > 0 {
-				return fmt.Errorf("ferrysqlite: %s: %w: %s. Stop the producers, let every relay run until `ferry status` shows no lag, "+
-					"stop the relays (they release their leases) and run this again; then start the relays, and the producers "+
-					"(those with Config.Partitions 0 follow the new count, others need it set)",
-					op, ferrydriver.ErrPartitionChangeUnsafe, strings.Join(problems, "; "))
+				return ferrydriver.PartitionChangeRefused("ferrysqlite", op, problems)
 			}
 		}
 		if prev == p.Partitions {
@@ -137,8 +133,8 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 			return nil, err
 		}
 		if ferrydriver.IsRelayLease(name) {
-			problems = append(problems, fmt.Sprintf("relay %s holds lease %s (its lease expires in %s)", holder, name,
-				fromMicros(expires).Sub(t).Round(time.Second)))
+			problems = append(problems, ferrydriver.LeaseHeldProblem(holder, name,
+				"its lease expires in "+fromMicros(expires).Sub(t).Round(time.Second).String()))
 		}
 	}
 	rows.Close()
@@ -203,7 +199,7 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 			rows.Close()
 			return nil, err
 		}
-		problems = append(problems, fmt.Sprintf("feed %s has %d parked event(s) of stuck keys, not delivered yet", feed, n))
+		problems = append(problems, ferrydriver.ParkedProblem(feed, n))
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -218,7 +214,7 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 			return nil, err
 		}
 		if has {
-			problems = append(problems, fmt.Sprintf("partition %d has events and no feed has read it", part))
+			problems = append(problems, ferrydriver.UnreadPartitionProblem(part))
 		}
 	}
 	return problems, nil
