@@ -2,7 +2,6 @@ package ferrymysql
 
 import (
 	"context"
-	"database/sql"
 	"strconv"
 	"strings"
 
@@ -71,11 +70,8 @@ const (
 // lease's row locked) until resume is closed, as a relay's process would
 // be if it were stopped there; fenced is closed when it stops.
 func (d *Driver) SaveCheckpointStopped(ctx context.Context, p *ferrydriver.SaveCheckpointParams, fenced chan<- struct{}, resume <-chan struct{}) error {
-	return d.fencedWrite(ctx, "save checkpoint", p.Feed, p.Holder, p.Term, func(tx *sql.Tx) error {
+	return d.saveCheckpoint(ctx, p, func() {
 		close(fenced)
 		<-resume
-		_, err := tx.ExecContext(ctx, `INSERT INTO ferry_checkpoints (feed, p, pos, term, updated_at) VALUES (?, ?, ?, ?, 0)
-ON DUPLICATE KEY UPDATE pos = VALUES(pos), term = VALUES(term)`, p.Feed, p.Partition, p.Cursor, p.Term)
-		return err
 	})
 }

@@ -310,7 +310,16 @@ func (d *Driver) fencedWrite(ctx context.Context, op, feed, holder string, term 
 
 // SaveCheckpoint implements ferrydriver.Store.
 func (d *Driver) SaveCheckpoint(ctx context.Context, p *ferrydriver.SaveCheckpointParams) error {
+	return d.saveCheckpoint(ctx, p, nil)
+}
+
+// saveCheckpoint is SaveCheckpoint; fenced, when not nil, runs between the
+// fence and the write (a test stops there).
+func (d *Driver) saveCheckpoint(ctx context.Context, p *ferrydriver.SaveCheckpointParams, fenced func()) error {
 	return d.fencedWrite(ctx, "save checkpoint", p.Feed, p.Holder, p.Term, func(tx *sql.Tx) error {
+		if fenced != nil {
+			fenced()
+		}
 		_, err := tx.ExecContext(ctx, `
 INSERT INTO ferry_checkpoints (feed, p, pos, term, updated_at) VALUES (?, ?, ?, ?, `+sqlNow+`)
 ON DUPLICATE KEY UPDATE p = VALUES(p), pos = VALUES(pos), term = VALUES(term), updated_at = VALUES(updated_at)`,
