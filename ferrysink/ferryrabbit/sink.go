@@ -538,6 +538,7 @@ type session struct {
 
 	mu      sync.Mutex
 	dead    bool
+	why     string             // why the channel ended, once dead
 	pending map[uint64]*flight // by delivery tag
 
 	confirms <-chan amqp.Confirmation
@@ -582,8 +583,9 @@ func (ss *session) publish(ctx context.Context, f *flight) error {
 	tag := ss.next
 	ss.mu.Lock()
 	if ss.dead {
+		why := ss.why
 		ss.mu.Unlock()
-		return fmt.Errorf("ferryrabbit: event %s not published: the channel closed; it is retried on a new one", f.ev.ID)
+		return fmt.Errorf("ferryrabbit: event %s not published: %s; it is retried on a new channel", f.ev.ID, why)
 	}
 	f.deadline = time.Now().Add(ss.s.cfg.ConfirmTimeout)
 	ss.pending[tag] = f
@@ -591,6 +593,15 @@ func (ss *session) publish(ctx context.Context, f *flight) error {
 
 	err := ss.ch.Publish(ss.s.cfg.Exchange, f.key, true, false, f.msg)
 	if err == nil {
+		ss.next++
+		return nil
+	}
+	if errors.Is(err, amqp.ErrClosed) {
+		// The channel is closing, perhaps over this very message (RabbitMQ
+		// refuses one over max_message_size as soon as its header arrives,
+		// while the body is still being sent). The message stays pending:
+		// the channel's end resolves it with the broker's reason, which
+		// Publish does not carry, or its deadline does.
 		ss.next++
 		return nil
 	}
@@ -719,12 +730,6 @@ func (ss *session) expire(now time.Time) {
 // may not be stored: the relay publishes it again and consumers
 // deduplicate.
 func (ss *session) die(cause *amqp.Error) {
-	ss.mu.Lock()
-	ss.dead = true
-	pending := ss.pending
-	ss.pending = nil
-	ss.mu.Unlock()
-
 	limit := tooLargeLimit(cause)
 	if limit > 0 {
 		ss.s.brokerMax.Store(int64(limit))
@@ -742,6 +747,12 @@ func (ss *session) die(cause *amqp.Error) {
 	default:
 		why = fmt.Sprintf("the connection or channel to RabbitMQ was lost: %s", cause.Error())
 	}
+	ss.mu.Lock()
+	ss.dead, ss.why = true, why
+	pending := ss.pending
+	ss.pending = nil
+	ss.mu.Unlock()
+
 	if cause != nil && len(pending) > 0 {
 		ss.s.log.Warn("ferryrabbit: channel closed with messages awaiting their confirm; they fail and are retried", "unconfirmed", len(pending), "cause", cause.Error())
 	}
