@@ -1,6 +1,7 @@
 package ferrymysql
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"slices"
@@ -27,13 +28,17 @@ import (
 //     statistics predate its rows (a backlog just ingested) the optimizer
 //     picked plans that read the whole table for each key (20,000 rows a
 //     claim in ferry bench consume, TestClaimReadsHeadsFromTheirIndex);
-//  3. the heads to claim, locked with FOR UPDATE SKIP LOCKED by primary key
-//     and checked again (a row a finisher or a retraction holds is left to
-//     the next claim; a claim never waits, so no cycle of waits includes
-//     it);
-//  4. the claimed rows made PROCESSING with the claim's token (or DEAD,
-//     when their attempts are spent), read back whole;
-//  5. each key's next due time (its claim's expiry, its head's retry, none)
+//  3. with PerKey > 1, the runs: after each PENDING head, its key's
+//     PENDING rows before the first FAILED or PROCESSING one (or DEAD,
+//     under the hold policy), a range of ferry_inbox_head_idx each, all
+//     in one statement (no lock);
+//  4. the heads and runs to claim, locked with FOR UPDATE SKIP LOCKED by
+//     primary key and checked again (a row a finisher or a retraction
+//     holds is left to the next claim, and a run ends before it; a claim
+//     never waits, so no cycle of waits includes it);
+//  5. the claimed rows made PROCESSING with the claim's token (or DEAD,
+//     when a head's attempts are spent), read back whole;
+//  6. each key's next due time (its claim's expiry, its head's retry, none)
 //     in one statement.
 
 // noHead is a position no row has.
@@ -49,12 +54,15 @@ const heldHeadPause = 50 * time.Millisecond
 const sqlClaimHeads = `
 SELECT h.k, h.hold, ` + sqlNow + `, i.pos, i.event_id, i.state, i.attempts, i.next_attempt_at, i.claim_expires_at,
        (SELECT MAX(b.claim_expires_at) FROM ferry_inbox b FORCE INDEX (ferry_inbox_head_idx)
-         WHERE b.group_name = h.group_name AND b.k = h.k AND b.state = 'processing' AND b.pos <> h.head AND b.claim_expires_at > ` + sqlNow + `)
-  FROM (SELECT kk.group_name, kk.k, pol.hold,
-               LEAST({first:pending}, {first:failed}, {first:processing}, IF(pol.hold, {first:dead}, {none})) AS head
-          FROM ferry_inbox_keys kk
-         CROSS JOIN (SELECT ` + holdPolicy + ` AS hold) pol
-         WHERE kk.group_name = ? AND kk.k IN ({keys})) h
+         WHERE b.group_name = h.group_name AND b.k = h.k AND b.state = 'processing' AND b.pos <> h.head AND b.claim_expires_at > ` + sqlNow + `),
+       h.blocker
+  FROM (SELECT f.group_name, f.k, f.hold, LEAST(f.p, f.f, f.r, f.d) AS head, LEAST(f.f, f.r, f.d) AS blocker
+          FROM (SELECT kk.group_name, kk.k, pol.hold, {first:pending} AS p, {first:failed} AS f, {first:processing} AS r,
+                       IF(pol.hold, {first:dead}, {none}) AS d
+                  FROM ferry_inbox_keys kk
+                 CROSS JOIN (SELECT ` + holdPolicy + ` AS hold) pol
+                 WHERE kk.group_name = ? AND kk.k IN ({keys})
+                 LIMIT 1000000) f) h
   LEFT JOIN ferry_inbox i ON i.pos = h.head`
 
 var claimHeadsReplacer = func() *strings.Replacer {
@@ -78,6 +86,10 @@ type claimHead struct {
 	nextAttempt int64
 	expires     sql.NullInt64
 	busyUntil   sql.NullInt64 // another row of the key runs until then
+	// blocker is the position of the key's first FAILED or PROCESSING row
+	// (or DEAD, under the hold policy): a run that starts at a PENDING
+	// head ends before it.
+	blocker int64
 }
 
 // keyOutcome is what a claim leaves a key's row saying.
@@ -86,11 +98,13 @@ type keyOutcome struct {
 	held     []byte
 }
 
-// ClaimInbox implements ferrydriver.Inbox. Rows are claimed row by row (a
-// key's head at a time): PerKey does not apply.
+// ClaimInbox implements ferrydriver.Inbox: of each key, its head, and with
+// p.PerKey > 1 a run of the PENDING rows after a PENDING head (see
+// runs.go).
 func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
 	op := "claim inbox rows of group " + p.Group
 	var out []*ferrydriver.InboxRow
+	expires := time.Now().Add(p.TTL)
 	err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
 		var err error
 		out, err = d.claimTx(ctx, tx, p)
@@ -102,7 +116,31 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 	if err != nil {
 		return nil, err
 	}
+	d.rememberRuns(out, expires)
 	return out, nil
+}
+
+// rememberRuns keeps each key's run of claimed rows (more than one).
+func (d *Driver) rememberRuns(rows []*ferrydriver.InboxRow, expires time.Time) {
+	var runs []*run
+	for i := 0; i < len(rows); {
+		j := i + 1
+		for j < len(rows) && rows[j].Event.Key == rows[i].Event.Key && rows[j].State == ferrydriver.InboxProcessing {
+			j++
+		}
+		if j-i > 1 && rows[i].State == ferrydriver.InboxProcessing {
+			x := &run{key: rows[i].Event.Key, expires: expires}
+			x.token, _ = uuid.Parse(rows[i].Claim)
+			for _, r := range rows[i:j] {
+				x.ids = append(x.ids, r.Event.ID)
+			}
+			runs = append(runs, x)
+		}
+		i = j
+	}
+	if len(runs) > 0 {
+		d.runs.add(runs)
+	}
 }
 
 // claimLimit is how many heads a claim takes: one per key, so as many as
@@ -180,7 +218,7 @@ func claimHeads(ctx context.Context, tx *sql.Tx, group string, keys []string) (m
 		var key, id []byte
 		var pos, attempts, next sql.NullInt64
 		var state sql.NullString
-		if err := rows.Scan(&key, &h.hold, &h.now, &pos, &id, &state, &attempts, &next, &h.expires, &h.busyUntil); err != nil {
+		if err := rows.Scan(&key, &h.hold, &h.now, &pos, &id, &state, &attempts, &next, &h.expires, &h.busyUntil, &h.blocker); err != nil {
 			return nil, err
 		}
 		h.key = string(key)
@@ -218,6 +256,60 @@ func lockHeads(ctx context.Context, tx *sql.Tx, positions []any) (map[int64]ferr
 		out[pos] = ferrydriver.InboxState(state)
 	}
 	return out, rows.Err()
+}
+
+// runRow is a row of a run as claimRuns read it.
+type runRow struct {
+	pos      int64
+	attempts int
+}
+
+// claimRuns reads, for each of heads (PENDING), up to n PENDING rows of
+// its key after it and before its blocker, in order: one range of
+// ferry_inbox_head_idx each, in one statement. They are not locked yet.
+func claimRuns(ctx context.Context, tx *sql.Tx, group string, heads []*claimHead, n int) (map[string][]runRow, error) {
+	out := map[string][]runRow{}
+	if len(heads) == 0 || n <= 0 {
+		return out, nil
+	}
+	q, args := claimRunsQuery(group, heads, n)
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k []byte
+		var r runRow
+		if err := rows.Scan(&k, &r.pos, &r.attempts); err != nil {
+			return nil, err
+		}
+		out[string(k)] = append(out[string(k)], r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for k, rs := range out {
+		// UNION ALL keeps no order across its parts; each key's is sorted.
+		slices.SortFunc(rs, func(a, b runRow) int { return cmp.Compare(a.pos, b.pos) })
+		out[k] = rs
+	}
+	return out, nil
+}
+
+// claimRunsQuery is claimRuns' statement and arguments.
+func claimRunsQuery(group string, heads []*claimHead, n int) (string, []any) {
+	var q strings.Builder
+	var args []any
+	for i, h := range heads {
+		if i > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		q.WriteString(`(SELECT k, pos, attempts FROM ferry_inbox FORCE INDEX (ferry_inbox_head_idx)
+ WHERE group_name = ? AND k = ? AND state = 'pending' AND pos > ? AND pos < ? ORDER BY pos LIMIT ?)`)
+		args = append(args, group, h.key, h.pos, h.blocker, n)
+	}
+	return q.String(), args
 }
 
 func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
@@ -258,6 +350,25 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			want = append(want, h.pos)
 		}
 	}
+	// Runs: the PENDING rows after each PENDING head, read here and
+	// locked with the heads.
+	var runs map[string][]runRow
+	if perKey := max(p.PerKey, 1); perKey > 1 && !p.Rescue && len(want) > 0 {
+		var from []*claimHead
+		for _, k := range keys {
+			if h := heads[k]; h != nil && h.state == ferrydriver.InboxPending && slices.Contains(want, any(h.pos)) {
+				from = append(from, h)
+			}
+		}
+		if runs, err = claimRuns(ctx, tx, p.Group, from, min(perKey, max(p.Limit, 1))-1); err != nil {
+			return nil, err
+		}
+		for _, k := range keys {
+			for _, r := range runs[k] {
+				want = append(want, r.pos)
+			}
+		}
+	}
 	locked, err := lockHeads(ctx, tx, want)
 	if err != nil {
 		return nil, err
@@ -266,6 +377,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	var claimed, dead []any
 	var order []int64
 	var expires int64
+	total, limit := 0, max(p.Limit, 1)
 	for _, k := range keys {
 		h := heads[k]
 		if h == nil || !slices.Contains(want, any(h.pos)) {
@@ -292,11 +404,24 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			} else {
 				outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now, Valid: true}}
 			}
-		} else {
-			claimed = append(claimed, h.pos)
-			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: expires, Valid: true}}
+			order = append(order, h.pos)
+			continue
 		}
+		claimed = append(claimed, h.pos)
+		outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: expires, Valid: true}}
 		order = append(order, h.pos)
+		total++
+		// The run goes on while its rows are still PENDING, locked by
+		// this claim and not out of attempts, and the claim's limit
+		// allows.
+		for _, r := range runs[k] {
+			if total >= limit || locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
+				break
+			}
+			claimed = append(claimed, r.pos)
+			order = append(order, r.pos)
+			total++
+		}
 	}
 	if len(claimed) > 0 {
 		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by = ?, claim_token = ?, claim_expires_at = ?

@@ -75,3 +75,17 @@ func (d *Driver) SaveCheckpointStopped(ctx context.Context, p *ferrydriver.SaveC
 		<-resume
 	})
 }
+
+// RememberedRuns counts the claimed rows the driver remembers as members
+// of runs.
+func (d *Driver) RememberedRuns() int { return d.runs.size() }
+
+// ClaimRunsQuery is a claim's reading of the runs after the keys' heads
+// (positions), none blocked.
+func ClaimRunsQuery(group string, keys []string, heads []int64, n int) (string, []any) {
+	var hs []*claimHead
+	for i, k := range keys {
+		hs = append(hs, &claimHead{key: k, pos: heads[i], blocker: noHead})
+	}
+	return claimRunsQuery(group, hs, n)
+}

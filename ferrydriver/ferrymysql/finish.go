@@ -46,7 +46,7 @@ UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = ` + sqlNow + `, 
 
 // finish records the outcome of a claimed row inside tx; ErrClaimLost when
 // the claim is not the row's current one.
-func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted bool) error {
+func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) error {
 	token, err := uuid.Parse(claim)
 	if err != nil {
 		return fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
@@ -58,6 +58,22 @@ func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.U
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
 	if n, _ := res.RowsAffected(); n > 0 {
+		// The row's run: its later rows stay claimed, and the key with
+		// them, when the caller runs them next; otherwise they are given
+		// back. (A run given back is forgotten only when its claim
+		// expires: tx may roll back and this finish run again.)
+		if x, ok := d.runs.lookup(id, token); ok {
+			switch {
+			case id == x.last():
+				d.runs.forget(x)
+			case keep && state == ferrydriver.InboxProcessed:
+				return nil
+			default:
+				if err := giveBackRun(ctx, tx, group, x.key, token); err != nil {
+					return d.wrapErr("give back the rest of a run", err)
+				}
+			}
+		}
 		if _, err := tx.ExecContext(ctx, sqlFinishKey, group, group, id[:]); err != nil {
 			return d.wrapErr("mark inbox row "+string(state), err)
 		}
@@ -74,7 +90,7 @@ func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.U
 // of the pool's database (the statement runs in it, and commits with the
 // handler's writes).
 func (d *Driver) CompleteInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false)
+	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false, p.Keep)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -87,7 +103,7 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = micros(p.RetryAt)
 	}
 	return d.writeRC(ctx, "record a failed attempt", func(tx *sql.Tx) error {
-		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted)
+		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted, false)
 	})
 }
 
@@ -217,6 +233,26 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 			return nil, d.wrapErr(op, err)
 		}
 	}
+	// Runs whose last row was not reported give their other rows back.
+	var ended, cut []*run
+	seen := map[*run]bool{}
+	for _, r := range p.Rows {
+		token, _ := uuid.Parse(r.Claim)
+		if x, ok := d.runs.lookup(r.EventID, token); ok && !seen[x] {
+			seen[x] = true
+			if slices.ContainsFunc(p.Rows, func(f ferrydriver.FinishedRow) bool { return f.EventID == x.last() }) {
+				ended = append(ended, x)
+			} else {
+				cut = append(cut, x)
+			}
+		}
+	}
+	slices.SortFunc(cut, func(a, b *run) int { return strings.Compare(a.key, b.key) })
+	for _, x := range cut {
+		if err := giveBackRun(ctx, tx, p.Group, x.key, x.token); err != nil {
+			return nil, d.wrapErr(op, err)
+		}
+	}
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
 	err = chunks(keys, 500, func(keys []string) error {
@@ -229,6 +265,9 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 	})
 	if err != nil {
 		return nil, d.wrapErr(op, err)
+	}
+	for _, x := range ended {
+		d.runs.forget(x)
 	}
 	return nil, nil
 }

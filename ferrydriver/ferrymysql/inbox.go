@@ -18,15 +18,15 @@ import (
 
 // The inbox follows SQLite's model: one ferry_inbox row per (group,
 // event), one ferry_inbox_keys row per (group, key) saying when the key's
-// head may run, claims row by row (a key's head at a time) with a token
-// and an expiry. With concurrent writers:
+// head may run, claims of each key's head and a run of the PENDING rows
+// after it (runs.go) with a token and an expiry. With concurrent writers:
 //   - claims lock due keys with SELECT ... FOR UPDATE SKIP LOCKED and the
 //     heads they take the same way, so that workers never wait for each
 //     other, and they alone compute a key's head, at READ COMMITTED (see
 //     claim.go);
 //   - a finish (CompleteInboxTx in the handler's transaction, FailInbox)
 //     changes its row, fenced by the claim's token and expiry, and makes
-//     its key due now, in one statement;
+//     its key due now (unless the key's run goes on), in a statement more;
 //   - an ingester reads which of its events exist, inserts the others and
 //     then locks their keys, so that no statement of it checks a duplicate
 //     key (see 002_inbox.up.sql);

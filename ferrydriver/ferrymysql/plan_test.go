@@ -197,4 +197,16 @@ func TestClaimReadsHeadsFromTheirIndex(t *testing.T) {
 	read, got := rowsRead(ctx, t, drv, q, args...)
 	require.Equal(t, 4, got)
 	require.Less(t, read, int64(80), "a claim reads a few entries per key, not the table (%d)", read)
+
+	// The runs after those heads: each key's next rows, a range each.
+	var heads []int64
+	for _, k := range []string{"k1", "k2", "k3", "k4"} {
+		var pos int64
+		require.NoError(t, drv.DB().QueryRowContext(ctx, `SELECT MIN(pos) FROM ferry_inbox WHERE group_name = 'g' AND k = ?`, k).Scan(&pos))
+		heads = append(heads, pos)
+	}
+	q, args = ferrymysql.ClaimRunsQuery("g", []string{"k1", "k2", "k3", "k4"}, heads, 31)
+	read, got = rowsRead(ctx, t, drv, q, args...)
+	require.Equal(t, 4*5, got, "each key's five rows after its head")
+	require.Less(t, read, int64(60), "runs read their keys' rows, not the table (%d)", read)
 }

@@ -55,26 +55,27 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	type found struct {
 		state ferrydriver.InboxState
 		key   string
+		claim []byte // a PROCESSING row's claim token
 	}
 	prior := map[uuid.UUID]found{}
 	err := chunks(ids, 500, func(ids []uuid.UUID) error {
-		rows, err := tx.QueryContext(ctx, `SELECT event_id, state, k FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)
+		rows, err := tx.QueryContext(ctx, `SELECT event_id, state, k, claim_token FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)
  ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var id, k []byte
+			var id, k, claim []byte
 			var st string
-			if err := rows.Scan(&id, &st, &k); err != nil {
+			if err := rows.Scan(&id, &st, &k, &claim); err != nil {
 				return err
 			}
 			u, err := uuid.FromBytes(id)
 			if err != nil {
 				return err
 			}
-			prior[u] = found{state: ferrydriver.InboxState(st), key: string(k)}
+			prior[u] = found{state: ferrydriver.InboxState(st), key: string(k), claim: claim}
 		}
 		return rows.Err()
 	})
@@ -84,6 +85,8 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	var ghosts, compensations []*ferryevent.Event
 	var keys []string
 	var retract []uuid.UUID
+	type claimOf struct{ key, token string }
+	var claims []claimOf // of the rows retracted while PROCESSING
 	done := map[uuid.UUID]bool{}
 	for i, r := range p.Retractions {
 		f, ok := prior[r.Event.ID]
@@ -99,6 +102,9 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 		case f.state != ferrydriver.InboxRetracted:
 			retract = append(retract, r.Event.ID)
 			keys = append(keys, f.key)
+			if f.state == ferrydriver.InboxProcessing && len(f.claim) == 16 {
+				claims = append(claims, claimOf{f.key, string(f.claim)})
+			}
 		}
 		if f.state == ferrydriver.InboxProcessed && r.Compensation != nil {
 			compensations = append(compensations, r.Compensation)
@@ -117,6 +123,16 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 			return err
 		})
 		if err != nil {
+			return d.wrapErr(op, err)
+		}
+	}
+	// A row retracted while PROCESSING ends its claim: the rows of its
+	// key's run that the claim still holds are given back (its worker
+	// stops at the retracted row, or at the one it runs, whose claim is
+	// gone), to run at once rather than after the claim expires.
+	slices.SortFunc(claims, func(a, b claimOf) int { return strings.Compare(a.key, b.key) })
+	for _, c := range slices.Compact(claims) {
+		if _, err := tx.ExecContext(ctx, sqlGiveBackRun, p.Group, c.key, []byte(c.token)); err != nil {
 			return d.wrapErr(op, err)
 		}
 	}

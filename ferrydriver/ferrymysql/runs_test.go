@@ -1,0 +1,229 @@
+package ferrymysql_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
+	"github.com/ferry-dev/ferry/ferryevent"
+)
+
+// runsFixture is a group whose keys have backlogs, claimed in runs.
+type runsFixture struct {
+	t   *testing.T
+	ctx context.Context
+	drv *ferrymysql.Driver
+	evs map[string]*ferryevent.Event // by payload
+}
+
+func newRunsFixture(t *testing.T, keys map[string]int) *runsFixture {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	f := &runsFixture{t: t, ctx: ctx, drv: newDriver(t, nil), evs: map[string]*ferryevent.Event{}}
+	var evs []*ferryevent.Event
+	for k, n := range keys {
+		for i := 1; i <= n; i++ {
+			ev := ferrydrivertest.Event("t", k, k+string(rune('0'+i)))
+			ev.Seq = int64(i)
+			f.evs[string(ev.Payload)] = ev
+			evs = append(evs, ev)
+		}
+	}
+	_, err := f.drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: evs})
+	require.NoError(t, err)
+	return f
+}
+
+// claim claims with the given bounds and returns the rows by payload, in
+// the order returned.
+func (f *runsFixture) claim(perKey int, ttl time.Duration) ([]string, map[string]*ferrydriver.InboxRow) {
+	f.t.Helper()
+	rows, err := f.drv.ClaimInbox(f.ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 50, PerKey: perKey, Keys: 10, TTL: ttl, MaxAttempts: 5})
+	require.NoError(f.t, err)
+	var order []string
+	by := map[string]*ferrydriver.InboxRow{}
+	for _, r := range rows {
+		order = append(order, string(r.Event.Payload))
+		by[string(r.Event.Payload)] = r
+	}
+	return order, by
+}
+
+func (f *runsFixture) complete(row *ferrydriver.InboxRow, keep bool) {
+	f.t.Helper()
+	require.NoError(f.t, f.drv.RunInTx(f.ctx, func(ctx context.Context, tx *sql.Tx) error {
+		return f.drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: row.Event.ID, Claim: row.Claim, Keep: keep})
+	}))
+}
+
+// state returns the state and attempts of the event with payload p.
+func (f *runsFixture) state(p string) (ferrydriver.InboxState, int) {
+	f.t.Helper()
+	id := f.evs[p].ID
+	got, err := f.drv.InboxStates(f.ctx, &ferrydriver.InboxIDsParams{Group: "g", EventIDs: []uuid.UUID{id}})
+	require.NoError(f.t, err)
+	require.Contains(f.t, got, id)
+	return got[id].State, got[id].Attempts
+}
+
+// keyOf filters a claim's payloads to those of key k.
+func keyOf(k string, payloads []string) []string {
+	var out []string
+	for _, p := range payloads {
+		if p[:1] == k {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// TestClaimsTakeRuns: a claim takes a run of each key's PENDING rows, in
+// order, under one token; finishes with Keep keep the key claimed, the
+// run's last finish frees it, and a finish without Keep, a failure or a
+// batch that ends a run early gives the rest back, PENDING and uncounted.
+func TestClaimsTakeRuns(t *testing.T) {
+	t.Parallel()
+	f := newRunsFixture(t, map[string]int{"a": 5, "b": 2, "c": 3, "d": 3})
+
+	order, rows := f.claim(3, time.Minute)
+	require.Equal(t, []string{"a1", "a2", "a3"}, keyOf("a", order), "a run of up to PerKey rows, in order")
+	require.Equal(t, []string{"b1", "b2"}, keyOf("b", order))
+	require.Len(t, order, 11)
+	done := map[string]bool{} // keys whose rows came before
+	for i, p := range order {
+		require.Equal(t, ferrydriver.InboxProcessing, rows[p].State)
+		require.Equal(t, 1, rows[p].Attempts)
+		require.Equal(t, rows[order[0]].Claim, rows[p].Claim, "one token for the call")
+		if i > 0 && order[i-1][:1] != p[:1] {
+			done[order[i-1][:1]] = true
+		}
+		require.False(t, done[p[:1]], "rows grouped by key: %v", order)
+	}
+	require.Equal(t, 11, f.drv.RememberedRuns(), "the four runs' rows")
+
+	// a: Keep keeps the key claimed; the run's last row frees it.
+	f.complete(rows["a1"], true)
+	f.complete(rows["a2"], true)
+	next, _ := f.claim(3, time.Minute)
+	require.Empty(t, keyOf("a", next), "the key stays claimed while its run goes on")
+	f.complete(rows["a3"], false)
+	next, nextRows := f.claim(3, time.Minute)
+	require.Equal(t, []string{"a4", "a5"}, keyOf("a", next))
+	for _, p := range []string{"a4", "a5"} {
+		require.Equal(t, 1, nextRows[p].Attempts)
+	}
+
+	// b: a finish without Keep before the run's end gives the rest back.
+	f.complete(rows["b1"], false)
+	st, attempts := f.state("b2")
+	require.Equal(t, ferrydriver.InboxPending, st)
+	require.Equal(t, 0, attempts, "given back uncounted")
+
+	// c: a failure gives the rest back, and the failed row, due later,
+	// blocks the key's run.
+	f.complete(rows["c1"], true)
+	require.NoError(t, f.drv.FailInbox(f.ctx, &ferrydriver.FailInboxParams{Group: "g", EventID: rows["c2"].Event.ID, Claim: rows["c2"].Claim,
+		Error: "boom", RetryAt: time.Now().Add(time.Hour)}))
+	st, attempts = f.state("c3")
+	require.Equal(t, ferrydriver.InboxPending, st)
+	require.Equal(t, 0, attempts)
+	// d: a batch that reports only the run's first row gives the rest back.
+	require.NoError(t, f.drv.RunInTx(f.ctx, func(ctx context.Context, tx *sql.Tx) error {
+		lost, err := f.drv.FinishInboxTx(ctx, tx, &ferrydriver.FinishInboxParams{Group: "g", Rows: []ferrydriver.FinishedRow{
+			{EventID: rows["d1"].Event.ID, Claim: rows["d1"].Claim, State: ferrydriver.InboxProcessed}}})
+		require.Empty(t, lost)
+		return err
+	}))
+	for _, p := range []string{"d2", "d3"} {
+		st, attempts = f.state(p)
+		require.Equal(t, ferrydriver.InboxPending, st, p)
+		require.Equal(t, 0, attempts, p)
+	}
+	next, nextRows = f.claim(3, time.Minute)
+	require.Equal(t, []string{"b2"}, keyOf("b", next))
+	require.Empty(t, keyOf("c", next), "c2 waits for its retry, and c3 behind it")
+	require.Equal(t, []string{"d2", "d3"}, keyOf("d", next))
+
+	// A batch that reports a whole run forgets it.
+	before := f.drv.RememberedRuns()
+	require.NoError(t, f.drv.RunInTx(f.ctx, func(ctx context.Context, tx *sql.Tx) error {
+		var fin []ferrydriver.FinishedRow
+		for _, p := range []string{"d2", "d3"} {
+			fin = append(fin, ferrydriver.FinishedRow{EventID: nextRows[p].Event.ID, Claim: nextRows[p].Claim, State: ferrydriver.InboxProcessed})
+		}
+		_, err := f.drv.FinishInboxTx(ctx, tx, &ferrydriver.FinishInboxParams{Group: "g", Rows: fin})
+		return err
+	}))
+	require.Equal(t, before-2, f.drv.RememberedRuns())
+	for _, p := range []string{"d1", "d2", "d3", "a1", "a2", "a3", "b1", "c1"} {
+		st, _ := f.state(p)
+		require.Equal(t, ferrydriver.InboxProcessed, st, p)
+	}
+}
+
+// TestRunsStopAtBlockers: with PerKey 1 a claim takes heads only; a run
+// never reaches past a FAILED row; a run whose claim expired (its worker
+// crashed) is rescued one row at a time, each counting its attempt.
+func TestRunsStopAtBlockers(t *testing.T) {
+	t.Parallel()
+	f := newRunsFixture(t, map[string]int{"a": 3, "b": 3})
+
+	order, rows := f.claim(1, time.Minute)
+	require.ElementsMatch(t, []string{"a1", "b1"}, order, "heads only")
+	require.Zero(t, f.drv.RememberedRuns())
+	// a1 fails, due at once: the key's head is FAILED, claimed alone.
+	require.NoError(t, f.drv.FailInbox(f.ctx, &ferrydriver.FailInboxParams{Group: "g", EventID: rows["a1"].Event.ID, Claim: rows["a1"].Claim,
+		Error: "once", RetryAt: time.Now()}))
+	f.complete(rows["b1"], false)
+	order, rows = f.claim(3, 300*time.Millisecond)
+	require.Equal(t, []string{"a1"}, keyOf("a", order), "a run starts at a PENDING head only")
+	require.Equal(t, []string{"b2", "b3"}, keyOf("b", order))
+	f.complete(rows["a1"], false)
+
+	// b's worker finishes b2 and "crashes": b3's claim expires.
+	f.complete(rows["b2"], true)
+	time.Sleep(400 * time.Millisecond)
+	order, _ = f.claim(3, time.Minute)
+	require.Equal(t, []string{"a2", "a3"}, keyOf("a", order))
+	require.Empty(t, keyOf("b", order), "an expired claim is left to a rescue")
+	rescued, err := f.drv.ClaimInbox(f.ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, Rescue: true, TTL: time.Minute, MaxAttempts: 5})
+	require.NoError(t, err)
+	require.Len(t, rescued, 1)
+	require.Equal(t, "b3", string(rescued[0].Event.Payload))
+	require.Equal(t, 2, rescued[0].Attempts, "the run's claim and the rescue")
+}
+
+// TestRetractionEndsARun: retracting a row of a run being run gives the
+// run's other rows back at once (the worker's current row with them: its
+// finish finds its claim gone), so the key does not wait for the claim to
+// expire.
+func TestRetractionEndsARun(t *testing.T) {
+	t.Parallel()
+	f := newRunsFixture(t, map[string]int{"e": 4})
+	order, rows := f.claim(4, time.Minute)
+	require.Equal(t, []string{"e1", "e2", "e3", "e4"}, order)
+	f.complete(rows["e1"], true)
+	res, err := f.drv.RetractInbox(f.ctx, &ferrydriver.RetractInboxParams{Group: "g", Retractions: []ferrydriver.Retraction{{Event: f.evs["e3"]}}})
+	require.NoError(t, err)
+	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessing}, res.Prior)
+	err = f.drv.RunInTx(f.ctx, func(ctx context.Context, tx *sql.Tx) error {
+		return f.drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: rows["e2"].Event.ID, Claim: rows["e2"].Claim, Keep: true})
+	})
+	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the worker's row was given back")
+	for p, want := range map[string]ferrydriver.InboxState{"e1": ferrydriver.InboxProcessed, "e2": ferrydriver.InboxPending, "e3": ferrydriver.InboxRetracted, "e4": ferrydriver.InboxPending} {
+		st, attempts := f.state(p)
+		require.Equal(t, want, st, p)
+		if want == ferrydriver.InboxPending {
+			require.Zero(t, attempts, p)
+		}
+	}
+	order, _ = f.claim(4, time.Minute)
+	require.Equal(t, []string{"e2", "e4"}, order, "at once, in order, past the retracted row")
+}
