@@ -377,7 +377,10 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	var claimed, dead []any
 	var order []int64
 	var expires int64
-	total, limit := 0, max(p.Limit, 1)
+	// The heads first (there are at most Limit), then the runs after
+	// them, key by key, while the claim's limit allows: each key gets a
+	// worker before any key gets a long run.
+	var taken []string // keys whose heads are claimed
 	for _, k := range keys {
 		h := heads[k]
 		if h == nil || !slices.Contains(want, any(h.pos)) {
@@ -409,18 +412,20 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 		}
 		claimed = append(claimed, h.pos)
 		outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: expires, Valid: true}}
-		order = append(order, h.pos)
-		total++
-		// The run goes on while its rows are still PENDING, locked by
-		// this claim and not out of attempts, and the claim's limit
-		// allows.
+		taken = append(taken, k)
+	}
+	// A run goes on while its rows are still PENDING, locked by this
+	// claim and not out of attempts.
+	budget := max(p.Limit, 1) - len(claimed) - len(dead)
+	for _, k := range taken {
+		order = append(order, heads[k].pos)
 		for _, r := range runs[k] {
-			if total >= limit || locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
+			if budget <= 0 || locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
 				break
 			}
 			claimed = append(claimed, r.pos)
 			order = append(order, r.pos)
-			total++
+			budget--
 		}
 	}
 	if len(claimed) > 0 {

@@ -127,12 +127,14 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 		}
 	}
 	// A row retracted while PROCESSING ends its claim: the rows of its
-	// key's run that the claim still holds are given back (its worker
-	// stops at the retracted row, or at the one it runs, whose claim is
-	// gone), to run at once rather than after the claim expires.
+	// key's run that the claim still holds are given back, to run at once
+	// rather than after the claim expires. Its worker stops at the first
+	// row whose claim is gone (the one it runs, unless that one's finish
+	// holds it already and commits).
 	slices.SortFunc(claims, func(a, b claimOf) int { return strings.Compare(a.key, b.key) })
 	for _, c := range slices.Compact(claims) {
-		if _, err := tx.ExecContext(ctx, sqlGiveBackRun, p.Group, c.key, []byte(c.token)); err != nil {
+		token, _ := uuid.FromBytes([]byte(c.token))
+		if err := giveBackRun(ctx, tx, p.Group, c.key, token); err != nil {
 			return d.wrapErr(op, err)
 		}
 	}

@@ -34,13 +34,21 @@ type run struct {
 
 func (r *run) last() uuid.UUID { return r.ids[len(r.ids)-1] }
 
-// runRegistry holds the runs of the claims this driver made, by event,
-// until the run's last row finished or the claim expired.
+// runRegistry holds the runs of the claims this driver made, by claim and
+// event (an event is in as many groups as it was delivered to), until the
+// run's last row finished or a minute after the claim expired (the
+// expiry is the driver's clock; the server's may be behind).
 type runRegistry struct {
 	mu    sync.Mutex
-	byRow map[uuid.UUID]*run
+	byRow map[claimedRow]*run
 	swept time.Time
 }
+
+// claimedRow names a claimed row: its claim's token and its event.
+type claimedRow struct{ token, id uuid.UUID }
+
+// runSweepMargin is how long past its claim's expiry a run is kept.
+const runSweepMargin = time.Minute
 
 // add remembers the runs of one claim.
 func (r *runRegistry) add(runs []*run) {
@@ -48,19 +56,19 @@ func (r *runRegistry) add(runs []*run) {
 	defer r.mu.Unlock()
 	now := time.Now()
 	if r.byRow == nil {
-		r.byRow = map[uuid.UUID]*run{}
+		r.byRow = map[claimedRow]*run{}
 	}
 	if now.Sub(r.swept) > 10*time.Second {
 		r.swept = now
-		for id, x := range r.byRow {
-			if now.After(x.expires) {
-				delete(r.byRow, id)
+		for k, x := range r.byRow {
+			if now.After(x.expires.Add(runSweepMargin)) {
+				delete(r.byRow, k)
 			}
 		}
 	}
 	for _, x := range runs {
 		for _, id := range x.ids {
-			r.byRow[id] = x
+			r.byRow[claimedRow{x.token, id}] = x
 		}
 	}
 }
@@ -70,11 +78,8 @@ func (r *runRegistry) add(runs []*run) {
 func (r *runRegistry) lookup(id, token uuid.UUID) (*run, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	x, ok := r.byRow[id]
-	if !ok || x.token != token {
-		return nil, false
-	}
-	return x, true
+	x, ok := r.byRow[claimedRow{token, id}]
+	return x, ok
 }
 
 // forget drops a run whose last row finished.
@@ -82,9 +87,7 @@ func (r *runRegistry) forget(x *run) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, id := range x.ids {
-		if r.byRow[id] == x {
-			delete(r.byRow, id)
-		}
+		delete(r.byRow, claimedRow{x.token, id})
 	}
 }
 
@@ -95,17 +98,32 @@ func (r *runRegistry) size() int {
 	return len(r.byRow)
 }
 
-// sqlGiveBackRun makes the rows of a key that a claim still holds PENDING
-// again, their attempt taken back: the rows of a run after the one whose
-// finish ended it.
-const sqlGiveBackRun = `
-UPDATE ferry_inbox FORCE INDEX (ferry_inbox_head_idx)
-   SET state = 'pending', attempts = GREATEST(attempts - 1, 0), claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL
- WHERE group_name = ? AND k = ? AND state = 'processing' AND claim_token = ?`
-
 // giveBackRun gives back, inside tx, the rows of key that claim token
-// still holds.
+// still holds: PENDING again, their attempt taken back (the rows of a run
+// after the one whose finish ended it). They are locked first with SKIP
+// LOCKED, so that it never waits: a row another transaction holds is one
+// that transaction is finishing or retracting, or gives back itself.
 func giveBackRun(ctx context.Context, tx *sql.Tx, group, key string, token uuid.UUID) error {
-	_, err := tx.ExecContext(ctx, sqlGiveBackRun, group, key, token[:])
+	rows, err := tx.QueryContext(ctx, `SELECT pos FROM ferry_inbox FORCE INDEX (ferry_inbox_head_idx)
+ WHERE group_name = ? AND k = ? AND state = 'processing' AND claim_token = ? FOR UPDATE SKIP LOCKED`, group, key, token[:])
+	if err != nil {
+		return err
+	}
+	var positions []any
+	for rows.Next() {
+		var pos int64
+		if err := rows.Scan(&pos); err != nil {
+			rows.Close()
+			return err
+		}
+		positions = append(positions, pos)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(positions) == 0 {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE ferry_inbox
+   SET state = 'pending', attempts = GREATEST(attempts - 1, 0), claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL
+ WHERE pos IN (`+marks(len(positions))+`)`, positions...)
 	return err
 }

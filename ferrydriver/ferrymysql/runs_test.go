@@ -45,7 +45,12 @@ func newRunsFixture(t *testing.T, keys map[string]int) *runsFixture {
 // the order returned.
 func (f *runsFixture) claim(perKey int, ttl time.Duration) ([]string, map[string]*ferrydriver.InboxRow) {
 	f.t.Helper()
-	rows, err := f.drv.ClaimInbox(f.ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 50, PerKey: perKey, Keys: 10, TTL: ttl, MaxAttempts: 5})
+	return f.claimIn("g", 50, perKey, ttl)
+}
+
+func (f *runsFixture) claimIn(group string, limit, perKey int, ttl time.Duration) ([]string, map[string]*ferrydriver.InboxRow) {
+	f.t.Helper()
+	rows, err := f.drv.ClaimInbox(f.ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "w", Limit: limit, PerKey: perKey, Keys: 10, TTL: ttl, MaxAttempts: 5})
 	require.NoError(f.t, err)
 	var order []string
 	by := map[string]*ferrydriver.InboxRow{}
@@ -66,8 +71,13 @@ func (f *runsFixture) complete(row *ferrydriver.InboxRow, keep bool) {
 // state returns the state and attempts of the event with payload p.
 func (f *runsFixture) state(p string) (ferrydriver.InboxState, int) {
 	f.t.Helper()
+	return f.stateIn("g", p)
+}
+
+func (f *runsFixture) stateIn(group, p string) (ferrydriver.InboxState, int) {
+	f.t.Helper()
 	id := f.evs[p].ID
-	got, err := f.drv.InboxStates(f.ctx, &ferrydriver.InboxIDsParams{Group: "g", EventIDs: []uuid.UUID{id}})
+	got, err := f.drv.InboxStates(f.ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: []uuid.UUID{id}})
 	require.NoError(f.t, err)
 	require.Contains(f.t, got, id)
 	return got[id].State, got[id].Attempts
@@ -108,9 +118,14 @@ func TestClaimsTakeRuns(t *testing.T) {
 	}
 	require.Equal(t, 11, f.drv.RememberedRuns(), "the four runs' rows")
 
-	// a: Keep keeps the key claimed; the run's last row frees it.
+	// a: Keep keeps the key claimed (its row untouched: due when the
+	// claim expires); the run's last row frees it.
 	f.complete(rows["a1"], true)
 	f.complete(rows["a2"], true)
+	var future bool
+	require.NoError(t, f.drv.DB().QueryRowContext(f.ctx, `SELECT runnable_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) + 30000000
+ FROM ferry_inbox_keys WHERE group_name = 'g' AND k = 'a'`).Scan(&future))
+	require.True(t, future, "a finish with Keep leaves the key due at the claim's expiry")
 	next, _ := f.claim(3, time.Minute)
 	require.Empty(t, keyOf("a", next), "the key stays claimed while its run goes on")
 	f.complete(rows["a3"], false)
@@ -226,4 +241,64 @@ func TestRetractionEndsARun(t *testing.T) {
 	}
 	order, _ = f.claim(4, time.Minute)
 	require.Equal(t, []string{"e2", "e4"}, order, "at once, in order, past the retracted row")
+}
+
+// TestRunStopsBeforeAFailedRow: a PENDING head before a FAILED row that
+// waits for its retry (a DEAD row redriven under the continue policy)
+// runs alone: the run never reaches past the FAILED row.
+func TestRunStopsBeforeAFailedRow(t *testing.T) {
+	t.Parallel()
+	f := newRunsFixture(t, map[string]int{"x": 4})
+	require.NoError(t, f.drv.SetInboxPolicy(f.ctx, &ferrydriver.InboxPolicyParams{Group: "g", HoldDead: false}))
+	_, rows := f.claim(1, time.Minute)
+	require.NoError(t, f.drv.FailInbox(f.ctx, &ferrydriver.FailInboxParams{Group: "g", EventID: rows["x1"].Event.ID, Claim: rows["x1"].Claim, Error: "bad", Dead: true}))
+	order, rows := f.claim(1, time.Minute)
+	require.Equal(t, []string{"x2"}, order, "the group goes on past a DEAD row")
+	require.NoError(t, f.drv.FailInbox(f.ctx, &ferrydriver.FailInboxParams{Group: "g", EventID: rows["x2"].Event.ID, Claim: rows["x2"].Claim,
+		Error: "later", RetryAt: time.Now().Add(time.Hour)}))
+	n, err := f.drv.RedriveInbox(f.ctx, &ferrydriver.InboxIDsParams{Group: "g", EventIDs: []uuid.UUID{f.evs["x1"].ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	order, _ = f.claim(4, time.Minute)
+	require.Equal(t, []string{"x1"}, order, "x3 and x4 wait behind x2")
+}
+
+// TestRunsShareTheClaimsLimit: every key's head is claimed before any run
+// grows, and a claim never takes more rows than its limit.
+func TestRunsShareTheClaimsLimit(t *testing.T) {
+	t.Parallel()
+	f := newRunsFixture(t, map[string]int{"a": 5, "b": 5})
+	order, _ := f.claimIn("g", 4, 32, time.Minute)
+	require.Len(t, order, 4)
+	require.Equal(t, "a1", keyOf("a", order)[0])
+	require.Equal(t, "b1", keyOf("b", order)[0])
+}
+
+// TestRunsOfTwoGroupsStayApart: the same events in two groups, claimed in
+// runs by one driver: a failure in one group gives back that group's run
+// only.
+func TestRunsOfTwoGroupsStayApart(t *testing.T) {
+	t.Parallel()
+	f := newRunsFixture(t, map[string]int{"a": 3})
+	var evs []*ferryevent.Event
+	for _, p := range []string{"a1", "a2", "a3"} {
+		evs = append(evs, f.evs[p])
+	}
+	_, err := f.drv.InsertInbox(f.ctx, &ferrydriver.InsertInboxParams{Group: "h", Events: evs})
+	require.NoError(t, err)
+	order, g := f.claimIn("g", 10, 3, time.Minute)
+	require.Equal(t, []string{"a1", "a2", "a3"}, order)
+	order, h := f.claimIn("h", 10, 3, time.Minute)
+	require.Equal(t, []string{"a1", "a2", "a3"}, order)
+	require.NoError(t, f.drv.FailInbox(f.ctx, &ferrydriver.FailInboxParams{Group: "g", EventID: g["a1"].Event.ID, Claim: g["a1"].Claim, Error: "bad", RetryAt: time.Now()}))
+	st, _ := f.stateIn("g", "a2")
+	require.Equal(t, ferrydriver.InboxPending, st, "g's run given back")
+	for _, p := range []string{"a1", "a2", "a3"} {
+		st, _ := f.stateIn("h", p)
+		require.Equal(t, ferrydriver.InboxProcessing, st, "h's run untouched")
+	}
+	require.NoError(t, f.drv.FailInbox(f.ctx, &ferrydriver.FailInboxParams{Group: "h", EventID: h["a1"].Event.ID, Claim: h["a1"].Claim, Error: "bad", RetryAt: time.Now()}))
+	st, attempts := f.stateIn("h", "a3")
+	require.Equal(t, ferrydriver.InboxPending, st, "and h's given back in its turn")
+	require.Zero(t, attempts)
 }
