@@ -350,26 +350,46 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			want = append(want, h.pos)
 		}
 	}
-	// Runs: the PENDING rows after each PENDING head, read here and
-	// locked with the heads.
+	// Runs: the PENDING rows after each PENDING head, read here.
+	limit := max(p.Limit, 1)
 	var runs map[string][]runRow
-	if perKey := max(p.PerKey, 1); perKey > 1 && !p.Rescue && len(want) > 0 {
+	if n := min(max(p.PerKey, 1)-1, limit-len(want)); n > 0 && !p.Rescue {
 		var from []*claimHead
 		for _, k := range keys {
 			if h := heads[k]; h != nil && h.state == ferrydriver.InboxPending && slices.Contains(want, any(h.pos)) {
 				from = append(from, h)
 			}
 		}
-		if runs, err = claimRuns(ctx, tx, p.Group, from, min(perKey, max(p.Limit, 1))-1); err != nil {
+		if runs, err = claimRuns(ctx, tx, p.Group, from, n); err != nil {
 			return nil, err
 		}
-		for _, k := range keys {
-			for _, r := range runs[k] {
-				want = append(want, r.pos)
+	}
+	// The plan: key by key, the head, then its run, until the claim's
+	// limit; the keys left over stay due for the next claim. Only the
+	// planned rows are locked.
+	planned := map[string][]runRow{}
+	var lock []any
+	budget := limit
+	for _, k := range keys {
+		h := heads[k]
+		if budget <= 0 || h == nil || !slices.Contains(want, any(h.pos)) {
+			continue
+		}
+		lock = append(lock, h.pos)
+		budget--
+		for _, r := range runs[k] {
+			if budget <= 0 {
+				break
 			}
+			planned[k] = append(planned[k], r)
+			lock = append(lock, r.pos)
+			budget--
+		}
+		if _, ok := planned[k]; !ok {
+			planned[k] = nil
 		}
 	}
-	locked, err := lockHeads(ctx, tx, want)
+	locked, err := lockHeads(ctx, tx, lock)
 	if err != nil {
 		return nil, err
 	}
@@ -377,13 +397,10 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	var claimed, dead []any
 	var order []int64
 	var expires int64
-	// The heads first (there are at most Limit), then the runs after
-	// them, key by key, while the claim's limit allows: each key gets a
-	// worker before any key gets a long run.
-	var taken []string // keys whose heads are claimed
 	for _, k := range keys {
 		h := heads[k]
-		if h == nil || !slices.Contains(want, any(h.pos)) {
+		run, ok := planned[k]
+		if !ok {
 			continue
 		}
 		st, ok := locked[h.pos]
@@ -398,6 +415,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			continue // changed since it was read: the next claim reads it again
 		}
 		expires = h.now + p.TTL.Microseconds()
+		order = append(order, h.pos)
 		if p.MaxAttempts > 0 && h.attempts >= p.MaxAttempts {
 			// Its last attempts lost their claims: give it up, under the
 			// group's policy.
@@ -407,25 +425,18 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			} else {
 				outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now, Valid: true}}
 			}
-			order = append(order, h.pos)
 			continue
 		}
 		claimed = append(claimed, h.pos)
 		outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: expires, Valid: true}}
-		taken = append(taken, k)
-	}
-	// A run goes on while its rows are still PENDING, locked by this
-	// claim and not out of attempts.
-	budget := max(p.Limit, 1) - len(claimed) - len(dead)
-	for _, k := range taken {
-		order = append(order, heads[k].pos)
-		for _, r := range runs[k] {
-			if budget <= 0 || locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
+		// A run goes on while its rows are still PENDING, locked by this
+		// claim and not out of attempts.
+		for _, r := range run {
+			if locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
 				break
 			}
 			claimed = append(claimed, r.pos)
 			order = append(order, r.pos)
-			budget--
 		}
 	}
 	if len(claimed) > 0 {

@@ -41,6 +41,14 @@ func newRunsFixture(t *testing.T, keys map[string]int) *runsFixture {
 	return f
 }
 
+// add makes event seq of key k (payload k and seq), to insert.
+func (f *runsFixture) add(k string, seq int) *ferryevent.Event {
+	ev := ferrydrivertest.Event("t", k, k+string(rune('0'+seq)))
+	ev.Seq = int64(seq)
+	f.evs[string(ev.Payload)] = ev
+	return ev
+}
+
 // claim claims with the given bounds and returns the rows by payload, in
 // the order returned.
 func (f *runsFixture) claim(perKey int, ttl time.Duration) ([]string, map[string]*ferrydriver.InboxRow) {
@@ -263,15 +271,18 @@ func TestRunStopsBeforeAFailedRow(t *testing.T) {
 	require.Equal(t, []string{"x1"}, order, "x3 and x4 wait behind x2")
 }
 
-// TestRunsShareTheClaimsLimit: every key's head is claimed before any run
-// grows, and a claim never takes more rows than its limit.
+// TestRunsShareTheClaimsLimit: a claim takes no more rows than its limit,
+// key by key (oldest due first), each key's head and then its run; a run
+// is no longer than leaves room for the other keys' heads.
 func TestRunsShareTheClaimsLimit(t *testing.T) {
 	t.Parallel()
-	f := newRunsFixture(t, map[string]int{"a": 5, "b": 5})
+	f := newRunsFixture(t, map[string]int{"a": 5})
+	time.Sleep(10 * time.Millisecond) // b due after a
+	_, err := f.drv.InsertInbox(f.ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{
+		f.add("b", 1), f.add("b", 2), f.add("b", 3)}})
+	require.NoError(t, err)
 	order, _ := f.claimIn("g", 4, 32, time.Minute)
-	require.Len(t, order, 4)
-	require.Equal(t, "a1", keyOf("a", order)[0])
-	require.Equal(t, "b1", keyOf("b", order)[0])
+	require.Equal(t, []string{"a1", "a2", "a3", "b1"}, order)
 }
 
 // TestRunsOfTwoGroupsStayApart: the same events in two groups, claimed in
