@@ -289,10 +289,9 @@ func claimRuns(ctx context.Context, tx *sql.Tx, group string, heads []*claimHead
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	for k, rs := range out {
+	for _, rs := range out {
 		// UNION ALL keeps no order across its parts; each key's is sorted.
 		slices.SortFunc(rs, func(a, b runRow) int { return cmp.Compare(a.pos, b.pos) })
-		out[k] = rs
 	}
 	return out, nil
 }
@@ -322,7 +321,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 		return nil, err
 	}
 	outcomes := map[string]keyOutcome{}
-	var want []any // positions of heads to claim or to give up
+	var want []string // keys whose heads to claim or to give up, in key order
 	for _, k := range keys {
 		h := heads[k]
 		if h == nil {
@@ -347,7 +346,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 		case h.state != ferrydriver.InboxProcessing && p.Rescue:
 			// Runnable, not a rescue: an ordinary claim takes it.
 		default:
-			want = append(want, h.pos)
+			want = append(want, k)
 		}
 	}
 	// Runs: the PENDING rows after each PENDING head, read here.
@@ -355,8 +354,8 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	var runs map[string][]runRow
 	if n := min(max(p.PerKey, 1)-1, limit-len(want)); n > 0 && !p.Rescue {
 		var from []*claimHead
-		for _, k := range keys {
-			if h := heads[k]; h != nil && h.state == ferrydriver.InboxPending && slices.Contains(want, any(h.pos)) {
+		for _, k := range want {
+			if h := heads[k]; h.state == ferrydriver.InboxPending {
 				from = append(from, h)
 			}
 		}
@@ -367,27 +366,26 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	// The plan: key by key, the head, then its run, until the claim's
 	// limit; the keys left over stay due for the next claim. Only the
 	// planned rows are locked.
-	planned := map[string][]runRow{}
+	type plan struct {
+		h   *claimHead
+		run []runRow
+	}
+	var plans []plan
 	var lock []any
-	budget := limit
-	for _, k := range keys {
-		h := heads[k]
-		if budget <= 0 || h == nil || !slices.Contains(want, any(h.pos)) {
-			continue
+	for _, k := range want {
+		if len(lock) >= limit {
+			break
 		}
-		lock = append(lock, h.pos)
-		budget--
+		pl := plan{h: heads[k]}
+		lock = append(lock, pl.h.pos)
 		for _, r := range runs[k] {
-			if budget <= 0 {
+			if len(lock) >= limit {
 				break
 			}
-			planned[k] = append(planned[k], r)
+			pl.run = append(pl.run, r)
 			lock = append(lock, r.pos)
-			budget--
 		}
-		if _, ok := planned[k]; !ok {
-			planned[k] = nil
-		}
+		plans = append(plans, pl)
 	}
 	locked, err := lockHeads(ctx, tx, lock)
 	if err != nil {
@@ -397,12 +395,8 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	var claimed, dead []any
 	var order []int64
 	var expires int64
-	for _, k := range keys {
-		h := heads[k]
-		run, ok := planned[k]
-		if !ok {
-			continue
-		}
+	for _, pl := range plans {
+		h, k := pl.h, pl.h.key
 		st, ok := locked[h.pos]
 		switch {
 		case !ok:
@@ -431,7 +425,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 		outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: expires, Valid: true}}
 		// A run goes on while its rows are still PENDING, locked by this
 		// claim and not out of attempts.
-		for _, r := range run {
+		for _, r := range pl.run {
 			if locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
 				break
 			}

@@ -233,14 +233,15 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 			return nil, d.wrapErr(op, err)
 		}
 	}
-	// Runs whose last row was not reported give their other rows back.
+	// Runs whose last row was not reported give their other rows back
+	// (current holds every reported row: none was lost).
 	var ended, cut []*run
 	seen := map[*run]bool{}
 	for _, r := range p.Rows {
 		token, _ := uuid.Parse(r.Claim)
 		if x, ok := d.runs.lookup(r.EventID, token); ok && !seen[x] {
 			seen[x] = true
-			if slices.ContainsFunc(p.Rows, func(f ferrydriver.FinishedRow) bool { return f.EventID == x.last() }) {
+			if _, reported := current[x.last()]; reported {
 				ended = append(ended, x)
 			} else {
 				cut = append(cut, x)

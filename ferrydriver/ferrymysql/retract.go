@@ -85,7 +85,10 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	var ghosts, compensations []*ferryevent.Event
 	var keys []string
 	var retract []uuid.UUID
-	type claimOf struct{ key, token string }
+	type claimOf struct {
+		key   string
+		token uuid.UUID
+	}
 	var claims []claimOf // of the rows retracted while PROCESSING
 	done := map[uuid.UUID]bool{}
 	for i, r := range p.Retractions {
@@ -102,8 +105,8 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 		case f.state != ferrydriver.InboxRetracted:
 			retract = append(retract, r.Event.ID)
 			keys = append(keys, f.key)
-			if f.state == ferrydriver.InboxProcessing && len(f.claim) == 16 {
-				claims = append(claims, claimOf{f.key, string(f.claim)})
+			if token, err := uuid.FromBytes(f.claim); f.state == ferrydriver.InboxProcessing && err == nil {
+				claims = append(claims, claimOf{f.key, token})
 			}
 		}
 		if f.state == ferrydriver.InboxProcessed && r.Compensation != nil {
@@ -133,8 +136,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	// holds it already and commits).
 	slices.SortFunc(claims, func(a, b claimOf) int { return strings.Compare(a.key, b.key) })
 	for _, c := range slices.Compact(claims) {
-		token, _ := uuid.FromBytes([]byte(c.token))
-		if err := giveBackRun(ctx, tx, p.Group, c.key, token); err != nil {
+		if err := giveBackRun(ctx, tx, p.Group, c.key, c.token); err != nil {
 			return d.wrapErr(op, err)
 		}
 	}

@@ -30,10 +30,7 @@ func newRunsFixture(t *testing.T, keys map[string]int) *runsFixture {
 	var evs []*ferryevent.Event
 	for k, n := range keys {
 		for i := 1; i <= n; i++ {
-			ev := ferrydrivertest.Event("t", k, k+string(rune('0'+i)))
-			ev.Seq = int64(i)
-			f.evs[string(ev.Payload)] = ev
-			evs = append(evs, ev)
+			evs = append(evs, f.add(k, i))
 		}
 	}
 	_, err := f.drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: evs})
