@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
 )
 
@@ -96,4 +99,24 @@ func TestRelayCrashMySQL(t *testing.T) {
 func TestZombieLeaderMySQL(t *testing.T) {
 	t.Parallel()
 	zombieLeader(t, newMySQLFixture(t))
+}
+
+// TestRelayLogsTheMySQLFeedAsJSON: the MariaDB feed's own lines (a scan of
+// the outbox, a purged binlog) go to the relay's logger, JSON lines among
+// the relay's, not text from Go's default logger.
+func TestRelayLogsTheMySQLFeedAsJSON(t *testing.T) {
+	t.Parallel()
+	f := newMySQLFixture(t)
+	// A feed with no recorded binlog start scans the outbox, and says so.
+	_, err := f.store.(*ferrymysql.Driver).DB().Exec(`UPDATE ferry_settings SET binlog_file = NULL, binlog_pos = NULL`)
+	require.NoError(t, err)
+	c := f.startRelay("h1")
+	require.Eventually(t, func() bool {
+		return slices.ContainsFunc(c.logs.all(), func(l string) bool { return strings.Contains(l, "ferrymysql: the feed scans the outbox") })
+	}, time.Minute, 50*time.Millisecond, "the feed's scan is logged")
+	c.stop(t)
+	for _, l := range c.logs.all() {
+		var line map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &line), "every line is JSON: %s", l)
+	}
 }

@@ -138,6 +138,16 @@ type dbFlags struct {
 	partitions int
 	noNotify   bool
 	dataDir    string
+	// log receives the backend's own log lines (default: slog's default
+	// logger); a daemon sets its own.
+	log *slog.Logger
+}
+
+func (d *dbFlags) logger() *slog.Logger {
+	if d.log != nil {
+		return d.log
+	}
+	return slog.Default()
 }
 
 func (d *dbFlags) register(f *envFlags) {

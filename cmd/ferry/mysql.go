@@ -30,7 +30,7 @@ func (d *dbFlags) openMySQL(ctx context.Context) (*backend, error) {
 	if err != nil {
 		return nil, usagef("--database-url / FERRY_DATABASE_URL: %v", err)
 	}
-	drv, err := ferrymysql.Open(dsn, &ferrymysql.Config{Partitions: d.partitions, Logger: slog.Default()})
+	drv, err := ferrymysql.Open(dsn, &ferrymysql.Config{Partitions: d.partitions, Logger: d.logger()})
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach MySQL at --database-url / FERRY_DATABASE_URL (%s): %w", redactMySQL(dsn), err)
 	}

@@ -330,6 +330,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		log.Info("ferry: no database or broker configured: using the embedded defaults (set --database-url and --nats-url, or a config file, for your own)",
 			"embedded", defaults, "data_dir", dc.db.dataDir)
 	}
+	dc.db.log = log // the backend's own lines (a MariaDB feed's recovery) join the relay's
 	b, err := dc.db.open(ctx, dc.embedded)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -76,31 +77,7 @@ func TestBinlogPurgedRecovers(t *testing.T) {
 	// is purged.
 	time.Sleep(100 * time.Millisecond) // past the recovery margin: the scan must not reach back to "before"
 	after := emitN(ctx, t, drv, 200, 7, "after-")
-	admin := mysqltest.Admin(t)
-	_, err := admin.ExecContext(ctx, `FLUSH BINARY LOGS`)
-	require.NoError(t, err)
-	var file string
-	var pos uint64
-	rows, err := admin.QueryContext(ctx, `SHOW MASTER STATUS`)
-	require.NoError(t, err)
-	cols, _ := rows.Columns()
-	require.True(t, rows.Next())
-	dest := []any{&file, &pos}
-	for range len(cols) - 2 {
-		dest = append(dest, new(sql.RawBytes))
-	}
-	require.NoError(t, rows.Scan(dest...))
-	rows.Close()
-	// The server keeps a file that a replication connection still reads:
-	// the closed reader's goes a moment later.
-	require.Eventually(t, func() bool {
-		_, err := admin.ExecContext(ctx, `PURGE BINARY LOGS TO '`+file+`'`)
-		require.NoError(t, err)
-		var first string
-		var size uint64
-		require.NoError(t, admin.QueryRowContext(ctx, `SHOW BINARY LOGS`).Scan(&first, &size))
-		return first == file
-	}, 20*time.Second, 100*time.Millisecond, "the binlogs before %s are purged", file)
+	purgeBinlogs(ctx, t)
 
 	// From the purged position: a scan, then the binlog; events emitted
 	// during the recovery arrive too.
@@ -130,6 +107,85 @@ func TestBinlogPurgedRecovers(t *testing.T) {
 	require.NotContains(t, string(rec.Last), `"scan"`, "the feed follows the binlog again")
 	later := emitN(ctx, t, drv, 10, 3, "later-")
 	requireKeyOrder(t, later, rec.ReadN(ctx, 10))
+}
+
+// purgeBinlogs closes the server's binlog and purges every file before the
+// new one. It purges the shared server's binlogs: its callers do not run
+// in parallel.
+func purgeBinlogs(ctx context.Context, t *testing.T) {
+	admin := mysqltest.Admin(t)
+	_, err := admin.ExecContext(ctx, `FLUSH BINARY LOGS`)
+	require.NoError(t, err)
+	var file string
+	var pos uint64
+	rows, err := admin.QueryContext(ctx, `SHOW MASTER STATUS`)
+	require.NoError(t, err)
+	cols, _ := rows.Columns()
+	require.True(t, rows.Next())
+	dest := []any{&file, &pos}
+	for range len(cols) - 2 {
+		dest = append(dest, new(sql.RawBytes))
+	}
+	require.NoError(t, rows.Scan(dest...))
+	rows.Close()
+	// The server keeps a file that a replication connection still reads:
+	// the closed reader's goes a moment later.
+	require.Eventually(t, func() bool {
+		_, err := admin.ExecContext(ctx, `PURGE BINARY LOGS TO '`+file+`'`)
+		require.NoError(t, err)
+		var first string
+		var size uint64
+		require.NoError(t, admin.QueryRowContext(ctx, `SHOW BINARY LOGS`).Scan(&first, &size))
+		return first == file
+	}, 20*time.Second, 100*time.Millisecond, "the binlogs before %s are purged", file)
+}
+
+// TestBinlogPurgedRecoversALongTransaction: a producer transaction that
+// stayed open longer than Config.RecoveryMargin, and whose commit was
+// purged from the binlog before a relay read it, is delivered by the
+// recovery scan: the scan starts before the oldest transaction that was
+// open when the feed read its position (cursor.Open), not only the margin
+// before the last event it delivered. Runs alone (it purges).
+func TestBinlogPurgedRecoversALongTransaction(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	drv := newDriver(t, &ferrymysql.Config{RecoveryMargin: time.Millisecond})
+	drv.SetFeedLimits(10_000, 100_000, 0) // the oldest open transaction read at every Read
+	long, err := drv.DB().BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = long.Rollback() }()
+	longEv := ferrydrivertest.Event("t", "long", "long")
+	require.NoError(t, drv.AppendTx(ctx, long, &ferrydriver.AppendParams{Events: []*ferryevent.Event{longEv}}))
+	time.Sleep(1100 * time.Millisecond) // the open transaction's start is read in whole seconds
+	// One key a transaction: an append of several keys in one transaction
+	// can wait for the open one's key row (ferry_keys is scanned whole
+	// when it is small).
+	var before []*ferryevent.Event
+	for i := range 20 {
+		ev := ferrydrivertest.Event("t", "k"+strconv.Itoa(i%4), "before-"+strconv.Itoa(i))
+		require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ev}}))
+		before = append(before, ev)
+	}
+	r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
+	requireKeyOrder(t, before, r.ReadN(ctx, 20))
+	r.ReadQuiet(ctx)
+	checkpoint := r.Last
+	require.NoError(t, r.Feed.Close())
+
+	// The long transaction commits while no relay reads, and the binlog
+	// that holds its commit is purged.
+	require.NoError(t, long.Commit())
+	after := emitN(ctx, t, drv, 10, 3, "after-")
+	purgeBinlogs(ctx, t)
+
+	rec := ferrydrivertest.OpenReader(ctx, t, drv, checkpoint)
+	var got []*ferryevent.Event
+	for _, e := range rec.ReadQuiet(ctx) {
+		if !slices.ContainsFunc(before, func(b *ferryevent.Event) bool { return b.ID == e.ID }) {
+			got = append(got, e) // the scan may deliver again what came after the long transaction began
+		}
+	}
+	requireKeyOrder(t, append([]*ferryevent.Event{longEv}, after...), got)
 }
 
 // TestFeedWithoutARecordedStartScans: a feed with no saved position whose

@@ -32,6 +32,33 @@
 // three: LateCommitterIsNotSkipped, LongWriterDoesNotStall,
 // PerKeyCommitOrder.
 //
+// # What the binlog holds that did not commit
+//
+// Not everything in the binlog committed. A transaction that changed a
+// table that cannot roll back (MyISAM, a temporary table) is written with
+// its SAVEPOINT and ROLLBACK TO statements and the rows in between, and is
+// written even when it rolls back (its group ends with ROLLBACK); an XA
+// transaction is written at XA PREPARE and commits later, if ever. The feed
+// holds a transaction's events until it reads the transaction's end,
+// leaves out those rolled back to a savepoint, and delivers the rest only
+// if the end is a commit; an XA transaction's events are delivered at its
+// XA COMMIT (where it commits: its checkpoint keeps the ids of a prepared
+// transaction's rows, so a relay started in between still delivers them),
+// never after XA ROLLBACK. A transaction's events beyond 10,000 (or 64 MiB
+// of payloads) are not held: it is read to its end first, then again. A
+// session that writes the binlog as statements (binlog_format =
+// STATEMENT) leaves no rows of its outbox writes there: the feed logs an
+// error and finds its events by a scan of the outbox (below).
+//
+// # Delivered once visible
+//
+// The server writes a transaction to the binlog before InnoDB makes it
+// visible to other connections. A Read returns its batch only once its
+// last transaction is visible (a shared lock on its last row, which waits
+// for the commit; InnoDB makes transactions visible in binlog order), so a
+// consumer that reads the producer's database when an event arrives finds
+// the event's writes there. It costs a round trip a batch.
+//
 // # What the server needs
 //
 // MariaDB 10.6 or later, configured with:
@@ -44,8 +71,9 @@
 //	server_id            = 1        # unique among the topology's servers
 //	binlog_expire_logs_seconds = 604800  # longer than any relay outage you plan for
 //
-// and, for the relay's user: GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.*
-// (REPLICATION CLIENT before MariaDB 10.5). OpenFeed checks the settings and
+// and, for the relay's user: GRANT REPLICATION SLAVE, BINLOG MONITOR, PROCESS
+// ON *.* (REPLICATION CLIENT before MariaDB 10.5; PROCESS lets the feed read
+// INFORMATION_SCHEMA.INNODB_TRX, see Purged binlogs). OpenFeed checks the settings and
 // refuses with ferrydriver.ErrMisconfigured, naming the one to change. The
 // relay's feed reads the binlog over a replication connection of its own,
 // as Config.DSN's user (ferrymysql.Open sets it), with a server id from
@@ -64,10 +92,12 @@
 // logged what it applied (log_slave_updates = ON) with the settings above.
 // A replica that had not received the checkpoint's transactions, or that
 // filtered some of them out (replicate_do_db and the like: it has no GTID
-// for what it skipped), refuses the position (error 1236), and the feed
-// scans the outbox as for a purged binlog. A checkpoint without a GTID position (written before the
-// feed kept one) is resumed from its file and offset, on the server that
-// wrote it.
+// for what it skipped), refuses the position (error 1236): the feed stops
+// with an error rather than skip or repeat events, and names what to do
+// (point it at a server that has the position, or make it scan the outbox
+// from its last delivered event). A checkpoint without a GTID position
+// (written before the feed kept one) is resumed from its file and offset,
+// on the server that wrote it.
 //
 // # A stopped leader
 //
@@ -85,15 +115,29 @@
 //
 // A feed whose saved position is no longer in the binlog (the server
 // purged it while no relay read, error 1236) does not lose what was there:
-// it scans the outbox table, key by key in Seq order, from its last
-// acknowledged event minus Config.RecoveryMargin (longer than any producer
-// transaction stays open), in a snapshot whose binlog position the server
-// gives (START TRANSACTION WITH CONSISTENT SNAPSHOT), then follows the
-// binlog from there. It may publish again the events acknowledged within
-// the margin (consumers drop them by ID); an interrupted scan starts over.
-// A feed with no saved position starts where the binlog stood when Migrate
-// created the outbox, and scans the outbox when that is unknown or purged.
-// Retention (DeleteDelivered) keeps what such a scan may need.
+// it scans the outbox table, key by key in Seq order, in a snapshot whose
+// binlog position the server gives (START TRANSACTION WITH CONSISTENT
+// SNAPSHOT), then follows the binlog from there. The scan starts at the
+// start of the oldest transaction that was open when the feed read its
+// position (the feed reads INFORMATION_SCHEMA.INNODB_TRX every second and
+// keeps it in the checkpoint), minus Config.RecoveryMargin for the
+// server's clock: a producer transaction open for hours is found. The
+// exact bound: nothing is lost unless the server's clock went back by more
+// than RecoveryMargin. When the relay's user may not read INNODB_TRX
+// (GRANT PROCESS ON *.* TO it), the scan starts RecoveryMargin before the
+// last event delivered instead (default 5 min), and a producer transaction
+// open longer than that whose commit was purged before the relay read it
+// is lost; the feed warns once. An XA transaction prepared in the purged
+// binlog and committed after the scan began is not delivered: the scan
+// logs an error naming it. The scan may publish again events delivered
+// before (consumers drop them by ID); an interrupted scan starts over. A
+// feed with no saved position starts where the binlog stood when Migrate
+// created the outbox, and scans the outbox when that is unknown or
+// purged. Retention (DeleteDelivered) keeps what such a scan may need.
+//
+// A Read returns after at most 100,000 binlog events or a second, whatever
+// it found, its cursor past what it read: a relay far behind, catching up
+// through other tables' transactions, saves its progress as it goes.
 //
 // # Consumers: the inbox
 //

@@ -30,9 +30,13 @@ type Config struct {
 	// PartitionStore): 0, the default, follows the count stored with the
 	// schema; any other value must match it.
 	Partitions int
-	// RecoveryMargin is how far before the last acknowledged event a
-	// feed's recovery scan starts when the binlog it needs was purged:
-	// longer than any producer transaction stays open. Default 5 min.
+	// RecoveryMargin is how far before the start of the oldest
+	// transaction that was open at its position a feed's recovery scan
+	// starts when the binlog it needs was purged (it covers the server's
+	// clock going back); when the relay's user may not read
+	// INFORMATION_SCHEMA.INNODB_TRX (the PROCESS privilege), how far
+	// before the last acknowledged event, and then it must be longer than
+	// any producer transaction stays open. Default 5 min.
 	RecoveryMargin time.Duration
 	// ServerID is the replica server id the feeds' binlog connections
 	// present; each connection needs its own, so a feed takes ServerID
@@ -40,7 +44,7 @@ type Config struct {
 	// the ids of real replicas of the server.
 	ServerID uint32
 	// Logger receives warnings (binlog retention, recovery). Default:
-	// discard.
+	// discard. The ferry command gives it the relay's logger.
 	Logger *slog.Logger
 }
 
@@ -93,6 +97,10 @@ type Driver struct {
 	// wait timeout; duplicates, ingestions run again after meeting a
 	// concurrent delivery of their events.
 	reruns, duplicates atomic.Int64
+	// rereads counts groups too large to hold that a feed read twice.
+	rereads atomic.Int64
+	// feedLimits, set by tests, replace the feeds' bounds.
+	feedLimits *feedLimits
 	// unguarded: the server has no idle_transaction_timeout (MySQL), and
 	// lease transactions run without the guard (guard.go).
 	unguarded atomic.Bool

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
@@ -89,3 +90,14 @@ func ClaimRunsQuery(group string, keys []string, heads []int64, n int) (string, 
 	}
 	return claimRunsQuery(group, hs, n)
 }
+
+// SetFeedLimits makes the driver's feeds hold at most holdRows rows of a
+// transaction in memory, read at most readEvents binlog events a Read, and
+// read the oldest open transaction every openEvery.
+func (d *Driver) SetFeedLimits(holdRows, readEvents int, openEvery time.Duration) {
+	d.feedLimits = &feedLimits{holdRows: holdRows, readEvents: readEvents, openEvery: openEvery}
+}
+
+// Rereads counts the transactions too large to hold that a feed read
+// twice.
+func (d *Driver) Rereads() int64 { return d.rereads.Load() }

@@ -3,24 +3,17 @@ package ferrymysql
 import (
 	"context"
 	"database/sql"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
-	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/replication"
-	"github.com/google/uuid"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/ferry-dev/ferry/ferryevent"
 )
 
 // The feed reads the binlog: the server writes a transaction there when it
@@ -28,7 +21,12 @@ import (
 // early and committed late is read where it committed (never skipped),
 // a transaction still open elsewhere writes nothing there (nothing waits
 // for it), and a key's writers, which serialise on the key's row, are read
-// in the order they committed.
+// in the order they committed. What is in the binlog is not all committed,
+// though (rolled-back savepoints, XA transactions, ROLLBACK groups): see
+// group.go for what the feed delivers of a transaction, and when. A batch
+// is returned only once its transactions are visible to a new read
+// (awaitVisible): the server writes the binlog before InnoDB makes the
+// commit visible.
 //
 // A cursor is a binlog position: the start of a transaction, and how many
 // of the partition's rows of that transaction were delivered (a batch may
@@ -40,14 +38,18 @@ import (
 // (which logs what it applies, log_slave_updates) without losing or
 // repeating events. A position with no GTID (a feed's first, or a scan's)
 // is translated by the server (BINLOG_GTID_POS). A feed with no cursor
-// starts where the binlog stood when Migrate created the outbox. When the binlog a cursor
-// needs was purged, or that position was never recorded, the feed scans
-// the outbox table instead, in a consistent snapshot whose binlog position
-// the server gives (START TRANSACTION WITH CONSISTENT SNAPSHOT), key by
-// key in Seq order, and then follows the binlog from that position:
-// nothing committed is missed, nothing read twice. A scan covers the rows
-// appended since the last acknowledged event minus Config.RecoveryMargin
-// (all of them for a feed that has none); an interrupted scan starts over.
+// starts where the binlog stood when Migrate created the outbox.
+//
+// When the binlog a cursor needs was purged, or that position was never
+// recorded, the feed scans the outbox table instead (scan.go), in a
+// consistent snapshot whose binlog position the server gives, key by key
+// in Seq order, and then follows the binlog from that position: nothing
+// committed is missed, nothing read twice. A scan covers the rows appended
+// since the start of the oldest transaction that was open when the feed
+// read the cursor's position (cursor.Open), so a producer transaction that
+// stayed open for hours is not missed; when that is not known (the relay's
+// user may not read INFORMATION_SCHEMA.INNODB_TRX), since the last
+// acknowledged event minus Config.RecoveryMargin.
 
 // cursor is a feed's saved position.
 type cursor struct {
@@ -64,8 +66,16 @@ type cursor struct {
 	// by GTID may send other domains' transactions before it.
 	Skip   int    `json:"skip,omitempty"`
 	SkipTx string `json:"skip_tx,omitempty"`
+	// Holds are the XA transactions prepared before Pos whose outcome the
+	// feed has not read yet (group.go).
+	Holds []xaHold `json:"xa,omitempty"`
 	// At is the newest append time (µs) of an event delivered.
 	At int64 `json:"at,omitempty"`
+	// Open (µs) is a time before the start of every transaction written
+	// to the binlog after Pos: a recovery scan from this cursor starts
+	// there (minus Config.RecoveryMargin, for the server's clock). 0: not
+	// known.
+	Open int64 `json:"open,omitempty"`
 	// Scan is set while the feed scans the outbox (see above).
 	Scan *scanState `json:"scan,omitempty"`
 }
@@ -74,6 +84,19 @@ type cursor struct {
 // at or after From (µs; 0: all).
 type scanState struct {
 	From int64 `json:"from"`
+}
+
+// scanFrom is the oldest append time a recovery scan from c reads (µs;
+// 0: every row): the margin before Open, or before the last event
+// delivered when Open is not known.
+func (c *cursor) scanFrom(margin time.Duration) int64 {
+	switch {
+	case c.Open > 0:
+		return c.Open - margin.Microseconds()
+	case c.At > 0:
+		return c.At - margin.Microseconds()
+	}
+	return 0
 }
 
 func decodeCursor(b []byte) (*cursor, error) {
@@ -128,54 +151,34 @@ func (d *Driver) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) (f
 			c.Scan = &scanState{}
 		}
 	}
-	return &feed{d: d, name: p.Feed, partition: p.Partition, pos: *c}, nil
+	return d.newFeed(p.Feed, p.Partition, *c), nil
 }
 
-// checkBinlog checks the server's binlog settings the feed needs.
-func (d *Driver) checkBinlog(ctx context.Context) error {
-	if d.dsn == nil {
-		return fmt.Errorf("ferrymysql: open feed: %w: the feed reads the binlog over a replication connection of its own and needs the DSN: "+
-			"set Config.DSN (ferrymysql.Open sets it; `ferry relay --database-url mysql://…` does)", ferrydriver.ErrMisconfigured)
+func (d *Driver) newFeed(name string, partition int, pos cursor) *feed {
+	f := &feed{d: d, name: name, partition: partition, pos: pos, holdRows: holdRows, readEvents: readEvents, openEvery: openEvery}
+	if l := d.feedLimits; l != nil {
+		f.holdRows, f.readEvents, f.openEvery = l.holdRows, l.readEvents, l.openEvery
 	}
-	var version string
-	var logBin int
-	var format, image, metadata string
-	var serverID int64
-	err := d.db.QueryRowContext(ctx, `SELECT @@version, @@log_bin, @@binlog_format, @@binlog_row_image, @@binlog_row_metadata, @@server_id`).
-		Scan(&version, &logBin, &format, &image, &metadata, &serverID)
-	if errNumber(err) == errUnknownSysVar {
-		return fmt.Errorf("ferrymysql: open feed: %w: server %s has no binlog_row_metadata: the feed needs MariaDB 10.6 or later (%v)",
-			ferrydriver.ErrMisconfigured, version, err)
-	}
-	if err != nil {
-		return d.wrapErr("check the binlog settings", err)
-	}
-	if !strings.Contains(strings.ToLower(version), "mariadb") {
-		return fmt.Errorf("ferrymysql: open feed: %w: server %s is MySQL; the feed supports MariaDB 10.6 and later (it reads the binlog position of a consistent snapshot, which MySQL does not give)",
-			ferrydriver.ErrMisconfigured, version)
-	}
-	var problems []string
-	if logBin != 1 {
-		problems = append(problems, "log_bin is off: start the server with log-bin (log-bin = /var/lib/mysql/binlog in its configuration)")
-	}
-	if !strings.EqualFold(format, "ROW") {
-		problems = append(problems, "binlog_format is "+format+": set binlog_format = ROW")
-	}
-	if !strings.EqualFold(image, "FULL") {
-		problems = append(problems, "binlog_row_image is "+image+": set binlog_row_image = FULL")
-	}
-	if !strings.EqualFold(metadata, "FULL") {
-		problems = append(problems, "binlog_row_metadata is "+metadata+": set binlog_row_metadata = FULL (the feed reads columns by name)")
-	}
-	if serverID == 0 {
-		problems = append(problems, "server_id is 0: set server_id to a number unique among the servers of the replication topology")
-	}
-	if len(problems) > 0 {
-		return fmt.Errorf("ferrymysql: open feed: %w: the server's binlog cannot be read by the feed: %s (in the [mariadb] section of the server's configuration, then restart it)",
-			ferrydriver.ErrMisconfigured, strings.Join(problems, "; "))
-	}
-	return nil
+	return f
 }
+
+// feedLimits replace a feed's bounds in tests.
+type feedLimits struct {
+	holdRows, readEvents int
+	openEvery            time.Duration
+}
+
+// The bounds of one Read: it returns when it has read readEvents binlog
+// events or for readTime, whatever it found (its cursor moved past what it
+// read), so that a feed catching up through other tables' transactions
+// saves its progress as it goes.
+const (
+	readEvents = 100_000
+	readTime   = time.Second
+	// openEvery is how often a feed reads the start of the oldest open
+	// transaction (cursor.Open).
+	openEvery = time.Second
+)
 
 type feed struct {
 	d         *Driver
@@ -197,6 +200,22 @@ type feed struct {
 	// column count: an ALTER gives the table a new map). go-mysql decodes
 	// a new table map for every transaction, so its pointer is no key.
 	columns map[tableMapKey]*outboxColumns
+	// known is a group too large to hold whose end was read (group.go),
+	// and reread says that the stream must start again before it.
+	known  *knownGroup
+	reread bool
+	// samples are starts of the oldest open transaction, each with the
+	// binlog's end read after it, not yet passed by the cursor; sampled
+	// is when the last was taken, and noOpen that they cannot be read.
+	samples []openSample
+	sampled time.Time
+	noOpen  bool
+
+	// Test knobs: the group size held in memory, the bounds of a Read,
+	// how often cursor.Open is read.
+	holdRows   int
+	readEvents int
+	openEvery  time.Duration
 
 	// The scan's snapshot, nil when not scanning (or before its first
 	// read).
@@ -206,29 +225,35 @@ type feed struct {
 // streamState is where the stream's reader stands.
 type streamState struct {
 	file string
-	pos  uint32 // the start of the transaction being read, or of the next
-	inTx bool
-	// gtid is the GTID position at pos (nil: not known), and txGTID the
-	// GTID of the transaction being read (nil between transactions).
-	gtid   *gtidPos
-	txGTID *gomysql.MariadbGTID
-	txText string // txGTID's text
-	// seen counts the partition's rows of the transaction at pos read so
-	// far; skip is how many of them the cursor said were delivered, of
-	// transaction skipTx (""; the first transaction read).
-	seen, skip int
-	skipTx     string
+	pos  uint32 // the start of the group being read, or of the next
+	// gtid is the GTID position at pos (nil: not known).
+	gtid *gtidPos
+	// holds are the XA transactions prepared before pos and not completed.
+	holds []xaHold
+	// g is the group being read; nil between groups.
+	g *group
+	// skip is how many of the partition's rows of group skipTx ("": the
+	// first group read) the cursor said were delivered.
+	skip   int
+	skipTx string
 }
 
+// pendingRow is a row to deliver, and the cursor after it.
 type pendingRow struct {
-	ev       *ferryevent.Event
-	invalid  string // set: the row is not a valid event
-	file     string
-	pos      uint32
-	gtid     *string
-	tx       string // the GTID of the row's transaction
-	seen     int
-	appended int64
+	outboxRow
+	at cursor
+	// visible: it was read from the table, not the binlog (its
+	// transaction is visible).
+	visible bool
+}
+
+// openSample is a start of the oldest open transaction (µs), and the
+// binlog's end read after it: every transaction written after that end
+// started after it.
+type openSample struct {
+	open int64
+	file string
+	pos  uint32
 }
 
 // Read implements ferrydriver.Feed.
@@ -242,31 +267,41 @@ func (f *feed) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferrydrive
 		return b, nil
 	}
 	f.closeStream()
-	if isPurged(err) {
-		from := int64(0)
-		if f.pos.At > 0 {
-			from = f.pos.At - f.d.cfg.RecoveryMargin.Microseconds()
-		}
+	var sw *statementWriteError
+	switch {
+	case binlogGone(err):
 		f.d.cfg.Logger.Warn("ferrymysql: the binlog the feed needs was purged; it scans the outbox of its partition, then follows the binlog again",
-			"feed", f.name, "file", f.pos.File, "pos", f.pos.Pos, "scan_from", fromMicros(from), "err", err)
-		f.pos = cursor{V: 1, At: f.pos.At, Scan: &scanState{From: from}}
-		return f.scan(ctx, limit)
+			"feed", f.name, "file", f.pos.File, "pos", f.pos.Pos, "scan_from", fromMicros(f.pos.scanFrom(f.d.cfg.RecoveryMargin)), "err", err)
+	case errors.As(err, &sw):
+		f.d.cfg.Logger.Error("ferrymysql: "+sw.Error()+"; the feed scans the outbox of its partition to deliver its events, then follows the binlog again",
+			"feed", f.name, "file", f.pos.File, "pos", f.pos.Pos, "scan_from", fromMicros(f.pos.scanFrom(f.d.cfg.RecoveryMargin)))
+	default:
+		return nil, err
 	}
-	return nil, err
+	f.pos = cursor{V: 1, At: f.pos.At, Open: f.pos.Open, Holds: f.pos.Holds, Scan: &scanState{From: f.pos.scanFrom(f.d.cfg.RecoveryMargin)}}
+	return f.scan(ctx, limit)
 }
 
-// isPurged reports the server's refusal of a binlog position it no longer
-// has (error 1236, whatever its text).
-func isPurged(err error) bool {
+// binlogGone reports the server's refusal of a position it no longer has:
+// its file was purged, or the GTID position is older than every binlog
+// the server keeps (error 1236). A GTID position the server never had is
+// another refusal (diverged).
+func binlogGone(err error) bool {
 	var me *gomysql.MyError
-	return errors.As(err, &me) && me.Code == errMasterFatal
+	if !errors.As(err, &me) || me.Code != errMasterFatal {
+		return false
+	}
+	return strings.Contains(me.Message, "Could not find first log file name") ||
+		strings.Contains(me.Message, "Could not find GTID state requested") ||
+		strings.Contains(me.Message, "purged")
 }
 
 // follow reads the binlog. A read returns what was committed before it
 // began (the binlog's end when it began: SHOW MASTER STATUS), however much
 // of the binlog that takes reading (other databases' transactions move
-// the position and deliver nothing), up to limit; and when that is
-// nothing, what comes within wait.
+// the position and deliver nothing) within its bounds (readEvents,
+// readTime), up to limit; and when that is nothing, what comes within
+// wait.
 func (f *feed) follow(ctx context.Context, limit int, wait time.Duration) (*ferrydriver.Batch, error) {
 	if f.syncer == nil {
 		if err := f.openStream(ctx); err != nil {
@@ -275,9 +310,14 @@ func (f *feed) follow(ctx context.Context, limit int, wait time.Duration) (*ferr
 	}
 	b := &ferrydriver.Batch{}
 	cur := f.pos
-	deadline := time.Now().Add(wait)
+	start := time.Now()
+	deadline := start.Add(wait)
 	var endFile string
 	var endPos uint32
+	// The last row the batch delivers from the binlog: the batch is
+	// returned once its transaction is visible.
+	var last int64
+	read := 0
 	for {
 		for len(f.pending) > 0 && len(b.Events)+len(b.Invalid) < limit {
 			r := f.pending[0]
@@ -287,24 +327,43 @@ func (f *feed) follow(ctx context.Context, limit int, wait time.Duration) (*ferr
 			} else {
 				b.Events = append(b.Events, r.ev)
 			}
-			cur.File, cur.Pos, cur.GTID, cur.Skip, cur.SkipTx, cur.At = r.file, r.pos, r.gtid, r.seen, r.tx, max(cur.At, r.appended)
+			if !r.visible {
+				last = r.id
+			}
+			at, open := max(cur.At, r.appended), cur.Open
+			cur = r.at
+			cur.At, cur.Open = at, open
 		}
 		if len(b.Events)+len(b.Invalid) >= limit {
 			break
 		}
-		if !f.st.inTx {
-			cur.File, cur.Pos, cur.GTID, cur.Skip, cur.SkipTx = f.st.file, f.st.pos, f.st.gtid.text(), 0, ""
+		g := f.st.g
+		if g == nil {
+			if f.st.skip == 0 {
+				// Between groups (past the one the cursor skips into).
+				cur.File, cur.Pos, cur.GTID, cur.Skip, cur.SkipTx, cur.Holds = f.st.file, f.st.pos, f.st.gtid.text(), 0, "", f.st.holds
+			}
+			if read >= f.readEvents || time.Since(start) >= readTime {
+				break
+			}
+		} else if g.release != nil {
+			if err := f.releasePage(ctx); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		var ev *replication.BinlogEvent
 		var err error
-		if f.st.inTx {
+		if g != nil {
 			// The rest of a transaction is already in the binlog.
 			ev, err = f.next(ctx, -1)
 		} else {
 			if endFile == "" {
+				f.sampleOpen(ctx)
 				if endFile, endPos, err = masterStatus(ctx, f.d.db); err != nil {
 					return nil, f.d.wrapErr("read the binlog's end ("+f.name+")", err)
 				}
+				f.noteEnd(endFile, endPos)
 			}
 			switch {
 			case !atOrAfter(f.st.file, f.st.pos, endFile, endPos):
@@ -321,13 +380,105 @@ func (f *feed) follow(ctx context.Context, limit int, wait time.Duration) (*ferr
 		if ev == nil {
 			break
 		}
+		read++
 		if err := f.handle(ev); err != nil {
 			return nil, err
 		}
+		if f.reread {
+			// A group too large to hold was read to its end: the stream
+			// starts again before it (cur is there), and delivers it.
+			f.reread = false
+			f.d.rereads.Add(1)
+			f.closeStream()
+			break
+		}
 	}
+	if err := f.awaitVisible(ctx, last); err != nil {
+		return nil, err
+	}
+	f.passSamples(&cur)
 	f.pos = cur
 	b.Cursor = cur.encode()
 	return b, nil
+}
+
+// awaitVisible returns once the transaction that wrote row id, and every
+// transaction before it in the binlog, is visible to a new read. The
+// server writes a transaction to the binlog before InnoDB makes it
+// visible, and makes transactions visible in the order it wrote them
+// (commit_ordered: the order a consistent snapshot's binlog position
+// relies on too); until then its rows are locked, and a shared lock on
+// one waits for the commit. The lookup is of one key of the primary key:
+// it locks that row only (a range would also lock a gap, and wait for an
+// unrelated open transaction's row).
+func (f *feed) awaitVisible(ctx context.Context, id int64) error {
+	if id <= 0 {
+		return nil
+	}
+	var n int
+	err := f.d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM ferry_outbox WHERE id = ? LOCK IN SHARE MODE`, id).Scan(&n)
+	return f.d.wrapErr("wait for the batch's transactions to be visible ("+f.name+")", err)
+}
+
+// sampleOpen reads the start of the oldest open transaction (at most
+// every openEvery), before the binlog's end is read (noteEnd).
+func (f *feed) sampleOpen(ctx context.Context) {
+	if f.noOpen || time.Since(f.sampled) < f.openEvery {
+		return
+	}
+	f.sampled = time.Now()
+	open, err := f.d.oldestOpen(ctx)
+	if errNumber(err) == errAccessDenied {
+		f.noOpen = true
+		f.d.cfg.Logger.Warn("ferrymysql: the relay's user may not read INFORMATION_SCHEMA.INNODB_TRX (GRANT PROCESS ON *.* TO it): "+
+			"a recovery from a purged binlog then starts Config.RecoveryMargin before the last event delivered, and misses a producer transaction open longer than that",
+			"feed", f.name, "recovery_margin", f.d.cfg.RecoveryMargin, "err", err)
+		return
+	}
+	if err != nil {
+		f.d.cfg.Logger.Debug("ferrymysql: reading the oldest open transaction failed", "feed", f.name, "err", err)
+		return
+	}
+	f.samples = append(f.samples, openSample{open: open})
+}
+
+// oldestOpen is a time (µs) before the append time of every outbox row
+// of a transaction open now: the start of the oldest open transaction
+// that has written rows, from a session in the driver's database (or in
+// none: a prepared XA transaction), rounded down to the second
+// (INFORMATION_SCHEMA.INNODB_TRX has whole seconds); a transaction that
+// has written nothing yet appends later than now. The server fills
+// INNODB_TRX from a cache up to 0.1 s old: innodbTrxAge covers a
+// transaction that wrote since.
+func (d *Driver) oldestOpen(ctx context.Context) (int64, error) {
+	var now int64
+	var age sql.NullInt64
+	err := d.db.QueryRowContext(ctx, `SELECT `+sqlNow+`, TIMESTAMPDIFF(MICROSECOND, MIN(t.trx_started), NOW(6))
+  FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+ WHERE t.trx_rows_modified > 0 AND (p.DB IS NULL OR p.DB = ?)`, d.schema).Scan(&now, &age)
+	return now - max(age.Int64, innodbTrxAge.Microseconds()), err
+}
+
+// innodbTrxAge bounds the age of INFORMATION_SCHEMA.INNODB_TRX's cache.
+const innodbTrxAge = 200 * time.Millisecond
+
+// noteEnd gives the sample just taken its binlog end.
+func (f *feed) noteEnd(file string, pos uint32) {
+	if n := len(f.samples); n > 0 && f.samples[n-1].file == "" {
+		f.samples[n-1].file, f.samples[n-1].pos = file, pos
+		if n > 16 {
+			f.samples = f.samples[1:]
+		}
+	}
+}
+
+// passSamples sets c.Open from the samples c has passed.
+func (f *feed) passSamples(c *cursor) {
+	i := 0
+	for ; i < len(f.samples) && f.samples[i].file != "" && atOrAfter(c.File, c.Pos, f.samples[i].file, f.samples[i].pos); i++ {
+		c.Open = max(c.Open, f.samples[i].open)
+	}
+	f.samples = f.samples[i:]
 }
 
 // next returns the stream's next event: at once (wait 0), within wait, or
@@ -362,7 +513,7 @@ func (f *feed) next(ctx context.Context, wait time.Duration) (*replication.Binlo
 }
 
 func (f *feed) streamErr(err error) error {
-	if isPurged(err) {
+	if binlogGone(err) {
 		return err
 	}
 	var me *gomysql.MyError
@@ -370,127 +521,34 @@ func (f *feed) streamErr(err error) error {
 		return fmt.Errorf("ferrymysql: read the binlog (%s): %w: user %s may not read it: GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO that user (%v)",
 			f.name, ferrydriver.ErrMisconfigured, f.d.dsn.User, err)
 	}
+	if errors.As(err, &me) && me.Code == errMasterFatal && strings.Contains(me.Message, "is not in the master's binlog") {
+		return f.diverged(err)
+	}
 	return fmt.Errorf("ferrymysql: read the binlog (%s) at %s:%d: %w", f.name, f.st.file, f.st.pos, err)
 }
 
-// handle applies one binlog event to the stream's state and queues the
-// partition's rows it carries.
-func (f *feed) handle(ev *replication.BinlogEvent) error {
-	switch e := ev.Event.(type) {
-	case *replication.RotateEvent:
-		if !f.st.inTx {
-			f.st.file, f.st.pos = string(e.NextLogName), uint32(e.Position)
-		}
-	case *replication.MariadbGTIDEvent:
-		// A transaction starts here (a stream started by GTID skips what
-		// came before it, so the position so far may be older).
-		if !f.st.inTx && ev.Header.LogPos >= ev.Header.EventSize && ev.Header.LogPos > 0 {
-			f.st.pos = ev.Header.LogPos - ev.Header.EventSize
-		}
-		g := gtidOf(ev, e)
-		f.st.txGTID, f.st.txText, f.st.inTx = &g, g.String(), true
-	case *replication.GTIDEvent:
-		f.st.inTx = true
-	case *replication.QueryEvent:
-		if strings.EqualFold(strings.TrimSpace(string(e.Query)), "BEGIN") {
-			f.st.inTx = true
-			break
-		}
-		// DDL, or the COMMIT of a non-transactional table's change: a
-		// transaction boundary.
-		f.boundary(ev.Header.LogPos)
-	case *replication.XIDEvent:
-		f.boundary(ev.Header.LogPos)
-	case *replication.GenericEvent:
-		// Heartbeats carry no position of their own to keep.
-	default:
-		// Between transactions, the events of the binlog itself (its
-		// format description, GTID list, checkpoints) move the position.
-		if !f.st.inTx && ev.Header.LogPos > 0 {
-			f.st.pos = ev.Header.LogPos
-		}
-	case *replication.RowsEvent:
-		switch ev.Header.EventType {
-		case replication.WRITE_ROWS_EVENTv0, replication.WRITE_ROWS_EVENTv1, replication.WRITE_ROWS_EVENTv2, replication.MARIADB_WRITE_ROWS_COMPRESSED_EVENT_V1:
-		default:
-			return nil
-		}
-		if e.Table == nil || string(e.Table.Schema) != f.d.schema || string(e.Table.Table) != "ferry_outbox" {
-			return nil
-		}
-		cols, err := f.outboxColumns(e.Table)
-		if err != nil {
-			return err
-		}
-		for _, row := range e.Rows {
-			if cols.int(row, cols.p) != int64(f.partition) {
-				continue
-			}
-			f.st.seen++
-			if f.st.seen <= f.st.skipping() {
-				continue
-			}
-			ev, appended, invalid := cols.event(row)
-			f.pending = append(f.pending, pendingRow{ev: ev, invalid: invalid, file: f.st.file, pos: f.st.pos, gtid: f.st.gtid.text(), tx: f.st.txText,
-				seen: f.st.seen, appended: appended})
-		}
-	}
-	return nil
+// diverged is the error of a server whose binlog lacks the GTID position
+// the feed resumes from.
+func (f *feed) diverged(err error) error {
+	rescan := cursor{V: 1, At: f.pos.At, Open: f.pos.Open, Holds: f.pos.Holds, Scan: &scanState{From: f.pos.scanFrom(f.d.cfg.RecoveryMargin)}}
+	return fmt.Errorf("ferrymysql: read the binlog (%s): the server's binlog does not have the checkpoint's GTID position %s: this server has not applied "+
+		"every transaction the feed already delivered (a failover to a replica that was behind or diverged), and the feed stops rather than skip or repeat events. "+
+		"Point the relay at a server that has it (the former primary, or a replica that caught up); or, if those transactions are lost for good, "+
+		"make the feed deliver what this server has by a scan of its outbox from the last delivered event: "+
+		"UPDATE ferry_checkpoints SET pos = '%s' WHERE feed = '%s' (with the relays stopped): %w",
+		f.name, deref(f.pos.GTID), rescan.encode(), f.name, err)
 }
 
-// gtidOf is a GTID event's GTID, read from the event's bytes: a syncer
-// started by GTID keeps a pointer to the GTID field of the first event of
-// each domain and server in its own GTID set, and moves it forward as
-// later events arrive, so the field may already hold a later
-// transaction's GTID when the feed reads the event (go-mysql 1.13).
-func gtidOf(ev *replication.BinlogEvent, e *replication.MariadbGTIDEvent) gomysql.MariadbGTID {
-	const header = replication.EventHeaderSize
-	if raw := ev.RawData; len(raw) >= header+12 {
-		return gomysql.MariadbGTID{
-			SequenceNumber: binary.LittleEndian.Uint64(raw[header:]),
-			DomainID:       binary.LittleEndian.Uint32(raw[header+8:]),
-			ServerID:       ev.Header.ServerID,
-		}
+func deref(s *string) string {
+	if s == nil {
+		return ""
 	}
-	return e.GTID
-}
-
-// skipping is how many of the partition's rows of the transaction being
-// read were delivered before the stream started.
-func (st *streamState) skipping() int {
-	if st.skipTx == "" || st.skipTx == st.txText {
-		return st.skip
-	}
-	return 0
-}
-
-// boundary ends the transaction being read: the next starts at end.
-func (f *feed) boundary(end uint32) {
-	if f.st.skipTx == "" || f.st.skipTx == f.st.txText {
-		f.st.skip, f.st.skipTx = 0, ""
-	}
-	f.st.inTx, f.st.seen = false, 0
-	if end > 0 {
-		f.st.pos = end
-	}
-	if f.st.txGTID != nil {
-		f.st.gtid = f.st.gtid.with(*f.st.txGTID)
-		f.st.txGTID, f.st.txText = nil, ""
-	}
+	return *s
 }
 
 // openStream starts reading the binlog at f.pos.
 func (f *feed) openStream(ctx context.Context) error {
 	d := f.d
-	host, portText, err := net.SplitHostPort(d.dsn.Addr)
-	if err != nil || (d.dsn.Net != "tcp" && d.dsn.Net != "") {
-		return fmt.Errorf("ferrymysql: open feed %s: %w: the binlog is read over TCP, and Config.DSN's address %s (%s) is not host:port: give a tcp(host:port) address",
-			f.name, ferrydriver.ErrMisconfigured, d.dsn.Addr, d.dsn.Net)
-	}
-	port, err := strconv.ParseUint(portText, 10, 16)
-	if err != nil {
-		return fmt.Errorf("ferrymysql: open feed %s: %w: port %q of Config.DSN", f.name, ferrydriver.ErrMisconfigured, portText)
-	}
 	// The GTID position to start from: the cursor's, or the server's
 	// for the cursor's file and offset.
 	start := f.pos.GTID
@@ -517,24 +575,14 @@ func (f *feed) openStream(ctx context.Context) error {
 		}
 		gtid = &p
 	}
-	cfg := replication.BinlogSyncerConfig{
-		ServerID:         d.cfg.ServerID + uint32(rand.IntN(1<<20)),
-		Flavor:           gomysql.MariaDBFlavor,
-		Host:             host,
-		Port:             uint16(port),
-		User:             d.dsn.User,
-		Password:         d.dsn.Passwd,
-		TLSConfig:        d.dsn.TLS,
-		HeartbeatPeriod:  time.Second,
-		ReadTimeout:      30 * time.Second,
-		DisableRetrySync: true,
-		DiscardGTIDSet:   true, // the feed keeps its own
-		// Events read ahead of the relay: a bound on memory (a rows
-		// event holds up to a few MiB of rows).
-		EventCacheCount: 256,
-		Logger:          slog.New(quietHandler{d.cfg.Logger.Handler()}).With("feed", f.name),
+	// Only the outbox's new rows are decoded: the server's other tables
+	// are skipped unread.
+	syncer, err := d.binlogSyncer("feed "+f.name, func(e *replication.RowsEvent) bool {
+		return d.isOutbox(e) && e.Type() == replication.EnumRowsEventTypeInsert
+	})
+	if err != nil {
+		return err
 	}
-	syncer := replication.NewBinlogSyncer(cfg)
 	var streamer *replication.BinlogStreamer
 	if byGTID {
 		set, perr := gomysql.ParseMariadbGTIDSet(gtid.String())
@@ -553,7 +601,7 @@ func (f *feed) openStream(ctx context.Context) error {
 	pctx, cancel := context.WithCancel(context.Background())
 	f.syncer, f.stop = syncer, cancel
 	f.events, f.errs = make(chan *replication.BinlogEvent, 256), make(chan error, 1)
-	f.st = streamState{file: f.pos.File, pos: f.pos.Pos, skip: f.pos.Skip, gtid: gtid}
+	f.st = streamState{file: f.pos.File, pos: f.pos.Pos, skip: f.pos.Skip, gtid: gtid, holds: f.pos.Holds}
 	if byGTID {
 		// By file and offset the transaction at the position comes first;
 		// by GTID, the one the skip names (a cursor without SkipTx has no
@@ -589,7 +637,7 @@ func (f *feed) closeStream() {
 	f.stop()
 	f.syncer.Close()
 	f.pumped.Wait()
-	f.syncer, f.events, f.errs, f.pending, f.columns = nil, nil, nil, nil, nil
+	f.syncer, f.events, f.errs, f.pending, f.columns, f.samples = nil, nil, nil, nil, nil, nil
 }
 
 // Close implements ferrydriver.Feed.
@@ -597,130 +645,4 @@ func (f *feed) Close() error {
 	f.closeStream()
 	f.endSnapshot()
 	return nil
-}
-
-type tableMapKey struct {
-	id      uint64
-	columns uint64
-}
-
-// outboxColumns are the positions of ferry_outbox's columns in a table
-// map's rows (read by name: binlog_row_metadata = FULL).
-type outboxColumns struct {
-	id, p, eventID, topic, k, seq, typ, source, contentType, headers, payload, createdAt, appendedAt int
-}
-
-func (f *feed) outboxColumns(t *replication.TableMapEvent) (*outboxColumns, error) {
-	key := tableMapKey{id: t.TableID, columns: t.ColumnCount}
-	if c, ok := f.columns[key]; ok {
-		return c, nil
-	}
-	names := t.ColumnNameString()
-	at := map[string]int{}
-	for i, n := range names {
-		at[n] = i
-	}
-	c := &outboxColumns{}
-	for name, dst := range map[string]*int{"id": &c.id, "p": &c.p, "event_id": &c.eventID, "topic": &c.topic, "k": &c.k, "seq": &c.seq,
-		"type": &c.typ, "source": &c.source, "content_type": &c.contentType, "headers": &c.headers, "payload": &c.payload,
-		"created_at": &c.createdAt, "appended_at": &c.appendedAt} {
-		i, ok := at[name]
-		if !ok {
-			return nil, fmt.Errorf("ferrymysql: read the binlog (%s): %w: the binlog's map of %s.ferry_outbox has no column %s (columns %v): binlog_row_metadata must be FULL, and the table Ferry's migrations made",
-				f.name, ferrydriver.ErrMisconfigured, f.d.schema, name, names)
-		}
-		*dst = i
-	}
-	if f.columns == nil || len(f.columns) >= 64 {
-		f.columns = map[tableMapKey]*outboxColumns{}
-	}
-	f.columns[key] = c
-	return c, nil
-}
-
-// bytesOf copies a column's value (the row's strings share the event's
-// buffer).
-func bytesOf(v any) []byte {
-	switch x := v.(type) {
-	case string:
-		return []byte(x)
-	case []byte:
-		return append([]byte(nil), x...)
-	}
-	return nil
-}
-
-func (c *outboxColumns) int(row []any, i int) int64 {
-	switch x := row[i].(type) {
-	case int64:
-		return x
-	case int32:
-		return int64(x)
-	case int16:
-		return int64(x)
-	case int8:
-		return int64(x)
-	case uint64:
-		return int64(x)
-	case uint32:
-		return int64(x)
-	}
-	return -1
-}
-
-// event decodes an outbox row; invalid says why it is not a valid event.
-func (c *outboxColumns) event(row []any) (ev *ferryevent.Event, appended int64, invalid string) {
-	ev = &ferryevent.Event{Topic: string(bytesOf(row[c.topic])), Key: string(bytesOf(row[c.k])), Seq: c.int(row, c.seq),
-		Type: string(bytesOf(row[c.typ])), Source: string(bytesOf(row[c.source])), ContentType: string(bytesOf(row[c.contentType])),
-		Payload: bytesOf(row[c.payload]), CreatedAt: fromMicros(c.int(row, c.createdAt))}
-	if ev.Payload == nil {
-		ev.Payload = []byte{}
-	}
-	appended = c.int(row, c.appendedAt)
-	// BINARY(16) is padded with zero bytes, which the binlog's row image
-	// leaves out: a UUID that ends in zeros arrives shorter.
-	raw := bytesOf(row[c.eventID])
-	if len(raw) < 16 {
-		raw = append(raw, make([]byte, 16-len(raw))...)
-	}
-	id, err := uuid.FromBytes(raw)
-	if err != nil {
-		return ev, appended, fmt.Sprintf("invalid outbox row %d: event_id: %v", c.int(row, c.id), err)
-	}
-	ev.ID = id
-	if err := decodeHeaders(ev, bytesOf(row[c.headers])); err != nil {
-		return ev, appended, "invalid outbox row: " + err.Error()
-	}
-	if err := ferryevent.CheckRelayable(ev); err != nil {
-		return ev, appended, "invalid outbox row: " + err.Error()
-	}
-	return ev, appended, ""
-}
-
-// quietHandler passes go-mysql's log on with its INFO records (every
-// binlog rotation, every connection's start and end) as DEBUG: the feed
-// reports what matters to an operator itself.
-type quietHandler struct{ slog.Handler }
-
-func (h quietHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return h.Handler.Enabled(ctx, quiet(l))
-}
-
-func (h quietHandler) Handle(ctx context.Context, r slog.Record) error {
-	r.Level = quiet(r.Level)
-	return h.Handler.Handle(ctx, r)
-}
-
-func (h quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return quietHandler{h.Handler.WithAttrs(as)}
-}
-func (h quietHandler) WithGroup(name string) slog.Handler {
-	return quietHandler{h.Handler.WithGroup(name)}
-}
-
-func quiet(l slog.Level) slog.Level {
-	if l <= slog.LevelInfo {
-		return slog.LevelDebug
-	}
-	return l
 }

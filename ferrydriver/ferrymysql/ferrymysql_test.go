@@ -40,6 +40,10 @@ func begin(ctx context.Context, t *testing.T, drv ferrydriver.Driver[*sql.Tx]) f
 		},
 		Commit:   tx.Commit,
 		Rollback: tx.Rollback,
+		Exec: func(stmt string) error {
+			_, err := tx.ExecContext(ctx, stmt)
+			return err
+		},
 	}
 }
 
@@ -59,8 +63,9 @@ func newDriver(t *testing.T, cfg *ferrymysql.Config) *ferrymysql.Driver {
 func TestDriverSuite(t *testing.T) {
 	t.Parallel()
 	ferrydrivertest.Exercise(t, ferrydrivertest.Harness[*sql.Tx]{
-		New:   func(t *testing.T) ferrydriver.Driver[*sql.Tx] { return newDriver(t, nil) },
-		Begin: begin,
+		New:        func(t *testing.T) ferrydriver.Driver[*sql.Tx] { return newDriver(t, nil) },
+		Begin:      begin,
+		ClockGrain: time.Second,
 		HoldWriter: func(ctx context.Context, t *testing.T) func() {
 			drv := newDriver(t, nil)
 			tx, err := drv.DB().BeginTx(ctx, nil)

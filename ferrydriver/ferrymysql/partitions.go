@@ -200,7 +200,7 @@ func (d *Driver) undelivered(ctx context.Context, name string, partition int, sa
 	if err != nil {
 		return "", d.wrapErr("read the binlog's end", err)
 	}
-	f := &feed{d: d, name: name, partition: partition, pos: *pos}
+	f := d.newFeed(name, partition, *pos)
 	defer f.Close()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

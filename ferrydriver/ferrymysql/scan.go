@@ -4,11 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-
-	"github.com/google/uuid"
+	"slices"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/ferry-dev/ferry/ferryevent"
 )
 
 // snapshot is a scan's consistent snapshot: a connection in a transaction
@@ -23,6 +21,9 @@ type snapshot struct {
 	afterSeq int64
 	started  bool
 	scanned  int64
+	// open is the start of the oldest transaction open before the
+	// snapshot (0: not known): the cursor after the scan's Open.
+	open int64
 }
 
 // scan returns the next rows of the outbox scan, key by key in Seq order;
@@ -35,8 +36,7 @@ func (f *feed) scan(ctx context.Context, limit int) (*ferrydriver.Batch, error) 
 		}
 	}
 	s := f.snap
-	q := `SELECT id, event_id, topic, k, seq, type, source, content_type, headers, payload, created_at, appended_at
-  FROM ferry_outbox WHERE p = ? AND appended_at >= ?`
+	q := `SELECT ` + outboxSelect + ` FROM ferry_outbox WHERE p = ? AND appended_at >= ?`
 	args := []any{f.partition, f.pos.Scan.From}
 	if s.started {
 		q += ` AND (k > ? OR (k = ? AND seq > ?))`
@@ -52,35 +52,20 @@ func (f *feed) scan(ctx context.Context, limit int) (*ferrydriver.Batch, error) 
 	cur := f.pos
 	n := 0
 	for rows.Next() {
-		var id, created, appended int64
-		var eventID, headers []byte
-		ev := &ferryevent.Event{}
-		var key []byte
-		if err := rows.Scan(&id, &eventID, &ev.Topic, &key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &appended); err != nil {
+		r, err := scanRow(rows)
+		if err != nil {
 			rows.Close()
 			f.endSnapshot()
 			return nil, f.d.wrapErr("scan the outbox ("+f.name+")", err)
 		}
 		n++
-		ev.Key, ev.CreatedAt = string(key), fromMicros(created)
-		if ev.Payload == nil {
-			ev.Payload = []byte{}
-		}
-		s.afterK, s.afterSeq, s.started = key, ev.Seq, true
-		cur.At = max(cur.At, appended)
-		u, err := uuid.FromBytes(eventID)
-		if err == nil {
-			ev.ID = u
-			err = decodeHeaders(ev, headers)
-		}
-		if err == nil {
-			err = ferryevent.CheckRelayable(ev)
-		}
-		if err != nil {
-			b.Invalid = append(b.Invalid, &ferrydriver.InvalidRecord{Event: *ev, Reason: fmt.Sprintf("invalid outbox row %d: %v", id, err)})
+		s.afterK, s.afterSeq, s.started = []byte(r.ev.Key), r.ev.Seq, true
+		cur.At = max(cur.At, r.appended)
+		if r.invalid != "" {
+			b.Invalid = append(b.Invalid, &ferrydriver.InvalidRecord{Event: *r.ev, Reason: r.invalid})
 			continue
 		}
-		b.Events = append(b.Events, ev)
+		b.Events = append(b.Events, r.ev)
 	}
 	if err := rows.Err(); err != nil {
 		rows.Close()
@@ -94,7 +79,7 @@ func (f *feed) scan(ctx context.Context, limit int) (*ferrydriver.Batch, error) 
 		// its position.
 		f.d.cfg.Logger.Info("ferrymysql: the outbox scan is done; the feed follows the binlog", "feed", f.name,
 			"events", s.scanned, "file", s.file, "pos", s.pos)
-		cur = cursor{V: 1, File: s.file, Pos: s.pos, At: cur.At}
+		cur = cursor{V: 1, File: s.file, Pos: s.pos, At: cur.At, Open: max(cur.Open, s.open), Holds: cur.Holds}
 		f.endSnapshot()
 	}
 	f.pos = cur
@@ -113,6 +98,13 @@ func (f *feed) beginSnapshot(ctx context.Context) error {
 		_ = conn.Close()
 		return f.d.wrapErr("start the outbox scan ("+f.name+")", err)
 	}
+	f.checkXA(ctx)
+	// Every transaction committed after the snapshot was open before it
+	// or started after.
+	open, err := f.d.oldestOpen(ctx)
+	if err != nil {
+		open = 0 // the scan that follows resumes as before (the warning is the feed's, sampleOpen)
+	}
 	if _, err := conn.ExecContext(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
 		return fail(err)
 	}
@@ -123,7 +115,7 @@ func (f *feed) beginSnapshot(ctx context.Context) error {
 	if err != nil {
 		return fail(err)
 	}
-	s := &snapshot{conn: conn}
+	s := &snapshot{conn: conn, open: open}
 	for rows.Next() {
 		var name, value string
 		if err := rows.Scan(&name, &value); err != nil {
@@ -164,4 +156,46 @@ func (f *feed) endSnapshot() {
 	_, _ = f.snap.conn.ExecContext(context.Background(), `COMMIT`)
 	_ = f.snap.conn.Close()
 	f.snap = nil
+}
+
+// checkXA compares the XA transactions prepared in the server, read
+// before a scan's snapshot, with those the feed holds: a hold whose
+// transaction is no longer prepared was committed (the snapshot sees its
+// rows) or rolled back before the snapshot, and goes. A prepared one the
+// feed does not hold is one whose PREPARE it did not read (the binlog
+// that held it was purged, or the feed starts with a scan): the rows it
+// wrote, invisible to the snapshot, will not be delivered when it
+// commits. Nothing can find those rows; an operator can, with its XID.
+func (f *feed) checkXA(ctx context.Context) {
+	rows, err := f.d.db.QueryContext(ctx, `XA RECOVER`)
+	if err != nil {
+		f.d.cfg.Logger.Warn("ferrymysql: XA RECOVER failed: the outbox scan cannot tell whether an XA transaction prepared before it wrote events it will not deliver",
+			"feed", f.name, "err", err)
+		return
+	}
+	defer rows.Close()
+	prepared := map[string]bool{}
+	var unknown []string
+	for rows.Next() {
+		var format int64
+		var gl, bl int
+		var data []byte
+		if err := rows.Scan(&format, &gl, &bl, &data); err != nil || gl+bl > len(data) {
+			continue
+		}
+		xid := xaID(format, data[:gl], data[gl:gl+bl])
+		prepared[xid] = true
+		if !slices.ContainsFunc(f.pos.Holds, func(h xaHold) bool { return h.XID == xid }) {
+			unknown = append(unknown, fmt.Sprintf("XA COMMIT X'%x',X'%x',%d", data[:gl], data[gl:gl+bl], format))
+		}
+	}
+	if rows.Err() != nil {
+		return
+	}
+	f.pos.Holds = slices.DeleteFunc(slices.Clone(f.pos.Holds), func(h xaHold) bool { return !prepared[h.XID] })
+	if len(unknown) > 0 {
+		f.d.cfg.Logger.Error("ferrymysql: XA transactions are prepared whose PREPARE the feed did not read (their binlog was purged, or the feed starts with a scan); "+
+			"events they wrote are not delivered when they commit: if one wrote ferry_outbox, append its events again after it commits",
+			"feed", f.name, "xa", unknown)
+	}
 }

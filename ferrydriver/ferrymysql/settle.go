@@ -3,10 +3,6 @@ package ferrymysql
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
-	"net"
-	"strconv"
 	"sync"
 	"time"
 
@@ -263,45 +259,6 @@ func (h *settleHub) close() {
 	if r != nil {
 		r.stop()
 	}
-}
-
-// binlogSyncer returns a replication connection for Config.DSN (set up as
-// the feed's: a server id of its own, MariaDB's flavour), which decodes
-// the rows of the events of the tables keep accepts only (the others
-// arrive with no rows).
-func (d *Driver) binlogSyncer(purpose string, keep func(*replication.RowsEvent) bool) (*replication.BinlogSyncer, error) {
-	if d.dsn == nil {
-		return nil, fmt.Errorf("ferrymysql: %s: %w: no Config.DSN to open a replication connection with (ferrymysql.Open sets it)", purpose, ferrydriver.ErrMisconfigured)
-	}
-	host, portText, err := net.SplitHostPort(d.dsn.Addr)
-	if err != nil || (d.dsn.Net != "tcp" && d.dsn.Net != "") {
-		return nil, fmt.Errorf("ferrymysql: %s: %w: the binlog is read over TCP, and Config.DSN's address %s (%s) is not host:port", purpose, ferrydriver.ErrMisconfigured, d.dsn.Addr, d.dsn.Net)
-	}
-	port, err := strconv.ParseUint(portText, 10, 16)
-	if err != nil {
-		return nil, fmt.Errorf("ferrymysql: %s: %w: port %q of Config.DSN", purpose, ferrydriver.ErrMisconfigured, portText)
-	}
-	return replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
-		ServerID:         d.cfg.ServerID + uint32(rand.IntN(1<<20)),
-		Flavor:           gomysql.MariaDBFlavor,
-		Host:             host,
-		Port:             uint16(port),
-		User:             d.dsn.User,
-		Password:         d.dsn.Passwd,
-		TLSConfig:        d.dsn.TLS,
-		HeartbeatPeriod:  time.Second,
-		ReadTimeout:      30 * time.Second,
-		DisableRetrySync: true,
-		EventCacheCount:  256,
-		Logger:           slog.New(quietHandler{d.cfg.Logger.Handler()}).With("binlog", purpose),
-		RowsEventDecodeFunc: func(e *replication.RowsEvent, data []byte) error {
-			pos, err := e.DecodeHeader(data)
-			if err != nil || !keep(e) {
-				return err
-			}
-			return e.DecodeData(pos, data)
-		},
-	}), nil
 }
 
 // startSettleReader opens the binlog at its end and follows it.

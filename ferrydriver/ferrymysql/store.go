@@ -614,19 +614,18 @@ func (d *Driver) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDea
 }
 
 // partitionLow is the oldest append time any feed of the partition may
-// still need (a recovery scan starts RecoveryMargin before the last event
-// it acknowledged): the earliest of the saved checkpoints' and cur's,
-// minus the margin. 0: keep everything (a feed has delivered nothing yet,
-// or is scanning the outbox).
+// still need for a recovery scan (cursor.scanFrom): the earliest of the
+// saved checkpoints' and cur's. 0: keep everything (a feed has delivered
+// nothing yet, or is scanning the outbox).
 func (d *Driver) partitionLow(ctx context.Context, partition int, cur []byte) (int64, error) {
 	c, err := decodeCursor(cur)
 	if err != nil {
 		return 0, err
 	}
-	if len(cur) > 0 && (c.At == 0 || c.Scan != nil) {
+	low := c.scanFrom(d.cfg.RecoveryMargin)
+	if len(cur) > 0 && (low == 0 || c.Scan != nil) {
 		return 0, nil
 	}
-	low := c.At
 	rows, err := d.db.QueryContext(ctx, `SELECT pos FROM ferry_checkpoints WHERE p = ?`, partition)
 	if err != nil {
 		return 0, d.wrapErr(fmt.Sprintf("read the checkpoints of partition %d", partition), err)
@@ -641,20 +640,15 @@ func (d *Driver) partitionLow(ctx context.Context, partition int, cur []byte) (i
 		if err != nil {
 			return 0, err
 		}
-		if other.Scan != nil || other.At == 0 {
+		from := other.scanFrom(d.cfg.RecoveryMargin)
+		if other.Scan != nil || from == 0 {
 			return 0, nil
 		}
-		if low == 0 || other.At < low {
-			low = other.At
+		if low == 0 || from < low {
+			low = from
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return 0, err
-	}
-	if low == 0 {
-		return 0, nil
-	}
-	return low - d.cfg.RecoveryMargin.Microseconds(), nil
+	return low, rows.Err()
 }
 
 // DeleteDelivered implements ferrydriver.Store: it removes events older

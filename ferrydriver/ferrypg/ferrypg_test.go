@@ -60,6 +60,10 @@ func TestDriverSuitePgx(t *testing.T) {
 				},
 				Commit:   func() error { return tx.Commit(ctx) },
 				Rollback: func() error { return tx.Rollback(ctx) },
+				Exec: func(stmt string) error {
+					_, err := tx.Exec(ctx, stmt)
+					return err
+				},
 			}
 		},
 		HoldWriter: holdWriter,
@@ -100,6 +104,10 @@ func TestDriverSuiteDatabaseSQL(t *testing.T) {
 				},
 				Commit:   tx.Commit,
 				Rollback: tx.Rollback,
+				Exec: func(stmt string) error {
+					_, err := tx.ExecContext(ctx, stmt)
+					return err
+				},
 			}
 		},
 		HoldWriter: holdWriter,

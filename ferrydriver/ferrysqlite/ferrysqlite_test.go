@@ -37,7 +37,10 @@ func TestDriverSuite(t *testing.T) {
 			tx, err := drv.(*ferrysqlite.Driver).DB().BeginTx(ctx, nil)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback() })
-			return ferrydrivertest.Tx[*sql.Tx]{Tx: tx, Commit: tx.Commit, Rollback: tx.Rollback}
+			return ferrydrivertest.Tx[*sql.Tx]{Tx: tx, Commit: tx.Commit, Rollback: tx.Rollback, Exec: func(stmt string) error {
+				_, err := tx.ExecContext(ctx, stmt)
+				return err
+			}}
 		},
 		NewPartitioned: func(t *testing.T, n int) (ferrydriver.Driver[*sql.Tx], func(int) ferrydriver.Driver[*sql.Tx]) {
 			path := filepath.Join(t.TempDir(), "ferry.db")
