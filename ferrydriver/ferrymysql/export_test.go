@@ -101,3 +101,7 @@ func (d *Driver) SetFeedLimits(holdRows, readEvents int, openEvery time.Duration
 // Rereads counts the transactions too large to hold that a feed read
 // twice.
 func (d *Driver) Rereads() int64 { return d.rereads.Load() }
+
+// ForeignRows counts the rows events of tables other than the outbox that
+// a feed of the driver received decoded.
+func ForeignRows(f ferrydriver.Feed) int { return f.(*feed).foreignRows }

@@ -210,6 +210,8 @@ type feed struct {
 	samples []openSample
 	sampled time.Time
 	noOpen  bool
+	// foreignRows counts other tables' rows events that arrived decoded.
+	foreignRows int
 
 	// Test knobs: the group size held in memory, the bounds of a Read,
 	// how often cursor.Open is read.

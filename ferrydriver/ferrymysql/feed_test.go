@@ -407,3 +407,22 @@ func TestFeedReadsAStatementWrittenOutbox(t *testing.T) {
 	later := emitN(ctx, t, drv, 3, 2, "later-")
 	requireKeyOrder(t, later, r.ReadN(ctx, 3))
 }
+
+// TestFeedDecodesOnlyTheOutbox: the feed's binlog reader decodes the rows
+// of ferry_outbox's inserts only; the server's other tables (here a wide
+// one) arrive undecoded.
+func TestFeedDecodesOnlyTheOutbox(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	drv := newDriver(t, nil)
+	run(ctx, t, drv.DB(), "CREATE TABLE test_wide (id INT AUTO_INCREMENT PRIMARY KEY, body LONGBLOB) ENGINE=InnoDB")
+	for range 20 {
+		run(ctx, t, drv.DB(), "INSERT INTO test_wide (body) VALUES (REPEAT('x', 100000))")
+	}
+	evs := emitN(ctx, t, drv, 5, 2, "x")
+	run(ctx, t, drv.DB(), "UPDATE test_wide SET body = 'y'", "DELETE FROM test_wide")
+	r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
+	requireKeyOrder(t, evs, r.ReadQuiet(ctx))
+	require.Zero(t, ferrymysql.ForeignRows(r.Feed), "other tables' rows were decoded")
+}

@@ -347,6 +347,9 @@ func (f *feed) rows(ev *replication.BinlogEvent, e *replication.RowsEvent) error
 		return nil
 	}
 	if !f.d.isOutbox(e) {
+		if len(e.Rows) > 0 {
+			f.foreignRows++ // decoded for nothing: binlogSyncer's filter failed
+		}
 		return nil
 	}
 	cols, err := f.outboxColumns(e.Table)
