@@ -25,7 +25,9 @@
 // reads the newest failures only (10,000 unless ?scan= says otherwise); an
 // event looked up by ID that is in no inbox and no dead letter is looked
 // for in the first 4,000 unpublished events of the backlog (?scan=). An
-// action by filter selects in the database, a page at a time.
+// action by filter selects in the database, a page at a time, and acts on
+// exactly what it selected: relay dead letters each by its feed and event,
+// never another feed's.
 package ferryui
 
 import (
@@ -248,19 +250,22 @@ func eventJSON(ev *ferryevent.Event) EventJSON {
 }
 
 // Filter selects events by the fields that are set, failed (or finished)
-// in [Since, Until).
+// in [Since, Until). Feed is a feed's name ("hooks": every partition of
+// it) or a partition's ("hooks/0"); Topic and Reason (a text the reason
+// contains) select relay dead letters only.
 type Filter struct {
-	Feed  string    `json:"feed,omitempty"`
-	Key   string    `json:"key,omitempty"`
-	Type  string    `json:"type,omitempty"`
-	Topic string    `json:"topic,omitempty"`
-	Since time.Time `json:"since,omitzero"`
-	Until time.Time `json:"until,omitzero"`
-	Limit int       `json:"limit,omitempty"`
+	Feed   string    `json:"feed,omitempty"`
+	Key    string    `json:"key,omitempty"`
+	Type   string    `json:"type,omitempty"`
+	Topic  string    `json:"topic,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+	Since  time.Time `json:"since,omitzero"`
+	Until  time.Time `json:"until,omitzero"`
+	Limit  int       `json:"limit,omitempty"`
 }
 
 func filterFromQuery(q url.Values) (Filter, error) {
-	f := Filter{Feed: q.Get("feed"), Key: q.Get("key"), Type: q.Get("type"), Topic: q.Get("topic")}
+	f := Filter{Feed: q.Get("feed"), Key: q.Get("key"), Type: q.Get("type"), Topic: q.Get("topic"), Reason: q.Get("reason")}
 	for _, t := range []struct {
 		name string
 		to   *time.Time
@@ -304,47 +309,85 @@ func pathID(r *http.Request) (uuid.UUID, error) {
 	return id, nil
 }
 
-// ActionRequest selects what an action acts on: the events IDs, or every
-// one matching Filter (at most Filter.Limit). DryRun counts them and acts
-// on none; Expect, when set, makes the action refuse unless it would act
-// on exactly that many (the count a dry run showed).
+// ActionRequest selects what an action acts on: a group's events by ID
+// (IDs), relay dead letters each by its feed and event (Letters: an
+// event dead-lettered by several feeds has a dead letter in each, and an
+// action reaches only those named), or every one matching Filter (at
+// most Filter.Limit). DryRun counts them and acts on none; Expect, when
+// set, makes the action refuse unless it would act on exactly that many
+// (the count a dry run showed).
 type ActionRequest struct {
-	IDs    []string `json:"ids,omitempty"`
-	Filter *Filter  `json:"filter,omitempty"`
-	DryRun bool     `json:"dry_run,omitempty"`
-	Expect *int     `json:"expect,omitempty"`
+	IDs     []string    `json:"ids,omitempty"`
+	Letters []LetterRef `json:"letters,omitempty"`
+	Filter  *Filter     `json:"filter,omitempty"`
+	DryRun  bool        `json:"dry_run,omitempty"`
+	Expect  *int        `json:"expect,omitempty"`
 }
 
-// ActionResult says how many events an action selected and acted on.
-// An action by filter selects one page (the filter's limit, DefaultPage
-// if none): More says the page was full, so more events may match; the
-// same request again (a dry run to count, then the action) takes the next
-// page, since the events acted on no longer match.
+// LetterRef names a relay dead letter: the feed partition that
+// dead-lettered the event, and the event's ID.
+type LetterRef struct {
+	Feed string `json:"feed"`
+	ID   string `json:"id"`
+}
+
+// ActionResult says how many events an action selected and acted on: IDs
+// are the events selected, and Letters, for relay dead letters, each
+// with its feed. An action by filter selects one page (the filter's
+// limit, DefaultPage if none): More says the page was full, so more
+// events may match; the same request again (a dry run to count, then the
+// action) takes the next page, since the events acted on no longer match.
 // The selection applies every filter in the database, the first matches
-// however far back they are: a filter no index serves (a type, a topic)
-// may read many rows to find them.
+// however far back they are: a filter no index serves (a type, a topic,
+// a reason) may read many rows to find them. The action acts on exactly
+// what was selected, each dead letter by its feed and event.
 type ActionResult struct {
-	Selected int      `json:"selected"`
-	Done     int      `json:"done"`
-	IDs      []string `json:"ids"`
-	DryRun   bool     `json:"dry_run,omitempty"`
-	More     bool     `json:"more"`
+	Selected int         `json:"selected"`
+	Done     int         `json:"done"`
+	IDs      []string    `json:"ids"`
+	Letters  []LetterRef `json:"letters,omitempty"`
+	DryRun   bool        `json:"dry_run,omitempty"`
+	More     bool        `json:"more"`
 }
 
-func (a *ActionRequest) ids() ([]uuid.UUID, error) {
-	if (len(a.IDs) == 0) == (a.Filter == nil) {
-		return nil, badRequest("name the events to act on: either \"ids\" or \"filter\" (not both)")
+// selection is what an action names or selects: for a group, events
+// (Feed ""); for the relay, dead letters.
+type selection = []ferrydriver.DeadLetterRef
+
+// named reads the request's IDs or Letters (the one the action takes:
+// letters for relay dead letters), or checks its filter.
+func (a *ActionRequest) named(letters bool) (selection, error) {
+	what, other := `"ids"`, len(a.Letters) > 0
+	if letters {
+		what, other = `"letters"`, len(a.IDs) > 0
 	}
-	out := make([]uuid.UUID, len(a.IDs))
+	switch {
+	case other && letters:
+		return nil, badRequest(`name each relay dead letter with its feed: "letters": [{"feed": "hooks/0", "id": "<event ID>"}] (an event dead-lettered by several feeds has a dead letter in each), or use "filter"`)
+	case other:
+		return nil, badRequest(`a group's events are named by "ids" (event IDs), not "letters"`)
+	}
+	n := len(a.IDs) + len(a.Letters)
+	if (n == 0) == (a.Filter == nil) {
+		return nil, badRequest("name what to act on: either %s or \"filter\" (not both)", what)
+	}
+	if n > MaxPage {
+		return nil, badRequest("%d events are over an action's %d: act in pages", n, MaxPage)
+	}
+	out := make(selection, 0, n)
 	for i, s := range a.IDs {
 		id, err := uuid.Parse(s)
 		if err != nil {
 			return nil, badRequest("ids[%d] = %q is not an event ID", i, s)
 		}
-		out[i] = id
+		out = append(out, ferrydriver.DeadLetterRef{EventID: id})
 	}
-	if len(out) > MaxPage {
-		return nil, badRequest("%d IDs are over an action's %d: act in pages", len(out), MaxPage)
+	for i, l := range a.Letters {
+		id, err := uuid.Parse(l.ID)
+		if err != nil || l.Feed == "" {
+			return nil, badRequest("letters[%d] = {feed %q, id %q} is not a dead letter: give the feed partition that dead-lettered it and the event ID", i, l.Feed, l.ID)
+		}
+		out = append(out, ferrydriver.DeadLetterRef{Feed: l.Feed, EventID: id})
 	}
 	if a.Filter != nil {
 		if err := a.Filter.check(); err != nil {
@@ -369,28 +412,35 @@ func idStrings(ids []uuid.UUID) []string {
 	return out
 }
 
-// act runs an action: it selects the events (choose, from the request's
-// IDs or filter), checks the count against Expect and, unless it is a dry
-// run, acts on them (do) and logs what it did.
-func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string,
-	choose func(ctx context.Context, ids []uuid.UUID, f *Filter) (selected []uuid.UUID, more bool, err error),
-	do func(ctx context.Context, ids []uuid.UUID) (int, error)) error {
+// act runs an action: it selects what it acts on (choose, from what the
+// request names or its filter), checks the count against Expect and,
+// unless it is a dry run, acts on exactly that (do) and logs what it did.
+// letters: the action takes relay dead letters, each named by its feed.
+func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string, letters bool,
+	choose func(ctx context.Context, named selection, f *Filter) (selected selection, more bool, err error),
+	do func(ctx context.Context, selected selection) (int, error)) error {
 	var req ActionRequest
 	if err := readJSON(r, &req); err != nil {
 		return err
 	}
-	ids, err := req.ids()
+	named, err := req.named(letters)
 	if err != nil {
 		return err
 	}
-	selected, more, err := choose(r.Context(), ids, req.Filter)
+	selected, more, err := choose(r.Context(), named, req.Filter)
 	if err != nil {
 		return err
 	}
 	if err := req.expected(len(selected)); err != nil {
 		return err
 	}
-	res := ActionResult{Selected: len(selected), IDs: idStrings(selected), DryRun: req.DryRun, More: more}
+	res := ActionResult{Selected: len(selected), IDs: make([]string, len(selected)), DryRun: req.DryRun, More: more}
+	for i, s := range selected {
+		res.IDs[i] = s.EventID.String()
+		if letters {
+			res.Letters = append(res.Letters, LetterRef{Feed: s.Feed, ID: s.EventID.String()})
+		}
+	}
 	if !req.DryRun && len(selected) > 0 {
 		if res.Done, err = do(r.Context(), selected); err != nil {
 			return err
@@ -403,8 +453,11 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string,
 
 // ReasonJSON is one reason among the newest failures: how many of those
 // read have it, the latest, and the newest event IDs (at most MaxPage),
-// which an action can take (IDs, a page at a time).
+// which an action can take (IDs, a page at a time). For relay dead
+// letters a reason is grouped per feed partition (Feed): an action names
+// each of them with it.
 type ReasonJSON struct {
+	Feed   string    `json:"feed,omitempty"`
 	Reason string    `json:"reason"`
 	Count  int       `json:"count"`
 	Latest time.Time `json:"latest"`
@@ -441,7 +494,7 @@ func (h *Handler) reasons(w http.ResponseWriter, r *http.Request, group func(fer
 	}
 	out := ReasonsJSON{Reasons: make([]ReasonJSON, len(res.Groups)), Scanned: res.Scanned, Scan: p.Scan}
 	for i, g := range res.Groups {
-		out.Reasons[i] = ReasonJSON{Reason: g.Reason, Count: g.Count, Latest: g.Latest, IDs: idStrings(g.EventIDs)}
+		out.Reasons[i] = ReasonJSON{Feed: g.Feed, Reason: g.Reason, Count: g.Count, Latest: g.Latest, IDs: idStrings(g.EventIDs)}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -68,50 +68,83 @@ func parseCursor(v string) (*ferrydriver.DeadLetterCursor, error) {
 	return &ferrydriver.DeadLetterCursor{FailedAt: t, EventID: u}, nil
 }
 
+// DeadLettersOfJSON is an event's relay dead letters, one per feed
+// partition that dead-lettered it, newest first.
+type DeadLettersOfJSON struct {
+	ID          string           `json:"id"`
+	DeadLetters []DeadLetterJSON `json:"dead_letters"`
+}
+
+// deadLetter answers an event's dead letters (of ?feed= only, when given:
+// a feed's name or a partition's).
 func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) error {
 	id, err := pathID(r)
 	if err != nil {
 		return err
 	}
-	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{id}, Limit: 1})
+	feed := r.URL.Query().Get("feed")
+	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{Feed: feed, EventIDs: []uuid.UUID{id}, Limit: MaxPage})
 	if err != nil {
 		return err
 	}
 	if len(dls) == 0 {
-		return &apiError{http.StatusNotFound, "no relay dead letter has event ID " + id.String()}
+		where := ""
+		if feed != "" {
+			where = " in feed " + feed
+		}
+		return &apiError{http.StatusNotFound, "no relay dead letter has event ID " + id.String() + where}
 	}
-	dl := dls[0]
-	writeJSON(w, http.StatusOK, deadLetterJSON(dl))
+	out := DeadLettersOfJSON{ID: id.String(), DeadLetters: make([]DeadLetterJSON, len(dls))}
+	for i, dl := range dls {
+		out.DeadLetters[i] = deadLetterJSON(dl)
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
+// deadLettersAction redrives or discards relay dead letters: those the
+// request names, each by feed and event, or those its filter selects in
+// the database, every filter applied there (its page holds the first
+// matches however far back they are: an action is an operator's write, a
+// page at a time, not a page the console polls). Either way the action
+// acts on the dead letters selected, each by its feed and event, and on
+// no other feed's.
 func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r *http.Request) error {
 	verb, act := "discarded", h.cfg.Store.DiscardDeadLetters
 	if redrive {
 		verb, act = "redriven", h.cfg.Store.RedriveDeadLetters
 	}
-	// An action by filter selects in the database, every filter applied
-	// there: its page holds the first matches however far back they are
-	// (an action is an operator's write, a page at a time, not a page the
-	// console polls).
-	choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, bool, error) {
-		list := &ferrydriver.ListDeadLettersParams{EventIDs: ids, Limit: MaxPage}
-		if f != nil {
-			list = &ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Type: f.Type, Topic: f.Topic, Since: f.Since, Until: f.Until, Limit: f.Limit}
+	choose := func(ctx context.Context, named selection, f *Filter) (selection, bool, error) {
+		if f == nil {
+			// What is still there of what was named, feed by feed.
+			byFeed := map[string][]uuid.UUID{}
+			for _, n := range named {
+				byFeed[n.Feed] = append(byFeed[n.Feed], n.EventID)
+			}
+			var out selection
+			for feed, ids := range byFeed {
+				dls, err := h.cfg.Store.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: feed, EventIDs: ids, Limit: len(ids)})
+				if err != nil {
+					return nil, false, err
+				}
+				for _, dl := range dls {
+					if dl.Feed == feed { // a partition named, not a feed's name
+						out = append(out, ferrydriver.DeadLetterRef{Feed: feed, EventID: dl.Event.ID})
+					}
+				}
+			}
+			return out, false, nil
 		}
-		dls, err := h.cfg.Store.ListDeadLetters(ctx, list)
+		dls, err := h.cfg.Store.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Type: f.Type, Topic: f.Topic,
+			Reason: f.Reason, Since: f.Since, Until: f.Until, Limit: f.Limit})
 		if err != nil {
 			return nil, false, err
 		}
-		out := make([]uuid.UUID, len(dls))
-		for i, dl := range dls {
-			out[i] = dl.Event.ID
-		}
-		return out, f != nil && len(dls) == f.Limit, nil
+		return ferrydriver.Refs(dls), len(dls) == f.Limit, nil
 	}
 	return func(w http.ResponseWriter, r *http.Request) error {
-		return h.act(w, r, "relay dead letters "+verb, choose, func(ctx context.Context, ids []uuid.UUID) (int, error) {
-			return act(ctx, &ferrydriver.DeadLetterSelection{EventIDs: ids, Limit: len(ids)})
+		return h.act(w, r, "relay dead letters "+verb, true, choose, func(ctx context.Context, selected selection) (int, error) {
+			return act(ctx, &ferrydriver.DeadLetterSelection{Letters: selected})
 		})
 	}
 }

@@ -13,11 +13,12 @@ import (
 )
 
 // EventTimelineJSON is what the console knows of one event: its relay dead
-// letter, if it has one, and its row in each consumer group's inbox.
+// letters, one per feed partition that dead-lettered it, and its row in
+// each consumer group's inbox.
 type EventTimelineJSON struct {
-	ID         string          `json:"id"`
-	DeadLetter *DeadLetterJSON `json:"dead_letter,omitempty"`
-	Groups     []InboxRowJSON  `json:"groups"`
+	ID          string           `json:"id"`
+	DeadLetters []DeadLetterJSON `json:"dead_letters"`
+	Groups      []InboxRowJSON   `json:"groups"`
 	// Outbox is set for an event the relay has not published yet, found
 	// in its partition's backlog.
 	Outbox *OutboxJSON `json:"outbox,omitempty"`
@@ -52,14 +53,13 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := EventTimelineJSON{ID: id.String(), Groups: []InboxRowJSON{}}
-	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{id}, Limit: 1})
+	out := EventTimelineJSON{ID: id.String(), DeadLetters: []DeadLetterJSON{}, Groups: []InboxRowJSON{}}
+	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{id}, Limit: MaxPage})
 	if err != nil {
 		return err
 	}
-	if len(dls) > 0 {
-		dl := deadLetterJSON(dls[0])
-		out.DeadLetter = &dl
+	for _, dl := range dls {
+		out.DeadLetters = append(out.DeadLetters, deadLetterJSON(dl))
 	}
 	if h.cfg.Inbox != nil {
 		groups, err := h.groupPolicies(r.Context())
@@ -81,7 +81,7 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	if out.DeadLetter == nil && len(out.Groups) == 0 {
+	if len(out.DeadLetters) == 0 && len(out.Groups) == 0 {
 		scan := outboxScan
 		if v := r.URL.Query().Get("scan"); v != "" {
 			n, err := strconv.Atoi(v)

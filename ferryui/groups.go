@@ -226,22 +226,33 @@ func (h *Handler) groupAction(redrive bool) func(w http.ResponseWriter, r *http.
 			verb, act = "redriven", in.RedriveInbox
 		}
 		dead := []ferrydriver.InboxState{ferrydriver.InboxDead}
-		choose := func(ctx context.Context, ids []uuid.UUID, f *Filter) ([]uuid.UUID, bool, error) {
+		choose := func(ctx context.Context, named selection, f *Filter) (selection, bool, error) {
+			ids := make([]uuid.UUID, len(named))
+			for i, n := range named {
+				ids[i] = n.EventID
+			}
 			list := &ferrydriver.ListInboxParams{Group: group, States: dead, EventIDs: ids, Limit: MaxPage}
 			if f != nil {
+				if f.Topic != "" || f.Reason != "" || f.Feed != "" {
+					return nil, false, badRequest("a group's dead events are selected by key, type, since and until: feed, topic and reason select relay dead letters")
+				}
 				list = &ferrydriver.ListInboxParams{Group: group, States: dead, Key: f.Key, Type: f.Type, Since: f.Since, Until: f.Until, Limit: f.Limit}
 			}
 			rows, err := in.ListInbox(ctx, list)
 			if err != nil {
 				return nil, false, err
 			}
-			out := make([]uuid.UUID, len(rows))
+			out := make(selection, len(rows))
 			for i, row := range rows {
-				out[i] = row.Event.ID
+				out[i] = ferrydriver.DeadLetterRef{EventID: row.Event.ID}
 			}
 			return out, f != nil && len(rows) == f.Limit, nil
 		}
-		return h.act(w, r, "group "+group+": dead events "+verb, choose, func(ctx context.Context, ids []uuid.UUID) (int, error) {
+		return h.act(w, r, "group "+group+": dead events "+verb, false, choose, func(ctx context.Context, selected selection) (int, error) {
+			ids := make([]uuid.UUID, len(selected))
+			for i, s := range selected {
+				ids[i] = s.EventID
+			}
 			return act(ctx, &ferrydriver.InboxIDsParams{Group: group, EventIDs: ids})
 		})
 	}

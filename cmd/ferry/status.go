@@ -318,14 +318,7 @@ func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, acti
 		}
 		return nil
 	}
-	sel := &ferrydriver.DeadLetterSelection{Feed: p.Feed, Limit: len(dls)}
-	seen := map[uuid.UUID]bool{}
-	for _, d := range dls {
-		if !seen[d.Event.ID] {
-			seen[d.Event.ID] = true
-			sel.EventIDs = append(sel.EventIDs, d.Event.ID)
-		}
-	}
+	sel := &ferrydriver.DeadLetterSelection{Letters: ferrydriver.Refs(dls)}
 	var n int
 	if action == "redrive" {
 		n, err = drv.RedriveDeadLetters(ctx, sel)

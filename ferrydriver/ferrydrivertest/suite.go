@@ -76,6 +76,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("Lease", func(t *testing.T) { t.Parallel(); testLease(t, h) })
 	t.Run("CheckpointFencing", func(t *testing.T) { t.Parallel(); testCheckpointFencing(t, h) })
 	t.Run("DeadLetters", func(t *testing.T) { t.Parallel(); testDeadLetters(t, h) })
+	t.Run("DeadLettersByFeedAndReason", func(t *testing.T) { t.Parallel(); testDeadLettersByFeedAndReason(t, h) })
 	t.Run("DeadLetterRetention", func(t *testing.T) { t.Parallel(); testDeadLetterRetention(t, h) })
 	t.Run("RedriveDeadLetters", func(t *testing.T) { t.Parallel(); testRedriveDeadLetters(t, h) })
 	t.Run("RedriveAndDiscardSelect", func(t *testing.T) { t.Parallel(); testRedriveSelection(t, h) })
@@ -731,16 +732,72 @@ func testDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	require.ErrorIs(t, err, ferrydriver.ErrNotFound)
 }
 
-// insertDeadLetters stores events as feed's dead letters under a lease.
-func insertDeadLetters(ctx context.Context, t *testing.T, drv ferrydriver.Store, feed string, evs ...*ferryevent.Event) {
+// testDeadLettersByFeedAndReason: a feed's name selects every partition
+// of it and no other feed's, a partition's name that partition; a reason
+// selects the dead letters whose reason contains it; the count is of
+// every match.
+func testDeadLettersByFeedAndReason[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	h0, h1, other, nested := Event("t", "k", "h0"), Event("t", "k", "h1"), Event("t", "k", "hooksx"), Event("t", "k", "nested")
+	insertDeadLettersWhy(ctx, t, drv, "hooks/0", "410 Gone", h0)
+	insertDeadLettersWhy(ctx, t, drv, "hooks/1", "timeout after 3s", h1)
+	insertDeadLettersWhy(ctx, t, drv, "hooksx/0", "410 Gone", other)
+	insertDeadLettersWhy(ctx, t, drv, "hooks/x/0", "410 Gone", nested)
+	list := func(p *ferrydriver.ListDeadLettersParams) []string {
+		t.Helper()
+		dls, err := drv.ListDeadLetters(ctx, p)
+		require.NoError(t, err)
+		var out []string
+		for _, dl := range dls {
+			out = append(out, string(dl.Event.Payload))
+		}
+		n, err := drv.CountDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: p.Feed, Reason: p.Reason, Limit: 1})
+		require.NoError(t, err)
+		require.EqualValues(t, len(out), n, "the count is of every match, whatever the limit")
+		return out
+	}
+	require.ElementsMatch(t, []string{"h0", "h1"}, list(&ferrydriver.ListDeadLettersParams{Feed: "hooks"}), "a feed's name: every partition of it")
+	require.Equal(t, []string{"h1"}, list(&ferrydriver.ListDeadLettersParams{Feed: "hooks/1"}), "a partition's name: that partition")
+	require.Equal(t, []string{"nested"}, list(&ferrydriver.ListDeadLettersParams{Feed: "hooks/x"}))
+	require.Empty(t, list(&ferrydriver.ListDeadLettersParams{Feed: "hook"}))
+	require.ElementsMatch(t, []string{"h0", "hooksx", "nested"}, list(&ferrydriver.ListDeadLettersParams{Reason: "410"}), "a reason: those containing it")
+	require.Equal(t, []string{"h0"}, list(&ferrydriver.ListDeadLettersParams{Feed: "hooks", Reason: "Gone"}))
+	require.Len(t, list(&ferrydriver.ListDeadLettersParams{}), 4)
+	got, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: "hooks", EventID: h1.ID})
+	require.NoError(t, err)
+	require.Equal(t, "hooks/1", got.Feed)
+	_, err = drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: "hooksx", EventID: h1.ID})
+	require.ErrorIs(t, err, ferrydriver.ErrNotFound)
+	for _, f := range []string{"", "hooks", "hooks/0", "hooks/1", "hooksx", "hooks/x", "hook"} {
+		for _, dl := range []string{"hooks/0", "hooks/1", "hooksx/0", "hooks/x/0"} {
+			dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: f})
+			require.NoError(t, err)
+			listed := false
+			for _, d := range dls {
+				listed = listed || d.Feed == dl
+			}
+			require.Equal(t, ferrydriver.InFeed(f, dl), listed, "filter %q, dead letter of %s: the store and InFeed agree", f, dl)
+		}
+	}
+}
+
+// insertDeadLettersWhy stores events as feed's dead letters with a reason.
+func insertDeadLettersWhy(ctx context.Context, t *testing.T, drv ferrydriver.Store, feed, reason string, evs ...*ferryevent.Event) {
 	t.Helper()
 	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "dl", TTL: time.Minute})
 	require.NoError(t, err)
 	var dls []*ferrydriver.DeadLetter
 	for _, ev := range evs {
-		dls = append(dls, &ferrydriver.DeadLetter{Event: *ev, Reason: "rejected"})
+		dls = append(dls, &ferrydriver.DeadLetter{Event: *ev, Reason: reason})
 	}
 	require.NoError(t, drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "dl", Term: l.Term, DeadLetters: dls}))
+}
+
+// insertDeadLetters stores events as feed's dead letters under a lease.
+func insertDeadLetters(ctx context.Context, t *testing.T, drv ferrydriver.Store, feed string, evs ...*ferryevent.Event) {
+	t.Helper()
+	insertDeadLettersWhy(ctx, t, drv, feed, "rejected", evs...)
 }
 
 // testDeadLetterRetention: a feed's dead letters go once older than the
@@ -789,7 +846,7 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	insertDeadLetters(ctx, t, drv, "dl/0", first) // as the relay does, with the event as read
 	emit(ctx, t, h, drv, Event("t", "K", "second"))
 
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "dl/0", Key: "K"})
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	emit(ctx, t, h, drv, Event("t", "K", "third"))
@@ -806,68 +863,82 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
 	require.NoError(t, err)
 	require.Empty(t, left)
-	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "dl/0"})
+	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}}})
 	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Zero(t, n, "gone: nothing to redrive")
 	require.Empty(t, r.ReadQuiet(ctx))
 }
 
-// testRedriveSelection: redrive and discard select like the list (feed,
-// key, type, topic, event IDs, failure time) with a limit, oldest first;
-// an event dead-lettered by two feeds is appended once; a dead letter
-// that is not a valid event stops the redrive, changing nothing, and can
-// be discarded.
+// testRedriveSelection: redrive and discard act on the dead letters
+// named, each by feed and event, and on no other: an event dead-lettered
+// by two feeds keeps the other feed's dead letter; an empty selection is
+// nothing, never every feed; a named dead letter already gone is not
+// counted; a dead letter that is not a valid event stops the redrive,
+// changing nothing, and can be discarded.
 func testRedriveSelection[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
 	r := OpenReader(ctx, t, drv, nil)
 	a, b, c := Event("orders", "ka", "a"), Event("payments", "kb", "b"), Event("orders", "kc", "c")
-	b.Type = "Refund"
 	insertDeadLetters(ctx, t, drv, "f/0", a, b, c)
 	insertDeadLetters(ctx, t, drv, "g/0", c)
+	refs := func(pairs ...any) *ferrydriver.DeadLetterSelection {
+		sel := &ferrydriver.DeadLetterSelection{}
+		for i := 0; i < len(pairs); i += 2 {
+			sel.Letters = append(sel.Letters, ferrydriver.DeadLetterRef{Feed: pairs[i].(string), EventID: pairs[i+1].(*ferryevent.Event).ID})
+		}
+		return sel
+	}
+	left := func() []string {
+		t.Helper()
+		dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
+		require.NoError(t, err)
+		var out []string
+		for _, dl := range dls {
+			out = append(out, dl.Feed+" "+string(dl.Event.Payload))
+		}
+		return out
+	}
 
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Topic: "payments", Type: "Refund"})
+	n, err := drv.RedriveDeadLetters(ctx, refs())
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	require.Equal(t, []string{b.ID.String()}, ids(r.ReadQuiet(ctx)))
-
-	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{EventIDs: []uuid.UUID{c.ID}})
-	require.NoError(t, err)
-	require.Equal(t, 2, n, "both feeds' dead letters of c")
-	require.Equal(t, []string{c.ID.String()}, ids(r.ReadQuiet(ctx)), "appended once")
-
-	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "g/0"})
+	require.Zero(t, n, "no dead letter named: none, never every feed's")
+	n, err = drv.DiscardDeadLetters(ctx, refs())
 	require.NoError(t, err)
 	require.Zero(t, n)
-	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Until: time.Now().Add(-time.Hour)})
+	require.Len(t, left(), 4)
+
+	n, err = drv.RedriveDeadLetters(ctx, refs("f/0", c, "f/0", b))
 	require.NoError(t, err)
-	require.Zero(t, n, "failed an hour ago: none")
+	require.Equal(t, 2, n)
+	require.ElementsMatch(t, []string{b.ID.String(), c.ID.String()}, ids(r.ReadQuiet(ctx)))
+	require.ElementsMatch(t, []string{"f/0 a", "g/0 c"}, left(), "g/0's dead letter of c stays")
+
+	n, err = drv.DiscardDeadLetters(ctx, refs("f/0", c, "g/0", a))
+	require.NoError(t, err)
+	require.Zero(t, n, "f/0's c is gone and g/0 has no a: nothing")
+	n, err = drv.DiscardDeadLetters(ctx, refs("g/0", c))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, []string{"f/0 a"}, left(), "f/0's dead letter of a stays")
 
 	bad := Event("orders", "kx", "undecodable")
 	bad.Topic = "" // as a record the feed could not decode is dead-lettered
 	insertDeadLetters(ctx, t, drv, "f/0", bad)
-	_, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "f/0"})
+	_, err = drv.RedriveDeadLetters(ctx, refs("f/0", a, "f/0", bad))
 	require.Error(t, err)
 	require.Contains(t, err.Error(), bad.ID.String())
 	require.Contains(t, err.Error(), "discard")
-	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "f/0"})
-	require.NoError(t, err)
-	require.Len(t, left, 2, "nothing changed: a and bad are still there")
+	require.Len(t, left(), 2, "nothing changed: a and bad are still there")
 	require.Empty(t, r.ReadQuiet(ctx), "and nothing was appended")
 
-	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Feed: "f/0", EventIDs: []uuid.UUID{bad.ID}})
+	n, err = drv.DiscardDeadLetters(ctx, refs("f/0", bad))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	got, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{a.ID, bad.ID}})
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	require.Equal(t, a.ID, got[0].Event.ID, "the list selects by event ID too")
-	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Key: "ka", Limit: 5})
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	n, err = drv.DiscardDeadLetters(ctx, &ferrydriver.DeadLetterSelection{})
-	require.NoError(t, err)
-	require.Zero(t, n)
 	require.Empty(t, r.ReadQuiet(ctx), "a discarded dead letter is not published")
 }
 

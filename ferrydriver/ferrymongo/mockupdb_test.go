@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -473,15 +474,15 @@ func TestMockRedriveAppendsUnderAFreshID(t *testing.T) {
 	defer cancel()
 	drv, err := ferrymongo.New(ctx, client, "app", nil)
 	require.NoError(t, err)
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Key: "k"})
+	const eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "default/0", EventID: uuid.MustParse(eid)}}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	reports := awaitReports(ctx, t, lines, 5)
-	require.Contains(t, reports[0], `"event.key": "k"`)
+	require.Contains(t, reports[0], `"_id": {"$in": [{"feed": "default/0", "event": "`+eid+`"}]}`, "the dead letter named, of its feed")
 	require.Contains(t, reports[0], `"sort": {"failed_at": 1, "event.seq": 1}`, "oldest first, in the key's order")
 	require.Contains(t, reports[0], `"startTransaction": true`)
 	require.Contains(t, reports[1], `"$inc": {"seq": 1}`, "a new sequence number of the key")
-	const eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
 	require.Contains(t, reports[2], `"eid": "`+eid+`"`)
 	require.NotContains(t, reports[2], `"_id": "`+eid+`"`, "a fresh _id")
 	require.Contains(t, reports[2], `"seq": 12`)

@@ -251,35 +251,62 @@ func (d *Driver) decodeDeadLetters(ctx context.Context, cur *mongo.Cursor) ([]*f
 	return out, cur.Err()
 }
 
-// deadLetterFilter selects dead letters by each criterion that is set.
-func deadLetterFilter(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID) bson.D {
+// deadLetterFilter selects dead letters by each criterion that is set: a
+// partition exactly, a feed's partitions by an anchored pattern (served
+// by the index on feed), a reason containing the text.
+func deadLetterFilter(p *ferrydriver.ListDeadLettersParams) bson.D {
 	filter := bson.D{}
-	for _, f := range []struct{ field, v string }{{"feed", feed}, {"event.key", key}, {"event.type", typ}, {"event.topic", topic}} {
+	exact, family := ferrydriver.FeedFilter(p.Feed)
+	for _, f := range []struct{ field, v string }{{"feed", exact}, {"event.key", p.Key}, {"event.type", p.Type}, {"event.topic", p.Topic}} {
 		if f.v != "" {
 			filter = append(filter, bson.E{Key: f.field, Value: f.v})
 		}
 	}
-	if len(ids) > 0 {
-		list := make(bson.A, len(ids))
-		for i, id := range ids {
+	if family != "" {
+		filter = append(filter, bson.E{Key: "feed", Value: feedFamily(family)})
+	}
+	if p.Reason != "" {
+		filter = append(filter, bson.E{Key: "reason", Value: bson.D{{Key: "$regex", Value: regexp.QuoteMeta(p.Reason)}}})
+	}
+	if len(p.EventIDs) > 0 {
+		list := make(bson.A, len(p.EventIDs))
+		for i, id := range p.EventIDs {
 			list[i] = id.String()
 		}
 		filter = append(filter, bson.E{Key: "event._id", Value: bson.D{{Key: "$in", Value: list}}})
 	}
-	return timeRange(filter, "failed_at", since, until)
+	return timeRange(filter, "failed_at", p.Since, p.Until)
+}
+
+// feedFamily matches the partitions of a feed: family ("hooks/") then a
+// partition number.
+func feedFamily(family string) bson.D {
+	return bson.D{{Key: "$regex", Value: "^" + regexp.QuoteMeta(family) + "[0-9]+$"}}
+}
+
+// refIDs are the _ids of the named dead letters.
+func refIDs(refs []ferrydriver.DeadLetterRef) bson.A {
+	ids := make(bson.A, len(refs))
+	for i, r := range refs {
+		ids[i] = bson.D{{Key: "feed", Value: r.Feed}, {Key: "event", Value: r.EventID.String()}}
+	}
+	return ids
 }
 
 // RedriveDeadLetters implements ferrydriver.Store: in one transaction, the
-// selected dead letters are appended as new events of their keys (each
-// takes its key's next Seq) and deleted. A redriven event is stored under
-// a fresh _id, with its ID in eid: its first copy may still be in the
+// named dead letters are appended as new events of their keys (each takes
+// its key's next Seq) and deleted. A redriven event is stored under a
+// fresh _id, with its ID in eid: its first copy may still be in the
 // outbox.
 func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
 	var n int
 	err := d.inTx(ctx, func(tx context.Context) error {
 		n = 0
-		cur, err := d.deadLetters.Find(tx, deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs),
-			options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "event.seq", Value: 1}}).SetLimit(selectionLimit(p)))
+		cur, err := d.deadLetters.Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: refIDs(p.Letters)}}}},
+			options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "event.seq", Value: 1}}))
 		if err != nil {
 			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
 		}
@@ -325,24 +352,19 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 
 // DiscardDeadLetters implements ferrydriver.Store.
 func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	n, err := deleteOldest(ctx, d.deadLetters, deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs),
-		bson.D{{Key: "failed_at", Value: 1}}, selectionLimit(p))
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
+	res, err := d.deadLetters.DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: refIDs(p.Letters)}}}})
 	if err != nil {
 		return 0, fmt.Errorf("ferrymongo: discard dead letters: %w", err)
 	}
-	return int(n), nil
-}
-
-func selectionLimit(p *ferrydriver.DeadLetterSelection) int64 {
-	if p.Limit <= 0 {
-		return 100
-	}
-	return int64(p.Limit)
+	return int(res.DeletedCount), nil
 }
 
 // ListDeadLetters implements ferrydriver.Store.
 func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
-	filter := deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs)
+	filter := deadLetterFilter(p)
 	if p.After != nil {
 		at := p.After.FailedAt.UTC()
 		filter = bson.D{{Key: "$and", Value: bson.A{filter, bson.D{{Key: "$or", Value: bson.A{
@@ -361,12 +383,18 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	return d.decodeDeadLetters(ctx, cur)
 }
 
+// CountDeadLetters implements ferrydriver.Store.
+func (d *Driver) CountDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) (int64, error) {
+	n, err := d.deadLetters.CountDocuments(ctx, deadLetterFilter(p))
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: count dead letters: %w", err)
+	}
+	return n, nil
+}
+
 // GetDeadLetter implements ferrydriver.Store.
 func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
-	filter := bson.D{{Key: "event._id", Value: p.EventID.String()}}
-	if p.Feed != "" {
-		filter = append(filter, bson.E{Key: "feed", Value: p.Feed})
-	}
+	filter := deadLetterFilter(&ferrydriver.ListDeadLettersParams{Feed: p.Feed, EventIDs: []uuid.UUID{p.EventID}})
 	cur, err := d.deadLetters.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "failed_at", Value: -1}}).SetLimit(1))
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: read dead letter: %w", err)

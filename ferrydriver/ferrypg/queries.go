@@ -261,52 +261,64 @@ SELECT count(*) FROM lease`
 
 const deadLetterColumns = `feed, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at, reason, failed_at`
 
-// deadLetterFilter selects dead letters by feed $1, key $2, type $3, topic
-// $4, failed at or after $5 and before $6, and event IDs $8 (each when
-// set); $7 is the limit of the statement that uses it. For operators: no
-// index serves every combination.
+// deadLetterFilter selects dead letters by feed $1 ({feed}: a partition,
+// exactly, or a feed's partitions, see familyFeed), key $2, type $3, topic
+// $4, failed at or after $5 and before $6, event IDs $7, and a reason
+// containing $8 (each when set). For operators: no index serves every
+// combination; a partition, a key and the failure time are served
+// (dead_letters_feed_failed_at_idx, dead_letters_key_idx,
+// dead_letters_list_idx), a feed's partitions are matched along the list.
 const deadLetterFilter = `
-       ($1 = '' OR feed = $1) AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
+       {feed} AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
    AND ($4 = '' OR topic = $4)
    AND ($5::timestamptz IS NULL OR failed_at >= $5) AND ($6::timestamptz IS NULL OR failed_at < $6)
-   AND (cardinality($8::uuid[]) = 0 OR event_id = ANY ($8::uuid[]))`
+   AND (cardinality($7::uuid[]) = 0 OR event_id = ANY ($7::uuid[]))
+   AND ($8 = '' OR strpos(reason, $8) > 0)`
+
+// The feed terms of deadLetterFilter: a partition $1 (any when empty), or the
+// partitions of a feed, $1 being the feed's name and a slash ("hooks/")
+// followed by a partition number. A statement of each is prepared.
+const (
+	exactFeed  = `($1 = '' OR feed = $1)`
+	familyFeed = `(left(feed, length($1)) = $1 AND substr(feed, length($1) + 1) ~ '^[0-9]+$')`
+)
 
 // sqlListDeadLetters lists them newest failure first, after the cursor
-// ($9, $10; 'infinity' and the nil UUID for the first page). The cursor
-// is always there, and "failed_at <= $9" first, so that under any plan a
-// page is a range of dead_letters_list_idx (migration 009) that starts
-// where the page begins, instead of a filter over every newer row
-// (TestConsolePagesAreFlat).
+// ($10, $11; 'infinity' and the nil UUID for the first page), $9 at
+// most. The cursor is always there, and "failed_at <= $10" first, so that
+// under any plan a page is a range of dead_letters_list_idx (migration
+// 009) that starts where the page begins, instead of a filter over every
+// newer row (TestConsolePagesAreFlat).
 const sqlListDeadLetters = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
  WHERE ` + deadLetterFilter + `
-   AND failed_at <= $9::text::timestamptz AND (failed_at < $9::text::timestamptz OR event_id > $10::uuid)
- ORDER BY failed_at DESC, event_id LIMIT $7`
+   AND failed_at <= $10::text::timestamptz AND (failed_at < $10::text::timestamptz OR event_id > $11::uuid)
+ ORDER BY failed_at DESC, event_id LIMIT $9`
 
-// sqlSelectRedrive locks the dead letters to redrive, oldest failure
-// first and, within a failure (one relay batch), in the key's order. A
-// concurrent redrive of the same ones waits and then finds them gone.
+// sqlCountMatchingDeadLetters counts what sqlListDeadLetters lists,
+// every match (`ferry dlq list`'s "showing 100 of 2,096").
+const sqlCountMatchingDeadLetters = `SELECT count(*) FROM {schema}.dead_letters WHERE ` + deadLetterFilter
+
+// sqlSelectRedrive locks the named dead letters ($1 feeds, $2 event IDs)
+// to redrive, oldest failure first and, within a failure (one relay
+// batch), in the key's order. A concurrent redrive of the same ones waits
+// and then finds them gone.
 const sqlSelectRedrive = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
- WHERE ` + deadLetterFilter + `
- ORDER BY failed_at, seq, event_id LIMIT $7 FOR UPDATE`
+ WHERE (feed, event_id) IN (SELECT f, e FROM unnest($1::text[], $2::uuid[]) AS s(f, e))
+ ORDER BY failed_at, seq, event_id FOR UPDATE`
 
-// sqlDeleteRedriven removes the dead letters ($1 feeds, $2 event IDs) a
-// redrive appended again, in its transaction.
-const sqlDeleteRedriven = `
+// sqlDeleteDeadLetterRefs removes the named dead letters ($1 feeds, $2
+// event IDs): a discard, or a redrive's in its transaction.
+const sqlDeleteDeadLetterRefs = `
 DELETE FROM {schema}.dead_letters d USING unnest($1::text[], $2::uuid[]) AS s(feed, event_id)
  WHERE d.feed = s.feed AND d.event_id = s.event_id`
 
-const sqlDiscardDeadLetters = `
-DELETE FROM {schema}.dead_letters d USING (
-    SELECT feed, event_id FROM {schema}.dead_letters
-     WHERE ` + deadLetterFilter + `
-     ORDER BY failed_at, event_id LIMIT $7 FOR UPDATE) s
- WHERE d.feed = s.feed AND d.event_id = s.event_id`
-
+// sqlGetDeadLetter reads an event's newest dead letter, of feed $1 when
+// set ({feed}, as in deadLetterFilter).
 const sqlGetDeadLetter = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
- WHERE ($1 = '' OR feed = $1) AND event_id = $2 ORDER BY failed_at DESC LIMIT 1`
+ WHERE {feed} AND event_id = $2 ORDER BY failed_at DESC LIMIT 1`
 
 // sqlDeleteDelivered removes delivered events: at or below the previous
 // batch's high id and visible to the previous snapshot (a row of a

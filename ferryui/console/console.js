@@ -278,35 +278,42 @@ async function overview(main) {
   return true; // poll
 }
 
-// groupByReason groups items by reason(item), largest group first.
-function groupByReason(items, reason) {
+// groupByReason groups items by feed(item) and reason(item), largest
+// group first: [{feed, reason, rows}].
+function groupByReason(items, reason, feed) {
   const m = new Map();
   for (const it of items) {
-    const r = reason(it) || '(no error text)';
-    if (!m.has(r)) m.set(r, []);
-    m.get(r).push(it);
+    const g = { feed: feed(it) || '', reason: reason(it) || '(no error text)' };
+    const k = g.feed + '\u0000' + g.reason;
+    if (!m.has(k)) m.set(k, { ...g, rows: [] });
+    m.get(k).rows.push(it);
   }
-  return [...m.entries()].sort((a, b) => b[1].length - a[1].length);
+  return [...m.values()].sort((a, b) => b.rows.length - a.rows.length);
 }
 
-// byReason groups a page's items by reason, in the server's grouping of
-// the newest failures when it has one (reasons: the API's answer, or
-// null): each group's count and the IDs its actions take are the
-// server's, its rows those of the page; reasons only the page has follow,
-// counted on the page.
-function byReason(items, reasonOf, reasons) {
-  const page = groupByReason(items, reasonOf);
-  if (!reasons) return page.map(([reason, rows]) => ({ reason, rows, count: rows.length, ids: rows.map((r) => r.event.id) }));
-  const rowsOf = new Map(page);
+// byReason groups a page's items by reason (relay dead letters: by feed
+// partition and reason), in the server's grouping of the newest failures
+// when it has one (reasons: the API's answer, or null): each group's
+// count and the IDs its actions take are the server's, its rows those of
+// the page; reasons only the page has follow, counted on the page.
+function byReason(items, reasonOf, reasons, feedOf = () => '') {
+  const key = (g) => (g.feed || '') + '\u0000' + g.reason;
+  const page = groupByReason(items, reasonOf, feedOf);
+  const ids = (rows) => rows.map((r) => r.event.id);
+  if (!reasons) return page.map((g) => ({ ...g, count: g.rows.length, ids: ids(g.rows) }));
+  const rowsOf = new Map(page.map((g) => [key(g), g]));
   const out = reasons.reasons.map((r) => {
-    const reason = r.reason || '(no error text)';
-    const rows = rowsOf.get(reason) || [];
-    rowsOf.delete(reason);
-    return { reason, rows, count: r.count, ids: r.ids, server: true };
+    const g = { feed: r.feed || '', reason: r.reason || '(no error text)' };
+    const rows = (rowsOf.get(key(g)) || { rows: [] }).rows;
+    rowsOf.delete(key(g));
+    return { ...g, rows, count: r.count, ids: r.ids, server: true };
   });
-  for (const [reason, rows] of rowsOf) out.push({ reason, rows, count: rows.length, ids: rows.map((r) => r.event.id) });
+  for (const g of rowsOf.values()) out.push({ ...g, count: g.rows.length, ids: ids(g.rows) });
   return out;
 }
+
+// letters names relay dead letters for an action: each by its feed.
+function letters(feed, ids) { return ids.map((id) => ({ feed, id })); }
 
 // reasons asks the API to group the newest failures by reason (path:
 // dead-letters/reasons or groups/{g}/reasons); null when it cannot.
@@ -327,7 +334,8 @@ function reasonsNote(rs, what) {
 function reasonBlock(g, header, row, actions) {
   const block = el('section', { class: 'reason', dataset: { count: g.count } });
   append(block, [
-    el('div', { class: 'head' }, el('b', {}, g.count.toLocaleString()), el('span', { class: 'text' }, g.reason), el('div', { class: 'actions' }, actions(block, g.ids))),
+    el('div', { class: 'head' }, el('b', {}, g.count.toLocaleString()), g.feed ? el('span', { class: 'feed mono' }, g.feed) : null,
+      el('span', { class: 'text' }, g.reason), el('div', { class: 'actions' }, actions(block, g.ids, g.feed))),
     g.rows.length ? el('table', {}, el('thead', {}, el('tr', {}, header.map((h) => el('th', {}, h)))), el('tbody', {}, g.rows.map(row)))
       : el('p', { class: 'muted' }, 'None of them on this page.'),
   ]);
@@ -351,17 +359,17 @@ async function deadLetters(main, params) {
     out.push(el('p', { class: 'muted', id: 'empty' }, 'No dead letters.'));
   } else {
     out.push(el('p', { class: 'muted' }, reasonsNote(rs, `${items.length.toLocaleString()}`)));
-    for (const g of byReason(items, (d) => d.reason, rs)) {
+    for (const g of byReason(items, (d) => d.reason, rs, (d) => d.feed)) {
       out.push(reasonBlock(g, ['Event', 'Feed', 'Topic', 'Key', 'Type', 'Failed at', ''], (d) => el('tr', { dataset: { id: d.event.id } },
         el('td', {}, eventLink(d.event.id)), el('td', {}, d.feed), el('td', {}, d.event.topic),
         el('td', { class: 'clip' }, keyLink(d.event.key)),
         el('td', {}, d.event.type), el('td', {}, fmtTime(d.failed_at)),
         el('td', {}, el('div', { class: 'actions' },
-          el('button', { onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/redrive', { ids: [d.event.id] }, 'Redrive') }, 'Redrive'),
-          el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/discard', { ids: [d.event.id] }, 'Discard') }, 'Discard')))),
-      (block, ids) => [
-        el('button', { class: 'primary', onclick: () => confirmAction(block, 'dead-letters/redrive', { ids }, 'Redrive') }, `Redrive ${ids.length}`),
-        el('button', { class: 'danger', onclick: () => confirmAction(block, 'dead-letters/discard', { ids }, 'Discard') }, `Discard ${ids.length}`),
+          el('button', { onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/redrive', { letters: letters(d.feed, [d.event.id]) }, 'Redrive') }, 'Redrive'),
+          el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/discard', { letters: letters(d.feed, [d.event.id]) }, 'Discard') }, 'Discard')))),
+      (block, ids, feed) => [
+        el('button', { class: 'primary', onclick: () => confirmAction(block, 'dead-letters/redrive', { letters: letters(feed, ids) }, 'Redrive') }, `Redrive ${ids.length}`),
+        el('button', { class: 'danger', onclick: () => confirmAction(block, 'dead-letters/discard', { letters: letters(feed, ids) }, 'Discard') }, `Discard ${ids.length}`),
       ]));
     }
   }
@@ -464,26 +472,29 @@ function scannedNote(n) {
 
 async function eventPage(main, id) {
   const t = await get('events/' + encodeURIComponent(id));
-  const ev = (t.dead_letter && t.dead_letter.event) || (t.groups[0] && t.groups[0].event) || t.outbox.event;
+  const ev = (t.dead_letters[0] && t.dead_letters[0].event) || (t.groups[0] && t.groups[0].event) || t.outbox.event;
   const out = [el('h1', {}, 'Event ', el('span', { class: 'mono' }, t.id))];
   out.push(fields([['Topic', ev.topic], ['Key', link('#/keys/' + encodeURIComponent(ev.key), el('span', { class: 'mono', id: 'event-key' }, ev.key))], ['Seq', String(ev.seq)], ['Type', ev.type],
     ['Source', ev.source], ['Content type', ev.content_type], ['Committed', fmtTime(ev.created_at)]]));
   const steps = [el('li', { class: 'good' }, el('b', {}, 'Committed to the outbox'), ' ', el('span', { class: 'muted' }, fmtTime(ev.created_at)))];
-  if (t.dead_letter) {
-    const dl = t.dead_letter;
-    steps.push(el('li', { class: 'bad', id: 'relay-dead' }, el('b', {}, 'Dead-lettered by the relay'), ' ', el('span', { class: 'muted' }, `${dl.feed}, ${fmtTime(dl.failed_at)}`),
+  // One dead letter per feed partition that dead-lettered it: an action
+  // on one reaches that feed's only.
+  for (const dl of t.dead_letters) {
+    steps.push(el('li', { class: 'bad relay-dead', dataset: { feed: dl.feed } }, el('b', {}, 'Dead-lettered by the relay of feed ', el('span', { class: 'mono' }, dl.feed)), ' ',
+      el('span', { class: 'muted' }, fmtTime(dl.failed_at)),
       el('pre', {}, dl.reason),
       el('div', { class: 'actions' },
-        el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/redrive', { ids: [t.id] }, 'Redrive') }, 'Redrive'),
-        el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/discard', { ids: [t.id] }, 'Discard') }, 'Discard'))));
-  } else if (t.outbox) {
+        el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/redrive', { letters: letters(dl.feed, [t.id]) }, `Redrive to ${dl.feed}`) }, 'Redrive'),
+        el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/discard', { letters: letters(dl.feed, [t.id]) }, `Discard from ${dl.feed}`) }, 'Discard'))));
+  }
+  if (t.dead_letters.length === 0 && t.outbox) {
     // Not published yet: where it waits in its partition's backlog.
     const o = t.outbox;
     steps.push(o.invalid
       ? el('li', { class: 'bad', id: 'unpublished' }, el('b', {}, 'Not publishable'), ' ', el('span', { class: 'muted' }, `${o.feed}: the relay will dead-letter it`), el('pre', {}, o.invalid))
       : el('li', { id: 'unpublished' }, el('b', {}, 'Waiting in the outbox'), ' ',
         el('span', { class: 'muted' }, `${o.ahead.toLocaleString()} event${o.ahead === 1 ? '' : 's'} ahead of it in ${o.feed}; `, link('#/', 'the feeds’ lag'))));
-  } else if (t.groups.length) {
+  } else if (t.dead_letters.length === 0 && t.groups.length) {
     // The relay keeps no time per event (an index on the outbox to find
     // one would cost every append): its first delivery bounds it.
     const first = t.groups.map((g) => g.received_at).sort((a, b) => Date.parse(a) - Date.parse(b))[0];

@@ -219,9 +219,11 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, binary.Payload, b.Event.Payload, "binary payloads round-trip as base64")
 		require.Nil(t, b.Event.PayloadText, "a payload that is not UTF-8 is not shown as text")
 
-		var one ferryui.DeadLetterJSON
+		var one ferryui.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one)
-		require.Equal(t, "k1", one.Event.Key)
+		require.Len(t, one.DeadLetters, 1)
+		require.Equal(t, "k1", one.DeadLetters[0].Event.Key)
+		require.Equal(t, "default/0", one.DeadLetters[0].Feed, "each dead letter says its feed")
 		page.DeadLetters = nil
 		c.get("/api/v1/dead-letters?topic=invoices", http.StatusOK, &page)
 		require.Len(t, page.DeadLetters, 1)
@@ -283,7 +285,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 	})
 
 	t.Run("ActionsNeedTheTokenJSONAndTheSameOrigin", func(t *testing.T) {
-		body := []byte(`{"ids":["` + plain1.ID.String() + `"]}`)
+		body := []byte(`{"letters":[{"feed":"default/0","id":"` + plain1.ID.String() + `"}]}`)
 		for _, tc := range []struct {
 			name, method, token, contentType, origin string
 			status                                   int
@@ -298,7 +300,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			resp.Body.Close()
 			require.Equal(t, tc.status, resp.StatusCode, tc.name)
 		}
-		var one ferryui.DeadLetterJSON
+		var one ferryui.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one) // untouched
 
 		ro, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true})
@@ -320,14 +322,65 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, 3, res.Selected, "a dry run counts what the filter selects")
 		require.Zero(t, res.Done)
 		c.post("/api/v1/dead-letters/redrive", `{"filter":{"topic":"orders"},"expect":2}`, http.StatusConflict, nil)
-		c.post("/api/v1/dead-letters/redrive", `{"ids":["`+plain1.ID.String()+`"],"expect":1}`, http.StatusOK, &res)
+		c.post("/api/v1/dead-letters/redrive", `{"ids":["`+plain1.ID.String()+`"]}`, http.StatusBadRequest, nil)
+		c.post("/api/v1/dead-letters/redrive", `{"letters":[{"feed":"default/1","id":"`+plain1.ID.String()+`"}],"dry_run":true}`, http.StatusOK, &res)
+		require.Zero(t, res.Selected, "default/1 has no dead letter of it")
+		c.post("/api/v1/dead-letters/redrive", `{"letters":[{"feed":"default/0","id":"`+plain1.ID.String()+`"}],"expect":1}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Done)
+		require.Equal(t, []ferryui.LetterRef{{Feed: "default/0", ID: plain1.ID.String()}}, res.Letters)
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusNotFound, nil)
 		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"invoices"}}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Done)
 		c.get("/api/v1/dead-letters/"+plain2.ID.String(), http.StatusNotFound, nil)
 		c.post("/api/v1/dead-letters/discard", `{}`, http.StatusBadRequest, nil)
 		c.post("/api/v1/dead-letters/discard", `{"ids":["x"],"surprise":1}`, http.StatusBadRequest, nil)
+	})
+
+	t.Run("ActionsByFilterStayInTheirFeed", func(t *testing.T) {
+		// One event dead-lettered by feeds a/0 and b/0, and a/0's older
+		// letters: an action through a/0's filter reaches a/0's letters
+		// only, whatever the other feeds hold.
+		shared := ferrydrivertest.Event("orders", "shared", "x")
+		older := ferrydrivertest.Event("orders", "older", "y")
+		for _, feed := range []string{"b/0", "a/0"} {
+			lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "suite", TTL: time.Minute})
+			require.NoError(t, err)
+			dls := []*ferrydriver.DeadLetter{{Feed: feed, Event: *shared, Reason: "refused by " + feed}}
+			if feed == "b/0" {
+				dls = append(dls, &ferrydriver.DeadLetter{Feed: feed, Event: *older, Reason: "refused by " + feed})
+			}
+			require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "suite", Term: lease.Term, DeadLetters: dls}))
+		}
+		var both ferryui.DeadLettersOfJSON
+		c.get("/api/v1/dead-letters/"+shared.ID.String(), http.StatusOK, &both)
+		var feeds []string
+		for _, dl := range both.DeadLetters {
+			feeds = append(feeds, dl.Feed)
+		}
+		require.ElementsMatch(t, []string{"a/0", "b/0"}, feeds, "the event's dead letters, each with its feed")
+		var tl ferryui.EventTimelineJSON
+		c.get("/api/v1/events/"+shared.ID.String(), http.StatusOK, &tl)
+		require.Len(t, tl.DeadLetters, 2, "the timeline shows both feeds' dead letters")
+		var a0 ferryui.DeadLettersOfJSON
+		c.get("/api/v1/dead-letters/"+shared.ID.String()+"?feed=a/0", http.StatusOK, &a0)
+		require.Len(t, a0.DeadLetters, 1)
+		require.Equal(t, "a/0", a0.DeadLetters[0].Feed)
+
+		var res ferryui.ActionResult
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"a/0","key":"shared"},"dry_run":true}`, http.StatusOK, &res)
+		require.Equal(t, []ferryui.LetterRef{{Feed: "a/0", ID: shared.ID.String()}}, res.Letters)
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"a/0","key":"shared"},"expect":1}`, http.StatusOK, &res)
+		require.Equal(t, 1, res.Done)
+		c.get("/api/v1/dead-letters/"+shared.ID.String()+"?feed=a/0", http.StatusNotFound, nil)
+		var left ferryui.DeadLettersOfJSON
+		c.get("/api/v1/dead-letters/"+shared.ID.String(), http.StatusOK, &left)
+		require.Len(t, left.DeadLetters, 1, "b/0's dead letter of the same event stays")
+		require.Equal(t, "b/0", left.DeadLetters[0].Feed)
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"a/0"},"dry_run":true}`, http.StatusOK, &res)
+		require.Zero(t, res.Selected, "a/0 has none left: b/0's older letters are not taken in their place")
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"b"}}`, http.StatusOK, &res)
+		require.Equal(t, 2, res.Done, "a feed's name: every partition of it")
+		c.get("/api/v1/dead-letters/"+shared.ID.String(), http.StatusNotFound, nil)
 	})
 
 	t.Run("ActionsByFilterGoPageByPage", func(t *testing.T) {
@@ -345,8 +398,9 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		long.Payload = bytes.Repeat([]byte(Hostile), 256<<10/len(Hostile)+1)
 		bulk[0].Reason = strings.Repeat(Hostile, 64<<10/len(Hostile)+1)
 		require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "default/1", Holder: "suite", Term: lease.Term, DeadLetters: bulk}))
-		var dl ferryui.DeadLetterJSON
-		c.get("/api/v1/dead-letters/"+long.ID.String(), http.StatusOK, &dl)
+		var of ferryui.DeadLettersOfJSON
+		c.get("/api/v1/dead-letters/"+long.ID.String(), http.StatusOK, &of)
+		dl := of.DeadLetters[0]
 		require.NotNil(t, dl.Event.PayloadText)
 		require.True(t, string(long.Payload) == *dl.Event.PayloadText, "a long payload reads back whole (%d bytes of %d)", len(*dl.Event.PayloadText), len(long.Payload))
 		require.True(t, bulk[0].Reason == dl.Reason, "a long reason reads back whole (%d bytes of %d)", len(dl.Reason), len(bulk[0].Reason))
@@ -369,8 +423,8 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"bulk"},"dry_run":true}`, http.StatusOK, &res)
 		require.Zero(t, res.Selected)
 		require.False(t, res.More)
-		c.post("/api/v1/dead-letters/discard", `{"ids":["`+plain1.ID.String()+`"],"dry_run":true}`, http.StatusOK, &res)
-		require.False(t, res.More, "a selection by IDs is whole")
+		c.post("/api/v1/dead-letters/discard", `{"letters":[{"feed":"default/0","id":"`+plain2.ID.String()+`"}],"dry_run":true}`, http.StatusOK, &res)
+		require.False(t, res.More, "a selection of named dead letters is whole")
 	})
 
 	t.Run("FailuresGroupByReason", func(t *testing.T) {
@@ -401,11 +455,12 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		}{{"too large", []string{id(3), id(1), id(0)}}, {Hostile, []string{id(4), id(2)}}} {
 			r := out.Reasons[i]
 			require.Equal(t, want.reason, r.Reason)
+			require.Equal(t, "default/2", r.Feed, "a reason's dead letters are of one feed partition")
 			require.Equal(t, len(want.ids), r.Count)
 			require.Equal(t, want.ids, r.IDs, "%s: newest first", want.reason)
-			var dl ferryui.DeadLetterJSON
+			var dl ferryui.DeadLettersOfJSON
 			c.get("/api/v1/dead-letters/"+want.ids[0], http.StatusOK, &dl)
-			require.True(t, dl.FailedAt.Equal(r.Latest), "%s: the latest is the newest's failure, %v, not %v", want.reason, dl.FailedAt, r.Latest)
+			require.True(t, dl.DeadLetters[0].FailedAt.Equal(r.Latest), "%s: the latest is the newest's failure, %v, not %v", want.reason, dl.DeadLetters[0].FailedAt, r.Latest)
 		}
 		c.get("/api/v1/dead-letters/reasons?feed=default/2&scan=2", http.StatusOK, &out)
 		require.Equal(t, 2, out.Scanned, "only the newest scan are read")
@@ -415,7 +470,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 
 		// A reason's IDs are what an action takes.
 		var res ferryui.ActionResult
-		c.post("/api/v1/dead-letters/discard", `{"ids":["`+id(4)+`","`+id(2)+`"],"expect":2}`, http.StatusOK, &res)
+		c.post("/api/v1/dead-letters/discard", `{"letters":[{"feed":"default/2","id":"`+id(4)+`"},{"feed":"default/2","id":"`+id(2)+`"}],"expect":2}`, http.StatusOK, &res)
 		require.Equal(t, 2, res.Done)
 		c.get("/api/v1/dead-letters/reasons?feed=default/2", http.StatusOK, &out)
 		require.Len(t, out.Reasons, 1)
@@ -575,14 +630,13 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 	t.Run("EventTimeline", func(t *testing.T) {
 		var tl ferryui.EventTimelineJSON
 		c.get("/api/v1/events/"+hostile.ID.String(), http.StatusOK, &tl)
-		require.NotNil(t, tl.DeadLetter)
+		require.Len(t, tl.DeadLetters, 1)
 		require.Empty(t, tl.Groups)
-		tl = ferryui.EventTimelineJSON{}
-		c.get("/api/v1/events/"+hostile.ID.String(), http.StatusOK, &tl)
-		require.Equal(t, Hostile, tl.DeadLetter.Event.Key)
+		require.Equal(t, Hostile, tl.DeadLetters[0].Event.Key)
+		require.Equal(t, "default/0", tl.DeadLetters[0].Feed, "the timeline says which feed dead-lettered it")
 		tl = ferryui.EventTimelineJSON{}
 		c.get("/api/v1/events/"+pending.ID.String(), http.StatusOK, &tl)
-		require.Nil(t, tl.DeadLetter)
+		require.Empty(t, tl.DeadLetters)
 		require.Len(t, tl.Groups, 1)
 		require.Equal(t, "billing", tl.Groups[0].Group)
 
@@ -597,7 +651,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.NotNil(t, first.Outbox)
 		require.NotNil(t, last.Outbox)
 		require.Empty(t, last.Groups)
-		require.Nil(t, last.DeadLetter)
+		require.Empty(t, last.DeadLetters)
 		require.Equal(t, "default/0", last.Outbox.Feed)
 		require.Equal(t, first.Outbox.Ahead+2, last.Outbox.Ahead, "the key's events in order")
 		require.Equal(t, Hostile, *last.Outbox.Event.PayloadText)
