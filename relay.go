@@ -106,7 +106,10 @@ type RelayConfig struct {
 	// stores the event is dead-lettered.
 	DeadPolicy DeadPolicy
 	// DisableParking keeps stuck keys in memory even when the store can
-	// park them.
+	// park them (and makes DeadPolicy Hold dead-letter, as on a store that
+	// cannot). The relay still publishes what is parked in the store for
+	// its feed: redriven dead letters (ferrydriver.Store.RedriveDeadLetters)
+	// and what a relay that parked left there.
 	DisableParking bool
 	// OnStuckKey, when set, is called when a key is parked, held or has an
 	// event dead-lettered by DeadPolicy, from the relay's delivery loop: it

@@ -93,19 +93,24 @@ type Store interface {
 	// GetDeadLetter returns one dead letter by event ID (the newest, when
 	// several feeds of p.Feed dead-lettered the event), or ErrNotFound.
 	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
-	// RedriveDeadLetters appends the named relay dead letters back to
-	// the outbox and removes them, in one transaction, oldest failure
-	// first, and returns how many dead letters it removed. Each event
-	// keeps its ID, so brokers and consumers that deduplicate drop a copy
-	// that did arrive, and is appended as a new event of its key with a
-	// new Seq: it is delivered after the key's events committed before the
-	// redrive and before those committed after it, not at its first place
-	// in the key's order. Every feed of its partition delivers it again. An
-	// event dead-lettered by several feeds is appended once. A named dead
-	// letter that is no longer there (redriven or discarded meanwhile) is
-	// not counted. If a named dead letter is not a valid event (a record
-	// the feed could not decode), nothing changes and the error names it:
-	// discard it.
+	// RedriveDeadLetters sends the named relay dead letters back to the
+	// feed that dead-lettered each, and to no other: in one transaction it
+	// appends each to its key's parked queue in that feed (see Parker),
+	// marked Redriven, and removes the dead letter, oldest failure first
+	// (within a failure, in the key's order), and returns how many dead
+	// letters it removed. The feed's relay finds them within a heartbeat
+	// (ParkedHeads with Redriven) and publishes them as a parked key's
+	// events: after the key's events it has already handed to its
+	// destination, before the rest, in order. Other feeds of the
+	// partition never see them, so their destinations get no copy. Each
+	// event is published as it was dead-lettered: the same ID (brokers and
+	// consumers that deduplicate drop a copy that did arrive) and Seq. An
+	// event dead-lettered by several feeds goes back to each feed named. A
+	// named dead letter that is no longer there (redriven or discarded
+	// meanwhile) is not counted. If a named dead letter is not a valid
+	// event (a record the feed could not decode), nothing changes and the
+	// error names it: discard it. A store that is not a Parker returns an
+	// error and changes nothing.
 	RedriveDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
 	// DiscardDeadLetters removes the named relay dead letters for good
 	// and returns how many it removed.

@@ -82,12 +82,14 @@ func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
 }
 
 // ParkedJSON is a key the relay set aside because its destination stopped
-// acknowledging it: its first parked event, and whether the relay gave up
+// acknowledging it, or whose redriven dead letter waits for the feed's
+// relay (redriven): its first parked event, and whether the relay gave up
 // retrying it (held: `ferry parked release` or skip lets it go).
 type ParkedJSON struct {
 	Feed     string    `json:"feed"`
 	Key      string    `json:"key"`
 	Held     bool      `json:"held"`
+	Redriven bool      `json:"redriven,omitempty"`
 	Reason   string    `json:"reason,omitempty"`
 	ParkedAt time.Time `json:"parked_at"`
 	Queued   int64     `json:"queued"`
@@ -95,7 +97,7 @@ type ParkedJSON struct {
 }
 
 func parkedJSON(p *ferrydriver.ParkedEvent) ParkedJSON {
-	return ParkedJSON{Feed: p.Feed, Key: p.Event.Key, Held: p.Held, Reason: p.Reason, ParkedAt: p.ParkedAt, Queued: p.Queued, Event: eventJSON(&p.Event)}
+	return ParkedJSON{Feed: p.Feed, Key: p.Event.Key, Held: p.Held, Redriven: p.Redriven, Reason: p.Reason, ParkedAt: p.ParkedAt, Queued: p.Queued, Event: eventJSON(&p.Event)}
 }
 
 // partitionFeeds names the feed's partitions (Feed/0, Feed/1, ...).

@@ -272,13 +272,14 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	// A relay dead letter (as a broker's refusal leaves one; put in place
 	// here, on a feed of its own), found on the dead-letter page under its
-	// reason, redriven: the relay publishes it again and billing applies it.
+	// reason, redriven: its feed's relay publishes it and billing applies it.
 	lease, err := drv.AcquireLease(context.Background(), &ferrydriver.AcquireLeaseParams{Name: "manual/0", Holder: "console-test", TTL: time.Minute})
 	require.NoError(t, err)
 	refused := &ferry.Event{ID: ferry.NewID(), Topic: "orders", Key: "customer-dl", Type: "OrderPlaced", Seq: 1, Payload: []byte(`{"total":1}`), CreatedAt: time.Now()}
 	reason := "refused by the broker: " + hostileKey
 	require.NoError(t, drv.InsertDeadLetters(context.Background(), &ferrydriver.InsertDeadLettersParams{Feed: "manual/0", Holder: "console-test", Term: lease.Term,
 		DeadLetters: []*ferrydriver.DeadLetter{{Feed: "manual/0", Event: *refused, Reason: reason, FailedAt: time.Now()}}}))
+	require.NoError(t, drv.ReleaseLease(context.Background(), &ferrydriver.ReleaseLeaseParams{Name: "manual/0", Holder: "console-test", Term: lease.Term}))
 	dlRow := fmt.Sprintf(`tr[data-id="%s"]`, refused.ID)
 	do("the relay's dead letter, by reason", chromedp.Navigate(console+"#/dead-letters"), chromedp.WaitVisible(css(dlRow)))
 	require.Equal(t, reason, text(`section.reason .head .text`))
@@ -290,6 +291,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	do("its redrive runs", chromedp.Click(css(`.confirm button[data-confirm="yes"]`)), chromedp.WaitVisible(css(`#flash:not(.error)`)))
 	require.Contains(t, text(`#flash`), "done for 1 event")
 	do("the dead letter is gone", chromedp.WaitVisible(css(`#empty`)))
+	// It went back to its feed, manual/0, and to no other: that feed's
+	// relay publishes it (reading the outbox too, whose events billing's
+	// inbox already has).
+	manual, err := ferry.NewRelay(drv, billing.Sink(), &ferry.RelayConfig{Feed: "manual", PollInterval: 50 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	manualDone := make(chan error, 1)
+	go func() { manualDone <- manual.Run(relayCtx) }()
 	do("its timeline shows it processed", chromedp.Navigate(console+"#/events/"+refused.ID.String()),
 		chromedp.WaitVisible(css(`#timeline li[data-group="billing"] .state.processed`)))
 
@@ -297,6 +305,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	// says where.
 	stopRelay()
 	require.NoError(t, <-relayDone)
+	require.NoError(t, <-manualDone)
 	relayDone <- nil // for the cleanup
 	waiting := &ferry.Event{Topic: "orders", Key: "customer-late", Type: "OrderPlaced", Payload: []byte(`{"total":3}`)}
 	require.NoError(t, client.Emit(context.Background(), waiting))

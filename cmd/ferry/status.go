@@ -329,7 +329,7 @@ func relayDLQ(ctx context.Context, stdout io.Writer, drv ferrydriver.Store, acti
 		return err
 	}
 	verb := map[string]string{
-		"redrive": "redriven: appended to the outbox again with the same event IDs, each after what its key committed before now",
+		"redrive": "redriven: each goes back, with its event ID, to the feed that dead-lettered it (and no other), after what that feed published of its key",
 		"discard": "discarded",
 	}[action]
 	fmt.Fprintf(stdout, "%d relay dead letter(s) %s\n", n, verb)

@@ -830,13 +830,40 @@ func testDeadLetterRetention[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, b1.ID, left[0].Event.ID, "another feed's dead letters stay")
 }
 
-// testRedriveDeadLetters: a redriven dead letter goes back to the outbox
-// with its ID, as a new event of its key: after the key's events committed
-// before the redrive, before those committed after, with a new Seq; the
-// dead letter is gone, so a second redrive finds nothing.
+// redrivenHeads returns the payloads of the heads of feed's keys with
+// redriven events.
+func redrivenHeads(ctx context.Context, t *testing.T, drv ferrydriver.Store, feed string) []string {
+	t.Helper()
+	pk := drv.(ferrydriver.Parker)
+	heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Redriven: true})
+	require.NoError(t, err)
+	var out []string
+	for _, h := range heads {
+		out = append(out, string(h.Event.Payload))
+	}
+	return out
+}
+
+// testRedriveDeadLetters: a redriven dead letter goes back to the feed
+// that dead-lettered it and to no other: it joins its key's parked queue
+// in that feed, behind what the key has parked there, marked redriven,
+// whole (ID, Seq, headers, time), and nothing is appended to the outbox,
+// which every feed reads. The dead letter is gone, so a second redrive
+// finds nothing; once the relay published it (UnparkEvent), the feed has
+// no redriven key left.
 func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
+	pk, ok := any(drv).(ferrydriver.Parker)
+	if !ok {
+		insertDeadLetters(ctx, t, drv, "dl/0", Event("t", "K", "x"))
+		dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
+		require.NoError(t, err)
+		_, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: ferrydriver.Refs(dls)})
+		require.Error(t, err, "%s is not a Parker: a redrive is refused", drv.Name())
+		t.Logf("%s does not implement ferrydriver.Parker: it cannot redrive", drv.Name())
+		return
+	}
 	emit(ctx, t, h, drv, Event("t", "K", "first"))
 	r := OpenReader(ctx, t, drv, nil)
 	read := r.ReadQuiet(ctx)
@@ -845,20 +872,46 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	first.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	insertDeadLetters(ctx, t, drv, "dl/0", first) // as the relay does, with the event as read
 	emit(ctx, t, h, drv, Event("t", "K", "second"))
-
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}}})
+	require.Len(t, r.ReadQuiet(ctx), 1)
+	// Key J has an event parked in dl/0 already: a redriven one goes behind.
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "dl/0", Holder: "dl", TTL: time.Minute})
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	emit(ctx, t, h, drv, Event("t", "K", "third"))
+	stuck, old := Event("t", "J", "stuck"), Event("t", "J", "old")
+	require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "dl/0", Holder: "dl", Term: l.Term, Events: []*ferryevent.Event{stuck}, Reason: "503"}))
+	insertDeadLetters(ctx, t, drv, "dl/0", old)
+	require.Empty(t, redrivenHeads(ctx, t, drv, "dl/0"), "no key has a redriven event yet")
 
-	got := r.ReadQuiet(ctx)
-	require.Len(t, got, 3)
-	require.Equal(t, []string{"second", "first", "third"}, []string{string(got[0].Payload), string(got[1].Payload), string(got[2].Payload)},
-		"the redriven event comes after what the key committed before the redrive")
-	require.Equal(t, first.ID, got[1].ID, "the same event ID: consumers deduplicate")
-	require.Equal(t, first.Headers, got[1].Headers)
-	require.True(t, first.CreatedAt.Equal(got[1].CreatedAt))
-	require.EqualValues(t, []int64{2, 3, 4}, []int64{got[0].Seq, got[1].Seq, got[2].Seq}, "a new Seq of the key")
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}, {Feed: "dl/0", EventID: old.ID}}})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Empty(t, r.ReadQuiet(ctx), "nothing is appended to the outbox: no other feed sees it")
+	require.ElementsMatch(t, []string{"first", "stuck"}, redrivenHeads(ctx, t, drv, "dl/0"), "the keys with redriven events, by their heads")
+	require.Empty(t, redrivenHeads(ctx, t, drv, "other/0"), "another feed has none")
+
+	heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "dl/0", Keys: []string{"K", "J"}})
+	require.NoError(t, err)
+	byKey := map[string]*ferrydriver.ParkedEvent{}
+	for _, h := range heads {
+		byKey[h.Event.Key] = h
+	}
+	got := byKey["K"].Event
+	require.Equal(t, first.ID, got.ID, "the same event ID: consumers deduplicate")
+	require.Equal(t, first.Seq, got.Seq, "its Seq")
+	require.Equal(t, first.Headers, got.Headers)
+	require.Equal(t, first.Payload, got.Payload)
+	require.True(t, first.CreatedAt.Equal(got.CreatedAt))
+	require.True(t, byKey["K"].Redriven)
+	require.Contains(t, byKey["K"].Reason, "rejected", "the reason it was dead-lettered")
+	require.Equal(t, stuck.ID, byKey["J"].Event.ID, "J's parked event first")
+	require.False(t, byKey["J"].Redriven)
+	unpark := func(ev *ferryevent.Event) {
+		t.Helper()
+		require.NoError(t, pk.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: "dl/0", Holder: "dl", Term: l.Term, Key: ev.Key, EventID: ev.ID}))
+	}
+	unpark(stuck)
+	heads, err = pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "dl/0", Keys: []string{"J"}})
+	require.NoError(t, err)
+	require.Equal(t, old.ID, heads[0].Event.ID, "then the redriven one")
 
 	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
 	require.NoError(t, err)
@@ -866,15 +919,18 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}}})
 	require.NoError(t, err)
 	require.Zero(t, n, "gone: nothing to redrive")
+	unpark(&got)
+	unpark(old)
+	require.Empty(t, redrivenHeads(ctx, t, drv, "dl/0"), "published: no redriven key left")
 	require.Empty(t, r.ReadQuiet(ctx))
 }
 
 // testRedriveSelection: redrive and discard act on the dead letters
 // named, each by feed and event, and on no other: an event dead-lettered
-// by two feeds keeps the other feed's dead letter; an empty selection is
-// nothing, never every feed; a named dead letter already gone is not
-// counted; a dead letter that is not a valid event stops the redrive,
-// changing nothing, and can be discarded.
+// by two feeds keeps the other feed's dead letter, and a redrive goes to
+// the feed named only; an empty selection is nothing, never every feed; a
+// named dead letter already gone is not counted; a dead letter that is not
+// a valid event stops the redrive, changing nothing, and can be discarded.
 func testRedriveSelection[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
@@ -908,10 +964,16 @@ func testRedriveSelection[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Zero(t, n)
 	require.Len(t, left(), 4)
 
+	if _, ok := any(drv).(ferrydriver.Parker); !ok {
+		t.Logf("%s does not implement ferrydriver.Parker: it cannot redrive", drv.Name())
+		return
+	}
 	n, err = drv.RedriveDeadLetters(ctx, refs("f/0", c, "f/0", b))
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	require.ElementsMatch(t, []string{b.ID.String(), c.ID.String()}, ids(r.ReadQuiet(ctx)))
+	require.ElementsMatch(t, []string{"b", "c"}, redrivenHeads(ctx, t, drv, "f/0"), "back to f/0")
+	require.Empty(t, redrivenHeads(ctx, t, drv, "g/0"), "and not to g/0")
+	require.Empty(t, r.ReadQuiet(ctx), "nor to the outbox")
 	require.ElementsMatch(t, []string{"f/0 a", "g/0 c"}, left(), "g/0's dead letter of c stays")
 
 	n, err = drv.DiscardDeadLetters(ctx, refs("f/0", c, "g/0", a))
@@ -930,7 +992,7 @@ func testRedriveSelection[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Contains(t, err.Error(), bad.ID.String())
 	require.Contains(t, err.Error(), "discard")
 	require.Len(t, left(), 2, "nothing changed: a and bad are still there")
-	require.Empty(t, r.ReadQuiet(ctx), "and nothing was appended")
+	require.ElementsMatch(t, []string{"b", "c"}, redrivenHeads(ctx, t, drv, "f/0"), "and nothing was parked")
 
 	n, err = drv.DiscardDeadLetters(ctx, refs("f/0", bad))
 	require.NoError(t, err)

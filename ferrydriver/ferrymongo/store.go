@@ -294,10 +294,9 @@ func refIDs(refs []ferrydriver.DeadLetterRef) bson.A {
 }
 
 // RedriveDeadLetters implements ferrydriver.Store: in one transaction, the
-// named dead letters are appended as new events of their keys (each takes
-// its key's next Seq) and deleted. A redriven event is stored under a
-// fresh _id, with its ID in eid: its first copy may still be in the
-// outbox.
+// named dead letters are checked, appended to their keys' parked queues
+// in their feeds (each feed's positions drawn from its counter, as
+// ParkEvents does), marked redriven, and deleted.
 func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
 	if len(p.Letters) == 0 {
 		return 0, nil
@@ -315,8 +314,8 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
 		}
 		ids := make(bson.A, 0, len(docs))
-		var events []*ferryevent.Event
-		seen := map[string]bool{}
+		perFeed := map[string]int64{}
+		var feeds []string
 		for i := range docs {
 			ev, err := docs[i].Event.event()
 			if err == nil {
@@ -328,17 +327,36 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 					docs[i].Event.ID, docs[i].Feed, err, docs[i].Feed, docs[i].Event.ID)
 			}
 			ids = append(ids, docs[i].ID)
-			if !seen[ev.ID.String()] {
-				seen[ev.ID.String()] = true
-				ev.Seq = 0
-				events = append(events, ev)
+			if perFeed[docs[i].Feed] == 0 {
+				feeds = append(feeds, docs[i].Feed)
 			}
+			perFeed[docs[i].Feed]++
 		}
 		if len(ids) == 0 {
 			return nil
 		}
-		if err := d.appendDocs(ctx, tx, &ferrydriver.AppendParams{Events: events}, true); err != nil {
-			return err
+		pos := map[string]int64{}
+		for _, feed := range feeds {
+			var counter struct {
+				N int64 `bson:"n"`
+			}
+			if err := d.counters().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: "parked:" + feed}},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: perFeed[feed]}}}},
+				options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&counter); err != nil {
+				return fmt.Errorf("ferrymongo: park redriven dead letters for %s: %w", feed, err)
+			}
+			pos[feed] = counter.N - perFeed[feed]
+		}
+		now := time.Now().UTC()
+		for i := range docs { // oldest failure first, each key in order
+			dl := &docs[i]
+			pos[dl.Feed]++
+			doc := parkedDoc{Feed: dl.Feed, Key: dl.Event.Key, Pos: pos[dl.Feed], Event: dl.Event, ParkedAt: now,
+				Reason: "redriven by an operator after: " + dl.Reason, Redriven: true}
+			if _, err := d.parked().UpdateOne(tx, bson.D{{Key: "_id", Value: parkedID(dl.Feed, dl.Event.ID)}},
+				bson.D{{Key: "$setOnInsert", Value: doc}}, options.UpdateOne().SetUpsert(true)); err != nil {
+				return fmt.Errorf("ferrymongo: park redriven dead letter %s for %s: %w", dl.Event.ID, dl.Feed, err)
+			}
 		}
 		res, err := d.deadLetters.DeleteMany(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
 		if err != nil {

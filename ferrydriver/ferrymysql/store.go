@@ -557,8 +557,8 @@ func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetter
 }
 
 // RedriveDeadLetters implements ferrydriver.Store: in one transaction, the
-// named dead letters (locked) are appended as new events of their keys
-// and deleted.
+// named dead letters (locked) are checked, appended to their keys' parked
+// queues in their feeds, marked redriven, and deleted.
 func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
 	if len(p.Letters) == 0 {
 		return 0, nil
@@ -575,11 +575,6 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 		if err != nil {
 			return d.wrapErr("select dead letters to redrive", err)
 		}
-		if len(dls) == 0 {
-			return nil
-		}
-		var events []*ferryevent.Event
-		seen := map[uuid.UUID]bool{}
 		for _, dl := range dls {
 			ev := dl.Event
 			// No size limit: the event was accepted once, under the producer's.
@@ -587,18 +582,22 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 				return fmt.Errorf("ferrymysql: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
 					ev.ID, dl.Feed, err, dl.Feed, ev.ID)
 			}
-			ev.Seq = 0
-			if !seen[ev.ID] {
-				seen[ev.ID] = true
-				events = append(events, &ev)
+		}
+		for _, dl := range dls { // oldest failure first, each key in order
+			if _, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_parked (feed, k, event_id, topic, seq, type, source, content_type, headers, payload, created_at, parked_at, reason, redriven)
+SELECT feed, k, event_id, topic, seq, type, source, content_type, headers, payload, created_at, `+sqlNow+`,
+       CONCAT('redriven by an operator after: ', reason), TRUE
+  FROM ferry_dead_letters WHERE feed = ? AND event_id = ?
+ON DUPLICATE KEY UPDATE feed = ferry_parked.feed`, dl.Feed, dl.Event.ID[:]); err != nil {
+				return d.wrapErr("park redriven dead letters for their feeds", err)
 			}
 		}
-		if err := d.append(ctx, tx, events); err != nil {
-			return err
-		}
-		where, args = refsWhere(ferrydriver.Refs(dls))
-		if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE `+where, args...); err != nil {
-			return d.wrapErr("delete redriven dead letters", err)
+		if len(dls) > 0 {
+			where, args = refsWhere(ferrydriver.Refs(dls))
+			if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE `+where, args...); err != nil {
+				return d.wrapErr("delete redriven dead letters", err)
+			}
 		}
 		n = len(dls)
 		return nil

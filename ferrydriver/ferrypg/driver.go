@@ -437,7 +437,7 @@ type queries struct {
 	deleteDelivered, feedLag, armListener, disarmListener, seqCache                             string
 	partitionCursors, feedLagExact, countDeadLetterExact                                        string
 	deleteDeadLetters, keysChunk, pruneKeys                                                     string
-	selectRedrive, deleteDeadLetterRefs                                                         string
+	selectRedrive, deleteDeadLetterRefs, redriveToParked                                        string
 	inboxInsert, inboxClaim, inboxRescueKeys, inboxCharge, inboxHead, inboxClaimOne, inboxKill  string
 	inboxUnclaim, inboxRescueDue, inboxFinishRows, inboxLockKeys, inboxRefreshKeys, inboxGroups string
 	inboxListProcessing, inboxRetractClaims, inboxCompleteOne                                   string
@@ -467,7 +467,7 @@ func newQueries(schema string) queries {
 		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), disarmListener: r(sqlDisarmListener), seqCache: r(sqlSeqCache),
 		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
 		deleteDeadLetters: r(sqlDeleteDeadLetters), keysChunk: r(sqlKeysChunk), pruneKeys: r(sqlPruneKeys),
-		selectRedrive: r(sqlSelectRedrive), deleteDeadLetterRefs: r(sqlDeleteDeadLetterRefs), countMatchingDeadLetters: feedQueries(r(sqlCountMatchingDeadLetters)),
+		selectRedrive: r(sqlSelectRedrive), deleteDeadLetterRefs: r(sqlDeleteDeadLetterRefs), redriveToParked: r(sqlRedriveToParked), countMatchingDeadLetters: feedQueries(r(sqlCountMatchingDeadLetters)),
 		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescueKeys: r(sqlInboxRescueKeys),
 		inboxCharge: r(sqlInboxCharge), inboxHead: r(sqlInboxHead), inboxClaimOne: r(sqlInboxClaimOne), inboxKill: r(sqlInboxKill),
 		inboxUnclaim: r(sqlInboxUnclaim), inboxRescueDue: r(sqlInboxRescueDue), inboxFinishRows: r(strings.Replace(sqlInboxFinishRows, "{tail}", finishTail, 1)),

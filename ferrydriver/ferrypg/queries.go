@@ -476,7 +476,7 @@ WITH lease AS (` + sqlLeaseShare + `
 )
 SELECT count(*) FROM lease`
 
-const parkedColumns = `p.event_id, p.topic, p.key, p.seq, p.type, p.source, p.content_type, p.headers::text, p.payload, p.created_at, p.parked_at, p.held, p.reason`
+const parkedColumns = `p.event_id, p.topic, p.key, p.seq, p.type, p.source, p.content_type, p.headers::text, p.payload, p.created_at, p.parked_at, p.held, p.reason, p.redriven`
 
 // sqlParkedHeadsOf reads the head of each key named: one primary-key probe
 // per key, whatever the length of its queue.
@@ -501,6 +501,31 @@ SELECT ` + parkedColumns + `, p.queued FROM (
      ORDER BY key, id) p
  ORDER BY p.parked_at, p.key
  LIMIT $2`
+
+// sqlParkedRedriven reads the head of each key (at most $2) with a
+// redriven event in its queue: the keys from parked_redriven_idx
+// (migration 017), which holds the redriven events waiting only, then a
+// primary-key probe per key.
+const sqlParkedRedriven = `
+SELECT ` + parkedColumns + `, 0::bigint
+  FROM (SELECT DISTINCT key FROM {schema}.parked WHERE feed = $1 AND redriven LIMIT $2) k
+ CROSS JOIN LATERAL (
+       SELECT * FROM {schema}.parked p
+        WHERE p.feed = $1 AND p.key = k.key
+        ORDER BY p.id LIMIT 1) p`
+
+// sqlRedriveToParked appends the dead letters named ($1 feeds, $2 event
+// IDs, in that order) to their keys' queues in their feeds, marked
+// redriven: what RedriveDeadLetters does, in its transaction.
+const sqlRedriveToParked = `
+INSERT INTO {schema}.parked (feed, key, event_id, topic, seq, type, source,
+                             content_type, headers, payload, created_at, reason, redriven)
+SELECT d.feed, d.key, d.event_id, d.topic, d.seq, d.type, d.source, d.content_type, d.headers, d.payload, d.created_at,
+       'redriven by an operator after: ' || d.reason, true
+  FROM unnest($1::text[], $2::uuid[]) WITH ORDINALITY AS s(feed, event_id, ord)
+  JOIN {schema}.dead_letters d ON d.feed = s.feed AND d.event_id = s.event_id
+ ORDER BY s.ord
+ON CONFLICT (feed, event_id) DO NOTHING`
 
 // sqlUnparkEvent removes a key's head, storing it as a dead letter when
 // $6 (the reason) is not NULL.

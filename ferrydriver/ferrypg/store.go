@@ -183,9 +183,8 @@ func refArgs(refs []ferrydriver.DeadLetterRef) (feeds, ids []string) {
 }
 
 // RedriveDeadLetters implements ferrydriver.Store: the named dead letters
-// are locked, appended as new events of their keys (the append's row lock
-// on each key orders them after the key's committed events) and deleted,
-// in one transaction.
+// are locked, checked, appended to their keys' parked queues in their
+// feeds (sqlRedriveToParked) and deleted, in one transaction.
 func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
 	if len(p.Letters) == 0 {
 		return 0, nil
@@ -202,8 +201,6 @@ func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.Dea
 	}
 	defer r.Close()
 	var found []ferrydriver.DeadLetterRef
-	var events []*ferryevent.Event
-	seen := map[string]bool{}
 	for r.Next() {
 		var dl ferrydriver.DeadLetter
 		ev := &dl.Event
@@ -215,11 +212,6 @@ func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.Dea
 			return 0, err
 		}
 		found = append(found, ferrydriver.DeadLetterRef{Feed: dl.Feed, EventID: ev.ID})
-		if !seen[ev.ID.String()] {
-			seen[ev.ID.String()] = true
-			ev.Seq = 0
-			events = append(events, ev)
-		}
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
@@ -228,10 +220,10 @@ func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.Dea
 	if len(found) == 0 {
 		return 0, nil
 	}
-	if err := d.append(ctx, e, &ferrydriver.AppendParams{Events: events}); err != nil {
-		return 0, err
+	feeds, ids = refArgs(found) // oldest failure first, each key in order
+	if _, err := e.exec(ctx, d.queries.redriveToParked, feeds, ids); err != nil {
+		return 0, d.wrapErr("park redriven dead letters for their feeds", err)
 	}
-	feeds, ids = refArgs(found)
 	n, err := e.exec(ctx, d.queries.deleteDeadLetterRefs, feeds, ids)
 	if err != nil {
 		return 0, d.wrapErr("delete redriven dead letters", err)
@@ -242,7 +234,7 @@ func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.Dea
 	return int(n), nil
 }
 
-// redrivable refuses a dead letter that is not a valid event: appended
+// redrivable refuses a dead letter that is not a valid event: published
 // again, it would only be dead-lettered again (or lose its headers).
 func redrivable(dl *ferrydriver.DeadLetter, decodeErr error) error {
 	err := decodeErr

@@ -267,8 +267,8 @@ func deadLetterArgs(p *ferrydriver.ListDeadLettersParams) []any {
 }
 
 // RedriveDeadLetters implements ferrydriver.Store: in one write
-// transaction, the named dead letters are appended as new events of their
-// keys and deleted.
+// transaction, the named dead letters are checked, appended to their
+// keys' parked queues in their feeds, marked redriven, and deleted.
 func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
 	if len(p.Letters) == 0 {
 		return 0, nil
@@ -284,8 +284,6 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 		defer rows.Close()
 		type row struct{ feed, id string }
 		var selected []row
-		var events []*ferryevent.Event
-		seen := map[string]bool{}
 		for rows.Next() {
 			dl := &ferrydriver.DeadLetter{}
 			ev := &dl.Event
@@ -307,24 +305,21 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 				return fmt.Errorf("ferrysqlite: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
 					id, dl.Feed, err, dl.Feed, id)
 			}
-			ev.CreatedAt, ev.Seq = fromMicros(created), 0
 			selected = append(selected, row{dl.Feed, id})
-			if !seen[id] {
-				seen[id] = true
-				events = append(events, ev)
-			}
 		}
 		if err := rows.Err(); err != nil {
 			return d.wrapErr("select dead letters to redrive", err)
 		}
 		rows.Close()
-		if len(selected) == 0 {
-			return nil
-		}
-		if err := d.append(ctx, tx, &ferrydriver.AppendParams{Events: events}); err != nil {
-			return err
-		}
-		for _, r := range selected {
+		at := micros(now())
+		for _, r := range selected { // oldest failure first, each key in order
+			if _, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_parked (feed, key, event_id, topic, seq, type, source, content_type, headers, payload, created_at, parked_at, reason, redriven)
+SELECT feed, key, event_id, topic, seq, type, source, content_type, headers, payload, created_at, ?, 'redriven by an operator after: ' || reason, 1
+  FROM ferry_dead_letters WHERE feed = ? AND event_id = ?
+ON CONFLICT (feed, event_id) DO NOTHING`, at, r.feed, r.id); err != nil {
+				return d.wrapErr("park redriven dead letters for their feeds", err)
+			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE feed = ? AND event_id = ?`, r.feed, r.id); err != nil {
 				return d.wrapErr("delete redriven dead letters", err)
 			}

@@ -724,12 +724,19 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "suite", Term: lease.Term, Events: []*ferryevent.Event{parked}, Reason: "not acknowledged"}))
 		var list struct{ Parked []ferryui.ParkedJSON }
 		c.get("/api/v1/parked", http.StatusOK, &list)
-		require.Len(t, list.Parked, 1)
-		require.Equal(t, "p", list.Parked[0].Key)
-		require.Equal(t, "default/0", list.Parked[0].Feed)
-		require.False(t, list.Parked[0].Held)
-		require.EqualValues(t, 1, list.Parked[0].Queued)
-		require.Equal(t, "not acknowledged", list.Parked[0].Reason)
+		byKey := map[string]ferryui.ParkedJSON{}
+		for _, p := range list.Parked {
+			byKey[p.Key] = p
+		}
+		require.Len(t, byKey, 2, "p, and k1, whose dead letter was redriven to default/0")
+		require.True(t, byKey["k1"].Redriven, "a redriven dead letter waits for its feed's relay")
+		require.Equal(t, plain1.ID.String(), byKey["k1"].Event.ID)
+		p := byKey["p"]
+		require.Equal(t, "default/0", p.Feed)
+		require.False(t, p.Held)
+		require.False(t, p.Redriven)
+		require.EqualValues(t, 1, p.Queued)
+		require.Equal(t, "not acknowledged", p.Reason)
 		k = ferryui.KeyJSON{}
 		c.get("/api/v1/keys/p", http.StatusOK, &k)
 		require.Len(t, k.Parked, 1)

@@ -280,24 +280,25 @@ if scenario == "prunekeys":
     r.ok(n=1)
 
 if scenario == "redrive":
-    # RedriveDeadLetters, in one transaction: the dead letter, the key's
-    # next sequence number, the event appended under a fresh _id with its
-    # ID in eid, the dead letter deleted, the commit.
+    # RedriveDeadLetters, in one transaction: the dead letter named (feed
+    # and event), the feed's parked positions, the event parked for its
+    # key in that feed, marked redriven, the dead letter deleted, the
+    # commit. Nothing is appended to the outbox.
     eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
     created = datetime.datetime(2026, 1, 2, 3, 4, 5)
     r = server.receives(OpMsg("find", "ferry_dead_letters"), timeout=30)
     report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit"),
                     "startTransaction": r.doc.get("startTransaction")})
     r.ok(cursor={"id": Int64(0), "ns": "app.ferry_dead_letters", "firstBatch": [
-        {"_id": {"feed": "default/0", "event": eid}, "feed": "default/0", "reason": "unroutable", "failed_at": created,
+        {"_id": {"feed": "hooks/0", "event": eid}, "feed": "hooks/0", "reason": "unroutable", "failed_at": created,
          "event": {"_id": eid, "p": 0, "topic": "orders", "key": "k", "seq": Int64(5), "type": "T", "payload": Binary(b"x"),
                    "created_at": created}}]})
-    r = server.receives(OpMsg("findAndModify", "ferry_keys"), timeout=30)
+    r = server.receives(OpMsg("findAndModify", "ferry_counters"), timeout=30)
     report("findAndModify", {"query": r.doc.get("query"), "update": r.doc.get("update")})
-    r.ok(value={"_id": "k", "seq": Int64(12)}, lastErrorObject={"n": 1, "updatedExisting": True})
-    r = server.receives(OpMsg("insert", "ferry_outbox"), timeout=30)
-    report("insert", {"documents": r.doc.get("documents")})
-    r.ok(n=1)
+    r.ok(value={"_id": "parked:hooks/0", "n": Int64(7)}, lastErrorObject={"n": 1, "updatedExisting": True})
+    r = server.receives(OpMsg("update", "ferry_parked"), timeout=30)
+    report("update", {"updates": r.doc.get("updates")})
+    r.ok(n=1, nModified=0, upserted=[{"index": 0, "_id": {"feed": "hooks/0", "event": eid}}])
     r = server.receives(OpMsg("delete", "ferry_dead_letters"), timeout=30)
     report("delete", {"deletes": r.doc.get("deletes")})
     r.ok(n=1)
