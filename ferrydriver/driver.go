@@ -149,6 +149,14 @@ type Store interface {
 	// (see FeedLag.Events).
 	FeedLag(ctx context.Context, p *FeedLagParams) (*FeedLag, error)
 
+	// ListFeeds names the feeds the store knows of: every name with a
+	// checkpoint, a lease, dead letters or parked events, in name order,
+	// once each. Relay feeds are "<feed>/<partition>" (see FeedPartition;
+	// RelayFeeds keeps those and adds the partitions that have nothing yet).
+	// It reads O(names) entries of indexes, however many dead letters and
+	// parked events there are.
+	ListFeeds(ctx context.Context) ([]string, error)
+
 	// FeedStatus reports a feed's checkpoint, lease, lag and dead letters,
 	// for operators. Without p.Exact it costs what FeedLag does plus a
 	// count of at most ExactCountLimit+1 dead letters; with p.Exact it

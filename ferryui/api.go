@@ -71,8 +71,10 @@ type Config struct {
 	Store ferrydriver.Store
 	// Inbox is the consumer groups' database; nil: no group views.
 	Inbox Inbox
-	// Feed names the relay's feed (its partitions are Feed/0, Feed/1, …);
-	// empty means "default".
+	// Feed names the relay feed from whose position an event that is
+	// nowhere else is looked for in the backlog (its partitions are
+	// Feed/0, Feed/1, …); empty means "default". The feeds list and the
+	// parked keys show every feed the store knows of.
 	Feed string
 	// Groups are the consumer groups shown, added to those the backend
 	// lists (ferrydriver.GroupLister).

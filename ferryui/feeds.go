@@ -9,7 +9,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-// FeedJSON is one partition of the relay's feed.
+// FeedJSON is one partition of a relay feed.
 type FeedJSON struct {
 	Feed              string     `json:"feed"`
 	LagEvents         int64      `json:"lag_events"`
@@ -38,13 +38,17 @@ type OpenTxJSON struct {
 	Application string    `json:"application,omitempty"`
 }
 
+// feeds lists every relay feed partition the store knows of (a
+// checkpoint, a lease, dead letters, parked events: every partition of
+// each such feed), or those of ?feed= (a feed's name or a partition's).
 func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
-	names, err := h.partitionFeeds(r.Context())
+	names, err := ferrydriver.RelayFeeds(r.Context(), h.cfg.Store, r.URL.Query().Get("feed"))
 	if err != nil {
 		return err
 	}
 	out := make([]FeedJSON, 0, len(names))
-	for p, name := range names {
+	for _, name := range names {
+		p, _ := ferrydriver.FeedPartition(name)
 		st, err := h.cfg.Store.FeedStatus(r.Context(), &ferrydriver.FeedStatusParams{Feed: name, Partition: p})
 		if err != nil {
 			return err
@@ -100,7 +104,8 @@ func parkedJSON(p *ferrydriver.ParkedEvent) ParkedJSON {
 	return ParkedJSON{Feed: p.Feed, Key: p.Event.Key, Held: p.Held, Redriven: p.Redriven, Reason: p.Reason, ParkedAt: p.ParkedAt, Queued: p.Queued, Event: eventJSON(&p.Event)}
 }
 
-// partitionFeeds names the feed's partitions (Feed/0, Feed/1, ...).
+// partitionFeeds names the partitions (Feed/0, Feed/1, ...) of the feed
+// whose position an event's lookup in the backlog reads from.
 func (h *Handler) partitionFeeds(ctx context.Context) ([]string, error) {
 	n := 1
 	if ps, ok := h.cfg.Store.(ferrydriver.PartitionStore); ok {
@@ -117,15 +122,15 @@ func (h *Handler) partitionFeeds(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// parkedKeys returns the parked keys of the feed's partitions (all of them,
-// at most limit per partition, when keys is nil).
+// parkedKeys returns the parked keys of every feed (all of them, at most
+// limit per feed partition, when keys is nil).
 func (h *Handler) parkedKeys(ctx context.Context, keys []string, limit int) ([]ParkedJSON, error) {
 	out := []ParkedJSON{}
 	pk, ok := h.cfg.Store.(ferrydriver.Parker)
 	if !ok {
 		return out, nil
 	}
-	feeds, err := h.partitionFeeds(ctx)
+	feeds, err := ferrydriver.RelayFeeds(ctx, h.cfg.Store, "")
 	if err != nil {
 		return nil, err
 	}

@@ -6,7 +6,7 @@
 //	ferry relay    tail the outbox and publish to NATS JetStream
 //	ferry migrate  up | down | sql: create, revert or print the schema
 //	ferry partitions  show | set N: the outbox's partition count
-//	ferry status   checkpoint, lag, lease holder and dead letters
+//	ferry status   every feed's checkpoint, lag, lease holder and dead letters; the groups
 //	ferry dlq      list | show | redrive | discard: relay dead letters (--group: a consumer group's)
 //	ferry emit     write events to the outbox from the command line
 //	ferry tail     print the events in the JetStream stream
@@ -43,7 +43,8 @@ Usage:
   ferry partitions show|set N [flags]
                                      the outbox's partition count, stored with the schema; set refuses
                                      until every relay has delivered everything and stopped
-  ferry status  [flags]              checkpoint, lag, lease and dead letters (--json; --exact counts)
+  ferry status  [flags]              every feed's checkpoint, lag, lease and dead letters, and the consumer
+                                     groups (--feed hooks or hooks/0; --json; --exact counts)
   ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events, actions
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group;

@@ -31,7 +31,7 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var addr, feed, groups, chains, rpcURL string
 	var readOnly bool
 	f.String(&addr, "ui-addr", "FERRY_UI_ADDR", defaultUIAddr, "address to serve the console and its API on (another host than loopback exposes it: put it behind your own access control)")
-	f.String(&feed, "feed", "FERRY_FEED", "default", "the relay's feed")
+	f.String(&feed, "feed", "FERRY_FEED", "default", "the feed from whose position an event is looked for in the outbox's backlog (the console shows every feed)")
 	f.String(&groups, "groups", "FERRY_UI_GROUPS", "", "consumer groups to show besides those the database lists, comma-separated")
 	f.Bool(&readOnly, "read-only", "FERRY_UI_READ_ONLY", false, "refuse every action (redrive, discard, dead policy)")
 	f.String(&chains, "chain-groups", "FERRY_UI_CHAIN_GROUPS", "", "chain sources to show (the groups of `ferry chain run`), comma-separated")

@@ -85,6 +85,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("IdleDeliveredKeysArePruned", func(t *testing.T) { t.Parallel(); testPruneKeys(t, h) })
 	t.Run("PruneKeysSweepsInChunks", func(t *testing.T) { t.Parallel(); testPruneKeysSweep(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
+	t.Run("EveryFeedIsListed", func(t *testing.T) { t.Parallel(); testListFeeds(t, h) })
 	t.Run("Parking", func(t *testing.T) { t.Parallel(); testParking(t, h) })
 	t.Run("ListLeases", func(t *testing.T) { t.Parallel(); testListLeases(t, h) })
 	t.Run("LagBeyondTheExactCount", func(t *testing.T) { t.Parallel(); testLagEstimate(t, h) })
@@ -923,6 +924,50 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	unpark(old)
 	require.Empty(t, redrivenHeads(ctx, t, drv, "dl/0"), "published: no redriven key left")
 	require.Empty(t, r.ReadQuiet(ctx))
+}
+
+// testListFeeds: the store names every feed with a checkpoint, a lease,
+// dead letters or parked events, once each, in order; RelayFeeds shows
+// every partition of the relay feeds among them (and only relay feeds), a
+// feed's or a partition's when asked, and "default"'s on an empty store.
+func testListFeeds[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	feeds := func(filter string) []string {
+		t.Helper()
+		got, err := ferrydriver.RelayFeeds(ctx, drv, filter)
+		require.NoError(t, err)
+		return got
+	}
+	require.Equal(t, []string{"default/0"}, feeds(""), "an empty store: the default feed's")
+	require.Equal(t, []string{"shop/0"}, feeds("shop"), "a feed asked for, though nothing is known of it")
+
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "a/0", Holder: "r", TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: "a/0", Cursor: []byte("c"), Holder: "r", Term: l.Term}))
+	for _, name := range []string{"b/1", "members/a/r#1", "chain/eth", "consumer-gauges/7"} {
+		_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "r", TTL: time.Minute})
+		require.NoError(t, err)
+	}
+	insertDeadLetters(ctx, t, drv, "c/0", Event("t", "k", "x"), Event("t", "k2", "y"))
+	insertDeadLetters(ctx, t, drv, "c/0", Event("t", "k3", "z"))
+	if pk, ok := any(drv).(ferrydriver.Parker); ok {
+		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "d/2", Holder: "r", TTL: time.Minute})
+		require.NoError(t, err)
+		require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "d/2", Holder: "r", Term: l.Term, Events: []*ferryevent.Event{Event("t", "k", "p")}}))
+		require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "d/2", Holder: "r", Term: l.Term}))
+	} else {
+		_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "d/2", Holder: "r", TTL: time.Minute})
+		require.NoError(t, err)
+	}
+	names, err := drv.ListFeeds(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a/0", "b/1", "c/0", "chain/eth", "consumer-gauges/7", "d/2", "members/a/r#1"}, names,
+		"each name once, in order: checkpoints, leases, dead letters, parked events")
+	require.Equal(t, []string{"a/0", "b/0", "b/1", "c/0", "d/0", "d/2"}, feeds(""), "every partition of each relay feed, and only relay feeds")
+	require.Equal(t, []string{"b/0", "b/1"}, feeds("b"))
+	require.Equal(t, []string{"b/1"}, feeds("b/1"))
+	require.Equal(t, []string{"d/2"}, feeds("d/2"))
 }
 
 // testRedriveSelection: redrive and discard act on the dead letters

@@ -497,6 +497,32 @@ func TestMockRedriveParksForItsFeed(t *testing.T) {
 	}
 }
 
+// TestMockFeedsAreListedByIndex: ListFeeds asks each collection for its
+// distinct names (an index that leads with the feed serves each) and
+// merges them, once each, in order; the heads of the keys with redriven
+// events are read through their distinct keys, then a head per key.
+func TestMockFeedsAreListedByIndex(t *testing.T) {
+	uri, lines := mockServerLines(t, "feeds")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	names, err := drv.ListFeeds(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"chain/eth", "default/0", "hooks/0", "hooks/1", "members/default/r1"}, names)
+	heads, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "hooks/0", Redriven: true})
+	require.NoError(t, err)
+	require.Len(t, heads, 1)
+	require.True(t, heads[0].Redriven)
+	require.EqualValues(t, 5, heads[0].Event.Seq)
+	reports := awaitReports(ctx, t, lines, 6)
+	require.Contains(t, reports[2], `"key": "feed"`)
+	require.Contains(t, reports[3], `"key": "feed"`)
+	require.Contains(t, reports[4], `"query": {"feed": "hooks/0", "redriven": true}`, "the keys with redriven events, by the partial index")
+	require.Contains(t, reports[5], `"filter": {"feed": "hooks/0", "key": "k"}`, "then each key's head")
+}
+
 // TestMockPartitionGuardFollowsAChangedCount: the stored count is 4 when a
 // producer that follows it first reads it; it has become 8 by the time
 // the producer inserts, and the outbox's validator refuses the insert. The

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -641,6 +642,31 @@ func (d *Driver) feedLag(ctx context.Context, feed string, partition int, st *fe
 	from := float64(s.First.UnixMicro() - 1)
 	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(s.N, from, float64(s.Last.UnixMicro()), float64(newest.At.UnixMicro()))
 	return lag, nil
+}
+
+// ListFeeds implements ferrydriver.Store: the distinct names of the
+// checkpoints and leases, and the distinct feeds of the dead letters and
+// the parked events (each by an index that leads with the feed).
+func (d *Driver) ListFeeds(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	for _, src := range []struct {
+		coll  *mongo.Collection
+		field string
+	}{{d.checkpoints, "_id"}, {d.leases, "_id"}, {d.deadLetters, "feed"}, {d.parked(), "feed"}} {
+		var names []string
+		if err := src.coll.Distinct(ctx, src.field, bson.D{}).Decode(&names); err != nil {
+			return nil, fmt.Errorf("ferrymongo: list feeds (%s): %w", src.coll.Name(), err)
+		}
+		for _, n := range names {
+			seen[n] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // FeedStatus implements ferrydriver.Store. Lag counts the partition's

@@ -811,6 +811,31 @@ SELECT COUNT(*), MIN(appended_at), MAX(appended_at), MIN(created_at), `+sqlNow+`
 	return lag, nil
 }
 
+// ListFeeds implements ferrydriver.Store: the checkpoints and leases (a
+// row per feed partition, relay member and chain source), then the
+// distinct feeds of the dead letters and the parked events, read by a
+// loose scan of an index that leads with the feed (one probe per feed).
+func (d *Driver) ListFeeds(ctx context.Context) ([]string, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT feed FROM ferry_checkpoints
+ UNION SELECT name FROM ferry_leases
+ UNION SELECT DISTINCT feed FROM ferry_dead_letters
+ UNION SELECT DISTINCT feed FROM ferry_parked
+ ORDER BY 1`)
+	if err != nil {
+		return nil, d.wrapErr("list feeds", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var n []byte
+		if err := rows.Scan(&n); err != nil {
+			return nil, d.wrapErr("list feeds", err)
+		}
+		out = append(out, string(n))
+	}
+	return out, d.wrapErr("list feeds", rows.Err())
+}
+
 // FeedStatus implements ferrydriver.Store; its lag is FeedLag's (exact:
 // counted in full).
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {

@@ -452,7 +452,7 @@ type queries struct {
 	requestClaim, requestFinish, requestGet, requestDelete                                      string
 	storedPartitions, lockSettings, truncateSettings, insertSettings                            string
 	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                            string
-	undelivered, parkedByFeed                                                                   string
+	undelivered, parkedByFeed, listFeeds                                                        string
 }
 
 func newQueries(schema string) queries {
@@ -492,7 +492,7 @@ func newQueries(schema string) queries {
 		truncateSettings: r(sqlTruncateSettings), insertSettings: r(sqlInsertSettings),
 		liveLeases: r(sqlLiveLeases), allCheckpoints: r(sqlAllCheckpoints),
 		highestPartition: r(sqlHighestPartition), partitionHasEvents: r(sqlPartitionHasEvents),
-		undelivered: r(sqlUndelivered), parkedByFeed: r(sqlParkedByFeed),
+		undelivered: r(sqlUndelivered), parkedByFeed: r(sqlParkedByFeed), listFeeds: r(sqlListFeeds),
 	}
 }
 

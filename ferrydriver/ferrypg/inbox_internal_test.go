@@ -567,6 +567,9 @@ func TestConsolePagesAreFlat(t *testing.T) {
 		{"a page of one feed's dead letters", drv.queries.listDeadLetters.exact, true, []any{"default/1", "", "", "", nil, nil, []string{}, "", 50, "infinity", uuid.Nil.String()}},
 		// The console's key page (migration 010); a filter by key is a
 		// constant in its custom plan, which PostgreSQL keeps.
+		// Every feed with dead letters (4, over 100,000 of them): a skip
+		// along the primary key, a probe per feed.
+		{"the feeds", drv.queries.listFeeds, false, nil},
 		{"a key's dead letters", drv.queries.listDeadLetters.exact, false, []any{"", "k777", "", "", nil, nil, []string{}, "", 50, "infinity", uuid.Nil.String()}},
 		// Its generic plan sorts the group's DEAD rows (about 2,000 pages
 		// here): PostgreSQL keeps the custom plan, far cheaper, for it.

@@ -620,6 +620,29 @@ SELECT COALESCE((SELECT partition FROM {schema}.outbox ORDER BY partition DESC L
 
 const sqlPartitionHasEvents = `SELECT EXISTS (SELECT FROM {schema}.outbox WHERE partition = $1)`
 
+// sqlListFeeds names every feed with a checkpoint, a lease, dead letters
+// or parked events: the checkpoints and leases tables (a row per feed
+// partition, relay member and chain source), then the distinct feeds of
+// the dead letters and of the parked events, each by a skip along its
+// primary key (one probe per feed, however many rows it has).
+const sqlListFeeds = `
+WITH RECURSIVE dl(feed) AS (
+    (SELECT feed FROM {schema}.dead_letters ORDER BY feed LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.feed FROM {schema}.dead_letters d WHERE d.feed > dl.feed ORDER BY d.feed LIMIT 1)
+      FROM dl WHERE dl.feed IS NOT NULL
+), pk(feed) AS (
+    (SELECT feed FROM {schema}.parked ORDER BY feed LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.feed FROM {schema}.parked p WHERE p.feed > pk.feed ORDER BY p.feed LIMIT 1)
+      FROM pk WHERE pk.feed IS NOT NULL
+)
+SELECT feed FROM {schema}.checkpoints
+ UNION SELECT name FROM {schema}.leases
+ UNION SELECT feed FROM dl WHERE feed IS NOT NULL
+ UNION SELECT feed FROM pk WHERE feed IS NOT NULL
+ ORDER BY 1`
+
 // sqlParkedByFeed counts the events relays have parked (migration 006),
 // per feed: a feed's checkpoint passes them, but they are not delivered.
 // O(parked events), which are a stuck key's few.

@@ -490,6 +490,27 @@ func (d *Driver[TTx]) feedLag(ctx context.Context, feed string, partition int, a
 	return lag, nil
 }
 
+// ListFeeds implements ferrydriver.Store (sqlListFeeds).
+func (d *Driver[TTx]) ListFeeds(ctx context.Context) ([]string, error) {
+	r, err := d.db.query(ctx, d.queries.listFeeds)
+	if err != nil {
+		return nil, d.wrapErr("list feeds", err)
+	}
+	defer r.Close()
+	var out []string
+	for r.Next() {
+		var n string
+		if err := r.Scan(&n); err != nil {
+			return nil, d.wrapErr("list feeds", err)
+		}
+		out = append(out, n)
+	}
+	if err := r.Err(); err != nil {
+		return nil, d.wrapErr("list feeds", err)
+	}
+	return out, nil
+}
+
 // FeedStatus implements ferrydriver.Store.
 func (d *Driver[TTx]) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: p.Feed}

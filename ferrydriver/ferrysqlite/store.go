@@ -551,6 +551,41 @@ SELECT count(*), COALESCE(max(id), 0), min(created_at),
 	return lag, nil
 }
 
+// ListFeeds implements ferrydriver.Store: the checkpoints and leases (a
+// row per feed partition, relay member and chain source), then the
+// distinct feeds of the dead letters and the parked events, each by a skip
+// along an index that leads with the feed (one probe per feed).
+func (d *Driver) ListFeeds(ctx context.Context) ([]string, error) {
+	rows, err := d.r.QueryContext(ctx, `
+WITH RECURSIVE dl(feed) AS (
+    SELECT min(feed) FROM ferry_dead_letters
+    UNION ALL
+    SELECT (SELECT min(feed) FROM ferry_dead_letters WHERE feed > dl.feed) FROM dl WHERE dl.feed IS NOT NULL
+), pk(feed) AS (
+    SELECT min(feed) FROM ferry_parked
+    UNION ALL
+    SELECT (SELECT min(feed) FROM ferry_parked WHERE feed > pk.feed) FROM pk WHERE pk.feed IS NOT NULL
+)
+SELECT feed FROM ferry_checkpoints
+ UNION SELECT name FROM ferry_leases
+ UNION SELECT feed FROM dl WHERE feed IS NOT NULL
+ UNION SELECT feed FROM pk WHERE feed IS NOT NULL
+ ORDER BY 1`)
+	if err != nil {
+		return nil, d.wrapErr("list feeds", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, d.wrapErr("list feeds", err)
+		}
+		out = append(out, n)
+	}
+	return out, d.wrapErr("list feeds", rows.Err())
+}
+
 // FeedStatus implements ferrydriver.Store.
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: p.Feed, Now: now()}

@@ -742,6 +742,24 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Len(t, k.Parked, 1)
 		require.Equal(t, parked.ID.String(), k.Parked[0].Event.ID)
 	})
+
+	t.Run("EveryFeedIsListed", func(t *testing.T) {
+		// Feeds a, b and default's partitions 1 and 2 have had leases and
+		// dead letters (the subtests above): all are listed, not only
+		// default's stored partitions.
+		var out struct{ Feeds []ferryui.FeedJSON }
+		c.get("/api/v1/feeds", http.StatusOK, &out)
+		var names []string
+		for _, f := range out.Feeds {
+			names = append(names, f.Feed)
+		}
+		require.Equal(t, []string{"a/0", "b/0", "default/0", "default/1", "default/2"}, names)
+		c.get("/api/v1/feeds?feed=default", http.StatusOK, &out)
+		require.Len(t, out.Feeds, 3, "a feed's name: each of its partitions")
+		c.get("/api/v1/feeds?feed=b/0", http.StatusOK, &out)
+		require.Len(t, out.Feeds, 1)
+		require.Equal(t, "b/0", out.Feeds[0].Feed)
+	})
 }
 
 type client struct {

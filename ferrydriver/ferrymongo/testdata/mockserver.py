@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive",
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive", "feeds",
                   "partitionguard", "migratepartitions", "setpartitions"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
@@ -305,6 +305,27 @@ if scenario == "redrive":
     r = server.receives(OpMsg("commitTransaction"), timeout=30)
     report("commit", {})
     r.ok()
+
+if scenario == "feeds":
+    # ListFeeds: the distinct names of four collections, by index, merged.
+    # Then the heads of the keys with redriven events of feed hooks/0:
+    # their distinct keys through the partial index, a head per key.
+    for coll, names in (("ferry_checkpoints", ["default/0", "chain/eth"]), ("ferry_leases", ["default/0", "members/default/r1"]),
+                        ("ferry_dead_letters", ["hooks/0"]), ("ferry_parked", ["hooks/0", "hooks/1"])):
+        r = server.receives(OpMsg("distinct", coll), timeout=30)
+        report("distinct", {"coll": coll, "key": r.doc.get("key"), "query": r.doc.get("query")})
+        r.ok(values=names)
+    r = server.receives(OpMsg("distinct", "ferry_parked"), timeout=30)
+    report("distinct", {"key": r.doc.get("key"), "query": r.doc.get("query")})
+    r.ok(values=["k"])
+    r = server.receives(OpMsg("find", "ferry_parked"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort")})
+    created = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_parked", "firstBatch": [
+        {"_id": {"feed": "hooks/0", "event": "01a22951-45fe-71e0-943a-d0986a3e5969"}, "feed": "hooks/0", "key": "k", "pos": Int64(3),
+         "parked_at": created, "held": False, "reason": "redriven by an operator after: 410", "redriven": True,
+         "event": {"_id": "01a22951-45fe-71e0-943a-d0986a3e5969", "p": 0, "topic": "orders", "key": "k", "seq": Int64(5), "type": "T",
+                   "payload": Binary(b"x"), "created_at": created}}]})
 
 if scenario == "migratepartitions":
     # An outbox of Ferry before the count was stored: its relays'
