@@ -90,6 +90,12 @@ func (f *envFlags) Bool(p *bool, name, env string, def bool, help string) {
 	f.fs.BoolVar(p, name, def, help+" ("+env+")")
 }
 
+// CommandLineBool is a flag with no variable: what it says (select
+// everything, do not ask) must be typed on the command line each time.
+func (f *envFlags) CommandLineBool(p *bool, name, help string) {
+	f.fs.BoolVar(p, name, false, help+" (command line only: no variable sets it)")
+}
+
 func (f *envFlags) Parse(args []string) error {
 	if len(f.errs) > 0 {
 		return f.errs[0]

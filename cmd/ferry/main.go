@@ -13,7 +13,8 @@
 //	ferry bench    drain | latency: measure the relay on this machine
 //
 // Every flag can also be set by an environment variable, named in the
-// flag's help (FERRY_DATABASE_URL, FERRY_NATS_URL, ...). Flags win.
+// flag's help (FERRY_DATABASE_URL, FERRY_NATS_URL, ...). Flags win. The
+// exceptions, `dlq --all` and `--yes`, are typed each time.
 package main
 
 import (
@@ -48,7 +49,10 @@ Usage:
   ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events, actions
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group;
-                                     redrive and discard act on what list shows (--dry-run)
+                                     redrive and discard act on what list shows with the same
+                                     selection (IDs, --feed, --group, --key, --type, --topic,
+                                     --reason, --since, --before, or --all; none: they refuse),
+                                     count it and ask (--yes for scripts; --dry-run lists it)
   ferry parked  list|release|skip [key] [flags]
                                      keys the relay set aside while their destination failed
   ferry emit    [flags]              write events to the outbox (for trying Ferry out)
@@ -60,7 +64,8 @@ Usage:
 --database-url takes postgres://..., mongodb://... or sqlite:FILE; without it, commands use
 the embedded database <data-dir>/ferry.db (--data-dir, default ferry-data).
 Run "ferry <command> -h" for a command's flags. Every flag has a FERRY_*
-environment variable; flags win over the environment.
+environment variable (but dlq's --all and --yes, typed each time); flags win over the
+environment.
 `
 
 func main() {
