@@ -11,11 +11,17 @@
 // over time (GET /api/v1/activity): the samples each records in its store
 // every interval (ferrydriver.ActivityRecorder), summed per component.
 //
-// It is safe by default: reads are GETs and every action is a POST that
-// needs the token (Authorization: Bearer), a JSON body (which a page of
-// another origin cannot send without the browser asking first), and, when
-// the request says where it comes from (Origin), the same host. A
-// read-only handler refuses every action. Every read reads O(page) rows:
+// It is safe by default. It answers only requests addressed to it: the
+// Host header an IP address, localhost or a name in Config.Hosts, so that
+// a page of another site whose name it makes resolve to this machine (DNS
+// rebinding) reaches nothing (403). Reads are GETs and need the token
+// (Authorization: Bearer) unless Config.OpenReads; every action is a POST
+// that needs the token, a JSON body (which a page of another origin cannot
+// send without the browser asking first), and, when the request says
+// where it comes from (Origin), the same host. A read-only handler refuses
+// every action. The reads that open feeds on the database (an event looked
+// for in the backlog) run two at a time, over at most 20,000 events. Every
+// read reads O(page) rows:
 // lists are capped (MaxPage), and relay dead letters and a group's
 // finished events (dead, processed, discarded, retracted) page by a cursor
 // (a list's "next", passed back as after=); a filter that no index serves
@@ -37,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -79,10 +86,23 @@ type Config struct {
 	// Groups are the consumer groups shown, added to those the backend
 	// lists (ferrydriver.GroupLister).
 	Groups []string
-	// Token authorises actions; it must be set unless ReadOnly.
+	// Token authorises actions and, unless OpenReads, reads
+	// (Authorization: Bearer <Token>); it must be set unless the handler
+	// is ReadOnly with OpenReads.
 	Token string
 	// ReadOnly refuses every action.
 	ReadOnly bool
+	// OpenReads serves the API's reads without the token. By default a
+	// read needs it as an action does: events' payloads, keys and errors
+	// are not for whoever reaches the port. The console's page and script
+	// are served without it (the page asks for the token).
+	OpenReads bool
+	// Hosts are the names (a host, or host:port) the handler answers to
+	// besides an IP address and localhost: a request whose Host header is
+	// another name is refused (403). Give the names it is reached by (a
+	// DNS name, a proxy's); "*" answers every name (behind a proxy that
+	// checks them itself).
+	Hosts []string
 	// Chains reports the chain sources' cursors (ferrychain.ReadCursor,
 	// which this package does not import); nil: no chain sources shown.
 	Chains func(ctx context.Context) ([]ChainJSON, error)
@@ -95,6 +115,8 @@ type Handler struct {
 	cfg Config
 	mux *http.ServeMux
 	log *slog.Logger
+	// lookups holds a token per lookup of the backlog running.
+	lookups chan struct{}
 }
 
 // New returns the API's handler.
@@ -103,8 +125,8 @@ func New(cfg *Config) (*Handler, error) {
 	if c.Store == nil {
 		return nil, errors.New("ferryui: Config.Store is nil: pass the outbox database's driver")
 	}
-	if c.Token == "" && !c.ReadOnly {
-		return nil, errors.New("ferryui: Config.Token is empty: set a token for actions (FERRY_UI_TOKEN for `ferry ui`), or ReadOnly")
+	if c.Token == "" && !(c.ReadOnly && c.OpenReads) {
+		return nil, errors.New("ferryui: Config.Token is empty: set a token for actions and reads (FERRY_UI_TOKEN for `ferry ui`), or ReadOnly with OpenReads")
 	}
 	if c.Feed == "" {
 		c.Feed = "default"
@@ -112,7 +134,7 @@ func New(cfg *Config) (*Handler, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: c, mux: http.NewServeMux(), log: c.Logger}
+	h := &Handler{cfg: c, mux: http.NewServeMux(), log: c.Logger, lookups: make(chan struct{}, maxBacklogLookups)}
 	h.route("GET /api/v1/feeds", h.feeds)
 	h.route("GET /api/v1/dead-letters", h.deadLetters)
 	h.route("GET /api/v1/dead-letters/reasons", h.deadLetterReasons)
@@ -131,13 +153,49 @@ func New(cfg *Config) (*Handler, error) {
 	h.route("GET /api/v1/chains", h.chains)
 	h.route("GET /api/v1/activity", h.activity)
 	h.routeConsole()
-	h.route("/api/", func(w http.ResponseWriter, r *http.Request) error {
+	h.handle("/api/", func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, "no such API path: " + r.URL.Path + " (the API is under /api/v1/)"}
 	})
 	return h, nil
 }
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+// ServeHTTP serves a request addressed to the handler (see Config.Hosts).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.addressed(r.Host) {
+		w.Header().Set("Cache-Control", "no-store")
+		writeJSON(w, http.StatusForbidden, map[string]string{"error": fmt.Sprintf("this console does not answer to host %q: "+
+			"a page of another site may be trying to reach it through its name; if you reach it by this name, start it with --ui-host %s (FERRY_UI_HOSTS; Config.Hosts)",
+			r.Host, hostName(r.Host))})
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// addressed reports whether host (a request's Host header) names the
+// handler: an IP address, localhost, or one of Config.Hosts.
+func (h *Handler) addressed(host string) bool {
+	name := hostName(host)
+	if name == "" {
+		return false
+	}
+	if name == "localhost" || net.ParseIP(name) != nil {
+		return true
+	}
+	for _, ok := range h.cfg.Hosts {
+		if ok == "*" || strings.EqualFold(ok, host) || strings.EqualFold(ok, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// hostName is a Host header without its port and brackets.
+func hostName(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		return h
+	}
+	return strings.Trim(host, "[]")
+}
 
 // apiError is an error with its HTTP status; the message says what to do.
 type apiError struct {
@@ -151,7 +209,20 @@ func badRequest(format string, args ...any) error {
 	return &apiError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
 }
 
+// route routes a read: the token unless OpenReads.
 func (h *Handler) route(pattern string, fn func(w http.ResponseWriter, r *http.Request) error) {
+	h.handle(pattern, func(w http.ResponseWriter, r *http.Request) error {
+		if !h.cfg.OpenReads {
+			if err := h.checkToken(r, "a read"); err != nil {
+				return err
+			}
+		}
+		return fn(w, r)
+	})
+}
+
+// handle serves pattern with fn, writing its error as JSON.
+func (h *Handler) handle(pattern string, fn func(w http.ResponseWriter, r *http.Request) error) {
 	h.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -177,7 +248,7 @@ func (h *Handler) action(pattern string, fn func(w http.ResponseWriter, r *http.
 		w.Header().Set("Allow", http.MethodPost)
 		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "an action is a POST, never a GET: " + path})
 	})
-	h.route(pattern, func(w http.ResponseWriter, r *http.Request) error {
+	h.handle(pattern, func(w http.ResponseWriter, r *http.Request) error {
 		if err := h.authorise(r); err != nil {
 			return err
 		}
@@ -185,13 +256,21 @@ func (h *Handler) action(pattern string, fn func(w http.ResponseWriter, r *http.
 	})
 }
 
+// checkToken refuses a request without the token (what: "a read").
+func (h *Handler) checkToken(r *http.Request, what string) error {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || h.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(h.cfg.Token)) != 1 {
+		return &apiError{http.StatusUnauthorized, what + " needs the console's token: send it as \"Authorization: Bearer <token>\" (FERRY_UI_TOKEN, or the one `ferry ui` printed at start; the console takes it in its header)"}
+	}
+	return nil
+}
+
 func (h *Handler) authorise(r *http.Request) error {
 	if h.cfg.ReadOnly {
 		return &apiError{http.StatusForbidden, "this console is read-only: actions are refused (start it without --read-only to allow them)"}
 	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(h.cfg.Token)) != 1 {
-		return &apiError{http.StatusUnauthorized, "an action needs the console's token: send it as \"Authorization: Bearer <token>\" (FERRY_UI_TOKEN, or the one `ferry ui` printed at start)"}
+	if err := h.checkToken(r, "an action"); err != nil {
+		return err
 	}
 	if origin := r.Header.Get("Origin"); origin != "" {
 		u, err := url.Parse(origin)

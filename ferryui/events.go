@@ -42,10 +42,13 @@ type OutboxJSON struct {
 // partitions: the first 4,000 unpublished events of one partition, the
 // first 1,000 of each of four: about 100-150 ms on PostgreSQL with a
 // backlog of 1,000,000 events (BenchmarkPagesAtScale), most of it the
-// feeds' opening.
+// feeds' opening. Each partition's read opens a feed (on MariaDB, a
+// replication connection): lookups run maxBacklogLookups at a time, each
+// over at most maxOutboxScan events; one more is answered 503.
 const (
-	outboxScan    = 4_000
-	maxOutboxScan = 100_000
+	outboxScan        = 4_000
+	maxOutboxScan     = 20_000
+	maxBacklogLookups = 2
 )
 
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
@@ -89,6 +92,13 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 				return badRequest("scan=%q is not a count of events to read: use 1 to %d (default %d)", v, maxOutboxScan, outboxScan)
 			}
 			scan = n
+		}
+		select {
+		case h.lookups <- struct{}{}:
+			defer func() { <-h.lookups }()
+		default:
+			w.Header().Set("Retry-After", "1")
+			return &apiError{http.StatusServiceUnavailable, fmt.Sprintf("%d lookups of the outbox's backlog are running: ask again in a moment", maxBacklogLookups)}
 		}
 		var backlogErr error
 		out.Outbox, backlogErr = h.unpublished(r.Context(), id, scan)

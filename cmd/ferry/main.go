@@ -46,7 +46,8 @@ Usage:
                                      until every relay has delivered everything and stopped
   ferry status  [flags]              every feed's checkpoint, lag, lease and dead letters, and the consumer
                                      groups (--feed hooks or hooks/0; --json; --exact counts)
-  ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events, actions
+  ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events,
+                                     actions; reads and actions need its token, names other than --ui-host are refused
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group;
                                      redrive and discard act on what list shows with the same

@@ -85,8 +85,10 @@ type runConfig struct {
 		Addr string `yaml:"addr"`
 	} `yaml:"metrics"`
 	UI struct {
-		Addr     string `yaml:"addr"`
-		ReadOnly bool   `yaml:"read_only"`
+		Addr      string `yaml:"addr"`
+		ReadOnly  bool   `yaml:"read_only"`
+		Hosts     string `yaml:"hosts"`
+		OpenReads bool   `yaml:"open_reads"`
 	} `yaml:"ui"`
 	Log struct {
 		Level string `yaml:"level"`
@@ -212,8 +214,8 @@ func orBool(v *bool, def bool) bool {
 type daemonConfig struct {
 	db                                                 dbFlags
 	natsURL, prefix, stream, feed, holder, metricsAddr string
-	sinkURL, uiAddr                                    string
-	uiReadOnly                                         bool
+	sinkURL                                            string
+	ui                                                 uiSettings
 	logLevel                                           string
 	createStream, migrate                              bool
 	batch, partition                                   int
@@ -263,8 +265,10 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Duration(&dc.keyRetention, "key-retention", "FERRY_KEY_RETENTION", time.Duration(fc.Relay.KeyRetention), "forget a key's sequence once it is idle this long with every event delivered; its next Seq is 1 (0: as --retention; negative: never)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
-	f.String(&dc.uiAddr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the web console and its admin API (as `ferry ui`) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
-	f.Bool(&dc.uiReadOnly, "ui-read-only", "FERRY_UI_READ_ONLY", fc.UI.ReadOnly, "the console and its API refuse every action")
+	dc.ui.hosts, dc.ui.openReads = fc.UI.Hosts, fc.UI.OpenReads
+	dc.ui.register(f)
+	f.String(&dc.ui.addr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the web console and its admin API (as `ferry ui`) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
+	f.Bool(&dc.ui.readOnly, "ui-read-only", "FERRY_UI_READ_ONLY", fc.UI.ReadOnly, "the console and its API refuse every action")
 	dc.allPartitions = true
 }
 
@@ -421,21 +425,15 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		log.Info("ferry: metrics and health endpoints", "addr", srv.Addr)
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	if dc.uiAddr != "" && dc.uiAddr != "off" {
-		ui, err := startUI(b, uiSettings{addr: dc.uiAddr, feed: dc.feed, readOnly: dc.uiReadOnly}, stderr)
+	if dc.ui.addr != "" && dc.ui.addr != "off" {
+		dc.ui.feed = dc.feed
+		ui, err := startUI(b, dc.ui, stderr)
 		if err != nil {
-			return fmt.Errorf("serve the admin API on --ui-addr / FERRY_UI_ADDR %s: %w (\"off\" disables it)", dc.uiAddr, err)
+			return fmt.Errorf("serve the admin API on --ui-addr / FERRY_UI_ADDR %s: %w (\"off\" disables it)", dc.ui.addr, err)
 		}
 		srv := ui.srv
 		defer srv.Close()
-		switch {
-		case dc.uiReadOnly:
-			log.Info("ferry: admin API, read-only", "url", ui.url, "console", ui.console)
-		case ui.generated:
-			log.Info("ferry: admin API; actions need this token (set FERRY_UI_TOKEN to choose it)", "url", ui.url, "token", ui.token, "console", ui.console+"#token="+ui.token)
-		default:
-			log.Info("ferry: admin API; actions need the token in FERRY_UI_TOKEN", "url", ui.url, "console", ui.console)
-		}
+		log.Info("ferry: admin API and console", "url", ui.url, "console", ui.console, "says", strings.Join(ui.says(dc.ui), "; "))
 		g.Go(func() error {
 			if err := srv.Serve(ui.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("admin API: %w", err)

@@ -65,8 +65,12 @@ function eventLink(id) { return link('#/events/' + encodeURIComponent(id), el('s
 
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ''; }
 
+// get reads the API, with the token (reads need it unless the console
+// was started with --open-reads).
 async function get(path) {
-  const r = await fetch(API + path, { headers: { Accept: 'application/json' } });
+  const headers = { Accept: 'application/json' };
+  if (token()) headers.Authorization = 'Bearer ' + token();
+  const r = await fetch(API + path, { headers });
   const body = await r.json().catch(() => ({ error: r.status + ' ' + r.statusText }));
   if (!r.ok) throw Object.assign(new Error(body.error || r.statusText), { status: r.status });
   return body;
@@ -625,7 +629,7 @@ async function route() {
 }
 
 function showToken() {
-  document.getElementById('token-state').textContent = token() ? 'actions: token set' : 'actions need the token';
+  document.getElementById('token-state').textContent = token() ? 'token set' : 'reads and actions need the token';
 }
 
 function init() {
@@ -636,6 +640,7 @@ function init() {
     else sessionStorage.removeItem(TOKEN_KEY);
     input.value = '';
     showToken();
+    route();
   });
   showToken();
   window.addEventListener('hashchange', route);

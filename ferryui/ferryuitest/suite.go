@@ -276,12 +276,64 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			"/api/v1/dead-letters?until=2026-13-40T00:00:00": "use RFC 3339",
 		} {
 			var e struct{ Error string }
-			resp := c.do("GET", path, nil, "", nil)
+			resp := c.do("GET", path, nil, Token, nil)
 			require.GreaterOrEqual(t, resp.StatusCode, 400, path)
 			require.NoError(t, json.NewDecoder(resp.Body).Decode(&e), path)
 			resp.Body.Close()
 			require.Contains(t, e.Error, want, path)
 		}
+	})
+
+	t.Run("OnlyItsOwnHostAndTheTokenAreAnswered", func(t *testing.T) {
+		// A page of another site that has its name resolve to this
+		// machine (DNS rebinding) sends its own name as the Host: refused,
+		// pages and API alike, whatever the token.
+		for _, path := range []string{"/api/v1/feeds", "/api/v1/events/" + hostile.ID.String(), "/", "/console/console.js"} {
+			resp := c.do("GET", path, nil, Token, map[string]string{"Host": "rebound.example:9470"})
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusForbidden, resp.StatusCode, path)
+			require.Contains(t, string(body), "does not answer to host", path)
+			require.Contains(t, string(body), "rebound.example:9470", path)
+			require.Contains(t, string(body), "--ui-host rebound.example", path)
+			require.NotContains(t, string(body), Hostile, path)
+		}
+		for _, host := range []string{"localhost:9470", "127.0.0.1", "[::1]:80"} {
+			resp := c.do("GET", "/api/v1/feeds", nil, Token, map[string]string{"Host": host})
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode, host)
+		}
+		// Reads need the token, as actions do.
+		for _, token := range []string{"", "nope"} {
+			resp := c.do("GET", "/api/v1/dead-letters/"+hostile.ID.String(), nil, token, nil)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "token %q", token)
+			require.Contains(t, string(body), "a read needs the console's token")
+			require.NotContains(t, string(body), Hostile)
+		}
+		resp := c.do("GET", "/", nil, "", nil)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "the page itself needs no token: it asks for it")
+		// A handler given its names answers them; "*" answers any;
+		// OpenReads serves reads without the token.
+		named, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true, OpenReads: true, Hosts: []string{"ferry.internal", "proxy.example:8443"}})
+		require.NoError(t, err)
+		for host, want := range map[string]int{"ferry.internal:9470": http.StatusOK, "FERRY.internal": http.StatusOK, "proxy.example:8443": http.StatusOK,
+			"proxy.example:9470": http.StatusForbidden, "ferry.internal.evil.example": http.StatusForbidden, "": http.StatusForbidden} {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("GET", "/api/v1/feeds", nil)
+			req.Host = host
+			named.ServeHTTP(rec, req)
+			require.Equal(t, want, rec.Code, "host %q", host)
+		}
+		every, err := ferryui.New(&ferryui.Config{Store: store, ReadOnly: true, OpenReads: true, Hosts: []string{"*"}})
+		require.NoError(t, err)
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/api/v1/feeds", nil)
+		req.Host = "anything.example"
+		every.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code)
 	})
 
 	t.Run("ActionsNeedTheTokenJSONAndTheSameOrigin", func(t *testing.T) {
@@ -303,10 +355,11 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		var one ferryui.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one) // untouched
 
-		ro, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true})
+		ro, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true, OpenReads: true})
 		require.NoError(t, err)
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("POST", "/api/v1/dead-letters/redrive", bytes.NewReader(body))
+		req.Host = "localhost"
 		req.Header.Set("Authorization", "Bearer "+Token)
 		req.Header.Set("Content-Type", "application/json")
 		ro.ServeHTTP(rec, req)
@@ -314,6 +367,8 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Contains(t, rec.Body.String(), "read-only")
 		_, err = ferryui.New(&ferryui.Config{Store: store})
 		require.ErrorContains(t, err, "Token is empty", "actions without a token are refused at construction")
+		_, err = ferryui.New(&ferryui.Config{Store: store, ReadOnly: true})
+		require.ErrorContains(t, err, "Token is empty", "and so are reads, unless they are open")
 	})
 
 	t.Run("RedriveAndDiscardDeadLetters", func(t *testing.T) {
@@ -775,7 +830,11 @@ func (c *client) do(method, path string, body []byte, token string, headers map[
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	for k, v := range headers {
-		if v != "" {
+		switch {
+		case v == "":
+		case k == "Host":
+			req.Host = v
+		default:
 			req.Header.Set(k, v)
 		}
 	}
@@ -800,7 +859,7 @@ func (c *client) read(resp *http.Response, status int, out any) string {
 
 func (c *client) get(path string, status int, out any) string {
 	c.t.Helper()
-	return c.read(c.do("GET", path, nil, "", nil), status, out)
+	return c.read(c.do("GET", path, nil, Token, nil), status, out)
 }
 
 func (c *client) post(path, body string, status int, out any) string {
@@ -822,7 +881,7 @@ type BenchPages struct {
 // event that is nowhere (a walk of the backlog's default scan). Each
 // sub-benchmark reports ms/call.
 func BenchmarkPages(b *testing.B, store ferrydriver.Store, inbox ferryui.Inbox, at BenchPages) {
-	h, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true})
+	h, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true, OpenReads: true})
 	require.NoError(b, err)
 	srv := httptest.NewServer(h)
 	b.Cleanup(srv.Close)
