@@ -27,7 +27,7 @@ const dlqRules = `
 Selection: %[1]s acts only on dead letters you select, on the command line: event IDs,
 --feed (hooks: every partition of the feed; hooks/0: one), --group, --key, --type,
 --topic, --reason (a text the reason contains), --since, --before, or --all for every
-one. With none it refuses and changes nothing. It acts on what ` + "`ferry dlq list`" + ` shows with
+one. With none it refuses and changes nothing. It acts on what ferry dlq list shows with
 the same flags: the newest --limit (100) that match; run it again for the rest.
 Confirmation: it shows how many dead letters it selected (and of how many that match)
 and asks on a terminal; --yes answers for scripts, and without a terminal it refuses

@@ -46,8 +46,9 @@ Usage:
                                      until every relay has delivered everything and stopped
   ferry status  [flags]              every feed's checkpoint, lag, lease and dead letters, and the consumer
                                      groups (--feed hooks or hooks/0; --json; --exact counts)
-  ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events,
-                                     actions; reads and actions need its token, names other than --ui-host are refused
+  ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): every
+                                     feed, dead letters, groups, events, actions; reads and actions need
+                                     its token, and names other than --ui-host are refused
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group;
                                      redrive and discard act on what list shows with the same
@@ -55,15 +56,17 @@ Usage:
                                      --reason, --since, --before, or --all; none: they refuse),
                                      count it and ask (--yes for scripts; --dry-run lists it)
   ferry parked  list|release|skip [key] [flags]
-                                     keys the relay set aside while their destination failed
+                                     keys the relay set aside while their destination failed,
+                                     and redriven dead letters waiting for their feed
   ferry emit    [flags]              write events to the outbox (for trying Ferry out)
   ferry tail    [flags]              print the events stored in the JetStream stream
   ferry bench drain|latency|consume|settle|ingest|e2e [flags]
                                      measure this machine (PostgreSQL)
   ferry version                      the module version, commit and Go version of this binary
 
---database-url takes postgres://..., mongodb://... or sqlite:FILE; without it, commands use
-the embedded database <data-dir>/ferry.db (--data-dir, default ferry-data).
+--database-url takes postgres://..., mongodb://..., mysql://... (MariaDB) or sqlite:FILE;
+without it, commands use the embedded database <data-dir>/ferry.db (--data-dir, default
+ferry-data).
 Run "ferry <command> -h" for a command's flags. Every flag has a FERRY_*
 environment variable (but dlq's --all and --yes, typed each time); flags win over the
 environment.

@@ -238,7 +238,7 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", fc.Database.URL,
 		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, or sqlite:path/to/file.db (default: the embedded SQLite database <data-dir>/ferry.db)")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", or(fc.Database.Schema, "ferry"), "PostgreSQL schema holding Ferry's tables")
-	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", fc.Database.Partitions, "number of outbox partitions, one relay each; 0: the count stored with the schema (`ferry partitions show`), another value must match it")
+	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", fc.Database.Partitions, "number of outbox partitions, one relay each; 0: the count stored with the schema (ferry partitions show says it), another value must match it")
 	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", fc.Database.NoNotify, "PostgreSQL: do not use LISTEN/NOTIFY; relays only poll")
 	f.String(&d.dataDir, "data-dir", "FERRY_DATA_DIR", or(fc.DataDir, "ferry-data"), "directory of the embedded defaults: SQLite database ferry.db and the NATS store")
 	f.Bool(&dc.migrate, "migrate", "FERRY_MIGRATE", orBool(fc.Database.Migrate, true), "apply pending schema migrations before starting")
@@ -260,14 +260,14 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Int(&dc.maxAttempts, "max-attempts", "FERRY_MAX_ATTEMPTS", fc.Relay.MaxAttempts, "give up on an event after this many failed attempts (0: never)")
 	f.Duration(&dc.maxAge, "max-age", "FERRY_MAX_AGE", time.Duration(fc.Relay.MaxAge), "give up on an event this long after its first failed attempt (0: never)")
 	f.String(&dc.deadPolicy, "dead-policy", "FERRY_DEAD_POLICY", or(fc.Relay.DeadPolicy, "hold"),
-		"on giving up: hold (the key waits until `ferry parked release|skip`) or continue (dead-letter the event, go on with the key)")
+		"on giving up: hold (the key waits until ferry parked release or skip lets it go) or continue (dead-letter the event, go on with the key)")
 	f.Duration(&dc.deadLetterRetention, "dead-letter-retention", "FERRY_DEAD_LETTER_RETENTION", or(time.Duration(fc.Relay.DeadLetterRetention), 14*24*time.Hour), "keep the relay's dead letters this long (negative: forever)")
 	f.Duration(&dc.keyRetention, "key-retention", "FERRY_KEY_RETENTION", time.Duration(fc.Relay.KeyRetention), "forget a key's sequence once it is idle this long with every event delivered; its next Seq is 1 (0: as --retention; negative: never)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
 	dc.ui.hosts, dc.ui.openReads = fc.UI.Hosts, fc.UI.OpenReads
 	dc.ui.register(f)
-	f.String(&dc.ui.addr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the web console and its admin API (as `ferry ui`) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
+	f.String(&dc.ui.addr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the web console and its admin API (as ferry ui does) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
 	f.Bool(&dc.ui.readOnly, "ui-read-only", "FERRY_UI_READ_ONLY", fc.UI.ReadOnly, "the console and its API refuse every action")
 	dc.allPartitions = true
 }
