@@ -135,28 +135,80 @@ func New(cfg *Config) (*Handler, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Handler{cfg: c, mux: http.NewServeMux(), log: c.Logger, lookups: make(chan struct{}, maxBacklogLookups)}
-	h.route("GET /api/v1/feeds", h.feeds)
-	h.route("GET /api/v1/dead-letters", h.deadLetters)
-	h.route("GET /api/v1/dead-letters/reasons", h.deadLetterReasons)
-	h.route("GET /api/v1/dead-letters/{id}", h.deadLetter)
-	h.action("POST /api/v1/dead-letters/redrive", h.deadLettersAction(true))
-	h.action("POST /api/v1/dead-letters/discard", h.deadLettersAction(false))
-	h.route("GET /api/v1/groups", h.groups)
-	h.route("GET /api/v1/groups/{group}/events", h.groupEvents)
-	h.route("GET /api/v1/groups/{group}/reasons", h.groupReasons)
-	h.action("POST /api/v1/groups/{group}/redrive", h.groupAction(true))
-	h.action("POST /api/v1/groups/{group}/discard", h.groupAction(false))
-	h.action("POST /api/v1/groups/{group}/policy", h.groupPolicy)
-	h.route("GET /api/v1/events/{id}", h.event)
-	h.route("GET /api/v1/parked", h.parked)
-	h.route("GET /api/v1/keys/{key}", h.key)
-	h.route("GET /api/v1/chains", h.chains)
-	h.route("GET /api/v1/activity", h.activity)
+	for _, e := range h.endpoints() {
+		if e.action {
+			h.action(e.method+" "+e.path, e.fn)
+		} else {
+			h.route(e.method+" "+e.path, e.fn)
+		}
+	}
 	h.routeConsole()
+	h.handle("GET /api/v1/{$}", h.index)
 	h.handle("/api/", func(w http.ResponseWriter, r *http.Request) error {
-		return &apiError{http.StatusNotFound, "no such API path: " + r.URL.Path + " (the API is under /api/v1/)"}
+		return &apiError{http.StatusNotFound, "no such API path: " + r.URL.Path + " (GET /api/v1/ lists the API's paths)"}
 	})
 	return h, nil
+}
+
+// endpoint is one path of the API: GET reads, POST actions.
+type endpoint struct {
+	method, path, does string
+	action             bool
+	fn                 func(w http.ResponseWriter, r *http.Request) error
+}
+
+// endpoints are the API's paths, which GET /api/v1/ lists.
+func (h *Handler) endpoints() []endpoint {
+	read := func(path, does string, fn func(w http.ResponseWriter, r *http.Request) error) endpoint {
+		return endpoint{method: "GET", path: path, does: does, fn: fn}
+	}
+	act := func(path, does string, fn func(w http.ResponseWriter, r *http.Request) error) endpoint {
+		return endpoint{method: "POST", path: path, does: does, action: true, fn: fn}
+	}
+	return []endpoint{
+		read("/api/v1/feeds", "every relay feed partition: lag, checkpoint, lease, dead letters (feed=)", h.feeds),
+		read("/api/v1/dead-letters", "relay dead letters, newest first, a page at a time (feed=, key=, type=, topic=, reason=, since=, until=, limit=, after=, scan=)", h.deadLetters),
+		read("/api/v1/dead-letters/reasons", "the newest relay dead letters grouped by feed and reason (feed=, scan=)", h.deadLetterReasons),
+		read("/api/v1/dead-letters/{id}", "an event's relay dead letters, one per feed that dead-lettered it (feed=)", h.deadLetter),
+		act("/api/v1/dead-letters/redrive", "send relay dead letters back to their feeds: {\"letters\": [{\"feed\", \"id\"}]} or {\"filter\": {...}}, dry_run, expect", h.deadLettersAction(true)),
+		act("/api/v1/dead-letters/discard", "drop relay dead letters: as redrive", h.deadLettersAction(false)),
+		read("/api/v1/groups", "the consumer groups: rows by state, dead policy", h.groups),
+		read("/api/v1/groups/{group}/events", "a group's events of a state (state=, key=, type=, since=, until=, limit=, after=, scan=)", h.groupEvents),
+		read("/api/v1/groups/{group}/reasons", "a group's newest dead events grouped by their last error (scan=)", h.groupReasons),
+		act("/api/v1/groups/{group}/redrive", "run a group's dead events again: {\"ids\": [...]} or {\"filter\": {...}}, dry_run, expect", h.groupAction(true)),
+		act("/api/v1/groups/{group}/discard", "drop a group's dead events: as redrive", h.groupAction(false)),
+		act("/api/v1/groups/{group}/policy", "set a group's dead policy: {\"hold_dead\": true|false}", h.groupPolicy),
+		read("/api/v1/events/{id}", "an event's timeline: dead letters, each group's row, or where it waits in the backlog (scan=)", h.event),
+		read("/api/v1/parked", "the keys the relays parked or hold, and redriven dead letters waiting (limit=)", h.parked),
+		read("/api/v1/keys/{key}", "where a key stands: parked, dead letters, each group's unfinished rows (limit=)", h.key),
+		read("/api/v1/chains", "the chain sources' cursors", h.chains),
+		read("/api/v1/activity", "what relays and consumers did over time (since=, kind=, name=)", h.activity),
+	}
+}
+
+// EndpointJSON is one path of the API, as GET /api/v1/ lists it.
+type EndpointJSON struct {
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	Does   string `json:"does"`
+}
+
+// index lists the API's paths, and what reads and actions need.
+func (h *Handler) index(w http.ResponseWriter, r *http.Request) error {
+	var out []EndpointJSON
+	for _, e := range h.endpoints() {
+		out = append(out, EndpointJSON{Method: e.method, Path: e.path, Does: e.does})
+	}
+	reads := "the token: Authorization: Bearer <token>"
+	if h.cfg.OpenReads {
+		reads = "nothing (open reads)"
+	}
+	actions := "the token, a JSON body, and no Origin of another site"
+	if h.cfg.ReadOnly {
+		actions = "nothing: this console is read-only, actions are refused"
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"endpoints": out, "reads_need": reads, "actions_need": actions})
+	return nil
 }
 
 // ServeHTTP serves a request addressed to the handler (see Config.Hosts).

@@ -271,7 +271,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			"/api/v1/dead-letters?since=yesterday":           "use RFC 3339",
 			"/api/v1/groups/billing/events?state=exploded":   "is not an inbox state",
 			"/api/v1/events/" + uuid.NewString():             "not among the first 4000 unpublished events",
-			"/api/v2/feeds":                                  "the API is under /api/v1/",
+			"/api/v2/feeds":                                  "GET /api/v1/ lists the API's paths",
 			"/api/v1/groups/billing/events?limit=-3":         "is not a count",
 			"/api/v1/dead-letters?until=2026-13-40T00:00:00": "use RFC 3339",
 		} {
@@ -282,6 +282,27 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			resp.Body.Close()
 			require.Contains(t, e.Error, want, path)
 		}
+	})
+
+	t.Run("TheAPIListsItsPaths", func(t *testing.T) {
+		var index struct {
+			Endpoints   []ferryui.EndpointJSON
+			ReadsNeed   string `json:"reads_need"`
+			ActionsNeed string `json:"actions_need"`
+		}
+		resp := c.do("GET", "/api/v1/", nil, "", nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "the index needs no token: it holds no data")
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&index))
+		resp.Body.Close()
+		paths := map[string]bool{}
+		for _, e := range index.Endpoints {
+			paths[e.Method+" "+e.Path] = true
+			require.NotEmpty(t, e.Does, e.Path)
+		}
+		for _, p := range []string{"GET /api/v1/feeds", "GET /api/v1/dead-letters/{id}", "POST /api/v1/dead-letters/redrive", "GET /api/v1/events/{id}", "POST /api/v1/groups/{group}/policy"} {
+			require.True(t, paths[p], "%s is listed: %v", p, paths)
+		}
+		require.Contains(t, index.ReadsNeed, "token")
 	})
 
 	t.Run("OnlyItsOwnHostAndTheTokenAreAnswered", func(t *testing.T) {
