@@ -158,6 +158,7 @@ func newPipeline(r *Relay, term int64, pubCtx context.Context, ck *checkpointer,
 // error, the lease's cause, or nil when stopped.
 func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 	defer p.wg.Wait()
+	defer p.r.reportDuplicates(true)
 	if err := p.loadParked(); err != nil {
 		return err
 	}
@@ -227,6 +228,7 @@ func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 		case <-linger.C:
 			lingering, lingered = false, true
 		case <-heartbeat.C:
+			p.r.reportDuplicates(false)
 			if err := p.checkHeld(); err != nil {
 				return err
 			}
@@ -553,7 +555,7 @@ func (p *pipeline) settle(outs []callOutcome) error {
 	if acked > 0 {
 		p.r.m.published.Add(float64(acked))
 	}
-	p.r.reportDuplicates()
+	p.r.reportDuplicates(false)
 	p.advance()
 	return nil
 }
