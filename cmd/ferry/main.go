@@ -182,26 +182,43 @@ func pickSubcommand(command string, args []string, subs []subcommand, stdout io.
 	return "", usagef("unknown subcommand %q: %s (ferry %s -h says what each does)", args[0], choices, command)
 }
 
+// The version, commit and state of the tree make build stamps (-ldflags
+// -X main.version=...): where the build does not stamp version control
+// itself (GOFLAGS=-buildvcs=false), they are all there is.
+var version, commit, modified string
+
 // cmdVersion prints the module version, the commit it was built from (and
 // whether the tree was modified) and the Go version.
 func cmdVersion(args []string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return usagef("unexpected argument %q: ferry version takes none", args[0])
 	}
-	version, commit, modified, goVersion := "(unknown)", "(unknown)", "", "(unknown)"
+	v, c, mod, goVersion := "(unknown)", "", "", "(unknown)"
 	if bi, ok := debug.ReadBuildInfo(); ok {
-		version, goVersion = bi.Main.Version, bi.GoVersion
+		v, goVersion = bi.Main.Version, bi.GoVersion
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
-				commit = s.Value
+				c = s.Value
 			case "vcs.modified":
 				if s.Value == "true" {
-					modified = " (modified)"
+					mod = " (modified)"
 				}
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "ferry %s\ncommit %s%s\n%s\n", version, commit, modified, goVersion)
+	if version != "" {
+		v = version
+	}
+	if commit != "" {
+		c, mod = commit, ""
+		if modified == "true" {
+			mod = " (modified)"
+		}
+	}
+	if c == "" {
+		c = "(unknown: this binary was built without version stamping; make build stamps it)"
+	}
+	fmt.Fprintf(stdout, "ferry %s\ncommit %s%s\n%s\n", v, c, mod, goVersion)
 	return nil
 }
