@@ -228,6 +228,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	row := fmt.Sprintf(`tr[data-id="%s"]`, id)
 	do("the group's dead event is listed", chromedp.Click(css(`#groups [data-group="billing"] a[href$="state=dead"]`)), chromedp.WaitVisible(css(row)))
 	require.Contains(t, text(row), hostileKey, "the key shows as text")
+	require.Equal(t, id, text(row+` td:first-child a`), "the whole event ID: UUIDv7s of one minute share their first digits")
 	require.Equal(t, "console.js", eval(`[...document.scripts].map(s => s.src.split('/').pop()).join(',')`), "the page runs its own script only")
 	require.Equal(t, "0", eval(injected), "no element came from the values")
 	require.Equal(t, "card declined for "+hostileKey, text(`section.reason .head .text`))
@@ -235,6 +236,16 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, "hold", eval(`document.getElementById('policy').dataset.policy`), "the group's stored dead policy")
 	require.Equal(t, "true", eval(`String(document.querySelector('#policy button.active').disabled)`), "the policy in force is the pressed button")
 	shot("group-dead")
+
+	// The search box finds an event by its ID, and a key by its name.
+	do("an event found by its ID", chromedp.SendKeys(css(`#search-input`), id), chromedp.Click(css(`#search button`)),
+		chromedp.WaitVisible(css(`#timeline li[data-group="billing"]`)))
+	require.Contains(t, text(`h1`), id)
+	do("a key found by its name", chromedp.SendKeys(css(`#search-input`), hostileKey), chromedp.Click(css(`#search button`)),
+		chromedp.WaitVisible(css(`#key-name`)))
+	require.Equal(t, hostileKey, eval(`document.getElementById('key-name').textContent`))
+	require.Equal(t, "0", eval(injected), "no element came from the values")
+	do("back to the group", chromedp.Navigate(console+"#/groups/billing?state=dead"), chromedp.WaitVisible(css(row)))
 
 	// Where its key stands: its dead head holds it in billing.
 	do("the key's page", chromedp.Click(css(row+` td.clip a`)), chromedp.WaitVisible(css(`table[data-group="billing"] `+row)))
@@ -256,7 +267,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	do("the timeline shows it processed", chromedp.Navigate(console+"#/events/"+id),
 		chromedp.WaitVisible(css(`#timeline li[data-group="billing"] .state.processed`)))
 	require.Contains(t, text(`#timeline`), "Committed to the outbox")
-	require.Regexp(t, `by .*\d\d:\d\d:\d\d\.\d{3}, its first delivery`, text(`#published`), "bounded by its first delivery's time")
+	require.Regexp(t, `by \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (UTC|[+-]\d\d:\d\d), its first delivery`, text(`#published`),
+		"bounded by its first delivery's time, with its time zone")
 	require.Equal(t, hostilePayload, eval(`document.getElementById('payload').textContent`))
 	require.Contains(t, text(`#headers`), hostileHeader)
 	require.Equal(t, hostileKey, eval(`document.getElementById('event-key').textContent`))

@@ -36,10 +36,16 @@ function append(parent, children) {
 
 function link(href, ...children) { return el('a', { href }, ...children); }
 
+// fmtTime writes a time in the browser's time zone, to the millisecond,
+// with the zone's offset (UTC when none): 2026-12-06 09:31:17.042 +01:00.
 function fmtTime(t) {
   if (!t) return '';
   const d = new Date(t);
-  return isNaN(d) ? String(t) : d.toLocaleString(undefined, { hour12: false }) + '.' + String(d.getMilliseconds()).padStart(3, '0');
+  if (isNaN(d)) return String(t);
+  const pad = (n, w = 2) => String(n).padStart(w, '0');
+  const off = -d.getTimezoneOffset();
+  const zone = off === 0 ? 'UTC' : `${off > 0 ? '+' : '-'}${pad(Math.floor(Math.abs(off) / 60))}:${pad(Math.abs(off) % 60)}`;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)} ${zone}`;
 }
 
 function fmtSeconds(s) {
@@ -59,7 +65,22 @@ function stateBadge(state) { return el('span', { class: 'state ' + state }, stat
 
 function keyLink(key) { return link('#/keys/' + encodeURIComponent(key), el('span', { class: 'mono' }, key)); }
 
-function eventLink(id) { return link('#/events/' + encodeURIComponent(id), el('span', { class: 'mono' }, id.slice(0, 8) + '…')); }
+// eventLink shows an event's whole ID: UUIDv7s of one minute share their
+// first digits, so a cut one names many events.
+function eventLink(id) { return link('#/events/' + encodeURIComponent(id), el('span', { class: 'mono id' }, id)); }
+
+// UUID matches an event ID (any UUID version).
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+// search opens what the search box names: an event by its ID, else a key.
+function search(e) {
+  e.preventDefault();
+  const input = document.getElementById('search-input');
+  const q = input.value.trim();
+  if (!q) return;
+  input.value = '';
+  location.hash = (UUID.test(q) ? '#/events/' : '#/keys/') + encodeURIComponent(q);
+}
 
 // ---- the API ----
 
@@ -611,14 +632,19 @@ async function route() {
     if (parts.length === 0) poll = await overview(main);
     else if (parts[0] === 'dead-letters') poll = await deadLetters(main, params);
     else if (parts[0] === 'groups' && parts[1]) poll = await group(main, parts[1], params);
-    else if (parts[0] === 'events' && parts[1]) poll = await eventPage(main, parts[1]);
+    else if (parts[0] === 'events' && parts[1]) poll = await eventPage(main, parts[1]).catch((e) => {
+      // An ID that names no event may be a key that looks like one.
+      if (e.status === 404) e.key = parts[1];
+      throw e;
+    });
     else if (parts[0] === 'keys' && parts[1]) poll = await keyPage(main, parts.slice(1).join('/'));
     else if (parts[0] === 'parked') poll = await parked(main);
     else main.replaceChildren(el('p', {}, 'No such page. ', link('#/', 'Overview')));
     document.title = 'Ferry console · ' + (parts[0] || 'overview');
   } catch (e) {
     lastStatus = e.status;
-    main.replaceChildren(el('p', { class: 'muted', id: 'error' }, e.message));
+    main.replaceChildren(el('p', { class: 'muted', id: 'error' }, e.message),
+      e.key ? el('p', {}, link('#/keys/' + encodeURIComponent(e.key), 'Look for a key named ', el('span', { class: 'mono' }, e.key))) : null);
     poll = true;
   }
   if (mine !== generation) return;
@@ -643,6 +669,7 @@ function init() {
     route();
   });
   showToken();
+  document.getElementById('search').addEventListener('submit', search);
   window.addEventListener('hashchange', route);
   route();
 }
