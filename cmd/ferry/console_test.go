@@ -320,6 +320,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	do("its timeline shows it processed", chromedp.Navigate(console+"#/events/"+refused.ID.String()),
 		chromedp.WaitVisible(css(`#timeline li[data-group="billing"] .state.processed`)))
 
+	// The overview shows every feed: default's and manual's.
+	do("the overview shows every feed", chromedp.Navigate(console), chromedp.WaitVisible(css(`#feeds [data-feed="manual/0"]`)),
+		chromedp.WaitVisible(css(`#feeds [data-feed="default/0"]`)))
+
 	// With the relay stopped, an event waits in the outbox: its timeline
 	// says where.
 	stopRelay()
