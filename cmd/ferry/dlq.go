@@ -325,6 +325,19 @@ func (a *dlqAction) relay(ctx context.Context, drv ferrydriver.Store, ids []uuid
 		"discard": "discarded",
 	}[a.action]
 	fmt.Fprintf(a.stdout, "%d relay dead letter(s) %s\n", n, verb)
+	if a.action == "redrive" {
+		// A feed no relay leads publishes them when one runs.
+		seen := map[string]bool{}
+		for _, d := range dls {
+			if seen[d.Feed] {
+				continue
+			}
+			seen[d.Feed] = true
+			if l, err := drv.GetLease(ctx, d.Feed); err != nil || !l.ExpiresAt.After(l.Now) {
+				fmt.Fprintf(a.stdout, "no relay leads feed %s now: its redriven events wait for one (ferry parked list --feed %s shows them)\n", d.Feed, d.Feed)
+			}
+		}
+	}
 	if rest := total - int64(n); rest > 0 {
 		fmt.Fprintf(a.stdout, "%s more match: run it again for the next %d\n", thousands(rest), len(dls))
 	}

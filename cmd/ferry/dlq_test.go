@@ -115,6 +115,7 @@ func TestDLQRedriveAndDiscardForTheRelay(t *testing.T) {
 	out, code = ferryCmd(t, append([]string{"dlq", "redrive", "--feed", "default/0", "--key", "k1", "--yes"}, db...)...)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "1 relay dead letter(s) redriven")
+	require.NotContains(t, out, "no relay leads feed default/0", "its lease is held")
 	got := ferrydrivertest.OpenReader(ctx, t, drv, nil).ReadQuiet(ctx)
 	require.Len(t, got, 1, "nothing appended to the outbox, which every feed reads")
 	require.Equal(t, later.ID, got[0].ID)
@@ -152,7 +153,7 @@ func TestDLQVerbsRefuseWithoutASelection(t *testing.T) {
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
-	insert := func(feed string, n int) {
+	insert := func(feed string, n int) *ferrydriver.Lease {
 		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "r", TTL: time.Minute})
 		require.NoError(t, err)
 		var dls []*ferrydriver.DeadLetter
@@ -160,9 +161,10 @@ func TestDLQVerbsRefuseWithoutASelection(t *testing.T) {
 			dls = append(dls, &ferrydriver.DeadLetter{Event: *ferrydrivertest.Event("orders", fmt.Sprintf("%s-%d", feed, i), "x"), Reason: "410 Gone"})
 		}
 		require.NoError(t, drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "r", Term: l.Term, DeadLetters: dls}))
+		return l
 	}
 	insert("hooks/0", 3)
-	insert("hooks/1", 1000)
+	hooks1 := insert("hooks/1", 1000)
 	insert("default/0", 1)
 	dead := ferrydrivertest.Event("orders", "g1", "y")
 	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "billing", Events: []*ferryevent.Event{dead}})
@@ -233,13 +235,18 @@ func TestDLQVerbsRefuseWithoutASelection(t *testing.T) {
 	code, out, errOut = ferryBinary(t, append([]string{"dlq", "redrive", "--feed", "hooks/0", "--yes"}, db...)...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "3 relay dead letter(s) redriven")
+	require.NotContains(t, out, "no relay leads feed hooks/0", "its lease is held")
 	n, err := drv.CountDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
 	require.NoError(t, err)
 	require.EqualValues(t, 1001, n, "hooks/1's and default/0's stay")
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "hooks/1", Holder: "r", Term: hooks1.Term}))
+	code, out, errOut = ferryBinary(t, append([]string{"dlq", "redrive", "--feed", "hooks/1", "--limit", "1", "--yes"}, db...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "no relay leads feed hooks/1 now: its redriven events wait for one")
 	code, out, errOut = ferryBinary(t, append([]string{"dlq", "discard", "--all", "--yes", "--limit", "600"}, db...)...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "600 relay dead letter(s) discarded")
-	require.Contains(t, out, "401 more match: run it again")
+	require.Contains(t, out, "400 more match: run it again")
 
 	// -h says the rules.
 	code, _, errOut = ferryBinary(t, "dlq", "discard", "-h")
