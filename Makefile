@@ -54,8 +54,15 @@ bench: ## go test benchmarks, then the relay's drain and latency figures against
 	cd cmd/ferry && go run . bench latency --database-url "$(FERRY_TEST_PG_URL)" --nats-url "$(FERRY_TEST_NATS_URL)" --rate 1000 --duration 20s
 
 .PHONY: build
-build: ## Build the ferry command into bin/
-	cd cmd/ferry && go build -o ../../bin/ferry .
+# The version and commit `ferry version` prints, stamped by make build:
+# the build's own stamping is off where GOFLAGS has -buildvcs=false.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+MODIFIED ?= $(shell git diff --quiet HEAD 2>/dev/null || echo true)
+BIN ?= $(CURDIR)/bin/ferry
+
+build: ## Build the ferry command into bin/ (BIN=path), its version and commit stamped
+	cd cmd/ferry && go build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.modified=$(MODIFIED)" -o $(BIN) .
 
 .PHONY: tidy
 tidy: ## go mod tidy in every module

@@ -55,7 +55,9 @@ func dashboardQueries(t *testing.T) []string {
 
 // TestDashboardQueriesOnlyServedMetrics: every metric the Grafana
 // dashboard queries is in what /metrics serves once a relay, a consumer,
-// RunTx and AwaitSettled have run with their metrics registered.
+// RunTx and AwaitSettled have run with their metrics registered, with
+// every label the query groups by (sum by (feed, ...)) or matches on (a
+// label no metric has groups nothing: the panels drew one line for all).
 func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -94,15 +96,34 @@ func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 	name := regexp.MustCompile(`ferry_[a-z_]+`)
+	by := regexp.MustCompile(`by \(([^)]*)\)`)
+	matchers := regexp.MustCompile(`(ferry_[a-z_]+)\{([^}]*)\}`)
 	// The inbox gauges appear once the consumer's first refresh ran.
 	var missing []string
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		served := scrape(t, srv.URL)
 		missing = missing[:0]
 		for _, expr := range dashboardQueries(t) {
-			for _, m := range name.FindAllString(expr, -1) {
-				if !served[m] {
+			metrics := name.FindAllString(expr, -1)
+			for _, m := range metrics {
+				if served[m] == nil {
 					missing = append(missing, m)
+				}
+			}
+			for _, g := range by.FindAllStringSubmatch(expr, -1) {
+				for _, l := range strings.Split(g[1], ",") {
+					for _, m := range metrics {
+						if l = strings.TrimSpace(l); served[m] != nil && !served[m][l] {
+							missing = append(missing, m+" by "+l)
+						}
+					}
+				}
+			}
+			for _, g := range matchers.FindAllStringSubmatch(expr, -1) {
+				for _, kv := range strings.Split(g[2], ",") {
+					if l, _, _ := strings.Cut(strings.TrimSpace(kv), "="); served[g[1]] != nil && !served[g[1]][strings.TrimRight(l, "!~")] {
+						missing = append(missing, g[1]+"{"+l+"}")
+					}
 				}
 			}
 		}
@@ -110,15 +131,17 @@ func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 			break
 		}
 	}
-	require.Empty(t, missing, "the dashboard queries metrics that /metrics does not serve")
+	require.Empty(t, missing, "the dashboard queries metrics, or labels of them, that /metrics does not serve")
 }
 
-// scrape returns the names of the samples url serves.
-func scrape(t *testing.T, url string) map[string]bool {
+// scrape returns the samples url serves: each metric's name, with the
+// names of its labels ("le" on a histogram's buckets).
+func scrape(t *testing.T, url string) map[string]map[string]bool {
 	resp, err := http.Get(url)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	served := map[string]bool{}
+	served := map[string]map[string]bool{}
+	label := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="`)
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -126,8 +149,19 @@ func scrape(t *testing.T, url string) map[string]bool {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		if i := strings.IndexAny(line, "{ "); i > 0 {
-			served[line[:i]] = true
+		i := strings.IndexAny(line, "{ ")
+		if i <= 0 {
+			continue
+		}
+		labels := served[line[:i]]
+		if labels == nil {
+			labels = map[string]bool{}
+			served[line[:i]] = labels
+		}
+		if line[i] == '{' {
+			for _, m := range label.FindAllStringSubmatch(line[i:strings.LastIndexByte(line, '}')], -1) {
+				labels[m[1]] = true
+			}
 		}
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)

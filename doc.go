@@ -159,8 +159,9 @@ cannot hide the consumer's commit. Failed is the cheap gate predicate.
     get skipped.
   - An event the broker rejects for good (too large, unroutable) goes to
     the relay's dead-letter table with the reason; `ferry dlq list` shows it
-    and `ferry dlq redrive` appends it to the outbox again, with the same
-    event ID and a new place in its key's order (RedriveDeadLetters).
+    and `ferry dlq redrive` sends it back, with the same event ID and Seq,
+    to the feed that dead-lettered it and to no other, which publishes it
+    after what it had published of its key (RedriveDeadLetters).
     Dead letters are kept for RelayConfig.DeadLetterRetention (14 days).
 
 # Operating

@@ -106,7 +106,10 @@ type RelayConfig struct {
 	// stores the event is dead-lettered.
 	DeadPolicy DeadPolicy
 	// DisableParking keeps stuck keys in memory even when the store can
-	// park them.
+	// park them (and makes DeadPolicy Hold dead-letter, as on a store that
+	// cannot). The relay still publishes what is parked in the store for
+	// its feed: redriven dead letters (ferrydriver.Store.RedriveDeadLetters)
+	// and what a relay that parked left there.
 	DisableParking bool
 	// OnStuckKey, when set, is called when a key is parked, held or has an
 	// event dead-lettered by DeadPolicy, from the relay's delivery loop: it
@@ -156,16 +159,23 @@ func (r *Relay) alert(ctx context.Context, k *StuckKey) {
 	}
 }
 
-// reportDuplicates logs and counts what the destination dropped as
-// duplicates since the last call.
-func (r *Relay) reportDuplicates() {
+// reportDuplicates counts what the destination dropped as duplicates
+// since the last call, and logs them at most once a HeartbeatInterval
+// (and, with flush, what is not logged yet): a feed that replays what
+// another published meets a duplicate per event, and a line each told
+// nothing more than their count. Called by the pipeline's goroutine.
+func (r *Relay) reportDuplicates(flush bool) {
 	if r.dups == nil {
 		return
 	}
 	if n := r.dups.Duplicates(); n > r.lastDup {
-		r.log.Info("ferry: destination dropped duplicates", "count", n-r.lastDup)
 		r.m.duplicates.Add(float64(n - r.lastDup))
+		r.unloggedDups += n - r.lastDup
 		r.lastDup = n
+	}
+	if r.unloggedDups > 0 && (flush || time.Since(r.dupsLoggedAt) >= r.cfg.HeartbeatInterval) {
+		r.log.Info("ferry: destination dropped duplicates (events it already had, by ID)", "count", r.unloggedDups)
+		r.unloggedDups, r.dupsLoggedAt = 0, time.Now()
 	}
 }
 
@@ -254,8 +264,12 @@ type Relay struct {
 	retry   backoff.Policy
 	dups    ferrysink.DuplicateReporter // nil if the sink cannot tell
 	lastDup uint64
-	hooks   []PublishHook
-	system  string // the sink's ferrysink.Describer, if any
+	// unloggedDups counts the duplicates not logged yet, since
+	// dupsLoggedAt (reportDuplicates).
+	unloggedDups uint64
+	dupsLoggedAt time.Time
+	hooks        []PublishHook
+	system       string // the sink's ferrysink.Describer, if any
 
 	running atomic.Bool
 	// holder is this Run's lease identity and log its logger; both are set

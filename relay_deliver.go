@@ -44,7 +44,10 @@ type pipeline struct {
 	pubCtx context.Context // ends when publishing must: lease lost, shutdown timeout
 	ck     *checkpointer
 	parker ferrydriver.Parker // nil: keys are kept apart in memory only
-	trust  *trustWindow       // no hand-off to the sink after it ends
+	// parkStuck: stuck keys are parked (not RelayConfig.DisableParking);
+	// without it the parker serves the keys of redriven dead letters only.
+	parkStuck bool
+	trust     *trustWindow // no hand-off to the sink after it ends
 
 	keys    map[string]*keyState
 	ready   []*keyState // keys whose head can be sent now, oldest first
@@ -144,8 +147,8 @@ func newPipeline(r *Relay, term int64, pubCtx context.Context, ck *checkpointer,
 	p := &pipeline{r: r, term: term, pubCtx: pubCtx, ck: ck, trust: trust,
 		keys: map[string]*keyState{}, needHeads: map[*keyState]bool{}, lastAck: time.Now()}
 	p.outcomes.signal = make(chan struct{}, 1)
-	if pk, ok := r.store.(ferrydriver.Parker); ok && !r.cfg.DisableParking {
-		p.parker = pk
+	if pk, ok := r.store.(ferrydriver.Parker); ok {
+		p.parker, p.parkStuck = pk, !r.cfg.DisableParking
 	}
 	return p
 }
@@ -155,6 +158,7 @@ func newPipeline(r *Relay, term int64, pubCtx context.Context, ck *checkpointer,
 // error, the lease's cause, or nil when stopped.
 func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 	defer p.wg.Wait()
+	defer p.r.reportDuplicates(true)
 	if err := p.loadParked(); err != nil {
 		return err
 	}
@@ -224,7 +228,11 @@ func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 		case <-linger.C:
 			lingering, lingered = false, true
 		case <-heartbeat.C:
+			p.r.reportDuplicates(false)
 			if err := p.checkHeld(); err != nil {
+				return err
+			}
+			if err := p.adoptRedriven(); err != nil {
 				return err
 			}
 		case <-stopC:
@@ -291,7 +299,7 @@ func (p *pipeline) nextWake() (time.Time, bool) {
 	if len(p.backoff) > 0 {
 		next, ok = p.backoff[0].retryAt, true
 	}
-	if p.parker != nil && p.inFlight > 0 {
+	if p.parkStuck && p.inFlight > 0 {
 		// Re-examine stalled keys every StallTimeout/4.
 		t := time.Now().Add(p.r.cfg.StallTimeout / 4)
 		if !ok || t.Before(next) {
@@ -547,7 +555,7 @@ func (p *pipeline) settle(outs []callOutcome) error {
 	if acked > 0 {
 		p.r.m.published.Add(float64(acked))
 	}
-	p.r.reportDuplicates()
+	p.r.reportDuplicates(false)
 	p.advance()
 	return nil
 }
@@ -595,7 +603,7 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 func (p *pipeline) giveUp(k *keyState, err error, age time.Duration) error {
 	e := k.q[0]
 	reason := fmt.Sprintf("gave up after %d attempts over %v: %v", k.attempts, age.Round(time.Millisecond), err)
-	if p.r.cfg.DeadPolicy == Hold && p.parker != nil {
+	if p.r.cfg.DeadPolicy == Hold && p.parkStuck {
 		if !k.parked {
 			if err := p.parkKey(k, reason); err != nil {
 				return err
@@ -693,7 +701,7 @@ func (p *pipeline) advance() {
 // everyone is an outage, not a stuck key: nothing would flow anyway), or,
 // when the window is full, for a tenth of that.
 func (p *pipeline) park() error {
-	if p.parker == nil || len(p.keys) == 0 {
+	if !p.parkStuck || len(p.keys) == 0 {
 		return nil
 	}
 	stall := p.r.cfg.StallTimeout
@@ -731,16 +739,34 @@ func (p *pipeline) park() error {
 	return nil
 }
 
-// parkKey moves k's queue to the store. The events in flight stay at the
+// parkKey moves k's queue to the store, because its destination does
+// not acknowledge it (reason: the last error).
+func (p *pipeline) parkKey(k *keyState, reason string) error {
+	events, err := p.setAside(k, reason)
+	if err != nil {
+		return err
+	}
+	p.r.m.parkedKeys.Inc()
+	p.r.log.Warn("ferry: key parked: its destination does not acknowledge it; its events are set aside and published in order once it recovers (other keys go on)",
+		"key", k.key, "events", len(events), "since", k.since, "attempts", k.attempts, "reason", reason)
+	if len(events) > 0 {
+		p.r.alert(p.pubCtx, &StuckKey{Feed: p.r.name, Key: k.key, Event: *events[0], State: KeyParked, Attempts: k.attempts, Since: k.since, Err: k.lastErr})
+	}
+	p.advance()
+	return nil
+}
+
+// setAside moves k's queue to the store, behind what the store already
+// holds for the key, and marks k parked. The events in flight stay at the
 // head of the queue (an ordered sink takes several of a key in one call):
 // their outcomes still count, and the key's next event waits for them.
-func (p *pipeline) parkKey(k *keyState, reason string) error {
+func (p *pipeline) setAside(k *keyState, reason string) ([]*ferryevent.Event, error) {
 	events := make([]*ferryevent.Event, len(k.q))
 	for i, e := range k.q {
 		events[i] = e.ev
 	}
 	if err := p.parker.ParkEvents(p.pubCtx, &ferrydriver.ParkEventsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Events: events, Reason: reason}); err != nil {
-		return p.storeErr("park a stuck key", err)
+		return nil, p.storeErr("park a key's events", err)
 	}
 	keep := min(k.busy, len(k.q))
 	if k.busy == 0 {
@@ -768,18 +794,63 @@ func (p *pipeline) parkKey(k *keyState, reason string) error {
 	}
 	k.q = k.q[:keep]
 	k.parked = true
-	p.r.m.parkedKeys.Inc()
 	p.r.m.parkedEvents.Add(float64(len(events)))
-	p.r.log.Warn("ferry: key parked: its destination does not acknowledge it; its events are set aside and published in order once it recovers (other keys go on)",
-		"key", k.key, "events", len(events), "since", k.since, "attempts", k.attempts, "reason", reason)
-	if len(events) > 0 {
-		p.r.alert(p.pubCtx, &StuckKey{Feed: p.r.name, Key: k.key, Event: *events[0], State: KeyParked, Attempts: k.attempts, Since: k.since, Err: k.lastErr})
+	return events, nil
+}
+
+// adoptRedriven takes up, every heartbeat, the keys whose parked queue
+// in this feed holds events an operator redrove (RedriveDeadLetters puts
+// them there, for this feed only): from then on such a key is published
+// from its queue, in order. A key the pipeline has events of goes into
+// the store behind the redriven ones (those in flight stay first); its
+// next event is then the queue's head. A redriven event is so published
+// after the events of its key already handed to the destination, before
+// the rest.
+func (p *pipeline) adoptRedriven() error {
+	if p.parker == nil {
+		return nil
 	}
-	p.advance()
+	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Redriven: true, Limit: 1000})
+	if err != nil {
+		return p.storeErr("read redriven events", err)
+	}
+	adopted := 0
+	for _, h := range heads {
+		k := p.keys[h.Event.Key]
+		if k != nil && k.parked {
+			continue // its queue is being published: the redriven events come in turn
+		}
+		adopted++
+		p.r.m.parkedKeys.Inc()
+		if k == nil {
+			k = &keyState{key: h.Event.Key, heapIdx: -1, parked: true}
+			p.keys[k.key] = k
+			ev := h.Event
+			k.q = []*entry{{ev: &ev}}
+			p.markReady(k)
+			continue
+		}
+		if _, err := p.setAside(k, "behind events redriven by an operator"); err != nil {
+			return err
+		}
+		if k.busy == 0 {
+			// Its head is now the queue's: the failures of the one before
+			// do not count against it.
+			if k.heapIdx >= 0 {
+				heap.Remove(&p.backoff, k.heapIdx)
+			}
+			k.fresh()
+		}
+	}
+	if adopted > 0 {
+		p.r.log.Info("ferry: publishing redriven dead letters: their keys go from their parked queues, the redriven events first", "keys", adopted)
+		p.advance()
+	}
 	return nil
 }
 
-// loadParked picks up the keys a previous leader parked.
+// loadParked picks up the keys a previous leader parked, and those with
+// redriven dead letters.
 func (p *pipeline) loadParked() error {
 	if p.parker == nil {
 		return nil

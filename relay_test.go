@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/internal/memsink"
 	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/internal/syncbuf"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -306,4 +309,56 @@ func TestRelayConfigValidation(t *testing.T) {
 	}
 	_, err = ferry.NewRelay(nil, sink, nil)
 	require.Error(t, err)
+}
+
+// dupSink is a sink whose destination drops every event it is given as a
+// duplicate (a feed replaying what another feed published).
+type dupSink struct {
+	memsink.Sink
+	dups atomic.Uint64
+}
+
+func (s *dupSink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
+	s.dups.Add(uint64(len(events)))
+	return make([]error, len(events))
+}
+
+func (s *dupSink) PublishEach(ctx context.Context, events []*ferryevent.Event, done func(int, error)) []error {
+	out := s.Publish(ctx, events)
+	for i := range events {
+		done(i, nil)
+	}
+	return out
+}
+
+func (s *dupSink) Duplicates() uint64 { return s.dups.Load() }
+
+// TestRelayLogsDuplicatesOnceAHeartbeat: duplicates the destination drops
+// are counted each time and logged at most once a heartbeat, with their
+// count (a relay replaying a backlog logged a line per duplicate), and
+// what is left is logged when the relay stops.
+func TestRelayLogsDuplicatesOnceAHeartbeat(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	var logs syncbuf.Buffer
+	sink := &dupSink{}
+	r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{BatchSize: 5, PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	stop := run(t, r)
+	all := emitMany(t, c, 200, 20, 2, strconv.Itoa)
+	require.Len(t, all, 200)
+	require.Eventually(t, func() bool { return sink.Duplicates() == 200 }, 30*time.Second, 10*time.Millisecond)
+	stop()
+	lines := strings.Count(logs.String(), "destination dropped duplicates")
+	require.LessOrEqual(t, lines, 2, "one line at the first, one at the stop: %s", logs.String())
+	total := 0
+	for _, m := range regexp.MustCompile(`destination dropped duplicates.* count=(\d+)`).FindAllStringSubmatch(logs.String(), -1) {
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		total += n
+	}
+	require.Equal(t, 200, total, "every duplicate is in a line's count")
 }

@@ -86,22 +86,34 @@ type Store interface {
 	InsertDeadLetters(ctx context.Context, p *InsertDeadLettersParams) error
 	// ListDeadLetters lists relay dead letters, newest first.
 	ListDeadLetters(ctx context.Context, p *ListDeadLettersParams) ([]*DeadLetter, error)
-	// GetDeadLetter returns one dead letter by event ID, or ErrNotFound.
+	// CountDeadLetters counts the relay dead letters ListDeadLetters
+	// would list without a limit (p.After and p.Limit are ignored). It
+	// reads every match: for a person asking, never for a periodic task.
+	CountDeadLetters(ctx context.Context, p *ListDeadLettersParams) (int64, error)
+	// GetDeadLetter returns one dead letter by event ID (the newest, when
+	// several feeds of p.Feed dead-lettered the event), or ErrNotFound.
 	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
-	// RedriveDeadLetters appends the selected relay dead letters back to
-	// the outbox and removes them, in one transaction, oldest failure
-	// first, and returns how many dead letters it removed. Each event
-	// keeps its ID, so brokers and consumers that deduplicate drop a copy
-	// that did arrive, and is appended as a new event of its key with a
-	// new Seq: it is delivered after the key's events committed before the
-	// redrive and before those committed after it, not at its first place
-	// in the key's order. Every feed of its partition delivers it again. An
-	// event dead-lettered by several feeds is appended once. If a selected
-	// dead letter is not a valid event (a record the feed could not
-	// decode), nothing changes and the error names it: discard it.
+	// RedriveDeadLetters sends the named relay dead letters back to the
+	// feed that dead-lettered each, and to no other: in one transaction it
+	// appends each to its key's parked queue in that feed (see Parker),
+	// marked Redriven, and removes the dead letter, oldest failure first
+	// (within a failure, in the key's order), and returns how many dead
+	// letters it removed. The feed's relay finds them within a heartbeat
+	// (ParkedHeads with Redriven) and publishes them as a parked key's
+	// events: after the key's events it has already handed to its
+	// destination, before the rest, in order. Other feeds of the
+	// partition never see them, so their destinations get no copy. Each
+	// event is published as it was dead-lettered: the same ID (brokers and
+	// consumers that deduplicate drop a copy that did arrive) and Seq. An
+	// event dead-lettered by several feeds goes back to each feed named. A
+	// named dead letter that is no longer there (redriven or discarded
+	// meanwhile) is not counted. If a named dead letter is not a valid
+	// event (a record the feed could not decode), nothing changes and the
+	// error names it: discard it. A store that is not a Parker returns an
+	// error and changes nothing.
 	RedriveDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
-	// DiscardDeadLetters removes the selected relay dead letters for good
-	// and returns how many.
+	// DiscardDeadLetters removes the named relay dead letters for good
+	// and returns how many it removed.
 	DiscardDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
 
 	// DeleteDeadLetters removes p.Feed's dead letters that failed more
@@ -136,6 +148,14 @@ type Store interface {
 	// every heartbeat. Beyond ExactCountLimit events it is an estimate
 	// (see FeedLag.Events).
 	FeedLag(ctx context.Context, p *FeedLagParams) (*FeedLag, error)
+
+	// ListFeeds names the feeds the store knows of: every name with a
+	// checkpoint, a lease, dead letters or parked events, in name order,
+	// once each. Relay feeds are "<feed>/<partition>" (see FeedPartition;
+	// RelayFeeds keeps those and adds the partitions that have nothing yet).
+	// It reads O(names) entries of indexes, however many dead letters and
+	// parked events there are.
+	ListFeeds(ctx context.Context) ([]string, error)
 
 	// FeedStatus reports a feed's checkpoint, lease, lag and dead letters,
 	// for operators. Without p.Exact it costs what FeedLag does plus a
@@ -339,10 +359,14 @@ type InsertDeadLettersParams struct {
 
 // ListDeadLettersParams filter dead letters.
 type ListDeadLettersParams struct {
-	// Feed, when set, limits the list to one feed.
+	// Feed, when set, limits the list to a feed: a feed's name ("hooks")
+	// selects every partition of it ("hooks/0", "hooks/1", ...), a
+	// partition's name ("hooks/0") that partition only (see InFeed).
 	Feed string
 	// Key, Type and Topic filter exactly when set.
 	Key, Type, Topic string
+	// Reason, when set, selects the dead letters whose reason contains it.
+	Reason string
 	// Since and Until bound FailedAt when set.
 	Since, Until time.Time
 	// EventIDs, when set, selects only these events.
@@ -354,6 +378,43 @@ type ListDeadLettersParams struct {
 	Limit int
 }
 
+// InFeed reports whether filter (ListDeadLettersParams.Feed) selects the
+// feed partition named feed: an empty filter selects every feed, a
+// partition's name ("hooks/0", see FeedPartition) that partition, and a
+// feed's name ("hooks") each of its partitions ("hooks/0", "hooks/1", ...).
+func InFeed(filter, feed string) bool {
+	exact, family := FeedFilter(filter)
+	switch {
+	case exact != "":
+		return feed == exact
+	case family != "":
+		rest, ok := strings.CutPrefix(feed, family)
+		return ok && rest != "" && strings.Trim(rest, "0123456789") == ""
+	}
+	return true
+}
+
+// FeedFilter splits a feed filter (ListDeadLettersParams.Feed) for a
+// store's query: a partition's name is matched exactly (exact), a feed's
+// name as the prefix family ("hooks/") followed by a partition number.
+// At most one of them is set; neither when filter is "" (every feed).
+func FeedFilter(filter string) (exact, family string) {
+	switch {
+	case filter == "":
+		return "", ""
+	case isPartitionName(filter):
+		return filter, ""
+	}
+	return "", filter + "/"
+}
+
+// isPartitionName reports whether name ends in "/<digits>": a relay
+// feed's partition ("<feed>/<partition>"), not a feed's name.
+func isPartitionName(name string) bool {
+	i := strings.LastIndexByte(name, '/')
+	return i > 0 && i < len(name)-1 && strings.Trim(name[i+1:], "0123456789") == ""
+}
+
 // DeadLetterCursor is a place in a list of dead letters: the last one a
 // page showed.
 type DeadLetterCursor struct {
@@ -361,23 +422,36 @@ type DeadLetterCursor struct {
 	EventID  uuid.UUID
 }
 
-// DeadLetterSelection selects relay dead letters to redrive or discard:
-// those matching every field that is set, the oldest failures first.
+// DeadLetterRef names one relay dead letter: the feed (partition) that
+// dead-lettered the event, and the event. An event dead-lettered by
+// several feeds has a dead letter in each.
+type DeadLetterRef struct {
+	Feed    string
+	EventID uuid.UUID
+}
+
+// DeadLetterSelection names the relay dead letters to redrive or discard,
+// each by its feed and event. It has no filter and no "every feed": an
+// operator's tool lists what a filter matches (ListDeadLetters), shows
+// it, and acts on exactly the dead letters it listed, so that an action
+// never reaches a dead letter, or a feed, it did not show.
 type DeadLetterSelection struct {
-	// Feed, when set, limits the selection to one feed.
-	Feed string
-	// EventIDs, when set, selects only these events.
-	EventIDs []uuid.UUID
-	// Key, Type and Topic filter exactly when set.
-	Key, Type, Topic string
-	// Since and Until bound FailedAt when set.
-	Since, Until time.Time
-	// Limit caps the dead letters selected; 0 means 100.
-	Limit int
+	Letters []DeadLetterRef
+}
+
+// Refs returns the dead letters' references.
+func Refs(dls []*DeadLetter) []DeadLetterRef {
+	out := make([]DeadLetterRef, len(dls))
+	for i, dl := range dls {
+		out[i] = DeadLetterRef{Feed: dl.Feed, EventID: dl.Event.ID}
+	}
+	return out
 }
 
 // GetDeadLetterParams select one dead letter.
 type GetDeadLetterParams struct {
+	// Feed, when set, is the feed (or partition) that dead-lettered the
+	// event, as ListDeadLettersParams.Feed.
 	Feed    string
 	EventID uuid.UUID
 }
@@ -524,7 +598,8 @@ type OpenTx struct {
 // reason's events.
 type ReasonGrouper interface {
 	// DeadLetterReasons groups the newest p.Scan relay dead letters (of
-	// p.Feed when set) by reason.
+	// p.Feed when set, as ListDeadLettersParams.Feed) by feed partition and
+	// reason.
 	DeadLetterReasons(ctx context.Context, p *ReasonsParams) (*Reasons, error)
 	// InboxDeadReasons groups the newest p.Scan DEAD rows of p.Group by
 	// their last error.
@@ -533,7 +608,7 @@ type ReasonGrouper interface {
 
 // ReasonsParams bound a grouping by reason.
 type ReasonsParams struct {
-	Feed  string // dead letters of one feed, when set
+	Feed  string // dead letters of one feed or partition, when set
 	Group string // the consumer group (InboxDeadReasons)
 	// Scan is how many of the newest rows are read: 0 means
 	// DefaultReasonScan.
@@ -571,8 +646,11 @@ type Reasons struct {
 	Groups []ReasonGroup
 }
 
-// ReasonGroup is the failures of one reason among those read.
+// ReasonGroup is the failures of one reason among those read: for relay
+// dead letters, those of one feed partition (Feed), so that an action on
+// the group's events names each dead letter with its feed.
 type ReasonGroup struct {
+	Feed     string // relay dead letters: the feed partition; "" for a group's
 	Reason   string
 	Count    int
 	Latest   time.Time

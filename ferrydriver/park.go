@@ -16,7 +16,10 @@ import (
 //
 // A key's parked events form a queue in the order they were parked; the
 // relay parks a key's events in the order it read them, publishes the head
-// and removes it once acknowledged. Writes are fenced like SaveCheckpoint.
+// and removes it once acknowledged. Writes are fenced like SaveCheckpoint,
+// but for Store.RedriveDeadLetters, an operator's action: it appends
+// dead letters to their keys' queues, marked Redriven, and the relay of
+// the feed takes those keys up at its next heartbeat.
 // A store without Parker still keeps keys apart, but a stuck key holds the
 // relay's checkpoint (and, once its read-ahead window is full, everything).
 type Parker interface {
@@ -51,6 +54,9 @@ type ParkedEvent struct {
 	// Queued is the number of the key's parked events, this one included
 	// (filled by ParkedHeads).
 	Queued int64
+	// Redriven is set on an event an operator redrove (RedriveDeadLetters)
+	// and the relay has not published since.
+	Redriven bool
 }
 
 // ParkEventsParams append events to their keys' queues, fenced.
@@ -68,6 +74,11 @@ type ParkEventsParams struct {
 type ParkedHeadsParams struct {
 	Feed string
 	Keys []string
+	// Redriven, when Keys is nil, selects only the keys that have a
+	// redriven event (RedriveDeadLetters) in their queue: the relay looks
+	// for them every heartbeat, at a cost of the redriven events waiting,
+	// however long the other keys' queues are.
+	Redriven bool
 	// Limit caps the result when Keys is nil; 0 means 1000.
 	Limit int
 }

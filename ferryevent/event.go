@@ -78,7 +78,8 @@ type Event struct {
 	// at most the last one it applied would drop a restarted key's
 	// events; deduplicate by ID, as the inbox does). A relay with a
 	// negative KeyRetention never forgets a key. A redriven dead letter is
-	// appended again as a new event of its key: same ID, a new Seq.
+	// published again as it was: the same ID and Seq, after later events
+	// of its key, by the one feed that dead-lettered it.
 	Seq int64
 }
 

@@ -53,7 +53,7 @@ func TestFeedsNameTheOpenOutboxTransaction(t *testing.T) {
 	go func() { done <- relay.Run(runCtx) }()
 	t.Cleanup(func() { stop(); require.NoError(t, <-done) })
 
-	h, err := ferryui.New(&ferryui.Config{Store: drv, ReadOnly: true})
+	h, err := ferryui.New(&ferryui.Config{Store: drv, ReadOnly: true, OpenReads: true})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -87,4 +87,60 @@ func TestFeedsNameTheOpenOutboxTransaction(t *testing.T) {
 	require.Eventually(t, func() bool { return sink.Len() == 2 }, 30*time.Second, 10*time.Millisecond, "committed, its event is published")
 	// (the relay's own retention takes the same lock, for a moment)
 	require.Eventually(t, func() bool { return oldest() == nil }, 10*time.Second, 10*time.Millisecond, "no open transaction has written to the outbox")
+}
+
+// blockingStore opens feeds only once release is closed, saying on opened
+// that it was asked.
+type blockingStore struct {
+	ferrydriver.Store
+	opened  chan struct{}
+	release chan struct{}
+}
+
+func (s *blockingStore) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) (ferrydriver.Feed, error) {
+	s.opened <- struct{}{}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Store.OpenFeed(ctx, p)
+}
+
+// TestBacklogLookupsAreBounded: an event looked for in the backlog opens
+// a feed per partition (on MariaDB a replication connection): two lookups
+// run at a time, a third is answered 503 at once, and a lookup reads at
+// most 20,000 events.
+func TestBacklogLookupsAreBounded(t *testing.T) {
+	t.Parallel()
+	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	store := &blockingStore{Store: drv, opened: make(chan struct{}, 2), release: make(chan struct{})}
+	h, err := ferryui.New(&ferryui.Config{Store: store, ReadOnly: true, OpenReads: true})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	get := func(path string) *http.Response {
+		resp, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	done := make(chan int, 2)
+	for range 2 {
+		go func() { done <- get("/api/v1/events/" + ferry.NewID().String()).StatusCode }()
+	}
+	<-store.opened
+	<-store.opened
+	resp := get("/api/v1/events/" + ferry.NewID().String())
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "a third lookup while two run")
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	close(store.release)
+	require.Equal(t, http.StatusNotFound, <-done)
+	require.Equal(t, http.StatusNotFound, <-done)
+	require.Equal(t, http.StatusBadRequest, get("/api/v1/events/"+ferry.NewID().String()+"?scan=20001").StatusCode)
+	go func() { <-store.opened }()
+	require.Equal(t, http.StatusNotFound, get("/api/v1/events/"+ferry.NewID().String()+"?scan=20000").StatusCode)
 }

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
@@ -85,16 +86,18 @@ func deadLetterCursor(dl *ferrydriver.DeadLetter) *ferrydriver.DeadLetterCursor 
 }
 
 // pageDeadLetters lists dead letters matching f after after, limit at
-// most. Every backend serves a feed, a key and a time range by index; a
-// type or a topic is matched here, over at most scan dead letters.
+// most. Every backend serves a partition, a key and a time range by
+// index; a feed's partitions, a type, a topic or a reason are matched
+// here, over at most scan dead letters.
 func (h *Handler) pageDeadLetters(ctx context.Context, f Filter, after *ferrydriver.DeadLetterCursor, limit, scan int) (*page[*ferrydriver.DeadLetter, ferrydriver.DeadLetterCursor], error) {
-	list := ferrydriver.ListDeadLettersParams{Feed: f.Feed, Key: f.Key, Since: f.Since, Until: f.Until}
+	exact, family := ferrydriver.FeedFilter(f.Feed)
+	list := ferrydriver.ListDeadLettersParams{Feed: exact, Key: f.Key, Since: f.Since, Until: f.Until}
 	read := func(after *ferrydriver.DeadLetterCursor, n int) ([]*ferrydriver.DeadLetter, error) {
 		l := list
 		l.After, l.Limit = after, n
 		return h.cfg.Store.ListDeadLetters(ctx, &l)
 	}
-	if f.Type == "" && f.Topic == "" {
+	if f.Type == "" && f.Topic == "" && f.Reason == "" && family == "" {
 		dls, err := read(after, limit)
 		if err != nil {
 			return nil, err
@@ -106,7 +109,8 @@ func (h *Handler) pageDeadLetters(ctx context.Context, f Filter, after *ferrydri
 		return p, nil
 	}
 	return walk(after, limit, scan, read, deadLetterCursor, func(dl *ferrydriver.DeadLetter) bool {
-		return (f.Type == "" || dl.Event.Type == f.Type) && (f.Topic == "" || dl.Event.Topic == f.Topic)
+		return (f.Type == "" || dl.Event.Type == f.Type) && (f.Topic == "" || dl.Event.Topic == f.Topic) &&
+			strings.Contains(dl.Reason, f.Reason) && ferrydriver.InFeed(f.Feed, dl.Feed)
 	})
 }
 

@@ -124,7 +124,10 @@ func TestChainRunAndStatus(t *testing.T) {
 
 	// The console shows the source's cursor, and its lag from the node's head.
 	console := startConsole(t, "chain-token", append([]string{"--chain-groups", "indexer", "--rpc-url", fmt.Sprintf("ws://127.0.0.1:%d", port)}, db...)...)
-	resp, err := http.Get(console + "api/v1/chains")
+	req, err := http.NewRequest(http.MethodGet, console+"api/v1/chains", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer chain-token")
+	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	var chains struct{ Chains []ferryui.ChainJSON }
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&chains))
@@ -143,7 +146,7 @@ func TestChainRunAndStatus(t *testing.T) {
 	bctx, bcancel := context.WithTimeout(browser(t), time.Minute)
 	defer bcancel()
 	card := `#chains [data-chain="chain/indexer"]`
-	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(console), chromedp.WaitVisible(chromedp.CSS(card))), "the overview shows the chain source's card")
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(console+"#token=chain-token"), chromedp.WaitVisible(chromedp.CSS(card))), "the overview shows the chain source's card")
 	shown, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(card)))
 	require.NoError(t, err)
 	for _, want := range []string{"chain/indexer", "led", fmt.Sprintf("%d\nlast block ingested", head), "0\nblocks behind the head", "latest\ntier"} {

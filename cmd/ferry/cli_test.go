@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/ferry-dev/ferry/internal/pgtest"
@@ -300,4 +303,110 @@ func awaitStreamMsgs(t *testing.T, url, stream string, want uint64, within time.
 		return err == nil && info.State.Msgs == want
 	}, within, 20*time.Millisecond, "stream %s holds %d messages", stream, want)
 	return nc
+}
+
+// Every command's -h names each flag's value by its type (Go's flag
+// package takes a back-quoted word of a flag's help as the value's name:
+// "-partitions ferry partitions show" read as nonsense), and every flag
+// says its variable, but those typed each time.
+func TestFlagHelpNamesValuesByType(t *testing.T) {
+	t.Parallel()
+	commands := [][]string{{"demo"}, {"run"}, {"relay"}, {"status"}, {"ui"}, {"emit"}, {"tail"}, {"version", "-h"}}
+	for command, subs := range map[string][]string{
+		"migrate": {"up", "down", "sql"}, "dlq": {"list", "show", "redrive", "discard"}, "partitions": {"show", "set"},
+		"parked": {"list", "release", "skip"}, "chain": {"run", "status"}, "bench": {"drain", "latency", "consume", "settle", "ingest", "e2e"},
+	} {
+		for _, s := range subs {
+			commands = append(commands, []string{command, s})
+		}
+	}
+	flagLine := regexp.MustCompile(`^  -([a-z0-9-]+)(?: (.+))?$`)
+	types := map[string]bool{"": true, "string": true, "int": true, "duration": true, "value": true, "float": true, "uint": true, "int64": true, "uint64": true}
+	for _, c := range commands {
+		if c[len(c)-1] == "-h" {
+			continue // takes no flags
+		}
+		var out, errOut bytes.Buffer
+		require.Equal(t, 0, run(context.Background(), append(c, "-h"), &out, &errOut), "ferry %v -h", c)
+		flags := 0
+		for _, line := range strings.Split(errOut.String(), "\n") {
+			m := flagLine.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			flags++
+			require.True(t, types[m[2]], "ferry %s -h: -%s is followed by %q, not a type", strings.Join(c, " "), m[1], m[2])
+		}
+		require.NotZero(t, flags, "ferry %s -h lists its flags:\n%s", strings.Join(c, " "), errOut.String())
+		require.NotContains(t, errOut.String(), "`", "ferry %s -h", strings.Join(c, " "))
+	}
+}
+
+// A mistake in a flag is one line: what is wrong, what the flag wants
+// and where the flags are listed, not the whole usage.
+func TestFlagMistakeIsOneLine(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"relay", "--poll-interval", "5"}, `invalid value "5" for flag -poll-interval: give a duration with its unit, such as 500ms, 2s or 1m (ferry relay -h lists the flags)`},
+		{[]string{"status", "--bogus"}, "flag provided but not defined: -bogus (ferry status -h lists the flags)"},
+		{[]string{"dlq", "list", "--limit", "many"}, `invalid value "many" for flag -limit: give a whole number (ferry dlq list -h lists the flags)`},
+	} {
+		code, out, errOut := ferryBinary(t, c.args...)
+		require.Equal(t, 2, code, "%v: %s%s", c.args, out, errOut)
+		require.Equal(t, "ferry "+c.args[0]+": "+c.want+"\n", errOut, "%v", c.args)
+		require.Empty(t, out)
+	}
+}
+
+// `ferry -h` names every kind of database --database-url takes.
+func TestHelpNamesEveryDatabase(t *testing.T) {
+	t.Parallel()
+	code, out, _ := ferryBinary(t, "-h")
+	require.Equal(t, 0, code)
+	for _, scheme := range []string{"postgres://", "mongodb://", "mysql://", "sqlite:"} {
+		require.Contains(t, out, scheme)
+	}
+}
+
+// Errors of the webhook sink name the variables and flags that set what
+// they are about, not only the Go fields.
+func TestWebhookSettingsAreNamedAsTheCommandSetsThem(t *testing.T) {
+	t.Parallel()
+	db := []string{"--database-url", "sqlite:" + filepath.Join(t.TempDir(), "app.db"), "--metrics-addr", "off"}
+	code, out, errOut := ferryBinaryEnv(t, []string{"FERRY_WEBHOOK_SECRETS=", "FERRY_WEBHOOK_UNSIGNED="}, append([]string{"relay", "--sink-url", "http://127.0.0.1:1/hook"}, db...)...)
+	require.Equal(t, 2, code, out+errOut)
+	require.Contains(t, errOut, "FERRY_WEBHOOK_SECRETS")
+	require.Contains(t, errOut, "FERRY_WEBHOOK_UNSIGNED=true")
+}
+
+// `ferry migrate up` on a MariaDB that writes no binlog says so (it
+// warned "... err=<nil>"), naming the settings the relay needs.
+func TestMigrateOnAServerWithoutABinlogSaysSo(t *testing.T) {
+	t.Parallel()
+	url := "mysql://root@127.0.0.1:3306/"
+	if u := os.Getenv("FERRY_TEST_MYSQL_NOBINLOG_URL"); u != "" {
+		url = u
+	}
+	dsn, err := ferrymysql.DSNFromURL(url)
+	require.NoError(t, err)
+	admin, err := sql.Open("mysql", dsn)
+	require.NoError(t, err)
+	defer admin.Close()
+	var logBin int
+	if err := admin.QueryRow(`SELECT @@log_bin`).Scan(&logBin); err != nil {
+		pgtest.Unavailable(t, "MariaDB without a binlog", "FERRY_TEST_MYSQL_NOBINLOG_URL", err)
+	}
+	require.Zero(t, logBin, "the server at %s writes a binlog: set FERRY_TEST_MYSQL_NOBINLOG_URL to one that does not", url)
+	name := "ferry_nobinlog_cli_" + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	_, err = admin.Exec(`CREATE DATABASE ` + name)
+	require.NoError(t, err)
+	defer func() { _, _ = admin.Exec(`DROP DATABASE ` + name) }()
+	code, out, errOut := ferryBinary(t, "migrate", "up", "--database-url", strings.TrimSuffix(url, "/")+"/"+name)
+	require.Equal(t, 0, code, out+errOut)
+	require.Contains(t, errOut, "the server writes no binlog (log_bin is off)")
+	require.Contains(t, errOut, "binlog_format=ROW")
+	require.NotContains(t, errOut, "err=<nil>")
 }

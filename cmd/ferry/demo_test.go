@@ -156,7 +156,10 @@ func TestDemoUI(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the console's page")
-	resp, err = http.Get(console + "api/v1/groups")
+	get, err := http.NewRequest(http.MethodGet, console+"api/v1/groups", nil)
+	require.NoError(t, err)
+	get.Header.Set("Authorization", "Bearer "+token)
+	resp, err = http.DefaultClient.Do(get)
 	require.NoError(t, err)
 	var groups struct{ Groups []struct{ Group string } }
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&groups))

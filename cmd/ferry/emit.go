@@ -106,8 +106,8 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var asJSON, follow bool
 	var wait time.Duration
 	var dataDir string
-	f.String(&natsURL, "nats-url", "FERRY_NATS_URL", "", "NATS server URL (default: the embedded server `ferry run` started for --data-dir, if it runs; else "+nats.DefaultURL+")")
-	f.String(&dataDir, "data-dir", "FERRY_DATA_DIR", "ferry-data", "directory of the embedded defaults, where `ferry run` records its embedded NATS server's URL")
+	f.String(&natsURL, "nats-url", "FERRY_NATS_URL", "", "NATS server URL (default: the embedded server that ferry run started for --data-dir, if it runs; else "+nats.DefaultURL+")")
+	f.String(&dataDir, "data-dir", "FERRY_DATA_DIR", "ferry-data", "directory of the embedded defaults, where ferry run records its embedded NATS server's URL")
 	f.String(&stream, "stream", "FERRY_STREAM", ferrynats.DefaultStream, "JetStream stream to read")
 	f.Int(&count, "count", "FERRY_TAIL_COUNT", 0, "stop after this many events (0: no limit)")
 	f.Bool(&follow, "follow", "FERRY_TAIL_FOLLOW", false, "keep waiting for new events")

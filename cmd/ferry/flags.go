@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -32,6 +33,9 @@ type envFlags struct {
 	fs         *flag.FlagSet
 	errs       []error
 	positional []string
+	// kinds names what each flag that takes a value wants, for the line
+	// that says a value was wrong ("a duration such as 500ms or 2s").
+	kinds map[string]string
 	// acceptArgs: the command reads positional arguments (Args); without
 	// it, Parse refuses them instead of ignoring them.
 	acceptArgs bool
@@ -44,7 +48,7 @@ func (f *envFlags) AcceptArgs() { f.acceptArgs = true }
 func newFlags(name string, stderr io.Writer) *envFlags {
 	fs := flag.NewFlagSet("ferry "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	return &envFlags{fs: fs}
+	return &envFlags{fs: fs, kinds: map[string]string{}}
 }
 
 func (f *envFlags) String(p *string, name, env, def, help string) {
@@ -64,6 +68,7 @@ func (f *envFlags) Int(p *int, name, env string, def int, help string) {
 		}
 	}
 	f.fs.IntVar(p, name, def, help+" ("+env+")")
+	f.kinds[name] = "a whole number"
 }
 
 func (f *envFlags) Duration(p *time.Duration, name, env string, def time.Duration, help string) {
@@ -76,6 +81,7 @@ func (f *envFlags) Duration(p *time.Duration, name, env string, def time.Duratio
 		}
 	}
 	f.fs.DurationVar(p, name, def, help+" ("+env+")")
+	f.kinds[name] = "a duration with its unit, such as 500ms, 2s or 1m"
 }
 
 func (f *envFlags) Bool(p *bool, name, env string, def bool, help string) {
@@ -88,20 +94,34 @@ func (f *envFlags) Bool(p *bool, name, env string, def bool, help string) {
 		}
 	}
 	f.fs.BoolVar(p, name, def, help+" ("+env+")")
+	f.kinds[name] = "true or false"
+}
+
+// CommandLineBool is a flag with no variable: what it says (select
+// everything, do not ask) must be typed on the command line each time.
+func (f *envFlags) CommandLineBool(p *bool, name, help string) {
+	f.fs.BoolVar(p, name, false, help+" (command line only: no variable sets it)")
 }
 
 func (f *envFlags) Parse(args []string) error {
 	if len(f.errs) > 0 {
 		return f.errs[0]
 	}
-	// Flags may come before or after positional arguments.
+	// Flags may come before or after positional arguments. The flag
+	// package writes a bad flag's error and the whole usage: the usage
+	// is for -h, a mistake gets one line that says what is wrong.
+	out := f.fs.Output()
+	var said bytes.Buffer
+	f.fs.SetOutput(&said)
+	defer f.fs.SetOutput(out)
 	var positional []string
 	for {
 		if err := f.fs.Parse(args); err != nil {
 			if err == flag.ErrHelp {
+				_, _ = out.Write(said.Bytes())
 				return err
 			}
-			return usageError{err.Error()}
+			return usageError{f.mistake(err)}
 		}
 		args = f.fs.Args()
 		if len(args) == 0 {
@@ -115,6 +135,19 @@ func (f *envFlags) Parse(args []string) error {
 	}
 	f.positional = positional
 	return nil
+}
+
+// mistake is a parse error on one line: what was wrong, what the flag
+// wants, and where the flags are listed.
+func (f *envFlags) mistake(err error) string {
+	msg := err.Error()
+	for name, kind := range f.kinds {
+		if strings.Contains(msg, "for flag -"+name+":") {
+			msg = msg[:strings.Index(msg, "for flag -"+name+":")] + "for flag -" + name + ": give " + kind
+			break
+		}
+	}
+	return msg + " (" + f.fs.Name() + " -h lists the flags)"
 }
 
 // isSet reports whether the flag was given on the command line.
@@ -154,7 +187,7 @@ func (d *dbFlags) register(f *envFlags) {
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", "",
 		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, mysql://user:password@host:3306/app (MariaDB 10.6+), or sqlite:path/to/file.db (default: the embedded database, <data-dir>/ferry.db, when it exists)")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", ferrypg.DefaultSchema, "PostgreSQL schema holding Ferry's tables")
-	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", 0, "number of outbox partitions; 0: the count stored with the schema (`ferry partitions show`), another value must match it")
+	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", 0, "number of outbox partitions; 0: the count stored with the schema (ferry partitions show says it), another value must match it")
 	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", false, "PostgreSQL: do not use LISTEN/NOTIFY: producers send no wake-ups, relays only poll")
 	f.String(&d.dataDir, "data-dir", "FERRY_DATA_DIR", "ferry-data", "directory of the embedded defaults: SQLite database ferry.db and the NATS store")
 }

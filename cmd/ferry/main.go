@@ -6,14 +6,15 @@
 //	ferry relay    tail the outbox and publish to NATS JetStream
 //	ferry migrate  up | down | sql: create, revert or print the schema
 //	ferry partitions  show | set N: the outbox's partition count
-//	ferry status   checkpoint, lag, lease holder and dead letters
+//	ferry status   every feed's checkpoint, lag, lease holder and dead letters; the groups
 //	ferry dlq      list | show | redrive | discard: relay dead letters (--group: a consumer group's)
 //	ferry emit     write events to the outbox from the command line
 //	ferry tail     print the events in the JetStream stream
 //	ferry bench    drain | latency: measure the relay on this machine
 //
 // Every flag can also be set by an environment variable, named in the
-// flag's help (FERRY_DATABASE_URL, FERRY_NATS_URL, ...). Flags win.
+// flag's help (FERRY_DATABASE_URL, FERRY_NATS_URL, ...). Flags win. The
+// exceptions, `dlq --all` and `--yes`, are typed each time.
 package main
 
 import (
@@ -43,23 +44,32 @@ Usage:
   ferry partitions show|set N [flags]
                                      the outbox's partition count, stored with the schema; set refuses
                                      until every relay has delivered everything and stopped
-  ferry status  [flags]              checkpoint, lag, lease and dead letters (--json; --exact counts)
-  ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): feeds, dead letters, groups, events, actions
+  ferry status  [flags]              every feed's checkpoint, lag, lease and dead letters, and the consumer
+                                     groups (--feed hooks or hooks/0; --json; --exact counts)
+  ferry ui      [flags]              the web console and its JSON API on --ui-addr (127.0.0.1:9470): every
+                                     feed, dead letters, groups, events, actions; reads and actions need
+                                     its token, and names other than --ui-host are refused
   ferry dlq list|show|redrive|discard [flags]
                                      relay dead letters, or a consumer group's with --group;
-                                     redrive and discard act on what list shows (--dry-run)
+                                     redrive and discard act on what list shows with the same
+                                     selection (IDs, --feed, --group, --key, --type, --topic,
+                                     --reason, --since, --before, or --all; none: they refuse),
+                                     count it and ask (--yes for scripts; --dry-run lists it)
   ferry parked  list|release|skip [key] [flags]
-                                     keys the relay set aside while their destination failed
+                                     keys the relay set aside while their destination failed,
+                                     and redriven dead letters waiting for their feed
   ferry emit    [flags]              write events to the outbox (for trying Ferry out)
   ferry tail    [flags]              print the events stored in the JetStream stream
   ferry bench drain|latency|consume|settle|ingest|e2e [flags]
                                      measure this machine (PostgreSQL)
   ferry version                      the module version, commit and Go version of this binary
 
---database-url takes postgres://..., mongodb://... or sqlite:FILE; without it, commands use
-the embedded database <data-dir>/ferry.db (--data-dir, default ferry-data).
+--database-url takes postgres://..., mongodb://..., mysql://... (MariaDB) or sqlite:FILE;
+without it, commands use the embedded database <data-dir>/ferry.db (--data-dir, default
+ferry-data).
 Run "ferry <command> -h" for a command's flags. Every flag has a FERRY_*
-environment variable; flags win over the environment.
+environment variable (but dlq's --all and --yes, typed each time); flags win over the
+environment.
 `
 
 func main() {
@@ -172,26 +182,43 @@ func pickSubcommand(command string, args []string, subs []subcommand, stdout io.
 	return "", usagef("unknown subcommand %q: %s (ferry %s -h says what each does)", args[0], choices, command)
 }
 
+// The version, commit and state of the tree make build stamps (-ldflags
+// -X main.version=...): where the build does not stamp version control
+// itself (GOFLAGS=-buildvcs=false), they are all there is.
+var version, commit, modified string
+
 // cmdVersion prints the module version, the commit it was built from (and
 // whether the tree was modified) and the Go version.
 func cmdVersion(args []string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return usagef("unexpected argument %q: ferry version takes none", args[0])
 	}
-	version, commit, modified, goVersion := "(unknown)", "(unknown)", "", "(unknown)"
+	v, c, mod, goVersion := "(unknown)", "", "", "(unknown)"
 	if bi, ok := debug.ReadBuildInfo(); ok {
-		version, goVersion = bi.Main.Version, bi.GoVersion
+		v, goVersion = bi.Main.Version, bi.GoVersion
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
-				commit = s.Value
+				c = s.Value
 			case "vcs.modified":
 				if s.Value == "true" {
-					modified = " (modified)"
+					mod = " (modified)"
 				}
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "ferry %s\ncommit %s%s\n%s\n", version, commit, modified, goVersion)
+	if version != "" {
+		v = version
+	}
+	if commit != "" {
+		c, mod = commit, ""
+		if modified == "true" {
+			mod = " (modified)"
+		}
+	}
+	if c == "" {
+		c = "(unknown: this binary was built without version stamping; make build stamps it)"
+	}
+	fmt.Fprintf(stdout, "ferry %s\ncommit %s%s\n%s\n", v, c, mod, goVersion)
 	return nil
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
@@ -16,7 +18,7 @@ import (
 // answers; held ones (DeadPolicy hold) wait for an operator.
 func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	action, err := pickSubcommand("parked", args, []subcommand{
-		{"list", "keys set aside while their destination failed, and held ones (--feed default/0)"},
+		{"list", "keys set aside while their destination failed, held ones, and redriven dead letters waiting (--feed hooks, or hooks/0)"},
 		{"release", "release <key>: retry a held key's head"},
 		{"skip", "skip <key>: dead-letter a held key's head and let the key go on"},
 	}, stdout)
@@ -29,7 +31,7 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	db.register(f)
 	var feed string
 	var asJSON bool
-	f.String(&feed, "feed", "FERRY_FEED", "default/0", "the relay's feed and partition, <feed>/<partition>")
+	f.String(&feed, "feed", "FERRY_FEED", "", "only this feed: a feed's name (hooks: every partition of it) or a partition's (hooks/0); default: every feed")
 	f.Bool(&asJSON, "json", "FERRY_PARKED_JSON", false, "print JSON (list)")
 	if err := f.Parse(args[1:]); err != nil {
 		return err
@@ -43,47 +45,77 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if !ok {
 		return fmt.Errorf("the %s backend does not park keys: a stuck key stays in the relay's memory and holds its checkpoint until it is delivered or dead-lettered", b.store.Name())
 	}
+	feeds, err := ferrydriver.RelayFeeds(ctx, b.store, feed)
+	if err != nil {
+		return err
+	}
 	if action == "list" {
-		heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Limit: 100000})
-		if err != nil {
-			return err
+		var heads []*ferrydriver.ParkedEvent
+		for _, name := range feeds {
+			hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: 100000})
+			if err != nil {
+				return err
+			}
+			heads = append(heads, hs...)
 		}
 		if asJSON {
 			out := make([]parkedJSON, 0, len(heads))
 			for _, h := range heads {
-				out = append(out, parkedJSON{Key: h.Event.Key, Events: h.Queued, Head: h.Event.ID.String(), ParkedAt: h.ParkedAt, Held: h.Held, Reason: h.Reason})
+				out = append(out, parkedJSON{Feed: h.Feed, Key: h.Event.Key, Events: h.Queued, Head: h.Event.ID.String(), ParkedAt: h.ParkedAt, Held: h.Held, Redriven: h.Redriven, Reason: h.Reason})
 			}
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")
 			return enc.Encode(out)
 		}
 		if len(heads) == 0 {
-			fmt.Fprintf(stdout, "no key of %s is parked\n", feed)
+			fmt.Fprintf(stdout, "no key is parked (in %s)\n", strings.Join(feeds, ", "))
 			return nil
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tEVENTS\tSTATE\tPARKED AT\tHEAD EVENT\tLAST ERROR")
+		fmt.Fprintln(tw, "FEED\tKEY\tEVENTS\tSTATE\tPARKED AT\tHEAD EVENT\tLAST ERROR")
 		for _, h := range heads {
 			state := "retrying"
-			if h.Held {
+			switch {
+			case h.Held:
 				state = "held"
+			case h.Redriven:
+				state = "redriven"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", h.Event.Key, h.Queued, state, h.ParkedAt.Format("2006-01-02 15:04:05"), h.Event.ID, h.Reason)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", h.Feed, h.Event.Key, h.Queued, state, h.ParkedAt.Format(time.RFC3339), h.Event.ID, h.Reason)
 		}
 		return tw.Flush()
 	}
 	keys := f.Args()
 	if len(keys) == 0 {
-		return usagef("name the key: ferry parked %s <key> --feed %s", action, feed)
+		return usagef("name the key: ferry parked %s <key> (--feed hooks/0 when several feeds have it parked)", action)
 	}
 	for _, key := range keys {
-		if err := pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: key, Skip: action == "skip"}); err != nil {
+		// The feed partitions that have the key parked: an action reaches
+		// one of them only.
+		var where []string
+		for _, name := range feeds {
+			hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Keys: []string{key}})
+			if err != nil {
+				return err
+			}
+			if len(hs) > 0 {
+				where = append(where, name)
+			}
+		}
+		switch len(where) {
+		case 0:
+			return fmt.Errorf("key %q has nothing parked in %s: see `ferry parked list`", key, strings.Join(feeds, ", "))
+		case 1:
+		default:
+			return usagef("key %q is parked in %s: name the one to act on with --feed (e.g. --feed %s)", key, strings.Join(where, " and "), where[0])
+		}
+		if err := pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: where[0], Key: key, Skip: action == "skip"}); err != nil {
 			return err
 		}
 		if action == "skip" {
-			fmt.Fprintf(stdout, "%s: its oldest parked event is now a dead letter (`ferry dlq show`); the relay goes on with the next\n", key)
+			fmt.Fprintf(stdout, "%s (%s): its oldest parked event is now a dead letter (`ferry dlq show`); the relay goes on with the next\n", key, where[0])
 		} else {
-			fmt.Fprintf(stdout, "%s: released; the relay retries it within a heartbeat\n", key)
+			fmt.Fprintf(stdout, "%s (%s): released; the relay retries it within a heartbeat\n", key, where[0])
 		}
 	}
 	return nil

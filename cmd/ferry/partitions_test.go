@@ -75,10 +75,10 @@ func TestPartitionsCommand(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	out, code = cmd("status", "--json")
 	require.Equal(t, 0, code, out)
-	var st []statusJSON
+	var st statusReport
 	require.NoError(t, json.Unmarshal([]byte(out), &st), out)
-	require.Len(t, st, 8, "one feed per stored partition")
-	for p, s := range st {
+	require.Len(t, st.Feeds, 8, "one feed per stored partition")
+	for p, s := range st.Feeds {
 		want := int64(0)
 		if p == ferrydriver.PartitionOf("o-1", 8) {
 			want = 1
@@ -132,9 +132,9 @@ func TestPartitionsCommandSQLite(t *testing.T) {
 	require.Contains(t, out, "now has 3 partition(s) (was 2)")
 	out, code = cmd("status", "--json")
 	require.Equal(t, 0, code, out)
-	var st []statusJSON
+	var st statusReport
 	require.NoError(t, json.Unmarshal([]byte(out), &st), out)
-	require.Len(t, st, 3)
+	require.Len(t, st.Feeds, 3)
 	out, code = cmd("migrate", "sql", "--partitions", "5")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "NULLIF(5, 0)")

@@ -85,8 +85,10 @@ type runConfig struct {
 		Addr string `yaml:"addr"`
 	} `yaml:"metrics"`
 	UI struct {
-		Addr     string `yaml:"addr"`
-		ReadOnly bool   `yaml:"read_only"`
+		Addr      string `yaml:"addr"`
+		ReadOnly  bool   `yaml:"read_only"`
+		Hosts     string `yaml:"hosts"`
+		OpenReads bool   `yaml:"open_reads"`
 	} `yaml:"ui"`
 	Log struct {
 		Level string `yaml:"level"`
@@ -212,8 +214,8 @@ func orBool(v *bool, def bool) bool {
 type daemonConfig struct {
 	db                                                 dbFlags
 	natsURL, prefix, stream, feed, holder, metricsAddr string
-	sinkURL, uiAddr                                    string
-	uiReadOnly                                         bool
+	sinkURL                                            string
+	ui                                                 uiSettings
 	logLevel                                           string
 	createStream, migrate                              bool
 	batch, partition                                   int
@@ -236,7 +238,7 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.String(&d.url, "database-url", "FERRY_DATABASE_URL", fc.Database.URL,
 		"postgres://user@host:5432/app, mongodb://host/app?replicaSet=rs0, or sqlite:path/to/file.db (default: the embedded SQLite database <data-dir>/ferry.db)")
 	f.String(&d.schema, "schema", "FERRY_SCHEMA", or(fc.Database.Schema, "ferry"), "PostgreSQL schema holding Ferry's tables")
-	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", fc.Database.Partitions, "number of outbox partitions, one relay each; 0: the count stored with the schema (`ferry partitions show`), another value must match it")
+	f.Int(&d.partitions, "partitions", "FERRY_PARTITIONS", fc.Database.Partitions, "number of outbox partitions, one relay each; 0: the count stored with the schema (ferry partitions show says it), another value must match it")
 	f.Bool(&d.noNotify, "no-notify", "FERRY_NO_NOTIFY", fc.Database.NoNotify, "PostgreSQL: do not use LISTEN/NOTIFY; relays only poll")
 	f.String(&d.dataDir, "data-dir", "FERRY_DATA_DIR", or(fc.DataDir, "ferry-data"), "directory of the embedded defaults: SQLite database ferry.db and the NATS store")
 	f.Bool(&dc.migrate, "migrate", "FERRY_MIGRATE", orBool(fc.Database.Migrate, true), "apply pending schema migrations before starting")
@@ -258,13 +260,15 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.Int(&dc.maxAttempts, "max-attempts", "FERRY_MAX_ATTEMPTS", fc.Relay.MaxAttempts, "give up on an event after this many failed attempts (0: never)")
 	f.Duration(&dc.maxAge, "max-age", "FERRY_MAX_AGE", time.Duration(fc.Relay.MaxAge), "give up on an event this long after its first failed attempt (0: never)")
 	f.String(&dc.deadPolicy, "dead-policy", "FERRY_DEAD_POLICY", or(fc.Relay.DeadPolicy, "hold"),
-		"on giving up: hold (the key waits until `ferry parked release|skip`) or continue (dead-letter the event, go on with the key)")
+		"on giving up: hold (the key waits until ferry parked release or skip lets it go) or continue (dead-letter the event, go on with the key)")
 	f.Duration(&dc.deadLetterRetention, "dead-letter-retention", "FERRY_DEAD_LETTER_RETENTION", or(time.Duration(fc.Relay.DeadLetterRetention), 14*24*time.Hour), "keep the relay's dead letters this long (negative: forever)")
 	f.Duration(&dc.keyRetention, "key-retention", "FERRY_KEY_RETENTION", time.Duration(fc.Relay.KeyRetention), "forget a key's sequence once it is idle this long with every event delivered; its next Seq is 1 (0: as --retention; negative: never)")
 	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
-	f.String(&dc.uiAddr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the web console and its admin API (as `ferry ui`) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
-	f.Bool(&dc.uiReadOnly, "ui-read-only", "FERRY_UI_READ_ONLY", fc.UI.ReadOnly, "the console and its API refuse every action")
+	dc.ui.hosts, dc.ui.openReads = fc.UI.Hosts, fc.UI.OpenReads
+	dc.ui.register(f)
+	f.String(&dc.ui.addr, "ui-addr", "FERRY_UI_ADDR", or(fc.UI.Addr, "off"), "serve the web console and its admin API (as ferry ui does) here, e.g. "+defaultUIAddr+" (\"off\": no console)")
+	f.Bool(&dc.ui.readOnly, "ui-read-only", "FERRY_UI_READ_ONLY", fc.UI.ReadOnly, "the console and its API refuse every action")
 	dc.allPartitions = true
 }
 
@@ -422,21 +426,15 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		log.Info("ferry: metrics and health endpoints", "addr", srv.Addr)
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	if dc.uiAddr != "" && dc.uiAddr != "off" {
-		ui, err := startUI(b, uiSettings{addr: dc.uiAddr, feed: dc.feed, readOnly: dc.uiReadOnly}, stderr)
+	if dc.ui.addr != "" && dc.ui.addr != "off" {
+		dc.ui.feed = dc.feed
+		ui, err := startUI(b, dc.ui, stderr)
 		if err != nil {
-			return fmt.Errorf("serve the admin API on --ui-addr / FERRY_UI_ADDR %s: %w (\"off\" disables it)", dc.uiAddr, err)
+			return fmt.Errorf("serve the admin API on --ui-addr / FERRY_UI_ADDR %s: %w (\"off\" disables it)", dc.ui.addr, err)
 		}
 		srv := ui.srv
 		defer srv.Close()
-		switch {
-		case dc.uiReadOnly:
-			log.Info("ferry: admin API, read-only", "url", ui.url, "console", ui.console)
-		case ui.generated:
-			log.Info("ferry: admin API; actions need this token (set FERRY_UI_TOKEN to choose it)", "url", ui.url, "token", ui.token, "console", ui.console+"#token="+ui.token)
-		default:
-			log.Info("ferry: admin API; actions need the token in FERRY_UI_TOKEN", "url", ui.url, "console", ui.console)
-		}
+		log.Info("ferry: admin API and console", "url", ui.url, "console", ui.console, "says", strings.Join(ui.says(dc.ui), "; "))
 		g.Go(func() error {
 			if err := srv.Serve(ui.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("admin API: %w", err)

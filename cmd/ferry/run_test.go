@@ -92,7 +92,7 @@ func TestRunOnEmbeddedDefaults(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	cfg := filepath.Join(dir, "ferry.yaml")
-	require.NoError(t, os.WriteFile(cfg, []byte("data_dir: "+data+"\nrelay:\n  feed: shop\n  poll_interval: 50ms\nnats:\n  embedded_port: 0\nmetrics:\n  addr: \"off\"\nui:\n  addr: 127.0.0.1:0\n"), 0o600))
+	require.NoError(t, os.WriteFile(cfg, []byte("data_dir: "+data+"\nrelay:\n  feed: shop\n  poll_interval: 50ms\nnats:\n  embedded_port: 0\nmetrics:\n  addr: \"off\"\nui:\n  addr: 127.0.0.1:0\n  open_reads: true\n"), 0o600))
 
 	runCtx, stop := context.WithCancel(ctx)
 	var logs syncbuf.Buffer
@@ -168,7 +168,8 @@ func TestSQLiteURLAcrossCommands(t *testing.T) {
 	require.Equal(t, 0, run(ctx, []string{"status", "--database-url", db, "--json"}, &out, &errOut), errOut.String())
 	require.Contains(t, out.String(), `"lag_events": 3`)
 	out.Reset()
-	require.Equal(t, 0, run(ctx, []string{"dlq", "list", "--database-url", db, "--group", "g"}, &out, &errOut), errOut.String())
+	require.Equal(t, 2, run(ctx, []string{"dlq", "list", "--database-url", db, "--group", "g"}, &out, &errOut), errOut.String())
+	require.Contains(t, errOut.String(), "--group g: the group does not exist")
 	out.Reset()
 	require.Equal(t, 2, run(ctx, []string{"bench", "drain", "--database-url", db}, &out, &errOut))
 	require.Contains(t, errOut.String(), "needs PostgreSQL")

@@ -136,7 +136,7 @@ func openWebhook(u *url.URL, _ *slog.Logger) (*openedSink, error) {
 	}
 	sink, err := ferrywebhook.New(&ferrywebhook.Config{URL: u.String(), Secrets: secrets, Unsigned: unsigned, Timeout: timeout})
 	if err != nil {
-		return nil, usagef("%v (secrets come from FERRY_WEBHOOK_SECRETS)", err)
+		return nil, usagef("%v", err)
 	}
 	redacted := *u
 	redacted.User, redacted.RawQuery = nil, ""

@@ -224,7 +224,7 @@ func TestWebhookKeyThatHangsIsHeldAndReleased(t *testing.T) {
 		return err == nil && len(heads) == 1 && heads[0].Held
 	}, 30*time.Second, 50*time.Millisecond, "the stuck key is held after --max-age")
 	st := ferryJSON(t, f, "status", "--json")
-	require.EqualValues(t, 1, st["held_keys"], "ferry status shows the held key: %v", st)
+	require.EqualValues(t, 1, st["feeds"].([]any)[0].(map[string]any)["held_keys"], "ferry status shows the held key: %v", st)
 	a.mu.Lock()
 	require.Empty(t, a.seqs["stuck"], "nothing of the stuck key arrived")
 	a.mu.Unlock()

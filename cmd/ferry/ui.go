@@ -28,14 +28,14 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newFlags("ui", stderr)
 	var db dbFlags
 	db.register(f)
-	var addr, feed, groups, chains, rpcURL string
-	var readOnly bool
-	f.String(&addr, "ui-addr", "FERRY_UI_ADDR", defaultUIAddr, "address to serve the console and its API on (another host than loopback exposes it: put it behind your own access control)")
-	f.String(&feed, "feed", "FERRY_FEED", "default", "the relay's feed")
-	f.String(&groups, "groups", "FERRY_UI_GROUPS", "", "consumer groups to show besides those the database lists, comma-separated")
-	f.Bool(&readOnly, "read-only", "FERRY_UI_READ_ONLY", false, "refuse every action (redrive, discard, dead policy)")
-	f.String(&chains, "chain-groups", "FERRY_UI_CHAIN_GROUPS", "", "chain sources to show (the groups of `ferry chain run`), comma-separated")
-	f.String(&rpcURL, "rpc-url", "FERRY_CHAIN_RPC_URL", "", "with --chain-groups, the node to read the chain's head from, for each source's lag in blocks")
+	var st uiSettings
+	f.String(&st.addr, "ui-addr", "FERRY_UI_ADDR", defaultUIAddr, "address to serve the console and its API on (another host than loopback exposes it: put it behind your own access control)")
+	st.register(f)
+	f.String(&st.feed, "feed", "FERRY_FEED", "default", "the feed from whose position an event is looked for in the outbox's backlog (the console shows every feed)")
+	f.String(&st.groups, "groups", "FERRY_UI_GROUPS", "", "consumer groups to show besides those the database lists, comma-separated")
+	f.Bool(&st.readOnly, "read-only", "FERRY_UI_READ_ONLY", false, "refuse every action (redrive, discard, dead policy)")
+	f.String(&st.chains, "chain-groups", "FERRY_UI_CHAIN_GROUPS", "", "chain sources to show (the groups of ferry chain run), comma-separated")
+	f.String(&st.rpcURL, "rpc-url", "FERRY_CHAIN_RPC_URL", "", "with --chain-groups, the node to read the chain's head from, for each source's lag in blocks")
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -44,23 +44,14 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.close()
-	ui, err := startUI(b, uiSettings{addr: addr, feed: feed, groups: groups, readOnly: readOnly, chains: chains, rpcURL: rpcURL}, stderr)
+	ui, err := startUI(b, st, stderr)
 	if err != nil {
 		return err
 	}
 	srv := ui.srv
 	fmt.Fprintf(stdout, "ferry ui: serving the admin API of %s on %s\n", b.label, ui.url)
-	switch {
-	case readOnly:
-		fmt.Fprintf(stdout, "ferry ui: the console: %s (read-only: actions are refused)\n", ui.console)
-	case ui.generated:
-		fmt.Fprintf(stdout, "ferry ui: actions need this token (Authorization: Bearer …); set FERRY_UI_TOKEN to choose it: %s\n", ui.token)
-		// The fragment stays in the browser: the console keeps the token
-		// for its tab and takes it out of the address.
-		fmt.Fprintf(stdout, "ferry ui: the console, with the token: %s#token=%s\n", ui.console, ui.token)
-	default:
-		fmt.Fprintln(stdout, "ferry ui: actions need the token in FERRY_UI_TOKEN (Authorization: Bearer …)")
-		fmt.Fprintf(stdout, "ferry ui: the console: %s (paste the token into its header for actions)\n", ui.console)
+	for _, line := range ui.says(st) {
+		fmt.Fprintln(stdout, "ferry ui: "+line)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ui.ln) }()
@@ -81,7 +72,17 @@ func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 type uiSettings struct {
 	addr, feed, groups string
 	readOnly           bool
+	hosts              string // names it answers to besides IP addresses and localhost
+	openReads          bool   // reads without the token
 	chains, rpcURL     string // chain sources shown, and the node their head is read from
+}
+
+// register adds the flags `ferry ui` and `ferry run` share: the names the
+// console answers to, and whether its reads are open.
+func (st *uiSettings) register(f *envFlags) {
+	f.String(&st.hosts, "ui-host", "FERRY_UI_HOSTS", st.hosts, "names the console answers to besides IP addresses and localhost, comma-separated "+
+		"(host or host:port; * for any, behind a proxy that checks them): a request for another name is refused, as a page that rebinds its name to this machine sends")
+	f.Bool(&st.openReads, "open-reads", "FERRY_UI_OPEN_READS", st.openReads, "serve the console's reads (events, payloads, dead letters) without the token; by default they need it, as actions do")
 }
 
 // uiServer is the console's server, listening, not yet serving.
@@ -94,19 +95,40 @@ type uiServer struct {
 	generated bool // the token was made here (FERRY_UI_TOKEN unset)
 }
 
+// says is what to tell the operator about the token and the console.
+func (ui *uiServer) says(st uiSettings) []string {
+	what := "actions and reads need"
+	switch {
+	case st.readOnly && st.openReads:
+		return []string{fmt.Sprintf("the console: %s (read-only, reads open: no token)", ui.console)}
+	case st.readOnly:
+		what = "read-only: actions are refused; reads need"
+	case st.openReads:
+		what = "reads are open; actions need"
+	}
+	if ui.generated {
+		// The fragment stays in the browser: the console keeps the token
+		// for its tab and takes it out of the address.
+		return []string{fmt.Sprintf("%s this token (Authorization: Bearer …); set FERRY_UI_TOKEN to choose it: %s", what, ui.token),
+			fmt.Sprintf("the console, with the token: %s#token=%s", ui.console, ui.token)}
+	}
+	return []string{fmt.Sprintf("%s the token in FERRY_UI_TOKEN (Authorization: Bearer …)", what),
+		fmt.Sprintf("the console: %s (paste the token into its header)", ui.console)}
+}
+
 // startUI makes the console's server on b and listens on its address (the
-// caller serves), with the token in FERRY_UI_TOKEN or, unless read-only,
-// one generated here. The API's log goes to logs.
+// caller serves), with the token in FERRY_UI_TOKEN or one generated here
+// (none when read-only with open reads). The API's log goes to logs.
 func startUI(b *backend, st uiSettings, logs io.Writer) (*uiServer, error) {
 	ui := &uiServer{token: os.Getenv("FERRY_UI_TOKEN")}
-	if ui.token == "" && !st.readOnly {
+	if ui.token == "" && !(st.readOnly && st.openReads) {
 		var raw [16]byte
 		if _, err := rand.Read(raw[:]); err != nil {
 			return nil, err
 		}
 		ui.token, ui.generated = hex.EncodeToString(raw[:]), true
 	}
-	cfg := &ferryui.Config{Store: b.store, Feed: st.feed, Token: ui.token, ReadOnly: st.readOnly,
+	cfg := &ferryui.Config{Store: b.store, Feed: st.feed, Token: ui.token, ReadOnly: st.readOnly, OpenReads: st.openReads, Hosts: splitList(st.hosts),
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))}
 	if b.inbox != nil {
 		cfg.Inbox = b.inbox
@@ -125,7 +147,7 @@ func startUI(b *backend, st uiSettings, logs io.Writer) (*uiServer, error) {
 	ui.console = "http://" + ui.ln.Addr().String() + "/"
 	ui.url = ui.console + "api/v1/"
 	if host, _, _ := net.SplitHostPort(ui.ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
-		fmt.Fprintf(logs, "ferry ui: listening on %s, not only this machine: anyone who can reach it can read events and dead letters\n", ui.ln.Addr())
+		fmt.Fprintf(logs, "ferry ui: listening on %s, not only this machine: anyone who can reach it and has the token can read events and dead letters\n", ui.ln.Addr())
 	}
 	return ui, nil
 }

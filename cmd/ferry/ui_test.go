@@ -54,10 +54,24 @@ func TestUIServesTheAdminAPI(t *testing.T) {
 		}
 	}()
 
-	resp, err := http.Get(api + "feeds")
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	read := func(token, host string) int {
+		req, err := http.NewRequest("GET", api+"feeds", nil)
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, read(token, ""))
+	require.Equal(t, http.StatusUnauthorized, read("", ""), "reads need the token")
+	require.Equal(t, http.StatusForbidden, read(token, "rebound.example:9470"), "a foreign Host is refused, token or not")
+	require.Equal(t, http.StatusOK, read(token, "localhost"))
 
 	act := func(token string) int {
 		req, err := http.NewRequest("POST", api+"dead-letters/redrive", strings.NewReader(`{"filter":{},"dry_run":true}`))
@@ -135,7 +149,10 @@ func TestUIReadOnlyAndWhereItListens(t *testing.T) {
 				for lines.Scan() {
 				}
 			}()
-			resp, err := http.Get(api + "feeds")
+			get, err := http.NewRequest("GET", api+"feeds", nil)
+			require.NoError(t, err)
+			get.Header.Set("Authorization", "Bearer the-token")
+			resp, err := http.DefaultClient.Do(get)
 			require.NoError(t, err)
 			resp.Body.Close()
 			require.Equal(t, http.StatusOK, resp.StatusCode, "pages are served")
@@ -147,7 +164,7 @@ func TestUIReadOnlyAndWhereItListens(t *testing.T) {
 			require.NoError(t, err)
 			resp.Body.Close()
 			if tc.readOnly {
-				require.Contains(t, said, "(read-only: actions are refused)")
+				require.Contains(t, said, "read-only: actions are refused; reads need the token in FERRY_UI_TOKEN")
 				require.Equal(t, http.StatusForbidden, resp.StatusCode, "read-only refuses an action with the token")
 				require.NotContains(t, stderr.String(), "not only this machine")
 			} else {

@@ -156,12 +156,6 @@ func (c *Capture) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParam
 	return st, c.countDeadLetters(ctx, st, p.Exact)
 }
 
-// RedriveDeadLetters implements ferrydriver.Store: a capture has no outbox
-// to append its dead letters to; it refuses, changing nothing.
-func (c *Capture) RedriveDeadLetters(context.Context, *ferrydriver.DeadLetterSelection) (int, error) {
-	return 0, errors.New("ferrymongo: a capture feed has no outbox to redrive its dead letters into: republish them from `ferry dlq show`, or discard them (ferry dlq discard)")
-}
-
 // PruneKeys implements ferrydriver.Store: a capture has no per-key
 // sequences to forget.
 func (c *Capture) PruneKeys(context.Context, *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {

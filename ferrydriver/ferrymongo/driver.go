@@ -161,9 +161,10 @@ func (d *Driver) PartitionOf(key string) int {
 
 // outboxDoc is an event as stored in the outbox collection.
 type outboxDoc struct {
-	// ID is the event's ID, or for a redriven dead letter, which may still
-	// be in the outbox under its ID, a fresh one; EventID then holds the
-	// event's.
+	// ID is the event's ID, or for a dead letter that an earlier Ferry
+	// redrove by appending it again (its first copy might still have been
+	// in the outbox under its ID), a fresh one; EventID then holds the
+	// event's. Ferry no longer writes such documents but reads them.
 	ID          string            `bson:"_id"`
 	EventID     string            `bson:"eid,omitempty"`
 	Partition   int               `bson:"p"`
@@ -293,14 +294,9 @@ func timeRange(filter bson.D, field string, since, until time.Time) bson.D {
 	return filter
 }
 
+// append appends events in the session transaction tx (ctx, outside it,
+// reads the stored partition count when the driver has none cached).
 func (d *Driver) append(ctx, tx context.Context, p *ferrydriver.AppendParams) error {
-	return d.appendDocs(ctx, tx, p, false)
-}
-
-// appendDocs appends events in the session transaction tx (ctx, outside
-// it, reads the stored partition count when the driver has none cached);
-// redriven ones are stored under fresh _ids.
-func (d *Driver) appendDocs(ctx, tx context.Context, p *ferrydriver.AppendParams, redrive bool) error {
 	if len(p.Events) == 0 {
 		return nil
 	}
@@ -330,9 +326,6 @@ func (d *Driver) appendDocs(ctx, tx context.Context, p *ferrydriver.AppendParams
 		docs[i] = &outboxDoc{ID: ev.ID.String(), Partition: ferrydriver.PartitionOf(ev.Key, count), Topic: ev.Topic, Key: ev.Key, Seq: k.Seq, Type: ev.Type,
 			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload, CreatedAt: ev.CreatedAt.UTC(),
 			CreatedNS: ev.CreatedAt.UnixNano(), AppendedAt: appended, Partitions: count}
-		if redrive {
-			docs[i].(*outboxDoc).ID, docs[i].(*outboxDoc).EventID = ferryevent.NewID().String(), ev.ID.String()
-		}
 	}
 	if _, err := d.outbox.InsertMany(tx, docs); err != nil {
 		if hasCode(err, codeDocumentValidationFailure) {
@@ -381,6 +374,10 @@ func (d *Driver) indexes() []index {
 			Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}})}},
 		// A parked key's head: its first document by pos.
 		{d.parked(), mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "key", Value: 1}, {Key: "pos", Value: 1}}}},
+		// The keys with redriven events waiting (RedriveDeadLetters),
+		// which the feed's relay looks for every heartbeat.
+		{d.parked(), mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "key", Value: 1}},
+			Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "redriven", Value: true}})}},
 		// Activity samples: read by time, and expired by the server.
 		{d.activity(), mongo.IndexModel{Keys: bson.D{{Key: "at", Value: 1}},
 			Options: options.Index().SetExpireAfterSeconds(int32(ferrydriver.DefaultActivityRetention / time.Second))}},
@@ -397,6 +394,8 @@ func (d *Driver) Migrations() []ferrydriver.Migration {
 			"and set the outbox's validator to refuse events computed with another count",
 		Down: "dropped with the collections"}, {Version: 3, Name: "activity",
 		Up:   "create the collection " + d.cfg.Prefix + "activity (what relays and consumers did, for the console), its samples expiring after a day",
+		Down: "dropped with the collections"}, {Version: 4, Name: "redriven",
+		Up:   "index the redriven dead letters waiting in " + d.cfg.Prefix + "parked by feed and key (a relay looks for them every heartbeat)",
 		Down: "dropped with the collections"}}
 }
 

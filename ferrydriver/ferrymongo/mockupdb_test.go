@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -462,31 +463,64 @@ func TestMockPruneKeysForgetsOnlyKeysWithNothingLeft(t *testing.T) {
 	require.NotContains(t, reports[2], `"c"`)
 }
 
-// TestMockRedriveAppendsUnderAFreshID: a redriven dead letter is appended
-// in the same transaction that deletes it, with its key's next sequence
-// number, under a fresh _id (its first copy may still be in the outbox)
-// with the event ID in eid, which the feed reads back as the ID.
-func TestMockRedriveAppendsUnderAFreshID(t *testing.T) {
+// TestMockRedriveParksForItsFeed: a redriven dead letter goes back to the
+// feed that dead-lettered it and to no other: in the transaction that
+// deletes it, it is parked for its key in that feed, at the feed's next
+// position, marked redriven, with its Seq; nothing is appended to the
+// outbox, which every feed of the partition reads.
+func TestMockRedriveParksForItsFeed(t *testing.T) {
 	uri, lines := mockServerLines(t, "redrive")
 	client := mockClient(t, uri)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	drv, err := ferrymongo.New(ctx, client, "app", nil)
 	require.NoError(t, err)
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Key: "k"})
+	const eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
+	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "hooks/0", EventID: uuid.MustParse(eid)}}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	reports := awaitReports(ctx, t, lines, 5)
-	require.Contains(t, reports[0], `"event.key": "k"`)
+	require.Contains(t, reports[0], `"_id": {"$in": [{"feed": "hooks/0", "event": "`+eid+`"}]}`, "the dead letter named, of its feed")
 	require.Contains(t, reports[0], `"sort": {"failed_at": 1, "event.seq": 1}`, "oldest first, in the key's order")
 	require.Contains(t, reports[0], `"startTransaction": true`)
-	require.Contains(t, reports[1], `"$inc": {"seq": 1}`, "a new sequence number of the key")
-	const eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
-	require.Contains(t, reports[2], `"eid": "`+eid+`"`)
-	require.NotContains(t, reports[2], `"_id": "`+eid+`"`, "a fresh _id")
-	require.Contains(t, reports[2], `"seq": 12`)
+	require.Contains(t, reports[1], `"parked:hooks/0"`, "the feed's parked positions")
+	require.Contains(t, reports[1], `"$inc": {"n": 1}`)
+	require.Contains(t, reports[2], `"_id": {"feed": "hooks/0", "event": "`+eid+`"}`, "parked for that feed")
+	require.Contains(t, reports[2], `"pos": 7`, "at its next position")
+	require.Contains(t, reports[2], `"redriven": true`)
+	require.Contains(t, reports[2], `"seq": 5`, "with its Seq")
+	require.Contains(t, reports[2], `"key": "k"`)
 	require.Contains(t, reports[3], `"event": "`+eid+`"`)
 	require.Contains(t, reports[4], `"kind": "commit"`)
+	for _, r := range reports {
+		require.NotContains(t, r, "ferry_outbox", "nothing appended to the outbox")
+	}
+}
+
+// TestMockFeedsAreListedByIndex: ListFeeds asks each collection for its
+// distinct names (an index that leads with the feed serves each) and
+// merges them, once each, in order; the heads of the keys with redriven
+// events are read through their distinct keys, then a head per key.
+func TestMockFeedsAreListedByIndex(t *testing.T) {
+	uri, lines := mockServerLines(t, "feeds")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	names, err := drv.ListFeeds(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"chain/eth", "default/0", "hooks/0", "hooks/1", "members/default/r1"}, names)
+	heads, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "hooks/0", Redriven: true})
+	require.NoError(t, err)
+	require.Len(t, heads, 1)
+	require.True(t, heads[0].Redriven)
+	require.EqualValues(t, 5, heads[0].Event.Seq)
+	reports := awaitReports(ctx, t, lines, 6)
+	require.Contains(t, reports[2], `"key": "feed"`)
+	require.Contains(t, reports[3], `"key": "feed"`)
+	require.Contains(t, reports[4], `"query": {"feed": "hooks/0", "redriven": true}`, "the keys with redriven events, by the partial index")
+	require.Contains(t, reports[5], `"filter": {"feed": "hooks/0", "key": "k"}`, "then each key's head")
 }
 
 // TestMockPartitionGuardFollowsAChangedCount: the stored count is 4 when a

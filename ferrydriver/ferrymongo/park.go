@@ -29,6 +29,9 @@ type parkedDoc struct {
 	Held     bool      `bson:"held"`
 	Reason   string    `bson:"reason"`
 	Queued   int64     `bson:"queued,omitempty"`
+	// Redriven: an operator redrove it (RedriveDeadLetters); the feed's
+	// relay finds such keys through the partial index on it.
+	Redriven bool `bson:"redriven,omitempty"`
 }
 
 func parkedID(feed, eventID string) bson.D {
@@ -79,16 +82,29 @@ func (pd *parkedDoc) event() (*ferrydriver.ParkedEvent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: parked event %s: %w", pd.Event.ID, err)
 	}
-	return &ferrydriver.ParkedEvent{Feed: pd.Feed, Event: *ev, ParkedAt: pd.ParkedAt, Held: pd.Held, Reason: pd.Reason, Queued: pd.Queued}, nil
+	return &ferrydriver.ParkedEvent{Feed: pd.Feed, Event: *ev, ParkedAt: pd.ParkedAt, Held: pd.Held, Reason: pd.Reason, Queued: pd.Queued, Redriven: pd.Redriven}, nil
 }
 
 // ParkedHeads implements ferrydriver.Parker. With keys, one index probe
-// ({feed, key, pos}) per key; without, an aggregation over the feed's
-// parked documents.
+// ({feed, key, pos}) per key; for the keys with redriven events, their
+// distinct keys through the partial index on them first; without, an
+// aggregation over the feed's parked documents.
 func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsParams) ([]*ferrydriver.ParkedEvent, error) {
 	var out []*ferrydriver.ParkedEvent
-	if p.Keys != nil {
-		for _, key := range p.Keys {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	keys := p.Keys
+	if keys == nil && p.Redriven {
+		keys = []string{}
+		if err := d.parked().Distinct(ctx, "key", bson.D{{Key: "feed", Value: p.Feed}, {Key: "redriven", Value: true}}).Decode(&keys); err != nil {
+			return nil, fmt.Errorf("ferrymongo: read redriven events of %s: %w", p.Feed, err)
+		}
+		keys = keys[:min(len(keys), limit)]
+	}
+	if keys != nil {
+		for _, key := range keys {
 			var doc parkedDoc
 			err := d.parked().FindOne(ctx, bson.D{{Key: "feed", Value: p.Feed}, {Key: "key", Value: key}},
 				options.FindOne().SetSort(bson.D{{Key: "pos", Value: 1}})).Decode(&doc)
@@ -105,10 +121,6 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 			out = append(out, pe)
 		}
 		return out, nil
-	}
-	limit := p.Limit
-	if limit <= 0 {
-		limit = 1000
 	}
 	cur, err := d.parked().Aggregate(ctx, mongo.Pipeline{
 		{{Key: "$match", Value: bson.D{{Key: "feed", Value: p.Feed}}}},

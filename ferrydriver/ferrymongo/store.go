@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -251,35 +252,61 @@ func (d *Driver) decodeDeadLetters(ctx context.Context, cur *mongo.Cursor) ([]*f
 	return out, cur.Err()
 }
 
-// deadLetterFilter selects dead letters by each criterion that is set.
-func deadLetterFilter(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID) bson.D {
+// deadLetterFilter selects dead letters by each criterion that is set: a
+// partition exactly, a feed's partitions by an anchored pattern (served
+// by the index on feed), a reason containing the text.
+func deadLetterFilter(p *ferrydriver.ListDeadLettersParams) bson.D {
 	filter := bson.D{}
-	for _, f := range []struct{ field, v string }{{"feed", feed}, {"event.key", key}, {"event.type", typ}, {"event.topic", topic}} {
+	exact, family := ferrydriver.FeedFilter(p.Feed)
+	for _, f := range []struct{ field, v string }{{"feed", exact}, {"event.key", p.Key}, {"event.type", p.Type}, {"event.topic", p.Topic}} {
 		if f.v != "" {
 			filter = append(filter, bson.E{Key: f.field, Value: f.v})
 		}
 	}
-	if len(ids) > 0 {
-		list := make(bson.A, len(ids))
-		for i, id := range ids {
+	if family != "" {
+		filter = append(filter, bson.E{Key: "feed", Value: feedFamily(family)})
+	}
+	if p.Reason != "" {
+		filter = append(filter, bson.E{Key: "reason", Value: bson.D{{Key: "$regex", Value: regexp.QuoteMeta(p.Reason)}}})
+	}
+	if len(p.EventIDs) > 0 {
+		list := make(bson.A, len(p.EventIDs))
+		for i, id := range p.EventIDs {
 			list[i] = id.String()
 		}
 		filter = append(filter, bson.E{Key: "event._id", Value: bson.D{{Key: "$in", Value: list}}})
 	}
-	return timeRange(filter, "failed_at", since, until)
+	return timeRange(filter, "failed_at", p.Since, p.Until)
+}
+
+// feedFamily matches the partitions of a feed: family ("hooks/") then a
+// partition number.
+func feedFamily(family string) bson.D {
+	return bson.D{{Key: "$regex", Value: "^" + regexp.QuoteMeta(family) + "[0-9]+$"}}
+}
+
+// refIDs are the _ids of the named dead letters.
+func refIDs(refs []ferrydriver.DeadLetterRef) bson.A {
+	ids := make(bson.A, len(refs))
+	for i, r := range refs {
+		ids[i] = bson.D{{Key: "feed", Value: r.Feed}, {Key: "event", Value: r.EventID.String()}}
+	}
+	return ids
 }
 
 // RedriveDeadLetters implements ferrydriver.Store: in one transaction, the
-// selected dead letters are appended as new events of their keys (each
-// takes its key's next Seq) and deleted. A redriven event is stored under
-// a fresh _id, with its ID in eid: its first copy may still be in the
-// outbox.
+// named dead letters are checked, appended to their keys' parked queues
+// in their feeds (each feed's positions drawn from its counter, as
+// ParkEvents does), marked redriven, and deleted.
 func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
 	var n int
 	err := d.inTx(ctx, func(tx context.Context) error {
 		n = 0
-		cur, err := d.deadLetters.Find(tx, deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs),
-			options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "event.seq", Value: 1}}).SetLimit(selectionLimit(p)))
+		cur, err := d.deadLetters.Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: refIDs(p.Letters)}}}},
+			options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "event.seq", Value: 1}}))
 		if err != nil {
 			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
 		}
@@ -288,8 +315,8 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
 		}
 		ids := make(bson.A, 0, len(docs))
-		var events []*ferryevent.Event
-		seen := map[string]bool{}
+		perFeed := map[string]int64{}
+		var feeds []string
 		for i := range docs {
 			ev, err := docs[i].Event.event()
 			if err == nil {
@@ -301,17 +328,36 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 					docs[i].Event.ID, docs[i].Feed, err, docs[i].Feed, docs[i].Event.ID)
 			}
 			ids = append(ids, docs[i].ID)
-			if !seen[ev.ID.String()] {
-				seen[ev.ID.String()] = true
-				ev.Seq = 0
-				events = append(events, ev)
+			if perFeed[docs[i].Feed] == 0 {
+				feeds = append(feeds, docs[i].Feed)
 			}
+			perFeed[docs[i].Feed]++
 		}
 		if len(ids) == 0 {
 			return nil
 		}
-		if err := d.appendDocs(ctx, tx, &ferrydriver.AppendParams{Events: events}, true); err != nil {
-			return err
+		pos := map[string]int64{}
+		for _, feed := range feeds {
+			var counter struct {
+				N int64 `bson:"n"`
+			}
+			if err := d.counters().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: "parked:" + feed}},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: perFeed[feed]}}}},
+				options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&counter); err != nil {
+				return fmt.Errorf("ferrymongo: park redriven dead letters for %s: %w", feed, err)
+			}
+			pos[feed] = counter.N - perFeed[feed]
+		}
+		now := time.Now().UTC()
+		for i := range docs { // oldest failure first, each key in order
+			dl := &docs[i]
+			pos[dl.Feed]++
+			doc := parkedDoc{Feed: dl.Feed, Key: dl.Event.Key, Pos: pos[dl.Feed], Event: dl.Event, ParkedAt: now,
+				Reason: "redriven by an operator after: " + dl.Reason, Redriven: true}
+			if _, err := d.parked().UpdateOne(tx, bson.D{{Key: "_id", Value: parkedID(dl.Feed, dl.Event.ID)}},
+				bson.D{{Key: "$setOnInsert", Value: doc}}, options.UpdateOne().SetUpsert(true)); err != nil {
+				return fmt.Errorf("ferrymongo: park redriven dead letter %s for %s: %w", dl.Event.ID, dl.Feed, err)
+			}
 		}
 		res, err := d.deadLetters.DeleteMany(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
 		if err != nil {
@@ -325,24 +371,19 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 
 // DiscardDeadLetters implements ferrydriver.Store.
 func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	n, err := deleteOldest(ctx, d.deadLetters, deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs),
-		bson.D{{Key: "failed_at", Value: 1}}, selectionLimit(p))
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
+	res, err := d.deadLetters.DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: refIDs(p.Letters)}}}})
 	if err != nil {
 		return 0, fmt.Errorf("ferrymongo: discard dead letters: %w", err)
 	}
-	return int(n), nil
-}
-
-func selectionLimit(p *ferrydriver.DeadLetterSelection) int64 {
-	if p.Limit <= 0 {
-		return 100
-	}
-	return int64(p.Limit)
+	return int(res.DeletedCount), nil
 }
 
 // ListDeadLetters implements ferrydriver.Store.
 func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
-	filter := deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs)
+	filter := deadLetterFilter(p)
 	if p.After != nil {
 		at := p.After.FailedAt.UTC()
 		filter = bson.D{{Key: "$and", Value: bson.A{filter, bson.D{{Key: "$or", Value: bson.A{
@@ -361,12 +402,18 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	return d.decodeDeadLetters(ctx, cur)
 }
 
+// CountDeadLetters implements ferrydriver.Store.
+func (d *Driver) CountDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) (int64, error) {
+	n, err := d.deadLetters.CountDocuments(ctx, deadLetterFilter(p))
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: count dead letters: %w", err)
+	}
+	return n, nil
+}
+
 // GetDeadLetter implements ferrydriver.Store.
 func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
-	filter := bson.D{{Key: "event._id", Value: p.EventID.String()}}
-	if p.Feed != "" {
-		filter = append(filter, bson.E{Key: "feed", Value: p.Feed})
-	}
+	filter := deadLetterFilter(&ferrydriver.ListDeadLettersParams{Feed: p.Feed, EventIDs: []uuid.UUID{p.EventID}})
 	cur, err := d.deadLetters.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "failed_at", Value: -1}}).SetLimit(1))
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: read dead letter: %w", err)
@@ -595,6 +642,31 @@ func (d *Driver) feedLag(ctx context.Context, feed string, partition int, st *fe
 	from := float64(s.First.UnixMicro() - 1)
 	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(s.N, from, float64(s.Last.UnixMicro()), float64(newest.At.UnixMicro()))
 	return lag, nil
+}
+
+// ListFeeds implements ferrydriver.Store: the distinct names of the
+// checkpoints and leases, and the distinct feeds of the dead letters and
+// the parked events (each by an index that leads with the feed).
+func (d *Driver) ListFeeds(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	for _, src := range []struct {
+		coll  *mongo.Collection
+		field string
+	}{{d.checkpoints, "_id"}, {d.leases, "_id"}, {d.deadLetters, "feed"}, {d.parked(), "feed"}} {
+		var names []string
+		if err := src.coll.Distinct(ctx, src.field, bson.D{}).Decode(&names); err != nil {
+			return nil, fmt.Errorf("ferrymongo: list feeds (%s): %w", src.coll.Name(), err)
+		}
+		for _, n := range names {
+			seen[n] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // FeedStatus implements ferrydriver.Store. Lag counts the partition's

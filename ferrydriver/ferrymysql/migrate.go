@@ -182,9 +182,15 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 // feed scans the outbox first.
 func (d *Driver) recordBinlogStart(ctx context.Context, conn *sql.Conn) {
 	file, pos, err := masterStatus(ctx, conn)
-	if err != nil || file == "" {
+	switch {
+	case err != nil:
 		d.cfg.Logger.Warn("ferrymysql: the binlog's position could not be read after creating the outbox: a relay's first read will scan the outbox",
 			"database", d.schema, "err", err)
+		return
+	case file == "":
+		d.cfg.Logger.Warn("ferrymysql: the server writes no binlog (log_bin is off), which the relay reads: its feed is refused until the server runs with "+
+			"log-bin, binlog_format=ROW and binlog_row_image=FULL (restart it with them; see the ferrymysql package's doc); producers can write the outbox meanwhile, "+
+			"and the relay's first read then scans it", "database", d.schema)
 		return
 	}
 	if _, err := conn.ExecContext(ctx, `UPDATE ferry_settings SET binlog_file = ?, binlog_pos = ? WHERE id = 1`, file, pos); err != nil {

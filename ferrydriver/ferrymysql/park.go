@@ -16,7 +16,7 @@ var (
 	_ ferrydriver.LeaseLister = (*Driver)(nil)
 )
 
-const parkedColumns = `event_id, topic, k, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason`
+const parkedColumns = `event_id, topic, k, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason, redriven`
 
 // ParkEvents implements ferrydriver.Parker.
 func (d *Driver) ParkEvents(ctx context.Context, p *ferrydriver.ParkEventsParams) error {
@@ -50,7 +50,7 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 			ev := &pe.Event
 			var id, headers []byte
 			var created, parked int64
-			dest := []any{&id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &parked, &pe.Held, &pe.Reason}
+			dest := []any{&id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &parked, &pe.Held, &pe.Reason, &pe.Redriven}
 			if withQueued {
 				dest = append(dest, &pe.Queued)
 			}
@@ -70,9 +70,18 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 		}
 		return rows.Err()
 	}
-	if p.Keys != nil {
+	keys := p.Keys
+	if keys == nil && p.Redriven {
+		// The keys with redriven events (ferry_parked_redriven_idx,
+		// migration 3), then their heads.
+		var err error
+		if keys, err = d.redrivenKeys(ctx, p.Feed, p.Limit); err != nil {
+			return nil, d.wrapErr("read redriven events of "+p.Feed, err)
+		}
+	}
+	if keys != nil {
 		// One index probe per key, whatever the length of its queue.
-		for _, key := range p.Keys {
+		for _, key := range keys {
 			rows, err := d.db.QueryContext(ctx, `SELECT `+parkedColumns+` FROM ferry_parked WHERE feed = ? AND k = ? ORDER BY id LIMIT 1`, p.Feed, key)
 			if err != nil {
 				return nil, d.wrapErr("read parked events of "+p.Feed, err)
@@ -98,6 +107,28 @@ SELECT `+parkedColumns+`, h.n FROM ferry_parked
 		return nil, d.wrapErr("read parked events of "+p.Feed, err)
 	}
 	return out, nil
+}
+
+// redrivenKeys returns the keys of feed with a redriven event, at most
+// limit (0: 1000).
+func (d *Driver) redrivenKeys(ctx context.Context, feed string, limit int) ([]string, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := d.db.QueryContext(ctx, `SELECT DISTINCT k FROM ferry_parked WHERE feed = ? AND redriven LIMIT ?`, feed, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := []string{}
+	for rows.Next() {
+		var k []byte
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, string(k))
+	}
+	return keys, rows.Err()
 }
 
 // UnparkEvent implements ferrydriver.Parker.

@@ -17,30 +17,36 @@ import (
 // statement (MySQL's default cuts it at 1 KiB).
 const sqlReasons = `SET STATEMENT group_concat_max_len = 16777216 FOR
 WITH s AS ({scan}),
-     r AS (SELECT reason, at, event_id, SHA2(reason, 256) AS h,
-                  ROW_NUMBER() OVER (PARTITION BY SHA2(reason, 256) ORDER BY at DESC, event_id) AS rn
+     r AS (SELECT feed, reason, at, event_id, SHA2(reason, 256) AS h,
+                  ROW_NUMBER() OVER (PARTITION BY feed, SHA2(reason, 256) ORDER BY at DESC, event_id) AS rn
              FROM s)
-SELECT MIN(reason), COUNT(*), MAX(at),
+SELECT feed, MIN(reason), COUNT(*), MAX(at),
        COALESCE(GROUP_CONCAT(IF(rn <= ?, HEX(event_id), NULL) ORDER BY at DESC, event_id SEPARATOR ','), ''),
        (SELECT COUNT(*) FROM s)
-  FROM r GROUP BY h ORDER BY 2 DESC, 3 DESC, 1 LIMIT ?`
+  FROM r GROUP BY feed, h ORDER BY 3 DESC, 4 DESC, 2, 1 LIMIT ?`
 
-// The newest dead letters (of a feed: ferry_dead_letters_feed_idx; of
-// all: ferry_dead_letters_list_idx), and a group's newest DEAD rows
-// (ferry_inbox_pages_idx).
+// The newest dead letters (of a partition: ferry_dead_letters_feed_idx;
+// of all, or of a feed's partitions: ferry_dead_letters_list_idx), and a
+// group's newest DEAD rows (ferry_inbox_pages_idx).
 const (
-	sqlScanDeadLetters     = `SELECT reason, failed_at AS at, event_id FROM ferry_dead_letters ORDER BY failed_at DESC, event_id LIMIT ?`
-	sqlScanFeedDeadLetters = `SELECT reason, failed_at AS at, event_id FROM ferry_dead_letters WHERE feed = ? ORDER BY failed_at DESC, event_id LIMIT ?`
-	sqlScanInboxDead       = `SELECT COALESCE(last_error, '') AS reason, finished_at AS at, event_id FROM ferry_inbox FORCE INDEX (ferry_inbox_pages_idx)
+	sqlScanDeadLetters     = `SELECT feed, reason, failed_at AS at, event_id FROM ferry_dead_letters ORDER BY failed_at DESC, event_id LIMIT ?`
+	sqlScanFeedDeadLetters = `SELECT feed, reason, failed_at AS at, event_id FROM ferry_dead_letters WHERE feed = ? ORDER BY failed_at DESC, event_id LIMIT ?`
+	sqlScanFamilyDead      = `SELECT feed, reason, failed_at AS at, event_id FROM ferry_dead_letters
+ WHERE LEFT(feed, LENGTH(?)) = ? AND SUBSTRING(feed, LENGTH(?) + 1) REGEXP '^[0-9]+$' ORDER BY failed_at DESC, event_id LIMIT ?`
+	sqlScanInboxDead = `SELECT '' AS feed, COALESCE(last_error, '') AS reason, finished_at AS at, event_id FROM ferry_inbox FORCE INDEX (ferry_inbox_pages_idx)
  WHERE group_name = ? AND state = 'dead' ORDER BY finished_at DESC, received_at DESC, event_id DESC LIMIT ?`
 )
 
 // DeadLetterReasons implements ferrydriver.ReasonGrouper.
 func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
-	if p.Feed == "" {
-		return d.reasons(ctx, "group dead letters by reason", sqlScanDeadLetters, nil, p)
+	exact, family := ferrydriver.FeedFilter(p.Feed)
+	switch {
+	case exact != "":
+		return d.reasons(ctx, "group dead letters by reason", sqlScanFeedDeadLetters, []any{exact}, p)
+	case family != "":
+		return d.reasons(ctx, "group dead letters by reason", sqlScanFamilyDead, []any{family, family, family}, p)
 	}
-	return d.reasons(ctx, "group dead letters by reason", sqlScanFeedDeadLetters, []any{p.Feed}, p)
+	return d.reasons(ctx, "group dead letters by reason", sqlScanDeadLetters, nil, p)
 }
 
 // InboxDeadReasons implements ferrydriver.ReasonGrouper.
@@ -59,13 +65,13 @@ func (d *Driver) reasons(ctx context.Context, op, scan string, scope []any, p *f
 	out := &ferrydriver.Reasons{}
 	for rows.Next() {
 		var g ferrydriver.ReasonGroup
-		var reason []byte
+		var feed, reason []byte
 		var latest sql.NullInt64
 		var ids string
-		if err := rows.Scan(&reason, &g.Count, &latest, &ids, &out.Scanned); err != nil {
+		if err := rows.Scan(&feed, &reason, &g.Count, &latest, &ids, &out.Scanned); err != nil {
 			return nil, d.wrapErr(op, err)
 		}
-		g.Reason = string(reason)
+		g.Feed, g.Reason = string(feed), string(reason)
 		if latest.Valid {
 			g.Latest = fromMicros(latest.Int64)
 		}

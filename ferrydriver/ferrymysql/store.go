@@ -8,7 +8,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -459,38 +458,56 @@ func scanDeadLetters(rows *sql.Rows) ([]*ferrydriver.DeadLetter, error) {
 
 // deadLetterWhere is the condition of a selection of dead letters: only
 // the terms of the fields that are set, so that an index serves them (a
-// key, a feed).
-func deadLetterWhere(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID) (string, []any) {
+// key, a partition; a feed's partitions are matched along the list).
+func deadLetterWhere(p *ferrydriver.ListDeadLettersParams) (string, []any) {
 	terms := []string{"TRUE"}
 	var args []any
-	add := func(term string, arg any) { terms, args = append(terms, term), append(args, arg) }
-	if feed != "" {
-		add("feed = ?", feed)
+	add := func(term string, arg ...any) { terms, args = append(terms, term), append(args, arg...) }
+	exact, family := ferrydriver.FeedFilter(p.Feed)
+	if exact != "" {
+		add("feed = ?", exact)
 	}
-	if key != "" {
-		add("k = ?", key)
+	if family != "" {
+		add("(LEFT(feed, LENGTH(?)) = ? AND SUBSTRING(feed, LENGTH(?) + 1) REGEXP '^[0-9]+$')", family, family, family)
 	}
-	if typ != "" {
-		add("type = ?", typ)
+	if p.Key != "" {
+		add("k = ?", p.Key)
 	}
-	if topic != "" {
-		add("topic = ?", topic)
+	if p.Type != "" {
+		add("type = ?", p.Type)
 	}
-	if !since.IsZero() {
-		add("failed_at >= ?", micros(since))
+	if p.Topic != "" {
+		add("topic = ?", p.Topic)
 	}
-	if !until.IsZero() {
-		add("failed_at < ?", micros(until))
+	if p.Reason != "" {
+		add("LOCATE(?, reason) > 0", []byte(p.Reason))
 	}
-	if len(ids) > 0 {
-		marks := make([]string, len(ids))
-		for i, id := range ids {
+	if !p.Since.IsZero() {
+		add("failed_at >= ?", micros(p.Since))
+	}
+	if !p.Until.IsZero() {
+		add("failed_at < ?", micros(p.Until))
+	}
+	if len(p.EventIDs) > 0 {
+		marks := make([]string, len(p.EventIDs))
+		for i, id := range p.EventIDs {
 			marks[i] = "?"
 			args = append(args, id[:])
 		}
 		terms = append(terms, "event_id IN ("+strings.Join(marks, ", ")+")")
 	}
 	return strings.Join(terms, " AND "), args
+}
+
+// refsWhere is the condition of the named dead letters.
+func refsWhere(refs []ferrydriver.DeadLetterRef) (string, []any) {
+	marks := make([]string, len(refs))
+	args := make([]any, 0, 2*len(refs))
+	for i, r := range refs {
+		marks[i] = "(?, ?)"
+		args = append(args, r.Feed, r.EventID[:])
+	}
+	return "(feed, event_id) IN (" + strings.Join(marks, ", ") + ")", args
 }
 
 // ListDeadLetters implements ferrydriver.Store: newest failure first, then
@@ -500,7 +517,7 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	if limit <= 0 {
 		limit = 100
 	}
-	where, args := deadLetterWhere(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs)
+	where, args := deadLetterWhere(p)
 	if c := p.After; c != nil {
 		where += " AND (failed_at < ? OR (failed_at = ? AND event_id > ?))"
 		args = append(args, micros(c.FailedAt), micros(c.FailedAt), c.EventID[:])
@@ -514,9 +531,17 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	return out, d.wrapErr("list dead letters", err)
 }
 
+// CountDeadLetters implements ferrydriver.Store.
+func (d *Driver) CountDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) (int64, error) {
+	where, args := deadLetterWhere(p)
+	var n int64
+	err := d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM ferry_dead_letters WHERE `+where, args...).Scan(&n)
+	return n, d.wrapErr("count dead letters", err)
+}
+
 // GetDeadLetter implements ferrydriver.Store.
 func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
-	where, args := deadLetterWhere(p.Feed, "", "", "", time.Time{}, time.Time{}, []uuid.UUID{p.EventID})
+	where, args := deadLetterWhere(&ferrydriver.ListDeadLettersParams{Feed: p.Feed, EventIDs: []uuid.UUID{p.EventID}})
 	rows, err := d.db.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+where+` ORDER BY failed_at DESC LIMIT 1`, args...)
 	if err != nil {
 		return nil, d.wrapErr("read dead letter", err)
@@ -531,22 +556,18 @@ func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetter
 	return out[0], nil
 }
 
-func selectionLimit(p *ferrydriver.DeadLetterSelection) int {
-	if p.Limit <= 0 {
-		return 100
-	}
-	return p.Limit
-}
-
 // RedriveDeadLetters implements ferrydriver.Store: in one transaction, the
-// selected dead letters (locked) are appended as new events of their keys
-// and deleted.
+// named dead letters (locked) are checked, appended to their keys' parked
+// queues in their feeds, marked redriven, and deleted.
 func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
 	var n int
 	err := d.write(ctx, "redrive dead letters", func(tx *sql.Tx) error {
-		where, args := deadLetterWhere(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs)
+		where, args := refsWhere(p.Letters)
 		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+where+
-			` ORDER BY failed_at, seq, event_id LIMIT ? FOR UPDATE`, append(args, selectionLimit(p))...)
+			` ORDER BY failed_at, seq, event_id FOR UPDATE`, args...)
 		if err != nil {
 			return d.wrapErr("select dead letters to redrive", err)
 		}
@@ -554,8 +575,6 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 		if err != nil {
 			return d.wrapErr("select dead letters to redrive", err)
 		}
-		var events []*ferryevent.Event
-		seen := map[uuid.UUID]bool{}
 		for _, dl := range dls {
 			ev := dl.Event
 			// No size limit: the event was accepted once, under the producer's.
@@ -563,17 +582,20 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 				return fmt.Errorf("ferrymysql: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
 					ev.ID, dl.Feed, err, dl.Feed, ev.ID)
 			}
-			ev.Seq = 0
-			if !seen[ev.ID] {
-				seen[ev.ID] = true
-				events = append(events, &ev)
+		}
+		for _, dl := range dls { // oldest failure first, each key in order
+			if _, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_parked (feed, k, event_id, topic, seq, type, source, content_type, headers, payload, created_at, parked_at, reason, redriven)
+SELECT feed, k, event_id, topic, seq, type, source, content_type, headers, payload, created_at, `+sqlNow+`,
+       CONCAT('redriven by an operator after: ', reason), TRUE
+  FROM ferry_dead_letters WHERE feed = ? AND event_id = ?
+ON DUPLICATE KEY UPDATE feed = ferry_parked.feed`, dl.Feed, dl.Event.ID[:]); err != nil {
+				return d.wrapErr("park redriven dead letters for their feeds", err)
 			}
 		}
-		if err := d.append(ctx, tx, events); err != nil {
-			return err
-		}
-		for _, dl := range dls {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE feed = ? AND event_id = ?`, dl.Feed, dl.Event.ID[:]); err != nil {
+		if len(dls) > 0 {
+			where, args = refsWhere(ferrydriver.Refs(dls))
+			if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE `+where, args...); err != nil {
 				return d.wrapErr("delete redriven dead letters", err)
 			}
 		}
@@ -588,8 +610,11 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 
 // DiscardDeadLetters implements ferrydriver.Store.
 func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	where, args := deadLetterWhere(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs)
-	res, err := d.db.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE `+where+` ORDER BY failed_at, event_id LIMIT ?`, append(args, selectionLimit(p))...)
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
+	where, args := refsWhere(p.Letters)
+	res, err := d.db.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE `+where, args...)
 	if err != nil {
 		return 0, d.wrapErr("discard dead letters", err)
 	}
@@ -778,6 +803,31 @@ SELECT COUNT(*), MIN(appended_at), MAX(appended_at), MIN(created_at), `+sqlNow+`
 		lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(n, float64(first.Int64-1), float64(last.Int64), float64(newest.Int64))
 	}
 	return lag, nil
+}
+
+// ListFeeds implements ferrydriver.Store: the checkpoints and leases (a
+// row per feed partition, relay member and chain source), then the
+// distinct feeds of the dead letters and the parked events, read by a
+// loose scan of an index that leads with the feed (one probe per feed).
+func (d *Driver) ListFeeds(ctx context.Context) ([]string, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT feed FROM ferry_checkpoints
+ UNION SELECT name FROM ferry_leases
+ UNION SELECT DISTINCT feed FROM ferry_dead_letters
+ UNION SELECT DISTINCT feed FROM ferry_parked
+ ORDER BY 1`)
+	if err != nil {
+		return nil, d.wrapErr("list feeds", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var n []byte
+		if err := rows.Scan(&n); err != nil {
+			return nil, d.wrapErr("list feeds", err)
+		}
+		out = append(out, string(n))
+	}
+	return out, d.wrapErr("list feeds", rows.Err())
 }
 
 // FeedStatus implements ferrydriver.Store; its lag is FeedLag's (exact:

@@ -432,18 +432,19 @@ type queries struct {
 	appendOne, appendOneNotify                                                                  string
 	loadCheckpoint, saveCheckpoint                                                              string
 	acquireLease, renewLease, releaseLease, getLease                                            string
-	insertDeadLetters, listDeadLetters, getDeadLetter, countDeadLetter                          string
+	insertDeadLetters, countDeadLetter                                                          string
+	listDeadLetters, getDeadLetter, countMatchingDeadLetters, deadLetterReasons                 byFeed
 	deleteDelivered, feedLag, armListener, disarmListener, seqCache                             string
 	partitionCursors, feedLagExact, countDeadLetterExact                                        string
 	deleteDeadLetters, keysChunk, pruneKeys                                                     string
-	selectRedrive, deleteRedriven, discardDeadLetters                                           string
+	selectRedrive, deleteDeadLetterRefs, redriveToParked                                        string
 	inboxInsert, inboxClaim, inboxRescueKeys, inboxCharge, inboxHead, inboxClaimOne, inboxKill  string
 	inboxUnclaim, inboxRescueDue, inboxFinishRows, inboxLockKeys, inboxRefreshKeys, inboxGroups string
 	inboxListProcessing, inboxRetractClaims, inboxCompleteOne                                   string
 	inboxFinishRowsCommit, inboxCompleteOneCommit, inboxLostClaims                              string
 	inboxCompleteRows, inboxCompleteRowsCommit                                                  string
 	activityInsert, activityList                                                                string
-	deadLetterReasons, inboxDeadReasons                                                         string
+	inboxDeadReasons                                                                            string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed, inboxAttempts                  string
 	waiterAdd, waiterRemove, inboxCounts                                                        string
 	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                 string
@@ -451,7 +452,7 @@ type queries struct {
 	requestClaim, requestFinish, requestGet, requestDelete                                      string
 	storedPartitions, lockSettings, truncateSettings, insertSettings                            string
 	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                            string
-	undelivered, parkedByFeed                                                                   string
+	undelivered, parkedByFeed, listFeeds                                                        string
 }
 
 func newQueries(schema string) queries {
@@ -461,19 +462,19 @@ func newQueries(schema string) queries {
 		append: r(sqlAppend), appendNotify: r(sqlAppendNotify), appendOne: r(sqlAppendOne), appendOneNotify: r(sqlAppendOneNotify), tickRead: r(sqlTickRead), readBatch: r(sqlReadBatch),
 		loadCheckpoint: r(sqlLoadCheckpoint), saveCheckpoint: r(sqlSaveCheckpoint),
 		acquireLease: r(sqlAcquireLease), renewLease: r(sqlRenewLease), releaseLease: r(sqlReleaseLease), getLease: r(sqlGetLease),
-		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: r(sqlListDeadLetters), getDeadLetter: r(sqlGetDeadLetter),
+		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: feedQueries(r(sqlListDeadLetters)), getDeadLetter: feedQueries(r(sqlGetDeadLetter)),
 		countDeadLetter: r(sqlCountDeadLetters),
 		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), disarmListener: r(sqlDisarmListener), seqCache: r(sqlSeqCache),
 		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
 		deleteDeadLetters: r(sqlDeleteDeadLetters), keysChunk: r(sqlKeysChunk), pruneKeys: r(sqlPruneKeys),
-		selectRedrive: r(sqlSelectRedrive), deleteRedriven: r(sqlDeleteRedriven), discardDeadLetters: r(sqlDiscardDeadLetters),
+		selectRedrive: r(sqlSelectRedrive), deleteDeadLetterRefs: r(sqlDeleteDeadLetterRefs), redriveToParked: r(sqlRedriveToParked), countMatchingDeadLetters: feedQueries(r(sqlCountMatchingDeadLetters)),
 		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescueKeys: r(sqlInboxRescueKeys),
 		inboxCharge: r(sqlInboxCharge), inboxHead: r(sqlInboxHead), inboxClaimOne: r(sqlInboxClaimOne), inboxKill: r(sqlInboxKill),
 		inboxUnclaim: r(sqlInboxUnclaim), inboxRescueDue: r(sqlInboxRescueDue), inboxFinishRows: r(strings.Replace(sqlInboxFinishRows, "{tail}", finishTail, 1)),
 		inboxFinishRowsCommit:  r(strings.Replace(sqlInboxFinishRows, "{tail}", finishRowsTailCommit, 1)),
 		inboxCompleteOneCommit: r(strings.Replace(sqlInboxCompleteOne, "{tail}", completeOneTailCommit, 1)), inboxLostClaims: r(sqlInboxLostClaims),
 		activityInsert: r(sqlActivityInsert), activityList: r(sqlActivityList),
-		deadLetterReasons: r(sqlDeadLetterReasons), inboxDeadReasons: r(sqlInboxDeadReasons),
+		deadLetterReasons: feedQueries(r(sqlDeadLetterReasons)), inboxDeadReasons: r(sqlInboxDeadReasons),
 		inboxCompleteRows:       r(strings.Replace(sqlInboxCompleteRows, "{tail}", finishTail, 1)),
 		inboxCompleteRowsCommit: r(strings.Replace(sqlInboxCompleteRows, "{tail}", finishRowsTailCommit, 1)),
 		inboxLockKeys:           r(sqlInboxLockKeys), inboxRefreshKeys: r(sqlInboxRefreshKeys), inboxGroups: r(sqlInboxGroups),
@@ -491,8 +492,27 @@ func newQueries(schema string) queries {
 		truncateSettings: r(sqlTruncateSettings), insertSettings: r(sqlInsertSettings),
 		liveLeases: r(sqlLiveLeases), allCheckpoints: r(sqlAllCheckpoints),
 		highestPartition: r(sqlHighestPartition), partitionHasEvents: r(sqlPartitionHasEvents),
-		undelivered: r(sqlUndelivered), parkedByFeed: r(sqlParkedByFeed),
+		undelivered: r(sqlUndelivered), parkedByFeed: r(sqlParkedByFeed), listFeeds: r(sqlListFeeds),
 	}
+}
+
+// byFeed is a statement on dead letters in its two forms: of a partition
+// (or of every feed), and of the partitions of a feed (see
+// deadLetterFilter).
+type byFeed struct{ exact, family string }
+
+func feedQueries(q string) byFeed {
+	return byFeed{exact: strings.ReplaceAll(q, "{feed}", exactFeed), family: strings.ReplaceAll(q, "{feed}", familyFeed)}
+}
+
+// of returns the statement for a feed filter (ListDeadLettersParams.Feed)
+// and its $1.
+func (b byFeed) of(filter string) (q, feed string) {
+	exact, family := ferrydriver.FeedFilter(filter)
+	if family != "" {
+		return b.family, family
+	}
+	return b.exact, exact
 }
 
 var _ ferrydriver.Driver[pgx.Tx] = (*Driver[pgx.Tx])(nil)

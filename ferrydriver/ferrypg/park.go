@@ -13,13 +13,13 @@ var _ ferrydriver.Parker = (*Driver[pgx.Tx])(nil)
 
 // parkQueries are the parked-event statements with the schema filled in.
 type parkQueries struct {
-	park, headsOf, heads, unpark, hold, release, listLeases string
+	park, headsOf, heads, redriven, unpark, hold, release, listLeases string
 }
 
 func newParkQueries(schema string) parkQueries {
 	s := pgx.Identifier{schema}.Sanitize()
 	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
-	return parkQueries{park: r(sqlParkEvents), headsOf: r(sqlParkedHeadsOf), heads: r(sqlParkedHeads),
+	return parkQueries{park: r(sqlParkEvents), headsOf: r(sqlParkedHeadsOf), heads: r(sqlParkedHeads), redriven: r(sqlParkedRedriven),
 		unpark: r(sqlUnparkEvent), hold: r(sqlHoldParked), release: r(sqlReleaseParked), listLeases: r(sqlListLeases)}
 }
 
@@ -54,13 +54,16 @@ func (d *Driver[TTx]) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHead
 		r   rows
 		err error
 	)
-	if p.Keys != nil {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	switch {
+	case p.Keys != nil:
 		r, err = d.db.query(ctx, d.park.headsOf, p.Feed, p.Keys)
-	} else {
-		limit := p.Limit
-		if limit <= 0 {
-			limit = 1000
-		}
+	case p.Redriven:
+		r, err = d.db.query(ctx, d.park.redriven, p.Feed, limit)
+	default:
 		r, err = d.db.query(ctx, d.park.heads, p.Feed, limit)
 	}
 	if err != nil {
@@ -73,7 +76,7 @@ func (d *Driver[TTx]) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHead
 		ev := &pe.Event
 		var headers *string
 		if err := r.Scan(&ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
-			&pe.ParkedAt, &pe.Held, &pe.Reason, &pe.Queued); err != nil {
+			&pe.ParkedAt, &pe.Held, &pe.Reason, &pe.Redriven, &pe.Queued); err != nil {
 			return nil, d.wrapErr("read parked events of "+p.Feed, err)
 		}
 		if err := decodeHeaders(ev, headers); err != nil {

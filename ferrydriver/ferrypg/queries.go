@@ -261,52 +261,64 @@ SELECT count(*) FROM lease`
 
 const deadLetterColumns = `feed, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at, reason, failed_at`
 
-// deadLetterFilter selects dead letters by feed $1, key $2, type $3, topic
-// $4, failed at or after $5 and before $6, and event IDs $8 (each when
-// set); $7 is the limit of the statement that uses it. For operators: no
-// index serves every combination.
+// deadLetterFilter selects dead letters by feed $1 ({feed}: a partition,
+// exactly, or a feed's partitions, see familyFeed), key $2, type $3, topic
+// $4, failed at or after $5 and before $6, event IDs $7, and a reason
+// containing $8 (each when set). For operators: no index serves every
+// combination; a partition, a key and the failure time are served
+// (dead_letters_feed_failed_at_idx, dead_letters_key_idx,
+// dead_letters_list_idx), a feed's partitions are matched along the list.
 const deadLetterFilter = `
-       ($1 = '' OR feed = $1) AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
+       {feed} AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
    AND ($4 = '' OR topic = $4)
    AND ($5::timestamptz IS NULL OR failed_at >= $5) AND ($6::timestamptz IS NULL OR failed_at < $6)
-   AND (cardinality($8::uuid[]) = 0 OR event_id = ANY ($8::uuid[]))`
+   AND (cardinality($7::uuid[]) = 0 OR event_id = ANY ($7::uuid[]))
+   AND ($8 = '' OR strpos(reason, $8) > 0)`
+
+// The feed terms of deadLetterFilter: a partition $1 (any when empty), or the
+// partitions of a feed, $1 being the feed's name and a slash ("hooks/")
+// followed by a partition number. A statement of each is prepared.
+const (
+	exactFeed  = `($1 = '' OR feed = $1)`
+	familyFeed = `(left(feed, length($1)) = $1 AND substr(feed, length($1) + 1) ~ '^[0-9]+$')`
+)
 
 // sqlListDeadLetters lists them newest failure first, after the cursor
-// ($9, $10; 'infinity' and the nil UUID for the first page). The cursor
-// is always there, and "failed_at <= $9" first, so that under any plan a
-// page is a range of dead_letters_list_idx (migration 009) that starts
-// where the page begins, instead of a filter over every newer row
-// (TestConsolePagesAreFlat).
+// ($10, $11; 'infinity' and the nil UUID for the first page), $9 at
+// most. The cursor is always there, and "failed_at <= $10" first, so that
+// under any plan a page is a range of dead_letters_list_idx (migration
+// 009) that starts where the page begins, instead of a filter over every
+// newer row (TestConsolePagesAreFlat).
 const sqlListDeadLetters = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
  WHERE ` + deadLetterFilter + `
-   AND failed_at <= $9::text::timestamptz AND (failed_at < $9::text::timestamptz OR event_id > $10::uuid)
- ORDER BY failed_at DESC, event_id LIMIT $7`
+   AND failed_at <= $10::text::timestamptz AND (failed_at < $10::text::timestamptz OR event_id > $11::uuid)
+ ORDER BY failed_at DESC, event_id LIMIT $9`
 
-// sqlSelectRedrive locks the dead letters to redrive, oldest failure
-// first and, within a failure (one relay batch), in the key's order. A
-// concurrent redrive of the same ones waits and then finds them gone.
+// sqlCountMatchingDeadLetters counts what sqlListDeadLetters lists,
+// every match (`ferry dlq list`'s "showing 100 of 2,096").
+const sqlCountMatchingDeadLetters = `SELECT count(*) FROM {schema}.dead_letters WHERE ` + deadLetterFilter
+
+// sqlSelectRedrive locks the named dead letters ($1 feeds, $2 event IDs)
+// to redrive, oldest failure first and, within a failure (one relay
+// batch), in the key's order. A concurrent redrive of the same ones waits
+// and then finds them gone.
 const sqlSelectRedrive = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
- WHERE ` + deadLetterFilter + `
- ORDER BY failed_at, seq, event_id LIMIT $7 FOR UPDATE`
+ WHERE (feed, event_id) IN (SELECT f, e FROM unnest($1::text[], $2::uuid[]) AS s(f, e))
+ ORDER BY failed_at, seq, event_id FOR UPDATE`
 
-// sqlDeleteRedriven removes the dead letters ($1 feeds, $2 event IDs) a
-// redrive appended again, in its transaction.
-const sqlDeleteRedriven = `
+// sqlDeleteDeadLetterRefs removes the named dead letters ($1 feeds, $2
+// event IDs): a discard, or a redrive's in its transaction.
+const sqlDeleteDeadLetterRefs = `
 DELETE FROM {schema}.dead_letters d USING unnest($1::text[], $2::uuid[]) AS s(feed, event_id)
  WHERE d.feed = s.feed AND d.event_id = s.event_id`
 
-const sqlDiscardDeadLetters = `
-DELETE FROM {schema}.dead_letters d USING (
-    SELECT feed, event_id FROM {schema}.dead_letters
-     WHERE ` + deadLetterFilter + `
-     ORDER BY failed_at, event_id LIMIT $7 FOR UPDATE) s
- WHERE d.feed = s.feed AND d.event_id = s.event_id`
-
+// sqlGetDeadLetter reads an event's newest dead letter, of feed $1 when
+// set ({feed}, as in deadLetterFilter).
 const sqlGetDeadLetter = `
 SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
- WHERE ($1 = '' OR feed = $1) AND event_id = $2 ORDER BY failed_at DESC LIMIT 1`
+ WHERE {feed} AND event_id = $2 ORDER BY failed_at DESC LIMIT 1`
 
 // sqlDeleteDelivered removes delivered events: at or below the previous
 // batch's high id and visible to the previous snapshot (a row of a
@@ -464,7 +476,7 @@ WITH lease AS (` + sqlLeaseShare + `
 )
 SELECT count(*) FROM lease`
 
-const parkedColumns = `p.event_id, p.topic, p.key, p.seq, p.type, p.source, p.content_type, p.headers::text, p.payload, p.created_at, p.parked_at, p.held, p.reason`
+const parkedColumns = `p.event_id, p.topic, p.key, p.seq, p.type, p.source, p.content_type, p.headers::text, p.payload, p.created_at, p.parked_at, p.held, p.reason, p.redriven`
 
 // sqlParkedHeadsOf reads the head of each key named: one primary-key probe
 // per key, whatever the length of its queue.
@@ -489,6 +501,31 @@ SELECT ` + parkedColumns + `, p.queued FROM (
      ORDER BY key, id) p
  ORDER BY p.parked_at, p.key
  LIMIT $2`
+
+// sqlParkedRedriven reads the head of each key (at most $2) with a
+// redriven event in its queue: the keys from parked_redriven_idx
+// (migration 017), which holds the redriven events waiting only, then a
+// primary-key probe per key.
+const sqlParkedRedriven = `
+SELECT ` + parkedColumns + `, 0::bigint
+  FROM (SELECT DISTINCT key FROM {schema}.parked WHERE feed = $1 AND redriven LIMIT $2) k
+ CROSS JOIN LATERAL (
+       SELECT * FROM {schema}.parked p
+        WHERE p.feed = $1 AND p.key = k.key
+        ORDER BY p.id LIMIT 1) p`
+
+// sqlRedriveToParked appends the dead letters named ($1 feeds, $2 event
+// IDs, in that order) to their keys' queues in their feeds, marked
+// redriven: what RedriveDeadLetters does, in its transaction.
+const sqlRedriveToParked = `
+INSERT INTO {schema}.parked (feed, key, event_id, topic, seq, type, source,
+                             content_type, headers, payload, created_at, reason, redriven)
+SELECT d.feed, d.key, d.event_id, d.topic, d.seq, d.type, d.source, d.content_type, d.headers, d.payload, d.created_at,
+       'redriven by an operator after: ' || d.reason, true
+  FROM unnest($1::text[], $2::uuid[]) WITH ORDINALITY AS s(feed, event_id, ord)
+  JOIN {schema}.dead_letters d ON d.feed = s.feed AND d.event_id = s.event_id
+ ORDER BY s.ord
+ON CONFLICT (feed, event_id) DO NOTHING`
 
 // sqlUnparkEvent removes a key's head, storing it as a dead letter when
 // $6 (the reason) is not NULL.
@@ -582,6 +619,29 @@ const sqlHighestPartition = `
 SELECT COALESCE((SELECT partition FROM {schema}.outbox ORDER BY partition DESC LIMIT 1), -1)`
 
 const sqlPartitionHasEvents = `SELECT EXISTS (SELECT FROM {schema}.outbox WHERE partition = $1)`
+
+// sqlListFeeds names every feed with a checkpoint, a lease, dead letters
+// or parked events: the checkpoints and leases tables (a row per feed
+// partition, relay member and chain source), then the distinct feeds of
+// the dead letters and of the parked events, each by a skip along its
+// primary key (one probe per feed, however many rows it has).
+const sqlListFeeds = `
+WITH RECURSIVE dl(feed) AS (
+    (SELECT feed FROM {schema}.dead_letters ORDER BY feed LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.feed FROM {schema}.dead_letters d WHERE d.feed > dl.feed ORDER BY d.feed LIMIT 1)
+      FROM dl WHERE dl.feed IS NOT NULL
+), pk(feed) AS (
+    (SELECT feed FROM {schema}.parked ORDER BY feed LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.feed FROM {schema}.parked p WHERE p.feed > pk.feed ORDER BY p.feed LIMIT 1)
+      FROM pk WHERE pk.feed IS NOT NULL
+)
+SELECT feed FROM {schema}.checkpoints
+ UNION SELECT name FROM {schema}.leases
+ UNION SELECT feed FROM dl WHERE feed IS NOT NULL
+ UNION SELECT feed FROM pk WHERE feed IS NOT NULL
+ ORDER BY 1`
 
 // sqlParkedByFeed counts the events relays have parked (migration 006),
 // per feed: a feed's checkpoint passes them, but they are not delivered.

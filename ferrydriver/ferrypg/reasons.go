@@ -8,31 +8,32 @@ import (
 )
 
 // sqlDeadLetterReasons groups the newest $2 dead letters (of feed $1 when
-// set) by reason: a range of dead_letters_list_idx, or of
-// dead_letters_feed_failed_at_idx for one feed (planned for the values:
-// queryCustom), then the grouping of at most $2 rows. Each group keeps its newest $3 event IDs; $4 groups at
-// most, the one with the most rows first. The last column is how many
-// rows were read.
+// set: {feed} as in deadLetterFilter) by feed partition and reason: a range of dead_letters_list_idx, or of
+// dead_letters_feed_failed_at_idx for one partition (planned for the
+// values: queryCustom), then the grouping of at most $2 rows. Each group
+// keeps its newest $3 event IDs; $4 groups at most, the one with the most
+// rows first. The last column is how many rows were read.
 const sqlDeadLetterReasons = `
-SELECT reason, count(*)::int, max(failed_at), array_to_string((array_agg(event_id::text ORDER BY failed_at DESC, event_id))[1:$3], ','), (sum(count(*)) OVER ())::int
-  FROM (SELECT reason, failed_at, event_id FROM {schema}.dead_letters
-         WHERE ($1 = '' OR feed = $1) AND failed_at <= 'infinity'::timestamptz
+SELECT feed, reason, count(*)::int, max(failed_at), array_to_string((array_agg(event_id::text ORDER BY failed_at DESC, event_id))[1:$3], ','), (sum(count(*)) OVER ())::int
+  FROM (SELECT feed, reason, failed_at, event_id FROM {schema}.dead_letters
+         WHERE {feed} AND failed_at <= 'infinity'::timestamptz
          ORDER BY failed_at DESC LIMIT $2) s
- GROUP BY reason ORDER BY 2 DESC, 3 DESC, 1 LIMIT $4`
+ GROUP BY feed, reason ORDER BY 3 DESC, 4 DESC, 2, 1 LIMIT $4`
 
 // sqlInboxDeadReasons groups the newest $2 DEAD rows of group $1 by their
 // last error, through inbox_dead_idx; $3 and $4 as above.
 const sqlInboxDeadReasons = `
-SELECT last_error, count(*)::int, max(finished_at), array_to_string((array_agg(event_id::text ORDER BY finished_at DESC, event_id))[1:$3], ','), (sum(count(*)) OVER ())::int
+SELECT '', last_error, count(*)::int, max(finished_at), array_to_string((array_agg(event_id::text ORDER BY finished_at DESC, event_id))[1:$3], ','), (sum(count(*)) OVER ())::int
   FROM (SELECT COALESCE(last_error, '') AS last_error, finished_at, event_id FROM {schema}.inbox
          WHERE group_name = $1 AND state = 'dead'
          ORDER BY finished_at DESC LIMIT $2) s
- GROUP BY last_error ORDER BY 2 DESC, 3 DESC, 1 LIMIT $4`
+ GROUP BY last_error ORDER BY 3 DESC, 4 DESC, 2 LIMIT $4`
 
 // DeadLetterReasons implements ferrydriver.ReasonGrouper.
 func (d *Driver[TTx]) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	scan, ids, limit := p.Bounds()
-	return d.reasons(ctx, "group dead letters by reason", d.queries.deadLetterReasons, p.Feed, scan, ids, limit)
+	q, feed := d.queries.deadLetterReasons.of(p.Feed)
+	return d.reasons(ctx, "group dead letters by reason", q, feed, scan, ids, limit)
 }
 
 // InboxDeadReasons implements ferrydriver.ReasonGrouper.
@@ -41,8 +42,11 @@ func (d *Driver[TTx]) InboxDeadReasons(ctx context.Context, p *ferrydriver.Reaso
 	return d.reasons(ctx, "group dead events by reason", d.queries.inboxDeadReasons, p.Group, scan, ids, limit)
 }
 
-func (d *Driver[TTx]) reasons(ctx context.Context, op, q, scope string, scan, ids, limit int) (*ferrydriver.Reasons, error) {
-	r, err := d.db.queryCustom(ctx, q, scope, scan, ids, limit)
+// reasons runs a grouping by reason q with its arguments: the scope, the
+// scan, the IDs per group, the limit (and the feed's prefix, for dead
+// letters).
+func (d *Driver[TTx]) reasons(ctx context.Context, op, q string, args ...any) (*ferrydriver.Reasons, error) {
+	r, err := d.db.queryCustom(ctx, q, args...)
 	if err != nil {
 		return nil, d.wrapErr(op, err)
 	}
@@ -52,7 +56,7 @@ func (d *Driver[TTx]) reasons(ctx context.Context, op, q, scope string, scan, id
 		var g ferrydriver.ReasonGroup
 		var latest time.Time
 		var evs string
-		if err := r.Scan(&g.Reason, &g.Count, &latest, &evs, &out.Scanned); err != nil {
+		if err := r.Scan(&g.Feed, &g.Reason, &g.Count, &latest, &evs, &out.Scanned); err != nil {
 			return nil, d.wrapErr(op, err)
 		}
 		g.Latest = latest.UTC()

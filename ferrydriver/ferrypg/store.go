@@ -134,6 +134,13 @@ func nullTime(t time.Time) *time.Time {
 	return &t
 }
 
+// deadLetterArgs are the arguments of deadLetterFilter ($1 to $8) after
+// the feed's, and the statement of q for the feed.
+func deadLetterArgs(q byFeed, p *ferrydriver.ListDeadLettersParams) (string, []any) {
+	stmt, feed := q.of(p.Feed)
+	return stmt, []any{feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), idStrings(p.EventIDs), p.Reason}
+}
+
 // ListDeadLetters implements ferrydriver.Store.
 func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) ([]*ferrydriver.DeadLetter, error) {
 	limit := p.Limit
@@ -144,8 +151,8 @@ func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDe
 	if p.After != nil {
 		afterAt, afterID = p.After.FailedAt.UTC().Format(time.RFC3339Nano), p.After.EventID.String()
 	}
-	r, err := d.db.query(ctx, d.queries.listDeadLetters, p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs),
-		afterAt, afterID)
+	q, args := deadLetterArgs(d.queries.listDeadLetters, p)
+	r, err := d.db.query(ctx, q, append(args, limit, afterAt, afterID)...)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}
@@ -156,33 +163,44 @@ func (d *Driver[TTx]) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDe
 	return out, nil
 }
 
-// selectionArgs are the arguments of deadLetterFilter and its limit.
-func selectionArgs(p *ferrydriver.DeadLetterSelection) []any {
-	limit := p.Limit
-	if limit <= 0 {
-		limit = 100
+// CountDeadLetters implements ferrydriver.Store.
+func (d *Driver[TTx]) CountDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) (int64, error) {
+	var n int64
+	q, args := deadLetterArgs(d.queries.countMatchingDeadLetters, p)
+	if err := queryRow(ctx, d.db, []any{&n}, q, args...); err != nil {
+		return 0, d.wrapErr("count dead letters", err)
 	}
-	return []any{p.Feed, p.Key, p.Type, p.Topic, nullTime(p.Since), nullTime(p.Until), limit, idStrings(p.EventIDs)}
+	return n, nil
 }
 
-// RedriveDeadLetters implements ferrydriver.Store: the selected dead
-// letters are locked, appended as new events of their keys (the append's
-// row lock on each key orders them after the key's committed events) and
-// deleted, in one transaction.
+// refArgs are the named dead letters as two arrays: feeds, event IDs.
+func refArgs(refs []ferrydriver.DeadLetterRef) (feeds, ids []string) {
+	feeds, ids = make([]string, len(refs)), make([]string, len(refs))
+	for i, r := range refs {
+		feeds[i], ids[i] = r.Feed, r.EventID.String()
+	}
+	return feeds, ids
+}
+
+// RedriveDeadLetters implements ferrydriver.Store: the named dead letters
+// are locked, checked, appended to their keys' parked queues in their
+// feeds (sqlRedriveToParked) and deleted, in one transaction.
 func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
 	e, commit, rollback, err := d.begin.begin(ctx)
 	if err != nil {
 		return 0, d.wrapErr("begin redrive", err)
 	}
 	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
-	r, err := e.query(ctx, d.queries.selectRedrive, selectionArgs(p)...)
+	feeds, ids := refArgs(p.Letters)
+	r, err := e.query(ctx, d.queries.selectRedrive, feeds, ids)
 	if err != nil {
 		return 0, d.wrapErr("select dead letters to redrive", err)
 	}
 	defer r.Close()
-	var feeds, ids []string
-	var events []*ferryevent.Event
-	seen := map[string]bool{}
+	var found []ferrydriver.DeadLetterRef
 	for r.Next() {
 		var dl ferrydriver.DeadLetter
 		ev := &dl.Event
@@ -193,24 +211,20 @@ func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.Dea
 		if err := redrivable(&dl, decodeHeaders(ev, headers)); err != nil {
 			return 0, err
 		}
-		feeds, ids = append(feeds, dl.Feed), append(ids, ev.ID.String())
-		if !seen[ev.ID.String()] {
-			seen[ev.ID.String()] = true
-			ev.Seq = 0
-			events = append(events, ev)
-		}
+		found = append(found, ferrydriver.DeadLetterRef{Feed: dl.Feed, EventID: ev.ID})
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
 		return 0, d.wrapErr("select dead letters to redrive", err)
 	}
-	if len(ids) == 0 {
+	if len(found) == 0 {
 		return 0, nil
 	}
-	if err := d.append(ctx, e, &ferrydriver.AppendParams{Events: events}); err != nil {
-		return 0, err
+	feeds, ids = refArgs(found) // oldest failure first, each key in order
+	if _, err := e.exec(ctx, d.queries.redriveToParked, feeds, ids); err != nil {
+		return 0, d.wrapErr("park redriven dead letters for their feeds", err)
 	}
-	n, err := e.exec(ctx, d.queries.deleteRedriven, feeds, ids)
+	n, err := e.exec(ctx, d.queries.deleteDeadLetterRefs, feeds, ids)
 	if err != nil {
 		return 0, d.wrapErr("delete redriven dead letters", err)
 	}
@@ -220,7 +234,7 @@ func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.Dea
 	return int(n), nil
 }
 
-// redrivable refuses a dead letter that is not a valid event: appended
+// redrivable refuses a dead letter that is not a valid event: published
 // again, it would only be dead-lettered again (or lose its headers).
 func redrivable(dl *ferrydriver.DeadLetter, decodeErr error) error {
 	err := decodeErr
@@ -237,7 +251,11 @@ func redrivable(dl *ferrydriver.DeadLetter, decodeErr error) error {
 
 // DiscardDeadLetters implements ferrydriver.Store.
 func (d *Driver[TTx]) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	n, err := d.db.exec(ctx, d.queries.discardDeadLetters, selectionArgs(p)...)
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
+	feeds, ids := refArgs(p.Letters)
+	n, err := d.db.exec(ctx, d.queries.deleteDeadLetterRefs, feeds, ids)
 	if err != nil {
 		return 0, d.wrapErr("discard dead letters", err)
 	}
@@ -246,7 +264,8 @@ func (d *Driver[TTx]) DiscardDeadLetters(ctx context.Context, p *ferrydriver.Dea
 
 // GetDeadLetter implements ferrydriver.Store.
 func (d *Driver[TTx]) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
-	r, err := d.db.query(ctx, d.queries.getDeadLetter, p.Feed, p.EventID.String())
+	q, feed := d.queries.getDeadLetter.of(p.Feed)
+	r, err := d.db.query(ctx, q, feed, p.EventID.String())
 	if err != nil {
 		return nil, d.wrapErr("read dead letter", err)
 	}
@@ -469,6 +488,27 @@ func (d *Driver[TTx]) feedLag(ctx context.Context, feed string, partition int, a
 		lag.OldestPending = *oldest
 	}
 	return lag, nil
+}
+
+// ListFeeds implements ferrydriver.Store (sqlListFeeds).
+func (d *Driver[TTx]) ListFeeds(ctx context.Context) ([]string, error) {
+	r, err := d.db.query(ctx, d.queries.listFeeds)
+	if err != nil {
+		return nil, d.wrapErr("list feeds", err)
+	}
+	defer r.Close()
+	var out []string
+	for r.Next() {
+		var n string
+		if err := r.Scan(&n); err != nil {
+			return nil, d.wrapErr("list feeds", err)
+		}
+		out = append(out, n)
+	}
+	if err := r.Err(); err != nil {
+		return nil, d.wrapErr("list feeds", err)
+	}
+	return out, nil
 }
 
 // FeedStatus implements ferrydriver.Store.

@@ -10,7 +10,7 @@ import (
 
 var _ ferrydriver.Parker = (*Driver)(nil)
 
-const parkedColumns = `event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason`
+const parkedColumns = `event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason, redriven`
 
 // fencedWrite runs fn in a write transaction if holder holds feed's lease
 // at term.
@@ -61,7 +61,7 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 			var id string
 			var headers sql.NullString
 			var created, parked int64
-			dest := []any{&id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &parked, &pe.Held, &pe.Reason}
+			dest := []any{&id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &parked, &pe.Held, &pe.Reason, &pe.Redriven}
 			if withQueued {
 				dest = append(dest, &pe.Queued)
 			}
@@ -79,9 +79,18 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 		}
 		return rows.Err()
 	}
-	if p.Keys != nil {
+	keys := p.Keys
+	if keys == nil && p.Redriven {
+		// The keys with redriven events (ferry_parked_redriven_idx,
+		// migration 13), then their heads.
+		var err error
+		if keys, err = d.redrivenKeys(ctx, p.Feed, p.Limit); err != nil {
+			return nil, d.wrapErr("read redriven events of "+p.Feed, err)
+		}
+	}
+	if keys != nil {
 		// One index probe per key, whatever the length of its queue.
-		for _, key := range p.Keys {
+		for _, key := range keys {
 			rows, err := d.r.QueryContext(ctx, `SELECT `+parkedColumns+` FROM ferry_parked WHERE feed = ? AND key = ? ORDER BY id LIMIT 1`, p.Feed, key)
 			if err != nil {
 				return nil, d.wrapErr("read parked events of "+p.Feed, err)
@@ -107,6 +116,28 @@ SELECT `+parkedColumns+`, n FROM ferry_parked
 		return nil, d.wrapErr("read parked events of "+p.Feed, err)
 	}
 	return out, nil
+}
+
+// redrivenKeys returns the keys of feed with a redriven event, at most
+// limit (0: 1000).
+func (d *Driver) redrivenKeys(ctx context.Context, feed string, limit int) ([]string, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := d.r.QueryContext(ctx, `SELECT DISTINCT key FROM ferry_parked WHERE feed = ? AND redriven = 1 LIMIT ?`, feed, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := []string{}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
 }
 
 // UnparkEvent implements ferrydriver.Parker.

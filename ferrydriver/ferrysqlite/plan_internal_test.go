@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/stretchr/testify/require"
@@ -21,8 +20,9 @@ func TestDeadLetterPagesWalkTheListIndex(t *testing.T) {
 	t.Parallel()
 	d := migrated(t)
 	for key, index := range map[string]string{"": "ferry_dead_letters_list_idx", "customer-7": "ferry_dead_letters_key_idx"} {
-		args := append(deadLetterArgs("", key, "", "", time.Time{}, time.Time{}, nil, 50), nil, "")
-		all := queryPlan(t, d, listDeadLetters(&ferrydriver.ListDeadLettersParams{Key: key}), args...)
+		p := &ferrydriver.ListDeadLettersParams{Key: key}
+		args := append(deadLetterArgs(p), 50, nil, "")
+		all := queryPlan(t, d, listDeadLetters(p), args...)
 		t.Logf("key %q:\n%s", key, all)
 		require.Contains(t, all, index)
 		require.NotContains(t, all, "TEMP B-TREE", "the page is read in index order, not sorted")

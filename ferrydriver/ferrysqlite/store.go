@@ -195,7 +195,7 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	if p.After != nil {
 		afterAt, afterID = nullMicros(p.After.FailedAt), p.After.EventID.String()
 	}
-	rows, err := d.r.QueryContext(ctx, listDeadLetters(p), append(deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit), afterAt, afterID)...)
+	rows, err := d.r.QueryContext(ctx, listDeadLetters(p), append(deadLetterArgs(p), limit, afterAt, afterID)...)
 	if err != nil {
 		return nil, d.wrapErr("list dead letters", err)
 	}
@@ -203,21 +203,32 @@ func (d *Driver) ListDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLet
 	return out, d.wrapErr("list dead letters", err)
 }
 
-// deadLetterFilter selects dead letters by feed ?1, key ?2, type ?3,
-// topic ?4, failed at or after ?5 and before ?6, and the event IDs of the
-// JSON array ?8; ?7 is the limit of the statement. Only the terms of the
-// fields that are set are written, so that an index serves them (a key:
-// ferry_dead_letters_key_idx, migration 12; a feed: the index on (feed,
-// failed_at)): "(?2 = ” OR key = ?2)" could be served by none, and a page
-// of a key's dead letters walked them all. The parameters of the others
-// are bound all the same, unused.
-func deadLetterFilter(feed, key, typ, topic string, since, until time.Time) string {
-	terms := []string{`(?8 = '[]' OR event_id IN (SELECT value FROM json_each(?8)))`}
+// CountDeadLetters implements ferrydriver.Store.
+func (d *Driver) CountDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLettersParams) (int64, error) {
+	var n int64
+	// "?9 = ?9": the statement has the nine parameters bound, used or not.
+	err := d.r.QueryRowContext(ctx, `SELECT count(*) FROM ferry_dead_letters WHERE `+deadLetterFilter(p)+` AND ?9 = ?9`, deadLetterArgs(p)...).Scan(&n)
+	return n, d.wrapErr("count dead letters", err)
+}
+
+// deadLetterFilter selects dead letters by feed ?1 (a partition, exactly)
+// or ?9 (a feed's partitions: the prefix "<feed>/" then a number), key
+// ?2, type ?3, topic ?4, failed at or after ?5 and before ?6, the event
+// IDs of the JSON array ?7, and a reason containing ?8. Only the terms of
+// the fields that are set are written, so that an index serves them (a
+// key: ferry_dead_letters_key_idx, migration 12; a partition: the index
+// on (feed, failed_at)): "(?2 = ” OR key = ?2)" could be served by none,
+// and a page of a key's dead letters walked them all. The parameters of
+// the others are bound all the same, unused.
+func deadLetterFilter(p *ferrydriver.ListDeadLettersParams) string {
+	exact, family := ferrydriver.FeedFilter(p.Feed)
+	terms := []string{`(?7 = '[]' OR event_id IN (SELECT value FROM json_each(?7)))`}
 	for _, t := range []struct {
 		set  bool
 		term string
-	}{{feed != "", `feed = ?1`}, {key != "", `key = ?2`}, {typ != "", `type = ?3`}, {topic != "", `topic = ?4`},
-		{!since.IsZero(), `failed_at >= ?5`}, {!until.IsZero(), `failed_at < ?6`}} {
+	}{{exact != "", `feed = ?1`}, {p.Key != "", `key = ?2`}, {p.Type != "", `type = ?3`}, {p.Topic != "", `topic = ?4`},
+		{!p.Since.IsZero(), `failed_at >= ?5`}, {!p.Until.IsZero(), `failed_at < ?6`}, {p.Reason != "", `instr(reason, ?8) > 0`},
+		{family != "", familyTerm}} {
 		if t.set {
 			terms = append(terms, t.term)
 		}
@@ -225,58 +236,54 @@ func deadLetterFilter(feed, key, typ, topic string, since, until time.Time) stri
 	return strings.Join(terms, " AND ")
 }
 
+// familyTerm matches the partitions of a feed: its name ?9 ("hooks/")
+// then a partition number.
+const familyTerm = `(substr(feed, 1, length(?9)) = ?9 AND length(feed) > length(?9) AND substr(feed, length(?9) + 1) NOT GLOB '*[^0-9]*')`
+
 // listDeadLetters lists dead letters newest failure first, after the
-// cursor (?9, ?10), walking ferry_dead_letters_list_idx (migration 8) or
-// the index of the filter.
-// The cursor's term too is written only when there is one: "?9 IS NULL
+// cursor (?11, ?12), ?10 at most, walking ferry_dead_letters_list_idx
+// (migration 8) or the index of the filter.
+// The cursor's term too is written only when there is one: "?11 IS NULL
 // OR ..." made a deep page walk the index from its start.
 func listDeadLetters(p *ferrydriver.ListDeadLettersParams) string {
-	after := `?9 IS NULL AND ?10 = ?10`
+	after := `?11 IS NULL AND ?12 = ?12`
 	if p.After != nil {
-		after = `failed_at <= ?9 AND (failed_at < ?9 OR event_id > ?10)`
+		after = `failed_at <= ?11 AND (failed_at < ?11 OR event_id > ?12)`
 	}
 	return `SELECT ` + deadLetterColumns + ` FROM ferry_dead_letters
- WHERE ` + deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until) + ` AND ` + after + `
- ORDER BY failed_at DESC, event_id LIMIT ?7`
+ WHERE ` + deadLetterFilter(p) + ` AND ` + after + `
+ ORDER BY failed_at DESC, event_id LIMIT ?10`
 }
 
-func selectionFilter(p *ferrydriver.DeadLetterSelection) string {
-	return deadLetterFilter(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until)
-}
-
-func deadLetterArgs(feed, key, typ, topic string, since, until time.Time, ids []uuid.UUID, limit int) []any {
-	list := make([]string, len(ids))
-	for i, id := range ids {
+// deadLetterArgs are the parameters ?1 to ?9 of deadLetterFilter.
+func deadLetterArgs(p *ferrydriver.ListDeadLettersParams) []any {
+	exact, family := ferrydriver.FeedFilter(p.Feed)
+	list := make([]string, len(p.EventIDs))
+	for i, id := range p.EventIDs {
 		list[i] = id.String()
 	}
 	js, _ := json.Marshal(list)
-	return []any{feed, key, typ, topic, nullMicros(since), nullMicros(until), limit, string(js)}
-}
-
-func selectionArgs(p *ferrydriver.DeadLetterSelection) []any {
-	limit := p.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	return deadLetterArgs(p.Feed, p.Key, p.Type, p.Topic, p.Since, p.Until, p.EventIDs, limit)
+	return []any{exact, p.Key, p.Type, p.Topic, nullMicros(p.Since), nullMicros(p.Until), string(js), p.Reason, family}
 }
 
 // RedriveDeadLetters implements ferrydriver.Store: in one write
-// transaction, the selected dead letters are appended as new events of
-// their keys and deleted.
+// transaction, the named dead letters are checked, appended to their
+// keys' parked queues in their feeds, marked redriven, and deleted.
 func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
 	var n int
 	err := d.write(ctx, "redrive dead letters", func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+selectionFilter(p)+`
- ORDER BY failed_at, seq, event_id LIMIT ?7`, selectionArgs(p)...)
+		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
+ WHERE (feed, event_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))
+ ORDER BY failed_at, seq, event_id`, refsJSON(p.Letters))
 		if err != nil {
 			return d.wrapErr("select dead letters to redrive", err)
 		}
 		defer rows.Close()
 		type row struct{ feed, id string }
 		var selected []row
-		var events []*ferryevent.Event
-		seen := map[string]bool{}
 		for rows.Next() {
 			dl := &ferrydriver.DeadLetter{}
 			ev := &dl.Event
@@ -298,21 +305,21 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 				return fmt.Errorf("ferrysqlite: dead letter %s of feed %s is not a valid event (%v): nothing was redriven; discard it (ferry dlq discard --feed %s %s)",
 					id, dl.Feed, err, dl.Feed, id)
 			}
-			ev.CreatedAt, ev.Seq = fromMicros(created), 0
 			selected = append(selected, row{dl.Feed, id})
-			if !seen[id] {
-				seen[id] = true
-				events = append(events, ev)
-			}
 		}
 		if err := rows.Err(); err != nil {
 			return d.wrapErr("select dead letters to redrive", err)
 		}
 		rows.Close()
-		if err := d.append(ctx, tx, &ferrydriver.AppendParams{Events: events}); err != nil {
-			return err
-		}
-		for _, r := range selected {
+		at := micros(now())
+		for _, r := range selected { // oldest failure first, each key in order
+			if _, err := tx.ExecContext(ctx, `
+INSERT INTO ferry_parked (feed, key, event_id, topic, seq, type, source, content_type, headers, payload, created_at, parked_at, reason, redriven)
+SELECT feed, key, event_id, topic, seq, type, source, content_type, headers, payload, created_at, ?, 'redriven by an operator after: ' || reason, 1
+  FROM ferry_dead_letters WHERE feed = ? AND event_id = ?
+ON CONFLICT (feed, event_id) DO NOTHING`, at, r.feed, r.id); err != nil {
+				return d.wrapErr("park redriven dead letters for their feeds", err)
+			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE feed = ? AND event_id = ?`, r.feed, r.id); err != nil {
 				return d.wrapErr("delete redriven dead letters", err)
 			}
@@ -326,12 +333,25 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 	return n, nil
 }
 
+// refsJSON is the named dead letters as a JSON array of [feed, event ID].
+func refsJSON(refs []ferrydriver.DeadLetterRef) string {
+	pairs := make([][2]string, len(refs))
+	for i, r := range refs {
+		pairs[i] = [2]string{r.Feed, r.EventID.String()}
+	}
+	js, _ := json.Marshal(pairs)
+	return string(js)
+}
+
 // DiscardDeadLetters implements ferrydriver.Store.
 func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
+	if len(p.Letters) == 0 {
+		return 0, nil
+	}
 	var n int64
 	err := d.write(ctx, "discard dead letters", func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE rowid IN (
-    SELECT rowid FROM ferry_dead_letters WHERE `+selectionFilter(p)+` ORDER BY failed_at, event_id LIMIT ?7)`, selectionArgs(p)...)
+		res, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters
+ WHERE (feed, event_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))`, refsJSON(p.Letters))
 		if err != nil {
 			return d.wrapErr("discard dead letters", err)
 		}
@@ -343,8 +363,10 @@ func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 
 // GetDeadLetter implements ferrydriver.Store.
 func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
+	exact, family := ferrydriver.FeedFilter(p.Feed)
 	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
- WHERE (?1 = '' OR feed = ?1) AND event_id = ?2 ORDER BY failed_at DESC LIMIT 1`, p.Feed, p.EventID.String())
+ WHERE (?1 = '' OR feed = ?1) AND event_id = ?2 AND (?9 = '' OR `+familyTerm+`) ORDER BY failed_at DESC LIMIT 1`,
+		exact, p.EventID.String(), nil, nil, nil, nil, nil, nil, family)
 	if err != nil {
 		return nil, d.wrapErr("read dead letter", err)
 	}
@@ -527,6 +549,41 @@ SELECT count(*), COALESCE(max(id), 0), min(created_at),
 		lag.OldestPending = fromMicros(oldest.Int64)
 	}
 	return lag, nil
+}
+
+// ListFeeds implements ferrydriver.Store: the checkpoints and leases (a
+// row per feed partition, relay member and chain source), then the
+// distinct feeds of the dead letters and the parked events, each by a skip
+// along an index that leads with the feed (one probe per feed).
+func (d *Driver) ListFeeds(ctx context.Context) ([]string, error) {
+	rows, err := d.r.QueryContext(ctx, `
+WITH RECURSIVE dl(feed) AS (
+    SELECT min(feed) FROM ferry_dead_letters
+    UNION ALL
+    SELECT (SELECT min(feed) FROM ferry_dead_letters WHERE feed > dl.feed) FROM dl WHERE dl.feed IS NOT NULL
+), pk(feed) AS (
+    SELECT min(feed) FROM ferry_parked
+    UNION ALL
+    SELECT (SELECT min(feed) FROM ferry_parked WHERE feed > pk.feed) FROM pk WHERE pk.feed IS NOT NULL
+)
+SELECT feed FROM ferry_checkpoints
+ UNION SELECT name FROM ferry_leases
+ UNION SELECT feed FROM dl WHERE feed IS NOT NULL
+ UNION SELECT feed FROM pk WHERE feed IS NOT NULL
+ ORDER BY 1`)
+	if err != nil {
+		return nil, d.wrapErr("list feeds", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, d.wrapErr("list feeds", err)
+		}
+		out = append(out, n)
+	}
+	return out, d.wrapErr("list feeds", rows.Err())
 }
 
 // FeedStatus implements ferrydriver.Store.

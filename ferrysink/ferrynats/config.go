@@ -92,10 +92,10 @@ func (c *Config) WithDefaults() *Config {
 // validate checks a Config that went through WithDefaults.
 func (c *Config) validate() error {
 	if reason := invalidSubject(c.SubjectPrefix); reason != "" {
-		return fmt.Errorf("ferrynats: Config.SubjectPrefix %q is not a valid subject prefix: %s", c.SubjectPrefix, reason)
+		return fmt.Errorf("ferrynats: Config.SubjectPrefix (--subject-prefix / FERRY_SUBJECT_PREFIX for `ferry`) %q is not a valid subject prefix: %s", c.SubjectPrefix, reason)
 	}
 	if strings.ContainsAny(c.Stream, " \t\r\n.*>/\\") {
-		return fmt.Errorf("ferrynats: Config.Stream %q is not a valid stream name: it may not contain whitespace, '.', '*', '>', '/' or '\\'", c.Stream)
+		return fmt.Errorf("ferrynats: Config.Stream (--stream / FERRY_STREAM for `ferry`) %q is not a valid stream name: it may not contain whitespace, '.', '*', '>', '/' or '\\'", c.Stream)
 	}
 	if c.MaxInFlight < 0 {
 		return fmt.Errorf("ferrynats: Config.MaxInFlight is %d; set it > 0, or 0 for %d", c.MaxInFlight, DefaultMaxInFlight)

@@ -125,7 +125,7 @@ func checkStream(ctx context.Context, js jetstream.JetStream, c *Config) error {
 	stream, err := js.Stream(ctx, c.Stream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound) && !c.CreateStream:
-		return fmt.Errorf("ferrynats: stream %q not found: create stream %s with subjects %q (nats stream add %s --subjects '%s' --storage file --dupe-window 2m) or set Config.CreateStream: %w",
+		return fmt.Errorf("ferrynats: stream %q not found: create stream %s with subjects %q (nats stream add %s --subjects '%s' --storage file --dupe-window 2m) or set Config.CreateStream (--create-stream / FERRY_CREATE_STREAM for `ferry`): %w",
 			c.Stream, c.Stream, c.prefixSubjects(), c.Stream, c.prefixSubjects(), err)
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		stream, err = createStream(ctx, js, c)
@@ -151,7 +151,7 @@ func checkStream(ctx context.Context, js jetstream.JetStream, c *Config) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("ferrynats: stream %q does not capture the subjects %q (its subjects: %s): add %q to the stream's subjects, set Config.SubjectPrefix to a prefix it captures, or map topics yourself with Config.Subject",
+	return fmt.Errorf("ferrynats: stream %q does not capture the subjects %q (its subjects: %s): add %q to the stream's subjects, set Config.SubjectPrefix (--subject-prefix / FERRY_SUBJECT_PREFIX for `ferry`) to a prefix it captures, or map topics yourself with Config.Subject",
 		c.Stream, c.prefixSubjects(), quoteList(subjects), c.prefixSubjects())
 }
 
@@ -425,7 +425,7 @@ func (s *Sink) noResponders(ctx context.Context, subject string) error {
 	name, err := s.js.StreamNameBySubject(ctx, subject)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return permanent(fmt.Sprintf("no JetStream stream captures subject %q: add it to the subjects of stream %q, or change the mapping (Config.SubjectPrefix or Config.Subject)", subject, s.cfg.Stream), jetstream.ErrNoStreamResponse)
+		return permanent(fmt.Sprintf("no JetStream stream captures subject %q: add it to the subjects of stream %q, or change the mapping (Config.SubjectPrefix, --subject-prefix / FERRY_SUBJECT_PREFIX for `ferry`, or Config.Subject)", subject, s.cfg.Stream), jetstream.ErrNoStreamResponse)
 	case err != nil:
 		return fmt.Errorf("ferrynats: no stream answered on subject %q, and looking up the stream that captures it failed: %w", subject, errors.Join(jetstream.ErrNoStreamResponse, err))
 	case name != s.cfg.Stream:
@@ -474,9 +474,9 @@ func notSent(ctx context.Context, ev *ferryevent.Event) error {
 
 func wrongStream(subject, got, want string) string {
 	if got == "" {
-		return fmt.Sprintf("subject %q is captured by another stream than %q: map the topic to a subject of %q, or set Config.Stream to the stream that captures it", subject, want, want)
+		return fmt.Sprintf("subject %q is captured by another stream than %q: map the topic to a subject of %q, or set Config.Stream (--stream / FERRY_STREAM for `ferry`) to the stream that captures it", subject, want, want)
 	}
-	return fmt.Sprintf("subject %q is captured by stream %q, not the configured %q: map the topic to a subject of %q, or set Config.Stream to %q", subject, got, want, want, got)
+	return fmt.Sprintf("subject %q is captured by stream %q, not the configured %q: map the topic to a subject of %q, or set Config.Stream (--stream / FERRY_STREAM for `ferry`) to %q", subject, got, want, want, got)
 }
 
 func permanent(reason string, err error) error {

@@ -80,7 +80,7 @@ func New(ctx context.Context, cfg *Config) (*Sink, error) {
 	}
 	l, err := s.connect(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("ferryrabbit: connect to %s: %w; check Config.URL and that RabbitMQ is running and reachable", s.url, err)
+		return nil, fmt.Errorf("ferryrabbit: connect to %s: %w; check Config.URL (--sink-url / FERRY_SINK_URL for `ferry`) and that RabbitMQ is running and reachable", s.url, err)
 	}
 	sess, err := s.start(l)
 	if err != nil {
@@ -119,9 +119,9 @@ func (s *Sink) prepareExchange(conn *amqp.Connection) error {
 		err = ch.ExchangeDeclare(c.Exchange, c.ExchangeType, true, false, false, false, nil)
 		switch {
 		case hasCode(err, amqp.PreconditionFailed):
-			return fmt.Errorf("ferryrabbit: exchange %q exists with another type or durability than Config.ExchangeType %q, durable: %w; use it as it is (unset Config.DeclareExchange) or choose another Config.Exchange", c.Exchange, c.ExchangeType, err)
+			return fmt.Errorf("ferryrabbit: exchange %q exists with another type or durability than Config.ExchangeType %q, durable: %w; use it as it is (unset Config.DeclareExchange; declare_exchange=false in `ferry`'s --sink-url) or choose another Config.Exchange (exchange=)", c.Exchange, c.ExchangeType, err)
 		case hasCode(err, amqp.AccessRefused):
-			return fmt.Errorf("ferryrabbit: declare exchange %q: %w; grant the user configure permission on it, or have it declared beforehand and unset Config.DeclareExchange", c.Exchange, err)
+			return fmt.Errorf("ferryrabbit: declare exchange %q: %w; grant the user configure permission on it, or have it declared beforehand and unset Config.DeclareExchange (declare_exchange=false in `ferry`'s --sink-url)", c.Exchange, err)
 		case hasCode(err, amqp.CommandInvalid):
 			return fmt.Errorf("ferryrabbit: declare exchange %q of type %q: %w; set Config.ExchangeType to a type the broker knows (topic, direct, fanout, headers)", c.Exchange, c.ExchangeType, err)
 		case err != nil:
@@ -132,7 +132,7 @@ func (s *Sink) prepareExchange(conn *amqp.Connection) error {
 	err = ch.ExchangeDeclarePassive(c.Exchange, c.ExchangeType, true, false, false, false, nil)
 	switch {
 	case hasCode(err, amqp.NotFound):
-		return fmt.Errorf("ferryrabbit: exchange %q not found: declare it (rabbitmqadmin declare exchange name=%s type=topic durable=true) or set Config.DeclareExchange: %w", c.Exchange, c.Exchange, err)
+		return fmt.Errorf("ferryrabbit: exchange %q not found: declare it (rabbitmqadmin declare exchange name=%s type=topic durable=true) or set Config.DeclareExchange (declare_exchange=true in `ferry`'s --sink-url): %w", c.Exchange, c.Exchange, err)
 	case err != nil:
 		return fmt.Errorf("ferryrabbit: look up exchange %q: %w", c.Exchange, err)
 	}

@@ -143,7 +143,7 @@ func (c *Config) WithDefaults() *Config {
 func (c *Config) validate() error {
 	switch {
 	case c.URL == "" && c.Endpoint == nil:
-		return errors.New("ferrywebhook: Config.URL is empty; set it to the receiver's https URL, or set Config.Endpoint to route each event")
+		return errors.New("ferrywebhook: Config.URL is empty; set it to the receiver's https URL (--sink-url / FERRY_SINK_URL for `ferry`), or set Config.Endpoint to route each event")
 	case c.URL != "" && c.Endpoint != nil:
 		return errors.New("ferrywebhook: both Config.URL and Config.Endpoint are set; keep one (Endpoint may return a fixed URL for most events)")
 	case c.URL != "":
@@ -153,9 +153,9 @@ func (c *Config) validate() error {
 	}
 	switch {
 	case len(c.Secrets) == 0 && !c.Unsigned:
-		return errors.New("ferrywebhook: Config.Secrets is empty; generate one with ferrywebhook.NewSecret and give it to the receivers, or set Config.Unsigned for an endpoint authenticated otherwise")
+		return errors.New("ferrywebhook: Config.Secrets is empty (FERRY_WEBHOOK_SECRETS for `ferry`); generate one with ferrywebhook.NewSecret and give it to the receivers, or set Config.Unsigned (FERRY_WEBHOOK_UNSIGNED=true) for an endpoint authenticated otherwise")
 	case len(c.Secrets) > 0 && c.Unsigned:
-		return errors.New("ferrywebhook: Config.Unsigned is set but Config.Secrets is not empty; remove one of them")
+		return errors.New("ferrywebhook: Config.Unsigned (FERRY_WEBHOOK_UNSIGNED for `ferry`) is set but Config.Secrets (FERRY_WEBHOOK_SECRETS) is not empty; remove one of them")
 	}
 	if _, err := parseSecrets(c.Secrets); err != nil {
 		return fmt.Errorf("ferrywebhook: Config.Secrets: %w", err)

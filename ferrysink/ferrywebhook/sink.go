@@ -482,13 +482,13 @@ func advice(code int, location string) string {
 			if u, err := url.Parse(location); err == nil {
 				location = redact(u)
 			}
-			return fmt.Sprintf("redirects are not followed: point Config.URL (or Config.Endpoint) at the final address (Location: %q), then redrive the dead letters", location)
+			return fmt.Sprintf("redirects are not followed: point Config.URL (or Config.Endpoint; --sink-url / FERRY_SINK_URL for `ferry`) at the final address (Location: %q), then redrive the dead letters", location)
 		}
-		return "redirects are not followed: point Config.URL (or Config.Endpoint) at the final address, then redrive the dead letters"
+		return "redirects are not followed: point Config.URL (or Config.Endpoint; --sink-url / FERRY_SINK_URL for `ferry`) at the final address, then redrive the dead letters"
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		return "the endpoint refused the signature or the credentials: check Config.Secrets (and Config.Header) against the receiver's, then redrive the dead letters; list the status in Config.TransientStatus to retry instead while a rotation rolls out"
+		return "the endpoint refused the signature or the credentials: check Config.Secrets (FERRY_WEBHOOK_SECRETS for `ferry`) and Config.Header against the receiver's, then redrive the dead letters; list the status in Config.TransientStatus to retry instead while a rotation rolls out"
 	case code == http.StatusNotFound || code == http.StatusGone:
-		return "the endpoint has no route for the event: check Config.URL or Config.Endpoint, then redrive the dead letters; list the status in Config.TransientStatus to retry instead"
+		return "the endpoint has no route for the event: check Config.URL or Config.Endpoint (--sink-url / FERRY_SINK_URL for `ferry`), then redrive the dead letters; list the status in Config.TransientStatus to retry instead"
 	case code == http.StatusRequestEntityTooLarge:
 		return "the event is too large for the endpoint: send a reference to the data, or raise the receiver's body limit and redrive the dead letter"
 	default:

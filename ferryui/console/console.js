@@ -36,10 +36,16 @@ function append(parent, children) {
 
 function link(href, ...children) { return el('a', { href }, ...children); }
 
+// fmtTime writes a time in the browser's time zone, to the millisecond,
+// with the zone's offset (UTC when none): 2026-12-06 09:31:17.042 +01:00.
 function fmtTime(t) {
   if (!t) return '';
   const d = new Date(t);
-  return isNaN(d) ? String(t) : d.toLocaleString(undefined, { hour12: false }) + '.' + String(d.getMilliseconds()).padStart(3, '0');
+  if (isNaN(d)) return String(t);
+  const pad = (n, w = 2) => String(n).padStart(w, '0');
+  const off = -d.getTimezoneOffset();
+  const zone = off === 0 ? 'UTC' : `${off > 0 ? '+' : '-'}${pad(Math.floor(Math.abs(off) / 60))}:${pad(Math.abs(off) % 60)}`;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)} ${zone}`;
 }
 
 function fmtSeconds(s) {
@@ -59,14 +65,33 @@ function stateBadge(state) { return el('span', { class: 'state ' + state }, stat
 
 function keyLink(key) { return link('#/keys/' + encodeURIComponent(key), el('span', { class: 'mono' }, key)); }
 
-function eventLink(id) { return link('#/events/' + encodeURIComponent(id), el('span', { class: 'mono' }, id.slice(0, 8) + '…')); }
+// eventLink shows an event's whole ID: UUIDv7s of one minute share their
+// first digits, so a cut one names many events.
+function eventLink(id) { return link('#/events/' + encodeURIComponent(id), el('span', { class: 'mono id' }, id)); }
+
+// UUID matches an event ID (any UUID version).
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+// search opens what the search box names: an event by its ID, else a key.
+function search(e) {
+  e.preventDefault();
+  const input = document.getElementById('search-input');
+  const q = input.value.trim();
+  if (!q) return;
+  input.value = '';
+  location.hash = (UUID.test(q) ? '#/events/' : '#/keys/') + encodeURIComponent(q);
+}
 
 // ---- the API ----
 
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ''; }
 
+// get reads the API, with the token (reads need it unless the console
+// was started with --open-reads).
 async function get(path) {
-  const r = await fetch(API + path, { headers: { Accept: 'application/json' } });
+  const headers = { Accept: 'application/json' };
+  if (token()) headers.Authorization = 'Bearer ' + token();
+  const r = await fetch(API + path, { headers });
   const body = await r.json().catch(() => ({ error: r.status + ' ' + r.statusText }));
   if (!r.ok) throw Object.assign(new Error(body.error || r.statusText), { status: r.status });
   return body;
@@ -278,35 +303,42 @@ async function overview(main) {
   return true; // poll
 }
 
-// groupByReason groups items by reason(item), largest group first.
-function groupByReason(items, reason) {
+// groupByReason groups items by feed(item) and reason(item), largest
+// group first: [{feed, reason, rows}].
+function groupByReason(items, reason, feed) {
   const m = new Map();
   for (const it of items) {
-    const r = reason(it) || '(no error text)';
-    if (!m.has(r)) m.set(r, []);
-    m.get(r).push(it);
+    const g = { feed: feed(it) || '', reason: reason(it) || '(no error text)' };
+    const k = g.feed + '\u0000' + g.reason;
+    if (!m.has(k)) m.set(k, { ...g, rows: [] });
+    m.get(k).rows.push(it);
   }
-  return [...m.entries()].sort((a, b) => b[1].length - a[1].length);
+  return [...m.values()].sort((a, b) => b.rows.length - a.rows.length);
 }
 
-// byReason groups a page's items by reason, in the server's grouping of
-// the newest failures when it has one (reasons: the API's answer, or
-// null): each group's count and the IDs its actions take are the
-// server's, its rows those of the page; reasons only the page has follow,
-// counted on the page.
-function byReason(items, reasonOf, reasons) {
-  const page = groupByReason(items, reasonOf);
-  if (!reasons) return page.map(([reason, rows]) => ({ reason, rows, count: rows.length, ids: rows.map((r) => r.event.id) }));
-  const rowsOf = new Map(page);
+// byReason groups a page's items by reason (relay dead letters: by feed
+// partition and reason), in the server's grouping of the newest failures
+// when it has one (reasons: the API's answer, or null): each group's
+// count and the IDs its actions take are the server's, its rows those of
+// the page; reasons only the page has follow, counted on the page.
+function byReason(items, reasonOf, reasons, feedOf = () => '') {
+  const key = (g) => (g.feed || '') + '\u0000' + g.reason;
+  const page = groupByReason(items, reasonOf, feedOf);
+  const ids = (rows) => rows.map((r) => r.event.id);
+  if (!reasons) return page.map((g) => ({ ...g, count: g.rows.length, ids: ids(g.rows) }));
+  const rowsOf = new Map(page.map((g) => [key(g), g]));
   const out = reasons.reasons.map((r) => {
-    const reason = r.reason || '(no error text)';
-    const rows = rowsOf.get(reason) || [];
-    rowsOf.delete(reason);
-    return { reason, rows, count: r.count, ids: r.ids, server: true };
+    const g = { feed: r.feed || '', reason: r.reason || '(no error text)' };
+    const rows = (rowsOf.get(key(g)) || { rows: [] }).rows;
+    rowsOf.delete(key(g));
+    return { ...g, rows, count: r.count, ids: r.ids, server: true };
   });
-  for (const [reason, rows] of rowsOf) out.push({ reason, rows, count: rows.length, ids: rows.map((r) => r.event.id) });
+  for (const g of rowsOf.values()) out.push({ ...g, count: g.rows.length, ids: ids(g.rows) });
   return out;
 }
+
+// letters names relay dead letters for an action: each by its feed.
+function letters(feed, ids) { return ids.map((id) => ({ feed, id })); }
 
 // reasons asks the API to group the newest failures by reason (path:
 // dead-letters/reasons or groups/{g}/reasons); null when it cannot.
@@ -327,7 +359,8 @@ function reasonsNote(rs, what) {
 function reasonBlock(g, header, row, actions) {
   const block = el('section', { class: 'reason', dataset: { count: g.count } });
   append(block, [
-    el('div', { class: 'head' }, el('b', {}, g.count.toLocaleString()), el('span', { class: 'text' }, g.reason), el('div', { class: 'actions' }, actions(block, g.ids))),
+    el('div', { class: 'head' }, el('b', {}, g.count.toLocaleString()), g.feed ? el('span', { class: 'feed mono' }, g.feed) : null,
+      el('span', { class: 'text' }, g.reason), el('div', { class: 'actions' }, actions(block, g.ids, g.feed))),
     g.rows.length ? el('table', {}, el('thead', {}, el('tr', {}, header.map((h) => el('th', {}, h)))), el('tbody', {}, g.rows.map(row)))
       : el('p', { class: 'muted' }, 'None of them on this page.'),
   ]);
@@ -351,17 +384,17 @@ async function deadLetters(main, params) {
     out.push(el('p', { class: 'muted', id: 'empty' }, 'No dead letters.'));
   } else {
     out.push(el('p', { class: 'muted' }, reasonsNote(rs, `${items.length.toLocaleString()}`)));
-    for (const g of byReason(items, (d) => d.reason, rs)) {
+    for (const g of byReason(items, (d) => d.reason, rs, (d) => d.feed)) {
       out.push(reasonBlock(g, ['Event', 'Feed', 'Topic', 'Key', 'Type', 'Failed at', ''], (d) => el('tr', { dataset: { id: d.event.id } },
         el('td', {}, eventLink(d.event.id)), el('td', {}, d.feed), el('td', {}, d.event.topic),
         el('td', { class: 'clip' }, keyLink(d.event.key)),
         el('td', {}, d.event.type), el('td', {}, fmtTime(d.failed_at)),
         el('td', {}, el('div', { class: 'actions' },
-          el('button', { onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/redrive', { ids: [d.event.id] }, 'Redrive') }, 'Redrive'),
-          el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/discard', { ids: [d.event.id] }, 'Discard') }, 'Discard')))),
-      (block, ids) => [
-        el('button', { class: 'primary', onclick: () => confirmAction(block, 'dead-letters/redrive', { ids }, 'Redrive') }, `Redrive ${ids.length}`),
-        el('button', { class: 'danger', onclick: () => confirmAction(block, 'dead-letters/discard', { ids }, 'Discard') }, `Discard ${ids.length}`),
+          el('button', { onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/redrive', { letters: letters(d.feed, [d.event.id]) }, 'Redrive') }, 'Redrive'),
+          el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('section'), 'dead-letters/discard', { letters: letters(d.feed, [d.event.id]) }, 'Discard') }, 'Discard')))),
+      (block, ids, feed) => [
+        el('button', { class: 'primary', onclick: () => confirmAction(block, 'dead-letters/redrive', { letters: letters(feed, ids) }, 'Redrive') }, `Redrive ${ids.length}`),
+        el('button', { class: 'danger', onclick: () => confirmAction(block, 'dead-letters/discard', { letters: letters(feed, ids) }, 'Discard') }, `Discard ${ids.length}`),
       ]));
     }
   }
@@ -464,26 +497,29 @@ function scannedNote(n) {
 
 async function eventPage(main, id) {
   const t = await get('events/' + encodeURIComponent(id));
-  const ev = (t.dead_letter && t.dead_letter.event) || (t.groups[0] && t.groups[0].event) || t.outbox.event;
+  const ev = (t.dead_letters[0] && t.dead_letters[0].event) || (t.groups[0] && t.groups[0].event) || t.outbox.event;
   const out = [el('h1', {}, 'Event ', el('span', { class: 'mono' }, t.id))];
   out.push(fields([['Topic', ev.topic], ['Key', link('#/keys/' + encodeURIComponent(ev.key), el('span', { class: 'mono', id: 'event-key' }, ev.key))], ['Seq', String(ev.seq)], ['Type', ev.type],
     ['Source', ev.source], ['Content type', ev.content_type], ['Committed', fmtTime(ev.created_at)]]));
   const steps = [el('li', { class: 'good' }, el('b', {}, 'Committed to the outbox'), ' ', el('span', { class: 'muted' }, fmtTime(ev.created_at)))];
-  if (t.dead_letter) {
-    const dl = t.dead_letter;
-    steps.push(el('li', { class: 'bad', id: 'relay-dead' }, el('b', {}, 'Dead-lettered by the relay'), ' ', el('span', { class: 'muted' }, `${dl.feed}, ${fmtTime(dl.failed_at)}`),
+  // One dead letter per feed partition that dead-lettered it: an action
+  // on one reaches that feed's only.
+  for (const dl of t.dead_letters) {
+    steps.push(el('li', { class: 'bad relay-dead', dataset: { feed: dl.feed } }, el('b', {}, 'Dead-lettered by the relay of feed ', el('span', { class: 'mono' }, dl.feed)), ' ',
+      el('span', { class: 'muted' }, fmtTime(dl.failed_at)),
       el('pre', {}, dl.reason),
       el('div', { class: 'actions' },
-        el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/redrive', { ids: [t.id] }, 'Redrive') }, 'Redrive'),
-        el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/discard', { ids: [t.id] }, 'Discard') }, 'Discard'))));
-  } else if (t.outbox) {
+        el('button', { class: 'primary', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/redrive', { letters: letters(dl.feed, [t.id]) }, `Redrive to ${dl.feed}`) }, 'Redrive'),
+        el('button', { class: 'danger', onclick: (e) => confirmAction(e.target.closest('li'), 'dead-letters/discard', { letters: letters(dl.feed, [t.id]) }, `Discard from ${dl.feed}`) }, 'Discard'))));
+  }
+  if (t.dead_letters.length === 0 && t.outbox) {
     // Not published yet: where it waits in its partition's backlog.
     const o = t.outbox;
     steps.push(o.invalid
       ? el('li', { class: 'bad', id: 'unpublished' }, el('b', {}, 'Not publishable'), ' ', el('span', { class: 'muted' }, `${o.feed}: the relay will dead-letter it`), el('pre', {}, o.invalid))
       : el('li', { id: 'unpublished' }, el('b', {}, 'Waiting in the outbox'), ' ',
         el('span', { class: 'muted' }, `${o.ahead.toLocaleString()} event${o.ahead === 1 ? '' : 's'} ahead of it in ${o.feed}; `, link('#/', 'the feeds’ lag'))));
-  } else if (t.groups.length) {
+  } else if (t.dead_letters.length === 0 && t.groups.length) {
     // The relay keeps no time per event (an index on the outbox to find
     // one would cost every append): its first delivery bounds it.
     const first = t.groups.map((g) => g.received_at).sort((a, b) => Date.parse(a) - Date.parse(b))[0];
@@ -596,14 +632,19 @@ async function route() {
     if (parts.length === 0) poll = await overview(main);
     else if (parts[0] === 'dead-letters') poll = await deadLetters(main, params);
     else if (parts[0] === 'groups' && parts[1]) poll = await group(main, parts[1], params);
-    else if (parts[0] === 'events' && parts[1]) poll = await eventPage(main, parts[1]);
+    else if (parts[0] === 'events' && parts[1]) poll = await eventPage(main, parts[1]).catch((e) => {
+      // An ID that names no event may be a key that looks like one.
+      if (e.status === 404) e.key = parts[1];
+      throw e;
+    });
     else if (parts[0] === 'keys' && parts[1]) poll = await keyPage(main, parts.slice(1).join('/'));
     else if (parts[0] === 'parked') poll = await parked(main);
     else main.replaceChildren(el('p', {}, 'No such page. ', link('#/', 'Overview')));
     document.title = 'Ferry console · ' + (parts[0] || 'overview');
   } catch (e) {
     lastStatus = e.status;
-    main.replaceChildren(el('p', { class: 'muted', id: 'error' }, e.message));
+    main.replaceChildren(el('p', { class: 'muted', id: 'error' }, e.message),
+      e.key ? el('p', {}, link('#/keys/' + encodeURIComponent(e.key), 'Look for a key named ', el('span', { class: 'mono' }, e.key))) : null);
     poll = true;
   }
   if (mine !== generation) return;
@@ -614,7 +655,7 @@ async function route() {
 }
 
 function showToken() {
-  document.getElementById('token-state').textContent = token() ? 'actions: token set' : 'actions need the token';
+  document.getElementById('token-state').textContent = token() ? 'token set' : 'reads and actions need the token';
 }
 
 function init() {
@@ -625,8 +666,10 @@ function init() {
     else sessionStorage.removeItem(TOKEN_KEY);
     input.value = '';
     showToken();
+    route();
   });
   showToken();
+  document.getElementById('search').addEventListener('submit', search);
   window.addEventListener('hashchange', route);
   route();
 }

@@ -219,9 +219,11 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, binary.Payload, b.Event.Payload, "binary payloads round-trip as base64")
 		require.Nil(t, b.Event.PayloadText, "a payload that is not UTF-8 is not shown as text")
 
-		var one ferryui.DeadLetterJSON
+		var one ferryui.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one)
-		require.Equal(t, "k1", one.Event.Key)
+		require.Len(t, one.DeadLetters, 1)
+		require.Equal(t, "k1", one.DeadLetters[0].Event.Key)
+		require.Equal(t, "default/0", one.DeadLetters[0].Feed, "each dead letter says its feed")
 		page.DeadLetters = nil
 		c.get("/api/v1/dead-letters?topic=invoices", http.StatusOK, &page)
 		require.Len(t, page.DeadLetters, 1)
@@ -269,12 +271,12 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			"/api/v1/dead-letters?since=yesterday":           "use RFC 3339",
 			"/api/v1/groups/billing/events?state=exploded":   "is not an inbox state",
 			"/api/v1/events/" + uuid.NewString():             "not among the first 4000 unpublished events",
-			"/api/v2/feeds":                                  "the API is under /api/v1/",
+			"/api/v2/feeds":                                  "GET /api/v1/ lists the API's paths",
 			"/api/v1/groups/billing/events?limit=-3":         "is not a count",
 			"/api/v1/dead-letters?until=2026-13-40T00:00:00": "use RFC 3339",
 		} {
 			var e struct{ Error string }
-			resp := c.do("GET", path, nil, "", nil)
+			resp := c.do("GET", path, nil, Token, nil)
 			require.GreaterOrEqual(t, resp.StatusCode, 400, path)
 			require.NoError(t, json.NewDecoder(resp.Body).Decode(&e), path)
 			resp.Body.Close()
@@ -282,8 +284,81 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		}
 	})
 
+	t.Run("TheAPIListsItsPaths", func(t *testing.T) {
+		var index struct {
+			Endpoints   []ferryui.EndpointJSON
+			ReadsNeed   string `json:"reads_need"`
+			ActionsNeed string `json:"actions_need"`
+		}
+		resp := c.do("GET", "/api/v1/", nil, "", nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "the index needs no token: it holds no data")
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&index))
+		resp.Body.Close()
+		paths := map[string]bool{}
+		for _, e := range index.Endpoints {
+			paths[e.Method+" "+e.Path] = true
+			require.NotEmpty(t, e.Does, e.Path)
+		}
+		for _, p := range []string{"GET /api/v1/feeds", "GET /api/v1/dead-letters/{id}", "POST /api/v1/dead-letters/redrive", "GET /api/v1/events/{id}", "POST /api/v1/groups/{group}/policy"} {
+			require.True(t, paths[p], "%s is listed: %v", p, paths)
+		}
+		require.Contains(t, index.ReadsNeed, "token")
+	})
+
+	t.Run("OnlyItsOwnHostAndTheTokenAreAnswered", func(t *testing.T) {
+		// A page of another site that has its name resolve to this
+		// machine (DNS rebinding) sends its own name as the Host: refused,
+		// pages and API alike, whatever the token.
+		for _, path := range []string{"/api/v1/feeds", "/api/v1/events/" + hostile.ID.String(), "/", "/console/console.js"} {
+			resp := c.do("GET", path, nil, Token, map[string]string{"Host": "rebound.example:9470"})
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusForbidden, resp.StatusCode, path)
+			require.Contains(t, string(body), "does not answer to host", path)
+			require.Contains(t, string(body), "rebound.example:9470", path)
+			require.Contains(t, string(body), "--ui-host rebound.example", path)
+			require.NotContains(t, string(body), Hostile, path)
+		}
+		for _, host := range []string{"localhost:9470", "127.0.0.1", "[::1]:80"} {
+			resp := c.do("GET", "/api/v1/feeds", nil, Token, map[string]string{"Host": host})
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode, host)
+		}
+		// Reads need the token, as actions do.
+		for _, token := range []string{"", "nope"} {
+			resp := c.do("GET", "/api/v1/dead-letters/"+hostile.ID.String(), nil, token, nil)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "token %q", token)
+			require.Contains(t, string(body), "a read needs the console's token")
+			require.NotContains(t, string(body), Hostile)
+		}
+		resp := c.do("GET", "/", nil, "", nil)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "the page itself needs no token: it asks for it")
+		// A handler given its names answers them; "*" answers any;
+		// OpenReads serves reads without the token.
+		named, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true, OpenReads: true, Hosts: []string{"ferry.internal", "proxy.example:8443"}})
+		require.NoError(t, err)
+		for host, want := range map[string]int{"ferry.internal:9470": http.StatusOK, "FERRY.internal": http.StatusOK, "proxy.example:8443": http.StatusOK,
+			"proxy.example:9470": http.StatusForbidden, "ferry.internal.evil.example": http.StatusForbidden, "": http.StatusForbidden} {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("GET", "/api/v1/feeds", nil)
+			req.Host = host
+			named.ServeHTTP(rec, req)
+			require.Equal(t, want, rec.Code, "host %q", host)
+		}
+		every, err := ferryui.New(&ferryui.Config{Store: store, ReadOnly: true, OpenReads: true, Hosts: []string{"*"}})
+		require.NoError(t, err)
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/api/v1/feeds", nil)
+		req.Host = "anything.example"
+		every.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code)
+	})
+
 	t.Run("ActionsNeedTheTokenJSONAndTheSameOrigin", func(t *testing.T) {
-		body := []byte(`{"ids":["` + plain1.ID.String() + `"]}`)
+		body := []byte(`{"letters":[{"feed":"default/0","id":"` + plain1.ID.String() + `"}]}`)
 		for _, tc := range []struct {
 			name, method, token, contentType, origin string
 			status                                   int
@@ -298,13 +373,14 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			resp.Body.Close()
 			require.Equal(t, tc.status, resp.StatusCode, tc.name)
 		}
-		var one ferryui.DeadLetterJSON
+		var one ferryui.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one) // untouched
 
-		ro, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true})
+		ro, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true, OpenReads: true})
 		require.NoError(t, err)
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("POST", "/api/v1/dead-letters/redrive", bytes.NewReader(body))
+		req.Host = "localhost"
 		req.Header.Set("Authorization", "Bearer "+Token)
 		req.Header.Set("Content-Type", "application/json")
 		ro.ServeHTTP(rec, req)
@@ -312,6 +388,8 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Contains(t, rec.Body.String(), "read-only")
 		_, err = ferryui.New(&ferryui.Config{Store: store})
 		require.ErrorContains(t, err, "Token is empty", "actions without a token are refused at construction")
+		_, err = ferryui.New(&ferryui.Config{Store: store, ReadOnly: true})
+		require.ErrorContains(t, err, "Token is empty", "and so are reads, unless they are open")
 	})
 
 	t.Run("RedriveAndDiscardDeadLetters", func(t *testing.T) {
@@ -320,14 +398,65 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, 3, res.Selected, "a dry run counts what the filter selects")
 		require.Zero(t, res.Done)
 		c.post("/api/v1/dead-letters/redrive", `{"filter":{"topic":"orders"},"expect":2}`, http.StatusConflict, nil)
-		c.post("/api/v1/dead-letters/redrive", `{"ids":["`+plain1.ID.String()+`"],"expect":1}`, http.StatusOK, &res)
+		c.post("/api/v1/dead-letters/redrive", `{"ids":["`+plain1.ID.String()+`"]}`, http.StatusBadRequest, nil)
+		c.post("/api/v1/dead-letters/redrive", `{"letters":[{"feed":"default/1","id":"`+plain1.ID.String()+`"}],"dry_run":true}`, http.StatusOK, &res)
+		require.Zero(t, res.Selected, "default/1 has no dead letter of it")
+		c.post("/api/v1/dead-letters/redrive", `{"letters":[{"feed":"default/0","id":"`+plain1.ID.String()+`"}],"expect":1}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Done)
+		require.Equal(t, []ferryui.LetterRef{{Feed: "default/0", ID: plain1.ID.String()}}, res.Letters)
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusNotFound, nil)
 		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"invoices"}}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Done)
 		c.get("/api/v1/dead-letters/"+plain2.ID.String(), http.StatusNotFound, nil)
 		c.post("/api/v1/dead-letters/discard", `{}`, http.StatusBadRequest, nil)
 		c.post("/api/v1/dead-letters/discard", `{"ids":["x"],"surprise":1}`, http.StatusBadRequest, nil)
+	})
+
+	t.Run("ActionsByFilterStayInTheirFeed", func(t *testing.T) {
+		// One event dead-lettered by feeds a/0 and b/0, and a/0's older
+		// letters: an action through a/0's filter reaches a/0's letters
+		// only, whatever the other feeds hold.
+		shared := ferrydrivertest.Event("orders", "shared", "x")
+		older := ferrydrivertest.Event("orders", "older", "y")
+		for _, feed := range []string{"b/0", "a/0"} {
+			lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "suite", TTL: time.Minute})
+			require.NoError(t, err)
+			dls := []*ferrydriver.DeadLetter{{Feed: feed, Event: *shared, Reason: "refused by " + feed}}
+			if feed == "b/0" {
+				dls = append(dls, &ferrydriver.DeadLetter{Feed: feed, Event: *older, Reason: "refused by " + feed})
+			}
+			require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "suite", Term: lease.Term, DeadLetters: dls}))
+		}
+		var both ferryui.DeadLettersOfJSON
+		c.get("/api/v1/dead-letters/"+shared.ID.String(), http.StatusOK, &both)
+		var feeds []string
+		for _, dl := range both.DeadLetters {
+			feeds = append(feeds, dl.Feed)
+		}
+		require.ElementsMatch(t, []string{"a/0", "b/0"}, feeds, "the event's dead letters, each with its feed")
+		var tl ferryui.EventTimelineJSON
+		c.get("/api/v1/events/"+shared.ID.String(), http.StatusOK, &tl)
+		require.Len(t, tl.DeadLetters, 2, "the timeline shows both feeds' dead letters")
+		var a0 ferryui.DeadLettersOfJSON
+		c.get("/api/v1/dead-letters/"+shared.ID.String()+"?feed=a/0", http.StatusOK, &a0)
+		require.Len(t, a0.DeadLetters, 1)
+		require.Equal(t, "a/0", a0.DeadLetters[0].Feed)
+
+		var res ferryui.ActionResult
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"a/0","key":"shared"},"dry_run":true}`, http.StatusOK, &res)
+		require.Equal(t, []ferryui.LetterRef{{Feed: "a/0", ID: shared.ID.String()}}, res.Letters)
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"a/0","key":"shared"},"expect":1}`, http.StatusOK, &res)
+		require.Equal(t, 1, res.Done)
+		c.get("/api/v1/dead-letters/"+shared.ID.String()+"?feed=a/0", http.StatusNotFound, nil)
+		var left ferryui.DeadLettersOfJSON
+		c.get("/api/v1/dead-letters/"+shared.ID.String(), http.StatusOK, &left)
+		require.Len(t, left.DeadLetters, 1, "b/0's dead letter of the same event stays")
+		require.Equal(t, "b/0", left.DeadLetters[0].Feed)
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"a/0"},"dry_run":true}`, http.StatusOK, &res)
+		require.Zero(t, res.Selected, "a/0 has none left: b/0's older letters are not taken in their place")
+		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"b"}}`, http.StatusOK, &res)
+		require.Equal(t, 2, res.Done, "a feed's name: every partition of it")
+		c.get("/api/v1/dead-letters/"+shared.ID.String(), http.StatusNotFound, nil)
 	})
 
 	t.Run("ActionsByFilterGoPageByPage", func(t *testing.T) {
@@ -345,8 +474,9 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		long.Payload = bytes.Repeat([]byte(Hostile), 256<<10/len(Hostile)+1)
 		bulk[0].Reason = strings.Repeat(Hostile, 64<<10/len(Hostile)+1)
 		require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "default/1", Holder: "suite", Term: lease.Term, DeadLetters: bulk}))
-		var dl ferryui.DeadLetterJSON
-		c.get("/api/v1/dead-letters/"+long.ID.String(), http.StatusOK, &dl)
+		var of ferryui.DeadLettersOfJSON
+		c.get("/api/v1/dead-letters/"+long.ID.String(), http.StatusOK, &of)
+		dl := of.DeadLetters[0]
 		require.NotNil(t, dl.Event.PayloadText)
 		require.True(t, string(long.Payload) == *dl.Event.PayloadText, "a long payload reads back whole (%d bytes of %d)", len(*dl.Event.PayloadText), len(long.Payload))
 		require.True(t, bulk[0].Reason == dl.Reason, "a long reason reads back whole (%d bytes of %d)", len(dl.Reason), len(bulk[0].Reason))
@@ -369,8 +499,8 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"bulk"},"dry_run":true}`, http.StatusOK, &res)
 		require.Zero(t, res.Selected)
 		require.False(t, res.More)
-		c.post("/api/v1/dead-letters/discard", `{"ids":["`+plain1.ID.String()+`"],"dry_run":true}`, http.StatusOK, &res)
-		require.False(t, res.More, "a selection by IDs is whole")
+		c.post("/api/v1/dead-letters/discard", `{"letters":[{"feed":"default/0","id":"`+plain2.ID.String()+`"}],"dry_run":true}`, http.StatusOK, &res)
+		require.False(t, res.More, "a selection of named dead letters is whole")
 	})
 
 	t.Run("FailuresGroupByReason", func(t *testing.T) {
@@ -401,11 +531,12 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		}{{"too large", []string{id(3), id(1), id(0)}}, {Hostile, []string{id(4), id(2)}}} {
 			r := out.Reasons[i]
 			require.Equal(t, want.reason, r.Reason)
+			require.Equal(t, "default/2", r.Feed, "a reason's dead letters are of one feed partition")
 			require.Equal(t, len(want.ids), r.Count)
 			require.Equal(t, want.ids, r.IDs, "%s: newest first", want.reason)
-			var dl ferryui.DeadLetterJSON
+			var dl ferryui.DeadLettersOfJSON
 			c.get("/api/v1/dead-letters/"+want.ids[0], http.StatusOK, &dl)
-			require.True(t, dl.FailedAt.Equal(r.Latest), "%s: the latest is the newest's failure, %v, not %v", want.reason, dl.FailedAt, r.Latest)
+			require.True(t, dl.DeadLetters[0].FailedAt.Equal(r.Latest), "%s: the latest is the newest's failure, %v, not %v", want.reason, dl.DeadLetters[0].FailedAt, r.Latest)
 		}
 		c.get("/api/v1/dead-letters/reasons?feed=default/2&scan=2", http.StatusOK, &out)
 		require.Equal(t, 2, out.Scanned, "only the newest scan are read")
@@ -415,7 +546,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 
 		// A reason's IDs are what an action takes.
 		var res ferryui.ActionResult
-		c.post("/api/v1/dead-letters/discard", `{"ids":["`+id(4)+`","`+id(2)+`"],"expect":2}`, http.StatusOK, &res)
+		c.post("/api/v1/dead-letters/discard", `{"letters":[{"feed":"default/2","id":"`+id(4)+`"},{"feed":"default/2","id":"`+id(2)+`"}],"expect":2}`, http.StatusOK, &res)
 		require.Equal(t, 2, res.Done)
 		c.get("/api/v1/dead-letters/reasons?feed=default/2", http.StatusOK, &out)
 		require.Len(t, out.Reasons, 1)
@@ -575,14 +706,13 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 	t.Run("EventTimeline", func(t *testing.T) {
 		var tl ferryui.EventTimelineJSON
 		c.get("/api/v1/events/"+hostile.ID.String(), http.StatusOK, &tl)
-		require.NotNil(t, tl.DeadLetter)
+		require.Len(t, tl.DeadLetters, 1)
 		require.Empty(t, tl.Groups)
-		tl = ferryui.EventTimelineJSON{}
-		c.get("/api/v1/events/"+hostile.ID.String(), http.StatusOK, &tl)
-		require.Equal(t, Hostile, tl.DeadLetter.Event.Key)
+		require.Equal(t, Hostile, tl.DeadLetters[0].Event.Key)
+		require.Equal(t, "default/0", tl.DeadLetters[0].Feed, "the timeline says which feed dead-lettered it")
 		tl = ferryui.EventTimelineJSON{}
 		c.get("/api/v1/events/"+pending.ID.String(), http.StatusOK, &tl)
-		require.Nil(t, tl.DeadLetter)
+		require.Empty(t, tl.DeadLetters)
 		require.Len(t, tl.Groups, 1)
 		require.Equal(t, "billing", tl.Groups[0].Group)
 
@@ -597,7 +727,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.NotNil(t, first.Outbox)
 		require.NotNil(t, last.Outbox)
 		require.Empty(t, last.Groups)
-		require.Nil(t, last.DeadLetter)
+		require.Empty(t, last.DeadLetters)
 		require.Equal(t, "default/0", last.Outbox.Feed)
 		require.Equal(t, first.Outbox.Ahead+2, last.Outbox.Ahead, "the key's events in order")
 		require.Equal(t, Hostile, *last.Outbox.Event.PayloadText)
@@ -670,16 +800,41 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "suite", Term: lease.Term, Events: []*ferryevent.Event{parked}, Reason: "not acknowledged"}))
 		var list struct{ Parked []ferryui.ParkedJSON }
 		c.get("/api/v1/parked", http.StatusOK, &list)
-		require.Len(t, list.Parked, 1)
-		require.Equal(t, "p", list.Parked[0].Key)
-		require.Equal(t, "default/0", list.Parked[0].Feed)
-		require.False(t, list.Parked[0].Held)
-		require.EqualValues(t, 1, list.Parked[0].Queued)
-		require.Equal(t, "not acknowledged", list.Parked[0].Reason)
+		byKey := map[string]ferryui.ParkedJSON{}
+		for _, p := range list.Parked {
+			byKey[p.Key] = p
+		}
+		require.Len(t, byKey, 2, "p, and k1, whose dead letter was redriven to default/0")
+		require.True(t, byKey["k1"].Redriven, "a redriven dead letter waits for its feed's relay")
+		require.Equal(t, plain1.ID.String(), byKey["k1"].Event.ID)
+		p := byKey["p"]
+		require.Equal(t, "default/0", p.Feed)
+		require.False(t, p.Held)
+		require.False(t, p.Redriven)
+		require.EqualValues(t, 1, p.Queued)
+		require.Equal(t, "not acknowledged", p.Reason)
 		k = ferryui.KeyJSON{}
 		c.get("/api/v1/keys/p", http.StatusOK, &k)
 		require.Len(t, k.Parked, 1)
 		require.Equal(t, parked.ID.String(), k.Parked[0].Event.ID)
+	})
+
+	t.Run("EveryFeedIsListed", func(t *testing.T) {
+		// Feeds a, b and default's partitions 1 and 2 have had leases and
+		// dead letters (the subtests above): all are listed, not only
+		// default's stored partitions.
+		var out struct{ Feeds []ferryui.FeedJSON }
+		c.get("/api/v1/feeds", http.StatusOK, &out)
+		var names []string
+		for _, f := range out.Feeds {
+			names = append(names, f.Feed)
+		}
+		require.Equal(t, []string{"a/0", "b/0", "default/0", "default/1", "default/2"}, names)
+		c.get("/api/v1/feeds?feed=default", http.StatusOK, &out)
+		require.Len(t, out.Feeds, 3, "a feed's name: each of its partitions")
+		c.get("/api/v1/feeds?feed=b/0", http.StatusOK, &out)
+		require.Len(t, out.Feeds, 1)
+		require.Equal(t, "b/0", out.Feeds[0].Feed)
 	})
 }
 
@@ -696,7 +851,11 @@ func (c *client) do(method, path string, body []byte, token string, headers map[
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	for k, v := range headers {
-		if v != "" {
+		switch {
+		case v == "":
+		case k == "Host":
+			req.Host = v
+		default:
 			req.Header.Set(k, v)
 		}
 	}
@@ -721,7 +880,7 @@ func (c *client) read(resp *http.Response, status int, out any) string {
 
 func (c *client) get(path string, status int, out any) string {
 	c.t.Helper()
-	return c.read(c.do("GET", path, nil, "", nil), status, out)
+	return c.read(c.do("GET", path, nil, Token, nil), status, out)
 }
 
 func (c *client) post(path, body string, status int, out any) string {
@@ -743,7 +902,7 @@ type BenchPages struct {
 // event that is nowhere (a walk of the backlog's default scan). Each
 // sub-benchmark reports ms/call.
 func BenchmarkPages(b *testing.B, store ferrydriver.Store, inbox ferryui.Inbox, at BenchPages) {
-	h, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true})
+	h, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true, OpenReads: true})
 	require.NoError(b, err)
 	srv := httptest.NewServer(h)
 	b.Cleanup(srv.Close)

@@ -47,3 +47,31 @@ func TestMakeTestRunsEveryModule(t *testing.T) {
 		require.Contains(t, string(out), "FAILED modules: "+first+" "+third, "make %s:\n%s", target, out)
 	}
 }
+
+// `make build` stamps the version and commit into the binary, also where
+// the build's own stamping is off (GOFLAGS=-buildvcs=false, as here): ferry
+// version printed "(devel)" and no commit.
+func TestMakeBuildStampsTheVersion(t *testing.T) {
+	for _, tool := range []string{"make", "git"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is not installed (CI=true: failing instead of skipping)", tool)
+			}
+			t.Skipf("%s is not installed: install it (apt-get install %s) to run this test", tool, tool)
+		}
+	}
+	bin := filepath.Join(t.TempDir(), "ferry")
+	cmd := exec.Command("make", "-C", "../..", "build", "BIN="+bin)
+	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "make build:\n%s", out)
+	head, err := exec.Command("git", "-C", "../..", "rev-parse", "HEAD").Output()
+	require.NoError(t, err)
+	out, err = exec.Command(bin, "version").Output()
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.Len(t, lines, 3, "%s", out)
+	require.NotEqual(t, "ferry (devel)", lines[0])
+	require.NotContains(t, lines[0], "(unknown)")
+	require.True(t, strings.HasPrefix(lines[1], "commit "+strings.TrimSpace(string(head))), "%s", out)
+}

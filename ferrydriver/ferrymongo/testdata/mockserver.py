@@ -21,7 +21,7 @@ if scenario == "standalone":
     pass  # no setName, no msg: a standalone mongod
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
-elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive",
+elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive", "feeds",
                   "partitionguard", "migratepartitions", "setpartitions"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
@@ -280,30 +280,52 @@ if scenario == "prunekeys":
     r.ok(n=1)
 
 if scenario == "redrive":
-    # RedriveDeadLetters, in one transaction: the dead letter, the key's
-    # next sequence number, the event appended under a fresh _id with its
-    # ID in eid, the dead letter deleted, the commit.
+    # RedriveDeadLetters, in one transaction: the dead letter named (feed
+    # and event), the feed's parked positions, the event parked for its
+    # key in that feed, marked redriven, the dead letter deleted, the
+    # commit. Nothing is appended to the outbox.
     eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
     created = datetime.datetime(2026, 1, 2, 3, 4, 5)
     r = server.receives(OpMsg("find", "ferry_dead_letters"), timeout=30)
     report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit"),
                     "startTransaction": r.doc.get("startTransaction")})
     r.ok(cursor={"id": Int64(0), "ns": "app.ferry_dead_letters", "firstBatch": [
-        {"_id": {"feed": "default/0", "event": eid}, "feed": "default/0", "reason": "unroutable", "failed_at": created,
+        {"_id": {"feed": "hooks/0", "event": eid}, "feed": "hooks/0", "reason": "unroutable", "failed_at": created,
          "event": {"_id": eid, "p": 0, "topic": "orders", "key": "k", "seq": Int64(5), "type": "T", "payload": Binary(b"x"),
                    "created_at": created}}]})
-    r = server.receives(OpMsg("findAndModify", "ferry_keys"), timeout=30)
+    r = server.receives(OpMsg("findAndModify", "ferry_counters"), timeout=30)
     report("findAndModify", {"query": r.doc.get("query"), "update": r.doc.get("update")})
-    r.ok(value={"_id": "k", "seq": Int64(12)}, lastErrorObject={"n": 1, "updatedExisting": True})
-    r = server.receives(OpMsg("insert", "ferry_outbox"), timeout=30)
-    report("insert", {"documents": r.doc.get("documents")})
-    r.ok(n=1)
+    r.ok(value={"_id": "parked:hooks/0", "n": Int64(7)}, lastErrorObject={"n": 1, "updatedExisting": True})
+    r = server.receives(OpMsg("update", "ferry_parked"), timeout=30)
+    report("update", {"updates": r.doc.get("updates")})
+    r.ok(n=1, nModified=0, upserted=[{"index": 0, "_id": {"feed": "hooks/0", "event": eid}}])
     r = server.receives(OpMsg("delete", "ferry_dead_letters"), timeout=30)
     report("delete", {"deletes": r.doc.get("deletes")})
     r.ok(n=1)
     r = server.receives(OpMsg("commitTransaction"), timeout=30)
     report("commit", {})
     r.ok()
+
+if scenario == "feeds":
+    # ListFeeds: the distinct names of four collections, by index, merged.
+    # Then the heads of the keys with redriven events of feed hooks/0:
+    # their distinct keys through the partial index, a head per key.
+    for coll, names in (("ferry_checkpoints", ["default/0", "chain/eth"]), ("ferry_leases", ["default/0", "members/default/r1"]),
+                        ("ferry_dead_letters", ["hooks/0"]), ("ferry_parked", ["hooks/0", "hooks/1"])):
+        r = server.receives(OpMsg("distinct", coll), timeout=30)
+        report("distinct", {"coll": coll, "key": r.doc.get("key"), "query": r.doc.get("query")})
+        r.ok(values=names)
+    r = server.receives(OpMsg("distinct", "ferry_parked"), timeout=30)
+    report("distinct", {"key": r.doc.get("key"), "query": r.doc.get("query")})
+    r.ok(values=["k"])
+    r = server.receives(OpMsg("find", "ferry_parked"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort")})
+    created = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_parked", "firstBatch": [
+        {"_id": {"feed": "hooks/0", "event": "01a22951-45fe-71e0-943a-d0986a3e5969"}, "feed": "hooks/0", "key": "k", "pos": Int64(3),
+         "parked_at": created, "held": False, "reason": "redriven by an operator after: 410", "redriven": True,
+         "event": {"_id": "01a22951-45fe-71e0-943a-d0986a3e5969", "p": 0, "topic": "orders", "key": "k", "seq": Int64(5), "type": "T",
+                   "payload": Binary(b"x"), "created_at": created}}]})
 
 if scenario == "migratepartitions":
     # An outbox of Ferry before the count was stored: its relays'

@@ -1,0 +1,1 @@
+ALTER TABLE ferry_parked DROP KEY ferry_parked_redriven_idx, DROP COLUMN redriven;

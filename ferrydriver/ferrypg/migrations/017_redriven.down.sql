@@ -1,0 +1,2 @@
+DROP INDEX {schema}.parked_redriven_idx;
+ALTER TABLE {schema}.parked DROP COLUMN redriven;

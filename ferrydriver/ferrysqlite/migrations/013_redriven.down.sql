@@ -1,0 +1,2 @@
+DROP INDEX ferry_parked_redriven_idx;
+ALTER TABLE ferry_parked DROP COLUMN redriven;
