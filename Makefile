@@ -1,6 +1,9 @@
 # Ferry's development tasks. `make help` lists them.
-# Every module of the repository (see go.work) is tested and linted.
-MODULES := . ferryotel ferrydriver/ferrysqlite ferrydriver/ferrymongo ferrydriver/ferrymysql ferrysink/ferrynats ferrysink/ferrykafka ferrysink/ferryrabbit ferrychain cmd/ferry examples/companies bench
+# Every module of the repository, as go.work lists them, is tested and linted.
+MODULES := $(shell awk '/^use \(/{f=1;next} /^\)/{f=0} f{print $$1}' go.work)
+# The release tool runs outside the workspace (the go.mod files name the
+# release's version, which no proxy may have yet).
+RELEASE := cd tools/release && GOWORK=off go run .
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export FERRY_TEST_PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 export FERRY_TEST_NATS_URL ?= nats://127.0.0.1:4222
@@ -65,8 +68,30 @@ build: ## Build the ferry command into bin/ (BIN=path), its version and commit s
 	cd cmd/ferry && go build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.modified=$(MODIFIED)" -o $(BIN) .
 
 .PHONY: tidy
-tidy: ## go mod tidy in every module
-	@for m in $(MODULES); do (cd $$m && go mod tidy) || exit 1; done
+tidy: ## go mod tidy every module as a user's go command sees it (siblings from a proxy of this tree)
+	@$(RELEASE) tidy
+
+.PHONY: release
+release: ## Cut release VERSION (v0.1.0): set every sibling require, tidy, check, build, commit and tag every module path
+	@test -n "$(filter v%,$(VERSION))" || (echo "make release VERSION=v0.1.0"; exit 1)
+	@$(RELEASE) release $(VERSION)
+
+.PHONY: release/dry-run
+release/dry-run: ## Everything make release does, in a scratch clone: nothing here changes
+	@test -n "$(filter v%,$(VERSION))" || (echo "make release/dry-run VERSION=v0.1.0"; exit 1)
+	@$(RELEASE) release $(VERSION) -dry-run
+
+.PHONY: release/set
+release/set: ## Make every sibling require (and go.work) name VERSION, without releasing
+	@$(RELEASE) set $(VERSION)
+
+.PHONY: release/check
+release/check: ## No replace in a go.mod, one version for every sibling, no import of another module's internal/, one go directive
+	@$(RELEASE) check
+
+.PHONY: release/prove
+release/prove: ## From a scratch clone: a module proxy of the tagged tree, go install of the command, programs/ with go get, an upgrade with go get -u
+	@$(RELEASE) prove
 
 .PHONY: services
 services: ## Start PostgreSQL, NATS (JetStream), RabbitMQ and a MariaDB with a binlog locally if they are not running

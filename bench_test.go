@@ -11,8 +11,8 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/internal/memsink"
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -24,8 +24,8 @@ func benchClient(b *testing.B, cfg *ferrypg.Config) (*ferrypg.Driver[pgx.Tx], *f
 	if cfg != nil {
 		c = *cfg
 	}
-	c.Schema = pgtest.Schema(b)
-	drv, err := ferrypg.New(pgtest.Pool(b), &c)
+	c.Schema = ferrypgtest.Schema(b)
+	drv, err := ferrypg.New(ferrypgtest.Pool(b), &c)
 	require.NoError(b, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(b, err)
@@ -40,7 +40,7 @@ func BenchmarkEmitTx(b *testing.B) {
 	for _, notify := range []bool{true, false} {
 		b.Run("notify="+strconv.FormatBool(notify), func(b *testing.B) {
 			_, c := benchClient(b, &ferrypg.Config{DisableNotify: !notify})
-			pool := pgtest.Pool(b)
+			pool := ferrypgtest.Pool(b)
 			var n atomic.Int64
 			b.SetParallelism(4)
 			b.ResetTimer()

@@ -16,8 +16,8 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/backoff"
 	"github.com/ferry-dev/ferry/ferrysink"
-	"github.com/ferry-dev/ferry/internal/backoff"
 	"github.com/google/uuid"
 )
 

@@ -11,8 +11,8 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -34,12 +34,12 @@ func TestBatchSavepointsOnFailure(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+			drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 			require.NoError(t, err)
 			_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 			require.NoError(t, err)
 			table := pgx.Identifier{drv.Schema(), "effects"}.Sanitize()
-			_, err = pgtest.Pool(t).Exec(ctx, `CREATE TABLE `+table+` (event_id uuid PRIMARY KEY)`)
+			_, err = ferrypgtest.Pool(t).Exec(ctx, `CREATE TABLE `+table+` (event_id uuid PRIMARY KEY)`)
 			require.NoError(t, err)
 
 			c, err := NewConsumer(drv, &ConsumerConfig{Group: "g", Workers: 1, BatchSize: 32, MaxAttempts: 1, DeadPolicy: Continue,
@@ -136,7 +136,7 @@ func TestBatchSavepointsOnFailure(t *testing.T) {
 			require.ElementsMatch(t, ids(evs), got, "within the cooldown, savepoints from the start: one call each")
 
 			var n int
-			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
+			require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
 			require.Equal(t, 18, n, "every event but the two failing ones applied once")
 		})
 	}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/internal/childtest"
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryshared/childtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -61,7 +61,7 @@ func runConsumerChild(schema string, newConsumer func(pool *pgxpool.Pool, drv *f
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	pool, err := pgxpool.New(ctx, pgtest.URL())
+	pool, err := pgxpool.New(ctx, ferrypgtest.URL())
 	if err != nil {
 		return fail(err)
 	}

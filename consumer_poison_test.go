@@ -19,8 +19,8 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/internal/childtest"
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryshared/childtest"
 )
 
 // The poison test runs this test binary again as the consumer child
@@ -88,7 +88,7 @@ func testPoisonKills(t *testing.T, policy string, batch int) {
 	drv := newPG(t)
 	table := effects(t, drv)
 	deadCalls := pgx.Identifier{drv.Schema(), "dead_calls"}.Sanitize()
-	_, err := pgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+deadCalls+` (event_id uuid NOT NULL, attempts int NOT NULL, reason text NOT NULL)`)
+	_, err := ferrypgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+deadCalls+` (event_id uuid NOT NULL, attempts int NOT NULL, reason text NOT NULL)`)
 	require.NoError(t, err)
 
 	ingester, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "poison"})
@@ -160,7 +160,7 @@ func testPoisonKills(t *testing.T, policy string, batch int) {
 	require.Equal(t, 1, count(t, `SELECT count(*) FROM `+deadCalls), "OnDead fired once")
 	var attempts int
 	var reason string
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT attempts, reason FROM `+deadCalls).Scan(&attempts, &reason))
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT attempts, reason FROM `+deadCalls).Scan(&attempts, &reason))
 	require.Equal(t, poisonMaxAttempts, attempts)
 	require.Contains(t, reason, "attempts exhausted; the last ones lost their claim or crashed the process")
 	n := len(others)
@@ -168,7 +168,7 @@ func testPoisonKills(t *testing.T, policy string, batch int) {
 		n += len(behind)
 	}
 	summary := func() string {
-		rows, err := pgtest.Pool(t).Query(ctx, `SELECT state || ' ' || type || ' attempts=' || attempts || ' x' || count(*) || COALESCE(' ' || min(last_error), '')
+		rows, err := ferrypgtest.Pool(t).Query(ctx, `SELECT state || ' ' || type || ' attempts=' || attempts || ' x' || count(*) || COALESCE(' ' || min(last_error), '')
 			FROM `+inbox+` GROUP BY state, type, attempts ORDER BY 1`)
 		require.NoError(t, err)
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -236,7 +236,7 @@ func TestStaleAttemptCannotFinishALaterOne(t *testing.T) {
 	require.Equal(t, 2, count(t, `SELECT attempts FROM `+inbox+` WHERE event_id = $1`, ev.ID), "two attempts recorded")
 	require.Equal(t, "processed", func() string {
 		var s string
-		require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), `SELECT state FROM `+inbox+` WHERE event_id = $1`, ev.ID).Scan(&s))
+		require.NoError(t, ferrypgtest.Pool(t).QueryRow(context.Background(), `SELECT state FROM `+inbox+` WHERE event_id = $1`, ev.ID).Scan(&s))
 		return s
 	}())
 	require.Equal(t, int32(2), attempts.Load())

@@ -13,8 +13,8 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryprom"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +25,7 @@ import (
 // effects creates the table handlers write to, in the driver's schema.
 func effects(t *testing.T, drv *ferrypg.Driver[pgx.Tx]) string {
 	table := pgx.Identifier{drv.Schema(), "effects"}.Sanitize()
-	_, err := pgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (
+	_, err := ferrypgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (
 		n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL)`)
 	require.NoError(t, err)
 	return table
@@ -62,7 +62,7 @@ func events(n, keys int) []*ferry.Event {
 
 func count(t *testing.T, q string, args ...any) int {
 	var n int
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), q, args...).Scan(&n))
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(context.Background(), q, args...).Scan(&n))
 	return n
 }
 
@@ -189,7 +189,7 @@ func TestConsumerPoisonEventGoesDead(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	require.Zero(t, count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k0'`), "Hold: the dead event's key waits")
 	var lastErr string
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(context.Background(),
 		`SELECT last_error FROM `+pgx.Identifier{drv.Schema(), "inbox"}.Sanitize()+` WHERE event_id = $1`, evs[0].ID).Scan(&lastErr))
 	require.Contains(t, lastErr, "cannot send mail")
 	n, err := testutil.GatherAndCount(reg, "ferry_consumer_attempts_total")
@@ -266,7 +266,7 @@ func TestConsumerPanicIsAFailureWithStack(t *testing.T) {
 		return count(t, `SELECT count(*) FROM `+inbox+` WHERE state = 'dead'`) == 1
 	}, 10*time.Second, 20*time.Millisecond)
 	var lastErr string
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), `SELECT last_error FROM `+inbox).Scan(&lastErr))
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(context.Background(), `SELECT last_error FROM `+inbox).Scan(&lastErr))
 	require.Contains(t, lastErr, "handler panicked: nil map")
 	require.Contains(t, lastErr, "consumer_test.go", "the stack is kept")
 }

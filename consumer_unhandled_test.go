@@ -17,9 +17,9 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryprom"
-	"github.com/ferry-dev/ferry/internal/pgtest"
-	"github.com/ferry-dev/ferry/internal/syncbuf"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 )
 
 // An event of a type nobody handles fails, naming its type, and goes DEAD
@@ -156,7 +156,7 @@ func TestConsumerBeginFailureIsNotAnAttempt(t *testing.T) {
 func TestConsumerWarnsOfASmallPool(t *testing.T) {
 	t.Parallel()
 	pg := newPG(t)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	cfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
 	require.NoError(t, err)
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

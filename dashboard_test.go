@@ -22,7 +22,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferryprom"
-	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 )
 
 // dashboardQueries returns every PromQL expression of the Grafana

@@ -1,5 +1,5 @@
 package ferry_test
 
-import "github.com/ferry-dev/ferry/internal/pgtest"
+import "github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 
-func exampleURL() string { return pgtest.URL() }
+func exampleURL() string { return ferrypgtest.URL() }

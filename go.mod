@@ -1,8 +1,10 @@
 module github.com/ferry-dev/ferry
 
-go 1.26.8
+go 1.26.0
 
 require (
+	github.com/ferry-dev/ferry/ferrydriver/ferrypg v0.1.0
+	github.com/ferry-dev/ferry/ferryprom v0.1.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0

@@ -15,9 +15,9 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferryprom"
+	"github.com/ferry-dev/ferry/ferryprom/ferrypromtest"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferrysink"
-	"github.com/ferry-dev/ferry/internal/memsink"
-	"github.com/ferry-dev/ferry/internal/promtest"
 )
 
 type ctxKey struct{}
@@ -259,7 +259,7 @@ func TestIngestNamesItsTransport(t *testing.T) {
 		system, result string
 		want           float64
 	}{{"ferry", "inserted", 2}, {"webhook", "inserted", 1}, {"webhook", "duplicate", 1}, {"nats", "inserted", 2}, {"nats", "duplicate", 0}} {
-		got, ok := promtest.Value(t, reg, "ferry_consumer_ingested_events_total", map[string]string{"group": "ingest", "system": s.system, "result": s.result})
+		got, ok := ferrypromtest.Value(t, reg, "ferry_consumer_ingested_events_total", map[string]string{"group": "ingest", "system": s.system, "result": s.result})
 		require.True(t, ok, "no series for system %s, result %s", s.system, s.result)
 		require.Equal(t, s.want, got, "system %s, result %s", s.system, s.result)
 	}

@@ -3,7 +3,7 @@ package ferry_test
 import (
 	"testing"
 
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { ferrypgtest.Main(m) }

@@ -15,7 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryprom"
-	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )

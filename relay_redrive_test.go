@@ -9,7 +9,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/stretchr/testify/require"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )

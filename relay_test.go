@@ -16,17 +16,17 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/memsink"
-	"github.com/ferry-dev/ferry/internal/pgtest"
-	"github.com/ferry-dev/ferry/internal/syncbuf"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
 func newPG(t *testing.T) *ferrypg.Driver[pgx.Tx] {
 	t.Helper()
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -68,7 +68,7 @@ func run(t *testing.T, r *ferry.Relay) (stop func()) {
 func emitMany(t *testing.T, c *ferry.Client[pgx.Tx], n, keys, writers int, payload func(i int) string) []*ferry.Event {
 	t.Helper()
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	var mu sync.Mutex
 	var all []*ferry.Event
 	var wg sync.WaitGroup
@@ -235,7 +235,7 @@ func TestRolledBackEmitIsNotPublished(t *testing.T) {
 	sink := &memsink.Sink{}
 	run(t, quickRelay(t, drv, sink, "r1"))
 	ctx := context.Background()
-	tx, err := pgtest.Pool(t).Begin(ctx)
+	tx, err := ferrypgtest.Pool(t).Begin(ctx)
 	require.NoError(t, err)
 	require.NoError(t, c.EmitTx(ctx, tx, &ferry.Event{Topic: "t", Key: "k", Type: "Gone"}))
 	require.NoError(t, tx.Rollback(ctx))
@@ -273,7 +273,7 @@ func TestRelayRecoversFromStoreErrors(t *testing.T) {
 	// Kill the feed's database session under the running relay.
 	ctx := context.Background()
 	var killed int
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx,
 		`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = left($1, 63)`,
 		"ferry feed "+drv.Schema()+" default/0").Scan(&killed))
 	require.Equal(t, 1, killed, "the feed runs on one dedicated session")

@@ -12,11 +12,11 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryprom"
-	"github.com/ferry-dev/ferry/internal/memsink"
-	"github.com/ferry-dev/ferry/internal/pgtest"
-	"github.com/ferry-dev/ferry/internal/syncbuf"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -119,7 +119,7 @@ func TestRelayForgetsIdleDeliveredKeys(t *testing.T) {
 	first := emitMany(t, c, 60, 6, 2, strconv.Itoa)
 	run(t, r)
 	keys := func() (n int) {
-		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{drv.Schema()}.Sanitize()+`.keys`).Scan(&n))
+		require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{drv.Schema()}.Sanitize()+`.keys`).Scan(&n))
 		return n
 	}
 	require.Eventually(t, func() bool { return sink.Len() == len(first) && keys() == 0 }, 20*time.Second, 10*time.Millisecond,

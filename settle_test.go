@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryprom"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,14 +44,14 @@ func TestAwaitSettledFromInsideARepeatableReadTransaction(t *testing.T) {
 	ctx := context.Background()
 	place := func(payload string) uuid.UUID {
 		ev := &ferry.Event{ID: ferry.NewID(), Topic: "orders", Key: "acct-1", Type: "OrderPlaced", Payload: []byte(payload)}
-		require.NoError(t, pgx.BeginFunc(ctx, pgtest.Pool(t), func(tx pgx.Tx) error { return client.EmitTx(ctx, tx, ev) }))
+		require.NoError(t, pgx.BeginFunc(ctx, ferrypgtest.Pool(t), func(tx pgx.Tx) error { return client.EmitTx(ctx, tx, ev) }))
 		return ev.ID
 	}
 	good := place(`{"amount":10}`)
 
 	// The gate runs in a REPEATABLE READ transaction started before the
 	// consumer could have committed.
-	tx, err := pgtest.Pool(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	tx, err := ferrypgtest.Pool(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	var one int

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/ferry-dev/ferry/internal/backoff"
+	"github.com/ferry-dev/ferry/ferryshared/backoff"
 	"github.com/google/uuid"
 )
 

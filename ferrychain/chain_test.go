@@ -28,8 +28,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrychain"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/internal/pgtest"
-	"github.com/ferry-dev/ferry/internal/tcpproxy"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryshared/tcpproxy"
 )
 
 // The tests run a chain on go-ethereum's simulated backend, which can fork.
@@ -151,7 +151,7 @@ type group struct {
 
 func newGroup(t *testing.T, drv *ferrypg.Driver[pgx.Tx], name string, hooks ...ferry.Hook) *group {
 	table := pgx.Identifier{drv.Schema(), "effects_" + name}.Sanitize()
-	_, err := pgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (
+	_, err := ferrypgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (
 		n bigserial PRIMARY KEY, event_id uuid NOT NULL, note text NOT NULL, block bigint NOT NULL, log_index int NOT NULL, sign int NOT NULL)`)
 	require.NoError(t, err)
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: name, PollInterval: 10 * time.Millisecond, RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond,
@@ -184,7 +184,7 @@ func newGroup(t *testing.T, drv *ferrypg.Driver[pgx.Tx], name string, hooks ...f
 
 // net returns the net effect per note (handled minus retracted).
 func (g *group) net(t *testing.T) map[string]int {
-	rows, err := pgtest.Pool(t).Query(context.Background(), `SELECT note, sum(sign)::int FROM `+g.table+` GROUP BY note`)
+	rows, err := ferrypgtest.Pool(t).Query(context.Background(), `SELECT note, sum(sign)::int FROM `+g.table+` GROUP BY note`)
 	require.NoError(t, err)
 	out := map[string]int{}
 	for rows.Next() {
@@ -199,7 +199,7 @@ func (g *group) net(t *testing.T) map[string]int {
 
 func (g *group) count(t *testing.T, where string, args ...any) int {
 	var n int
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), `SELECT count(*) FROM `+g.table+` WHERE `+where, args...).Scan(&n))
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(context.Background(), `SELECT count(*) FROM `+g.table+` WHERE `+where, args...).Scan(&n))
 	return n
 }
 
@@ -277,7 +277,7 @@ func containsHash(cursor []byte, h common.Hash) bool {
 }
 
 func newDriver(t *testing.T) *ferrypg.Driver[pgx.Tx] {
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -346,7 +346,7 @@ func reorgScenario(t *testing.T, wrap func(ferrychain.Inbox) ferrychain.Inbox, r
 	require.Equal(t, 2, latest.count(t, "note = 'b' AND sign = 1 AND log_index = 0")+latest.count(t, "note = 'b' AND sign = 1 AND log_index > 0"))
 	require.Equal(t, 1, latest.count(t, "note = 'b' AND sign = 1 AND (block <> 2 OR log_index <> 0)"), "the replacement is at another place (block or log index)")
 	var places []string
-	rows, err := pgtest.Pool(t).Query(context.Background(), `SELECT format('%s@%s/%s', sign, block, log_index) FROM `+latest.table+` WHERE note = 'b' ORDER BY n`)
+	rows, err := ferrypgtest.Pool(t).Query(context.Background(), `SELECT format('%s@%s/%s', sign, block, log_index) FROM `+latest.table+` WHERE note = 'b' ORDER BY n`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var p string

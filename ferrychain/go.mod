@@ -1,12 +1,12 @@
 module github.com/ferry-dev/ferry/ferrychain
 
-go 1.26.8
-
-replace github.com/ferry-dev/ferry => ..
+go 1.26.0
 
 require (
 	github.com/ethereum/go-ethereum v1.17.10
-	github.com/ferry-dev/ferry v0.0.0
+	github.com/ferry-dev/ferry v0.1.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrypg v0.1.0
+	github.com/ferry-dev/ferry/ferryprom v0.1.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0

@@ -9,7 +9,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrychain"
 	"github.com/ferry-dev/ferry/ferryprom"
-	"github.com/ferry-dev/ferry/internal/promtest"
+	"github.com/ferry-dev/ferry/ferryprom/ferrypromtest"
 )
 
 // TestMetricsGoThroughTheHooks: the source records its ferry_chain_*
@@ -48,7 +48,7 @@ func TestMetricsGoThroughTheHooks(t *testing.T) {
 			labels = map[string]string{}
 		}
 		labels["group"] = "metered"
-		v, ok := promtest.Value(t, reg, name, labels)
+		v, ok := ferrypromtest.Value(t, reg, name, labels)
 		require.True(t, ok, "%s %v is not recorded", name, labels)
 		return v
 	}

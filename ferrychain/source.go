@@ -20,8 +20,8 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/backoff"
 	"github.com/ferry-dev/ferry/ferrysink"
-	"github.com/ferry-dev/ferry/internal/backoff"
 )
 
 // cursor is the source's saved position: the last block whose logs reached

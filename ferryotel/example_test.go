@@ -16,8 +16,8 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryotel"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // One Tracer in the client's, the relay's and the consumer's
@@ -31,7 +31,7 @@ func Example() {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	tr := ferryotel.New(ferryotel.WithTracerProvider(tp))
 
-	pool, err := pgxpool.New(ctx, pgtest.URL())
+	pool, err := pgxpool.New(ctx, ferrypgtest.URL())
 	if err != nil {
 		panic(err)
 	}

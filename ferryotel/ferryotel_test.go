@@ -7,12 +7,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
 	"github.com/ferry-dev/ferry/ferrysink"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { ferrypgtest.Main(m) }
 
 // TestOneTraceFromRequestToHandler: the direct path, outbox → relay →
 // inbox sink → handler. The broker paths (JetStream, Kafka, RabbitMQ,

@@ -1,9 +1,11 @@
 module github.com/ferry-dev/ferry/ferryotel
 
-go 1.26.8
+go 1.26.0
 
 require (
-	github.com/ferry-dev/ferry v0.0.0
+	github.com/ferry-dev/ferry v0.1.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrypg v0.1.0
+	github.com/ferry-dev/ferry/ferryprom v0.1.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
@@ -35,5 +37,3 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/ferry-dev/ferry => ..

@@ -17,8 +17,8 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
-	"github.com/ferry-dev/ferry/internal/memsink"
-	"github.com/ferry-dev/ferry/internal/syncbuf"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 )
 
 // records decodes the JSON log lines written to logs.

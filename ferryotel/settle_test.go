@@ -16,7 +16,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
 	"github.com/ferry-dev/ferry/ferryprom"
-	"github.com/ferry-dev/ferry/internal/promtest"
+	"github.com/ferry-dev/ferry/ferryprom/ferrypromtest"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -88,7 +88,7 @@ func TestAwaitSettledGivesSpanAndMetric(t *testing.T) {
 		require.Equal(t, "billing", a["messaging.consumer.group.name"])
 		require.Equal(t, "1", a["ferry.settlement.events"])
 
-		n, ok := promtest.Value(t, reg, "ferry_settlement_wait_seconds", map[string]string{"outcome": outcome})
+		n, ok := ferrypromtest.Value(t, reg, "ferry_settlement_wait_seconds", map[string]string{"outcome": outcome})
 		require.True(t, ok, "no ferry_settlement_wait_seconds{outcome=%q}", outcome)
 		require.Equal(t, 1.0, n, "one wait observed with outcome %s", outcome)
 	}

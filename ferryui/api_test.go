@@ -14,17 +14,17 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferryui"
 	"github.com/ferry-dev/ferry/ferryui/ferryuitest"
-	"github.com/ferry-dev/ferry/internal/memsink"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { ferrypgtest.Main(m) }
 
 func TestAPISuitePostgres(t *testing.T) {
 	t.Parallel()
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -38,8 +38,8 @@ func TestAPISuitePostgres(t *testing.T) {
 func TestFeedsNameTheOpenOutboxTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: pgtest.Schema(t)})
+	pool := ferrypgtest.Pool(t)
+	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -113,7 +113,7 @@ func (s *blockingStore) OpenFeed(ctx context.Context, p *ferrydriver.OpenFeedPar
 // most 20,000 events.
 func TestBacklogLookupsAreBounded(t *testing.T) {
 	t.Parallel()
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryui/ferryuitest"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // BenchmarkPagesAtScale times every API call the console makes on a
@@ -29,8 +29,8 @@ func BenchmarkPagesAtScale(b *testing.B) {
 	outbox := ferryuitest.BenchOutboxSize(b)
 	const dead = 100_000
 	ctx := context.Background()
-	schema := pgtest.Schema(b)
-	pool := pgtest.Pool(b)
+	schema := ferrypgtest.Schema(b)
+	pool := ferrypgtest.Pool(b)
 	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema, Partitions: 4})
 	require.NoError(b, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})

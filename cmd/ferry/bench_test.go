@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 )
 
 func TestBenchWithoutModePointsToTheSideBySideBench(t *testing.T) {
@@ -28,7 +28,7 @@ func TestBenchConsumeAndSettle(t *testing.T) {
 		name string
 		url  func(t *testing.T) string
 	}{
-		{"postgres", func(t *testing.T) string { pgtest.Pool(t); return pgtest.URL() }},
+		{"postgres", func(t *testing.T) string { ferrypgtest.Pool(t); return ferrypgtest.URL() }},
 		{"mysql", func(t *testing.T) string { mysqltest.Admin(t); return mysqltest.URL() }},
 	} {
 		t.Run(c.name, func(t *testing.T) {

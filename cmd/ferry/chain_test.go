@@ -24,8 +24,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryui"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // freePort returns a port nothing listens on now.
@@ -60,8 +60,8 @@ func TestChainRunAndStatus(t *testing.T) {
 	})
 	defer backend.Close()
 
-	schema := pgtest.Schema(t)
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	schema := ferrypgtest.Schema(t)
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	args := append([]string{"chain", "run", "--rpc-url", fmt.Sprintf("ws://127.0.0.1:%d", port), "--group", "indexer",
 		"--contracts", contract.Hex(), "--poll-interval", "50ms", "--metrics-addr", metricsAddr}, db...)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -156,7 +156,7 @@ func TestChainRunAndStatus(t *testing.T) {
 	require.Equal(t, 0, <-done, "chain run exits cleanly on SIGTERM: %s", &stderr)
 
 	var n int
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(context.Background(),
 		`SELECT count(*) FROM `+schema+`.inbox WHERE group_name = 'indexer' AND state = $1`, string(ferrydriver.InboxPending)).Scan(&n))
 	require.Equal(t, 5, n, "one inbox event per log, waiting for the group's handlers")
 }

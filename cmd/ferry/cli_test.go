@@ -17,11 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryshared/testenv"
+
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
-	"github.com/ferry-dev/ferry/internal/pgtest"
-	"github.com/ferry-dev/ferry/internal/syncbuf"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -110,8 +112,8 @@ func TestVersion(t *testing.T) {
 // every flag has its variable; --header wins over it.
 func TestEmitHeadersFromTheEnvironment(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	schema := ferrypgtest.Schema(t)
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	emit := func(env string, args ...string) (int, string) {
 		code, out, errOut := ferryBinaryEnv(t, []string{"FERRY_EMIT_HEADERS=" + env},
 			append(append([]string{"emit", "--topic", "orders", "--type", "OrderPlaced", "--data", "{}"}, db...), args...)...)
@@ -124,7 +126,7 @@ func TestEmitHeadersFromTheEnvironment(t *testing.T) {
 	code, out = emit("tenant=acme\nregion=eu\n", "--key", "k2", "--header", "only=flag")
 	require.Equal(t, 0, code, out)
 	headers := map[string]string{}
-	rows, err := pgtest.Pool(t).Query(context.Background(), `SELECT key, headers::text FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()+` ORDER BY key`)
+	rows, err := ferrypgtest.Pool(t).Query(context.Background(), `SELECT key, headers::text FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()+` ORDER BY key`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var k, h string
@@ -397,7 +399,7 @@ func TestMigrateOnAServerWithoutABinlogSaysSo(t *testing.T) {
 	defer admin.Close()
 	var logBin int
 	if err := admin.QueryRow(`SELECT @@log_bin`).Scan(&logBin); err != nil {
-		pgtest.Unavailable(t, "MariaDB without a binlog", "FERRY_TEST_MYSQL_NOBINLOG_URL", err)
+		testenv.Unavailable(t, "MariaDB without a binlog", "FERRY_TEST_MYSQL_NOBINLOG_URL", err)
 	}
 	require.Zero(t, logBin, "the server at %s writes a binlog: set FERRY_TEST_MYSQL_NOBINLOG_URL to one that does not", url)
 	name := "ferry_nobinlog_cli_" + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)

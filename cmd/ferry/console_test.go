@@ -17,7 +17,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -110,9 +110,9 @@ const (
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	ctx := browser(t)
-	schema := pgtest.Schema(t)
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: schema})
+	schema := ferrypgtest.Schema(t)
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: schema})
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)

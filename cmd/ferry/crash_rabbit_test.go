@@ -8,12 +8,13 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ferry-dev/ferry/ferryshared/testenv"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrysink/ferryrabbit"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // TestRelayCrashRabbitMQ is TestRelayCrash publishing to RabbitMQ
@@ -39,7 +40,7 @@ func rabbitURL() string {
 func (f *fixture) useRabbit() {
 	conn, err := amqp.Dial(rabbitURL())
 	if err != nil {
-		pgtest.Unavailable(f.t, "RabbitMQ", "FERRY_TEST_RABBITMQ_URL", err)
+		testenv.Unavailable(f.t, "RabbitMQ", "FERRY_TEST_RABBITMQ_URL", err)
 	}
 	f.t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()

@@ -17,11 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryshared/testenv"
+
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,7 +62,7 @@ func natsURL() string {
 func testNATS(t *testing.T) *nats.Conn {
 	nc, err := nats.Connect(natsURL(), nats.Timeout(2*time.Second))
 	if err != nil {
-		pgtest.Unavailable(t, "NATS", "FERRY_TEST_NATS_URL", err)
+		testenv.Unavailable(t, "NATS", "FERRY_TEST_NATS_URL", err)
 	}
 	t.Cleanup(nc.Close)
 	return nc
@@ -116,8 +118,8 @@ func newFixture(t *testing.T) *fixture { return newFixtureWith(t, 1) }
 // newFixtureWith is newFixture with an outbox of the given partitions.
 func newFixtureWith(t *testing.T, partitions int) *fixture {
 	nc := testNATS(t)
-	pool := pgtest.Pool(t)
-	f := &fixture{t: t, schema: pgtest.Schema(t)}
+	pool := ferrypgtest.Pool(t)
+	f := &fixture{t: t, schema: ferrypgtest.Schema(t)}
 	f.stream = strings.ToUpper(f.schema)
 	f.prefix = f.schema
 	var err error
@@ -132,7 +134,7 @@ func newFixtureWith(t *testing.T, partitions int) *fixture {
 	t.Cleanup(func() { _ = f.js.DeleteStream(context.Background(), f.stream) })
 	f.useJetStream()
 	f.store = f.drv
-	f.dbArgs = []string{"--database-url", pgtest.URL(), "--schema", f.schema, "--partitions", strconv.Itoa(partitions)}
+	f.dbArgs = []string{"--database-url", ferrypgtest.URL(), "--schema", f.schema, "--partitions", strconv.Itoa(partitions)}
 	f.emit = func(ctx context.Context, evs []*ferry.Event, hold time.Duration) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SELECT pg_current_xact_id()") // a business write would take an xid first

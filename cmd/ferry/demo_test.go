@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-dev/ferry/internal/syncbuf"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 

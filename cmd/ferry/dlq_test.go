@@ -11,8 +11,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -25,8 +25,8 @@ func ferryCmd(t *testing.T, args ...string) (string, int) {
 func TestDLQForAConsumerGroup(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: schema})
+	schema := ferrypgtest.Schema(t)
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: schema})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -40,7 +40,7 @@ func TestDLQForAConsumerGroup(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, drv.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "billing", EventID: rows[0].Event.ID, Claim: rows[0].Claim, Error: "card declined\nstack...", Dead: true}))
 
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	out, code := ferryCmd(t, append([]string{"dlq", "list", "--group", "billing"}, db...)...)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, bad.ID.String())
@@ -84,8 +84,8 @@ func TestDLQForAConsumerGroup(t *testing.T) {
 func TestDLQRedriveAndDiscardForTheRelay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: schema})
+	schema := ferrypgtest.Schema(t)
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: schema})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -102,7 +102,7 @@ func TestDLQRedriveAndDiscardForTheRelay(t *testing.T) {
 	later := mk("orders", "k1", "later")
 	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{later}}))
 
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	out, code := ferryCmd(t, append([]string{"dlq", "redrive", "--key", "k1", "--dry-run"}, db...)...)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, big.ID.String())
@@ -148,8 +148,8 @@ func TestDLQRedriveAndDiscardForTheRelay(t *testing.T) {
 func TestDLQVerbsRefuseWithoutASelection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: schema})
+	schema := ferrypgtest.Schema(t)
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: schema})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -172,7 +172,7 @@ func TestDLQVerbsRefuseWithoutASelection(t *testing.T) {
 	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "billing", Worker: "w", Limit: 1, TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, drv.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "billing", EventID: rows[0].Event.ID, Claim: rows[0].Claim, Error: "boom", Dead: true}))
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	unchanged := func(letters int64) {
 		t.Helper()
 		n, err := drv.CountDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})

@@ -11,9 +11,9 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent/ferryeventtest"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -40,7 +40,7 @@ func TestOutboxToConsumerThroughJetStream(t *testing.T) {
 	go func() { relayDone <- relay.Run(runCtx) }()
 
 	table := pgx.Identifier{f.schema, "effects"}.Sanitize()
-	_, err = pgtest.Pool(t).Exec(ctx, `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL)`)
+	_, err = ferrypgtest.Pool(t).Exec(ctx, `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL)`)
 	require.NoError(t, err)
 	c, err := ferry.NewConsumer(f.drv, &ferry.ConsumerConfig{Group: "projection", PollInterval: 20 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
@@ -60,7 +60,7 @@ func TestOutboxToConsumerThroughJetStream(t *testing.T) {
 	emitted := f.produce(ctx, 3000, 100, 4, 3000)
 	require.Eventually(t, func() bool {
 		var n int
-		return pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n) == nil && n >= len(emitted)
+		return ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n) == nil && n >= len(emitted)
 	}, time.Minute, 50*time.Millisecond)
 	stop()
 	require.NoError(t, <-relayDone)
@@ -68,8 +68,8 @@ func TestOutboxToConsumerThroughJetStream(t *testing.T) {
 	require.NoError(t, <-consumerDone)
 
 	var total, distinct, violations int
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+table).Scan(&total, &distinct))
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM (
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+table).Scan(&total, &distinct))
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM (
 		SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`).Scan(&violations))
 	require.Equal(t, len(emitted), distinct, "every event applied")
 	require.Equal(t, distinct, total, "none applied twice")

@@ -1,20 +1,20 @@
 module github.com/ferry-dev/ferry/cmd/ferry
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/ethereum/go-ethereum v1.17.10
-	github.com/ferry-dev/ferry v0.0.0
-	github.com/ferry-dev/ferry/ferrychain v0.0.0
-	github.com/ferry-dev/ferry/ferrydriver/ferrymongo v0.0.0
-	github.com/ferry-dev/ferry/ferrydriver/ferrymysql v0.0.0
-	github.com/ferry-dev/ferry/ferrydriver/ferrysqlite v0.0.0
-	github.com/ferry-dev/ferry/ferryotel v0.0.0
-	github.com/ferry-dev/ferry/ferrysink/ferrykafka v0.0.0
-	github.com/ferry-dev/ferry/ferrysink/ferrynats v0.0.0
-	github.com/ferry-dev/ferry/ferrysink/ferryrabbit v0.0.0
+	github.com/ferry-dev/ferry v0.1.0
+	github.com/ferry-dev/ferry/ferrychain v0.1.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrymongo v0.1.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrymysql v0.1.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrysqlite v0.1.0
+	github.com/ferry-dev/ferry/ferryotel v0.1.0
+	github.com/ferry-dev/ferry/ferrysink/ferrykafka v0.1.0
+	github.com/ferry-dev/ferry/ferrysink/ferrynats v0.1.0
+	github.com/ferry-dev/ferry/ferrysink/ferryrabbit v0.1.0
 	github.com/go-sql-driver/mysql v1.9.3
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -169,20 +169,7 @@ require (
 	modernc.org/sqlite v1.62.0 // indirect
 )
 
-// go-ethereum's cockroachdb/errors requires a 2023 google.golang.org/genproto
-// that still holds googleapis/rpc and googleapis/api, which grpc (under the
-// OTLP exporter) imports from their own modules now: a recent genproto,
-// which holds neither, keeps the build unambiguous.
-replace google.golang.org/genproto => google.golang.org/genproto v0.0.0-20261026165753-2ffab32bce7e
-
-replace (
-	github.com/ferry-dev/ferry => ../..
-	github.com/ferry-dev/ferry/ferrychain => ../../ferrychain
-	github.com/ferry-dev/ferry/ferrydriver/ferrymongo => ../../ferrydriver/ferrymongo
-	github.com/ferry-dev/ferry/ferrydriver/ferrymysql => ../../ferrydriver/ferrymysql
-	github.com/ferry-dev/ferry/ferrydriver/ferrysqlite => ../../ferrydriver/ferrysqlite
-	github.com/ferry-dev/ferry/ferryotel => ../../ferryotel
-	github.com/ferry-dev/ferry/ferrysink/ferrykafka => ../../ferrysink/ferrykafka
-	github.com/ferry-dev/ferry/ferrysink/ferrynats => ../../ferrysink/ferrynats
-	github.com/ferry-dev/ferry/ferrysink/ferryrabbit => ../../ferrysink/ferryrabbit
+require (
+	github.com/ferry-dev/ferry/ferrydriver/ferrypg v0.1.0
+	github.com/ferry-dev/ferry/ferryprom v0.1.0
 )

@@ -216,6 +216,9 @@ func cmdVersion(args []string, stdout io.Writer) error {
 			mod = " (modified)"
 		}
 	}
+	if c == "" && releaseCommit != "" {
+		c = releaseCommit + " (the tree " + v + " was released from)"
+	}
 	if c == "" {
 		c = "(unknown: this binary was built without version stamping; make build stamps it)"
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,8 +22,8 @@ import (
 func TestPartitionsCommand(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	schema := ferrypgtest.Schema(t)
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	cmd := func(args ...string) (string, int) { return ferryCmd(t, append(args, db...)...) }
 
 	out, code := cmd("migrate", "up", "--partitions", "4")
@@ -51,7 +51,7 @@ func TestPartitionsCommand(t *testing.T) {
 	require.Equal(t, 2, code, out)
 
 	// Relays deliver everything and stop.
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: schema})
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: schema})
 	require.NoError(t, err)
 	for p := range 4 {
 		name := "default/" + strconv.Itoa(p)

@@ -11,9 +11,9 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -60,9 +60,9 @@ func TestStatusSaysWhichFiguresAreEstimates(t *testing.T) {
 func TestStatusShowsEveryFeedAndGroup(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: schema})
+	schema := ferrypgtest.Schema(t)
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: schema})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryshared/testenv"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -27,6 +29,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
 	"github.com/ferry-dev/ferry/ferrysink"
@@ -34,7 +37,6 @@ import (
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/ferry-dev/ferry/ferrysink/ferryrabbit"
 	"github.com/ferry-dev/ferry/ferrysink/ferrywebhook"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 var quietLog = slog.New(slog.DiscardHandler)
@@ -90,7 +92,7 @@ func wireKafka(t *testing.T, ctx context.Context, _ *ferry.Consumer[pgx.Tx]) (fe
 func wireRabbit(t *testing.T, ctx context.Context, _ *ferry.Consumer[pgx.Tx]) (ferrysink.Sink, ferrysink.Source) {
 	conn, err := amqp.Dial(rabbitURL())
 	if err != nil {
-		pgtest.Unavailable(t, "RabbitMQ", "FERRY_TEST_RABBITMQ_URL", err)
+		testenv.Unavailable(t, "RabbitMQ", "FERRY_TEST_RABBITMQ_URL", err)
 	}
 	name := fmt.Sprintf("ferry-trace-%d", rand.Int64())
 	t.Cleanup(func() {
@@ -203,7 +205,7 @@ func TestRelayExportsTracesOverOTLP(t *testing.T) {
 		return ok && s == "ferry-under-test"
 	}, 30*time.Second, 50*time.Millisecond, "the relay's send span must reach the OTLP receiver")
 
-	cmd := exec.Command(ferryBin, "status", "--database-url", pgtest.URL())
+	cmd := exec.Command(ferryBin, "status", "--database-url", ferrypgtest.URL())
 	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT="+rc.srv.URL, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc")
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError

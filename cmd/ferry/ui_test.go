@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-dev/ferry/internal/pgtest"
-	"github.com/ferry-dev/ferry/internal/syncbuf"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -21,8 +21,8 @@ import (
 // token it generated; actions need that token; SIGTERM stops it cleanly.
 func TestUIServesTheAdminAPI(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	schema := ferrypgtest.Schema(t)
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	out, code := ferryCmd(t, append([]string{"migrate", "up"}, db...)...)
 	require.Equal(t, 0, code, out)
 
@@ -108,8 +108,8 @@ func TestUIReadOnlyAndWhereItListens(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Regexp(t, `-ui-addr string\s+address to serve the console.*\(default "127\.0\.0\.1:9470"\)`, strings.ReplaceAll(out, "\n", " "))
 
-	schema := pgtest.Schema(t)
-	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	schema := ferrypgtest.Schema(t)
+	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	out, code = ferryCmd(t, append([]string{"migrate", "up"}, db...)...)
 	require.Equal(t, 0, code, out)
 

@@ -26,15 +26,15 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m, mysqltest.Close) }
+func TestMain(m *testing.M) { ferrypgtest.Main(m, mysqltest.Close) }
 
 // retryLog counts RunTx's retry lines by cause.
 type retryLog struct {
@@ -112,11 +112,11 @@ func (c *dropConn) Write(b []byte) (int, error) {
 }
 
 func postgresEnv(t *testing.T) *env {
-	pgtest.Pool(t) // skip, or fail under CI=true, without a server
-	schema := pgtest.Schema(t)
+	ferrypgtest.Pool(t) // skip, or fail under CI=true, without a server
+	schema := ferrypgtest.Schema(t)
 	armed := &atomic.Bool{}
 	open := func(t *testing.T) (*sql.DB, companies.Backend) {
-		cfg, err := pgx.ParseConfig(pgtest.URL())
+		cfg, err := pgx.ParseConfig(ferrypgtest.URL())
 		require.NoError(t, err)
 		cfg.RuntimeParams["search_path"] = schema
 		dial := cfg.DialFunc

@@ -1,17 +1,12 @@
 module github.com/ferry-dev/ferry/examples/companies
 
-go 1.26.8
-
-replace (
-	github.com/ferry-dev/ferry => ../..
-	github.com/ferry-dev/ferry/ferrydriver/ferrymongo => ../../ferrydriver/ferrymongo
-	github.com/ferry-dev/ferry/ferrydriver/ferrysqlite => ../../ferrydriver/ferrysqlite
-)
+go 1.26.0
 
 require (
-	github.com/ferry-dev/ferry v0.0.0
-	github.com/ferry-dev/ferry/ferrydriver/ferrymongo v0.0.0
-	github.com/ferry-dev/ferry/ferrydriver/ferrysqlite v0.0.0
+	github.com/ferry-dev/ferry v0.1.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrymongo v0.1.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrypg v0.1.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrysqlite v0.1.0
 	github.com/go-sql-driver/mysql v1.9.3
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -35,7 +30,7 @@ require (
 
 require (
 	github.com/dustin/go-humanize v1.1.0 // indirect
-	github.com/ferry-dev/ferry/ferrydriver/ferrymysql v0.0.0
+	github.com/ferry-dev/ferry/ferrydriver/ferrymysql v0.1.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -57,5 +52,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-replace github.com/ferry-dev/ferry/ferrydriver/ferrymysql => ../../ferrydriver/ferrymysql

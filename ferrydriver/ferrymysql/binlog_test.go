@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryshared/testenv"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -17,7 +19,6 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // emitN appends n events of keys k0..k(keys-1), one transaction each
@@ -228,7 +229,7 @@ func TestMisconfiguredServerIsRefused(t *testing.T) {
 	defer admin.Close()
 	var logBin int
 	if err := admin.QueryRow(`SELECT @@log_bin`).Scan(&logBin); err != nil {
-		pgtest.Unavailable(t, "MariaDB without a binlog", "FERRY_TEST_MYSQL_NOBINLOG_URL", err)
+		testenv.Unavailable(t, "MariaDB without a binlog", "FERRY_TEST_MYSQL_NOBINLOG_URL", err)
 	}
 	if logBin == 1 {
 		t.Skipf("the server at %s writes a binlog: set FERRY_TEST_MYSQL_NOBINLOG_URL to one that does not", url)

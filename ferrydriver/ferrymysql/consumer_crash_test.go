@@ -20,7 +20,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/childtest"
+	"github.com/ferry-dev/ferry/ferryshared/childtest"
 )
 
 // The consumer crash test runs this test binary again as the consumer

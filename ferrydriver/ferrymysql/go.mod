@@ -1,14 +1,14 @@
 module github.com/ferry-dev/ferry/ferrydriver/ferrymysql
 
-go 1.26.8
-
-replace github.com/ferry-dev/ferry => ../..
+go 1.26.0
 
 require (
-	github.com/ferry-dev/ferry v0.0.0-00010101000000-000000000000
+	github.com/ferry-dev/ferry v0.1.0
 	github.com/go-mysql-org/go-mysql v1.13.0
 	github.com/go-sql-driver/mysql v1.9.3
 	github.com/google/uuid v1.6.0
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
 )
 
 require (
@@ -22,6 +22,8 @@ require (
 	go.uber.org/atomic v1.11.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 )

@@ -11,15 +11,15 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
 func newTestDriver(t testing.TB) *Driver[pgx.Tx] {
 	t.Helper()
-	drv, err := New(pgtest.Pool(t), &Config{Schema: pgtest.Schema(t)})
+	drv, err := New(ferrypgtest.Pool(t), &Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -33,7 +33,7 @@ func fillBacklog(t testing.TB, drv *Driver[pgx.Tx], n int) {
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
 	for done := 0; done < n; done += 250000 {
 		k := min(250000, n-done)
-		_, err := pgtest.Pool(t).Exec(ctx, `INSERT INTO `+s+`.outbox (event_id, topic, key, seq, type, payload, created_at)
+		_, err := ferrypgtest.Pool(t).Exec(ctx, `INSERT INTO `+s+`.outbox (event_id, topic, key, seq, type, payload, created_at)
 			SELECT gen_random_uuid(), 'orders', 'k' || (g % 500), $1 + g / 500 + 1, 'T', convert_to(repeat('x', 200), 'UTF8'), now()
 			FROM generate_series(0, $2 - 1) g`, done/500, k)
 		require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestFeedPlansOnAnEmptyOutbox(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.outbox`)
 	require.NoError(t, err)
 	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "plans/0"})
@@ -198,7 +198,7 @@ func TestInvalidRowsAreReported(t *testing.T) {
 	drv := newTestDriver(t)
 	ctx := context.Background()
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	_, err := pgtest.Pool(t).Exec(ctx, `INSERT INTO `+s+`.outbox (event_id, topic, key, seq, type, payload, created_at, headers) VALUES
+	_, err := ferrypgtest.Pool(t).Exec(ctx, `INSERT INTO `+s+`.outbox (event_id, topic, key, seq, type, payload, created_at, headers) VALUES
 		(gen_random_uuid(), '', 'k', 1, 'T', '', now(), NULL),
 		(gen_random_uuid(), 't', 'k', 2, 'T', '', now(), '[1,2]'),
 		(gen_random_uuid(), 't', 'k', 3, 'T', 'ok', now(), '{"a":"b"}')`)
@@ -225,7 +225,7 @@ func TestConfigValidation(t *testing.T) {
 
 func TestPartitionsSplitKeys(t *testing.T) {
 	t.Parallel()
-	drv, err := New(pgtest.Pool(t), &Config{Schema: pgtest.Schema(t), Partitions: 4})
+	drv, err := New(ferrypgtest.Pool(t), &Config{Schema: ferrypgtest.Schema(t), Partitions: 4})
 	require.NoError(t, err)
 	ctx := context.Background()
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
@@ -261,7 +261,7 @@ func TestFeedPastInt32Ids(t *testing.T) {
 	t.Parallel()
 	drv := newTestDriver(t)
 	ctx := context.Background()
-	_, err := pgtest.Pool(t).Exec(ctx, `ALTER SEQUENCE `+pgx.Identifier{drv.cfg.Schema}.Sanitize()+`.outbox_id_seq RESTART WITH 2147483600`)
+	_, err := ferrypgtest.Pool(t).Exec(ctx, `ALTER SEQUENCE `+pgx.Identifier{drv.cfg.Schema}.Sanitize()+`.outbox_id_seq RESTART WITH 2147483600`)
 	require.NoError(t, err)
 	r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
 	for round := range 3 {
@@ -285,7 +285,7 @@ func TestRetentionIsBoundedByItsLimit(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	_, err := pgtest.Pool(t).Exec(ctx, `VACUUM ANALYZE `+s+`.outbox`)
+	_, err := ferrypgtest.Pool(t).Exec(ctx, `VACUUM ANALYZE `+s+`.outbox`)
 	require.NoError(t, err)
 	fillBacklog(t, drv, 20_000)
 	// Partition 0, cursor 19,990, no running transactions, retention 24 h,
@@ -301,7 +301,7 @@ func TestRetentionIsBoundedByItsLimit(t *testing.T) {
 	require.Less(t, buffers, 60, "retention must read O(limit) rows whatever the statistics:\n%s", raw)
 
 	// And it still deletes what is old enough.
-	_, err = pgtest.Pool(t).Exec(ctx, `UPDATE `+s+`.outbox SET created_at = now() - interval '2 days' WHERE id <= 10`)
+	_, err = ferrypgtest.Pool(t).Exec(ctx, `UPDATE `+s+`.outbox SET created_at = now() - interval '2 days' WHERE id <= 10`)
 	require.NoError(t, err)
 	var n int64
 	require.NoError(t, drv.inIndexPlanTx(ctx, func(e executor) error {
@@ -325,7 +325,7 @@ func TestHeartbeatLagIsBounded(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.outbox, `+s+`.dead_letters`)
 	require.NoError(t, err)
 	explain := func(indexPlans bool, query string, args ...any) int {
@@ -403,7 +403,7 @@ func TestDeadLetterRetentionIsBounded(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.dead_letters`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.dead_letters (feed, event_id, topic, key, seq, type, source, content_type, payload, created_at, reason)
@@ -447,7 +447,7 @@ func TestPrunedKeyRecreatedConcurrently(t *testing.T) {
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
 	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "old")}}))
 	var xid string
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT xid::text FROM `+s+`.keys WHERE key = 'k'`).Scan(&xid))
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT xid::text FROM `+s+`.keys WHERE key = 'k'`).Scan(&xid))
 
 	pruner, commit, rollback, err := drv.begin.begin(ctx)
 	require.NoError(t, err)
@@ -486,7 +486,7 @@ func TestKeySweepIsBounded(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.keys`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.keys (key, seq, xid, touched_at)
@@ -545,7 +545,7 @@ func TestMigration005KeepsExistingKeys(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	// Revert down to before 005, whatever came after it.
 	for {
 		res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})

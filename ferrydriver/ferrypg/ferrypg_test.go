@@ -9,8 +9,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -20,12 +20,12 @@ import (
 // newDriver returns a pgx driver on a fresh, migrated schema.
 func newDriver(t *testing.T, cfg *ferrypg.Config) *ferrypg.Driver[pgx.Tx] {
 	t.Helper()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	c := ferrypg.Config{}
 	if cfg != nil {
 		c = *cfg
 	}
-	c.Schema = pgtest.Schema(t)
+	c.Schema = ferrypgtest.Schema(t)
 	drv, err := ferrypg.New(pool, &c)
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
@@ -34,7 +34,7 @@ func newDriver(t *testing.T, cfg *ferrypg.Config) *ferrypg.Driver[pgx.Tx] {
 }
 
 func holdWriter(ctx context.Context, t *testing.T) func() {
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	// A write that takes an xid and stays open: the classic stall for
@@ -49,7 +49,7 @@ func TestDriverSuitePgx(t *testing.T) {
 	ferrydrivertest.Exercise(t, ferrydrivertest.Harness[pgx.Tx]{
 		New: func(t *testing.T) ferrydriver.Driver[pgx.Tx] { return newDriver(t, nil) },
 		Begin: func(ctx context.Context, t *testing.T, _ ferrydriver.Driver[pgx.Tx]) ferrydrivertest.Tx[pgx.Tx] {
-			tx, err := pgtest.Pool(t).Begin(ctx)
+			tx, err := ferrypgtest.Pool(t).Begin(ctx)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 			return ferrydrivertest.Tx[pgx.Tx]{
@@ -70,7 +70,7 @@ func TestDriverSuitePgx(t *testing.T) {
 		NewPartitioned: func(t *testing.T, n int) (ferrydriver.Driver[pgx.Tx], func(int) ferrydriver.Driver[pgx.Tx]) {
 			drv := newDriver(t, &ferrypg.Config{Partitions: n})
 			return drv, func(n int) ferrydriver.Driver[pgx.Tx] {
-				other, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: drv.Schema(), Partitions: n})
+				other, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: drv.Schema(), Partitions: n})
 				require.NoError(t, err)
 				return other
 			}
@@ -80,13 +80,13 @@ func TestDriverSuitePgx(t *testing.T) {
 
 func TestDriverSuiteDatabaseSQL(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("pgx", pgtest.URL())
+	db, err := sql.Open("pgx", ferrypgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	pgtest.Pool(t) // skip or fail early when the server is absent
+	ferrypgtest.Pool(t) // skip or fail early when the server is absent
 	ferrydrivertest.Exercise(t, ferrydrivertest.Harness[*sql.Tx]{
 		New: func(t *testing.T) ferrydriver.Driver[*sql.Tx] {
-			drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: pgtest.Schema(t)})
+			drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 			require.NoError(t, err)
 			_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 			require.NoError(t, err)
@@ -112,7 +112,7 @@ func TestDriverSuiteDatabaseSQL(t *testing.T) {
 		},
 		HoldWriter: holdWriter,
 		NewPartitioned: func(t *testing.T, n int) (ferrydriver.Driver[*sql.Tx], func(int) ferrydriver.Driver[*sql.Tx]) {
-			schema := pgtest.Schema(t)
+			schema := ferrypgtest.Schema(t)
 			open := func(n int) ferrydriver.Driver[*sql.Tx] {
 				drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: schema, Partitions: n})
 				require.NoError(t, err)
@@ -138,12 +138,12 @@ func TestInboxSuitePgx(t *testing.T) {
 
 func TestInboxSuiteDatabaseSQL(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("pgx", pgtest.URL())
+	db, err := sql.Open("pgx", ferrypgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	pgtest.Pool(t)
+	ferrypgtest.Pool(t)
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] {
-		drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: pgtest.Schema(t)})
+		drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 		require.NoError(t, err)
 		_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
 		require.NoError(t, err)
@@ -169,7 +169,7 @@ func TestClassifyTxErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	drv := newDriver(t, &ferrypg.Config{TxIsolation: ferrypg.RepeatableRead})
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	table := drv.Schema() + ".hot"
 	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL); INSERT INTO `+table+` VALUES (1, 0), (2, 0)`)
 	require.NoError(t, err)
@@ -224,20 +224,20 @@ func TestConsumerSuitePgx(t *testing.T) {
 	ferrydrivertest.ExerciseConsumer(t, ferrydrivertest.ConsumerHarness[pgx.Tx]{
 		New: func(t *testing.T) ferrydrivertest.InboxDriver[pgx.Tx] { return newDriver(t, nil) },
 		Unmigrated: func(t *testing.T) ferrydrivertest.InboxDriver[pgx.Tx] {
-			drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+			drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 			require.NoError(t, err)
 			return drv
 		},
 		Effects: func(t *testing.T, d ferrydrivertest.InboxDriver[pgx.Tx]) (func(context.Context, pgx.Tx, *ferryevent.Event) error, func(context.Context) (map[uuid.UUID]int, error)) {
 			table := pgx.Identifier{d.(*ferrypg.Driver[pgx.Tx]).Schema(), "effects"}.Sanitize()
-			_, err := pgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL)`)
+			_, err := ferrypgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL)`)
 			require.NoError(t, err)
 			record := func(ctx context.Context, tx pgx.Tx, ev *ferryevent.Event) error {
 				_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id) VALUES ($1)`, ev.ID)
 				return err
 			}
 			counts := func(ctx context.Context) (map[uuid.UUID]int, error) {
-				rows, err := pgtest.Pool(t).Query(ctx, `SELECT event_id, count(*) FROM `+table+` GROUP BY event_id`)
+				rows, err := ferrypgtest.Pool(t).Query(ctx, `SELECT event_id, count(*) FROM `+table+` GROUP BY event_id`)
 				if err != nil {
 					return nil, err
 				}

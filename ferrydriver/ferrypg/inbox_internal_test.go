@@ -17,8 +17,8 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // hotInbox fills group with a key "hot" of n rows and 31 keys of 2 rows
@@ -83,7 +83,7 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	hotInbox(t, pool, s, "g", n)
 	hotInbox(t, pool, s, "h", 1000)
 	for _, table := range []string{"inbox", "inbox_keys"} {
@@ -138,13 +138,13 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	cfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
 	require.NoError(t, err)
 	cfg.MaxConns = 1 // one session: the statements' plans are cached on it
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	drv, err := New(pool, &Config{Schema: pgtest.Schema(t)})
+	drv, err := New(pool, &Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -286,7 +286,7 @@ func TestInboxCostIsFlatInTheKeysInFlight(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	for _, g := range []string{"g", "h"} {
 		hotInbox(t, pool, s, g, 64)
 	}
@@ -390,8 +390,8 @@ func planRows(t *testing.T, raw []byte) int {
 // everything, and the failure is logged.
 func TestAwaitSettledFailsWhenItCannotListen(t *testing.T) {
 	t.Parallel()
-	pgtest.Pool(t)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	ferrypgtest.Pool(t)
+	cfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
 	require.NoError(t, err)
 	cfg.ConnConfig.Database = "ferry_no_such_database"
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -444,7 +444,7 @@ func TestCompletionLeavesTheTransactionsPlanSetting(t *testing.T) {
 	t.Parallel()
 	drv := newTestDriver(t)
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	for _, tc := range []struct {
 		name, set, want string
 		batch           bool
@@ -504,7 +504,7 @@ func TestConsolePagesAreFlat(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	// A relay batch dead-letters together: 500 rows share each failure time.
 	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.dead_letters (feed, event_id, topic, key, seq, type, source, content_type, payload, created_at, reason, failed_at)
 		SELECT 'default/' || (i % 4), gen_random_uuid(), 'orders', 'k' || i, 1, 'T', 'ferry', '', '\x7b7d', now(), 'refused',
@@ -619,7 +619,7 @@ func TestConsolePagesAreFlat(t *testing.T) {
 func TestReasonsReadTheirScanOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	var read []int
 	for _, n := range []int{10_000, 100_000} {
 		drv := newTestDriver(t)

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // Races between a claim and what changes its key's queue while it runs:
@@ -29,7 +29,7 @@ func raceEvent(key string) *ferryevent.Event {
 // they wait for, do not count.
 func waitLockWait(t *testing.T, schema string) {
 	t.Helper()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	require.Eventually(t, func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
@@ -75,7 +75,7 @@ func drainRuns(t *testing.T, drv *Driver[pgx.Tx], group string) map[uuid.UUID]bo
 func TestInboxDeliveryInsideAClaimRuns(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	const g = "g"
 	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{raceEvent("k"), raceEvent("a")}})
 	require.NoError(t, err)
@@ -123,8 +123,8 @@ func TestInboxDeliveryInsideAClaimRuns(t *testing.T) {
 // not leave it behind the key.
 func TestInboxRedriveInsideAClaimRuns(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	drv, err := New(pool, &Config{Schema: pgtest.Schema(t)})
+	pool := ferrypgtest.Pool(t)
+	drv, err := New(pool, &Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Steps: 10})
 	require.NoError(t, err)
@@ -168,7 +168,7 @@ func TestInboxRedriveInsideAClaimRuns(t *testing.T) {
 func TestInboxFinishAppliesThePolicyInForce(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
 	const g = "g"
 	require.NoError(t, drv.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: g, HoldDead: true}))
@@ -276,7 +276,7 @@ func TestInboxRetractionLosesABatchOnlyItsRow(t *testing.T) {
 func TestInboxRescueAndRetractionDoNotDeadlock(t *testing.T) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	const g = "g"
 	ev := raceEvent("k")
 	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{ev}})
@@ -329,8 +329,8 @@ func TestInboxRescueAndRetractionDoNotDeadlock(t *testing.T) {
 // commit, not at its deadline.
 func TestAwaitSettledUnderRepeatableRead(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	drv, err := New(pool, &Config{Schema: pgtest.Schema(t), InboxIsolation: RepeatableRead})
+	pool := ferrypgtest.Pool(t)
+	drv, err := New(pool, &Config{Schema: ferrypgtest.Schema(t), InboxIsolation: RepeatableRead})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)

@@ -18,8 +18,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // repeatableReadPool returns a pool whose sessions default to REPEATABLE
@@ -27,8 +27,8 @@ import (
 // 'repeatable read' (without changing the shared test database).
 func repeatableReadPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pgtest.Pool(t) // skips, or fails under CI=true, without a server
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	ferrypgtest.Pool(t) // skips, or fails under CI=true, without a server
+	cfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
 	require.NoError(t, err)
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -42,7 +42,7 @@ func repeatableReadPool(t *testing.T) *pgxpool.Pool {
 
 func driverOn(t *testing.T, pool *pgxpool.Pool, cfg ferrypg.Config) *ferrypg.Driver[pgx.Tx] {
 	t.Helper()
-	cfg.Schema = pgtest.Schema(t)
+	cfg.Schema = ferrypgtest.Schema(t)
 	drv, err := ferrypg.New(pool, &cfg)
 	require.NoError(t, err)
 	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})

@@ -8,8 +8,8 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -21,7 +21,7 @@ func TestPartitionsUndeliveredIsCountedByIndex(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	drv := newTestDriver(t)
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
 	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.outbox (event_id, topic, key, seq, type, payload, created_at)
 		SELECT gen_random_uuid(), 't', 'k' || g, 1, 'T', '', now() FROM generate_series(1, 20000) g`)

@@ -10,8 +10,8 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -22,11 +22,11 @@ import (
 func TestPartitionsMigrationKeepsAnOutboxsCount(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	for _, tc := range []struct {
 		configured, want int
 	}{{0, 4}, {6, 6}} {
-		schema := pgtest.Schema(t)
+		schema := ferrypgtest.Schema(t)
 		drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema, Partitions: tc.configured})
 		require.NoError(t, err)
 		_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Steps: 3})
@@ -80,7 +80,7 @@ func TestPartitionsChangeUnderARepeatableReadProducer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	drv := newDriver(t, nil)
-	tx, err := pgtest.Pool(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	tx, err := ferrypgtest.Pool(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, `SELECT count(*) FROM `+drv.Schema()+`.keys`) // the snapshot
@@ -95,7 +95,7 @@ func TestPartitionsChangeUnderARepeatableReadProducer(t *testing.T) {
 	require.Equal(t, ferrydriver.TxRetry, drv.ClassifyTxError(err).Class, "ferry.RunTx runs it again")
 	require.NoError(t, tx.Commit(ctx))
 	var n int
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+drv.Schema()+`.outbox`).Scan(&n))
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+drv.Schema()+`.outbox`).Scan(&n))
 	require.Zero(t, n)
 }
 
@@ -107,7 +107,7 @@ func TestPartitionsChangeWaitsForProducers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	drv := newDriver(t, nil)
-	tx, err := pgtest.Pool(t).Begin(ctx)
+	tx, err := ferrypgtest.Pool(t).Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	require.NoError(t, drv.AppendTx(ctx, tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}}))
@@ -137,15 +137,15 @@ func TestPartitionsChangeWaitsForProducers(t *testing.T) {
 func TestPartitionsChangeSeesTheProducersItWaitedFor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	sep := "?"
-	if strings.Contains(pgtest.URL(), "?") {
+	if strings.Contains(ferrypgtest.URL(), "?") {
 		sep = "&"
 	}
-	db, err := sql.Open("pgx", pgtest.URL()+sep+"default_transaction_isolation=repeatable%20read")
+	db, err := sql.Open("pgx", ferrypgtest.URL()+sep+"default_transaction_isolation=repeatable%20read")
 	require.NoError(t, err)
 	defer db.Close()
-	drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: pgtest.Schema(t)})
+	drv, err := ferrypg.NewSQL(db, &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)

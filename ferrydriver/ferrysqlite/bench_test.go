@@ -13,8 +13,8 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferryui/ferryuitest"
-	"github.com/ferry-dev/ferry/internal/memsink"
 	"github.com/stretchr/testify/require"
 )
 

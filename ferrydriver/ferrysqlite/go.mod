@@ -1,11 +1,9 @@
 module github.com/ferry-dev/ferry/ferrydriver/ferrysqlite
 
-go 1.26.8
-
-replace github.com/ferry-dev/ferry => ../..
+go 1.26.0
 
 require (
-	github.com/ferry-dev/ferry v0.0.0-00010101000000-000000000000
+	github.com/ferry-dev/ferry v0.1.0
 	github.com/google/uuid v1.6.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -18,6 +16,7 @@ require (
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect

@@ -25,9 +25,9 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryotel"
 	"github.com/ferry-dev/ferry/ferrysink"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -55,9 +55,9 @@ func Recorder(t testing.TB) (*ferryotel.Tracer, *sdktrace.TracerProvider, *trace
 }
 
 // Driver returns a PostgreSQL driver on a fresh, migrated schema of the
-// test server (pgtest), dropped when the test ends.
+// test server (ferrypgtest), dropped when the test ends.
 func Driver(ctx context.Context, t testing.TB) *ferrypg.Driver[pgx.Tx] {
-	drv, err := ferrypg.New(pgtest.Pool(t), &ferrypg.Config{Schema: pgtest.Schema(t)})
+	drv, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: ferrypgtest.Schema(t)})
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
@@ -80,7 +80,7 @@ func testOneTrace(t *testing.T, p Pipeline) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tr, tp, rec := Recorder(t)
-	pool := pgtest.Pool(t)
+	pool := ferrypgtest.Pool(t)
 	drv := Driver(ctx, t)
 	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
 	require.NoError(t, err)

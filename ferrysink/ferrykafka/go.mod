@@ -1,11 +1,9 @@
 module github.com/ferry-dev/ferry/ferrysink/ferrykafka
 
-go 1.26.8
-
-replace github.com/ferry-dev/ferry => ../..
+go 1.26.0
 
 require (
-	github.com/ferry-dev/ferry v0.0.0
+	github.com/ferry-dev/ferry v0.1.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c

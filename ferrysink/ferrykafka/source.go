@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/backoff"
+	"github.com/ferry-dev/ferry/ferryshared/backoff"
 )
 
 // Defaults applied by SourceConfig.WithDefaults.

@@ -1,9 +1,9 @@
 module github.com/ferry-dev/ferry/ferrysink/ferrynats
 
-go 1.26.8
+go 1.26.0
 
 require (
-	github.com/ferry-dev/ferry v0.0.0
+	github.com/ferry-dev/ferry v0.1.0
 	github.com/google/uuid v1.6.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/stretchr/testify v1.12.1
@@ -18,5 +18,3 @@ require (
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 )
-
-replace github.com/ferry-dev/ferry => ../..

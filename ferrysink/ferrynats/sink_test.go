@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/tcpproxy"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/ferry-dev/ferry/ferrysink/ferrysinktest"
-	"github.com/ferry-dev/ferry/internal/tcpproxy"
 )
 
 func TestConformance(t *testing.T) {

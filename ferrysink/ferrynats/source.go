@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/backoff"
+	"github.com/ferry-dev/ferry/ferryshared/backoff"
 )
 
 // Defaults applied by SourceConfig.WithDefaults.

@@ -15,10 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/tcpproxy"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferryrabbit"
 	"github.com/ferry-dev/ferry/ferrysink/ferrysinktest"
-	"github.com/ferry-dev/ferry/internal/tcpproxy"
 )
 
 // The conformance harness binds each test's queue with "routed.#" and maps

@@ -14,7 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferry-dev/ferry/ferryevent"
-	"github.com/ferry-dev/ferry/internal/backoff"
+	"github.com/ferry-dev/ferry/ferryshared/backoff"
 )
 
 // Defaults applied by SourceConfig.WithDefaults.

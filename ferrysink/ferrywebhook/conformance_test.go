@@ -10,10 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/tcpproxy"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrysinktest"
 	"github.com/ferry-dev/ferry/ferrysink/ferrywebhook"
-	"github.com/ferry-dev/ferry/internal/tcpproxy"
 )
 
 // unrouted is the topic the conformance receiver has no route for: it

@@ -18,8 +18,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/backoff"
 	"github.com/ferry-dev/ferry/ferrysink"
-	"github.com/ferry-dev/ferry/internal/backoff"
 )
 
 // ErrClosed is returned for every event of a Publish call made after Close,

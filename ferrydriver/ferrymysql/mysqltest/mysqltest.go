@@ -19,11 +19,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryshared/testenv"
+
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
-	"github.com/ferry-dev/ferry/internal/pgtest"
 )
 
 // DefaultURL is used when FERRY_TEST_MYSQL_URL is unset.
@@ -65,7 +66,7 @@ func connect() {
 }
 
 // Close closes the shared admin pool, if one was opened: call it after a
-// package's tests (pgtest.Main(m, mysqltest.Close)), before a check for
+// package's tests (ferrypgtest.Main(m, mysqltest.Close)), before a check for
 // leaked goroutines.
 func Close() {
 	if admin != nil {
@@ -78,7 +79,7 @@ func Admin(t testing.TB) *sql.DB {
 	t.Helper()
 	connect()
 	if openErr != nil {
-		pgtest.Unavailable(t, "MariaDB (with a row binlog)", "FERRY_TEST_MYSQL_URL", openErr)
+		testenv.Unavailable(t, "MariaDB (with a row binlog)", "FERRY_TEST_MYSQL_URL", openErr)
 	}
 	return admin
 }

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	"github.com/ferry-dev/ferry/ferryshared/testenv"
 
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/go-sql-driver/mysql"
 )
 
 // Server is a MariaDB server of a test's own, with the binlog settings
@@ -43,11 +43,11 @@ func StartServer(t testing.TB, serverID int, args ...string) *Server {
 	t.Helper()
 	server, err := lookPath("mariadbd", "/usr/sbin/mariadbd")
 	if err != nil {
-		pgtest.Unavailable(t, "mariadbd (a server of the test's own)", "PATH", err)
+		testenv.Unavailable(t, "mariadbd (a server of the test's own)", "PATH", err)
 	}
 	install, err := lookPath("mariadb-install-db", "/usr/bin/mariadb-install-db")
 	if err != nil {
-		pgtest.Unavailable(t, "mariadb-install-db (a server of the test's own)", "PATH", err)
+		testenv.Unavailable(t, "mariadb-install-db (a server of the test's own)", "PATH", err)
 	}
 	dir, err := os.MkdirTemp("", "ferry-mariadb-")
 	if err != nil {

@@ -1,10 +1,10 @@
-// Package pgtest gives Ferry's tests a PostgreSQL pool and fresh schemas.
+// Package ferrypgtest gives Ferry's tests a PostgreSQL pool and fresh schemas.
 //
 // The server comes from FERRY_TEST_PG_URL (default
 // postgres://postgres@127.0.0.1:5432/test). When it cannot be reached the
 // test is skipped with a message naming the variable, except under CI=true,
 // where it fails.
-package pgtest
+package ferrypgtest
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferry-dev/ferry/ferryshared/testenv"
 	"go.uber.org/goleak"
 )
 
@@ -61,19 +63,9 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	connect()
 	if poolErr != nil {
-		Unavailable(t, "PostgreSQL", "FERRY_TEST_PG_URL", poolErr)
+		testenv.Unavailable(t, "PostgreSQL", "FERRY_TEST_PG_URL", poolErr)
 	}
 	return pool
-}
-
-// Unavailable skips (or, under CI=true, fails) a test whose service is absent.
-func Unavailable(t testing.TB, service, envVar string, err error) {
-	t.Helper()
-	msg := fmt.Sprintf("%s is not reachable (%v): set %s to a server to run this test", service, err, envVar)
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg + " (CI=true: failing instead of skipping)")
-	}
-	t.Skip(msg)
 }
 
 // Schema returns a fresh schema name, dropped when the test ends.
@@ -117,7 +109,7 @@ func Main(m *testing.M, closers ...func()) {
 				skip = f.Value.String() + "|" + skip
 			}
 			_ = flag.Set("test.skip", skip)
-			fmt.Fprintf(os.Stderr, "pgtest: PostgreSQL is not reachable (%v): the examples, which need it, are skipped, as are the tests that do; set FERRY_TEST_PG_URL to a server to run them\n", poolErr)
+			fmt.Fprintf(os.Stderr, "ferrypgtest: PostgreSQL is not reachable (%v): the examples, which need it, are skipped, as are the tests that do; set FERRY_TEST_PG_URL to a server to run them\n", poolErr)
 		}
 	}
 	code := m.Run()

@@ -1,4 +1,4 @@
-package pgtest_test
+package ferrypgtest_test
 
 import (
 	"bytes"
@@ -8,17 +8,17 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/ferry-dev/ferry/internal/pgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { ferrypgtest.Main(m) }
 
 // An example that needs the server, as the root package's do: it panics
 // without one.
 func Example_needsTheServer() {
-	pool, err := pgxpool.New(context.Background(), pgtest.URL())
+	pool, err := pgxpool.New(context.Background(), ferrypgtest.URL())
 	if err != nil {
 		panic(err)
 	}

@@ -1,6 +1,6 @@
-// Package promtest reads what a Prometheus registry holds, for tests of
+// Package ferrypromtest reads what a Prometheus registry holds, for tests of
 // the metrics Ferry records through ferryprom.
-package promtest
+package ferrypromtest
 
 import (
 	"testing"
