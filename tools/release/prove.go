@@ -55,14 +55,12 @@ func prove(ws *workspace, keep bool) error {
 	if err != nil {
 		return err
 	}
-	for _, m := range cws.modules {
-		if !m.released {
-			continue
-		}
-		if out, _ := run(clone, nil, "git", "tag", "--list", m.tag(v)); strings.TrimSpace(out) == "" {
-			if _, err := run(clone, nil, "git", "tag", "-a", m.tag(v), "-m", "Ferry "+v+": "+m.path); err != nil {
-				return err
-			}
+	// The release the tree names, as its tags have it; where they did not
+	// travel with the tree, as the tree would release it now.
+	if out, _ := run(clone, nil, "git", "tag", "--list", v); strings.TrimSpace(out) == "" {
+		step("no tag " + v + " here: it is cut from the tree, in the scratch clone")
+		if _, err := cut(cws, v, false); err != nil {
+			return err
 		}
 	}
 	proxy := filepath.Join(scratch, "proxy")
@@ -93,7 +91,7 @@ func prove(ws *workspace, keep bool) error {
 	if _, err := run(clone, nil, "git", "commit", "-q", "-am", "CHANGELOG: "+next); err != nil {
 		return err
 	}
-	if _, err := cut(cws, next); err != nil {
+	if _, err := cut(cws, next, false); err != nil {
 		return err
 	}
 	if err := publish(cws, proxy, next); err != nil {
