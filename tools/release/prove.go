@@ -22,7 +22,11 @@ import (
 //   - each program of programs/, copied alone into a module of its own
 //     that takes Ferry's modules with go get at the version, builds and
 //     passes its tests (among them, the packages it compiles);
-//   - a next patch version cut in the scratch clone, taken by go get -u.
+//   - a next patch version cut in the scratch clone, taken by go get
+//     -u=patch of the program's Ferry modules (their dependencies move to
+//     their latest patch releases, as a user taking a patch release does;
+//     plain -u would also take every dependency's newest minor version,
+//     which is the user's choice, not Ferry's release).
 //
 // A module that requires an untagged version of a sibling, or imports
 // another module's internal/ package, fails it.
@@ -84,7 +88,7 @@ func prove(ws *workspace, keep bool) error {
 		}
 	}
 	next := nextPatch(v)
-	step("an upgrade: " + next + " cut in the scratch clone, taken with go get -u")
+	step("an upgrade: " + next + " cut in the scratch clone, taken with go get -u=patch")
 	if err := bumpChangelog(clone, next); err != nil {
 		return err
 	}
@@ -98,7 +102,7 @@ func prove(ws *workspace, keep bool) error {
 		return err
 	}
 	for _, p := range programs {
-		if err := p.take(env, next, "-u"); err != nil {
+		if err := p.take(env, next, "-u=patch"); err != nil {
 			return err
 		}
 	}
@@ -213,7 +217,8 @@ func copyPrograms(clone, scratch string) ([]*program, error) {
 }
 
 // take makes the program use its Ferry modules at v (go get, with flag:
-// -u for an upgrade), checks that it does, builds it and runs its tests.
+// -u=patch for an upgrade), checks that it does, builds it and runs its
+// tests.
 func (p *program) take(env []string, v, flag string) error {
 	args := []string{"get"}
 	if flag != "" {
