@@ -22,11 +22,11 @@ import (
 //   - each program of programs/, copied alone into a module of its own
 //     that takes Ferry's modules with go get at the version, builds and
 //     passes its tests (among them, the packages it compiles);
-//   - a next patch version cut in the scratch clone, taken by go get
-//     -u=patch of the program's Ferry modules (their dependencies move to
-//     their latest patch releases, as a user taking a patch release does;
-//     plain -u would also take every dependency's newest minor version,
-//     which is the user's choice, not Ferry's release).
+//   - a next patch version cut in the scratch clone, taken by
+//     `go get -u=patch ./...` in each program (every dependency moves to its
+//     latest patch release, as a user taking a patch release does; plain -u
+//     would also take every dependency's newest minor version, which is the
+//     user's choice, not Ferry's release).
 //
 // A module that requires an untagged version of a sibling, or imports
 // another module's internal/ package, fails it.
@@ -222,13 +222,11 @@ func copyPrograms(clone, scratch string) ([]*program, error) {
 func (p *program) take(env []string, v, flag string) error {
 	args := []string{"get"}
 	if flag != "" {
-		args = append(args, flag)
-	}
-	for _, m := range p.modules {
-		if flag == "" {
-			m += "@" + v
+		args = append(args, flag, "./...") // what the program imports, and what that needs
+	} else {
+		for _, m := range p.modules {
+			args = append(args, m+"@"+v)
 		}
-		args = append(args, m)
 	}
 	if _, err := run(p.dir, env, "go", args...); err != nil {
 		return err
