@@ -107,13 +107,23 @@ func forgetCached() error {
 }
 
 // proxyEnv is the environment of a go command that resolves the
-// workspace's modules from the proxy at dir (and the rest as usual), with
-// no go.work, and their checksums kept out of the checksum database.
+// workspace's modules from the proxy at dir (and the rest from the usual
+// proxies), with no go.work, and their checksums kept out of the checksum
+// database. The usual proxies end in "|off", not "direct": a proxy that
+// answers 403 for a module path it does not have (as this project's
+// machines' does), where the go command expects 404, would otherwise end a
+// lookup that go get -u makes of every package path's parents.
 func proxyEnv(dir string) []string {
-	upstream := os.Getenv("GOPROXY")
-	if upstream == "" {
-		upstream = "https://proxy.golang.org,direct"
+	upstream, _ := run(".", nil, "go", "env", "GOPROXY")
+	var proxies []string
+	for p := range strings.FieldsFuncSeq(strings.TrimSpace(upstream), func(r rune) bool { return r == ',' || r == '|' }) {
+		if p != "direct" && p != "off" {
+			proxies = append(proxies, p)
+		}
 	}
-	return []string{"GOWORK=off", "GOPROXY=file://" + filepath.ToSlash(dir) + "," + upstream,
+	if len(proxies) == 0 {
+		proxies = []string{"https://proxy.golang.org"}
+	}
+	return []string{"GOWORK=off", "GOPROXY=file://" + filepath.ToSlash(dir) + "," + strings.Join(proxies, ",") + "|off",
 		"GONOSUMDB=github.com/ferry-dev", "GOFLAGS=-mod=mod"}
 }
