@@ -71,7 +71,12 @@ func prove(ws *workspace, keep bool) error {
 	if err := publish(cws, proxy, v); err != nil {
 		return err
 	}
-	env := append(proxyEnv(proxy), "GOFLAGS=")
+	url, stop, err := serveProxy(proxy)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	env := append(proxyEnv(url), "GOFLAGS=")
 	step("the command: go install github.com/ferry-dev/ferry/cmd/ferry@" + v)
 	ferry, err := installCommand(scratch, env, v)
 	if err != nil {

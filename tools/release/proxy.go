@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
+	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -106,24 +110,56 @@ func forgetCached() error {
 	return nil
 }
 
-// proxyEnv is the environment of a go command that resolves the
-// workspace's modules from the proxy at dir (and the rest from the usual
-// proxies), with no go.work, and their checksums kept out of the checksum
-// database. The usual proxies end in "|off", not "direct": a proxy that
-// answers 403 for a module path it does not have (as this project's
-// machines' does), where the go command expects 404, would otherwise end a
-// lookup that go get -u makes of every package path's parents.
-func proxyEnv(dir string) []string {
-	upstream, _ := run(".", nil, "go", "env", "GOPROXY")
-	var proxies []string
-	for p := range strings.FieldsFuncSeq(strings.TrimSpace(upstream), func(r rune) bool { return r == ',' || r == '|' }) {
+// serveProxy serves a module proxy on a loopback port: the modules in the
+// proxy directory dir, and every other from the usual proxy (the first of
+// go env GOPROXY), whose refusals of what it does not have (403, on this
+// project's machines, where the go command expects 404) become 404s, as a
+// real proxy answers. It returns the proxy's URL and a function that
+// stops it.
+func serveProxy(dir string) (string, func(), error) {
+	out, err := run(".", nil, "go", "env", "GOPROXY")
+	if err != nil {
+		return "", nil, err
+	}
+	upstream := "https://proxy.golang.org"
+	for p := range strings.FieldsFuncSeq(strings.TrimSpace(out), func(r rune) bool { return r == ',' || r == '|' }) {
 		if p != "direct" && p != "off" {
-			proxies = append(proxies, p)
+			upstream = strings.TrimSuffix(p, "/")
+			break
 		}
 	}
-	if len(proxies) == 0 {
-		proxies = []string{"https://proxy.golang.org"}
+	files := http.FileServer(http.Dir(dir))
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := os.Stat(filepath.Join(dir, filepath.FromSlash(path.Clean(r.URL.Path)))); err == nil {
+			files.ServeHTTP(w, r)
+			return
+		}
+		resp, err := http.Get(upstream + r.URL.Path)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		status := resp.StatusCode
+		if status == http.StatusForbidden || status == http.StatusGone {
+			status = http.StatusNotFound
+		}
+		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+		w.WriteHeader(status)
+		_, _ = io.Copy(w, resp.Body)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
 	}
-	return []string{"GOWORK=off", "GOPROXY=file://" + filepath.ToSlash(dir) + "," + strings.Join(proxies, ",") + "|off",
-		"GONOSUMDB=github.com/ferry-dev", "GOFLAGS=-mod=mod"}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// proxyEnv is the environment of a go command that resolves modules from
+// the proxy at url only (serveProxy), with no go.work, and Ferry's modules'
+// checksums kept out of the checksum database.
+func proxyEnv(url string) []string {
+	return []string{"GOWORK=off", "GOPROXY=" + url, "GONOSUMDB=github.com/ferry-dev", "GOFLAGS=-mod=mod"}
 }

@@ -26,6 +26,11 @@ func (ws *workspace) tidy() error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	url, stop, err := serveProxy(dir)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	for round := 1; ; round++ {
 		if err := forgetCached(); err != nil {
 			return err
@@ -49,7 +54,7 @@ func (ws *workspace) tidy() error {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "tidy %s (round %d)\n", m.dir, round)
-			if _, err := run(filepath.Join(ws.root, m.dir), proxyEnv(dir), "go", "mod", "tidy"); err != nil {
+			if _, err := run(filepath.Join(ws.root, m.dir), proxyEnv(url), "go", "mod", "tidy"); err != nil {
 				return err
 			}
 			after, err := os.ReadFile(filepath.Join(ws.root, m.dir, "go.mod"))
@@ -113,6 +118,6 @@ func (ws *workspace) proxy(dir string) error {
 	if err := forgetCached(); err != nil {
 		return err
 	}
-	fmt.Printf("GOWORK=off GOPROXY=file://%s,$GOPROXY GONOSUMDB=github.com/ferry-dev\n", dir)
+	fmt.Printf("GOWORK=off GOPROXY=file://%s,$GOPROXY GONOSUMDB=github.com/ferry-dev GOFLAGS=-mod=mod\n", dir)
 	return nil
 }
