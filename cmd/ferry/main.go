@@ -216,7 +216,7 @@ func cmdVersion(args []string, stdout io.Writer) error {
 			mod = " (modified)"
 		}
 	}
-	if c == "" && releaseCommit != "" {
+	if c == "" && releaseCommit != "" && v != "(devel)" {
 		c = releaseCommit + " (the tree " + v + " was released from)"
 	}
 	if c == "" {
