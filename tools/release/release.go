@@ -86,7 +86,8 @@ func cut(ws *workspace, v string, build bool) ([]string, error) {
 			break
 		}
 		fmt.Fprintf(os.Stderr, "build %s\n", m.dir)
-		if _, err := run(filepath.Join(ws.root, m.dir), nil, "go", "build", "./..."); err != nil {
+		// In the workspace (this tool runs with GOWORK=off).
+		if _, err := run(filepath.Join(ws.root, m.dir), []string{"GOWORK=" + filepath.Join(ws.root, "go.work")}, "go", "build", "./..."); err != nil {
 			return nil, err
 		}
 	}
