@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-
 )
 
 // check reports what would make a release unusable outside this
