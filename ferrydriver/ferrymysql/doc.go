@@ -118,12 +118,15 @@
 // it scans the outbox table, key by key in Seq order, in a snapshot whose
 // binlog position the server gives (START TRANSACTION WITH CONSISTENT
 // SNAPSHOT), then follows the binlog from there. The scan starts at the
-// start of the oldest transaction that was open when the feed read its
-// position (the feed reads INFORMATION_SCHEMA.INNODB_TRX every second and
+// start of the oldest transaction that had written rows when the feed read
+// its position, among the sessions whose database is the outbox's (the
+// feed reads INFORMATION_SCHEMA.INNODB_TRX and PROCESSLIST every second and
 // keeps it in the checkpoint), minus Config.RecoveryMargin for the
 // server's clock: a producer transaction open for hours is found. The
 // exact bound: nothing is lost unless the server's clock went back by more
-// than RecoveryMargin. When the relay's user may not read INNODB_TRX
+// than RecoveryMargin, or a session whose current database is another one
+// wrote the outbox by its qualified name in a transaction open longer than
+// RecoveryMargin. When the relay's user may not read INNODB_TRX
 // (GRANT PROCESS ON *.* TO it), the scan starts RecoveryMargin before the
 // last event delivered instead (default 5 min), and a producer transaction
 // open longer than that whose commit was purged before the relay read it

@@ -446,18 +446,19 @@ func (f *feed) sampleOpen(ctx context.Context) {
 
 // oldestOpen is a time (µs) before the append time of every outbox row
 // of a transaction open now: the start of the oldest open transaction
-// that has written rows, from a session in the driver's database (or in
-// none: a prepared XA transaction), rounded down to the second
-// (INFORMATION_SCHEMA.INNODB_TRX has whole seconds); a transaction that
-// has written nothing yet appends later than now. The server fills
-// INNODB_TRX from a cache up to 0.1 s old: innodbTrxAge covers a
-// transaction that wrote since.
+// that has written rows, from a session in the driver's database, rounded
+// down to the second (INFORMATION_SCHEMA.INNODB_TRX has whole seconds); a
+// transaction that has written nothing yet appends later than now. The
+// server fills INNODB_TRX from a cache up to 0.1 s old: innodbTrxAge
+// covers a transaction that wrote since. A prepared XA transaction whose
+// session ended has none and does not count (a forgotten one would hold
+// every feed's retention back): the feed keeps its rows by id (xaHold).
 func (d *Driver) oldestOpen(ctx context.Context) (int64, error) {
 	var now int64
 	var age sql.NullInt64
 	err := d.db.QueryRowContext(ctx, `SELECT `+sqlNow+`, TIMESTAMPDIFF(MICROSECOND, MIN(t.trx_started), NOW(6))
-  FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
- WHERE t.trx_rows_modified > 0 AND (p.DB IS NULL OR p.DB = ?)`, d.schema).Scan(&now, &age)
+  FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+ WHERE t.trx_rows_modified > 0 AND p.DB = ?`, d.schema).Scan(&now, &age)
 	return now - max(age.Int64, innodbTrxAge.Microseconds()), err
 }
 
