@@ -81,19 +81,15 @@ func cut(ws *workspace, v string, build bool) ([]string, error) {
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%s cannot be released:\n  %s", v, joinLines(problems))
 	}
-	if build {
-		bin, err := os.MkdirTemp("", "ferry-release-build-")
-		if err != nil {
-			return nil, err
+	for _, m := range ws.modules {
+		if !build {
+			break
 		}
-		defer os.RemoveAll(bin)
-		for _, m := range ws.modules {
-			fmt.Fprintf(os.Stderr, "build %s\n", m.dir)
-			// In the workspace (this tool runs with GOWORK=off), the
-			// commands into bin, not into the tree.
-			if _, err := run(filepath.Join(ws.root, m.dir), []string{"GOWORK=" + filepath.Join(ws.root, "go.work")}, "go", "build", "-o", bin+string(filepath.Separator), "./..."); err != nil {
-				return nil, err
-			}
+		fmt.Fprintf(os.Stderr, "build %s\n", m.dir)
+		// In the workspace (this tool runs with GOWORK=off); a command is
+		// built and thrown away, not written into the tree.
+		if _, err := run(filepath.Join(ws.root, m.dir), []string{"GOWORK=" + filepath.Join(ws.root, "go.work")}, "go", "build", "-o", os.DevNull, "./..."); err != nil {
+			return nil, err
 		}
 	}
 	if out, _ := run(ws.root, nil, "git", "status", "--porcelain"); strings.TrimSpace(out) != "" {
