@@ -59,7 +59,7 @@ bench: ## go test benchmarks, then the relay's drain and latency figures against
 .PHONY: build
 # The version and commit `ferry version` prints, stamped by make build:
 # the build's own stamping is off where GOFLAGS has -buildvcs=false.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null || echo unknown)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 MODIFIED ?= $(shell git diff --quiet HEAD 2>/dev/null || echo true)
 BIN ?= $(CURDIR)/bin/ferry
