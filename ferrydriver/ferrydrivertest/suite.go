@@ -78,6 +78,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("PerKeyCommitOrder", func(t *testing.T) { t.Parallel(); testPerKeyCommitOrder(t, h) })
 	t.Run("SameKeyWritersSerialise", func(t *testing.T) { t.Parallel(); testSameKeyWritersSerialise(t, h) })
 	t.Run("LongWriterDoesNotStall", func(t *testing.T) { t.Parallel(); testLongWriter(t, h) })
+	t.Run("OpenProducerHoldsOnlyItsKeys", func(t *testing.T) { t.Parallel(); testOpenProducer(t, h) })
 	t.Run("ConcurrentProducers", func(t *testing.T) { t.Parallel(); testConcurrentProducers(t, h) })
 	t.Run("ResumeFromCursor", func(t *testing.T) { t.Parallel(); testResume(t, h) })
 	t.Run("SavepointsDeliverWhatCommitted", func(t *testing.T) { t.Parallel(); testSavepoints(t, h) })
@@ -457,6 +458,44 @@ func testLongWriter[TTx any](t *testing.T, h Harness[TTx]) {
 	require.LessOrEqual(t, lag, 2*poll, "the last events arrived %v after their commit; the limit is 2 x the poll interval", lag)
 	// Keep the writer open for the whole hold, as the scenario says.
 	time.Sleep(time.Until(heldUntil))
+}
+
+// testOpenProducer: a producer transaction that appended to a key and
+// stays open holds that key's writers, and no other's: an append of many
+// other keys, around it in key order too, goes through while it is open.
+func testOpenProducer[TTx any](t *testing.T, h Harness[TTx]) {
+	drv := h.New(t)
+	if !requireConcurrent(t, h, drv) {
+		return
+	}
+	ctx := ctxT(t, 2*time.Minute)
+	// Other keys exist already, so that the append below updates them.
+	var keys []string
+	for _, k := range []string{"a", "l", "m-a", "m-z", "n", "z"} {
+		for i := range 4 {
+			keys = append(keys, k+strconv.Itoa(i))
+		}
+	}
+	var first []*ferryevent.Event
+	for _, k := range append(keys, "m-held") {
+		first = append(first, Event("t", k, "first"))
+	}
+	emit(ctx, t, h, drv, first...)
+	open := h.Begin(ctx, t, drv)
+	held := Event("t", "m-held", "held")
+	require.NoError(t, drv.AppendTx(ctx, open.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{held}}))
+
+	var others []*ferryevent.Event
+	for _, k := range keys {
+		others = append(others, Event("t", k, "second"))
+	}
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, drv.Append(actx, &ferrydriver.AppendParams{Events: others}), "an append of other keys waits for an open producer of key m-held")
+	require.NoError(t, open.Commit())
+	want := append(append(first, others...), held)
+	got := OpenReader(ctx, t, drv, nil).ReadN(ctx, len(want))
+	require.Equal(t, ids(want), ids(sortByKeyOrder(want, got)))
 }
 
 func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {

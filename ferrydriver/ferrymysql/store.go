@@ -59,7 +59,7 @@ func (d *Driver) takeSeqs(ctx context.Context, tx *sql.Tx, keys []string, count 
 	}
 	if len(unknown) > 0 {
 		exists := map[string]bool{}
-		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_keys WHERE k IN (?`+strings.Repeat(", ?", len(unknown)-1)+`)`, unknown...)
+		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_keys FORCE INDEX (PRIMARY) WHERE k IN (?`+strings.Repeat(", ?", len(unknown)-1)+`)`, unknown...)
 		if err != nil {
 			return nil, d.wrapErr("append: read the keys' sequences", err)
 		}
@@ -127,7 +127,11 @@ func (d *Driver) takeSeqs(ctx context.Context, tx *sql.Tx, keys []string, count 
 func (d *Driver) takeSeqsOfKeys(ctx context.Context, tx *sql.Tx, keys []string, count map[string]int64) (map[string]int64, error) {
 	var q strings.Builder
 	args := make([]any, 0, 3*len(keys))
-	q.WriteString(`UPDATE ferry_keys SET touched_at = ` + sqlNow + `, seq = seq + CASE k`)
+	// FORCE INDEX: on a small table the optimizer scans the whole index for
+	// the IN list, which locks every key row and waits for any producer
+	// holding one (OpenProducerHoldsOnlyItsKeys); looked up by the primary
+	// key, each key locks its own row only.
+	q.WriteString(`UPDATE ferry_keys FORCE INDEX (PRIMARY) SET touched_at = ` + sqlNow + `, seq = seq + CASE k`)
 	for _, k := range keys {
 		q.WriteString(` WHEN ? THEN ?`)
 		args = append(args, k, count[k])
@@ -145,7 +149,7 @@ func (d *Driver) takeSeqsOfKeys(ctx context.Context, tx *sql.Tx, keys []string, 
 	if n, _ := res.RowsAffected(); int(n) < len(keys) {
 		// Some are not there (PruneKeys removed them, or they could not be
 		// made): created in the transaction, after the others.
-		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_keys WHERE k IN (?`+strings.Repeat(`, ?`, len(keys)-1)+`)`, in...)
+		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_keys FORCE INDEX (PRIMARY) WHERE k IN (?`+strings.Repeat(`, ?`, len(keys)-1)+`)`, in...)
 		if err != nil {
 			return nil, d.wrapErr("append: the keys' sequences", err)
 		}
@@ -168,7 +172,7 @@ func (d *Driver) takeSeqsOfKeys(ctx context.Context, tx *sql.Tx, keys []string, 
 			}
 		}
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT k, seq FROM ferry_keys WHERE k IN (?`+strings.Repeat(`, ?`, len(keys)-1)+`)`, in...)
+	rows, err := tx.QueryContext(ctx, `SELECT k, seq FROM ferry_keys FORCE INDEX (PRIMARY) WHERE k IN (?`+strings.Repeat(`, ?`, len(keys)-1)+`)`, in...)
 	if err != nil {
 		return nil, d.wrapErr("append: the keys' sequences", err)
 	}
