@@ -100,6 +100,9 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("ListLeases", func(t *testing.T) { t.Parallel(); testListLeases(t, h) })
 	t.Run("LagBeyondTheExactCount", func(t *testing.T) { t.Parallel(); testLagEstimate(t, h) })
 	exercisePartitions(t, h)
+	if _, ok := h.New(t).(ferrydriver.OutboxReader[TTx]); ok {
+		exerciseOutboxReader(t, h)
+	}
 }
 
 // Event builds a valid, prepared event.

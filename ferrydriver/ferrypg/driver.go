@@ -453,13 +453,15 @@ type queries struct {
 	storedPartitions, lockSettings, truncateSettings, insertSettings                            string
 	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                            string
 	undelivered, parkedByFeed, listFeeds                                                        string
+	outboxEvents                                                                                string
 }
 
 func newQueries(schema string) queries {
 	s := pgx.Identifier{schema}.Sanitize()
 	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
 	return queries{
-		append: r(sqlAppend), appendNotify: r(sqlAppendNotify), appendOne: r(sqlAppendOne), appendOneNotify: r(sqlAppendOneNotify), tickRead: r(sqlTickRead), readBatch: r(sqlReadBatch),
+		outboxEvents: r(sqlOutboxEvents),
+		append:       r(sqlAppend), appendNotify: r(sqlAppendNotify), appendOne: r(sqlAppendOne), appendOneNotify: r(sqlAppendOneNotify), tickRead: r(sqlTickRead), readBatch: r(sqlReadBatch),
 		loadCheckpoint: r(sqlLoadCheckpoint), saveCheckpoint: r(sqlSaveCheckpoint),
 		acquireLease: r(sqlAcquireLease), renewLease: r(sqlRenewLease), releaseLease: r(sqlReleaseLease), getLease: r(sqlGetLease),
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: feedQueries(r(sqlListDeadLetters)), getDeadLetter: feedQueries(r(sqlGetDeadLetter)),

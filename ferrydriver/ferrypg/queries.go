@@ -684,3 +684,11 @@ SELECT count(*) FROM (
      WHERE $4 OR c.id > $5 OR NOT (c.xid < $6::text::xid8 AND c.xid <> ALL ($7::text[]::xid8[]))
      LIMIT $8
 ) u`
+
+// sqlOutboxEvents lists outbox events for ferrydriver.OutboxReader (tests of
+// what an application emitted): $1 topic, $2 key, $3 type (” any), $4 the
+// limit. Not on the feed's path: it reads the outbox in id order.
+const sqlOutboxEvents = `
+SELECT ` + eventColumns + ` FROM {schema}.outbox
+WHERE ($1 = '' OR topic = $1) AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
+ORDER BY id LIMIT $4`
