@@ -102,6 +102,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	exercisePartitions(t, h)
 	if _, ok := h.New(t).(ferrydriver.OutboxReader[TTx]); ok {
 		exerciseOutboxReader(t, h)
+		exerciseFerrytest(t, h)
 	}
 }
 
