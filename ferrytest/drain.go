@@ -109,7 +109,7 @@ func caughtUp(ctx context.Context, store ferrydriver.Store, feed string, partiti
 			return 0, fmt.Errorf("not caught up after %s: %s (is another relay holding the feed's lease, or does the sink refuse events with a retryable error?)", DrainTimeout, left)
 		case err := <-done:
 			if err == nil {
-				err = errors.New("Run returned nil")
+				err = errors.New("its Run returned nil")
 			}
 			return 1, fmt.Errorf("a relay stopped before the feed caught up: %w", err)
 		case <-tick.C:

@@ -69,6 +69,7 @@ func ExerciseConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 			t.Run("SlowHandlersMakeSmallBatches", func(t *testing.T) { t.Parallel(); testConsumerSlowBatch(t, h) })
 			t.Run("AKeysRunStopsAtAFailure", func(t *testing.T) { t.Parallel(); testConsumerRuns(t, h, false) })
 			t.Run("BatchHandlerCallsTakeOneEventPerKey", func(t *testing.T) { t.Parallel(); testConsumerRuns(t, h, true) })
+			t.Run("FerrytestConsumerAppliesOnce", func(t *testing.T) { t.Parallel(); testFerrytestConsumer(t, h) })
 		})
 	}
 }

@@ -1,6 +1,7 @@
 package ferrydrivertest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink"
@@ -144,4 +146,43 @@ func (r *failRecorder) Fatalf(format string, args ...any) {
 
 func (r *failRecorder) Errorf(format string, args ...any) {
 	r.failed, r.msg = true, strings.TrimSpace(r.msg+"\n"+fmt.Sprintf(format, args...))
+}
+
+func testFerrytestConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
+	ctx := ctxT(t, 2*time.Minute)
+	d := h.New(t)
+	record, counts := h.Effects(t, d)
+	// A retry long after the first attempt's outcome is read.
+	c := newConsumer(t, h, d, ferry.ConsumerConfig{MaxAttempts: 2, RetryBase: 500 * time.Millisecond, RetryMax: 500 * time.Millisecond})
+	c.HandleAll(func(ctx context.Context, tx TTx, ev *ferry.Event) error {
+		if err := record(ctx, tx, ev); err != nil {
+			return err
+		}
+		if string(ev.Payload) == "fail" {
+			return errors.New("the handler refused it")
+		}
+		return nil
+	})
+	consumer := ferrytest.NewConsumer(t, c, d)
+
+	ok := &ferryevent.Event{Topic: "orders", Key: "o-1", Type: "OrderPaid", Payload: []byte("ok")}
+	got := consumer.Deliver(ok)
+	require.Equal(t, ferrytest.Delivery{State: ferrydriver.InboxProcessed, Attempts: 1}, got)
+	again := *ok
+	got = consumer.Deliver(&again)
+	require.Equal(t, ferrytest.Delivery{Duplicate: true, State: ferrydriver.InboxProcessed, Attempts: 1}, got, "a second delivery of an ID runs nothing")
+
+	bad := &ferryevent.Event{Topic: "orders", Key: "o-2", Type: "OrderPaid", Payload: []byte("fail")}
+	got = consumer.Deliver(bad)
+	require.Equal(t, ferrydriver.InboxFailed, got.State)
+	require.Equal(t, 1, got.Attempts)
+	require.Contains(t, got.Error, "the handler refused it")
+	got = consumer.Settle(bad.ID)
+	require.Equal(t, ferrydriver.InboxDead, got.State, "DEAD after MaxAttempts")
+	require.Equal(t, 2, got.Attempts)
+
+	n, err := counts(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n[ok.ID], "the effect committed once with the event")
+	require.Zero(t, n[bad.ID], "a failed attempt's effect rolled back")
 }
