@@ -2,7 +2,6 @@ package ferry
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -322,13 +321,15 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 }
 
 // Handle registers fn for events of type eventType, with the payload
-// decoded from JSON into a T. A payload that does not decode is a failure
-// that retrying cannot fix: the event goes DEAD at once.
+// decoded into a T by T's codec (Decode: JSON, or Protocol Buffers for a
+// proto.Message once ferryproto's codec is registered). A payload that does
+// not decode, or whose content type is not that codec's, is a failure that
+// retrying cannot fix: the event goes DEAD at once, with the reason.
 func Handle[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx context.Context, tx TTx, ev *Event, msg T) error) {
 	c.HandleEvent(eventType, func(ctx context.Context, tx TTx, ev *Event) error {
-		var msg T
-		if err := json.Unmarshal(ev.Payload, &msg); err != nil {
-			return GiveUp(fmt.Errorf("decode %s payload into %T: %w", ev.Type, msg, err))
+		msg, err := Decode[T](ev)
+		if err != nil {
+			return GiveUp(err)
 		}
 		return fn(ctx, tx, ev, msg)
 	})
@@ -341,7 +342,7 @@ func Handle[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx cont
 type BatchHandlerFunc[TTx any] func(ctx context.Context, tx TTx, evs []*Event) error
 
 // HandleBatch registers fn for events of type eventType, with the payloads
-// decoded from JSON into Ts (msgs[i] is evs[i]'s). With BatchSize > 1, one
+// decoded into Ts as Handle decodes them (msgs[i] is evs[i]'s). With BatchSize > 1, one
 // call gets every event of the type in a batch; when it fails, its writes
 // are rolled back and fn runs again for each event alone, so that a
 // failure stays the failing event's (its retries, DEAD, OnDead) and the
@@ -350,9 +351,11 @@ func HandleBatch[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx
 	c.HandleEventBatch(eventType, func(ctx context.Context, tx TTx, evs []*Event) error {
 		msgs := make([]T, len(evs))
 		for i, ev := range evs {
-			if err := json.Unmarshal(ev.Payload, &msgs[i]); err != nil {
-				return GiveUp(fmt.Errorf("decode %s payload into %T: %w", ev.Type, msgs[i], err))
+			msg, err := Decode[T](ev)
+			if err != nil {
+				return GiveUp(err)
 			}
+			msgs[i] = msg
 		}
 		return fn(ctx, tx, evs, msgs)
 	})

@@ -138,6 +138,25 @@ failed them (and why) or not yet, woken by the database rather than
 polling, and on a connection of its own, so a caller's transaction snapshot
 cannot hide the consumer's commit. Failed is the cheap gate predicate.
 
+# Typed events
+
+NewEvent builds an event from a typed message with its codec, and Handle
+decodes it back into the handler's type: JSON by default, Protocol Buffers
+for a proto.Message once package ferryproto's codec is registered
+(RegisterCodec(ferryproto.Codec{})). The event carries the codec's content
+type, and a handler whose type another codec decodes sends the event DEAD
+with a reason that names both (Decode).
+
+	ev, err := ferry.NewEvent("orders", id, "OrderPlaced", &orderspb.OrderPlaced{Id: id, Total: total})
+	err = client.EmitTx(ctx, tx, ev)
+
+# Testing a service
+
+Package ferrytest asserts on what a transaction emitted (RequireEmittedTx),
+runs a group's handlers on events a test delivers with the inbox's
+semantics (NewConsumer), and drains the outbox into an in-memory sink with
+a real relay (Drain), so that a service's tests need no broker.
+
 # Guarantees
 
   - An event is published if and only if its transaction committed.

@@ -160,6 +160,11 @@ func Exercise(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("CodecsRoundTrip", func(t *testing.T) {
+		t.Parallel()
+		testCodecs(t, h)
+	})
+
 	t.Run("EdgeCases", func(t *testing.T) {
 		t.Parallel()
 		ctx := testContext(t)
