@@ -287,9 +287,6 @@ func snippetFile(s docSnippet, pkg string, fn int) (string, error) {
 
 // TestDocsSnippetsCompile builds every Go snippet of the README and docs/.
 func TestDocsSnippetsCompile(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds every documentation snippet; skipped with -short")
-	}
 	t.Parallel()
 	out, err := exec.Command("go", "env", "GOWORK").Output()
 	require.NoError(t, err)
