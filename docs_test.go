@@ -368,7 +368,8 @@ func TestDocsSnippetsCompile(t *testing.T) {
 var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
 // TestDocsLinksResolve: every relative link of the README and docs/ names
-// a file or directory of the repository.
+// a file or directory of the repository, and a #fragment into a Markdown
+// page names one of its headings.
 func TestDocsLinksResolve(t *testing.T) {
 	t.Parallel()
 	var broken []string
@@ -389,12 +390,20 @@ func TestDocsLinksResolve(t *testing.T) {
 				if u, err := url.Parse(target); err == nil && u.Scheme != "" {
 					continue
 				}
-				target, _, _ = strings.Cut(target, "#")
-				if target == "" || slices.Contains(allowedMissingLinks, filepath.ToSlash(filepath.Join(filepath.Dir(page), target))) {
+				target, frag, _ := strings.Cut(target, "#")
+				file := page
+				if target != "" {
+					file = filepath.ToSlash(filepath.Join(filepath.Dir(page), target))
+				}
+				if slices.Contains(allowedMissingLinks, file) {
 					continue
 				}
-				if _, err := os.Stat(filepath.Join(filepath.Dir(page), target)); err != nil {
+				if _, err := os.Stat(file); err != nil {
 					broken = append(broken, fmt.Sprintf("%s:%d: %s", page, i+1, m[1]))
+					continue
+				}
+				if frag != "" && strings.HasSuffix(file, ".md") && !mdAnchors(t, file)[frag] {
+					broken = append(broken, fmt.Sprintf("%s:%d: %s (no heading %q in %s)", page, i+1, m[1], frag, file))
 				}
 			}
 		}
@@ -405,3 +414,28 @@ func TestDocsLinksResolve(t *testing.T) {
 // allowedMissingLinks are pages other branches add (the Kubernetes
 // deployment guide); remove an entry once its page is on main.
 var allowedMissingLinks = []string{"docs/operations/kubernetes.md"}
+
+var notAnchor = regexp.MustCompile(`[^\p{L}\p{N} _-]`)
+
+// mdAnchors returns the anchors GitHub gives the headings of a Markdown
+// page: lower case, punctuation dropped, spaces as hyphens.
+func mdAnchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	anchors := map[string]bool{}
+	inFence := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inFence = !inFence
+			continue
+		}
+		if inFence || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		h = notAnchor.ReplaceAllString(strings.ToLower(h), "")
+		anchors[strings.ReplaceAll(h, " ", "-")] = true
+	}
+	return anchors
+}
