@@ -441,3 +441,32 @@ func mdAnchors(t *testing.T, file string) map[string]bool {
 	}
 	return anchors
 }
+
+// The snippet convention itself: the wrapper, the imports, the used
+// variables, and a refusal of what it does not know.
+func TestSnippetFile(t *testing.T) {
+	t.Parallel()
+	src, err := snippetFile(docSnippet{page: "x.md", line: 3, directive: "func(ctx context.Context) error",
+		code: "client, err := ferry.NewClient(nil, nil)\nreturn err\n"}, "p", 1)
+	require.NoError(t, err)
+	require.Contains(t, src, "func snippet1(ctx context.Context) error {")
+	require.Contains(t, src, `ferry "github.com/ferry-dev/ferry"`)
+	require.Contains(t, src, `context "context"`)
+	require.Contains(t, src, "; _ = client; _ = err")
+	require.Contains(t, src, "//line x.md:3\n")
+
+	src, err = snippetFile(docSnippet{page: "x.md", line: 3, code: "time := 1\n_ = time.Second\n"}, "p", 2)
+	require.NoError(t, err)
+	require.Contains(t, src, "func snippet2() {")
+	require.NotContains(t, src, `"time"`, "a local name is not a package")
+
+	src, err = snippetFile(docSnippet{page: "x.md", line: 3, directive: "decls", code: "type T struct{ At time.Time }\n"}, "p", 3)
+	require.NoError(t, err)
+	require.Contains(t, src, `time "time"`)
+	require.Contains(t, src, "//line x.md:4\n")
+
+	_, err = snippetFile(docSnippet{page: "x.md", line: 3, directive: "skip", code: "x()\n"}, "p", 4)
+	require.ErrorContains(t, err, `x.md:3: unknown snippet directive "skip"`)
+	_, err = snippetFile(docSnippet{page: "x.md", line: 3, code: "func (\n"}, "p", 5)
+	require.ErrorContains(t, err, "x.md:3: does not parse")
+}
