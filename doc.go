@@ -1,7 +1,13 @@
 /*
 Package ferry moves events from a Go service's database to the rest of the
-system with nothing lost, nothing published for a rolled-back transaction
-and, per key, nothing out of order: the transactional outbox and its relay.
+system with nothing lost, nothing published for a rolled-back transaction,
+nothing applied twice and, per key, nothing out of order: the transactional
+outbox, its relay and the idempotent consumer.
+
+This is the API reference, with the main calls in order. The guide (getting
+started per database and broker, concepts, operating, troubleshooting) is
+in the repository's docs/ directory:
+https://github.com/ferry-dev/ferry/tree/main/docs.
 
 # Emitting events
 
@@ -59,8 +65,10 @@ act on it in a consumer.
 
 # Relaying
 
-A Relay tails the outbox in commit order and publishes to a sink (NATS
-JetStream with ferrynats; Kafka, RabbitMQ and webhooks to come):
+A Relay tails the outbox in commit order and publishes to a sink: NATS
+JetStream (ferrynats), Kafka (ferrykafka), RabbitMQ (ferryrabbit), HTTP
+webhooks (ferrywebhook), or a consumer group's inbox in the same database
+(Consumer.Sink):
 
 	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{CreateStream: true})
 	relay, err := ferry.NewRelay(drv, sink, nil)

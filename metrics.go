@@ -24,7 +24,7 @@ const (
 )
 
 // MetricDesc describes one of Ferry's metrics. The names, help texts and
-// labels are Ferry's documented metrics (README, "Operating it"); a
+// labels are Ferry's documented metrics (docs/observability.md, "Metrics"); a
 // MetricsHook records them under those names.
 type MetricDesc struct {
 	// Name is the full name, for example "ferry_relay_events_published_total".

@@ -9,7 +9,7 @@
 //	st, err := ferry.AwaitSettled(ctx, drv, "billing", ids, 2*time.Second, prom)
 //
 // The metrics keep the names, help texts and labels documented in the
-// README (ferry_relay_*, ferry_consumer_*, ferry_tx_*,
+// guide, docs/observability.md (ferry_relay_*, ferry_consumer_*, ferry_tx_*,
 // ferry_settlement_wait_seconds). Only importers of this package depend on
 // the Prometheus client: the root package does not.
 package ferryprom
