@@ -90,6 +90,8 @@ var docImports = map[string]string{
 	"ferryprom":     "github.com/ferry-dev/ferry/ferryprom",
 	"ferryotel":     "github.com/ferry-dev/ferry/ferryotel",
 	"ferrychain":    "github.com/ferry-dev/ferry/ferrychain",
+	"ferrytest":     "github.com/ferry-dev/ferry/ferrytest",
+	"ferryproto":    "github.com/ferry-dev/ferry/ferryproto",
 }
 
 // docSnippet is one ```go block of a Markdown page.
