@@ -112,8 +112,9 @@ type RelayConfig struct {
 	// and what a relay that parked left there.
 	DisableParking bool
 	// OnStuckKey, when set, is called when a key is parked, held or has an
-	// event dead-lettered by DeadPolicy, from the relay's delivery loop: it
-	// must not block (hand the alert off).
+	// event dead-lettered (by DeadPolicy, or a parked key's event that the
+	// sink refused for good), from the relay's delivery loop: it must not
+	// block (hand the alert off).
 	OnStuckKey func(ctx context.Context, k *StuckKey)
 	// Balancer, when set, shares the feed's partitions among the processes
 	// that run relays for them: give every Relay of a process the same one

@@ -520,9 +520,15 @@ func (p *pipeline) settle(outs []callOutcome) error {
 			case ferrysink.IsPermanent(e.err):
 				dl := &ferrydriver.DeadLetter{Feed: p.r.name, Event: *e.ev, Reason: e.err.Error()}
 				if k.parked {
+					// Removed from the parked queue and dead-lettered in
+					// one write; reported as the unparked path's are.
 					if err := p.finish(k, e, dl); err != nil {
 						return err
 					}
+					p.r.log.WarnContext(withEvent(p.pubCtx, e.ev), "ferry: event dead-lettered", "event_id", e.ev.ID, "key", e.ev.Key, "topic", e.ev.Topic, "reason", dl.Reason)
+					p.r.m.deadLetters.Inc()
+					p.r.meter.fail(0, 1)
+					p.r.alert(p.pubCtx, &StuckKey{Feed: p.r.name, Key: k.key, Event: *e.ev, State: KeyDeadLettered, Attempts: k.attempts, Since: k.since, Err: e.err})
 				} else {
 					dead = append(dead, dl)
 					deadIn = append(deadIn, e.b)

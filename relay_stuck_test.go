@@ -2,8 +2,10 @@ package ferry_test
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,8 +14,11 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
 
@@ -360,4 +365,59 @@ func TestRelayResumesParkedKeysAfterRestart(t *testing.T) {
 	run(t, stuckRelay(t, drv, sink, nil))
 	require.Eventually(t, func() bool { return sink.Len() >= 60 }, 20*time.Second, 10*time.Millisecond)
 	checkDelivery(t, events, sink.Stored(), true)
+}
+
+// TestRelayParkedKeyRefusedForGoodIsReported: a parked key's events that
+// the sink then refuses for good (ferrysink.Permanent) are dead-lettered
+// as an unparked key's are: logged, counted in
+// ferry_relay_dead_letters_total, and told to OnStuckKey.
+func TestRelayParkedKeyRefusedForGoodIsReported(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	var failing, refusing atomic.Bool
+	failing.Store(true)
+	sink := &memsink.Sink{
+		Fail:      func(e *ferryevent.Event) bool { return e.Key == "stuck" && failing.Load() },
+		Permanent: func(e *ferryevent.Event) bool { return e.Key == "stuck" && refusing.Load() },
+	}
+	reg := prometheus.NewRegistry()
+	var logs syncbuf.Buffer
+	var mu sync.Mutex
+	states := map[ferry.KeyState]int{}
+	run(t, stuckRelay(t, drv, sink, func(c *ferry.RelayConfig) {
+		c.Hooks = []ferry.Hook{ferryprom.New(reg)}
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
+			if k.Key == "stuck" {
+				mu.Lock()
+				states[k.State]++
+				mu.Unlock()
+			}
+		}
+	}))
+	seen := func(s ferry.KeyState) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return states[s]
+	}
+	events, _ := paced(t, c, keysFor(4), 50, 5*time.Millisecond)
+	stuck := 0
+	for _, e := range events {
+		if e.Key == "stuck" {
+			stuck++
+		}
+	}
+	require.Eventually(t, func() bool { return seen(ferry.KeyParked) > 0 }, 30*time.Second, 10*time.Millisecond, "the failing key is parked")
+	refusing.Store(true)
+	failing.Store(false)
+	require.Eventually(t, func() bool {
+		dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "default/0"})
+		return err == nil && len(dls) == stuck
+	}, 30*time.Second, 10*time.Millisecond, "the parked key's events are dead-lettered")
+	require.Equal(t, float64(stuck), counter(t, reg, "ferry_relay_dead_letters_total", ""), "each counted")
+	require.Equal(t, stuck, seen(ferry.KeyDeadLettered), "each told to OnStuckKey")
+	require.Equal(t, stuck, strings.Count(logs.String(), "event dead-lettered"), "each logged")
 }
