@@ -447,16 +447,24 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	defer r.meter.lagged(0, 0)
 	// leaseCtx ends when the lease is lost (or on return), not when stop
 	// ends: a stopping relay still finishes its batch in flight.
-	leaseCtx, loseLease := context.WithCancelCause(context.WithoutCancel(stop))
+	// trust is the end of the lease's local trust window: no event is
+	// handed to the sink after it (keepLease ends the leadership then).
+	trust := new(trustWindow)
+	trust.set(asked.Add(lease.ExpiresAt.Sub(lease.Now) - leaseMargin(r.cfg.LeaseTTL)))
+	leaseCtx, cancelLease := context.WithCancelCause(context.WithoutCancel(stop))
+	// loseLease ends the leadership, and the trust window with it at once:
+	// a sink call abandoned earlier (its sink ignored its context) must
+	// not pass its fence after the lease was lost or released, while a
+	// standby may lead.
+	loseLease := func(cause error) {
+		trust.end()
+		cancelLease(cause)
+	}
 	var wg sync.WaitGroup
 	defer func() {
 		loseLease(nil)
 		wg.Wait()
 	}()
-	// trust is the end of the lease's local trust window: no event is
-	// handed to the sink after it (keepLease ends the leadership then).
-	trust := new(trustWindow)
-	trust.set(asked.Add(lease.ExpiresAt.Sub(lease.Now) - leaseMargin(r.cfg.LeaseTTL)))
 	wg.Go(func() { r.keepLease(leaseCtx, lease, loseLease, asked, trust) })
 
 	// Once stop ends, the relay has ShutdownTimeout to be gone: publishing
@@ -639,12 +647,26 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 // the sink calls before every hand-off. The time keeps its monotonic
 // reading: a process paused past it (SIGSTOP) finds it passed on resume,
 // whatever the wall clock did.
-type trustWindow struct{ until atomic.Pointer[time.Time] }
+// Ended (the lease lost, or about to be released), it stays ended.
+type trustWindow struct {
+	until atomic.Pointer[time.Time]
+	ended atomic.Bool
+}
 
 func (w *trustWindow) set(t time.Time) { w.until.Store(&t) }
 
-// check returns errTrustExpired once the window has ended.
+// end cuts the window short for good.
+func (w *trustWindow) end() { w.ended.Store(true) }
+
+// errLeaseGone is the fence's cause once the lease was lost or released.
+var errLeaseGone = fmt.Errorf("the lease was lost or released: %w", ferrydriver.ErrLeaseLost)
+
+// check returns errTrustExpired once the window has passed, errLeaseGone
+// once it was ended.
 func (w *trustWindow) check() error {
+	if w.ended.Load() {
+		return errLeaseGone
+	}
 	if u := w.until.Load(); u == nil || !time.Now().Before(*u) {
 		return errTrustExpired
 	}
