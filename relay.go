@@ -279,6 +279,9 @@ type Relay struct {
 	// progress counts delivered non-empty batches and saved heartbeats: a
 	// leadership that moved it was healthy, so the backoff starts afresh.
 	progress atomic.Int64
+	// parkedLoadCap bounds the parked keys a leadership loads at once (0:
+	// defaultParkedLoadCap); tests lower it (export_test.go).
+	parkedLoadCap int
 }
 
 // NewRelay returns a relay from store to sink.

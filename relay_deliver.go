@@ -59,10 +59,15 @@ type pipeline struct {
 	inFlight, calls int
 	// needHeads are parked keys whose next event must be read from the store.
 	needHeads map[*keyState]bool
-	lastAck   time.Time
-	lastScan  time.Time
-	outcomes  outcomeQueue
-	wg        sync.WaitGroup
+	// parkedBeyond: the store holds parked keys that are not loaded (more
+	// than the load cap). Until a scan loads them all, a key the pipeline
+	// does not know is looked up in the store before its events are
+	// taken, so that none is published ahead of the key's parked ones.
+	parkedBeyond bool
+	lastAck      time.Time
+	lastScan     time.Time
+	outcomes     outcomeQueue
+	wg           sync.WaitGroup
 }
 
 type batchState struct {
@@ -235,6 +240,9 @@ func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 			if err := p.adoptRedriven(); err != nil {
 				return err
 			}
+			if err := p.rescanParked(); err != nil {
+				return err
+			}
 		case <-stopC:
 			stopping = true
 			continue
@@ -320,6 +328,9 @@ func (p *pipeline) add(b *ferrydriver.Batch) error {
 		if err := p.deadLetter(dead); err != nil {
 			return err
 		}
+	}
+	if err := p.lookUpParked(b.Events); err != nil {
+		return err
 	}
 	var toPark []*ferryevent.Event
 	for _, ev := range b.Events {
@@ -855,17 +866,44 @@ func (p *pipeline) adoptRedriven() error {
 	return nil
 }
 
+// defaultParkedLoadCap bounds the parked keys a leadership loads at once.
+const defaultParkedLoadCap = 100000
+
+func (p *pipeline) parkedLoadCap() int {
+	if p.r.parkedLoadCap > 0 {
+		return p.r.parkedLoadCap
+	}
+	return defaultParkedLoadCap
+}
+
 // loadParked picks up the keys a previous leader parked, and those with
-// redriven dead letters.
+// redriven dead letters, at most the load cap of them. With more in the
+// store, the rest are picked up by later scans (rescanParked) and, when
+// their keys have new events, by lookUpParked.
 func (p *pipeline) loadParked() error {
 	if p.parker == nil {
 		return nil
 	}
-	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: 100000})
+	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: p.parkedLoadCap()})
 	if err != nil {
 		return p.storeErr("read parked keys", err)
 	}
+	p.parkedBeyond = len(heads) >= p.parkedLoadCap()
+	n := p.adoptParked(heads)
+	if n > 0 {
+		p.r.log.Info("ferry: resuming parked keys", "keys", n, "more_in_store", p.parkedBeyond)
+	}
+	return nil
+}
+
+// adoptParked takes up the parked heads of keys the pipeline does not
+// know, and returns how many it took.
+func (p *pipeline) adoptParked(heads []*ferrydriver.ParkedEvent) int {
+	n := 0
 	for _, h := range heads {
+		if p.keys[h.Event.Key] != nil {
+			continue
+		}
 		k := &keyState{key: h.Event.Key, heapIdx: -1, parked: true, held: h.Held}
 		p.keys[k.key] = k
 		ev := h.Event
@@ -875,9 +913,60 @@ func (p *pipeline) loadParked() error {
 			p.r.m.heldKeys.Inc()
 		}
 		p.markReady(k)
+		n++
 	}
-	if len(heads) > 0 {
-		p.r.log.Info("ferry: resuming parked keys", "keys", len(heads))
+	return n
+}
+
+// lookUpParked, while parked keys are left in the store unloaded, takes up
+// those among the keys of events that the pipeline does not know: their
+// new events then join their parked queues instead of going first.
+func (p *pipeline) lookUpParked(events []*ferryevent.Event) error {
+	if !p.parkedBeyond || len(events) == 0 {
+		return nil
+	}
+	var unknown []string
+	seen := map[string]bool{}
+	for _, ev := range events {
+		if p.keys[ev.Key] == nil && !seen[ev.Key] {
+			seen[ev.Key] = true
+			unknown = append(unknown, ev.Key)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Keys: unknown})
+	if err != nil {
+		return p.storeErr("look up parked keys", err)
+	}
+	p.adoptParked(heads)
+	return nil
+}
+
+// rescanParked, every heartbeat while parked keys are left in the store
+// unloaded, loads more of them once fewer than half the cap are loaded;
+// a scan that finds fewer than the cap has loaded them all.
+func (p *pipeline) rescanParked() error {
+	if !p.parkedBeyond {
+		return nil
+	}
+	loaded := 0
+	for _, k := range p.keys {
+		if k.parked {
+			loaded++
+		}
+	}
+	if loaded >= p.parkedLoadCap()/2 {
+		return nil
+	}
+	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: p.parkedLoadCap()})
+	if err != nil {
+		return p.storeErr("read parked keys", err)
+	}
+	p.parkedBeyond = len(heads) >= p.parkedLoadCap()
+	if n := p.adoptParked(heads); n > 0 {
+		p.r.log.Info("ferry: resuming more parked keys", "keys", n, "more_in_store", p.parkedBeyond)
 	}
 	return nil
 }

@@ -421,3 +421,44 @@ func TestRelayParkedKeyRefusedForGoodIsReported(t *testing.T) {
 	require.Equal(t, stuck, seen(ferry.KeyDeadLettered), "each told to OnStuckKey")
 	require.Equal(t, stuck, strings.Count(logs.String(), "event dead-lettered"), "each logged")
 }
+
+// TestRelayParkedKeysBeyondTheLoadCapKeepTheirOrder: the store holds
+// more parked keys than a leadership loads at once (the cap, lowered to 2
+// here from 100,000): the keys past it still publish their parked events
+// before their new ones, and every parked event is published.
+func TestRelayParkedKeysBeyondTheLoadCapKeepTheirOrder(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const keys = 7
+	// A former leader parked one event of each key.
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "former", TTL: time.Minute})
+	require.NoError(t, err)
+	var old []*ferryevent.Event
+	for i := range keys {
+		ev := &ferryevent.Event{Topic: "t", Key: "p" + strconv.Itoa(i), Type: "T", Payload: []byte("old")}
+		require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+		old = append(old, ev)
+	}
+	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "former", Term: l.Term, Events: old, Reason: "down"}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "former", Term: l.Term}))
+	// New events of the same keys are in the outbox when the relay starts.
+	for i := range keys {
+		require.NoError(t, c.Emit(ctx, &ferry.Event{Topic: "t", Key: "p" + strconv.Itoa(i), Type: "T", Payload: []byte("new")}))
+	}
+	sink := &memsink.Sink{}
+	r := stuckRelay(t, drv, sink, nil)
+	ferry.SetParkedLoadCap(r, 2)
+	run(t, r)
+	require.Eventually(t, func() bool { return sink.Len() >= 2*keys }, 30*time.Second, 10*time.Millisecond, "every event is published")
+	got := map[string][]string{}
+	for _, e := range sink.Stored() {
+		got[e.Key] = append(got[e.Key], string(e.Payload))
+	}
+	for i := range keys {
+		k := "p" + strconv.Itoa(i)
+		require.Equal(t, []string{"old", "new"}, got[k], "key %s: its parked event first", k)
+	}
+}
