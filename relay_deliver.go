@@ -108,6 +108,15 @@ type keyState struct {
 // fresh forgets the failures of k's previous head.
 func (k *keyState) fresh() { k.attempts, k.since, k.lastErr = 0, time.Time{}, nil }
 
+// headFrom makes h, read from the store, k's head, with the failed
+// attempts a leader recorded with it (SetParkedAttempts): MaxAttempts and
+// MaxAge count across leaderships.
+func (k *keyState) headFrom(h *ferrydriver.ParkedEvent) {
+	ev := h.Event
+	k.q = append(k.q, &entry{ev: &ev})
+	k.attempts, k.since, k.lastErr = h.Attempts, h.FirstFailure, nil
+}
+
 // callOutcome is one event's outcome reported by a sink call.
 type callOutcome struct {
 	c   *call
@@ -601,6 +610,12 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 	k.lastErr = err
 	p.r.m.retries.Inc()
 	p.r.meter.fail(1, 0)
+	if k.since.IsZero() {
+		k.since = now
+	}
+	if err := p.recordAttempts(k, k.q[0].ev); err != nil {
+		return err
+	}
 	age := now.Sub(k.since)
 	cfg := &p.r.cfg
 	if (cfg.MaxAttempts > 0 && k.attempts >= cfg.MaxAttempts) || (cfg.MaxAge > 0 && age >= cfg.MaxAge) {
@@ -613,6 +628,19 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 	p.r.log.Log(p.pubCtx, level, "ferry: publish failed; retrying this key with backoff (other keys go on)", "key", k.key, "event_id", k.q[0].ev.ID, "events", 1, "attempt", k.attempts, "err", err)
 	k.retryAt = now.Add(p.r.retry.Delay(k.attempts))
 	heap.Push(&p.backoff, k)
+	return nil
+}
+
+// recordAttempts stores the failed attempts of a parked key's head with
+// it, for the next leader.
+func (p *pipeline) recordAttempts(k *keyState, head *ferryevent.Event) error {
+	if !k.parked || p.parker == nil || head == nil || k.attempts == 0 {
+		return nil
+	}
+	if err := p.parker.SetParkedAttempts(p.pubCtx, &ferrydriver.SetParkedAttemptsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term,
+		Key: k.key, EventID: head.ID, Attempts: k.attempts, FirstFailure: k.since}); err != nil {
+		return p.storeErr("record the attempts of a parked key", err)
+	}
 	return nil
 }
 
@@ -763,6 +791,13 @@ func (p *pipeline) parkKey(k *keyState, reason string) error {
 	if err != nil {
 		return err
 	}
+	if len(events) > 0 {
+		// Its head's failures so far: the head may be loaded back from
+		// the store (loadHeads), with what is recorded there.
+		if err := p.recordAttempts(k, events[0]); err != nil {
+			return err
+		}
+	}
 	p.r.m.parkedKeys.Inc()
 	p.r.log.Warn("ferry: key parked: its destination does not acknowledge it; its events are set aside and published in order once it recovers (other keys go on)",
 		"key", k.key, "events", len(events), "since", k.since, "attempts", k.attempts, "reason", reason)
@@ -842,8 +877,7 @@ func (p *pipeline) adoptRedriven() error {
 		if k == nil {
 			k = &keyState{key: h.Event.Key, heapIdx: -1, parked: true}
 			p.keys[k.key] = k
-			ev := h.Event
-			k.q = []*entry{{ev: &ev}}
+			k.headFrom(h)
 			p.markReady(k)
 			continue
 		}
@@ -906,8 +940,7 @@ func (p *pipeline) adoptParked(heads []*ferrydriver.ParkedEvent) int {
 		}
 		k := &keyState{key: h.Event.Key, heapIdx: -1, parked: true, held: h.Held}
 		p.keys[k.key] = k
-		ev := h.Event
-		k.q = []*entry{{ev: &ev}}
+		k.headFrom(h)
 		p.r.m.parkedKeys.Inc()
 		if k.held {
 			p.r.m.heldKeys.Inc()
@@ -1010,8 +1043,7 @@ func (p *pipeline) loadHeads() error {
 			p.forget(k)
 			continue
 		}
-		ev := h.Event
-		k.q = append(k.q, &entry{ev: &ev})
+		k.headFrom(h)
 		p.markReady(k)
 	}
 	return nil
@@ -1051,8 +1083,7 @@ func (p *pipeline) checkHeld() error {
 		p.r.log.Info("ferry: held key released", "key", key)
 		k.q = k.q[:0]
 		if h != nil {
-			ev := h.Event
-			k.q = append(k.q, &entry{ev: &ev})
+			k.headFrom(h)
 			p.markReady(k)
 		} else {
 			p.needHeads[k] = true

@@ -462,3 +462,62 @@ func TestRelayParkedKeysBeyondTheLoadCapKeepTheirOrder(t *testing.T) {
 		require.Equal(t, []string{"old", "new"}, got[k], "key %s: its parked event first", k)
 	}
 }
+
+// TestRelayMaxAttemptsCountAcrossLeaderships: a parked key's failed
+// attempts are stored with it, so that the next leader goes on counting
+// towards MaxAttempts instead of starting afresh (a relay rebalanced more
+// often than its limits allow would otherwise never give up).
+func TestRelayMaxAttemptsCountAcrossLeaderships(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	bad := &ferry.Event{Topic: "t", Key: "stuck", Type: "T", Payload: []byte("bad")}
+	require.NoError(t, c.Emit(ctx, bad))
+	var tries atomic.Int64
+	sink := &memsink.Sink{Fail: func(e *ferryevent.Event) bool {
+		if e.ID == bad.ID {
+			tries.Add(1)
+			return true
+		}
+		return false
+	}}
+	const maxAttempts = 10
+	parked := make(chan struct{})
+	var once sync.Once
+	mod := func(c *ferry.RelayConfig) {
+		c.MaxAttempts, c.DeadPolicy = maxAttempts, ferry.Continue
+		// Slow retries: the first leader is stopped half-way.
+		c.RetryBase, c.RetryMax = 300*time.Millisecond, 300*time.Millisecond
+		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
+			if k.State == ferry.KeyParked {
+				once.Do(func() { close(parked) })
+			}
+		}
+	}
+	stop := run(t, stuckRelay(t, drv, sink, mod))
+	// Other keys flow, which tells the failing key from an outage: it is
+	// parked.
+	paced(t, c, keysFor(3)[1:], 40, 10*time.Millisecond)
+	select {
+	case <-parked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the failing key was never parked")
+	}
+	require.Eventually(t, func() bool { return tries.Load() >= 4 }, 30*time.Second, 10*time.Millisecond, "the first leader retries the parked key")
+	stop()
+	first := tries.Load()
+	require.Less(t, first, int64(maxAttempts), "the first leader has not given up yet")
+
+	// A new leadership: it goes on counting.
+	run(t, stuckRelay(t, drv, sink, mod))
+	require.Eventually(t, func() bool {
+		dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "default/0"})
+		return err == nil && len(dls) == 1 && dls[0].Event.ID == bad.ID
+	}, 30*time.Second, 10*time.Millisecond, "the event is dead-lettered")
+	t.Logf("attempts: %d under the first leader, %d in all", first, tries.Load())
+	// One attempt more than recorded may have been in flight when the first
+	// leader stopped.
+	require.LessOrEqual(t, tries.Load(), int64(maxAttempts+1), "MaxAttempts counts the attempts of both leaderships")
+}
