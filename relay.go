@@ -95,7 +95,9 @@ type RelayConfig struct {
 	// that fails transiently: after MaxAttempts attempts, or MaxAge after
 	// its first one, DeadPolicy applies. Defaults 0 and 0: retry forever
 	// (a destination that is down for a day is delivered to when it comes
-	// back).
+	// back). A parked key's attempts and the time of its first are stored
+	// with it, and count across leaderships; a key not parked yet starts
+	// afresh with a new leader.
 	MaxAttempts int
 	MaxAge      time.Duration
 	// DeadPolicy says what happens when a key's event reaches MaxAttempts
