@@ -160,7 +160,10 @@ func (b *Balancer) refresh(ctx context.Context, name string) error {
 			held = append(held, p)
 		}
 	}
-	if excess := len(b.leading) - b.target(); excess > 0 {
+	// Slots already yielding (nil) are on their way out: only the ones
+	// still held count against the target, or a refresh during a slow
+	// handover would yield the process's own share too.
+	if excess := len(held) - b.target(); excess > 0 {
 		sort.Sort(sort.Reverse(sort.IntSlice(held)))
 		for _, p := range held[:min(excess, len(held))] {
 			b.log.Info("ferry: handing a partition over to balance the group", "partition", p, "members", b.members)

@@ -95,7 +95,9 @@ type RelayConfig struct {
 	// that fails transiently: after MaxAttempts attempts, or MaxAge after
 	// its first one, DeadPolicy applies. Defaults 0 and 0: retry forever
 	// (a destination that is down for a day is delivered to when it comes
-	// back).
+	// back). A parked key's attempts and the time of its first are stored
+	// with it, and count across leaderships; a key not parked yet starts
+	// afresh with a new leader.
 	MaxAttempts int
 	MaxAge      time.Duration
 	// DeadPolicy says what happens when a key's event reaches MaxAttempts
@@ -112,8 +114,9 @@ type RelayConfig struct {
 	// and what a relay that parked left there.
 	DisableParking bool
 	// OnStuckKey, when set, is called when a key is parked, held or has an
-	// event dead-lettered by DeadPolicy, from the relay's delivery loop: it
-	// must not block (hand the alert off).
+	// event dead-lettered (by DeadPolicy, or a parked key's event that the
+	// sink refused for good), from the relay's delivery loop: it must not
+	// block (hand the alert off).
 	OnStuckKey func(ctx context.Context, k *StuckKey)
 	// Balancer, when set, shares the feed's partitions among the processes
 	// that run relays for them: give every Relay of a process the same one
@@ -278,6 +281,9 @@ type Relay struct {
 	// progress counts delivered non-empty batches and saved heartbeats: a
 	// leadership that moved it was healthy, so the backoff starts afresh.
 	progress atomic.Int64
+	// parkedLoadCap bounds the parked keys a leadership loads at once (0:
+	// defaultParkedLoadCap); tests lower it (export_test.go).
+	parkedLoadCap int
 }
 
 // NewRelay returns a relay from store to sink.
@@ -446,16 +452,24 @@ func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.
 	defer r.meter.lagged(0, 0)
 	// leaseCtx ends when the lease is lost (or on return), not when stop
 	// ends: a stopping relay still finishes its batch in flight.
-	leaseCtx, loseLease := context.WithCancelCause(context.WithoutCancel(stop))
+	// trust is the end of the lease's local trust window: no event is
+	// handed to the sink after it (keepLease ends the leadership then).
+	trust := new(trustWindow)
+	trust.set(asked.Add(lease.ExpiresAt.Sub(lease.Now) - leaseMargin(r.cfg.LeaseTTL)))
+	leaseCtx, cancelLease := context.WithCancelCause(context.WithoutCancel(stop))
+	// loseLease ends the leadership, and the trust window with it at once:
+	// a sink call abandoned earlier (its sink ignored its context) must
+	// not pass its fence after the lease was lost or released, while a
+	// standby may lead.
+	loseLease := func(cause error) {
+		trust.end()
+		cancelLease(cause)
+	}
 	var wg sync.WaitGroup
 	defer func() {
 		loseLease(nil)
 		wg.Wait()
 	}()
-	// trust is the end of the lease's local trust window: no event is
-	// handed to the sink after it (keepLease ends the leadership then).
-	trust := new(trustWindow)
-	trust.set(asked.Add(lease.ExpiresAt.Sub(lease.Now) - leaseMargin(r.cfg.LeaseTTL)))
 	wg.Go(func() { r.keepLease(leaseCtx, lease, loseLease, asked, trust) })
 
 	// Once stop ends, the relay has ShutdownTimeout to be gone: publishing
@@ -638,12 +652,26 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 // the sink calls before every hand-off. The time keeps its monotonic
 // reading: a process paused past it (SIGSTOP) finds it passed on resume,
 // whatever the wall clock did.
-type trustWindow struct{ until atomic.Pointer[time.Time] }
+// Ended (the lease lost, or about to be released), it stays ended.
+type trustWindow struct {
+	until atomic.Pointer[time.Time]
+	ended atomic.Bool
+}
 
 func (w *trustWindow) set(t time.Time) { w.until.Store(&t) }
 
-// check returns errTrustExpired once the window has ended.
+// end cuts the window short for good.
+func (w *trustWindow) end() { w.ended.Store(true) }
+
+// errLeaseGone is the fence's cause once the lease was lost or released.
+var errLeaseGone = fmt.Errorf("the lease was lost or released: %w", ferrydriver.ErrLeaseLost)
+
+// check returns errTrustExpired once the window has passed, errLeaseGone
+// once it was ended.
 func (w *trustWindow) check() error {
+	if w.ended.Load() {
+		return errLeaseGone
+	}
 	if u := w.until.Load(); u == nil || !time.Now().Before(*u) {
 		return errTrustExpired
 	}

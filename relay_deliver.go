@@ -59,10 +59,15 @@ type pipeline struct {
 	inFlight, calls int
 	// needHeads are parked keys whose next event must be read from the store.
 	needHeads map[*keyState]bool
-	lastAck   time.Time
-	lastScan  time.Time
-	outcomes  outcomeQueue
-	wg        sync.WaitGroup
+	// parkedBeyond: the store holds parked keys that are not loaded (more
+	// than the load cap). Until a scan loads them all, a key the pipeline
+	// does not know is looked up in the store before its events are
+	// taken, so that none is published ahead of the key's parked ones.
+	parkedBeyond bool
+	lastAck      time.Time
+	lastScan     time.Time
+	outcomes     outcomeQueue
+	wg           sync.WaitGroup
 }
 
 type batchState struct {
@@ -102,6 +107,15 @@ type keyState struct {
 
 // fresh forgets the failures of k's previous head.
 func (k *keyState) fresh() { k.attempts, k.since, k.lastErr = 0, time.Time{}, nil }
+
+// headFrom makes h, read from the store, k's head, with the failed
+// attempts a leader recorded with it (SetParkedAttempts): MaxAttempts and
+// MaxAge count across leaderships.
+func (k *keyState) headFrom(h *ferrydriver.ParkedEvent) {
+	ev := h.Event
+	k.q = append(k.q, &entry{ev: &ev})
+	k.attempts, k.since, k.lastErr = h.Attempts, h.FirstFailure, nil
+}
 
 // callOutcome is one event's outcome reported by a sink call.
 type callOutcome struct {
@@ -235,6 +249,9 @@ func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 			if err := p.adoptRedriven(); err != nil {
 				return err
 			}
+			if err := p.rescanParked(); err != nil {
+				return err
+			}
 		case <-stopC:
 			stopping = true
 			continue
@@ -320,6 +337,9 @@ func (p *pipeline) add(b *ferrydriver.Batch) error {
 		if err := p.deadLetter(dead); err != nil {
 			return err
 		}
+	}
+	if err := p.lookUpParked(b.Events); err != nil {
+		return err
 	}
 	var toPark []*ferryevent.Event
 	for _, ev := range b.Events {
@@ -520,9 +540,15 @@ func (p *pipeline) settle(outs []callOutcome) error {
 			case ferrysink.IsPermanent(e.err):
 				dl := &ferrydriver.DeadLetter{Feed: p.r.name, Event: *e.ev, Reason: e.err.Error()}
 				if k.parked {
+					// Removed from the parked queue and dead-lettered in
+					// one write; reported as the unparked path's are.
 					if err := p.finish(k, e, dl); err != nil {
 						return err
 					}
+					p.r.log.WarnContext(withEvent(p.pubCtx, e.ev), "ferry: event dead-lettered", "event_id", e.ev.ID, "key", e.ev.Key, "topic", e.ev.Topic, "reason", dl.Reason)
+					p.r.m.deadLetters.Inc()
+					p.r.meter.fail(0, 1)
+					p.r.alert(p.pubCtx, &StuckKey{Feed: p.r.name, Key: k.key, Event: *e.ev, State: KeyDeadLettered, Attempts: k.attempts, Since: k.since, Err: e.err})
 				} else {
 					dead = append(dead, dl)
 					deadIn = append(deadIn, e.b)
@@ -584,6 +610,12 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 	k.lastErr = err
 	p.r.m.retries.Inc()
 	p.r.meter.fail(1, 0)
+	if k.since.IsZero() {
+		k.since = now
+	}
+	if err := p.recordAttempts(k, k.q[0].ev); err != nil {
+		return err
+	}
 	age := now.Sub(k.since)
 	cfg := &p.r.cfg
 	if (cfg.MaxAttempts > 0 && k.attempts >= cfg.MaxAttempts) || (cfg.MaxAge > 0 && age >= cfg.MaxAge) {
@@ -596,6 +628,19 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 	p.r.log.Log(p.pubCtx, level, "ferry: publish failed; retrying this key with backoff (other keys go on)", "key", k.key, "event_id", k.q[0].ev.ID, "events", 1, "attempt", k.attempts, "err", err)
 	k.retryAt = now.Add(p.r.retry.Delay(k.attempts))
 	heap.Push(&p.backoff, k)
+	return nil
+}
+
+// recordAttempts stores the failed attempts of a parked key's head with
+// it, for the next leader.
+func (p *pipeline) recordAttempts(k *keyState, head *ferryevent.Event) error {
+	if !k.parked || p.parker == nil || head == nil || k.attempts == 0 {
+		return nil
+	}
+	if err := p.parker.SetParkedAttempts(p.pubCtx, &ferrydriver.SetParkedAttemptsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term,
+		Key: k.key, EventID: head.ID, Attempts: k.attempts, FirstFailure: k.since}); err != nil {
+		return p.storeErr("record the attempts of a parked key", err)
+	}
 	return nil
 }
 
@@ -746,6 +791,13 @@ func (p *pipeline) parkKey(k *keyState, reason string) error {
 	if err != nil {
 		return err
 	}
+	if len(events) > 0 {
+		// Its head's failures so far: the head may be loaded back from
+		// the store (loadHeads), with what is recorded there.
+		if err := p.recordAttempts(k, events[0]); err != nil {
+			return err
+		}
+	}
 	p.r.m.parkedKeys.Inc()
 	p.r.log.Warn("ferry: key parked: its destination does not acknowledge it; its events are set aside and published in order once it recovers (other keys go on)",
 		"key", k.key, "events", len(events), "since", k.since, "attempts", k.attempts, "reason", reason)
@@ -825,8 +877,7 @@ func (p *pipeline) adoptRedriven() error {
 		if k == nil {
 			k = &keyState{key: h.Event.Key, heapIdx: -1, parked: true}
 			p.keys[k.key] = k
-			ev := h.Event
-			k.q = []*entry{{ev: &ev}}
+			k.headFrom(h)
 			p.markReady(k)
 			continue
 		}
@@ -849,29 +900,106 @@ func (p *pipeline) adoptRedriven() error {
 	return nil
 }
 
+// defaultParkedLoadCap bounds the parked keys a leadership loads at once.
+const defaultParkedLoadCap = 100000
+
+func (p *pipeline) parkedLoadCap() int {
+	if p.r.parkedLoadCap > 0 {
+		return p.r.parkedLoadCap
+	}
+	return defaultParkedLoadCap
+}
+
 // loadParked picks up the keys a previous leader parked, and those with
-// redriven dead letters.
+// redriven dead letters, at most the load cap of them. With more in the
+// store, the rest are picked up by later scans (rescanParked) and, when
+// their keys have new events, by lookUpParked.
 func (p *pipeline) loadParked() error {
 	if p.parker == nil {
 		return nil
 	}
-	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: 100000})
+	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: p.parkedLoadCap()})
 	if err != nil {
 		return p.storeErr("read parked keys", err)
 	}
+	p.parkedBeyond = len(heads) >= p.parkedLoadCap()
+	n := p.adoptParked(heads)
+	if n > 0 {
+		p.r.log.Info("ferry: resuming parked keys", "keys", n, "more_in_store", p.parkedBeyond)
+	}
+	return nil
+}
+
+// adoptParked takes up the parked heads of keys the pipeline does not
+// know, and returns how many it took.
+func (p *pipeline) adoptParked(heads []*ferrydriver.ParkedEvent) int {
+	n := 0
 	for _, h := range heads {
+		if p.keys[h.Event.Key] != nil {
+			continue
+		}
 		k := &keyState{key: h.Event.Key, heapIdx: -1, parked: true, held: h.Held}
 		p.keys[k.key] = k
-		ev := h.Event
-		k.q = []*entry{{ev: &ev}}
+		k.headFrom(h)
 		p.r.m.parkedKeys.Inc()
 		if k.held {
 			p.r.m.heldKeys.Inc()
 		}
 		p.markReady(k)
+		n++
 	}
-	if len(heads) > 0 {
-		p.r.log.Info("ferry: resuming parked keys", "keys", len(heads))
+	return n
+}
+
+// lookUpParked, while parked keys are left in the store unloaded, takes up
+// those among the keys of events that the pipeline does not know: their
+// new events then join their parked queues instead of going first.
+func (p *pipeline) lookUpParked(events []*ferryevent.Event) error {
+	if !p.parkedBeyond || len(events) == 0 {
+		return nil
+	}
+	var unknown []string
+	seen := map[string]bool{}
+	for _, ev := range events {
+		if p.keys[ev.Key] == nil && !seen[ev.Key] {
+			seen[ev.Key] = true
+			unknown = append(unknown, ev.Key)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Keys: unknown})
+	if err != nil {
+		return p.storeErr("look up parked keys", err)
+	}
+	p.adoptParked(heads)
+	return nil
+}
+
+// rescanParked, every heartbeat while parked keys are left in the store
+// unloaded, loads more of them once fewer than half the cap are loaded;
+// a scan that finds fewer than the cap has loaded them all.
+func (p *pipeline) rescanParked() error {
+	if !p.parkedBeyond {
+		return nil
+	}
+	loaded := 0
+	for _, k := range p.keys {
+		if k.parked {
+			loaded++
+		}
+	}
+	if loaded >= p.parkedLoadCap()/2 {
+		return nil
+	}
+	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: p.parkedLoadCap()})
+	if err != nil {
+		return p.storeErr("read parked keys", err)
+	}
+	p.parkedBeyond = len(heads) >= p.parkedLoadCap()
+	if n := p.adoptParked(heads); n > 0 {
+		p.r.log.Info("ferry: resuming more parked keys", "keys", n, "more_in_store", p.parkedBeyond)
 	}
 	return nil
 }
@@ -915,8 +1043,7 @@ func (p *pipeline) loadHeads() error {
 			p.forget(k)
 			continue
 		}
-		ev := h.Event
-		k.q = append(k.q, &entry{ev: &ev})
+		k.headFrom(h)
 		p.markReady(k)
 	}
 	return nil
@@ -956,8 +1083,7 @@ func (p *pipeline) checkHeld() error {
 		p.r.log.Info("ferry: held key released", "key", key)
 		k.q = k.q[:0]
 		if h != nil {
-			ev := h.Event
-			k.q = append(k.q, &entry{ev: &ev})
+			k.headFrom(h)
 			p.markReady(k)
 		} else {
 			p.needHeads[k] = true

@@ -16,6 +16,8 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
+	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
@@ -298,4 +300,75 @@ func TestShutdownTimeoutBoundsAHungPublish(t *testing.T) {
 	l, err := drv.GetLease(context.Background(), "default/0")
 	require.NoError(t, err)
 	require.False(t, l.Held(l.Holder), "the lease is released")
+}
+
+// fenceSink hangs its calls, ignoring their context, until release is
+// closed; then it records what the call's fence says (ferrysink.Fenced)
+// and fails the events.
+type fenceSink struct {
+	entered chan struct{}
+	release chan struct{}
+	fenced  chan error
+	once    sync.Once
+}
+
+func (s *fenceSink) Publish(ctx context.Context, events []*ferryevent.Event) []error {
+	s.once.Do(func() { close(s.entered) })
+	<-s.release
+	err := ferrysink.Fenced(ctx)
+	select {
+	case s.fenced <- err:
+	default:
+	}
+	out := make([]error, len(events))
+	for i := range out {
+		out[i] = errors.New("fenceSink: not published")
+	}
+	return out
+}
+
+func (s *fenceSink) Close(context.Context) error { return nil }
+
+// TestRelayLostLeaseFencesAnAbandonedPublish: a relay whose sink call
+// hangs (ignoring its context) loses its lease to another holder; the
+// call, abandoned, resumes while the lease's local trust window would
+// still be open: its fence must refuse, since a standby may lead now.
+func TestRelayLostLeaseFencesAnAbandonedPublish(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	ctx := context.Background()
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T"}))
+	sink := &fenceSink{entered: make(chan struct{}), release: make(chan struct{}), fenced: make(chan error, 1)}
+	var logs syncbuf.Buffer
+	// Renewed every 5 s, trusted for 13 s after each renewal: the window
+	// is still open some 8 s after the renewal that finds the lease lost.
+	r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{
+		HolderID: "r1", PollInterval: 20 * time.Millisecond, LeaseTTL: 15 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
+		ShutdownTimeout: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	require.NoError(t, err)
+	run(t, r)
+	select {
+	case <-sink.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay never called the sink")
+	}
+	defer close(sink.release)
+	// Another holder takes the lease over.
+	l, err := drv.GetLease(ctx, "default/0")
+	require.NoError(t, err)
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: l.Holder, Term: l.Term}))
+	_, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "thief", TTL: time.Hour})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "lost its lease") }, 60*time.Second, 10*time.Millisecond,
+		"the relay notices it lost its lease (at its next renewal)")
+	sink.release <- struct{}{}
+	select {
+	case err := <-sink.fenced:
+		require.Error(t, err, "an abandoned publish after the lease was lost passes no fence")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sink call did not resume")
+	}
 }

@@ -2,8 +2,10 @@ package ferry_test
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,8 +14,11 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
+	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
 
@@ -360,4 +365,159 @@ func TestRelayResumesParkedKeysAfterRestart(t *testing.T) {
 	run(t, stuckRelay(t, drv, sink, nil))
 	require.Eventually(t, func() bool { return sink.Len() >= 60 }, 20*time.Second, 10*time.Millisecond)
 	checkDelivery(t, events, sink.Stored(), true)
+}
+
+// TestRelayParkedKeyRefusedForGoodIsReported: a parked key's events that
+// the sink then refuses for good (ferrysink.Permanent) are dead-lettered
+// as an unparked key's are: logged, counted in
+// ferry_relay_dead_letters_total, and told to OnStuckKey.
+func TestRelayParkedKeyRefusedForGoodIsReported(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	var failing, refusing atomic.Bool
+	failing.Store(true)
+	sink := &memsink.Sink{
+		Fail:      func(e *ferryevent.Event) bool { return e.Key == "stuck" && failing.Load() },
+		Permanent: func(e *ferryevent.Event) bool { return e.Key == "stuck" && refusing.Load() },
+	}
+	reg := prometheus.NewRegistry()
+	var logs syncbuf.Buffer
+	var mu sync.Mutex
+	states := map[ferry.KeyState]int{}
+	run(t, stuckRelay(t, drv, sink, func(c *ferry.RelayConfig) {
+		c.Hooks = []ferry.Hook{ferryprom.New(reg)}
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
+			if k.Key == "stuck" {
+				mu.Lock()
+				states[k.State]++
+				mu.Unlock()
+			}
+		}
+	}))
+	seen := func(s ferry.KeyState) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return states[s]
+	}
+	events, _ := paced(t, c, keysFor(4), 50, 5*time.Millisecond)
+	stuck := 0
+	for _, e := range events {
+		if e.Key == "stuck" {
+			stuck++
+		}
+	}
+	require.Eventually(t, func() bool { return seen(ferry.KeyParked) > 0 }, 30*time.Second, 10*time.Millisecond, "the failing key is parked")
+	refusing.Store(true)
+	failing.Store(false)
+	require.Eventually(t, func() bool {
+		dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "default/0"})
+		return err == nil && len(dls) == stuck
+	}, 30*time.Second, 10*time.Millisecond, "the parked key's events are dead-lettered")
+	require.Equal(t, float64(stuck), counter(t, reg, "ferry_relay_dead_letters_total", ""), "each counted")
+	require.Equal(t, stuck, seen(ferry.KeyDeadLettered), "each told to OnStuckKey")
+	require.Equal(t, stuck, strings.Count(logs.String(), "event dead-lettered"), "each logged")
+}
+
+// TestRelayParkedKeysBeyondTheLoadCapKeepTheirOrder: the store holds
+// more parked keys than a leadership loads at once (the cap, lowered to 2
+// here from 100,000): the keys past it still publish their parked events
+// before their new ones, and every parked event is published.
+func TestRelayParkedKeysBeyondTheLoadCapKeepTheirOrder(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const keys = 7
+	// A former leader parked one event of each key.
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "former", TTL: time.Minute})
+	require.NoError(t, err)
+	var old []*ferryevent.Event
+	for i := range keys {
+		ev := &ferryevent.Event{Topic: "t", Key: "p" + strconv.Itoa(i), Type: "T", Payload: []byte("old")}
+		require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+		old = append(old, ev)
+	}
+	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "former", Term: l.Term, Events: old, Reason: "down"}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "former", Term: l.Term}))
+	// New events of the same keys are in the outbox when the relay starts.
+	for i := range keys {
+		require.NoError(t, c.Emit(ctx, &ferry.Event{Topic: "t", Key: "p" + strconv.Itoa(i), Type: "T", Payload: []byte("new")}))
+	}
+	sink := &memsink.Sink{}
+	r := stuckRelay(t, drv, sink, nil)
+	ferry.SetParkedLoadCap(r, 2)
+	run(t, r)
+	require.Eventually(t, func() bool { return sink.Len() >= 2*keys }, 30*time.Second, 10*time.Millisecond, "every event is published")
+	got := map[string][]string{}
+	for _, e := range sink.Stored() {
+		got[e.Key] = append(got[e.Key], string(e.Payload))
+	}
+	for i := range keys {
+		k := "p" + strconv.Itoa(i)
+		require.Equal(t, []string{"old", "new"}, got[k], "key %s: its parked event first", k)
+	}
+}
+
+// TestRelayMaxAttemptsCountAcrossLeaderships: a parked key's failed
+// attempts are stored with it, so that the next leader goes on counting
+// towards MaxAttempts instead of starting afresh (a relay rebalanced more
+// often than its limits allow would otherwise never give up).
+func TestRelayMaxAttemptsCountAcrossLeaderships(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	bad := &ferry.Event{Topic: "t", Key: "stuck", Type: "T", Payload: []byte("bad")}
+	require.NoError(t, c.Emit(ctx, bad))
+	var tries atomic.Int64
+	sink := &memsink.Sink{Fail: func(e *ferryevent.Event) bool {
+		if e.ID == bad.ID {
+			tries.Add(1)
+			return true
+		}
+		return false
+	}}
+	const maxAttempts = 10
+	parked := make(chan struct{})
+	var once sync.Once
+	mod := func(c *ferry.RelayConfig) {
+		c.MaxAttempts, c.DeadPolicy = maxAttempts, ferry.Continue
+		// Slow retries: the first leader is stopped half-way.
+		c.RetryBase, c.RetryMax = 300*time.Millisecond, 300*time.Millisecond
+		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
+			if k.State == ferry.KeyParked {
+				once.Do(func() { close(parked) })
+			}
+		}
+	}
+	stop := run(t, stuckRelay(t, drv, sink, mod))
+	// Other keys flow, which tells the failing key from an outage: it is
+	// parked.
+	paced(t, c, keysFor(3)[1:], 40, 10*time.Millisecond)
+	select {
+	case <-parked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the failing key was never parked")
+	}
+	require.Eventually(t, func() bool { return tries.Load() >= 4 }, 30*time.Second, 10*time.Millisecond, "the first leader retries the parked key")
+	stop()
+	first := tries.Load()
+	require.Less(t, first, int64(maxAttempts), "the first leader has not given up yet")
+
+	// A new leadership: it goes on counting.
+	run(t, stuckRelay(t, drv, sink, mod))
+	require.Eventually(t, func() bool {
+		dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{Feed: "default/0"})
+		return err == nil && len(dls) == 1 && dls[0].Event.ID == bad.ID
+	}, 30*time.Second, 10*time.Millisecond, "the event is dead-lettered")
+	t.Logf("attempts: %d under the first leader, %d in all", first, tries.Load())
+	// One attempt more than recorded may have been in flight when the first
+	// leader stopped.
+	require.LessOrEqual(t, tries.Load(), int64(maxAttempts+1), "MaxAttempts counts the attempts of both leaderships")
 }

@@ -170,7 +170,12 @@ type Inbox[TTx any] interface {
 	FailInbox(ctx context.Context, p *FailInboxParams) error
 
 	// SetInboxPolicy stores a group's dead policy; if it changed, every key
-	// of the group is re-evaluated under the new one. Consumers call it when
+	// of the group is re-evaluated under the new one. A backend that does
+	// that in several transactions stores how far it got with the policy:
+	// a call interrupted part-way (a cancelled context, a killed process,
+	// a failed statement) leaves the sweep pending, and the next call,
+	// with the same policy or not, finishes it. It holds a chunk of keys
+	// in memory at a time, never all of a group's. Consumers call it when
 	// they start. The stored policy is the only one: every call that can
 	// make a row DEAD or release a key (ClaimInbox, CompleteInboxTx,
 	// FailInbox, RedriveInbox, DiscardInbox, RetractInbox) reads it; a group
@@ -266,6 +271,19 @@ func CheckInboxCursor(p *ListInboxParams) error {
 type InboxPolicyParams struct {
 	Group    string
 	HoldDead bool
+	// BeforeChunk, when set, is called before each chunk of keys a
+	// backend that re-evaluates them in several transactions starts
+	// (chunk counts from 0): the suite's seam to interrupt a change
+	// part-way. Backends that do it in one transaction never call it.
+	BeforeChunk func(chunk int)
+}
+
+// StartChunk calls p.BeforeChunk, if set: backends call it before each
+// chunk of a policy change's sweep.
+func (p *InboxPolicyParams) StartChunk(chunk int) {
+	if p.BeforeChunk != nil {
+		p.BeforeChunk(chunk)
+	}
 }
 
 // InboxIDsParams name events of a group.

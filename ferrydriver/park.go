@@ -34,6 +34,12 @@ type Parker interface {
 	// HoldParked marks a key's head held: the relay stops retrying it and
 	// the key's later events wait, until ReleaseParked.
 	HoldParked(ctx context.Context, p *HoldParkedParams) error
+	// SetParkedAttempts records with a key's head (p.EventID) how many
+	// attempts to publish it failed and when the first did, so that the
+	// relay's MaxAttempts and MaxAge count across leaderships: the next
+	// leader reads them back (ParkedEvent.Attempts, FirstFailure). Fenced;
+	// a head no longer parked is no error. ReleaseParked resets them.
+	SetParkedAttempts(ctx context.Context, p *SetParkedAttemptsParams) error
 	// ReleaseParked lets the relay retry a held key's head again or, with
 	// p.Skip, moves the head to the relay's dead letters and lets the key's
 	// later events go. It is an operator's action and is not fenced.
@@ -57,6 +63,22 @@ type ParkedEvent struct {
 	// Redriven is set on an event an operator redrove (RedriveDeadLetters)
 	// and the relay has not published since.
 	Redriven bool
+	// Attempts is the number of failed attempts to publish it, and
+	// FirstFailure when the first of them was made (zero: none), as
+	// SetParkedAttempts recorded them.
+	Attempts     int
+	FirstFailure time.Time
+}
+
+// SetParkedAttemptsParams record a parked head's failed attempts, fenced.
+type SetParkedAttemptsParams struct {
+	Feed         string
+	Holder       string
+	Term         int64
+	Key          string
+	EventID      uuid.UUID
+	Attempts     int
+	FirstFailure time.Time
 }
 
 // ParkEventsParams append events to their keys' queues, fenced.

@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ferry-dev/ferry"
@@ -357,19 +358,20 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		}
 	}
 	var (
-		sink  ferrysink.Sink
-		ready func() error
-		dest  []any
+		sink    ferrysink.Sink
+		ready   func() error
+		dest    []any
+		another func(context.Context) (ferrysink.Sink, error)
 	)
 	if useOther {
-		sink, ready, dest = other.sink, other.ready, other.label
+		sink, ready, dest, another = other.sink, other.ready, other.label, other.another
 	} else {
 		ns, err := openNATS(ctx, dc, log)
 		if err != nil {
 			return err
 		}
 		defer ns.close()
-		sink, ready, dest = ns.sink, ns.ready, ns.label
+		sink, ready, dest, another = ns.sink, ns.ready, ns.label, ns.another
 	}
 
 	policy := ferry.Hold
@@ -399,7 +401,15 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 		}
 	}
 	var relays []*ferry.Relay
-	for _, p := range partitions {
+	for i, p := range partitions {
+		// Each relay gets its own sink when its connection is fenced
+		// (openedSink.another).
+		sink := sink
+		if i > 0 && another != nil {
+			if sink, err = another(ctx); err != nil {
+				return err
+			}
+		}
 		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
 			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
 			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log,
@@ -486,29 +496,51 @@ func openNATS(ctx context.Context, dc *daemonConfig, log *slog.Logger) (*openedS
 			log.Info("ferry: embedded NATS server listening", "url", natsURL)
 		}
 	}
-	nc, err := nats.Connect(natsURL, nats.Name("ferry-relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false), ferrynats.WriteFence())
+	// Each sink has its own fenced connection (WriteFence): a refused
+	// write closes the connection, and with it every message waiting on
+	// it, so a connection serves one relay (openedSink.another).
+	var mu sync.Mutex // guards conns and stop once the first sink is open
+	var conns []*nats.Conn
+	open := func(ctx context.Context) (*ferrynats.Sink, error) {
+		nc, err := nats.Connect(natsURL, nats.Name("ferry-relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false), ferrynats.WriteFence())
+		if err != nil {
+			return nil, fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
+		}
+		sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{SubjectPrefix: dc.prefix, Stream: dc.stream, CreateStream: dc.createStream})
+		if err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("%w (see --stream / FERRY_STREAM, --subject-prefix / FERRY_SUBJECT_PREFIX, --create-stream)", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		conns = append(conns, nc)
+		stop = append(stop, nc.Close, func() { closeSink(sink) })
+		return sink, nil
+	}
+	sink, err := open(ctx)
 	if err != nil {
 		closeAll()
-		return nil, fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
+		return nil, err
 	}
-	stop = append(stop, nc.Close)
-	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{SubjectPrefix: dc.prefix, Stream: dc.stream, CreateStream: dc.createStream})
-	if err != nil {
-		closeAll()
-		return nil, fmt.Errorf("%w (see --stream / FERRY_STREAM, --subject-prefix / FERRY_SUBJECT_PREFIX, --create-stream)", err)
-	}
-	stop = append(stop, func() { closeSink(sink) })
-
 	return &openedSink{
 		sink:  sink,
 		label: []any{"nats", natsURL, "stream", dc.stream, "subject_prefix", dc.prefix},
 		ready: func() error {
-			if !nc.IsConnected() {
-				return errors.New("nats: not connected")
+			mu.Lock()
+			defer mu.Unlock()
+			for _, nc := range conns {
+				if !nc.IsConnected() {
+					return errors.New("nats: not connected")
+				}
 			}
 			return nil
 		},
-		close: closeAll,
+		close: func() {
+			mu.Lock()
+			defer mu.Unlock()
+			closeAll()
+		},
+		another: func(ctx context.Context) (ferrysink.Sink, error) { return open(ctx) },
 	}, nil
 }
 

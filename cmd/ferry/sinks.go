@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -30,6 +31,13 @@ type openedSink struct {
 	label []any // log attributes naming it
 	ready func() error
 	close func()
+	// another, when set, opens one more sink to the same destination over
+	// a connection of its own (closed by close), for the next partition's
+	// relay: a sink whose connection carries a lease fence
+	// (ferrysink.WriteGuard) must serve one relay, or one partition's
+	// handover would drop the connection under the other partitions'
+	// events in flight.
+	another func(ctx context.Context) (ferrysink.Sink, error)
 }
 
 // sinkCloseTimeout bounds closing a sink once the relays have stopped:
@@ -108,11 +116,31 @@ func openKafka(ctx context.Context, u *url.URL, log *slog.Logger) (*openedSink, 
 	if err != nil {
 		return nil, err
 	}
+	// Each relay gets a client of its own: a sink's broker connections are
+	// fenced (ferrysink.WriteGuard), and a refused write drops them.
+	var mu sync.Mutex
+	sinks := []ferrysink.Sink{sink}
 	return &openedSink{
 		sink:  sink,
 		label: []any{"kafka", strings.Join(cfg.Brokers, ","), "topic_prefix", cfg.TopicPrefix},
 		ready: func() error { return nil },
-		close: func() { closeSink(sink) },
+		close: func() {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, s := range sinks {
+				closeSink(s)
+			}
+		},
+		another: func(ctx context.Context) (ferrysink.Sink, error) {
+			s, err := ferrykafka.New(ctx, cfg)
+			if err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			sinks = append(sinks, s)
+			return s, nil
+		},
 	}, nil
 }
 

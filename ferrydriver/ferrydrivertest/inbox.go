@@ -43,6 +43,7 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("DeadRowsPageByCursor", func(t *testing.T) { t.Parallel(); testInboxPages(t, newDriver(t)) })
 	t.Run("AwaitSettled", func(t *testing.T) { t.Parallel(); testAwaitSettled(t, newDriver(t)) })
 	t.Run("PolicyChangesAndContinueRedrive", func(t *testing.T) { t.Parallel(); testInboxPolicy(t, newDriver(t)) })
+	t.Run("InterruptedPolicyChangeResumes", func(t *testing.T) { t.Parallel(); testInboxPolicyResume(t, newDriver(t)) })
 	t.Run("AttemptHistory", func(t *testing.T) {
 		t.Parallel()
 		d := newDriver(t)
@@ -703,6 +704,107 @@ func testInboxPolicy[TTx any](t *testing.T, d InboxDriver[TTx]) {
 		got := claim(ctx, t, d, "w")
 		return len(got) == 1 && string(got[0].Event.Payload) == "later"
 	}, 5*time.Second, 50*time.Millisecond, "k is not stranded behind d2")
+}
+
+// testInboxPolicyResume: a policy change interrupted during its second
+// chunk of keys (its context cancelled) is finished by the next call with
+// the same policy: 1,200 keys held behind DEAD heads all run their next
+// row after Hold -> Continue, and all are held again after Continue ->
+// Hold. A backend that re-evaluates keys in one transaction never calls
+// BeforeChunk, and its change is never half-done.
+func testInboxPolicyResume[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 3*time.Minute)
+	const keys = 1200
+	setPolicy := func(hold bool) {
+		t.Helper()
+		require.NoError(t, d.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: group, HoldDead: hold}))
+	}
+	// interrupted switches the policy with a context cancelled as the
+	// second chunk starts.
+	interrupted := func(hold bool) {
+		t.Helper()
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		chunks := 0
+		err := d.SetInboxPolicy(cctx, &ferrydriver.InboxPolicyParams{Group: group, HoldDead: hold, BeforeChunk: func(chunk int) {
+			chunks = chunk + 1
+			if chunk == 1 {
+				cancel()
+			}
+		}})
+		if chunks >= 2 {
+			require.Error(t, err, "the change was cancelled in its second chunk")
+		} else {
+			require.NoError(t, err)
+			t.Logf("%s: the policy change ran in %d chunk(s), not interrupted", d.Name(), chunks)
+		}
+	}
+	// claimAll claims until claims find nothing several times in a row (a
+	// claim may look at keys that turn out held, and return nothing while
+	// other keys wait).
+	claimAll := func(worker string) []*ferrydriver.InboxRow {
+		t.Helper()
+		var all []*ferrydriver.InboxRow
+		for empty := 0; empty < keys/500+2; {
+			rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: worker, Limit: 500, TTL: 5 * time.Minute})
+			require.NoError(t, err)
+			if len(rows) == 0 {
+				empty++
+			} else {
+				empty = 0
+			}
+			all = append(all, rows...)
+		}
+		return all
+	}
+	failAll := func(rows []*ferrydriver.InboxRow) {
+		t.Helper()
+		for _, r := range rows {
+			require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: r.Event.ID, Claim: r.Claim, Error: "bad", Dead: true}))
+		}
+	}
+	insertEach := func(payload string) {
+		t.Helper()
+		var evs []*ferryevent.Event
+		for i := range keys {
+			evs = append(evs, Event("t", fmt.Sprintf("k%04d", i), payload))
+			if len(evs) == 400 || i == keys-1 {
+				insert(ctx, t, d, evs...)
+				evs = nil
+			}
+		}
+	}
+
+	// Hold: every key's head goes DEAD and holds "next".
+	setPolicy(true)
+	insertEach("dead")
+	insertEach("next")
+	heads := claimAll("w")
+	require.Len(t, heads, keys)
+	require.Equal(t, []string{"dead"}, slices.Compact(slices.Sorted(slices.Values(payloads(heads)))))
+	failAll(heads)
+	require.Empty(t, claimAll("w"), "every key is held")
+
+	// Hold -> Continue, interrupted, then again: every key runs "next".
+	interrupted(false)
+	setPolicy(false)
+	next := claimAll("w")
+	got := map[string]string{}
+	for _, r := range next {
+		got[r.Event.Key] = string(r.Event.Payload)
+	}
+	require.Equal(t, keys, len(got), "every key's next event is claimable")
+	for k, p := range got {
+		require.Equal(t, "next", p, "key %s", k)
+	}
+
+	// Continue: "next" goes DEAD too, and a third event is runnable past
+	// both. Continue -> Hold, interrupted, then again: every key is held.
+	failAll(next)
+	insertEach("third")
+	interrupted(true)
+	setPolicy(true)
+	require.Empty(t, payloads(claimAll("w")), "every key is held behind its DEAD rows")
 }
 
 // testInboxPages: DEAD rows listed a page at a time, each page after the

@@ -88,6 +88,71 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, []string{"b1"}, heads("a", "b"))
 }
 
+// testParkedAttempts: a parked head's failed attempts and the time of the
+// first are stored with it (fenced), read back by ParkedHeads in every
+// form (by key, the whole feed) by the next leader, reset by a release,
+// and a new head starts with none.
+func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	drv := h.New(t)
+	pk, ok := any(drv).(ferrydriver.Parker)
+	if !ok {
+		t.Logf("%s does not implement ferrydriver.Parker: the relay keeps stuck keys in memory", drv.Name())
+		return
+	}
+	const feed = "attempts/0"
+	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
+	require.NoError(t, err)
+	k1, k2 := Event("t", "k", "k1"), Event("t", "k", "k2")
+	require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: feed, Holder: "a", Term: l.Term, Events: []*ferryevent.Event{k1, k2}, Reason: "503"}))
+	head := func() *ferrydriver.ParkedEvent {
+		t.Helper()
+		byKey, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"k"}})
+		require.NoError(t, err)
+		require.Len(t, byKey, 1)
+		all, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed})
+		require.NoError(t, err)
+		require.Len(t, all, 1)
+		require.Equal(t, byKey[0].Attempts, all[0].Attempts, "both forms of ParkedHeads read the attempts")
+		require.True(t, byKey[0].FirstFailure.Equal(all[0].FirstFailure))
+		return byKey[0]
+	}
+	h0 := head()
+	require.Zero(t, h0.Attempts, "a parked head has no attempts recorded to begin with")
+	require.True(t, h0.FirstFailure.IsZero())
+
+	first := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	set := func(term int64, ev *ferryevent.Event, n int) error {
+		return pk.SetParkedAttempts(ctx, &ferrydriver.SetParkedAttemptsParams{Feed: feed, Holder: "a", Term: term, Key: "k", EventID: ev.ID, Attempts: n, FirstFailure: first})
+	}
+	require.NoError(t, set(l.Term, k1, 7))
+	require.ErrorIs(t, set(l.Term+1, k1, 99), ferrydriver.ErrLeaseLost, "fenced")
+
+	// The next leader reads them back.
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: feed, Holder: "a", Term: l.Term}))
+	l2, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "b", TTL: time.Minute})
+	require.NoError(t, err)
+	h1 := head()
+	require.Equal(t, k1.ID, h1.Event.ID)
+	require.Equal(t, 7, h1.Attempts)
+	require.WithinDuration(t, first, h1.FirstFailure, time.Millisecond)
+
+	// A release lets the relay retry the head afresh.
+	require.NoError(t, pk.HoldParked(ctx, &ferrydriver.HoldParkedParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID, Reason: "gave up"}))
+	require.NoError(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "k"}))
+	h2 := head()
+	require.Zero(t, h2.Attempts, "released: the attempts start afresh")
+	require.True(t, h2.FirstFailure.IsZero())
+
+	// The next head starts with none.
+	require.NoError(t, pk.SetParkedAttempts(ctx, &ferrydriver.SetParkedAttemptsParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID, Attempts: 3, FirstFailure: first}))
+	require.NoError(t, pk.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID}))
+	h3 := head()
+	require.Equal(t, k2.ID, h3.Event.ID)
+	require.Zero(t, h3.Attempts)
+	require.True(t, h3.FirstFailure.IsZero())
+}
+
 // testListLeases exercises ferrydriver.LeaseLister.
 func testListLeases[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)

@@ -97,6 +97,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
 	t.Run("EveryFeedIsListed", func(t *testing.T) { t.Parallel(); testListFeeds(t, h) })
 	t.Run("Parking", func(t *testing.T) { t.Parallel(); testParking(t, h) })
+	t.Run("ParkedAttemptsOutliveTheLeader", func(t *testing.T) { t.Parallel(); testParkedAttempts(t, h) })
 	t.Run("ListLeases", func(t *testing.T) { t.Parallel(); testListLeases(t, h) })
 	t.Run("LagBeyondTheExactCount", func(t *testing.T) { t.Parallel(); testLagEstimate(t, h) })
 	exercisePartitions(t, h)

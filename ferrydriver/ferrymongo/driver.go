@@ -369,6 +369,9 @@ func (d *Driver) indexes() []index {
 		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "state", Value: 1}, {Key: "finished_at", Value: 1},
 			{Key: "received_at", Value: 1}, {Key: "_id", Value: 1}}}},
 		{d.inboxKeys(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "runnable_at", Value: 1}}}},
+		// A group's keys in key order: a policy change's sweep, a chunk
+		// at a time after the last key it reached.
+		{d.inboxKeys(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "k", Value: 1}}}},
 		// Rows being processed, by claim expiry: rescues of expired claims.
 		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "claim_expires_at", Value: 1}},
 			Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}})}},
@@ -396,6 +399,9 @@ func (d *Driver) Migrations() []ferrydriver.Migration {
 		Up:   "create the collection " + d.cfg.Prefix + "activity (what relays and consumers did, for the console), its samples expiring after a day",
 		Down: "dropped with the collections"}, {Version: 4, Name: "redriven",
 		Up:   "index the redriven dead letters waiting in " + d.cfg.Prefix + "parked by feed and key (a relay looks for them every heartbeat)",
+		Down: "dropped with the collections"}, {Version: 5, Name: "inbox_sweep",
+		Up: "index " + d.cfg.Prefix + "inbox_keys by group and key (a dead-policy change sweeps a group's keys in key order, " +
+			"its progress stored with the policy in " + d.cfg.Prefix + "inbox_groups, so that an interrupted change resumes)",
 		Down: "dropped with the collections"}}
 }
 

@@ -540,43 +540,105 @@ func (d *Driver) policy(ctx context.Context, group string) (bool, error) {
 	return g.Hold, err
 }
 
-// SetInboxPolicy implements ferrydriver.Inbox.
-func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error {
-	var old struct {
-		Hold *bool `bson:"hold_dead"`
+// policySweepChunk is how many keys a policy change re-evaluates per
+// transaction.
+const policySweepChunk = 200
+
+// policySweep is what the inbox_groups document of a group says of its
+// policy's sweep: whether one is pending, its generation (a count of
+// policy changes) and the last key it re-evaluated (nil: none).
+type policySweep struct {
+	Sweeping bool    `bson:"sweeping"`
+	Gen      int64   `bson:"sweep_gen"`
+	After    *string `bson:"sweep_after"`
+}
+
+// policyUpdate stores the policy hold in a group's document: a change (or
+// a first policy) starts a new sweep from the first key; the same policy
+// again leaves a pending sweep where it was.
+func policyUpdate(hold bool) mongo.Pipeline {
+	return mongo.Pipeline{
+		{{Key: "$set", Value: bson.D{{Key: "_changed", Value: expr("$ne", "$hold_dead", hold)}}}},
+		{{Key: "$set", Value: bson.D{
+			{Key: "hold_dead", Value: hold},
+			{Key: "sweeping", Value: expr("$or", bson.D{{Key: "$ifNull", Value: bson.A{"$sweeping", false}}}, "$_changed")},
+			{Key: "sweep_gen", Value: expr("$add", bson.D{{Key: "$ifNull", Value: bson.A{"$sweep_gen", int64(0)}}}, cond("$_changed", int64(1), int64(0)))},
+			{Key: "sweep_after", Value: cond("$_changed", nil, bson.D{{Key: "$ifNull", Value: bson.A{"$sweep_after", nil}}})},
+		}}},
+		{{Key: "$unset", Value: "_changed"}},
 	}
-	err := d.inboxGroups().FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.Group}}, bson.D{{Key: "$set", Value: bson.D{{Key: "hold_dead", Value: p.HoldDead}}}},
-		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)).Decode(&old)
-	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+}
+
+// sweepProgress is the filter and update that record, in a chunk's
+// transaction, that the sweep of generation gen re-evaluated the keys up
+// to last (more: keys may remain), or finished. A sweep of an older
+// generation records nothing; one behind a concurrent sweep of the same
+// generation does not move the position back.
+func sweepProgress(group string, gen int64, last string, more bool) (filter, update bson.D) {
+	filter = bson.D{{Key: "_id", Value: group}, {Key: "sweep_gen", Value: gen}, {Key: "sweeping", Value: true}}
+	if !more {
+		return filter, bson.D{{Key: "$set", Value: bson.D{{Key: "sweeping", Value: false}, {Key: "sweep_after", Value: nil}}}}
+	}
+	filter = append(filter, bson.E{Key: "$or", Value: bson.A{
+		bson.D{{Key: "sweep_after", Value: nil}},
+		bson.D{{Key: "sweep_after", Value: bson.D{{Key: "$lt", Value: last}}}},
+	}})
+	return filter, bson.D{{Key: "$set", Value: bson.D{{Key: "sweep_after", Value: last}}}}
+}
+
+// SetInboxPolicy implements ferrydriver.Inbox. The policy is stored with
+// its sweep: the group's keys are re-evaluated a chunk at a time in key
+// order (the index on inbox_keys (g, k), schema step 5), each chunk's
+// transaction recording how far the sweep got, so that a call interrupted
+// part-way leaves it pending and the next call resumes it.
+func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error {
+	var sw policySweep
+	err := d.inboxGroups().FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.Group}}, policyUpdate(p.HoldDead),
+		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&sw)
+	if err != nil {
 		return fmt.Errorf("ferrymongo: store the dead policy of group %s: %w", p.Group, err)
 	}
-	if old.Hold != nil && *old.Hold == p.HoldDead {
-		return nil
-	}
-	cur, err := d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}}, options.Find().SetProjection(bson.D{{Key: "k", Value: 1}}))
-	if err != nil {
-		return fmt.Errorf("ferrymongo: list inbox keys: %w", err)
-	}
-	var keys []struct {
-		K   string `bson:"k"`   // an inbox_keys document's
-		Key string `bson:"key"` // an inbox document's (Rescue)
-	}
-	if err := cur.All(ctx, &keys); err != nil {
-		return fmt.Errorf("ferrymongo: list inbox keys: %w", err)
-	}
-	for start := 0; start < len(keys); start += 200 {
-		chunk := keys[start:min(start+200, len(keys))]
+	after := sw.After
+	for chunk := 0; sw.Sweeping; chunk++ {
+		p.StartChunk(chunk)
+		var last *string
+		var more bool
 		if err := d.inTx(ctx, func(tx context.Context) error {
+			filter := bson.D{{Key: "g", Value: p.Group}}
+			if after != nil {
+				filter = append(filter, bson.E{Key: "k", Value: bson.D{{Key: "$gt", Value: *after}}})
+			}
+			cur, err := d.inboxKeys().Find(tx, filter, options.Find().SetSort(bson.D{{Key: "k", Value: 1}}).
+				SetLimit(policySweepChunk).SetProjection(bson.D{{Key: "k", Value: 1}}))
+			if err != nil {
+				return err
+			}
+			var keys []struct {
+				K string `bson:"k"`
+			}
+			if err := cur.All(tx, &keys); err != nil {
+				return err
+			}
 			now := time.Now().UTC()
-			for _, k := range chunk {
+			last = after
+			for _, k := range keys {
 				if err := d.refreshKey(tx, p.Group, k.K, now); err != nil {
 					return err
 				}
+				last = &k.K
 			}
-			return nil
+			more = len(keys) == policySweepChunk
+			var at string
+			if last != nil {
+				at = *last
+			}
+			filter, update := sweepProgress(p.Group, sw.Gen, at, more)
+			_, err = d.inboxGroups().UpdateOne(tx, filter, update)
+			return err
 		}); err != nil {
 			return fmt.Errorf("ferrymongo: re-evaluate the keys of group %s: %w", p.Group, err)
 		}
+		after, sw.Sweeping = last, more
 	}
 	return nil
 }

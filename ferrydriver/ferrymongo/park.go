@@ -32,6 +32,10 @@ type parkedDoc struct {
 	// Redriven: an operator redrove it (RedriveDeadLetters); the feed's
 	// relay finds such keys through the partial index on it.
 	Redriven bool `bson:"redriven,omitempty"`
+	// Attempts and FirstFailure: the head's failed attempts to publish it
+	// (SetParkedAttempts), reset by ReleaseParked.
+	Attempts     int       `bson:"attempts,omitempty"`
+	FirstFailure time.Time `bson:"first_failure,omitempty"`
 }
 
 func parkedID(feed, eventID string) bson.D {
@@ -82,7 +86,8 @@ func (pd *parkedDoc) event() (*ferrydriver.ParkedEvent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: parked event %s: %w", pd.Event.ID, err)
 	}
-	return &ferrydriver.ParkedEvent{Feed: pd.Feed, Event: *ev, ParkedAt: pd.ParkedAt, Held: pd.Held, Reason: pd.Reason, Queued: pd.Queued, Redriven: pd.Redriven}, nil
+	return &ferrydriver.ParkedEvent{Feed: pd.Feed, Event: *ev, ParkedAt: pd.ParkedAt, Held: pd.Held, Reason: pd.Reason, Queued: pd.Queued, Redriven: pd.Redriven,
+		Attempts: pd.Attempts, FirstFailure: pd.FirstFailure}, nil
 }
 
 // ParkedHeads implements ferrydriver.Parker. With keys, one index probe
@@ -193,6 +198,27 @@ func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams
 	})
 }
 
+// SetParkedAttempts implements ferrydriver.Parker.
+func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParkedAttemptsParams) error {
+	return d.fenced(ctx, p.Feed, p.Holder, p.Term, "record the attempts of a parked key of "+p.Feed, func(tx context.Context) error {
+		set := bson.D{{Key: "attempts", Value: p.Attempts}}
+		var unset bson.D
+		if p.FirstFailure.IsZero() {
+			unset = bson.D{{Key: "first_failure", Value: ""}}
+		} else {
+			set = append(set, bson.E{Key: "first_failure", Value: p.FirstFailure.UTC()})
+		}
+		update := bson.D{{Key: "$set", Value: set}}
+		if unset != nil {
+			update = append(update, bson.E{Key: "$unset", Value: unset})
+		}
+		if _, err := d.parked().UpdateOne(tx, bson.D{{Key: "_id", Value: parkedID(p.Feed, p.EventID.String())}}, update); err != nil {
+			return fmt.Errorf("ferrymongo: record the attempts of parked key %s: %w", p.Key, err)
+		}
+		return nil
+	})
+}
+
 // ReleaseParked implements ferrydriver.Parker.
 func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParkedParams) error {
 	return d.inTx(ctx, func(tx context.Context) error {
@@ -207,7 +233,8 @@ func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParked
 		}
 		id := bson.D{{Key: "_id", Value: parkedID(p.Feed, doc.Event.ID)}}
 		if !p.Skip {
-			if _, err := d.parked().UpdateOne(tx, id, bson.D{{Key: "$set", Value: bson.D{{Key: "held", Value: false}}}}); err != nil {
+			if _, err := d.parked().UpdateOne(tx, id, bson.D{{Key: "$set", Value: bson.D{{Key: "held", Value: false}}},
+				{Key: "$unset", Value: bson.D{{Key: "attempts", Value: ""}, {Key: "first_failure", Value: ""}}}}); err != nil {
 				return fmt.Errorf("ferrymongo: release parked key %s: %w", p.Key, err)
 			}
 			return nil

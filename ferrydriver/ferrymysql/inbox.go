@@ -304,66 +304,108 @@ func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys [
 	})
 }
 
+// policySweepChunk is how many keys a policy change makes due per
+// transaction.
+const policySweepChunk = 1000
+
 // SetInboxPolicy implements ferrydriver.Inbox. When the policy changed,
 // every key of the group that is held or idle is made due, and the next
 // claims compute its head under the new policy (a key whose head runs
-// follows it when that head finishes).
+// follows it when that head finishes). The keys are swept in key order, a
+// chunk per transaction that also records how far the sweep got with the
+// policy (migration 004): a call interrupted part-way leaves the sweep
+// pending, and the next call resumes it.
 func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error {
 	op := "store the dead policy of group " + p.Group
-	var old sql.NullBool
-	err := d.db.QueryRowContext(ctx, `SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?`, p.Group).Scan(&old)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return d.wrapErr(op, err)
-	}
-	if old.Valid && old.Bool == p.HoldDead {
-		return nil
-	}
-	if old.Valid {
-		_, err = d.db.ExecContext(ctx, `UPDATE ferry_inbox_groups SET hold_dead = ? WHERE group_name = ?`, p.HoldDead, p.Group)
-	} else {
-		// A group's first policy; two consumers storing it at once: the
-		// second finds the first's (duplicate key), and stores its own.
-		_, err = d.db.ExecContext(ctx, `INSERT INTO ferry_inbox_groups (group_name, hold_dead) VALUES (?, ?)`, p.Group, p.HoldDead)
-		if errNumber(err) == errDupEntry {
-			_, err = d.db.ExecContext(ctx, `UPDATE ferry_inbox_groups SET hold_dead = ? WHERE group_name = ?`, p.HoldDead, p.Group)
-		}
-	}
-	if err != nil {
-		return d.wrapErr(op, err)
-	}
-	// The group's keys in key order, a thousand at a time (each update its
-	// own transaction).
-	after := []byte{}
+	var sweeping bool
+	var gen int64
+	var after []byte
 	for {
-		rows, err := d.db.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys WHERE group_name = ? AND k > ? AND runnable_at IS NULL ORDER BY k LIMIT 1000`,
-			p.Group, after)
-		if err != nil {
-			return d.wrapErr(op, err)
-		}
-		args := []any{p.Group}
-		for rows.Next() {
-			var k []byte
-			if err := rows.Scan(&k); err != nil {
-				rows.Close()
+		err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
+			var old sql.NullBool
+			var pending bool
+			var g int64
+			var at []byte
+			err := tx.QueryRowContext(ctx, `SELECT hold_dead, sweeping, sweep_gen, sweep_after FROM ferry_inbox_groups WHERE group_name = ? FOR UPDATE`,
+				p.Group).Scan(&old, &pending, &g, &at)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				// A group's first policy; two consumers storing it at
+				// once: the second finds the first's (duplicate key),
+				// and runs again.
+				_, err = tx.ExecContext(ctx, `INSERT INTO ferry_inbox_groups (group_name, hold_dead, sweeping, sweep_gen) VALUES (?, ?, TRUE, 1)`, p.Group, p.HoldDead)
+				sweeping, gen, after = true, 1, nil
+			case err != nil:
+			case old.Bool != p.HoldDead:
+				_, err = tx.ExecContext(ctx, `UPDATE ferry_inbox_groups SET hold_dead = ?, sweeping = TRUE, sweep_after = NULL, sweep_gen = sweep_gen + 1 WHERE group_name = ?`,
+					p.HoldDead, p.Group)
+				sweeping, gen, after = true, g+1, nil
+			default:
+				sweeping, gen, after = pending, g, at
+			}
+			if err != nil {
 				return d.wrapErr(op, err)
 			}
-			args, after = append(args, k), k
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return d.wrapErr(op, err)
-		}
-		if len(args) == 1 {
 			return nil
+		})
+		if errNumber(err) == errDupEntry && ctx.Err() == nil {
+			continue
 		}
-		if _, err := d.db.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL
- WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) AND runnable_at IS NULL`, args...); err != nil {
-			return d.wrapErr(op, err)
+		if err != nil {
+			return err
 		}
-		if len(args)-1 < 1000 {
-			return nil
-		}
+		break
 	}
+	for chunk := 0; sweeping; chunk++ {
+		p.StartChunk(chunk)
+		var last []byte
+		var more bool
+		err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
+			from := after
+			if from == nil {
+				from = []byte{}
+			}
+			rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k > ? AND runnable_at IS NULL ORDER BY k LIMIT ?`,
+				p.Group, from, policySweepChunk)
+			if err != nil {
+				return d.wrapErr(op, err)
+			}
+			args := []any{p.Group}
+			last = after
+			for rows.Next() {
+				var k []byte
+				if err := rows.Scan(&k); err != nil {
+					rows.Close()
+					return d.wrapErr(op, err)
+				}
+				args, last = append(args, k), k
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return d.wrapErr(op, err)
+			}
+			if len(args) > 1 {
+				if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL
+ WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) AND runnable_at IS NULL`, args...); err != nil {
+					return d.wrapErr(op, err)
+				}
+			}
+			more = len(args)-1 == policySweepChunk
+			// Progress of this generation only, never moved back by a
+			// sweep behind a concurrent one; its end, whoever reaches it.
+			if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_groups SET sweeping = ?, sweep_after = IF(?, ?, NULL)
+ WHERE group_name = ? AND sweep_gen = ? AND sweeping AND (NOT ? OR sweep_after IS NULL OR sweep_after < ?)`,
+				more, more, last, p.Group, gen, more, last); err != nil {
+				return d.wrapErr("record the policy sweep of group "+p.Group, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		after, sweeping = last, more
+	}
+	return nil
 }
 
 // holdPolicy is the SQL of group ?'s stored policy (holding when none).

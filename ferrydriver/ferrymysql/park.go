@@ -16,7 +16,7 @@ var (
 	_ ferrydriver.LeaseLister = (*Driver)(nil)
 )
 
-const parkedColumns = `event_id, topic, k, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason, redriven`
+const parkedColumns = `event_id, topic, k, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason, redriven, attempts, first_failure`
 
 // ParkEvents implements ferrydriver.Parker.
 func (d *Driver) ParkEvents(ctx context.Context, p *ferrydriver.ParkEventsParams) error {
@@ -49,8 +49,9 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 			pe := &ferrydriver.ParkedEvent{Feed: p.Feed}
 			ev := &pe.Event
 			var id, headers []byte
-			var created, parked int64
-			dest := []any{&id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &parked, &pe.Held, &pe.Reason, &pe.Redriven}
+			var created, parked, firstFailure int64
+			dest := []any{&id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &parked, &pe.Held, &pe.Reason, &pe.Redriven,
+				&pe.Attempts, &firstFailure}
 			if withQueued {
 				dest = append(dest, &pe.Queued)
 			}
@@ -66,6 +67,9 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 				return err
 			}
 			ev.CreatedAt, pe.ParkedAt = fromMicros(created), fromMicros(parked)
+			if firstFailure != 0 {
+				pe.FirstFailure = fromMicros(firstFailure)
+			}
 			out = append(out, pe)
 		}
 		return rows.Err()
@@ -164,6 +168,18 @@ func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams
 	})
 }
 
+// SetParkedAttempts implements ferrydriver.Parker.
+func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParkedAttemptsParams) error {
+	var first int64
+	if !p.FirstFailure.IsZero() {
+		first = p.FirstFailure.UnixMicro()
+	}
+	return d.fencedWrite(ctx, "record the attempts of a parked key", p.Feed, p.Holder, p.Term, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE ferry_parked SET attempts = ?, first_failure = ? WHERE feed = ? AND event_id = ?`, p.Attempts, first, p.Feed, p.EventID[:])
+		return d.wrapErr("record the attempts of a parked key of "+p.Feed, err)
+	})
+}
+
 // ReleaseParked implements ferrydriver.Parker.
 func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParkedParams) error {
 	return d.write(ctx, "release parked key "+p.Key+" of "+p.Feed, func(tx *sql.Tx) error {
@@ -177,7 +193,7 @@ func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParked
 			return d.wrapErr("release parked key "+p.Key, err)
 		}
 		if !p.Skip {
-			_, err = tx.ExecContext(ctx, `UPDATE ferry_parked SET held = FALSE WHERE feed = ? AND event_id = ?`, p.Feed, id)
+			_, err = tx.ExecContext(ctx, `UPDATE ferry_parked SET held = FALSE, attempts = 0, first_failure = 0 WHERE feed = ? AND event_id = ?`, p.Feed, id)
 			return d.wrapErr("release parked key "+p.Key, err)
 		}
 		u, err := uuid.FromBytes(id)

@@ -447,7 +447,7 @@ type queries struct {
 	inboxDeadReasons                                                                            string
 	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed, inboxAttempts                  string
 	waiterAdd, waiterRemove, inboxCounts                                                        string
-	inboxNotify, inboxSetPolicy, inboxGroupKeys                                                 string
+	inboxNotify, inboxSetPolicy, inboxSweepFirst, inboxSweepNext, inboxSweepProgress            string
 	inboxDeleteIdleKeys, inboxRetract, oldestOutboxTx                                           string
 	requestClaim, requestFinish, requestGet, requestDelete                                      string
 	storedPartitions, lockSettings, truncateSettings, insertSettings                            string
@@ -483,7 +483,8 @@ func newQueries(schema string) queries {
 		inboxListProcessing: r(inboxListProcessing), inboxRetractClaims: r(sqlInboxRetractClaims), inboxCompleteOne: r(strings.Replace(sqlInboxCompleteOne, "{tail}", finishTail, 1)),
 		inboxSetState: r(sqlInboxSetState), inboxAttempts: r(sqlInboxAttempts), inboxList: r(sqlInboxList), inboxStates: r(sqlInboxStates), oldestOutboxTx: r(sqlOldestOutboxTx),
 		inboxDeleteProcessed: r(sqlInboxDeleteProcessed), waiterAdd: r(sqlWaiterAdd), waiterRemove: r(sqlWaiterRemove), inboxCounts: r(sqlInboxCounts),
-		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy), inboxGroupKeys: r(sqlInboxGroupKeys),
+		inboxNotify: r(sqlInboxNotify), inboxSetPolicy: r(sqlInboxSetPolicy),
+		inboxSweepFirst: r(sqlInboxSweepFirst), inboxSweepNext: r(sqlInboxSweepNext), inboxSweepProgress: r(sqlInboxSweepProgress),
 		inboxDeleteIdleKeys: r(sqlInboxDeleteIdleKeys), inboxRetract: r(sqlInboxRetract),
 		requestClaim:  r(sqlRequestClaim),
 		requestFinish: r(sqlRequestFinish),

@@ -503,35 +503,65 @@ func (d *Driver[TTx]) notifySettled(ctx context.Context, e executor, group strin
 	return nil
 }
 
-// SetInboxPolicy implements ferrydriver.Inbox.
+// policySweepChunk is how many keys a policy change re-evaluates per
+// transaction.
+const policySweepChunk = 500
+
+// SetInboxPolicy implements ferrydriver.Inbox. The policy is stored with
+// its sweep (migration 018): the group's keys are re-evaluated a chunk at
+// a time in key order, each chunk's transaction recording how far the
+// sweep got, so that a call interrupted part-way leaves it pending and the
+// next call resumes it.
 func (d *Driver[TTx]) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyParams) error {
-	var changed bool
-	if err := queryRow(ctx, d.db, []any{&changed}, d.queries.inboxSetPolicy, p.Group, p.HoldDead); err != nil {
+	var sweeping bool
+	var gen int64
+	var after *string
+	if err := queryRow(ctx, d.db, []any{&sweeping, &gen, &after}, d.queries.inboxSetPolicy, p.Group, p.HoldDead); err != nil {
 		return d.wrapErr("store the dead policy of group "+p.Group, err)
 	}
-	if !changed {
-		return nil
-	}
-	r, err := d.db.query(ctx, d.queries.inboxGroupKeys, p.Group)
-	if err != nil {
-		return d.wrapErr("list inbox keys", err)
-	}
-	var keys []string
-	for r.Next() {
-		var k string
-		if err := r.Scan(&k); err != nil {
+	for chunk := 0; sweeping; chunk++ {
+		p.StartChunk(chunk)
+		err := d.inTx(ctx, func(e executor) error {
+			var r rows
+			var err error
+			if after == nil {
+				r, err = e.query(ctx, d.queries.inboxSweepFirst, p.Group, policySweepChunk)
+			} else {
+				r, err = e.query(ctx, d.queries.inboxSweepNext, p.Group, policySweepChunk, *after)
+			}
+			if err != nil {
+				return d.wrapErr("list inbox keys of group "+p.Group, err)
+			}
+			keys := make([]string, 0, policySweepChunk)
+			for r.Next() {
+				var k string
+				if err := r.Scan(&k); err != nil {
+					r.Close()
+					return d.wrapErr("list inbox keys of group "+p.Group, err)
+				}
+				keys = append(keys, k)
+			}
 			r.Close()
-			return d.wrapErr("list inbox keys", err)
-		}
-		keys = append(keys, k)
-	}
-	r.Close()
-	if err := r.Err(); err != nil {
-		return d.wrapErr("list inbox keys", err)
-	}
-	for start := 0; start < len(keys); start += 500 {
-		chunk := keys[start:min(start+500, len(keys))]
-		if err := d.inTx(ctx, func(e executor) error { return d.refreshKeys(ctx, e, p.Group, chunk) }); err != nil {
+			if err := r.Err(); err != nil {
+				return d.wrapErr("list inbox keys of group "+p.Group, err)
+			}
+			if len(keys) > 0 {
+				if err := d.refreshKeys(ctx, e, p.Group, keys); err != nil {
+					return err
+				}
+				after = &keys[len(keys)-1]
+			}
+			sweeping = len(keys) == policySweepChunk
+			var last string
+			if after != nil {
+				last = *after
+			}
+			if _, err := e.exec(ctx, d.queries.inboxSweepProgress, p.Group, gen, last, sweeping); err != nil {
+				return d.wrapErr("record the policy sweep of group "+p.Group, err)
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 	}

@@ -547,14 +547,38 @@ UPDATE {schema}.inbox i
  WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) AND state = 'dead'
 RETURNING key, event_id`
 
-// sqlInboxSetPolicy stores a group's dead policy and says whether it changed.
+// sqlInboxSetPolicy stores a group's dead policy $2 and returns its sweep:
+// whether one is pending, its generation and the last key it re-evaluated
+// (NULL: none). A change (or a group's first policy) starts a new sweep
+// from the first key; storing the same policy again leaves a pending sweep
+// where it was, for the caller to finish.
 const sqlInboxSetPolicy = `
-WITH old AS (SELECT hold_dead FROM {schema}.inbox_groups WHERE group_name = $1),
-up AS (
-    INSERT INTO {schema}.inbox_groups (group_name, hold_dead) VALUES ($1, $2)
-    ON CONFLICT (group_name) DO UPDATE SET hold_dead = excluded.hold_dead
+INSERT INTO {schema}.inbox_groups AS g (group_name, hold_dead, sweeping, sweep_gen) VALUES ($1, $2, true, 1)
+ON CONFLICT (group_name) DO UPDATE
+   SET hold_dead   = excluded.hold_dead,
+       sweeping    = g.sweeping OR g.hold_dead <> excluded.hold_dead,
+       sweep_after = CASE WHEN g.hold_dead <> excluded.hold_dead THEN NULL ELSE g.sweep_after END,
+       sweep_gen   = g.sweep_gen + CASE WHEN g.hold_dead <> excluded.hold_dead THEN 1 ELSE 0 END
+RETURNING g.sweeping, g.sweep_gen, g.sweep_after`
+
+// sqlInboxSweepFirst and sqlInboxSweepNext are a chunk of a policy sweep:
+// the group $1's first $2 keys, or its first $2 keys after $3, in key
+// order (a range of the primary key).
+const (
+	sqlInboxSweepFirst = `SELECT key FROM {schema}.inbox_keys WHERE group_name = $1 ORDER BY key LIMIT $2`
+	sqlInboxSweepNext  = `SELECT key FROM {schema}.inbox_keys WHERE group_name = $1 AND key > $3 ORDER BY key LIMIT $2`
 )
-SELECT COALESCE((SELECT hold_dead FROM old) IS DISTINCT FROM $2, true)`
+
+// sqlInboxSweepProgress records, in a chunk's transaction, that the sweep
+// of generation $2 re-evaluated the keys up to $3 ($4: keys may remain),
+// or finished (NOT $4). A sweep of an older generation records nothing;
+// one behind a concurrent sweep of the same generation does not move the
+// position back.
+const sqlInboxSweepProgress = `
+UPDATE {schema}.inbox_groups
+   SET sweeping = $4, sweep_after = CASE WHEN $4 THEN $3 END
+ WHERE group_name = $1 AND sweep_gen = $2 AND sweeping
+   AND (NOT $4 OR sweep_after IS NULL OR sweep_after < $3)`
 
 // sqlInboxGroups lists the groups whose policy is stored and those with
 // keys in the inbox (a group whose consumer has not started yet, rows
@@ -573,8 +597,6 @@ SELECT n.group_name, COALESCE(p.hold_dead, true)
         UNION SELECT group_name FROM {schema}.inbox_groups) n
   LEFT JOIN {schema}.inbox_groups p ON p.group_name = n.group_name
  ORDER BY n.group_name LIMIT $1`
-
-const sqlInboxGroupKeys = `SELECT key FROM {schema}.inbox_keys WHERE group_name = $1 ORDER BY key`
 
 // sqlInboxList lists a group's rows in the states $2, newest finished
 // first. {stored} is the stored states those are (a PROCESSING row is

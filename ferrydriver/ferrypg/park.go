@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/jackc/pgx/v5"
@@ -13,14 +14,14 @@ var _ ferrydriver.Parker = (*Driver[pgx.Tx])(nil)
 
 // parkQueries are the parked-event statements with the schema filled in.
 type parkQueries struct {
-	park, headsOf, heads, redriven, unpark, hold, release, listLeases string
+	park, headsOf, heads, redriven, unpark, hold, attempts, release, listLeases string
 }
 
 func newParkQueries(schema string) parkQueries {
 	s := pgx.Identifier{schema}.Sanitize()
 	r := func(q string) string { return strings.ReplaceAll(q, "{schema}", s) }
 	return parkQueries{park: r(sqlParkEvents), headsOf: r(sqlParkedHeadsOf), heads: r(sqlParkedHeads), redriven: r(sqlParkedRedriven),
-		unpark: r(sqlUnparkEvent), hold: r(sqlHoldParked), release: r(sqlReleaseParked), listLeases: r(sqlListLeases)}
+		unpark: r(sqlUnparkEvent), hold: r(sqlHoldParked), attempts: r(sqlSetParkedAttempts), release: r(sqlReleaseParked), listLeases: r(sqlListLeases)}
 }
 
 // fenced runs a statement that returns the number of matching lease rows.
@@ -76,8 +77,11 @@ func (d *Driver[TTx]) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHead
 		ev := &pe.Event
 		var headers *string
 		if err := r.Scan(&ev.ID, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &ev.CreatedAt,
-			&pe.ParkedAt, &pe.Held, &pe.Reason, &pe.Redriven, &pe.Queued); err != nil {
+			&pe.ParkedAt, &pe.Held, &pe.Reason, &pe.Redriven, &pe.Attempts, &pe.FirstFailure, &pe.Queued); err != nil {
 			return nil, d.wrapErr("read parked events of "+p.Feed, err)
+		}
+		if pe.FirstFailure.Unix() == 0 {
+			pe.FirstFailure = time.Time{}
 		}
 		if err := decodeHeaders(ev, headers); err != nil {
 			return nil, fmt.Errorf("ferrypg: parked event of %s: %w", p.Feed, err)
@@ -102,6 +106,15 @@ func (d *Driver[TTx]) UnparkEvent(ctx context.Context, p *ferrydriver.UnparkEven
 // HoldParked implements ferrydriver.Parker.
 func (d *Driver[TTx]) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams) error {
 	return d.fenced(ctx, "hold a parked key", p.Feed, p.Term, d.park.hold, p.Feed, p.Holder, p.Term, p.Key, p.EventID, p.Reason)
+}
+
+// SetParkedAttempts implements ferrydriver.Parker.
+func (d *Driver[TTx]) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParkedAttemptsParams) error {
+	var first *time.Time
+	if !p.FirstFailure.IsZero() {
+		first = &p.FirstFailure
+	}
+	return d.fenced(ctx, "record the attempts of a parked key", p.Feed, p.Term, d.park.attempts, p.Feed, p.Holder, p.Term, p.Key, p.EventID, p.Attempts, first)
 }
 
 // ReleaseParked implements ferrydriver.Parker.

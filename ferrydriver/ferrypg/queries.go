@@ -476,7 +476,7 @@ WITH lease AS (` + sqlLeaseShare + `
 )
 SELECT count(*) FROM lease`
 
-const parkedColumns = `p.event_id, p.topic, p.key, p.seq, p.type, p.source, p.content_type, p.headers::text, p.payload, p.created_at, p.parked_at, p.held, p.reason, p.redriven`
+const parkedColumns = `p.event_id, p.topic, p.key, p.seq, p.type, p.source, p.content_type, p.headers::text, p.payload, p.created_at, p.parked_at, p.held, p.reason, p.redriven, p.attempts, COALESCE(p.first_failure, 'epoch')`
 
 // sqlParkedHeadsOf reads the head of each key named: one primary-key probe
 // per key, whatever the length of its queue.
@@ -552,6 +552,16 @@ WITH lease AS (` + sqlLeaseShare + `
 )
 SELECT count(*) FROM lease`
 
+// sqlSetParkedAttempts records the failed attempts ($6) of a key's head
+// and the time of the first ($7), fenced.
+const sqlSetParkedAttempts = `
+WITH lease AS (` + sqlLeaseShare + `
+), up AS (
+    UPDATE {schema}.parked SET attempts = $6, first_failure = $7
+     WHERE feed = $1 AND event_id = $5 AND key = $4 AND EXISTS (SELECT 1 FROM lease)
+)
+SELECT count(*) FROM lease`
+
 // sqlReleaseParked lets the relay retry a key's head ($3 false) or moves
 // the head to the dead letters ($3 true). It returns one row if the key
 // has a parked event.
@@ -560,7 +570,7 @@ WITH h AS (
     SELECT feed, key, id FROM {schema}.parked
      WHERE feed = $1 AND key = $2 ORDER BY id LIMIT 1 FOR UPDATE
 ), up AS (
-    UPDATE {schema}.parked p SET held = false
+    UPDATE {schema}.parked p SET held = false, attempts = 0, first_failure = NULL
       FROM h WHERE NOT $3 AND (p.feed, p.key, p.id) = (h.feed, h.key, h.id)
 ), del AS (
     DELETE FROM {schema}.parked p USING h

@@ -10,7 +10,7 @@ import (
 
 var _ ferrydriver.Parker = (*Driver)(nil)
 
-const parkedColumns = `event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason, redriven`
+const parkedColumns = `event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason, redriven, attempts, first_failure`
 
 // fencedWrite runs fn in a write transaction if holder holds feed's lease
 // at term.
@@ -60,8 +60,9 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 			ev := &pe.Event
 			var id string
 			var headers sql.NullString
-			var created, parked int64
-			dest := []any{&id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &parked, &pe.Held, &pe.Reason, &pe.Redriven}
+			var created, parked, firstFailure int64
+			dest := []any{&id, &ev.Topic, &ev.Key, &ev.Seq, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created, &parked, &pe.Held, &pe.Reason, &pe.Redriven,
+				&pe.Attempts, &firstFailure}
 			if withQueued {
 				dest = append(dest, &pe.Queued)
 			}
@@ -75,6 +76,9 @@ func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsPara
 				return err
 			}
 			ev.CreatedAt, pe.ParkedAt = fromMicros(created), fromMicros(parked)
+			if firstFailure != 0 {
+				pe.FirstFailure = fromMicros(firstFailure)
+			}
 			out = append(out, pe)
 		}
 		return rows.Err()
@@ -173,6 +177,18 @@ func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams
 	})
 }
 
+// SetParkedAttempts implements ferrydriver.Parker.
+func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParkedAttemptsParams) error {
+	var first int64
+	if !p.FirstFailure.IsZero() {
+		first = micros(p.FirstFailure)
+	}
+	return d.fencedWrite(ctx, "record the attempts of a parked key", p.Feed, p.Holder, p.Term, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE ferry_parked SET attempts = ?, first_failure = ? WHERE feed = ? AND event_id = ?`, p.Attempts, first, p.Feed, p.EventID.String())
+		return d.wrapErr("record the attempts of a parked key of "+p.Feed, err)
+	})
+}
+
 // ReleaseParked implements ferrydriver.Parker.
 func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParkedParams) error {
 	return d.write(ctx, "release parked key "+p.Key+" of "+p.Feed, func(tx *sql.Tx) error {
@@ -185,7 +201,7 @@ func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParked
 			return d.wrapErr("release parked key "+p.Key, err)
 		}
 		if !p.Skip {
-			_, err = tx.ExecContext(ctx, `UPDATE ferry_parked SET held = 0 WHERE feed = ? AND event_id = ?`, p.Feed, id)
+			_, err = tx.ExecContext(ctx, `UPDATE ferry_parked SET held = 0, attempts = 0, first_failure = 0 WHERE feed = ? AND event_id = ?`, p.Feed, id)
 			return d.wrapErr("release parked key "+p.Key, err)
 		}
 		if err := moveToDeadLetters(ctx, tx, p.Feed, id, "skipped by an operator after: "+reason); err != nil {

@@ -1,0 +1,1 @@
+ALTER TABLE ferry_inbox_groups DROP COLUMN sweeping, DROP COLUMN sweep_after, DROP COLUMN sweep_gen;

@@ -1,0 +1,1 @@
+ALTER TABLE ferry_parked DROP COLUMN attempts, DROP COLUMN first_failure;

@@ -1,0 +1,1 @@
+ALTER TABLE {schema}.inbox_groups DROP COLUMN sweeping, DROP COLUMN sweep_after, DROP COLUMN sweep_gen;

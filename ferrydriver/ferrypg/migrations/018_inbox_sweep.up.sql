@@ -1,0 +1,12 @@
+-- Ferry schema version 18: a dead-policy change re-evaluates every key of
+-- its group, a chunk of keys per transaction; the sweep's progress is
+-- stored with the policy, so that a change interrupted part-way (a
+-- cancelled request, a killed process, a failed statement) is finished by
+-- the next SetInboxPolicy instead of leaving keys held under the old one.
+-- sweeping: the sweep is not finished; sweep_after: the last key it
+-- re-evaluated (NULL: none yet); sweep_gen: counts policy changes, so that
+-- a sweep of an older change cannot record progress for a newer one.
+ALTER TABLE {schema}.inbox_groups
+    ADD COLUMN sweeping    boolean NOT NULL DEFAULT false,
+    ADD COLUMN sweep_after text,
+    ADD COLUMN sweep_gen   bigint  NOT NULL DEFAULT 0;

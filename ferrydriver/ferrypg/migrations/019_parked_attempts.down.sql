@@ -1,0 +1,1 @@
+ALTER TABLE {schema}.parked DROP COLUMN attempts, DROP COLUMN first_failure;

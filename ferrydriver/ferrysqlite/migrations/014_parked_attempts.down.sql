@@ -1,0 +1,2 @@
+ALTER TABLE ferry_parked DROP COLUMN first_failure;
+ALTER TABLE ferry_parked DROP COLUMN attempts;
