@@ -682,3 +682,56 @@ func textPlan(t *testing.T, tx pgx.Tx, name string, args []any) string {
 	require.NoError(t, err)
 	return strings.Join(lines, "\n")
 }
+
+// TestAwaitSettledSeesAFinishItWaitedFor: a finisher that updated the row
+// before the waiter registered (so it notifies no one) and commits while
+// AwaitSettled's first read waits for its lock is seen by that read: the
+// row's new state, not the claim that the read's snapshot still shows
+// (PostgreSQL re-reads the locked row, not the lateral subquery beside it).
+// Before, the read reported PROCESSING and the call waited out its
+// deadline.
+func TestAwaitSettledSeesAFinishItWaitedFor(t *testing.T) {
+	t.Parallel()
+	drv := newTestDriver(t)
+	pool := ferrypgtest.Pool(t)
+	ctx := context.Background()
+	ev := &ferryevent.Event{Topic: "t", Key: "k", Type: "E", Payload: []byte(`{}`)}
+	require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+	ev.Seq = 1
+	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
+	require.NoError(t, err)
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	require.NoError(t, drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: ev.ID, Claim: rows[0].Claim}))
+
+	type answer struct {
+		rows map[uuid.UUID]*ferrydriver.InboxRow
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		rows, err := drv.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: "g", EventIDs: []uuid.UUID{ev.ID}, Deadline: time.Now().Add(5 * time.Minute)})
+		done <- answer{rows, err}
+	}()
+	// Commit once the first read waits for the row's lock.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%FOR SHARE OF i%' AND query LIKE '%'||$1||'%')`, drv.cfg.Schema).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, 10*time.Millisecond, "AwaitSettled's read never waited for the finisher's lock")
+	require.NoError(t, tx.Commit(ctx))
+
+	select {
+	case a := <-done:
+		require.NoError(t, a.err)
+		require.Equal(t, ferrydriver.InboxProcessed, a.rows[ev.ID].State)
+	case <-time.After(time.Minute):
+		t.Fatal("AwaitSettled did not answer within a minute of the commit it waited for (its deadline is 5 minutes away)")
+	}
+}

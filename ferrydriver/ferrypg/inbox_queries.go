@@ -78,9 +78,14 @@ const unfinishedAfter = `i.state IN ('pending', 'failed', 'dead') AND (i.state <
 
 // inboxRowColumns are the columns scanInboxRow reads, of an inbox row i
 // and cl.claimed (inboxClaimed): a claimed row reads as PROCESSING, its
-// attempt counted.
+// attempt counted. The row's state is tested again beside cl.claimed: a
+// read FOR SHARE that waited for a finisher's lock gets the row's new
+// version, but cl as computed from the old one (PostgreSQL re-evaluates
+// only the locked row), and a row finished under a claim must read as
+// finished (AwaitSettled's first read depends on it).
 const inboxRowColumns = `i.event_id, i.key, i.seq, i.topic, i.type, i.source, i.content_type, i.headers::text, i.payload, i.created_at,
-       CASE WHEN cl.claimed THEN 'processing' ELSE i.state END, i.attempts + cl.claimed::int,
+       CASE WHEN cl.claimed AND i.state IN ('pending', 'failed') THEN 'processing' ELSE i.state END,
+       i.attempts + (cl.claimed AND i.state IN ('pending', 'failed'))::int,
        COALESCE(i.last_error, ''), i.next_attempt_at, i.received_at, COALESCE(i.finished_at, 'epoch')`
 
 // inboxClaimed joins an inbox row i to cl.claimed: whether the row is
