@@ -14,5 +14,5 @@
 // The assertions read the outbox through ferrydriver.OutboxReader, which
 // the PostgreSQL, MariaDB and SQLite drivers implement. The outbox keeps an
 // event until retention deletes it after delivery (RelayConfig.Retention,
-// an hour by default), so a test sees everything it emitted.
+// a day by default), so a test sees everything it emitted.
 package ferrytest

@@ -412,3 +412,18 @@ func TestMigrateOnAServerWithoutABinlogSaysSo(t *testing.T) {
 	require.Contains(t, errOut, "binlog_format=ROW")
 	require.NotContains(t, errOut, "err=<nil>")
 }
+
+// TestMigrateDryRunSaysWhatWouldBe: a dry run changes nothing and says so,
+// rather than that the schema "is at" a version it is not at.
+func TestMigrateDryRunSaysWhatWouldBe(t *testing.T) {
+	t.Parallel()
+	url := "sqlite:" + filepath.Join(t.TempDir(), "app.db")
+	code, out, errOut := ferryBinary(t, "migrate", "up", "--dry-run", "--database-url", url)
+	require.Equal(t, 0, code, out+errOut)
+	require.Contains(t, out, "would be at version")
+	require.Contains(t, out, "nothing was changed")
+	require.NotContains(t, out, " is at version")
+	code, out, errOut = ferryBinary(t, "migrate", "up", "--database-url", url)
+	require.Equal(t, 0, code, out+errOut)
+	require.Contains(t, out, " is at version")
+}

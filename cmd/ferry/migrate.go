@@ -79,6 +79,10 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for _, m := range res.Applied {
 		fmt.Fprintf(stdout, "%s %03d_%s\n", verb, m.Version, m.Name)
 	}
+	if dry {
+		fmt.Fprintf(stdout, "%s would be at version %d (a dry run: nothing was changed)\n", b.label, res.Current)
+		return nil
+	}
 	fmt.Fprintf(stdout, "%s is at version %d\n", b.label, res.Current)
 	return nil
 }
