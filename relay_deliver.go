@@ -634,7 +634,9 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 // recordAttempts stores the failed attempts of a parked key's head with
 // it, for the next leader.
 func (p *pipeline) recordAttempts(k *keyState, head *ferryevent.Event) error {
-	if !k.parked || p.parker == nil || head == nil || k.attempts == 0 {
+	if !k.parked || p.parker == nil || head == nil || k.attempts == 0 || p.pubCtx.Err() != nil {
+		// Publishing has ended (a stop past its ShutdownTimeout, a lost
+		// lease): an abandoned call is no attempt worth a write.
 		return nil
 	}
 	if err := p.parker.SetParkedAttempts(p.pubCtx, &ferrydriver.SetParkedAttemptsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term,

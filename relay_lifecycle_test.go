@@ -372,3 +372,40 @@ func TestRelayLostLeaseFencesAnAbandonedPublish(t *testing.T) {
 		t.Fatal("the sink call did not resume")
 	}
 }
+
+// TestRelayReleasedLeaseFencesAnAbandonedPublish: a stopping relay whose
+// sink call hangs (ignoring its context) abandons it at ShutdownTimeout
+// and releases its lease; the call, resumed after that, must not pass its
+// fence, though the lease's trust window would still be open.
+func TestRelayReleasedLeaseFencesAnAbandonedPublish(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	ctx := context.Background()
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T"}))
+	sink := &fenceSink{entered: make(chan struct{}), release: make(chan struct{}), fenced: make(chan error, 1)}
+	r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{
+		HolderID: "r1", PollInterval: 20 * time.Millisecond, LeaseTTL: 15 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
+		ShutdownTimeout: time.Second,
+	})
+	require.NoError(t, err)
+	stop := run(t, r)
+	select {
+	case <-sink.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay never called the sink")
+	}
+	defer close(sink.release)
+	stop() // returns once the relay released its lease
+	l, err := drv.GetLease(ctx, "default/0")
+	require.NoError(t, err)
+	require.False(t, l.Held(l.Holder), "the lease was released")
+	sink.release <- struct{}{}
+	select {
+	case err := <-sink.fenced:
+		require.Error(t, err, "an abandoned publish after the lease was released passes no fence")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sink call did not resume")
+	}
+}

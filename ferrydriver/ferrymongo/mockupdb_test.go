@@ -634,3 +634,30 @@ func TestMockSetPartitionsRefusesWhileARelayHoldsAFeed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 8, n)
 }
+
+// TestMockPolicyChangeResumesItsSweep: a policy stored again while its
+// sweep is pending (a change interrupted after key k0199) resumes the
+// sweep after that key, in key order, a chunk at a time, and records it
+// finished for its generation in the chunk's transaction; before, a call
+// with the policy unchanged returned at once and left the keys past
+// k0199 under the old policy.
+func TestMockPolicyChangeResumesItsSweep(t *testing.T) {
+	uri, lines := mockServerLines(t, "policysweep")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	require.NoError(t, drv.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: "g", HoldDead: true}))
+	reports := awaitReports(ctx, t, lines, 4)
+	require.Contains(t, reports[0], `"query": {"_id": "g"}`)
+	require.Contains(t, reports[0], `"_changed"`, "a change is told from the same policy stored again")
+	require.Contains(t, reports[0], `"new": true`, "the sweep as stored after the update")
+	require.Contains(t, reports[1], `"filter": {"g": "g", "k": {"$gt": "k0199"}}`, "resumed after the last key swept")
+	require.Contains(t, reports[1], `"sort": {"k": 1}`)
+	require.Contains(t, reports[1], `"limit": 200`, "a chunk at a time")
+	require.Contains(t, reports[1], `"startTransaction": true`)
+	require.Contains(t, reports[2], `"sweep_gen": 3`, "progress of its own generation only")
+	require.Contains(t, reports[2], `"sweeping": false`, "finished")
+	require.Contains(t, reports[3], `"kind": "commit"`)
+}

@@ -22,7 +22,7 @@ if scenario == "standalone":
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
 elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive", "feeds",
-                  "partitionguard", "migratepartitions", "setpartitions"):
+                  "partitionguard", "migratepartitions", "setpartitions", "policysweep"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -396,6 +396,26 @@ if scenario == "setpartitions":
             state["n"] = u["u"]["$set"]["n"]
         return r.ok(n=1, nModified=1)
     server.autoresponds(count_changed)
+
+if scenario == "policysweep":
+    # SetInboxPolicy with the policy already stored, its sweep left pending
+    # after key k0199 (an interrupted change): the policy's document, then
+    # a chunk transaction from k0199 on (no keys left), which records the
+    # sweep of generation 3 finished, and its commit.
+    r = server.receives(OpMsg("findAndModify", "ferry_inbox_groups"), timeout=30)
+    report("findAndModify", {"query": r.doc.get("query"), "update": r.doc.get("update"), "upsert": r.doc.get("upsert"), "new": r.doc.get("new")})
+    r.ok(value={"_id": "g", "hold_dead": True, "sweeping": True, "sweep_gen": Int64(3), "sweep_after": "k0199"},
+         lastErrorObject={"n": 1, "updatedExisting": True})
+    r = server.receives(OpMsg("find", "ferry_inbox_keys"), timeout=30)
+    report("find", {"filter": r.doc.get("filter"), "sort": r.doc.get("sort"), "limit": r.doc.get("limit"),
+                    "startTransaction": r.doc.get("startTransaction")})
+    r.ok(cursor={"id": Int64(0), "ns": "app.ferry_inbox_keys", "firstBatch": []})
+    r = server.receives(OpMsg("update", "ferry_inbox_groups"), timeout=30)
+    report("update", {"updates": r.doc.get("updates")})
+    r.ok(n=1, nModified=1)
+    r = server.receives(OpMsg("commitTransaction"), timeout=30)
+    report("commit", {})
+    r.ok()
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
