@@ -286,6 +286,9 @@ type Consumer[TTx any] struct {
 	savepointsUntil atomic.Int64
 	// savepointCooldown is how long (the constant, but in tests).
 	savepointCooldown time.Duration
+	// rescuing is set while a rescued event runs (alone, holding the
+	// worker slots), as one of Run's handlers.
+	rescuing atomic.Bool
 	// meter counts what the consumer does for the console, while Run runs
 	// and the inbox keeps activity (nil otherwise).
 	meter *activityMeter
@@ -613,9 +616,11 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 	runLength := 1.0 // events per key in the last claim
 	var rescueChecked time.Time
 	for ctx.Err() == nil {
-		if time.Since(rescueChecked) >= rescueInterval(c.cfg.ClaimTTL) {
+		// A rescued event runs alone: the next rescue waits until it is
+		// done (it wakes the loop then).
+		if !c.rescuing.Load() && time.Since(rescueChecked) >= rescueInterval(c.cfg.ClaimTTL) {
 			rescueChecked = time.Now()
-			if c.rescue(ctx, work, slots) {
+			if c.rescue(ctx, work, slots, handlers) {
 				rescueChecked = time.Time{} // there may be more
 				continue
 			}
@@ -753,8 +758,11 @@ func rescueInterval(ttl time.Duration) time.Duration {
 // its handler outlived the claim), alone: it waits for the running
 // handlers to finish (for a ClaimTTL at most), holding every worker slot,
 // so that an event that crashes the process costs no other event an
-// attempt. It reports whether it found one.
-func (c *Consumer[TTx]) rescue(ctx, work context.Context, slots chan struct{}) bool {
+// attempt. The event runs as one of handlers, under work, keeping the
+// slots until it finishes: a stop cancels it within ShutdownTimeout like
+// any handler (run on the claim loop, it held Run for its whole deadline).
+// It reports whether it found one.
+func (c *Consumer[TTx]) rescue(ctx, work context.Context, slots chan struct{}, handlers *sync.WaitGroup) bool {
 	due, err := c.driver.RescueDue(ctx, c.cfg.Group)
 	if err != nil || !due {
 		if err != nil && ctx.Err() == nil {
@@ -792,17 +800,34 @@ drain:
 		}
 		return false
 	}
-	for _, row := range rows {
-		if row.State == ferrydriver.InboxDead {
-			c.reportDead(work, row, errors.New(row.LastError))
-			continue
-		}
-		c.m.rescues.Inc()
-		c.log.WarnContext(withEvent(ctx, &row.Event), "ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone",
-			"event_id", row.Event.ID, "key", row.Event.Key, "type", row.Event.Type, "attempt", row.Attempts, "max_attempts", c.cfg.MaxAttempts)
-		c.process(work, row, deadline, false)
+	if len(rows) == 0 {
+		return false
 	}
-	return len(rows) > 0
+	// The slots go with the rescued event: nothing else runs until it is
+	// done.
+	n := held
+	held = 0
+	c.rescuing.Store(true)
+	handlers.Go(func() {
+		defer func() {
+			c.rescuing.Store(false)
+			for range n {
+				<-slots
+			}
+			c.Notify()
+		}()
+		for _, row := range rows {
+			if row.State == ferrydriver.InboxDead {
+				c.reportDead(work, row, errors.New(row.LastError))
+				continue
+			}
+			c.m.rescues.Inc()
+			c.log.WarnContext(withEvent(work, &row.Event), "ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone",
+				"event_id", row.Event.ID, "key", row.Event.Key, "type", row.Event.Type, "attempt", row.Attempts, "max_attempts", c.cfg.MaxAttempts)
+			c.process(work, row, deadline, false)
+		}
+	})
+	return true
 }
 
 // gaugeLeaser is the part of a driver's leases the gauges use: one

@@ -101,3 +101,55 @@ func TestStopDoesNotStrandAClaimInFlight(t *testing.T) {
 		"the event the late claim took runs: %+v", state(ev.ID))
 	require.Equal(t, 1, state(ev.ID).Attempts)
 }
+
+// TestStopWhileARescuedHandlerHangs: a stop while a rescued event's
+// handler blocks on its context returns within about ShutdownTimeout. The
+// rescue used to run the event on the claim loop under a context that a
+// stop never cancelled, so Run waited for the handler's deadline (0.9 ×
+// ClaimTTL) instead.
+func TestStopWhileARescuedHandlerHangs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newPG(t)
+	const claimTTL = 3 * time.Second
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", PollInterval: 20 * time.Millisecond, ClaimTTL: claimTTL,
+		ShutdownTimeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	running := make(chan struct{})
+	var once sync.Once
+	c.HandleAll(func(ctx context.Context, _ pgx.Tx, _ *ferry.Event) error {
+		once.Do(func() { close(running) })
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	ev := &ferryevent.Event{Topic: "t", Key: "k", Type: "T"}
+	require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+	_, err = c.Ingest(ctx, []*ferryevent.Event{ev})
+	require.NoError(t, err)
+	// A process that crashed claimed it: its claim expires, and the event
+	// is rescued.
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "crashed", Limit: 1, TTL: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	time.Sleep(150 * time.Millisecond)
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	select {
+	case <-running:
+	case <-time.After(time.Minute):
+		t.Fatal("the rescued event never ran")
+	}
+	stopped := time.Now()
+	stop()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return")
+	}
+	took := time.Since(stopped)
+	t.Logf("Run returned %v after the stop (ShutdownTimeout 300ms, ClaimTTL %v)", took.Round(time.Millisecond), claimTTL)
+	require.Less(t, took, claimTTL/2, "Run waited for the rescued handler's deadline, past ShutdownTimeout")
+}
