@@ -377,6 +377,23 @@ type FailInboxParams struct {
 	Uncounted bool
 }
 
+// ClaimReaper is implemented by inboxes that can end a worker's claims
+// before their TTL: a consumer process whose membership of its group (a
+// lease it renews) lapsed has crashed or is cut off, and the group's other
+// processes take its events over at once instead of after ClaimTTL. The
+// claims ended are expired claims like any other: their rows are rescued
+// (ClaimInbox with Rescue), and a late commit under them is refused
+// (ErrClaimLost).
+type ClaimReaper interface {
+	// ClaimHolders lists the workers (ClaimInboxParams.Worker) holding
+	// unexpired claims of the group. It reads the group's claims only.
+	ClaimHolders(ctx context.Context, group string) ([]string, error)
+	// ExpireClaims makes worker's unexpired claims of the group expire
+	// now and returns how many it ended. A claim it cannot take at once
+	// (another transaction holds its key) is left for a later call.
+	ExpireClaims(ctx context.Context, group, worker string) (int, error)
+}
+
 // GroupLister is implemented by inboxes that can list their consumer
 // groups: every group whose dead policy is stored (each consumer stores
 // it when it starts) or that has events waiting (ingested before any of

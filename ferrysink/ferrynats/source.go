@@ -49,7 +49,8 @@ type SourceConfig struct {
 	// Required; no whitespace, '.', '*', '>', '/' or '\'.
 	//
 	// Run one Source per durable at a time: the durable is one ordering
-	// line, and two readers would each see part of it. To spread the load,
+	// line, and two readers would each see part of it. ferry.Consumer.
+	// Consume enforces it across processes with a lease (see ReaderName). To spread the load,
 	// give each Source its own durable and a FilterSubject of its own.
 	Durable string
 
@@ -213,6 +214,11 @@ type Source struct {
 
 	running atomic.Bool
 }
+
+// ReaderName implements ferrysink.SingleReader: the durable is one
+// ordering line, and ferry.Consumer.Consume lets one process read it at a
+// time.
+func (s *Source) ReaderName() string { return "nats/" + s.cfg.Stream + "/" + s.cfg.Durable }
 
 // NewSource creates the durable pull consumer SourceConfig.Durable on
 // SourceConfig.Stream (cfg must name Durable), or updates it when it

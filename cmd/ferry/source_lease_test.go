@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryshared/childtest"
+	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+)
+
+// sourceLeaseTTL is the children's ConsumerConfig.SourceLeaseTTL.
+const sourceLeaseTTL = 2 * time.Second
+
+// sourceChild is a consumer process of group "billing" reading the
+// JetStream durable "billing" (spec: <schema>:<stream>:<subject prefix>)
+// with Consume, and applying events with Run, until SIGTERM.
+func sourceChild(spec string) int {
+	parts := strings.Split(spec, ":")
+	schema, stream, prefix := parts[0], parts[1], parts[2]
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	childtest.SignalReady()
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	pcfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
+	if err != nil {
+		return fail(err)
+	}
+	pcfg.MaxConns = 12
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Close()
+	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema})
+	if err != nil {
+		return fail(err)
+	}
+	nc, err := nats.Connect(natsURL())
+	if err != nil {
+		return fail(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fail(err)
+	}
+	src, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix, Durable: "billing",
+		AckWait: time.Second, Batch: 50})
+	if err != nil {
+		return fail(err)
+	}
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", SourceLeaseTTL: sourceLeaseTTL, PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		return fail(err)
+	}
+	table := pgx.Identifier{schema, "effects"}.Sanitize()
+	pid := os.Getpid()
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq, pid) VALUES ($1, $2, $3, $4)`, ev.ID, ev.Key, ev.Seq, pid)
+		return err
+	})
+	errs := make(chan error, 2)
+	go func() { errs <- c.Run(ctx) }()
+	go func() { errs <- c.Consume(ctx, src) }()
+	code := 0
+	for range 2 {
+		if err := <-errs; err != nil {
+			code = fail(err)
+			stop()
+		}
+	}
+	return code
+}
+
+// TestOneReaderPerDurable: two consumer processes run Consume on one
+// JetStream durable. One reads it (it holds the durable's lease), the
+// other stands by; when the reader is SIGKILLed, the standby takes over
+// within the lease's TTL, and every event is applied once, each key in
+// order, across the takeover.
+func TestOneReaderPerDurable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	nc := testNATS(t)
+	pool := ferrypgtest.Pool(t)
+	schema := ferrypgtest.Schema(t)
+	stream, prefix := strings.ToUpper(schema), schema
+	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema})
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	table := pgx.Identifier{schema, "effects"}.Sanitize()
+	_, err = pool.Exec(ctx, `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL, pid int NOT NULL)`)
+	require.NoError(t, err)
+	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		js, err := jetstream.New(nc)
+		if err == nil {
+			_ = js.DeleteStream(context.Background(), stream)
+		}
+	})
+	count := func(q string, args ...any) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, q, args...).Scan(&n))
+		return n
+	}
+
+	const n, keys, chunk = 3000, 30, 50
+	evs := make([]*ferry.Event, n)
+	seq := map[string]int64{}
+	for i := range evs {
+		k := fmt.Sprintf("k%d", i%keys)
+		seq[k]++
+		evs[i] = &ferry.Event{ID: ferry.NewID(), Topic: "orders", Key: k, Type: "OrderPlaced", Seq: seq[k], Payload: []byte(`{}`), CreatedAt: time.Now()}
+	}
+	publish := func(evs []*ferry.Event) {
+		for _, err := range sink.Publish(ctx, evs) {
+			require.NoError(t, err)
+		}
+	}
+	publish(evs[:chunk])
+
+	spec := "FERRY_TEST_SOURCE_CHILD=" + schema + ":" + stream + ":" + prefix
+	a := childtest.Start(t, spec)
+	reader := func() string {
+		l, err := drv.GetLease(ctx, "consumer-sources/nats/"+stream+"/billing")
+		if err != nil || !l.ExpiresAt.After(l.Now) {
+			return ""
+		}
+		return l.Holder
+	}
+	holds := func(pid int) bool { return strings.Contains(reader(), fmt.Sprintf("-%d-", pid)) }
+	require.Eventually(t, func() bool { return holds(a.Process.Pid) }, time.Minute, 10*time.Millisecond, "the first process reads the durable (holds its lease)")
+	b := childtest.Start(t, spec)
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for i := chunk; i < n; i += chunk {
+			publish(evs[i : i+chunk])
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	// While the first lives, it stays the reader: the second stands by.
+	require.Eventually(t, func() bool { return count(`SELECT count(*) FROM `+table) >= n/3 }, time.Minute, 10*time.Millisecond)
+	require.True(t, holds(a.Process.Pid), "the reader changed while it was alive: %q", reader())
+
+	require.NoError(t, a.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	_ = a.Wait()
+	require.Eventually(t, func() bool { return holds(b.Process.Pid) }, time.Minute, 5*time.Millisecond, "the standby takes the durable over")
+	takeover := time.Since(killed)
+	<-published
+	require.Eventually(t, func() bool { return count(`SELECT count(DISTINCT event_id) FROM `+table) >= n }, 2*time.Minute, 20*time.Millisecond)
+	require.NoError(t, b.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, b.Wait())
+	t.Logf("the standby took the durable over %v after the reader's SIGKILL (SourceLeaseTTL %v)", takeover.Round(time.Millisecond), sourceLeaseTTL)
+
+	require.Equal(t, n, count(`SELECT count(*) FROM `+table), "no effect applied twice")
+	require.Zero(t, count(`SELECT count(*) FROM (
+		SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`), "each key applied in order, without gaps")
+	// The lease expires at most a TTL after the reader's last renewal; a
+	// loaded machine may add some to the standby's next look.
+	require.Less(t, takeover, 2*sourceLeaseTTL, "the standby took over past the lease's TTL")
+}
