@@ -2,6 +2,7 @@ package ferry_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -152,4 +153,53 @@ func TestStopWhileARescuedHandlerHangs(t *testing.T) {
 	took := time.Since(stopped)
 	t.Logf("Run returned %v after the stop (ShutdownTimeout 300ms, ClaimTTL %v)", took.Round(time.Millisecond), claimTTL)
 	require.Less(t, took, claimTTL/2, "Run waited for the rescued handler's deadline, past ShutdownTimeout")
+}
+
+// TestRescuesRunInGroups: the events of a crashed process's claims (here
+// 16 keys' heads) are rescued in groups, not one at a time with a drain
+// before each: on their first rescue, up to Workers of them run at once.
+func TestRescuesRunInGroups(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newPG(t)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", Workers: 4, PollInterval: 20 * time.Millisecond, ClaimTTL: 2 * time.Second})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	running, most, done := 0, 0, 0
+	c.HandleAll(func(ctx context.Context, _ pgx.Tx, _ *ferry.Event) error {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+		mu.Lock()
+		running--
+		done++
+		mu.Unlock()
+		return nil
+	})
+	var evs []*ferryevent.Event
+	for i := range 16 {
+		ev := &ferryevent.Event{Topic: "t", Key: fmt.Sprintf("k%d", i), Type: "T"}
+		require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+		evs = append(evs, ev)
+	}
+	_, err = c.Ingest(ctx, evs)
+	require.NoError(t, err)
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "crashed", Limit: 16, TTL: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, rows, 16)
+	time.Sleep(150 * time.Millisecond)
+	startConsumer(t, c)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return done == 16 }, time.Minute, 10*time.Millisecond)
+	for _, ev := range evs {
+		st, err := drv.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: "g", EventIDs: []uuid.UUID{ev.ID}})
+		require.NoError(t, err)
+		require.Equal(t, ferrydriver.InboxProcessed, st[ev.ID].State)
+		require.Equal(t, 2, st[ev.ID].Attempts, "each ran once more, on its rescue")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Greater(t, most, 1, "the rescued events ran one at a time")
+	require.LessOrEqual(t, most, 4, "at most Workers at once")
 }
