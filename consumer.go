@@ -117,8 +117,8 @@ type ConsumerConfig struct {
 	// its claims at once and run its events again, instead of waiting for
 	// ClaimTTL; its late commits are refused, as after any lost claim.
 	// Backends that cannot end claims early (ferrydriver.ClaimReaper:
-	// PostgreSQL does) wait for ClaimTTL. Default 5 s; negative: no
-	// membership.
+	// PostgreSQL, SQLite and MariaDB can; MongoDB cannot yet) wait for
+	// ClaimTTL. Default 5 s; negative: no membership.
 	LivenessTTL time.Duration
 	// SourceLeaseTTL is the lifetime of the lease that Consume holds on a
 	// source that must have one reader at a time (ferrysink.SingleReader:
