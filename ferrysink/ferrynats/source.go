@@ -22,7 +22,7 @@ import (
 const (
 	DefaultBatch     = 256
 	DefaultMaxWait   = time.Second
-	DefaultAckWait   = 30 * time.Second
+	DefaultAckWait   = 10 * time.Second
 	DefaultRetryBase = 100 * time.Millisecond
 	DefaultRetryMax  = 30 * time.Second
 )
@@ -77,8 +77,11 @@ type SourceConfig struct {
 	// acknowledged nor extended within it is delivered again. Run extends
 	// the messages it holds every AckWait/3 while ingest runs or is
 	// retried, so AckWait mostly bounds how long the messages of a crashed
-	// process wait before they come back. At least MinAckWait. Default:
-	// DefaultAckWait.
+	// process wait before they come back: a standby that takes the durable
+	// over (ferry.Consumer.Consume) ingests nothing newer until then. At
+	// least MinAckWait. Default: DefaultAckWait (10 s, the default
+	// ConsumerConfig.SourceLeaseTTL: the dead reader's messages are back
+	// about when the standby takes over).
 	AckWait time.Duration
 
 	// MaxAckPending bounds the messages delivered and not yet acknowledged.
