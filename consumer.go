@@ -648,9 +648,20 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 	runLength := 1.0 // events per key in the last claim
 	var rescueChecked time.Time
 	for ctx.Err() == nil {
-		// A rescued event runs alone: the next rescue waits until it is
-		// done (it wakes the loop then).
-		if !c.rescuing.Load() && time.Since(rescueChecked) >= rescueInterval(c.cfg.ClaimTTL) {
+		// Rescued events run alone: nothing is claimed until they are
+		// done (they wake the loop then), not even when the rescue could
+		// not wait for every running handler.
+		if c.rescuing.Load() {
+			t := time.NewTimer(c.cfg.PollInterval)
+			select {
+			case <-ctx.Done():
+			case <-c.wake:
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		if time.Since(rescueChecked) >= rescueInterval(c.cfg.ClaimTTL) {
 			rescueChecked = time.Now()
 			if c.rescue(ctx, work, slots, handlers) {
 				rescueChecked = time.Time{} // there may be more
