@@ -326,9 +326,11 @@ type ClaimInboxParams struct {
 	// many (they lost their claims) goes DEAD instead. 0: no bound.
 	MaxAttempts int
 	// Rescue claims rows whose last claim expired (their worker crashed, or
-	// outlived the claim) instead of PENDING and FAILED ones. The consumer
-	// runs them one at a time with nothing else running, so that an event
-	// that crashes its process costs no other event an attempt.
+	// outlived the claim) instead of PENDING and FAILED ones, one per key.
+	// The consumer runs them with nothing else running, in groups that
+	// halve with each crash they were in and alone on a row's last
+	// attempt, so that an event that crashes its process is found, and no
+	// other event goes DEAD for it.
 	Rescue bool
 }
 
