@@ -116,8 +116,8 @@ type ConsumerConfig struct {
 	// SIGKILLed, or lost its database), the group's other processes end
 	// its claims at once and run its events again, instead of waiting for
 	// ClaimTTL; its late commits are refused, as after any lost claim.
-	// Backends that cannot end claims early (ferrydriver.ClaimReaper:
-	// PostgreSQL, SQLite and MariaDB can; MongoDB cannot yet) wait for
+	// A backend that cannot end claims early (one that does not
+	// implement ferrydriver.ClaimReaper; Ferry's four do) waits for
 	// ClaimTTL. Default 5 s; negative: no membership.
 	LivenessTTL time.Duration
 	// SourceLeaseTTL is the lifetime of the lease that Consume holds on a

@@ -113,8 +113,8 @@ each crash (Workers at first) and alone on an event's last attempt, so the
 event that crashes its process goes DEAD after MaxAttempts crashes, and no
 other event goes DEAD for it. A process that dies stops renewing its
 membership of the group (ConsumerConfig.LivenessTTL, 5 s), and the group's
-other processes then end its claims at once instead of after ClaimTTL
-(PostgreSQL, SQLite, MariaDB). Consumer.Consume reads a source that must
+other processes then end its claims at once instead of after ClaimTTL.
+Consumer.Consume reads a source that must
 have one reader at a time (a JetStream durable) from one process of the
 group, under a lease (ConsumerConfig.SourceLeaseTTL); the others stand by
 and take over when it dies. An event of a type

@@ -22,7 +22,7 @@ if scenario == "standalone":
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
 elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive", "feeds",
-                  "partitionguard", "migratepartitions", "setpartitions"):
+                  "partitionguard", "migratepartitions", "setpartitions", "reaper"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -396,6 +396,15 @@ if scenario == "setpartitions":
             state["n"] = u["u"]["$set"]["n"]
         return r.ok(n=1, nModified=1)
     server.autoresponds(count_changed)
+
+if scenario == "reaper":
+    # ClaimHolders, then ExpireClaims of one worker (three claims).
+    r = server.receives(OpMsg("distinct", "ferry_inbox"), timeout=30)
+    report("distinct", {"key": r.doc.get("key"), "query": r.doc.get("query")})
+    r.ok(values=["w1", "w2"])
+    r = server.receives(OpMsg("update", "ferry_inbox"), timeout=30)
+    report("update", {"updates": r.doc.get("updates")})
+    r.ok(n=3, nModified=3)
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
