@@ -123,7 +123,7 @@ type ConsumerConfig struct {
 	// SourceLeaseTTL is the lifetime of the lease that Consume holds on a
 	// source that must have one reader at a time (ferrysink.SingleReader:
 	// a JetStream durable), renewed every SourceLeaseTTL/3: a standby
-	// process takes over within it when the reader dies. Default 10 s.
+	// process takes over within it when the reader dies. Default 5 s.
 	SourceLeaseTTL time.Duration
 	// RetryBase and RetryMax bound the backoff between attempts of a failed
 	// event (exponential, with jitter). Defaults 1 s and 5 min.
@@ -204,7 +204,7 @@ func (c *ConsumerConfig) WithDefaults() ConsumerConfig {
 		out.LivenessTTL = 5 * time.Second
 	}
 	if out.SourceLeaseTTL == 0 {
-		out.SourceLeaseTTL = 10 * time.Second
+		out.SourceLeaseTTL = 5 * time.Second
 	}
 	if out.RetryBase == 0 {
 		out.RetryBase = time.Second
@@ -246,7 +246,7 @@ func (c *ConsumerConfig) validate() error {
 	case c.LivenessTTL > 0 && c.LivenessTTL < time.Second:
 		return fmt.Errorf("ferry: ConsumerConfig.LivenessTTL is %v: use at least 1s, or a negative value for no membership (default 5s)", c.LivenessTTL)
 	case c.SourceLeaseTTL < time.Second:
-		return fmt.Errorf("ferry: ConsumerConfig.SourceLeaseTTL is %v: use at least 1s (default 10s)", c.SourceLeaseTTL)
+		return fmt.Errorf("ferry: ConsumerConfig.SourceLeaseTTL is %v: use at least 1s (default 5s)", c.SourceLeaseTTL)
 	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
 		return fmt.Errorf("ferry: ConsumerConfig.RetryBase (%v) must be positive and at most RetryMax (%v)", c.RetryBase, c.RetryMax)
 	case c.MaxAttempts < 1:

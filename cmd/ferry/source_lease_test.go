@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ const sourceLeaseTTL = 2 * time.Second
 // with Consume, and applying events with Run, until SIGTERM.
 func sourceChild(spec string) int {
 	parts := strings.Split(spec, ":")
-	schema, stream, prefix := parts[0], parts[1], parts[2]
+	schema, stream, prefix, defaults := parts[0], parts[1], parts[2], len(parts) > 3 && parts[3] == "defaults"
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	childtest.SignalReady()
@@ -62,12 +63,17 @@ func sourceChild(spec string) int {
 	if err != nil {
 		return fail(err)
 	}
-	src, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix, Durable: "billing",
-		AckWait: time.Second, Batch: 50})
+	scfg := &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix, Durable: "billing", AckWait: time.Second, Batch: 50}
+	ccfg := &ferry.ConsumerConfig{Group: "billing", SourceLeaseTTL: sourceLeaseTTL, PollInterval: 20 * time.Millisecond}
+	if defaults {
+		scfg = &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix, Durable: "billing"}
+		ccfg = &ferry.ConsumerConfig{Group: "billing", PollInterval: 20 * time.Millisecond}
+	}
+	src, err := ferrynats.NewSource(ctx, js, scfg)
 	if err != nil {
 		return fail(err)
 	}
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", SourceLeaseTTL: sourceLeaseTTL, PollInterval: 20 * time.Millisecond})
+	c, err := ferry.NewConsumer(drv, ccfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -97,6 +103,22 @@ func sourceChild(spec string) int {
 // order, across the takeover.
 func TestOneReaderPerDurable(t *testing.T) {
 	t.Parallel()
+	testSourceSIGKILL(t, false)
+}
+
+// TestJetStreamGroupRecoversFromSIGKILL: the same with the defaults
+// (SourceLeaseTTL, ferrynats.SourceConfig.AckWait): it logs the time from
+// the reader's SIGKILL to the group applying an event published after it
+// (about SourceLeaseTTL), and requires it within the old AckWait (30 s).
+// Two replicas reading one durable used to stall each other for twice
+// AckWait (60 s) as soon as the second started: each waited for the
+// messages the other held.
+func TestJetStreamGroupRecoversFromSIGKILL(t *testing.T) {
+	t.Parallel()
+	testSourceSIGKILL(t, true)
+}
+
+func testSourceSIGKILL(t *testing.T, defaults bool) {
 	ctx := context.Background()
 	nc := testNATS(t)
 	pool := ferrypgtest.Pool(t)
@@ -107,7 +129,8 @@ func TestOneReaderPerDurable(t *testing.T) {
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
 	table := pgx.Identifier{schema, "effects"}.Sanitize()
-	_, err = pool.Exec(ctx, `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL, pid int NOT NULL)`)
+	_, err = pool.Exec(ctx, `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL, pid int NOT NULL,
+		at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	require.NoError(t, err)
 	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
 	require.NoError(t, err)
@@ -139,6 +162,9 @@ func TestOneReaderPerDurable(t *testing.T) {
 	publish(evs[:chunk])
 
 	spec := "FERRY_TEST_SOURCE_CHILD=" + schema + ":" + stream + ":" + prefix
+	if defaults {
+		spec += ":defaults"
+	}
 	a := childtest.Start(t, spec)
 	reader := func() string {
 		l, err := drv.GetLease(ctx, "consumer-sources/nats/"+stream+"/billing")
@@ -151,11 +177,14 @@ func TestOneReaderPerDurable(t *testing.T) {
 	require.Eventually(t, func() bool { return holds(a.Process.Pid) }, time.Minute, 10*time.Millisecond, "the first process reads the durable (holds its lease)")
 	b := childtest.Start(t, spec)
 	published := make(chan struct{})
+	var sent atomic.Int64 // events published
+	sent.Store(chunk)
 	go func() {
 		defer close(published)
 		for i := chunk; i < n; i += chunk {
 			publish(evs[i : i+chunk])
-			time.Sleep(20 * time.Millisecond)
+			sent.Store(int64(i + chunk))
+			time.Sleep(100 * time.Millisecond)
 		}
 	}()
 	// While the first lives, it stays the reader: the second stands by.
@@ -165,18 +194,38 @@ func TestOneReaderPerDurable(t *testing.T) {
 	require.NoError(t, a.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = a.Wait()
+	// Published after the SIGKILL (the chunk on its way then too might
+	// have reached the reader).
+	after := evs[min(n, int(sent.Load())+chunk):]
+	require.NotEmpty(t, after, "everything was published before the SIGKILL")
+	var killedAt time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&killedAt))
 	require.Eventually(t, func() bool { return holds(b.Process.Pid) }, time.Minute, 5*time.Millisecond, "the standby takes the durable over")
 	takeover := time.Since(killed)
 	<-published
 	require.Eventually(t, func() bool { return count(`SELECT count(DISTINCT event_id) FROM `+table) >= n }, 2*time.Minute, 20*time.Millisecond)
 	require.NoError(t, b.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, b.Wait())
-	t.Logf("the standby took the durable over %v after the reader's SIGKILL (SourceLeaseTTL %v)", takeover.Round(time.Millisecond), sourceLeaseTTL)
+	ids := make([]string, len(after))
+	for i, ev := range after {
+		ids[i] = ev.ID.String()
+	}
+	var again, pause float64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT COALESCE(EXTRACT(EPOCH FROM min(at) - $2::timestamptz), -1)::float8 FROM `+table+` WHERE event_id = ANY($1::uuid[]) AND pid <> $3`, ids, killedAt, a.Process.Pid).Scan(&again))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT COALESCE(EXTRACT(EPOCH FROM max(gap)), -1)::float8 FROM (
+		SELECT at - lag(at, 1, $1::timestamptz) OVER (ORDER BY at) AS gap FROM `+table+` WHERE at > $1::timestamptz) s`, killedAt).Scan(&pause))
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("the standby took the durable over %v after the reader's SIGKILL; the group applied an event published after the SIGKILL %.3fs after it; its longest pause %.3fs (defaults %v; load average %s)",
+		takeover.Round(time.Millisecond), again, pause, defaults, strings.TrimSpace(string(load)))
 
 	require.Equal(t, n, count(`SELECT count(*) FROM `+table), "no effect applied twice")
 	require.Zero(t, count(`SELECT count(*) FROM (
 		SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`), "each key applied in order, without gaps")
 	// The lease expires at most a TTL after the reader's last renewal; a
 	// loaded machine may add some to the standby's next look.
+	if defaults {
+		require.Less(t, again, 30.0, "the group waited out the old ack wait")
+		return
+	}
 	require.Less(t, takeover, 2*sourceLeaseTTL, "the standby took over past the lease's TTL")
 }

@@ -79,9 +79,8 @@ type SourceConfig struct {
 	// retried, so AckWait mostly bounds how long the messages of a crashed
 	// process wait before they come back: a standby that takes the durable
 	// over (ferry.Consumer.Consume) ingests nothing newer until then. At
-	// least MinAckWait. Default: DefaultAckWait (10 s, the default
-	// ConsumerConfig.SourceLeaseTTL: the dead reader's messages are back
-	// about when the standby takes over).
+	// least MinAckWait. Default: DefaultAckWait (10 s; a standby takes
+	// over within ConsumerConfig.SourceLeaseTTL, 5 s by default).
 	AckWait time.Duration
 
 	// MaxAckPending bounds the messages delivered and not yet acknowledged.
