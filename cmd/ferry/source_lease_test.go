@@ -103,7 +103,7 @@ func sourceChild(spec string) int {
 // order, across the takeover.
 func TestOneReaderPerDurable(t *testing.T) {
 	t.Parallel()
-	testSourceSIGKILL(t, false)
+	testSourceSIGKILL(t, "kill")
 }
 
 // TestJetStreamGroupRecoversFromSIGKILL: the same with the defaults
@@ -115,10 +115,23 @@ func TestOneReaderPerDurable(t *testing.T) {
 // messages the other held.
 func TestJetStreamGroupRecoversFromSIGKILL(t *testing.T) {
 	t.Parallel()
-	testSourceSIGKILL(t, true)
+	testSourceSIGKILL(t, "defaults")
 }
 
-func testSourceSIGKILL(t *testing.T, defaults bool) {
+// TestPausedReaderStandsBy: the reader is paused (SIGSTOP) past its lease;
+// the standby takes over, and once resumed the former reader ingests
+// nothing more (it no longer trusts its lease) and stands by: every event
+// is applied once, each key in order.
+func TestPausedReaderStandsBy(t *testing.T) {
+	t.Parallel()
+	testSourceSIGKILL(t, "pause")
+}
+
+// testSourceSIGKILL runs two consumer processes on one durable and
+// SIGKILLs the reader (mode "kill"; "defaults" with the default settings)
+// or pauses it past its lease ("pause").
+func testSourceSIGKILL(t *testing.T, mode string) {
+	defaults := mode == "defaults"
 	ctx := context.Background()
 	nc := testNATS(t)
 	pool := ferrypgtest.Pool(t)
@@ -191,6 +204,24 @@ func testSourceSIGKILL(t *testing.T, defaults bool) {
 	require.Eventually(t, func() bool { return count(`SELECT count(*) FROM `+table) >= n/3 }, time.Minute, 10*time.Millisecond)
 	require.True(t, holds(a.Process.Pid), "the reader changed while it was alive: %q", reader())
 
+	if mode == "pause" {
+		require.NoError(t, a.Process.Signal(syscall.SIGSTOP))
+		require.Eventually(t, func() bool { return holds(b.Process.Pid) }, time.Minute, 5*time.Millisecond, "the standby takes the durable over")
+		before := count(`SELECT count(*) FROM ` + table)
+		require.Eventually(t, func() bool { return count(`SELECT count(*) FROM `+table) > before+100 }, time.Minute, 10*time.Millisecond, "the standby reads")
+		require.NoError(t, a.Process.Signal(syscall.SIGCONT))
+		<-published
+		require.Eventually(t, func() bool { return count(`SELECT count(DISTINCT event_id) FROM `+table) >= n }, 2*time.Minute, 20*time.Millisecond)
+		require.True(t, holds(b.Process.Pid), "the resumed reader took the durable back: %q", reader())
+		require.NoError(t, a.Process.Signal(syscall.SIGTERM))
+		require.NoError(t, a.Wait())
+		require.NoError(t, b.Process.Signal(syscall.SIGTERM))
+		require.NoError(t, b.Wait())
+		require.Equal(t, n, count(`SELECT count(*) FROM `+table), "no effect applied twice")
+		require.Zero(t, count(`SELECT count(*) FROM (
+			SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`), "each key applied in order, without gaps")
+		return
+	}
 	require.NoError(t, a.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = a.Wait()
