@@ -162,7 +162,7 @@ func TestRescuesRunInGroups(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	drv := newPG(t)
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", Workers: 4, PollInterval: 20 * time.Millisecond, ClaimTTL: 2 * time.Second})
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", Workers: 4, PollInterval: 20 * time.Millisecond, ClaimTTL: 5 * time.Second})
 	require.NoError(t, err)
 	var mu sync.Mutex
 	running, most, done := 0, 0, 0
@@ -171,7 +171,16 @@ func TestRescuesRunInGroups(t *testing.T) {
 		running++
 		most = max(most, running)
 		mu.Unlock()
-		time.Sleep(50 * time.Millisecond)
+		// Until another one runs beside it (its group's), for a second at
+		// most: a loaded machine may start them apart.
+		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			mu.Lock()
+			together := most > 1
+			mu.Unlock()
+			if together {
+				break
+			}
+		}
 		mu.Lock()
 		running--
 		done++
