@@ -1,6 +1,7 @@
 package ferry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -107,6 +109,21 @@ type ConsumerConfig struct {
 	// worker's commit is refused (no double effect). A crashed worker's
 	// events run again after it. Default 30 s.
 	ClaimTTL time.Duration
+	// LivenessTTL is how long this process stays a member of the group
+	// without renewing its membership, a lease in the inbox's store
+	// renewed every LivenessTTL/3. When a member's lapses (it was
+	// SIGKILLed, or lost its database), the group's other processes end
+	// its claims at once and run its events again, instead of waiting for
+	// ClaimTTL; its late commits are refused, as after any lost claim.
+	// A backend that cannot end claims early (one that does not
+	// implement ferrydriver.ClaimReaper; Ferry's four do) waits for
+	// ClaimTTL. Default 5 s; negative: no membership.
+	LivenessTTL time.Duration
+	// SourceLeaseTTL is the lifetime of the lease that Consume holds on a
+	// source that must have one reader at a time (ferrysink.SingleReader:
+	// a JetStream durable), renewed every SourceLeaseTTL/3: a standby
+	// process takes over within it when the reader dies. Default 5 s.
+	SourceLeaseTTL time.Duration
 	// RetryBase and RetryMax bound the backoff between attempts of a failed
 	// event (exponential, with jitter). Defaults 1 s and 5 min.
 	RetryBase, RetryMax time.Duration
@@ -182,6 +199,12 @@ func (c *ConsumerConfig) WithDefaults() ConsumerConfig {
 	if out.ClaimTTL == 0 {
 		out.ClaimTTL = 30 * time.Second
 	}
+	if out.LivenessTTL == 0 {
+		out.LivenessTTL = 5 * time.Second
+	}
+	if out.SourceLeaseTTL == 0 {
+		out.SourceLeaseTTL = 5 * time.Second
+	}
 	if out.RetryBase == 0 {
 		out.RetryBase = time.Second
 	}
@@ -219,6 +242,10 @@ func (c *ConsumerConfig) validate() error {
 		return fmt.Errorf("ferry: ConsumerConfig.BatchSize is %d: use 1 to %d (default 32)", c.BatchSize, maxBatchSize)
 	case c.ClaimTTL < time.Second:
 		return fmt.Errorf("ferry: ConsumerConfig.ClaimTTL is %v: use at least 1s (default 30s)", c.ClaimTTL)
+	case c.LivenessTTL > 0 && c.LivenessTTL < time.Second:
+		return fmt.Errorf("ferry: ConsumerConfig.LivenessTTL is %v: use at least 1s, or a negative value for no membership (default 5s)", c.LivenessTTL)
+	case c.SourceLeaseTTL < time.Second:
+		return fmt.Errorf("ferry: ConsumerConfig.SourceLeaseTTL is %v: use at least 1s (default 5s)", c.SourceLeaseTTL)
 	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
 		return fmt.Errorf("ferry: ConsumerConfig.RetryBase (%v) must be positive and at most RetryMax (%v)", c.RetryBase, c.RetryMax)
 	case c.MaxAttempts < 1:
@@ -285,6 +312,9 @@ type Consumer[TTx any] struct {
 	savepointsUntil atomic.Int64
 	// savepointCooldown is how long (the constant, but in tests).
 	savepointCooldown time.Duration
+	// rescuing is set while a rescued event runs (alone, holding the
+	// worker slots), as one of Run's handlers.
+	rescuing atomic.Bool
 	// meter counts what the consumer does for the console, while Run runs
 	// and the inbox keeps activity (nil otherwise).
 	meter *activityMeter
@@ -547,6 +577,11 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		go func() { defer close(done); c.meter.run(mctx, rec, c.cfg.ActivityInterval, c.log) }()
 		defer func() { stop(); <-done }()
 	}
+	// Membership lasts until the handlers have finished: their claims are
+	// this process's until then.
+	if stop := c.startMembership(ctx); stop != nil {
+		defer stop()
+	}
 	var handlers sync.WaitGroup
 	var stoppedAt atomic.Int64 // the stop's time counts against ShutdownTimeout
 	defer context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })()
@@ -616,9 +651,22 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 	runLength := 1.0 // events per key in the last claim
 	var rescueChecked time.Time
 	for ctx.Err() == nil {
+		// Rescued events run alone: nothing is claimed until they are
+		// done (they wake the loop then), not even when the rescue could
+		// not wait for every running handler.
+		if c.rescuing.Load() {
+			t := time.NewTimer(c.cfg.PollInterval)
+			select {
+			case <-ctx.Done():
+			case <-c.wake:
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
 		if time.Since(rescueChecked) >= rescueInterval(c.cfg.ClaimTTL) {
 			rescueChecked = time.Now()
-			if c.rescue(ctx, work, slots) {
+			if c.rescue(ctx, work, slots, handlers) {
 				rescueChecked = time.Time{} // there may be more
 				continue
 			}
@@ -752,12 +800,19 @@ func rescueInterval(ttl time.Duration) time.Duration {
 	return min(max(ttl/4, 50*time.Millisecond), time.Second)
 }
 
-// rescue runs one event whose last claim expired (its process crashed, or
-// its handler outlived the claim), alone: it waits for the running
-// handlers to finish (for a ClaimTTL at most), holding every worker slot,
-// so that an event that crashes the process costs no other event an
-// attempt. It reports whether it found one.
-func (c *Consumer[TTx]) rescue(ctx, work context.Context, slots chan struct{}) bool {
+// rescue runs events whose last claims expired (their process crashed,
+// or their handler outlived the claim), one of each key, alone: it waits
+// for the running handlers to finish (for a ClaimTTL at most), holding
+// every worker slot, so that an event that crashes the process costs no
+// event outside its group an attempt. The group is bisected across
+// crashes (see rescueGroup): a row's attempts count the crashes it was
+// in, so the group that the most suspect row may run in halves with each,
+// down to one row, and a row on its last attempt always runs alone. The
+// rows run as Run's handlers, under work, keeping the slots until they
+// finish: a stop cancels them within ShutdownTimeout like any handler (run
+// on the claim loop, a rescued event held Run for its whole deadline). It
+// reports whether it found any.
+func (c *Consumer[TTx]) rescue(ctx, work context.Context, slots chan struct{}, handlers *sync.WaitGroup) bool {
 	due, err := c.driver.RescueDue(ctx, c.cfg.Group)
 	if err != nil || !due {
 		if err != nil && ctx.Err() == nil {
@@ -788,24 +843,75 @@ drain:
 		}
 	}
 	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
-	rows, err := c.claim(ctx, &ferrydriver.ClaimInboxParams{Limit: 1, Rescue: true})
-	if err != nil {
+	rows, err := c.claim(ctx, &ferrydriver.ClaimInboxParams{Limit: max(held, 1), Rescue: true})
+	if err != nil && len(rows) == 0 {
 		if ctx.Err() == nil {
 			c.log.Warn("ferry: rescuing an expired claim failed; will retry", "err", err)
 		}
 		return false
 	}
+	if len(rows) == 0 {
+		return false
+	}
+	var dead, group []*ferrydriver.InboxRow
 	for _, row := range rows {
 		if row.State == ferrydriver.InboxDead {
-			c.reportDead(work, row, errors.New(row.LastError))
-			continue
+			dead = append(dead, row)
+		} else {
+			group = append(group, row)
 		}
-		c.m.rescues.Inc()
-		c.log.WarnContext(withEvent(ctx, &row.Event), "ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone",
-			"event_id", row.Event.ID, "key", row.Event.Key, "type", row.Event.Type, "attempt", row.Attempts, "max_attempts", c.cfg.MaxAttempts)
-		c.process(work, row, deadline, false)
 	}
-	return len(rows) > 0
+	// The most suspect first: it sets the group's size; the rest is given
+	// back, its attempt not counted, for a later rescue.
+	slices.SortStableFunc(group, func(a, b *ferrydriver.InboxRow) int { return cmp.Compare(b.Attempts, a.Attempts) })
+	if len(group) > 0 {
+		n := min(len(group), rescueGroup(group[0].Attempts, c.cfg.MaxAttempts, max(held, 1)))
+		for _, row := range group[n:] {
+			_ = c.failInbox(ctx, &ferrydriver.FailInboxParams{Group: c.cfg.Group, EventID: row.Event.ID, Claim: row.Claim,
+				Error: "given back: rescued in a smaller group", RetryAt: time.Now(), Uncounted: true})
+		}
+		group = group[:n]
+	}
+	// The slots go with the rescued events: nothing else runs until they
+	// are done.
+	n := held
+	held = 0
+	c.rescuing.Store(true)
+	handlers.Go(func() {
+		defer func() {
+			c.rescuing.Store(false)
+			for range n {
+				<-slots
+			}
+			c.Notify()
+		}()
+		for _, row := range dead {
+			c.reportDead(work, row, errors.New(row.LastError))
+		}
+		var wg sync.WaitGroup
+		for _, row := range group {
+			c.m.rescues.Inc()
+			c.log.WarnContext(withEvent(work, &row.Event), "ferry: an event's last claim expired (its process crashed, or its handler outlived the claim); it runs again, alone or in a small group of such events",
+				"event_id", row.Event.ID, "key", row.Event.Key, "type", row.Event.Type, "attempt", row.Attempts, "max_attempts", c.cfg.MaxAttempts, "group", len(group))
+			wg.Go(func() { c.process(work, row, deadline, false) })
+		}
+		wg.Wait()
+	})
+	return true
+}
+
+// rescueGroup is how many rescued events may run together with one that
+// has had attempts (this one included): all the workers on its first
+// rescue (its second attempt), half as many with each attempt after, and
+// one, alone, on its last attempt. An event that crashes its process
+// every time is thus alone after about log2(workers) crashes, and an event
+// that only shared its group is charged an attempt per crash at most, its
+// last one never: it goes DEAD only by failing, or crashing, alone.
+func rescueGroup(attempts, maxAttempts, workers int) int {
+	if attempts >= maxAttempts || attempts < 2 {
+		return 1
+	}
+	return max(1, workers>>min(attempts-2, 30))
 }
 
 // gaugeLeaser is the part of a driver's leases the gauges use: one
@@ -1148,16 +1254,164 @@ func (s *inboxSink[TTx]) Close(context.Context) error { return nil }
 // consumer's inbox until ctx ends, returning what src.Run returns. Run the
 // consumer itself next to it (Run). A source that names its broker
 // (ferrysink.Describer) has its deliveries reported with that system.
+//
+// A source whose broker would split one ordering line between several
+// readers (ferrysink.SingleReader: a JetStream durable) is read by one
+// process at a time: Consume holds a lease named after it in the
+// consumer's store (a driver with leases: every Ferry backend), renewed
+// every SourceLeaseTTL/3. The other processes that run Consume on it stand
+// by and take over within SourceLeaseTTL when the reader dies, or at once
+// when it stops; a reader that cannot renew the lease in time stops
+// ingesting and stands by too.
 func (c *Consumer[TTx]) Consume(ctx context.Context, src ferrysink.Source) error {
 	system := ""
 	if d, ok := src.(ferrysink.Describer); ok {
 		system = d.System()
 	}
-	return src.Run(ctx, func(ctx context.Context, events []*Event) error {
+	ingest := func(ctx context.Context, events []*Event) error {
 		if system != "" {
 			ctx = ferrysink.WithSystem(ctx, system)
 		}
 		_, err := c.Ingest(ctx, events)
 		return err
+	}
+	sr, ok := src.(ferrysink.SingleReader)
+	l, ok2 := c.driver.(sourceLeaser)
+	if !ok || !ok2 {
+		return src.Run(ctx, ingest)
+	}
+	return c.consumeLeased(ctx, src, "consumer-sources/"+sr.ReaderName(), l, ingest)
+}
+
+// sourceLeaser is the part of a driver's leases that Consume uses.
+type sourceLeaser interface {
+	AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error)
+	RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error)
+	ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error
+}
+
+// errSourceLeaseLost ends a source's run when its lease could not be
+// renewed in time, or another process took it.
+var errSourceLeaseLost = errors.New("the source's lease was lost: another process may read it now")
+
+// consumeLeased runs src while this process holds the lease name, and
+// stands by while another does, until ctx ends.
+func (c *Consumer[TTx]) consumeLeased(ctx context.Context, src ferrysink.Source, name string, l sourceLeaser, ingest func(context.Context, []*Event) error) error {
+	ttl := c.cfg.SourceLeaseTTL
+	log := c.log.With("source", name, "holder", c.worker)
+	standing := ""
+	for attempt := 1; ctx.Err() == nil; {
+		asked := time.Now()
+		lease, err := l.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: c.worker, TTL: ttl})
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && fatal(err):
+			return fmt.Errorf("ferry: consumer %s: take the lease of source %s: %w", c.cfg.Group, name, err)
+		case err != nil:
+			log.Warn("ferry: taking the source's lease failed; retrying", "err", err, "attempt", attempt)
+			c.retry.Sleep(ctx.Done(), attempt)
+			attempt++
+			continue
+		}
+		attempt = 1
+		if !lease.Held(c.worker) {
+			if standing != lease.Holder {
+				standing = lease.Holder
+				log.Info("ferry: another process reads the source (one reader per ordering line); standing by to take over when it stops or dies",
+					"reader", lease.Holder, "source_lease_ttl", ttl)
+			}
+			// Try again when the lease would expire (the store's clock),
+			// and at least every quarter of its TTL.
+			sleepCtx(ctx, min(max(lease.ExpiresAt.Sub(lease.Now), 0)+10*time.Millisecond, ttl/4))
+			continue
+		}
+		standing = ""
+		log.Info("ferry: reading the source", "term", lease.Term)
+		err = c.readLeased(ctx, src, name, l, lease, asked, ingest)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, errSourceLeaseLost):
+			log.Warn("ferry: stopped reading the source: its lease could not be renewed in time, or another process took it; standing by",
+				"source_lease_ttl", ttl)
+		case err != nil:
+			return err
+		default:
+			return nil // the source ended by itself
+		}
+	}
+	return nil
+}
+
+// readLeased runs src under the lease it holds until ctx ends (then it
+// releases the lease, for a standby to take over at once), src.Run
+// returns, or the lease is lost (errSourceLeaseLost). The lease is trusted
+// for less than its TTL on the local monotonic clock, counted from before
+// each renewal was asked: past that, ingest refuses the events (the source
+// retries them, and stops as its context ends), so that a reader paused
+// past its lease cannot ingest behind its successor's back.
+func (c *Consumer[TTx]) readLeased(ctx context.Context, src ferrysink.Source, name string, l sourceLeaser, lease *ferrydriver.Lease, asked time.Time, ingest func(context.Context, []*Event) error) error {
+	ttl := c.cfg.SourceLeaseTTL
+	margin := min(ttl/5, 2*time.Second)
+	var trusted atomic.Int64 // Unix ns on the monotonic clock's reading of asked
+	base := time.Now()
+	trust := func(asked time.Time, l *ferrydriver.Lease) {
+		trusted.Store(int64(asked.Sub(base) + l.ExpiresAt.Sub(l.Now) - margin))
+	}
+	trust(asked, lease)
+	valid := func() bool { return time.Since(base) < time.Duration(trusted.Load()) }
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		t := time.NewTicker(ttl / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+			}
+			asked := time.Now()
+			rctx, cancel := context.WithTimeout(runCtx, ttl/3)
+			renewed, err := l.RenewLease(rctx, &ferrydriver.RenewLeaseParams{Name: name, Holder: c.worker, Term: lease.Term, TTL: ttl})
+			cancel()
+			switch {
+			case err == nil:
+				trust(asked, renewed)
+			case errors.Is(err, ferrydriver.ErrLeaseLost):
+				stop(errSourceLeaseLost)
+				return
+			case !valid():
+				stop(errSourceLeaseLost)
+				return
+			}
+		}
+	}()
+	err := src.Run(runCtx, func(ictx context.Context, events []*Event) error {
+		if !valid() {
+			stop(errSourceLeaseLost)
+			return errSourceLeaseLost
+		}
+		ictx, cancel := context.WithDeadline(ictx, base.Add(time.Duration(trusted.Load())))
+		defer cancel()
+		return ingest(ictx, events)
 	})
+	stop(nil)
+	<-kept
+	if ctx.Err() != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = l.ReleaseLease(rctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: c.worker, Term: lease.Term})
+		cancel()
+		return nil
+	}
+	if cause := context.Cause(runCtx); errors.Is(cause, errSourceLeaseLost) {
+		return errSourceLeaseLost
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	_ = l.ReleaseLease(rctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: c.worker, Term: lease.Term})
+	cancel()
+	return err
 }

@@ -2,6 +2,7 @@ package ferry_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -100,4 +101,114 @@ func TestStopDoesNotStrandAClaimInFlight(t *testing.T) {
 	require.Eventually(t, func() bool { return state(ev.ID).State == ferrydriver.InboxProcessed }, 30*time.Second, 10*time.Millisecond,
 		"the event the late claim took runs: %+v", state(ev.ID))
 	require.Equal(t, 1, state(ev.ID).Attempts)
+}
+
+// TestStopWhileARescuedHandlerHangs: a stop while a rescued event's
+// handler blocks on its context returns within about ShutdownTimeout. The
+// rescue used to run the event on the claim loop under a context that a
+// stop never cancelled, so Run waited for the handler's deadline (0.9 ×
+// ClaimTTL) instead.
+func TestStopWhileARescuedHandlerHangs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newPG(t)
+	const claimTTL = 3 * time.Second
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", PollInterval: 20 * time.Millisecond, ClaimTTL: claimTTL,
+		ShutdownTimeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	running := make(chan struct{})
+	var once sync.Once
+	c.HandleAll(func(ctx context.Context, _ pgx.Tx, _ *ferry.Event) error {
+		once.Do(func() { close(running) })
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	ev := &ferryevent.Event{Topic: "t", Key: "k", Type: "T"}
+	require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+	_, err = c.Ingest(ctx, []*ferryevent.Event{ev})
+	require.NoError(t, err)
+	// A process that crashed claimed it: its claim expires, and the event
+	// is rescued.
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "crashed", Limit: 1, TTL: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	time.Sleep(150 * time.Millisecond)
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	select {
+	case <-running:
+	case <-time.After(time.Minute):
+		t.Fatal("the rescued event never ran")
+	}
+	stopped := time.Now()
+	stop()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return")
+	}
+	took := time.Since(stopped)
+	t.Logf("Run returned %v after the stop (ShutdownTimeout 300ms, ClaimTTL %v)", took.Round(time.Millisecond), claimTTL)
+	require.Less(t, took, claimTTL/2, "Run waited for the rescued handler's deadline, past ShutdownTimeout")
+}
+
+// TestRescuesRunInGroups: the events of a crashed process's claims (here
+// 16 keys' heads) are rescued in groups, not one at a time with a drain
+// before each: on their first rescue, up to Workers of them run at once.
+func TestRescuesRunInGroups(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newPG(t)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "g", Workers: 4, PollInterval: 20 * time.Millisecond, ClaimTTL: 5 * time.Second})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	running, most, done := 0, 0, 0
+	c.HandleAll(func(ctx context.Context, _ pgx.Tx, _ *ferry.Event) error {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		mu.Unlock()
+		// Until another one runs beside it (its group's), for a second at
+		// most: a loaded machine may start them apart.
+		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			mu.Lock()
+			together := most > 1
+			mu.Unlock()
+			if together {
+				break
+			}
+		}
+		mu.Lock()
+		running--
+		done++
+		mu.Unlock()
+		return nil
+	})
+	var evs []*ferryevent.Event
+	for i := range 16 {
+		ev := &ferryevent.Event{Topic: "t", Key: fmt.Sprintf("k%d", i), Type: "T"}
+		require.NoError(t, ferryevent.Prepare(ev, 0, 0, time.Now()))
+		evs = append(evs, ev)
+	}
+	_, err = c.Ingest(ctx, evs)
+	require.NoError(t, err)
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "crashed", Limit: 16, TTL: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, rows, 16)
+	time.Sleep(150 * time.Millisecond)
+	startConsumer(t, c)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return done == 16 }, time.Minute, 10*time.Millisecond)
+	for _, ev := range evs {
+		st, err := drv.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: "g", EventIDs: []uuid.UUID{ev.ID}})
+		require.NoError(t, err)
+		require.Equal(t, ferrydriver.InboxProcessed, st[ev.ID].State)
+		require.Equal(t, 2, st[ev.ID].Attempts, "each ran once more, on its rescue")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Greater(t, most, 1, "the rescued events ran one at a time")
+	require.LessOrEqual(t, most, 4, "at most Workers at once")
 }

@@ -116,9 +116,16 @@ Consumer.Ingest. Keys run in parallel, each key in order; failures retry
 with backoff, then go DEAD (ConsumerConfig.OnDead, DeadPolicy). A crash
 costs an attempt too: the events a claim covered when it expired (their
 process crashed, or a handler outlived ConsumerConfig.ClaimTTL) count one
-each and run again one at a time, each alone in its process, so the event
-that crashes its process goes DEAD after MaxAttempts crashes and costs no
-other event a second attempt. An event of a type
+each and run again with nothing else running, in groups that halve with
+each crash (Workers at first) and alone on an event's last attempt, so the
+event that crashes its process goes DEAD after MaxAttempts crashes, and no
+other event goes DEAD for it. A process that dies stops renewing its
+membership of the group (ConsumerConfig.LivenessTTL, 5 s), and the group's
+other processes then end its claims at once instead of after ClaimTTL.
+Consumer.Consume reads a source that must
+have one reader at a time (a JetStream durable) from one process of the
+group, under a lease (ConsumerConfig.SourceLeaseTTL); the others stand by
+and take over when it dies. An event of a type
 without a handler fails, naming its type, unless HandleAll handles it or
 ConsumerConfig.SkipUnhandled skips it. Register handlers before Run. The
 group's dead policy is stored when Run starts and is the one every process

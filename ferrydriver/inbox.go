@@ -344,9 +344,11 @@ type ClaimInboxParams struct {
 	// many (they lost their claims) goes DEAD instead. 0: no bound.
 	MaxAttempts int
 	// Rescue claims rows whose last claim expired (their worker crashed, or
-	// outlived the claim) instead of PENDING and FAILED ones. The consumer
-	// runs them one at a time with nothing else running, so that an event
-	// that crashes its process costs no other event an attempt.
+	// outlived the claim) instead of PENDING and FAILED ones, one per key.
+	// The consumer runs them with nothing else running, in groups that
+	// halve with each crash they were in and alone on a row's last
+	// attempt, so that an event that crashes its process is found, and no
+	// other event goes DEAD for it.
 	Rescue bool
 }
 
@@ -393,6 +395,23 @@ type FailInboxParams struct {
 	// Uncounted takes the claim's attempt back: the handler never ran
 	// (ErrTxNotBegun).
 	Uncounted bool
+}
+
+// ClaimReaper is implemented by inboxes that can end a worker's claims
+// before their TTL: a consumer process whose membership of its group (a
+// lease it renews) lapsed has crashed or is cut off, and the group's other
+// processes take its events over at once instead of after ClaimTTL. The
+// claims ended are expired claims like any other: their rows are rescued
+// (ClaimInbox with Rescue), and a late commit under them is refused
+// (ErrClaimLost).
+type ClaimReaper interface {
+	// ClaimHolders lists the workers (ClaimInboxParams.Worker) holding
+	// unexpired claims of the group. It reads the group's claims only.
+	ClaimHolders(ctx context.Context, group string) ([]string, error)
+	// ExpireClaims makes worker's unexpired claims of the group expire
+	// now and returns how many it ended. A claim it cannot take at once
+	// (another transaction holds its key) is left for a later call.
+	ExpireClaims(ctx context.Context, group, worker string) (int, error)
 }
 
 // GroupLister is implemented by inboxes that can list their consumer

@@ -196,6 +196,19 @@ func Fenced(ctx context.Context) error {
 	return nil
 }
 
+// SingleReader is implemented by sources whose broker lets several
+// processes read one ordering line at once and splits it between them (a
+// JetStream durable): two readers would each ingest part of a key's
+// events, out of order. ReaderName names the line ("nats/<stream>/
+// <durable>"); ferry.Consumer.Consume holds a lease of that name in the
+// consumer's store while it runs the source, so that one process reads
+// the line at a time and another stands by to take over when it dies.
+// Sources whose broker keeps one reader per line itself (Kafka's consumer
+// groups, RabbitMQ's single active consumer) need not implement it.
+type SingleReader interface {
+	ReaderName() string
+}
+
 // Source delivers events from a broker to a consumer's inbox: the other
 // direction of a Sink. ferry.Consumer.Consume runs one; ferrynats,
 // ferrykafka and ferryrabbit have one each, and every implementation must

@@ -37,6 +37,9 @@ import (
 var ferryBin string
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv("FERRY_TEST_SOURCE_CHILD"); spec != "" {
+		os.Exit(sourceChild(spec)) // a consumer process of TestOneReaderPerDurable
+	}
 	dir, err := os.MkdirTemp("", "ferry-bin-")
 	if err != nil {
 		panic(err)

@@ -32,6 +32,7 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("ClaimsHeadsInKeyOrder", func(t *testing.T) { t.Parallel(); testInboxHeads(t, newDriver(t)) })
 	t.Run("CompleteCommitsWithHandlerTx", func(t *testing.T) { t.Parallel(); testInboxComplete(t, newDriver(t)) })
 	t.Run("ExpiredClaimIsReclaimed", func(t *testing.T) { t.Parallel(); testInboxExpiredClaim(t, newDriver(t)) })
+	t.Run("ReapedClaimIsRescued", func(t *testing.T) { t.Parallel(); testInboxReapedClaim(t, newDriver(t)) })
 	t.Run("StaleAttemptCannotFinishALaterClaim", func(t *testing.T) { t.Parallel(); testInboxStaleAttempt(t, newDriver(t)) })
 	t.Run("ExhaustedAttemptsGoDeadAtClaim", func(t *testing.T) { t.Parallel(); testInboxExhausted(t, newDriver(t)) })
 	t.Run("UncountedFailureTakesTheAttemptBack", func(t *testing.T) { t.Parallel(); testInboxUncounted(t, newDriver(t)) })
@@ -306,6 +307,49 @@ func testInboxExpiredClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	})
 	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the first worker's late completion is fenced off")
 	complete(ctx, t, d, again[0])
+}
+
+// testInboxReapedClaim: a worker's claims ended by ExpireClaims (its
+// membership lapsed) are rescued at once, long before their TTL, and its
+// late completion is refused; another worker's claims are left alone.
+func testInboxReapedClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	r, ok := any(d).(ferrydriver.ClaimReaper)
+	if !ok {
+		t.Skipf("%s does not implement ferrydriver.ClaimReaper: a crashed consumer's claims run again after ClaimTTL", d.Name())
+	}
+	ctx := ctxT(t, 30*time.Second)
+	insert(ctx, t, d, Event("t", "k1", "one"), Event("t", "k2", "two"))
+	dead, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "dies", Limit: 1, TTL: time.Hour})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	live, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "lives", Limit: 1, TTL: time.Hour})
+	require.NoError(t, err)
+	require.Len(t, live, 1)
+	holders, err := r.ClaimHolders(ctx, group)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"dies", "lives"}, holders)
+	n, err := r.ExpireClaims(ctx, group, "dies")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = r.ExpireClaims(ctx, group, "dies")
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing left to end")
+	holders, err = r.ClaimHolders(ctx, group)
+	require.NoError(t, err)
+	require.Equal(t, []string{"lives"}, holders)
+	due, err := d.RescueDue(ctx, group)
+	require.NoError(t, err)
+	require.True(t, due, "the ended claim is due for rescue at once")
+	again := rescue(ctx, t, d, "w2")
+	require.Len(t, again, 1)
+	require.Equal(t, dead[0].Event.ID, again[0].Event.ID)
+	require.Equal(t, 2, again[0].Attempts, "the ended claim counted its attempt")
+	err = d.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+		return d.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: dead[0].Event.ID, Claim: dead[0].Claim})
+	})
+	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the reaped worker's late completion is fenced off")
+	complete(ctx, t, d, again[0])
+	complete(ctx, t, d, live[0])
 }
 
 // testInboxStaleAttempt: one worker's attempt outlives its claim, the

@@ -437,6 +437,34 @@ func expiredClaims(group string, now time.Time) bson.D {
 		{Key: "claim_expires_at", Value: bson.D{{Key: "$lte", Value: now}}}}
 }
 
+// liveClaims selects the group's unexpired claims (the g,
+// claim_expires_at index).
+func liveClaims(group string, now time.Time) bson.D {
+	return bson.D{{Key: "g", Value: group}, {Key: "claim_expires_at", Value: bson.D{{Key: "$gt", Value: now}}},
+		{Key: "state", Value: string(ferrydriver.InboxProcessing)}}
+}
+
+// ClaimHolders implements ferrydriver.ClaimReaper.
+func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
+	var out []string
+	if err := d.inbox().Distinct(ctx, "claimed_by", liveClaims(group, time.Now().UTC())).Decode(&out); err != nil {
+		return nil, fmt.Errorf("ferrymongo: list the claim holders of group %s: %w", group, err)
+	}
+	return out, nil
+}
+
+// ExpireClaims implements ferrydriver.ClaimReaper: the documents it ends
+// are expired claims, which a rescue takes (and every finish refuses).
+func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
+	now := time.Now().UTC()
+	filter := append(liveClaims(group, now), bson.E{Key: "claimed_by", Value: worker})
+	res, err := d.inbox().UpdateMany(ctx, filter, bson.D{{Key: "$set", Value: bson.D{{Key: "claim_expires_at", Value: now}}}})
+	if err != nil {
+		return 0, fmt.Errorf("ferrymongo: expire the claims of %s in group %s: %w", worker, group, err)
+	}
+	return int(res.ModifiedCount), nil
+}
+
 // RescueDue implements ferrydriver.Inbox.
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
 	err := d.inbox().FindOne(ctx, expiredClaims(group, time.Now().UTC()), options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()

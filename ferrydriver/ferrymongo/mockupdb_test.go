@@ -463,6 +463,34 @@ func TestMockPruneKeysForgetsOnlyKeysWithNothingLeft(t *testing.T) {
 	require.NotContains(t, reports[2], `"c"`)
 }
 
+// TestMockClaimReaper: ClaimHolders reads the workers of the group's live
+// claims (the partial index of claims by expiry), and ExpireClaims ends
+// one worker's live claims now, in one update of every such document.
+func TestMockClaimReaper(t *testing.T) {
+	uri, lines := mockServerLines(t, "reaper")
+	client := mockClient(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drv, err := ferrymongo.New(ctx, client, "app", nil)
+	require.NoError(t, err)
+	var r ferrydriver.ClaimReaper = drv
+	holders, err := r.ClaimHolders(ctx, "billing")
+	require.NoError(t, err)
+	require.Equal(t, []string{"w1", "w2"}, holders)
+	n, err := r.ExpireClaims(ctx, "billing", "w1")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	reports := awaitReports(ctx, t, lines, 2)
+	require.Contains(t, reports[0], `"key": "claimed_by"`)
+	require.Contains(t, reports[0], `"g": "billing"`)
+	require.Contains(t, reports[0], `"claim_expires_at": {"$gt": `)
+	require.Contains(t, reports[0], `"state": "processing"`)
+	require.Contains(t, reports[1], `"claimed_by": "w1"`)
+	require.Contains(t, reports[1], `"claim_expires_at": {"$gt": `, "live claims only")
+	require.Contains(t, reports[1], `"$set": {"claim_expires_at": `)
+	require.Contains(t, reports[1], `"multi": true`)
+}
+
 // TestMockRedriveParksForItsFeed: a redriven dead letter goes back to the
 // feed that dead-lettered it and to no other: in the transaction that
 // deletes it, it is parked for its key in that feed, at the feed's next

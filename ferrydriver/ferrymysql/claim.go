@@ -517,6 +517,49 @@ func setKeyOutcomes(ctx context.Context, tx *sql.Tx, group string, keys []string
 	return err
 }
 
+// ClaimHolders implements ferrydriver.ClaimReaper: the group's PROCESSING
+// range of ferry_inbox_pages_idx.
+func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT DISTINCT claimed_by FROM ferry_inbox
+ WHERE group_name = ? AND state = 'processing' AND claim_expires_at > `+sqlNow+` AND claimed_by IS NOT NULL`, group)
+	if err != nil {
+		return nil, d.wrapErr("list the claim holders of group "+group, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var w string
+		if err := rows.Scan(&w); err != nil {
+			return nil, d.wrapErr("list the claim holders of group "+group, err)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrapErr("list the claim holders of group "+group, err)
+	}
+	return out, nil
+}
+
+// ExpireClaims implements ferrydriver.ClaimReaper: the rows it ends are
+// expired claims, which a rescue takes (and every finish refuses).
+func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
+	op := "expire the claims of " + worker + " in group " + group
+	var n int64
+	err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE ferry_inbox SET claim_expires_at = `+sqlNow+`
+ WHERE group_name = ? AND state = 'processing' AND claimed_by = ? AND claim_expires_at > `+sqlNow, group, worker)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, d.wrapErr(op, err)
+	}
+	return int(n), nil
+}
+
 // RescueDue implements ferrydriver.Inbox: the group's PROCESSING range of
 // ferry_inbox_pages_idx (the rows being processed only).
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {

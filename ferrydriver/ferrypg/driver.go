@@ -441,6 +441,7 @@ type queries struct {
 	inboxInsert, inboxClaim, inboxRescueKeys, inboxCharge, inboxHead, inboxClaimOne, inboxKill  string
 	inboxUnclaim, inboxRescueDue, inboxFinishRows, inboxLockKeys, inboxRefreshKeys, inboxGroups string
 	inboxListProcessing, inboxRetractClaims, inboxCompleteOne                                   string
+	inboxClaimHolders, inboxExpireClaims                                                        string
 	inboxFinishRowsCommit, inboxCompleteOneCommit, inboxLostClaims                              string
 	inboxCompleteRows, inboxCompleteRowsCommit                                                  string
 	activityInsert, activityList                                                                string
@@ -472,6 +473,7 @@ func newQueries(schema string) queries {
 		selectRedrive: r(sqlSelectRedrive), deleteDeadLetterRefs: r(sqlDeleteDeadLetterRefs), redriveToParked: r(sqlRedriveToParked), countMatchingDeadLetters: feedQueries(r(sqlCountMatchingDeadLetters)),
 		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescueKeys: r(sqlInboxRescueKeys),
 		inboxCharge: r(sqlInboxCharge), inboxHead: r(sqlInboxHead), inboxClaimOne: r(sqlInboxClaimOne), inboxKill: r(sqlInboxKill),
+		inboxClaimHolders: r(sqlInboxClaimHolders), inboxExpireClaims: r(sqlInboxExpireClaims),
 		inboxUnclaim: r(sqlInboxUnclaim), inboxRescueDue: r(sqlInboxRescueDue), inboxFinishRows: r(strings.Replace(sqlInboxFinishRows, "{tail}", finishTail, 1)),
 		inboxFinishRowsCommit:  r(strings.Replace(sqlInboxFinishRows, "{tail}", finishRowsTailCommit, 1)),
 		inboxCompleteOneCommit: r(strings.Replace(sqlInboxCompleteOne, "{tail}", completeOneTailCommit, 1)), inboxLostClaims: r(sqlInboxLostClaims),

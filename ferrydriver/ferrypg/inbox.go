@@ -238,6 +238,37 @@ func (d *Driver[TTx]) RescueDue(ctx context.Context, group string) (bool, error)
 	return due, nil
 }
 
+// ClaimHolders implements ferrydriver.ClaimReaper.
+func (d *Driver[TTx]) ClaimHolders(ctx context.Context, group string) ([]string, error) {
+	var out []string
+	err := d.db.pipeline(ctx, step{sql: d.queries.inboxClaimHolders, args: []any{group}, scan: func(r rows) error {
+		var w string
+		if err := r.Scan(&w); err != nil {
+			return err
+		}
+		out = append(out, w)
+		return nil
+	}})
+	if err != nil {
+		return nil, d.wrapErr("list the claim holders of group "+group, err)
+	}
+	return out, nil
+}
+
+// ExpireClaims implements ferrydriver.ClaimReaper.
+func (d *Driver[TTx]) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
+	var n int64
+	err := d.inRC(ctx, func(e executor) error {
+		var err error
+		n, err = e.exec(ctx, d.queries.inboxExpireClaims, group, worker)
+		return err
+	})
+	if err != nil {
+		return 0, d.wrapErr("expire the claims of "+worker+" in group "+group, err)
+	}
+	return int(n), nil
+}
+
 // RunInTx implements ferrydriver.Inbox: fn runs in a transaction at
 // Config.InboxIsolation (READ COMMITTED by default, whatever the
 // database's default_transaction_isolation). A serialization failure or a

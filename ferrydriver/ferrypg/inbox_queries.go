@@ -238,6 +238,25 @@ UPDATE {schema}.inbox_keys
        rescue_at = NULL, suspect_through = greatest(suspect_through, $3)
  WHERE group_name = $1 AND key = $2`
 
+// sqlInboxClaimHolders lists the workers holding unexpired claims of group
+// $1 (a claim sets rescue_at to its expiry: inbox_keys_rescue_idx reads
+// the group's claims only).
+const sqlInboxClaimHolders = `
+SELECT DISTINCT claimed_by FROM {schema}.inbox_keys
+ WHERE group_name = $1 AND rescue_at > now() AND claim_token IS NOT NULL AND claim_expires_at > now() AND claimed_by IS NOT NULL`
+
+// sqlInboxExpireClaims makes worker $2's unexpired claims of group $1
+// expire now: due for a rescue, and fenced (every finish checks
+// claim_expires_at). A key another transaction holds is skipped, not
+// waited for (the caller tries again later): the keys are taken in key
+// order, without waiting, so that this cannot deadlock with a finish.
+const sqlInboxExpireClaims = `
+UPDATE {schema}.inbox_keys k SET claim_expires_at = now(), rescue_at = now()
+  FROM (SELECT key FROM {schema}.inbox_keys
+         WHERE group_name = $1 AND rescue_at > now() AND claim_token IS NOT NULL AND claimed_by = $2 AND claim_expires_at > now()
+         ORDER BY key FOR UPDATE SKIP LOCKED) x
+ WHERE k.group_name = $1 AND k.key = x.key`
+
 // sqlInboxRescueDue says whether a key of the group is due for a rescue.
 const sqlInboxRescueDue = `
 SELECT EXISTS (SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND rescue_at <= now())`

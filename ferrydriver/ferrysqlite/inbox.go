@@ -311,6 +311,48 @@ SELECT EXISTS (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = 'proce
 	return due, nil
 }
 
+// ClaimHolders implements ferrydriver.ClaimReaper.
+func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
+	rows, err := d.r.QueryContext(ctx, `
+SELECT DISTINCT claimed_by FROM ferry_inbox
+ WHERE group_name = ? AND state = 'processing' AND claim_expires_at > ? AND claimed_by IS NOT NULL`, group, micros(now()))
+	if err != nil {
+		return nil, d.wrapErr("list the claim holders of group "+group, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var w string
+		if err := rows.Scan(&w); err != nil {
+			return nil, d.wrapErr("list the claim holders of group "+group, err)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrapErr("list the claim holders of group "+group, err)
+	}
+	return out, nil
+}
+
+// ExpireClaims implements ferrydriver.ClaimReaper: the rows it ends are
+// expired claims, which a rescue takes (and every finish refuses).
+func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
+	op := "expire the claims of " + worker + " in group " + group
+	var n int64
+	err := d.write(ctx, op, func(tx *sql.Tx) error {
+		t := micros(now())
+		res, err := tx.ExecContext(ctx, `
+UPDATE ferry_inbox SET claim_expires_at = ?
+ WHERE group_name = ? AND state = 'processing' AND claimed_by = ? AND claim_expires_at > ?`, t, group, worker, t)
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return int(n), err
+}
+
 // RunInTx implements ferrydriver.Inbox: fn runs in a transaction of DB().
 func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	return d.write(ctx, "run a transaction", func(tx *sql.Tx) error {

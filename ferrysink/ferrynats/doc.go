@@ -139,11 +139,19 @@
 //     goes to SourceConfig.OnInvalid (by default, logged) and is terminated:
 //     JetStream never delivers it again. The rest of its batch is ingested.
 //
-// The durable is one ordering line: run one Source per durable at a time.
-// A second Run on the same Source is refused; a Source in another process
-// is not, but Run notices deliveries of its durable that went elsewhere,
-// waits for JetStream to deliver them again, and logs a warning when they
-// do not come back. To spread the load, give Sources their own durables
+// The durable is one ordering line: one Source reads it at a time. Run it
+// with ferry.Consumer.Consume, which enforces that across processes: the
+// Source names its durable (ReaderName, a ferrysink.SingleReader), and
+// Consume holds a lease of that name in the consumer's store while it
+// reads; the replicas of a service (or the old and new pods of a rolling
+// deploy) stand by and take over within ConsumerConfig.SourceLeaseTTL when
+// the reader dies, or at once when it stops. After a crash, the new reader
+// waits for the messages the dead one held (SourceConfig.AckWait) before
+// ingesting anything newer. Called directly, a second Run on the same
+// Source is refused; a Source in another process is not, but Run notices
+// deliveries of its durable that went elsewhere, waits for JetStream to
+// deliver them again, and logs a warning when they do not come back. To
+// spread the load, give Sources their own durables
 // and FilterSubjects, for instance one per topic, as long as no key's order
 // spans them.
 //

@@ -22,7 +22,7 @@ import (
 const (
 	DefaultBatch     = 256
 	DefaultMaxWait   = time.Second
-	DefaultAckWait   = 30 * time.Second
+	DefaultAckWait   = 10 * time.Second
 	DefaultRetryBase = 100 * time.Millisecond
 	DefaultRetryMax  = 30 * time.Second
 )
@@ -49,7 +49,8 @@ type SourceConfig struct {
 	// Required; no whitespace, '.', '*', '>', '/' or '\'.
 	//
 	// Run one Source per durable at a time: the durable is one ordering
-	// line, and two readers would each see part of it. To spread the load,
+	// line, and two readers would each see part of it. ferry.Consumer.
+	// Consume enforces it across processes with a lease (see ReaderName). To spread the load,
 	// give each Source its own durable and a FilterSubject of its own.
 	Durable string
 
@@ -76,8 +77,10 @@ type SourceConfig struct {
 	// acknowledged nor extended within it is delivered again. Run extends
 	// the messages it holds every AckWait/3 while ingest runs or is
 	// retried, so AckWait mostly bounds how long the messages of a crashed
-	// process wait before they come back. At least MinAckWait. Default:
-	// DefaultAckWait.
+	// process wait before they come back: a standby that takes the durable
+	// over (ferry.Consumer.Consume) ingests nothing newer until then. At
+	// least MinAckWait. Default: DefaultAckWait (10 s; a standby takes
+	// over within ConsumerConfig.SourceLeaseTTL, 5 s by default).
 	AckWait time.Duration
 
 	// MaxAckPending bounds the messages delivered and not yet acknowledged.
@@ -213,6 +216,11 @@ type Source struct {
 
 	running atomic.Bool
 }
+
+// ReaderName implements ferrysink.SingleReader: the durable is one
+// ordering line, and ferry.Consumer.Consume lets one process read it at a
+// time.
+func (s *Source) ReaderName() string { return "nats/" + s.cfg.Stream + "/" + s.cfg.Durable }
 
 // NewSource creates the durable pull consumer SourceConfig.Durable on
 // SourceConfig.Stream (cfg must name Durable), or updates it when it

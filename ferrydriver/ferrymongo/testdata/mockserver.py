@@ -22,7 +22,7 @@ if scenario == "standalone":
 elif scenario == "mongos":
     hello["msg"] = "isdbgrid"
 elif scenario in ("historylost", "quiet", "oplog", "commitunknown", "badtoken", "ttl", "capture", "lag", "dlretention", "prunekeys", "redrive", "feeds",
-                  "partitionguard", "migratepartitions", "setpartitions", "policysweep"):
+                  "partitionguard", "migratepartitions", "setpartitions", "policysweep", "reaper"):
     hello.update(setName="rs0", hosts=["localhost"], secondary=False)
 else:
     sys.exit("unknown scenario " + scenario)
@@ -416,6 +416,15 @@ if scenario == "policysweep":
     r = server.receives(OpMsg("commitTransaction"), timeout=30)
     report("commit", {})
     r.ok()
+
+if scenario == "reaper":
+    # ClaimHolders, then ExpireClaims of one worker (three claims).
+    r = server.receives(OpMsg("distinct", "ferry_inbox"), timeout=30)
+    report("distinct", {"key": r.doc.get("key"), "query": r.doc.get("query")})
+    r.ok(values=["w1", "w2"])
+    r = server.receives(OpMsg("update", "ferry_inbox"), timeout=30)
+    report("update", {"updates": r.doc.get("updates")})
+    r.ok(n=3, nModified=3)
 
 sys.stdin.read()  # serve until the test closes our stdin
 server.stop()
