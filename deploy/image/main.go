@@ -17,6 +17,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"flag"
 	"fmt"
@@ -108,8 +109,23 @@ func build(o *options) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Compressed once, here: the layer's digest, the layout and the
+	// push all read these bytes (ggcr would compress again for each).
+	var gz bytes.Buffer
+	// No name, no time: the same bytes each build. BestSpeed is what ggcr
+	// uses by default.
+	zw, err := gzip.NewWriterLevel(&gz, gzip.BestSpeed)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := zw.Write(layerTar); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
+		return io.NopCloser(bytes.NewReader(gz.Bytes())), nil
 	}, tarball.WithMediaType(types.OCILayer))
 	if err != nil {
 		return nil, err
