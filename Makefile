@@ -67,6 +67,14 @@ BIN ?= $(CURDIR)/bin/ferry
 build: ## Build the ferry command into bin/ (BIN=path), its version and commit stamped
 	cd cmd/ferry && go build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.modified=$(MODIFIED)" -o $(BIN) .
 
+.PHONY: image
+IMAGE ?= $(CURDIR)/bin/ferry-image
+GOARCH ?= $(shell go env GOARCH)
+
+image: ## Write the OCI image of ferry (static binary, CA certificates, non-root user; no daemon, no base image) as an OCI layout in bin/ferry-image (IMAGE=dir)
+	cd cmd/ferry && CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH) go build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.modified=$(MODIFIED)" -o $(CURDIR)/bin/ferry-linux-$(GOARCH) .
+	cd deploy && SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) go run ./image --binary $(CURDIR)/bin/ferry-linux-$(GOARCH) --arch $(GOARCH) --version $(VERSION) --commit $(COMMIT) --out $(IMAGE)
+
 .PHONY: tidy
 tidy: ## go mod tidy every module as a user's go command sees it (siblings from a proxy of this tree)
 	@$(RELEASE) tidy

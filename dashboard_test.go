@@ -53,8 +53,39 @@ func dashboardQueries(t *testing.T) []string {
 	return exprs
 }
 
+// alertQueries returns the expression of every alert rule in
+// deploy/prometheus/ferry-alerts.yml (one line after "expr:", or the
+// indented block of "expr: |").
+func alertQueries(t *testing.T) []string {
+	raw, err := os.ReadFile("deploy/prometheus/ferry-alerts.yml")
+	require.NoError(t, err)
+	var exprs []string
+	lines := strings.Split(string(raw), "\n")
+	for i := 0; i < len(lines); i++ {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(lines[i]), "expr:")
+		if !ok {
+			continue
+		}
+		rest = strings.TrimSpace(rest)
+		if rest != "|" {
+			exprs = append(exprs, rest)
+			continue
+		}
+		indent := len(lines[i]) - len(strings.TrimLeft(lines[i], " "))
+		var block []string
+		for i+1 < len(lines) && len(lines[i+1])-len(strings.TrimLeft(lines[i+1], " ")) > indent {
+			i++
+			block = append(block, strings.TrimSpace(lines[i]))
+		}
+		exprs = append(exprs, strings.Join(block, " "))
+	}
+	require.Len(t, exprs, 9, "every alert rule's expression is read")
+	return exprs
+}
+
 // TestDashboardQueriesOnlyServedMetrics: every metric the Grafana
-// dashboard queries is in what /metrics serves once a relay, a consumer,
+// dashboard and the alert rules (deploy/prometheus) query is in what
+// /metrics serves once a relay, a consumer,
 // RunTx and AwaitSettled have run with their metrics registered, with
 // every label the query groups by (sum by (feed, ...)) or matches on (a
 // label no metric has groups nothing: the panels drew one line for all).
@@ -96,14 +127,16 @@ func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 	name := regexp.MustCompile(`ferry_[a-z_]+`)
-	by := regexp.MustCompile(`by \(([^)]*)\)`)
+	by := regexp.MustCompile(`(?:by|on) \(([^)]*)\)`)
+	// Labels Prometheus adds to every scraped series.
+	target := map[string]bool{"instance": true, "job": true}
 	matchers := regexp.MustCompile(`(ferry_[a-z_]+)\{([^}]*)\}`)
 	// The inbox gauges appear once the consumer's first refresh ran.
 	var missing []string
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		served := scrape(t, srv.URL)
 		missing = missing[:0]
-		for _, expr := range dashboardQueries(t) {
+		for _, expr := range append(dashboardQueries(t), alertQueries(t)...) {
 			metrics := name.FindAllString(expr, -1)
 			for _, m := range metrics {
 				if served[m] == nil {
@@ -113,7 +146,7 @@ func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 			for _, g := range by.FindAllStringSubmatch(expr, -1) {
 				for _, l := range strings.Split(g[1], ",") {
 					for _, m := range metrics {
-						if l = strings.TrimSpace(l); served[m] != nil && !served[m][l] {
+						if l = strings.TrimSpace(l); served[m] != nil && !served[m][l] && !target[l] {
 							missing = append(missing, m+" by "+l)
 						}
 					}
@@ -131,7 +164,7 @@ func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 			break
 		}
 	}
-	require.Empty(t, missing, "the dashboard queries metrics, or labels of them, that /metrics does not serve")
+	require.Empty(t, missing, "the dashboard or the alert rules query metrics, or labels of them, that /metrics does not serve")
 }
 
 // scrape returns the samples url serves: each metric's name, with the

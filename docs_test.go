@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -398,9 +397,6 @@ func TestDocsLinksResolve(t *testing.T) {
 					file = filepath.ToSlash(filepath.Join(filepath.Dir(page), target))
 				}
 				if _, err := os.Stat(file); err != nil {
-					if slices.Contains(allowedMissingLinks, file) {
-						continue
-					}
 					broken = append(broken, fmt.Sprintf("%s:%d: %s", page, i+1, m[1]))
 					continue
 				}
@@ -412,12 +408,6 @@ func TestDocsLinksResolve(t *testing.T) {
 	}
 	require.Empty(t, broken, "links to files that do not exist")
 }
-
-// allowedMissingLinks are pages other branches add (the Kubernetes
-// deployment guide): a link to one passes while the page is missing, and is
-// checked like any other once it exists. Remove an entry once its page is
-// on main.
-var allowedMissingLinks = []string{"docs/operations/kubernetes.md"}
 
 var notAnchor = regexp.MustCompile(`[^\p{L}\p{N} _-]`)
 

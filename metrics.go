@@ -191,7 +191,7 @@ func (s *metricSet) gauge(name, help string) gauge {
 type relayMetrics struct {
 	published, batches, retries, deadLetters, checkpoints, duplicates, parkedEvents counter
 	batchSize, publishSeconds                                                       observer
-	lagEvents, lagSeconds, leader, parkedKeys, heldKeys                             gauge
+	lagEvents, lagSeconds, leader, parkedKeys, heldKeys, stuckKeySeconds            gauge
 	removed                                                                         counterVec
 }
 
@@ -214,6 +214,8 @@ func newRelayMetrics(hooks []Hook, feed string) (*relayMetrics, error) {
 		parkedEvents:   s.counter("ferry_relay_parked_events_total", "Events set aside because their key's destination did not acknowledge it in time."),
 		parkedKeys:     s.gauge("ferry_relay_parked_keys", "Keys whose events are set aside and published from the store (this leader's view)."),
 		heldKeys:       s.gauge("ferry_relay_held_keys", "Parked keys held by DeadPolicy Hold until an operator releases them."),
+		stuckKeySeconds: s.gauge("ferry_relay_stuck_key_seconds",
+			"How long the key waiting longest for its destination's acknowledgement (in flight, retried, parked or held) has waited, refreshed every heartbeat by the leader; 0 when none waits."),
 		removed: counterVec{s.make("ferry_relay_retention_removed_total",
 			"Rows the relay's retention pass removed, by kind: events (published), keys (idle, delivered), dead_letters (expired).", Counter, []string{"kind"}, nil)},
 	}

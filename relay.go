@@ -284,6 +284,8 @@ type Relay struct {
 	// parkedLoadCap bounds the parked keys a leadership loads at once (0:
 	// defaultParkedLoadCap); tests lower it (export_test.go).
 	parkedLoadCap int
+	// health is what Health reports (relay_health.go).
+	health relayHealth
 }
 
 // NewRelay returns a relay from store to sink.
@@ -341,6 +343,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("ferry: Relay.Run called while this relay is already running: run each Relay once at a time (create one per partition)")
 	}
 	defer r.running.Store(false)
+	r.health.started(time.Now())
 	r.holder = fmt.Sprintf("%s#%08x", r.cfg.HolderID, rand.Uint32())
 	r.log = r.cfg.Logger.With("feed", r.name, "holder", r.holder)
 	r.meter = nil
@@ -447,6 +450,11 @@ var errTrustExpired = fmt.Errorf("lease not renewed within its TTL: %w", ferrydr
 // the expiry, so it always ends before the lease does.
 func (r *Relay) lead(stop context.Context, lease *ferrydriver.Lease, asked time.Time) error {
 	r.m.leader.Set(1)
+	r.health.leading(true, time.Now())
+	defer func() {
+		r.health.leading(false, time.Now())
+		r.m.stuckKeySeconds.Set(0)
+	}()
 	// A standby reads no lag: its samples must not carry the last one it
 	// read while it led.
 	defer r.meter.lagged(0, 0)
@@ -878,5 +886,6 @@ func (r *Relay) refreshLag(ctx context.Context) {
 	}
 	r.m.lagEvents.Set(float64(lag.Events))
 	r.m.lagSeconds.Set(age.Seconds())
+	r.health.lagged(lag.Events, time.Now())
 	r.meter.lagged(lag.Events, age)
 }

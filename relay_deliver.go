@@ -103,10 +103,14 @@ type keyState struct {
 	// parked: the key's queue is in the store, and q holds at most its
 	// head; held: the head is not retried until an operator releases it.
 	parked, held bool
+	// parkedAt is when an earlier leader parked the head (for Health).
+	parkedAt time.Time
 }
 
 // fresh forgets the failures of k's previous head.
-func (k *keyState) fresh() { k.attempts, k.since, k.lastErr = 0, time.Time{}, nil }
+func (k *keyState) fresh() {
+	k.attempts, k.since, k.lastErr, k.parkedAt = 0, time.Time{}, nil, time.Time{}
+}
 
 // headFrom makes h, read from the store, k's head, with the failed
 // attempts a leader recorded with it (SetParkedAttempts): MaxAttempts and
@@ -242,6 +246,7 @@ func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 		case <-linger.C:
 			lingering, lingered = false, true
 		case <-heartbeat.C:
+			p.reportStuck(time.Now())
 			p.r.reportDuplicates(false)
 			if err := p.checkHeld(); err != nil {
 				return err
@@ -740,6 +745,32 @@ func (p *pipeline) advance() {
 	if cursor != nil {
 		p.ck.offer(cursor, events)
 	}
+	p.r.health.delivered(p.behind, events > 0, now)
+}
+
+// reportStuck records, every heartbeat, the key whose head has waited
+// longest for an acknowledgement (Health, ferry_relay_stuck_key_seconds).
+func (p *pipeline) reportStuck(now time.Time) {
+	var key string
+	var oldest time.Time
+	for _, k := range p.keys {
+		if len(k.q) == 0 {
+			continue
+		}
+		since := k.since
+		if !k.parkedAt.IsZero() && (since.IsZero() || k.parkedAt.Before(since)) {
+			since = k.parkedAt
+		}
+		if !since.IsZero() && (oldest.IsZero() || since.Before(oldest)) {
+			key, oldest = k.key, since
+		}
+	}
+	p.r.health.stuck(key, oldest, now)
+	age := time.Duration(0)
+	if !oldest.IsZero() {
+		age = max(0, now.Sub(oldest))
+	}
+	p.r.m.stuckKeySeconds.Set(age.Seconds())
 }
 
 // park sets aside the events of keys that hold the pipeline back: a key
@@ -940,7 +971,7 @@ func (p *pipeline) adoptParked(heads []*ferrydriver.ParkedEvent) int {
 		if p.keys[h.Event.Key] != nil {
 			continue
 		}
-		k := &keyState{key: h.Event.Key, heapIdx: -1, parked: true, held: h.Held}
+		k := &keyState{key: h.Event.Key, heapIdx: -1, parked: true, held: h.Held, parkedAt: h.ParkedAt}
 		p.keys[k.key] = k
 		k.headFrom(h)
 		p.r.m.parkedKeys.Inc()

@@ -66,7 +66,7 @@ func cmdChainRun(ctx context.Context, args []string, stderr io.Writer) error {
 	f.Duration(&c.poll, "poll-interval", "FERRY_CHAIN_POLL_INTERVAL", 2*time.Second, "how often the head is read without a subscription")
 	f.Duration(&c.stall, "stall-after", "FERRY_CHAIN_STALL_AFTER", 2*time.Minute, "alert when the head has not moved for this long")
 	f.String(&c.topic, "topic", "FERRY_CHAIN_TOPIC", "chain", "Ferry topic of the events")
-	f.String(&c.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", "127.0.0.1:9465", "serve /metrics, /healthz, /readyz here (\"off\": no server)")
+	f.String(&c.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", "127.0.0.1:9465", "serve /metrics, /livez (/healthz), /readyz here (\"off\": no server)")
 	f.String(&c.level, "log-level", "FERRY_LOG_LEVEL", "info", "debug, info, warn or error")
 	if err := f.Parse(args); err != nil {
 		return err
@@ -138,7 +138,7 @@ func cmdChainRun(ctx context.Context, args []string, stderr io.Writer) error {
 		return usagef("%v", err)
 	}
 	if c.metricsAddr != "" && c.metricsAddr != "off" {
-		srv, err := serveMetrics(ctx, c.metricsAddr, reg, b.ping)
+		srv, err := serveMetrics(ctx, c.metricsAddr, reg, b.ping, nil)
 		if err != nil {
 			return fmt.Errorf("serve metrics on --metrics-addr %s: %w (\"off\" disables it)", c.metricsAddr, err)
 		}

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,27 +29,20 @@ func cmdRelay(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return runDaemon(ctx, &dc, stderr)
 }
 
-// serveMetrics serves /metrics, /healthz (the process is up) and /readyz
-// (the database and the broker answer).
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready func(context.Context) error) (*http.Server, error) {
+// serveMetrics serves /metrics, /livez and /healthz (the process is not
+// wedged) and /readyz (the database and the broker answer and, with pipe,
+// the relays' partitions move): see health.go.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready func(context.Context) error, pipe *pipelineProbe) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	var lastErr atomic.Value
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		rctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := ready(rctx); err != nil {
-			lastErr.Store(err.Error())
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
+	live, readyz := probeHandlers(ready, pipe)
+	mux.HandleFunc("/livez", live)
+	mux.HandleFunc("/healthz", live)
+	mux.HandleFunc("/readyz", readyz)
 	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	context.AfterFunc(ctx, func() { _ = srv.Close() })

@@ -83,7 +83,9 @@ type runConfig struct {
 		KeyRetention        duration `yaml:"key_retention"`
 	} `yaml:"relay"`
 	Metrics struct {
-		Addr string `yaml:"addr"`
+		Addr              string   `yaml:"addr"`
+		HealthStallAfter  duration `yaml:"health_stall_after"`
+		HealthStuckKeyAge duration `yaml:"health_stuck_key_age"`
 	} `yaml:"metrics"`
 	UI struct {
 		Addr      string `yaml:"addr"`
@@ -222,6 +224,7 @@ type daemonConfig struct {
 	batch, partition                                   int
 	poll, leaseTTL, retention, shutdown, stall, maxAge time.Duration
 	deadLetterRetention, keyRetention                  time.Duration
+	healthStallAfter, healthStuckKeyAge                time.Duration // /readyz's rules (health.go)
 	maxAttempts                                        int
 	deadPolicy                                         string
 	allPartitions                                      bool // one relay per partition (ferry run)
@@ -264,7 +267,11 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 		"on giving up: hold (the key waits until ferry parked release or skip lets it go) or continue (dead-letter the event, go on with the key)")
 	f.Duration(&dc.deadLetterRetention, "dead-letter-retention", "FERRY_DEAD_LETTER_RETENTION", or(time.Duration(fc.Relay.DeadLetterRetention), 14*24*time.Hour), "keep the relay's dead letters this long (negative: forever)")
 	f.Duration(&dc.keyRetention, "key-retention", "FERRY_KEY_RETENTION", time.Duration(fc.Relay.KeyRetention), "forget a key's sequence once it is idle this long with every event delivered; its next Seq is 1 (0: as --retention; negative: never)")
-	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /healthz, /readyz here (\"off\": no server)")
+	f.String(&dc.metricsAddr, "metrics-addr", "FERRY_METRICS_ADDR", or(fc.Metrics.Addr, "127.0.0.1:9464"), "serve /metrics, /livez (/healthz), /readyz here (\"off\": no server)")
+	f.Duration(&dc.healthStallAfter, "health-stall-after", "FERRY_HEALTH_STALL_AFTER", or(time.Duration(fc.Metrics.HealthStallAfter), time.Minute),
+		"/readyz fails when a partition this process leads has events waiting and its checkpoint has not moved for this long (0: never)")
+	f.Duration(&dc.healthStuckKeyAge, "health-stuck-key-age", "FERRY_HEALTH_STUCK_KEY_AGE", or(time.Duration(fc.Metrics.HealthStuckKeyAge), 10*time.Minute),
+		"/readyz fails when a key has waited this long for its destination's acknowledgement (parked, held or retried; 0: never)")
 	f.String(&dc.logLevel, "log-level", "FERRY_LOG_LEVEL", or(fc.Log.Level, "info"), "debug, info, warn or error")
 	dc.ui.hosts, dc.ui.openReads = fc.UI.Hosts, fc.UI.OpenReads
 	dc.ui.register(f)
@@ -296,6 +303,10 @@ func (dc *daemonConfig) validate() error {
 		return usagef("%s is %v: use 0 (never give up) or a positive duration", name("max-age", "FERRY_MAX_AGE", "max_age"), dc.maxAge)
 	case !dc.allPartitions && dc.partition < 0:
 		return usagef("--partition / FERRY_PARTITION is %d: use 0 or more (0 is the first partition; `ferry partitions show` lists them)", dc.partition)
+	case dc.healthStallAfter < 0:
+		return usagef("--health-stall-after / FERRY_HEALTH_STALL_AFTER / metrics.health_stall_after is %v: use 0 (never) or a positive duration (default 1m)", dc.healthStallAfter)
+	case dc.healthStuckKeyAge < 0:
+		return usagef("--health-stuck-key-age / FERRY_HEALTH_STUCK_KEY_AGE / metrics.health_stuck_key_age is %v: use 0 (never) or a positive duration (default 10m)", dc.healthStuckKeyAge)
 	case dc.deadPolicy != "hold" && dc.deadPolicy != "continue":
 		return usagef("%s is %q: use hold or continue", name("dead-policy", "FERRY_DEAD_POLICY", "dead_policy"), dc.deadPolicy)
 	}
@@ -428,7 +439,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 				return fmt.Errorf("database: %w", err)
 			}
 			return ready()
-		})
+		}, newPipelineProbe(relays, partitions, b.store, dc))
 		if err != nil {
 			return fmt.Errorf("serve metrics on --metrics-addr / FERRY_METRICS_ADDR %s: %w (\"off\" disables it)", dc.metricsAddr, err)
 		}

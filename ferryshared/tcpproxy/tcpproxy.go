@@ -1,13 +1,14 @@
 // Package tcpproxy is a small in-process TCP proxy for fault-injection
 // tests: it forwards connections to an upstream address and can reset them
-// all (an abrupt close, RST where the platform allows) or refuse
+// all (an abrupt close, RST where the platform allows), refuse
 // connections for a while, as a network partition or a broker restart
-// would look to a client.
+// would look to a client, or hang: a black hole that accepts connections
+// and keeps them open but forwards nothing either way, as a peer whose
+// process is stuck (or a dropped route) looks, until it resumes.
 package tcpproxy
 
 import (
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -22,7 +23,11 @@ type Proxy struct {
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 	down  bool
-	wg    sync.WaitGroup
+	// resumed is closed when a Hang ends (nil: not hung); closed when the
+	// proxy is.
+	resumed chan struct{}
+	closed  chan struct{}
+	wg      sync.WaitGroup
 }
 
 // Start listens on a free loopback port and forwards to upstream.
@@ -31,7 +36,7 @@ func Start(upstream string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}, closed: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -68,9 +73,25 @@ func (p *Proxy) accept() {
 	}
 }
 
+// pipe forwards src to dst, each chunk read only once the proxy is not
+// hung.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.passable() {
+				break
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	p.mu.Lock()
 	delete(p.conns, dst)
 	delete(p.conns, src)
@@ -85,6 +106,45 @@ func abort(c net.Conn) {
 		_ = tc.SetLinger(0)
 	}
 	_ = c.Close()
+}
+
+// passable waits while the proxy is hung; false once it is closed.
+func (p *Proxy) passable() bool {
+	p.mu.Lock()
+	resumed := p.resumed
+	p.mu.Unlock()
+	if resumed == nil {
+		return true
+	}
+	select {
+	case <-resumed:
+		return true
+	case <-p.closed:
+		return false
+	}
+}
+
+// Hang makes the proxy a black hole until Resume: open connections stay
+// open and new ones are accepted, but no byte is forwarded either way (a
+// client's writes are taken, up to what the socket buffers hold, and
+// never answered).
+func (p *Proxy) Hang() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resumed == nil {
+		p.resumed = make(chan struct{})
+	}
+}
+
+// Resume ends a Hang: what was held is forwarded, in order, and the
+// connections carry on.
+func (p *Proxy) Resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resumed != nil {
+		close(p.resumed)
+		p.resumed = nil
+	}
 }
 
 // Reset aborts every open connection; new ones are accepted again.
@@ -118,6 +178,8 @@ func (p *Proxy) Close() error {
 	err := p.ln.Close()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
+	} else {
+		close(p.closed)
 	}
 	p.Reset()
 	p.wg.Wait()

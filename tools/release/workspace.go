@@ -15,8 +15,9 @@ import (
 
 // devOnly are the directories of modules that go.work uses for development
 // and no release tags: the examples, the side-by-side benchmark, the
-// programs/ that prove a release, and this tool.
-var devOnly = []string{"bench", "examples/", "programs/", "tools/"}
+// deployment files and their checks (the image builder, the Helm chart,
+// the alert rules), the programs/ that prove a release, and this tool.
+var devOnly = []string{"bench", "deploy", "examples/", "programs/", "tools/"}
 
 // workspace is the repository's modules, as go.work lists them.
 type workspace struct {
