@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"reflect"
+	"strings"
 	"sync"
 )
 
@@ -93,8 +95,11 @@ func NewEvent(topic, key, eventType string, msg any) (*Event, error) {
 }
 
 // Decode decodes ev's payload into a T with the codec of T, after checking
-// that ev's content type is that codec's (an event without one is JSON). A
-// mismatch is an error that names both.
+// that ev's content type is that codec's. A mismatch is an error that names
+// both. JSON is lenient, as decoding was before codecs: an event without a
+// content type, with a JSON one (application/json with parameters,
+// anything+json) or with one no registered codec claims is decoded as JSON;
+// only an event of another registered codec's type is refused.
 func Decode[T any](ev *Event) (T, error) {
 	var msg T
 	t := reflect.TypeFor[T]()
@@ -102,17 +107,35 @@ func Decode[T any](ev *Event) (T, error) {
 	if err != nil {
 		return msg, err
 	}
-	got := ev.ContentType
-	if got == "" {
-		got = ContentTypeJSON
-	}
-	if got != c.ContentType() {
+	if got := ev.ContentType; !decodes(c, got) {
 		return msg, fmt.Errorf("event %s (%s) is %s, but %v is decoded from %s", ev.ID, ev.Type, got, t, c.ContentType())
 	}
 	if err := c.Unmarshal(ev.Payload, &msg); err != nil {
 		return msg, fmt.Errorf("decode %s payload of event %s into %v: %w", ev.Type, ev.ID, t, err)
 	}
 	return msg, nil
+}
+
+// decodes reports whether c reads payloads of content type ct.
+func decodes(c Codec, ct string) bool {
+	media := ct
+	if m, _, err := mime.ParseMediaType(ct); err == nil {
+		media = m
+	}
+	if _, ok := c.(jsonCodec); !ok {
+		return media == c.ContentType()
+	}
+	if media == "" || media == ContentTypeJSON || strings.HasSuffix(media, "+json") {
+		return true
+	}
+	codecs.RLock()
+	defer codecs.RUnlock()
+	for _, other := range codecs.list {
+		if other.ContentType() == media {
+			return false
+		}
+	}
+	return true
 }
 
 type jsonCodec struct{}

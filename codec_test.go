@@ -62,8 +62,15 @@ func TestDecodeRefusesTheOtherCodec(t *testing.T) {
 	_, err = ferry.Decode[shipped](pev)
 	require.ErrorContains(t, err, "is application/x-protobuf, but ferry_test.shipped is decoded from application/json")
 
-	_, err = ferry.Decode[shipped](&ferry.Event{Type: "OrderShipped", ContentType: "text/csv", Payload: []byte("a,b")})
-	require.ErrorContains(t, err, "is text/csv")
+	// JSON is read as leniently as before codecs: parameters, +json types
+	// and types no registered codec claims.
+	for _, ct := range []string{"application/json; charset=utf-8", "application/cloudevents+json", "text/plain"} {
+		got, err := ferry.Decode[shipped](&ferry.Event{Type: "OrderShipped", ContentType: ct, Payload: []byte(`{"order":"o-3"}`)})
+		require.NoError(t, err, ct)
+		require.Equal(t, "o-3", got.Order, ct)
+	}
+	_, err = ferry.Decode[*wrapperspb.StringValue](&ferry.Event{Type: "Named", ContentType: "application/x-protobuf; proto=x", Payload: []byte{}})
+	require.NoError(t, err, "a protobuf content type with parameters")
 
 	_, err = ferry.NewEvent("orders", "o-1", "OrderShipped", nil)
 	require.ErrorContains(t, err, "needs a message")

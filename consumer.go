@@ -353,8 +353,9 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 // Handle registers fn for events of type eventType, with the payload
 // decoded into a T by T's codec (Decode: JSON, or Protocol Buffers for a
 // proto.Message once ferryproto's codec is registered). A payload that does
-// not decode, or whose content type is not that codec's, is a failure that
-// retrying cannot fix: the event goes DEAD at once, with the reason.
+// not decode, or whose content type is another registered codec's, is a
+// failure that retrying cannot fix: the event goes DEAD at once, with the
+// reason.
 func Handle[T any, TTx any](c *Consumer[TTx], eventType string, fn func(ctx context.Context, tx TTx, ev *Event, msg T) error) {
 	c.HandleEvent(eventType, func(ctx context.Context, tx TTx, ev *Event) error {
 		msg, err := Decode[T](ev)
