@@ -57,7 +57,11 @@ func (ws *workspace) check() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(problems, internal...), nil
+	docs, err := ws.docProblems(v)
+	if err != nil {
+		return nil, err
+	}
+	return append(append(problems, internal...), docs...), nil
 }
 
 var goDirective = regexp.MustCompile(`^1\.[0-9]+(\.0)?$`)

@@ -118,3 +118,36 @@ func TestNextPatch(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckRefusesDocsNamingAnotherVersion(t *testing.T) {
+	files := tree()
+	files["README.md"] = "```sh\ngo get example.com/f@v0.1.0\ngo get example.com/f/sinks/a@v0.1.0\n```\n"
+	files["docs/start.md"] = "go install example.com/f/cmd/x@v0.0.9\n"
+	requireProblem(t, checkTree(t, files), "docs/start.md:1 names example.com/f/cmd/x@v0.0.9, where the tree's siblings are v0.1.0")
+	for _, p := range checkTree(t, files) {
+		if strings.Contains(p, "README.md") {
+			t.Fatalf("README names the tree's version: %q", p)
+		}
+	}
+}
+
+func TestSetVersionRewritesTheDocs(t *testing.T) {
+	files := tree()
+	files["README.md"] = "go get example.com/f@v0.1.0 # core\ngo get example.com/f/sinks/a@v0.1.0\nother.example/x@v1.2.3 stays\n"
+	root := fixture(t, files)
+	ws, err := loadWorkspace(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ws.setVersion("v0.2.0"); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "go get example.com/f@v0.2.0 # core\ngo get example.com/f/sinks/a@v0.2.0\nother.example/x@v1.2.3 stays\n"
+	if string(data) != want {
+		t.Fatalf("README after set v0.2.0:\n%s\nwant:\n%s", data, want)
+	}
+}

@@ -163,7 +163,10 @@ func (ws *workspace) setVersion(v string) error {
 		}
 	}
 	wf.Cleanup()
-	return os.WriteFile(p, groupReplaces(modfile.Format(wf.Syntax)), 0o644)
+	if err := os.WriteFile(p, groupReplaces(modfile.Format(wf.Syntax)), 0o644); err != nil {
+		return err
+	}
+	return ws.setDocVersion(v)
 }
 
 // groupReplaces puts a go.work's one-line replace directives into one
