@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -224,4 +225,28 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 				SELECT seq - lag(seq) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`), "per-key order")
 		})
 	}
+}
+
+// TestPgBouncerStatementCache: with pgx's default statement cache, a pool
+// behind a transaction-pooling PgBouncer finds its cached statements
+// missing from, or already on, the server connection a transaction
+// reached (SQLSTATE 26000, 42P05). The relay stops with ErrMisconfigured
+// naming what to change, instead of retrying for ever.
+func TestPgBouncerStatementCache(t *testing.T) {
+	bouncer := startPgBouncer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	schema := ferrypgtest.Schema(t)
+	direct, err := ferrypg.New(ferrypgtest.Pool(t), &ferrypg.Config{Schema: schema})
+	require.NoError(t, err)
+	_, err = direct.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	drv, err := ferrypg.New(bouncerPool(t, bouncer, ""), &ferrypg.Config{Schema: schema})
+	require.NoError(t, err)
+	relay, err := ferry.NewRelay(drv, &memsink.Sink{}, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second})
+	require.NoError(t, err)
+	err = relay.Run(ctx)
+	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured, "the relay stops instead of retrying")
+	require.ErrorContains(t, err, "session-pooled")
+	require.NoError(t, ctx.Err(), "the relay stopped by itself")
 }

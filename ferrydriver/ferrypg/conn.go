@@ -139,8 +139,9 @@ func (d *Driver[TTx]) openSession(ctx context.Context, feed string, partition in
 // one first), or runs the session's next statement on another: the check
 // fails, unless a third client took and returned that connection in
 // between. With pgx's default statement cache such a proxy already fails
-// the first query (SQLSTATE 26000, a prepared statement that is not on the
-// server connection the next message reached): also reported here.
+// the first queries (SQLSTATE 26000 or 42P05: a cached prepared statement
+// missing from, or already on, the server connection a message reached):
+// also reported here.
 func (d *Driver[TTx]) checkSession(ctx context.Context, s *session, what string) error {
 	var mine, theirs, again int32
 	err := queryRow(ctx, s.exec, []any{&mine}, sqlBackendPID)
@@ -150,7 +151,7 @@ func (d *Driver[TTx]) checkSession(ctx context.Context, s *session, what string)
 	if err == nil {
 		err = queryRow(ctx, s.exec, []any{&again}, sqlBackendPID)
 	}
-	if pgErrCode(err) == "26000" {
+	if code := pgErrCode(err); code == "26000" || code == "42P05" {
 		return fmt.Errorf("ferrypg: %s needs a PostgreSQL session of its own: %w: %s (%v)", what, ferrydriver.ErrMisconfigured, noSessionAdvice, err)
 	}
 	if err != nil {

@@ -423,9 +423,21 @@ func (d *Driver[TTx]) wrapErr(op string, err error) error {
 		}
 		return fmt.Errorf("ferrypg: %s: %w: schema %q has no Ferry tables; create them with `ferry migrate up --schema %s` or Driver.Migrate (%v)",
 			op, ferrydriver.ErrSchemaMissing, d.cfg.Schema, d.cfg.Schema, err)
+	case "26000", "42P05": // prepared statement does not exist, already exists
+		if strings.Contains(err.Error(), "prepared statement") {
+			return fmt.Errorf("ferrypg: %s: %w: %s (%v)", op, ferrydriver.ErrMisconfigured, statementCacheAdvice, err)
+		}
 	}
 	return fmt.Errorf("ferrypg: %s: %w", op, err)
 }
+
+// statementCacheAdvice explains SQLSTATE 26000 and 42P05 on pgx's cached
+// statements ("stmtcache_…"): they live on one server connection, and the
+// connection's next transaction reached another.
+const statementCacheAdvice = "pgx's statement cache needs every transaction of a connection on one PostgreSQL session, " +
+	"and a transaction-pooling proxy (PgBouncer pool_mode = transaction) is between Ferry and PostgreSQL: " +
+	"add default_query_exec_mode=cache_describe (or exec, or simple_protocol) to this pool's URL, or give it a direct or session-pooled URL " +
+	"(the relay and AwaitSettled need one anyway)"
 
 type queries struct {
 	append, appendNotify, tickRead, readBatch                                                   string
