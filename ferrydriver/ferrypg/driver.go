@@ -45,6 +45,16 @@
 // changes must have nothing left undelivered in the old one; it holds
 // producers back while it checks and changes the count (up to 5 s).
 //
+// Behind a transaction-pooling proxy (PgBouncer with pool_mode =
+// transaction), producers, consumers and migrations work when the pool does
+// not cache named prepared statements (pgx: default_query_exec_mode=
+// cache_describe, exec or simple_protocol in the URL). The relay's feed and
+// AwaitSettled need a session of their own (settings, LISTEN): they check
+// that their connection keeps one server process and otherwise fail with
+// ferrydriver.ErrMisconfigured, saying to give them a direct or
+// session-pooled URL; the errors of pgx's statement cache behind such a
+// proxy (SQLSTATE 26000, 42P05) wrap ErrMisconfigured too.
+//
 // Stability: the schema may change between minor versions before 1.0, always
 // with a migration.
 package ferrypg
