@@ -143,26 +143,33 @@ func (d *Driver[TTx]) openSession(ctx context.Context, feed string, partition in
 // missing from, or already on, the server connection a message reached):
 // also reported here.
 func (d *Driver[TTx]) checkSession(ctx context.Context, s *session, what string) error {
-	var mine, theirs, again int32
-	err := queryRow(ctx, s.exec, []any{&mine}, sqlBackendPID)
-	if err == nil {
-		err = queryRow(ctx, d.db, []any{&theirs}, sqlBackendPID)
-	}
-	if err == nil {
-		err = queryRow(ctx, s.exec, []any{&again}, sqlBackendPID)
-	}
-	if code := pgErrCode(err); code == "26000" || code == "42P05" {
-		return fmt.Errorf("ferrypg: %s needs a PostgreSQL session of its own: %w: %s (%v)", what, ferrydriver.ErrMisconfigured, noSessionAdvice, err)
-	}
-	if err != nil {
-		return err
-	}
-	if theirs == mine || again != mine {
-		return fmt.Errorf("ferrypg: %s needs a PostgreSQL session of its own: %w: its connection ran on server process %d, then on %d, and another client's on %d: %s",
-			what, ferrydriver.ErrMisconfigured, mine, again, theirs, noSessionAdvice)
+	for range sessionChecks {
+		var mine, theirs, again int32
+		err := queryRow(ctx, s.exec, []any{&mine}, sqlBackendPID)
+		if err == nil {
+			err = queryRow(ctx, d.db, []any{&theirs}, sqlBackendPID)
+		}
+		if err == nil {
+			err = queryRow(ctx, s.exec, []any{&again}, sqlBackendPID)
+		}
+		if code := pgErrCode(err); code == "26000" || code == "42P05" {
+			return fmt.Errorf("ferrypg: %s needs a PostgreSQL session of its own: %w: %s (%v)", what, ferrydriver.ErrMisconfigured, noSessionAdvice, err)
+		}
+		if err != nil {
+			return err
+		}
+		if theirs == mine || again != mine {
+			return fmt.Errorf("ferrypg: %s needs a PostgreSQL session of its own: %w: its connection ran on server process %d, then on %d, and another client's on %d: %s",
+				what, ferrydriver.ErrMisconfigured, mine, again, theirs, noSessionAdvice)
+		}
 	}
 	return nil
 }
+
+// sessionChecks is how many times checkSession looks: behind a busy
+// transaction pooler one look may miss (a third client took the released
+// connection), three rarely all do.
+const sessionChecks = 3
 
 const sqlBackendPID = `SELECT pg_backend_pid()`
 
