@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"fmt"
 	"strconv"
 
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -102,6 +104,10 @@ func (d *Driver[TTx]) openSession(ctx context.Context, feed string, partition in
 	if err != nil {
 		return nil, err
 	}
+	if err := d.checkSession(ctx, s, "the relay's feed"); err != nil {
+		s.close()
+		return nil, err
+	}
 	if _, err := s.exec.exec(ctx, feedSettings, "ferry feed "+d.cfg.Schema+" "+feed); err != nil {
 		s.close()
 		return nil, err
@@ -116,3 +122,59 @@ func (d *Driver[TTx]) openSession(ctx context.Context, feed string, partition in
 	}
 	return s, nil
 }
+
+// checkSession fails, wrapping ferrydriver.ErrMisconfigured, when s is not
+// one PostgreSQL session, as behind a transaction-pooling proxy (PgBouncer
+// with pool_mode = transaction), which runs each transaction on whichever
+// server connection is free and gives that connection to other clients in
+// between. What needs a session (the feed's settings and LISTEN, the
+// settlement listener's LISTEN) would then act on connections it does not
+// hold: settings leak to other clients, notifications reach no one.
+//
+// The check reads the session's server process, another client's (the
+// pool's), then the session's again. A real session keeps its server
+// process, which no other client can have, so the check never fails on
+// one. A transaction pooler hands the server connection the session just
+// released to the next client (PgBouncer takes the most recently released
+// one first), or runs the session's next statement on another: the check
+// fails, unless a third client took and returned that connection in
+// between. With pgx's default statement cache such a proxy already fails
+// the first queries (SQLSTATE 26000 or 42P05: a cached prepared statement
+// missing from, or already on, the server connection a message reached):
+// also reported here.
+func (d *Driver[TTx]) checkSession(ctx context.Context, s *session, what string) error {
+	for range sessionChecks {
+		var mine, theirs, again int32
+		err := queryRow(ctx, s.exec, []any{&mine}, sqlBackendPID)
+		if err == nil {
+			err = queryRow(ctx, d.db, []any{&theirs}, sqlBackendPID)
+		}
+		if err == nil {
+			err = queryRow(ctx, s.exec, []any{&again}, sqlBackendPID)
+		}
+		if code := pgErrCode(err); code == "26000" || code == "42P05" {
+			return fmt.Errorf("ferrypg: %s needs a PostgreSQL session of its own: %w: %s (%v)", what, ferrydriver.ErrMisconfigured, noSessionAdvice, err)
+		}
+		if err != nil {
+			return err
+		}
+		if theirs == mine || again != mine {
+			return fmt.Errorf("ferrypg: %s needs a PostgreSQL session of its own: %w: its connection ran on server process %d, then on %d, and another client's on %d: %s",
+				what, ferrydriver.ErrMisconfigured, mine, again, theirs, noSessionAdvice)
+		}
+	}
+	return nil
+}
+
+// sessionChecks is how many times checkSession looks: behind a busy
+// transaction pooler one look may miss (a third client took the released
+// connection), three rarely all do.
+const sessionChecks = 3
+
+const sqlBackendPID = `SELECT pg_backend_pid()`
+
+// noSessionAdvice is what to do when a component that needs a session has
+// none.
+const noSessionAdvice = "a transaction-pooling proxy (PgBouncer pool_mode = transaction) is between Ferry and PostgreSQL; " +
+	"give the relay and AwaitSettled a direct or session-pooled URL (ferry relay/run: --database-url or FERRY_DATABASE_URL; " +
+	"in Go: the pool passed to ferrypg.New), producers and consumers can stay behind the proxy with default_query_exec_mode=cache_describe in their URL"

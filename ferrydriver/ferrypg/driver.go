@@ -45,6 +45,16 @@
 // changes must have nothing left undelivered in the old one; it holds
 // producers back while it checks and changes the count (up to 5 s).
 //
+// Behind a transaction-pooling proxy (PgBouncer with pool_mode =
+// transaction), producers, consumers and migrations work when the pool does
+// not cache named prepared statements (pgx: default_query_exec_mode=
+// cache_describe, exec or simple_protocol in the URL). The relay's feed and
+// AwaitSettled need a session of their own (settings, LISTEN): they check
+// that their connection keeps one server process and otherwise fail with
+// ferrydriver.ErrMisconfigured, saying to give them a direct or
+// session-pooled URL; the errors of pgx's statement cache behind such a
+// proxy (SQLSTATE 26000, 42P05) wrap ErrMisconfigured too.
+//
 // Stability: the schema may change between minor versions before 1.0, always
 // with a migration.
 package ferrypg
@@ -423,9 +433,21 @@ func (d *Driver[TTx]) wrapErr(op string, err error) error {
 		}
 		return fmt.Errorf("ferrypg: %s: %w: schema %q has no Ferry tables; create them with `ferry migrate up --schema %s` or Driver.Migrate (%v)",
 			op, ferrydriver.ErrSchemaMissing, d.cfg.Schema, d.cfg.Schema, err)
+	case "26000", "42P05": // prepared statement does not exist, already exists
+		if strings.Contains(err.Error(), "prepared statement") {
+			return fmt.Errorf("ferrypg: %s: %w: %s (%v)", op, ferrydriver.ErrMisconfigured, statementCacheAdvice, err)
+		}
 	}
 	return fmt.Errorf("ferrypg: %s: %w", op, err)
 }
+
+// statementCacheAdvice explains SQLSTATE 26000 and 42P05 on pgx's cached
+// statements ("stmtcache_…"): they live on one server connection, and the
+// connection's next transaction reached another.
+const statementCacheAdvice = "pgx's statement cache needs every transaction of a connection on one PostgreSQL session, " +
+	"and a transaction-pooling proxy (PgBouncer pool_mode = transaction) is between Ferry and PostgreSQL: " +
+	"add default_query_exec_mode=cache_describe (or exec, or simple_protocol) to this pool's URL, or give it a direct or session-pooled URL " +
+	"(the relay and AwaitSettled need one anyway)"
 
 type queries struct {
 	append, appendNotify, tickRead, readBatch                                                   string

@@ -4,10 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -113,23 +116,52 @@ type pgxExec struct {
 }
 
 func (e pgxExec) exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	tag, err := e.q.Exec(ctx, sql, args...)
+	tag, err := e.q.Exec(ctx, sql, pgxArgs(args)...)
 	return tag.RowsAffected(), err
 }
 
 func (e pgxExec) query(ctx context.Context, sql string, args ...any) (rows, error) {
-	return e.q.Query(ctx, sql, args...)
+	return e.q.Query(ctx, sql, pgxArgs(args)...)
 }
 
 func (e pgxExec) queryCustom(ctx context.Context, sql string, args ...any) (rows, error) {
-	return e.q.Query(ctx, sql, append([]any{pgx.QueryExecModeDescribeExec}, args...)...)
+	return e.q.Query(ctx, sql, append([]any{pgx.QueryExecModeDescribeExec}, pgxArgs(args)...)...)
+}
+
+// pgxArgs makes the arguments encodable in every pgx query exec mode. pgx
+// encodes a []uuid.UUID (github.com/google/uuid) only into a parameter it
+// knows to be uuid[], that is, once the statement was described; under
+// default_query_exec_mode=exec or simple_protocol, which a pool behind a
+// transaction-pooling PgBouncer may need, it fails ("unable to encode
+// []uuid.UUID ... for unknown type (OID 0)"). A []pgtype.UUID it encodes
+// in every mode.
+func pgxArgs(args []any) []any {
+	var out []any
+	for i, a := range args {
+		ids, ok := a.([]uuid.UUID)
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(args)
+		}
+		u := make([]pgtype.UUID, len(ids))
+		for j, id := range ids {
+			u[j] = pgtype.UUID{Bytes: id, Valid: true}
+		}
+		out[i] = u
+	}
+	if out == nil {
+		return args
+	}
+	return out
 }
 
 func (e pgxExec) pipeline(ctx context.Context, steps ...step) error {
 	b := &pgx.Batch{}
 	b.Queue(sqlPlansSet)
 	for _, s := range steps {
-		b.Queue(s.sql, s.args...)
+		b.Queue(s.sql, pgxArgs(s.args)...)
 	}
 	b.Queue(sqlPlansRestore)
 	br := e.q.SendBatch(ctx, b)

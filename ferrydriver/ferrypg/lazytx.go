@@ -184,7 +184,7 @@ func (t *lazyTx) Commit(ctx context.Context) error {
 	}
 	b.Queue(sqlPlansSet)
 	for _, s := range t.finish.steps {
-		b.Queue(s.sql, s.args...)
+		b.Queue(s.sql, pgxArgs(s.args)...)
 	}
 	b.Queue("commit")
 	var br pgx.BatchResults
@@ -283,7 +283,7 @@ func (d *Driver[TTx]) lostClaims(ctx context.Context, e executor, f *deferredFin
 
 func batchOf(sql string, args []any) *pgx.Batch {
 	b := &pgx.Batch{}
-	b.Queue(sql, args...)
+	b.Queue(sql, pgxArgs(args)...)
 	return b
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
@@ -21,6 +22,7 @@ import (
 type settleHub struct {
 	d interface {
 		session(ctx context.Context) (*session, error)
+		checkSession(ctx context.Context, s *session) error
 		channel() string
 		logger() *slog.Logger
 	}
@@ -34,6 +36,9 @@ type settleHub struct {
 	idle    *time.Timer // stops the hub when it fires with no subscriber
 	// lastErr is why the hub could not listen, while it cannot.
 	lastErr error
+	// fatal is why the hub stopped trying (its connections are no
+	// sessions): returned to subscribers at once.
+	fatal error
 	// sessions counts the listening sessions opened (tests read it).
 	sessions int
 }
@@ -62,8 +67,11 @@ func (s *subscriber) markDirty() {
 type hubDriver[TTx any] struct{ d *Driver[TTx] }
 
 func (h hubDriver[TTx]) session(ctx context.Context) (*session, error) { return h.d.session(ctx) }
-func (h hubDriver[TTx]) channel() string                               { return h.d.settleChannel() }
-func (h hubDriver[TTx]) logger() *slog.Logger                          { return h.d.cfg.Logger }
+func (h hubDriver[TTx]) checkSession(ctx context.Context, s *session) error {
+	return h.d.checkSession(ctx, s, "AwaitSettled's settlement listener")
+}
+func (h hubDriver[TTx]) channel() string      { return h.d.settleChannel() }
+func (h hubDriver[TTx]) logger() *slog.Logger { return h.d.cfg.Logger }
 
 // subscribe registers interest in ids and returns a subscriber and a
 // cancel function. It returns once the hub listens, so that any
@@ -88,7 +96,7 @@ func (h *settleHub) subscribe(ctx context.Context, ids []uuid.UUID) (*subscriber
 	}
 	if !h.running {
 		hctx, cancel := context.WithCancel(context.Background())
-		h.running, h.stop, h.ready, h.lastErr = true, cancel, make(chan struct{}), nil
+		h.running, h.stop, h.ready, h.lastErr, h.fatal = true, cancel, make(chan struct{}), nil, nil
 		go h.run(hctx, h.ready)
 	}
 	ready := h.ready
@@ -109,6 +117,13 @@ func (h *settleHub) subscribe(ctx context.Context, ids []uuid.UUID) (*subscriber
 	}
 	select {
 	case <-ready:
+		h.mu.Lock()
+		fatal := h.fatal
+		h.mu.Unlock()
+		if fatal != nil {
+			cancel()
+			return nil, nil, fatal
+		}
 		return sub, cancel, nil
 	case <-ctx.Done():
 		h.mu.Lock()
@@ -141,10 +156,29 @@ func (h *settleHub) run(ctx context.Context, ready chan struct{}) {
 	for ctx.Err() == nil {
 		sess, err := h.d.session(ctx)
 		if err == nil {
-			_, err = sess.exec.exec(ctx, "LISTEN "+pgx.Identifier{h.d.channel()}.Sanitize())
-			if err != nil {
+			if err = h.d.checkSession(ctx, sess); errors.Is(err, ferrydriver.ErrMisconfigured) {
+				// Retrying cannot help: fail every caller now and stop;
+				// the next caller starts the hub, and the check, again.
 				sess.close()
+				h.mu.Lock()
+				h.fatal, h.running = err, false
+				h.stop()
+				if h.idle != nil {
+					h.idle.Stop()
+					h.idle = nil
+				}
+				h.mu.Unlock()
+				if first {
+					close(ready)
+				}
+				return
 			}
+		}
+		if err == nil {
+			_, err = sess.exec.exec(ctx, "LISTEN "+pgx.Identifier{h.d.channel()}.Sanitize())
+		}
+		if err != nil && sess != nil {
+			sess.close()
 		}
 		if err != nil {
 			if ctx.Err() != nil {
