@@ -174,7 +174,13 @@ func serveProxy(dir string) (string, func(), error) {
 
 // proxyEnv is the environment of a go command that resolves modules from
 // the proxy at url only (serveProxy), with no go.work, and Ferry's modules'
-// checksums kept out of the checksum database.
+// checksums kept out of the checksum database. The go command's module
+// index is off (GODEBUG=goindex=0): it keeps, in the build cache, the files
+// and imports of each module directory of the module cache, taking them for
+// immutable; forgetCached removes a version's directory, but a proxy of
+// this tree serves other bytes under that version than the last did, and
+// the index of the old ones built the new ("undefined: relayHealth",
+// "could not import mime") until it was turned off.
 func proxyEnv(url string) []string {
-	return []string{"GOWORK=off", "GOPROXY=" + url, "GONOSUMDB=github.com/ferry-dev", "GOFLAGS=-mod=mod"}
+	return []string{"GOWORK=off", "GOPROXY=" + url, "GONOSUMDB=github.com/ferry-dev", "GOFLAGS=-mod=mod", "GODEBUG=goindex=0"}
 }
