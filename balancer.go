@@ -44,9 +44,9 @@ type BalancerConfig struct {
 // needs a store that implements ferrydriver.LeaseLister (PostgreSQL,
 // SQLite, MongoDB). Run must run while the relays do.
 type Balancer struct {
-	store  ferrydriver.Store
-	lister ferrydriver.LeaseLister
+	store  memberLeases
 	cfg    BalancerConfig
+	unit   string // what it balances, for the logs: "partition", "share"
 	member string
 	log    *slog.Logger
 
@@ -83,14 +83,28 @@ func NewBalancer(store ferrydriver.Store, cfg *BalancerConfig) (*Balancer, error
 	case c.LeaseTTL < time.Second:
 		return nil, fmt.Errorf("ferry: BalancerConfig.LeaseTTL is %v: use at least 1s, as the relays' LeaseTTL", c.LeaseTTL)
 	}
-	lister, ok := store.(ferrydriver.LeaseLister)
+	leases, ok := store.(memberLeases)
 	if !ok {
 		return nil, fmt.Errorf("ferry: the %s store cannot list leases (ferrydriver.LeaseLister), which a Balancer needs; run one process, or one relay per partition without a Balancer", store.Name())
 	}
-	b := &Balancer{store: store, lister: lister, cfg: c, leading: map[int]chan struct{}{}, members: 1, ready: make(chan struct{})}
+	return newBalancer(leases, c, "partition"), nil
+}
+
+// memberLeases are the leases a Balancer keeps its membership with.
+type memberLeases interface {
+	AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error)
+	GetLease(ctx context.Context, name string) (*ferrydriver.Lease, error)
+	ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error
+	ferrydriver.LeaseLister
+}
+
+// newBalancer returns a balancer of c.Partitions units (a feed's
+// partitions, a source's shares) over leases, c with its defaults.
+func newBalancer(leases memberLeases, c BalancerConfig, unit string) *Balancer {
+	b := &Balancer{store: leases, cfg: c, unit: unit, leading: map[int]chan struct{}{}, members: 1, ready: make(chan struct{})}
 	b.member = fmt.Sprintf("%s#%08x", c.HolderID, rand.Uint32())
 	b.log = c.Logger.With("feed", c.Feed, "member", b.member)
-	return b, nil
+	return b
 }
 
 func (b *Balancer) prefix() string { return "members/" + b.cfg.Feed + "/" }
@@ -135,7 +149,7 @@ func (b *Balancer) refresh(ctx context.Context, name string) error {
 	if _, err := b.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: b.member, TTL: b.cfg.LeaseTTL}); err != nil {
 		return err
 	}
-	leases, err := b.lister.ListLeases(ctx, b.prefix())
+	leases, err := b.store.ListLeases(ctx, b.prefix())
 	if err != nil {
 		return err
 	}
@@ -148,7 +162,7 @@ func (b *Balancer) refresh(ctx context.Context, name string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if live != b.members {
-		b.log.Info("ferry: relay group membership changed", "members", max(live, 1), "partitions", b.cfg.Partitions, "target_per_member", (b.cfg.Partitions+max(live, 1)-1)/max(live, 1))
+		b.log.Info("ferry: group membership changed", "members", max(live, 1), b.unit+"s", b.cfg.Partitions, "target_per_member", (b.cfg.Partitions+max(live, 1)-1)/max(live, 1))
 	}
 	b.members = max(live, 1)
 	b.once.Do(func() { close(b.ready) })
@@ -166,7 +180,7 @@ func (b *Balancer) refresh(ctx context.Context, name string) error {
 	if excess := len(held) - b.target(); excess > 0 {
 		sort.Sort(sort.Reverse(sort.IntSlice(held)))
 		for _, p := range held[:min(excess, len(held))] {
-			b.log.Info("ferry: handing a partition over to balance the group", "partition", p, "members", b.members)
+			b.log.Info("ferry: handing a "+b.unit+" over to balance the group", b.unit, p, "members", b.members)
 			close(b.leading[p])
 			b.leading[p] = nil // keeps its slot until the relay has let go
 		}

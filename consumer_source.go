@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +63,13 @@ func (s *inboxSink[TTx]) Close(context.Context) error { return nil }
 // by and take over within SourceLeaseTTL when the reader dies, or at once
 // when it stops; a reader that cannot renew the lease in time stops
 // ingesting and stands by too.
+//
+// A source divided into shares (ferrysink.Shared: a JetStream source with
+// SourceConfig.Shares) is read by every process that runs Consume on it,
+// each reading at most ceil(shares / processes) shares, each share under a
+// lease of its own as above: the processes balance the shares as relays
+// balance a feed's partitions (Balancer), and take a dead one's shares over
+// within SourceLeaseTTL.
 func (c *Consumer[TTx]) Consume(ctx context.Context, src ferrysink.Source) error {
 	system := ""
 	if d, ok := src.(ferrysink.Describer); ok {
@@ -78,7 +87,11 @@ func (c *Consumer[TTx]) Consume(ctx context.Context, src ferrysink.Source) error
 	if !ok || !ok2 {
 		return src.Run(ctx, ingest)
 	}
-	return c.consumeLeased(ctx, src, "consumer-sources/"+sr.ReaderName(), l, ingest)
+	name := "consumer-sources/" + sr.ReaderName()
+	if sh, ok := src.(ferrysink.Shared); ok && sh.Shares() > 1 {
+		return c.consumeShares(ctx, sh, name, l, ingest)
+	}
+	return c.consumeLeased(ctx, src.Run, name, l, ingest)
 }
 
 // sourceLeaser is the part of a driver's leases that Consume uses.
@@ -92,9 +105,15 @@ type sourceLeaser interface {
 // renewed in time, or another process took it.
 var errSourceLeaseLost = errors.New("the source's lease was lost: another process may read it now")
 
+// errShareYielded ends a share's run when the balancer hands it over.
+var errShareYielded = errors.New("the share was handed over to balance the group")
+
+// runFunc runs a source, or one share of it.
+type runFunc func(ctx context.Context, ingest func(context.Context, []*Event) error) error
+
 // consumeLeased runs src while this process holds the lease name, and
 // stands by while another does, until ctx ends.
-func (c *Consumer[TTx]) consumeLeased(ctx context.Context, src ferrysink.Source, name string, l sourceLeaser, ingest func(context.Context, []*Event) error) error {
+func (c *Consumer[TTx]) consumeLeased(ctx context.Context, run runFunc, name string, l sourceLeaser, ingest func(context.Context, []*Event) error) error {
 	ttl := c.cfg.SourceLeaseTTL
 	log := c.log.With("source", name, "holder", c.worker)
 	standing := ""
@@ -119,14 +138,12 @@ func (c *Consumer[TTx]) consumeLeased(ctx context.Context, src ferrysink.Source,
 				log.Info("ferry: another process reads the source (one reader per ordering line); standing by to take over when it stops or dies",
 					"reader", lease.Holder, "source_lease_ttl", ttl)
 			}
-			// Try again when the lease would expire (the store's clock),
-			// and at least every quarter of its TTL.
-			sleepCtx(ctx, min(max(lease.ExpiresAt.Sub(lease.Now), 0)+10*time.Millisecond, ttl/4))
+			sleepCtx(ctx, standbyPause(lease, ttl))
 			continue
 		}
 		standing = ""
 		log.Info("ferry: reading the source", "term", lease.Term)
-		err = c.readLeased(ctx, src, name, l, lease, asked, ingest)
+		err = c.readLeased(ctx, run, name, l, lease, asked, nil, ingest)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -142,14 +159,110 @@ func (c *Consumer[TTx]) consumeLeased(ctx context.Context, src ferrysink.Source,
 	return nil
 }
 
-// readLeased runs src under the lease it holds until ctx ends (then it
-// releases the lease, for a standby to take over at once), src.Run
-// returns, or the lease is lost (errSourceLeaseLost). The lease is trusted
+// standbyPause is how long a standby waits before it asks for a lease
+// held by another again: until it would expire (the store's clock), and
+// at most a quarter of its TTL.
+func standbyPause(lease *ferrydriver.Lease, ttl time.Duration) time.Duration {
+	return min(max(lease.ExpiresAt.Sub(lease.Now), 0)+10*time.Millisecond, ttl/4)
+}
+
+// consumeShares runs the shares of src that this process is given, until
+// ctx ends or a share's run fails for good: a balancer over the processes
+// that run Consume on src, and per share a loop that reserves it, takes
+// its lease and reads it until the lease is lost or the balancer asks for
+// it back.
+func (c *Consumer[TTx]) consumeShares(ctx context.Context, src ferrysink.Shared, name string, l sourceLeaser, ingest func(context.Context, []*Event) error) error {
+	leases, ok := c.driver.(memberLeases)
+	if !ok {
+		return fmt.Errorf("ferry: consumer %s: the store cannot list leases (ferrydriver.LeaseLister), which a shared source needs to balance its %d shares; set the source's shares to 1", c.cfg.Group, src.Shares())
+	}
+	ttl := c.cfg.SourceLeaseTTL
+	b := newBalancer(leases, BalancerConfig{Feed: name, Partitions: src.Shares(), HolderID: c.worker, LeaseTTL: ttl, Logger: c.log}, "share")
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := b.Run(ctx); err != nil {
+			cancel(fmt.Errorf("ferry: consumer %s: balance the shares of source %s: %w", c.cfg.Group, name, err))
+		}
+	})
+	for i := range src.Shares() {
+		wg.Go(func() {
+			if err := c.consumeShare(ctx, b, src, i, name+"/"+strconv.Itoa(i), l, ingest); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// consumeShare reads share i whenever the balancer lets this process try
+// for it and its lease is free, until ctx ends.
+func (c *Consumer[TTx]) consumeShare(ctx context.Context, b *Balancer, src ferrysink.Shared, i int, name string, l sourceLeaser, ingest func(context.Context, []*Event) error) error {
+	ttl := c.cfg.SourceLeaseTTL
+	log := c.log.With("source", name, "holder", c.worker, "share", i)
+	run := func(ctx context.Context, ingest func(context.Context, []*Event) error) error {
+		return src.RunShare(ctx, i, ingest)
+	}
+	for attempt := 1; ctx.Err() == nil; {
+		if !b.reserve(ctx, i) {
+			sleepCtx(ctx, ttl/4)
+			continue
+		}
+		asked := time.Now()
+		lease, err := l.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: c.worker, TTL: ttl})
+		switch {
+		case ctx.Err() != nil:
+			b.release(i)
+			return nil
+		case err != nil && fatal(err):
+			b.release(i)
+			return fmt.Errorf("ferry: consumer %s: take the lease of share %s: %w", c.cfg.Group, name, err)
+		case err != nil:
+			b.release(i)
+			log.Warn("ferry: taking the share's lease failed; retrying", "err", err, "attempt", attempt)
+			c.retry.Sleep(ctx.Done(), attempt)
+			attempt++
+			continue
+		case !lease.Held(c.worker):
+			b.release(i)
+			sleepCtx(ctx, standbyPause(lease, ttl))
+			continue
+		}
+		attempt = 1
+		log.Info("ferry: reading a share of the source", "term", lease.Term)
+		err = c.readLeased(ctx, run, name, l, lease, asked, b.yielding(i), ingest)
+		b.release(i)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, errShareYielded):
+			log.Info("ferry: handed the share over to balance the group")
+		case errors.Is(err, errSourceLeaseLost):
+			log.Warn("ferry: stopped reading the share: its lease could not be renewed in time, or another process took it",
+				"source_lease_ttl", ttl)
+		case err != nil:
+			return err
+		default:
+			return nil // the share ended by itself
+		}
+	}
+	return nil
+}
+
+// readLeased runs the source under the lease it holds until ctx ends or
+// yield is closed (then it releases the lease, for a standby to take over
+// at once: errShareYielded for yield), run returns, or the lease is lost
+// (errSourceLeaseLost). The lease is trusted
 // for less than its TTL on the local monotonic clock, counted from before
 // each renewal was asked: past that, ingest refuses the events (the source
 // retries them, and stops as its context ends), so that a reader paused
 // past its lease cannot ingest behind its successor's back.
-func (c *Consumer[TTx]) readLeased(ctx context.Context, src ferrysink.Source, name string, l sourceLeaser, lease *ferrydriver.Lease, asked time.Time, ingest func(context.Context, []*Event) error) error {
+func (c *Consumer[TTx]) readLeased(ctx context.Context, run runFunc, name string, l sourceLeaser, lease *ferrydriver.Lease, asked time.Time, yield <-chan struct{}, ingest func(context.Context, []*Event) error) error {
 	ttl := c.cfg.SourceLeaseTTL
 	margin := min(ttl/5, 2*time.Second)
 	var trusted atomic.Int64 // Unix ns on the monotonic clock's reading of asked
@@ -170,6 +283,9 @@ func (c *Consumer[TTx]) readLeased(ctx context.Context, src ferrysink.Source, na
 			select {
 			case <-runCtx.Done():
 				return
+			case <-yield:
+				stop(errShareYielded)
+				return
 			case <-t.C:
 			}
 			asked := time.Now()
@@ -188,7 +304,7 @@ func (c *Consumer[TTx]) readLeased(ctx context.Context, src ferrysink.Source, na
 			}
 		}
 	}()
-	err := src.Run(runCtx, func(ictx context.Context, events []*Event) error {
+	err := run(runCtx, func(ictx context.Context, events []*Event) error {
 		if !valid() {
 			stop(errSourceLeaseLost)
 			return errSourceLeaseLost
@@ -199,13 +315,17 @@ func (c *Consumer[TTx]) readLeased(ctx context.Context, src ferrysink.Source, na
 	})
 	stop(nil)
 	<-kept
-	if ctx.Err() != nil {
+	cause := context.Cause(runCtx)
+	if ctx.Err() != nil || errors.Is(cause, errShareYielded) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		_ = l.ReleaseLease(rctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: c.worker, Term: lease.Term})
 		cancel()
-		return nil
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errShareYielded
 	}
-	if cause := context.Cause(runCtx); errors.Is(cause, errSourceLeaseLost) {
+	if errors.Is(cause, errSourceLeaseLost) {
 		return errSourceLeaseLost
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)

@@ -125,7 +125,10 @@ other processes then end its claims at once instead of after ClaimTTL.
 Consumer.Consume reads a source that must
 have one reader at a time (a JetStream durable) from one process of the
 group, under a lease (ConsumerConfig.SourceLeaseTTL); the others stand by
-and take over when it dies. An event of a type
+and take over when it dies. A source divided into shares (ferrysink.Shared:
+ferrynats.SourceConfig.Shares) is read by all of them, the shares balanced
+over the processes as a Balancer balances partitions, one reader per
+share. An event of a type
 without a handler fails, naming its type, unless HandleAll handles it or
 ConsumerConfig.SkipUnhandled skips it. Register handlers before Run. The
 group's dead policy is stored when Run starts and is the one every process

@@ -209,6 +209,27 @@ type SingleReader interface {
 	ReaderName() string
 }
 
+// Shared is implemented by sources divided into shares: fixed parts of
+// the source, a key always in the same one, that separate processes read
+// at once, each share by one reader (a JetStream source with
+// SourceConfig.Shares: a durable per share). ferry.Consumer.Consume
+// balances the shares over the processes that run it, as a
+// ferry.Balancer balances a feed's partitions: each reads at most
+// ceil(shares / processes), under a lease per share named
+// "<ReaderName>/<share>", and one that dies has its shares taken over
+// when their leases expire. Shares must not change while a group reads
+// (a key would move to another share with events of it still unread).
+// Sources whose broker balances its partitions itself (Kafka's consumer
+// groups) need not implement it.
+type Shared interface {
+	SingleReader
+	// Shares is the number of shares, at least 1.
+	Shares() int
+	// RunShare runs share i, 0 ≤ i < Shares(), as Source.Run runs the
+	// whole source.
+	RunShare(ctx context.Context, share int, ingest func(ctx context.Context, events []*ferryevent.Event) error) error
+}
+
 // Source delivers events from a broker to a consumer's inbox: the other
 // direction of a Sink. ferry.Consumer.Consume runs one; ferrynats,
 // ferrykafka and ferryrabbit have one each, and every implementation must

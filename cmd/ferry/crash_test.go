@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv("FERRY_TEST_SOURCE_CHILD"); spec != "" {
 		os.Exit(sourceChild(spec)) // a consumer process of TestOneReaderPerDurable
 	}
+	if spec := os.Getenv("FERRY_TEST_SHARES_CHILD"); spec != "" {
+		os.Exit(sharesChild(spec)) // a replica of TestConsumerSharesOverReplicas*
+	}
 	dir, err := os.MkdirTemp("", "ferry-bin-")
 	if err != nil {
 		panic(err)

@@ -62,6 +62,7 @@ type runConfig struct {
 		EmbeddedPort  int    `yaml:"embedded_port"`
 		Stream        string `yaml:"stream"`
 		SubjectPrefix string `yaml:"subject_prefix"`
+		Shares        int    `yaml:"shares"`
 		CreateStream  *bool  `yaml:"create_stream"`
 	} `yaml:"nats"`
 	Sink struct {
@@ -221,7 +222,7 @@ type daemonConfig struct {
 	ui                                                 uiSettings
 	logLevel                                           string
 	createStream, migrate                              bool
-	batch, partition                                   int
+	batch, partition, shares                           int
 	poll, leaseTTL, retention, shutdown, stall, maxAge time.Duration
 	deadLetterRetention, keyRetention                  time.Duration
 	healthStallAfter, healthStuckKeyAge                time.Duration // /readyz's rules (health.go)
@@ -249,6 +250,7 @@ func (dc *daemonConfig) register(f *envFlags, fc *runConfig) {
 	f.String(&dc.natsURL, "nats-url", "FERRY_NATS_URL", fc.NATS.URL, "NATS server URL (default: an embedded NATS server with JetStream, its store in <data-dir>/nats)")
 	f.String(&dc.sinkURL, "sink-url", "FERRY_SINK_URL", fc.Sink.URL, "where events go, when not NATS: "+sinkURLHelp)
 	f.String(&dc.prefix, "subject-prefix", "FERRY_SUBJECT_PREFIX", or(fc.NATS.SubjectPrefix, ferrynats.DefaultSubjectPrefix), "events go to subject <prefix>.<topic>")
+	f.Int(&dc.shares, "shares", "FERRY_SHARES", fc.NATS.Shares, "divide the subjects into this many shares, <prefix>.<share>.<topic>, for consumers spread over replicas (ferrynats.SourceConfig.Shares, the same number); 0: none")
 	f.String(&dc.stream, "stream", "FERRY_STREAM", or(fc.NATS.Stream, ferrynats.DefaultStream), "JetStream stream that captures <prefix>.>")
 	f.Bool(&dc.createStream, "create-stream", "FERRY_CREATE_STREAM", orBool(fc.NATS.CreateStream, true), "create the stream if it does not exist")
 	f.String(&dc.feed, "feed", "FERRY_FEED", or(fc.Relay.Feed, "default"), "feed name (checkpoints and leases are <feed>/<partition>)")
@@ -517,10 +519,10 @@ func openNATS(ctx context.Context, dc *daemonConfig, log *slog.Logger) (*openedS
 		if err != nil {
 			return nil, fmt.Errorf("cannot reach NATS at --nats-url / FERRY_NATS_URL (%s): %w", natsURL, err)
 		}
-		sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{SubjectPrefix: dc.prefix, Stream: dc.stream, CreateStream: dc.createStream})
+		sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{SubjectPrefix: dc.prefix, Shares: dc.shares, Stream: dc.stream, CreateStream: dc.createStream})
 		if err != nil {
 			nc.Close()
-			return nil, fmt.Errorf("%w (see --stream / FERRY_STREAM, --subject-prefix / FERRY_SUBJECT_PREFIX, --create-stream)", err)
+			return nil, fmt.Errorf("%w (see --stream / FERRY_STREAM, --subject-prefix / FERRY_SUBJECT_PREFIX, --shares / FERRY_SHARES, --create-stream)", err)
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -535,7 +537,7 @@ func openNATS(ctx context.Context, dc *daemonConfig, log *slog.Logger) (*openedS
 	}
 	return &openedSink{
 		sink:  sink,
-		label: []any{"nats", natsURL, "stream", dc.stream, "subject_prefix", dc.prefix},
+		label: []any{"nats", natsURL, "stream", dc.stream, "subject_prefix", dc.prefix, "shares", dc.shares},
 		ready: func() error {
 			mu.Lock()
 			defer mu.Unlock()

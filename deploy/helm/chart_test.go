@@ -275,6 +275,7 @@ func TestChartDefaults(t *testing.T) {
 	ref := env(&c, "FERRY_DATABASE_URL").ValueFrom.SecretKeyRef
 	require.Equal(t, s.Name, ref.Name)
 	require.Equal(t, "url", ref.Key)
+	require.EqualValues(t, 0, section(t, r.config, "nats.shares"), "no shares unless asked")
 	require.NotContains(t, r.configMap.Data["ferry.yaml"], "postgres://")
 
 	require.EqualValues(t, 20, *d.Spec.Template.Spec.TerminationGracePeriodSeconds)

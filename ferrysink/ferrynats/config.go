@@ -1,7 +1,9 @@
 package ferrynats
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,6 +38,16 @@ type Config struct {
 	// return a subject the stream captures; New cannot check that, so an
 	// unrouted subject shows up at publish time as a permanent failure.
 	Subject func(ev *ferryevent.Event) string
+
+	// Shares, when above 1, divides the subjects into that many shares
+	// for consumers spread over replicas: an event goes to
+	// "<SubjectPrefix>.<share>.<Topic>", its share the key's hash modulo
+	// Shares (ferrydriver.PartitionOf: with as many shares as outbox
+	// partitions, a share holds a partition's keys). A Source with the same
+	// SourceConfig.Shares reads each share through a durable of its own.
+	// Choose it once, at least the most replicas that will consume: a key
+	// changes share when it changes. Not with Subject.
+	Shares int
 
 	// Stream names the JetStream stream expected to capture the subjects.
 	// Every message carries it in Nats-Expected-Stream, so a subject
@@ -103,10 +115,24 @@ func (c *Config) validate() error {
 	if c.AckTimeout < 0 {
 		return fmt.Errorf("ferrynats: Config.AckTimeout is %s; set it > 0, or 0 for %s", c.AckTimeout, DefaultAckTimeout)
 	}
+	if c.Shares < 0 || c.Shares > MaxShares {
+		return fmt.Errorf("ferrynats: Config.Shares is %d; set it between 2 and %d to divide the subjects into shares, or 0 for none", c.Shares, MaxShares)
+	}
+	if c.Shares > 1 && c.Subject != nil {
+		return errors.New("ferrynats: Config.Shares and Config.Subject are both set; a shared sink maps subjects itself (\"<SubjectPrefix>.<share>.<Topic>\"): unset one of them")
+	}
 	if sc := c.StreamConfig; sc != nil && sc.Name != "" && sc.Name != c.Stream {
 		return fmt.Errorf("ferrynats: Config.StreamConfig.Name %q differs from Config.Stream %q; leave StreamConfig.Name empty or make them equal", sc.Name, c.Stream)
 	}
 	return nil
+}
+
+// MaxShares is the most shares a sink or source divides the subjects into.
+const MaxShares = 1024
+
+// shareSubject is the subject of topic's events in share i.
+func shareSubject(prefix string, i int, topic string) string {
+	return prefix + "." + strconv.Itoa(i) + "." + topic
 }
 
 // prefixSubjects is the subject filter covering every subject of the

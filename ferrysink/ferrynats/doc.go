@@ -150,10 +150,15 @@
 // ingesting anything newer. Called directly, a second Run on the same
 // Source is refused; a Source in another process is not, but Run notices
 // deliveries of its durable that went elsewhere, waits for JetStream to
-// deliver them again, and logs a warning when they do not come back. To
-// spread the load, give Sources their own durables
-// and FilterSubjects, for instance one per topic, as long as no key's order
-// spans them.
+// deliver them again, and logs a warning when they do not come back.
+//
+// To spread ingestion over a service's replicas, divide the subjects into
+// shares: Config.Shares on the sink (the relay's --shares) and the same
+// SourceConfig.Shares on the source. A key's events go to
+// "<SubjectPrefix>.<share>.<Topic>"; each share is a durable of its own,
+// "<Durable>-<share>", and Consume balances the shares over the replicas
+// (ferrysink.Shared), one reader per share, a dead replica's shares taken
+// over within SourceLeaseTTL.
 //
 // Stability: this package may change between minor versions until 1.0.
 package ferrynats

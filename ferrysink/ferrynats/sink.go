@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink"
 )
@@ -337,9 +338,12 @@ func (s *Sink) await(index int, paf jetstream.PubAckFuture, dropped <-chan struc
 // refuse.
 func (s *Sink) message(ev *ferryevent.Event) (*nats.Msg, error) {
 	var subject string
-	if s.cfg.Subject != nil {
+	switch {
+	case s.cfg.Subject != nil:
 		subject = s.cfg.Subject(ev)
-	} else {
+	case s.cfg.Shares > 1:
+		subject = shareSubject(s.cfg.SubjectPrefix, ferrydriver.PartitionOf(ev.Key, s.cfg.Shares), ev.Topic)
+	default:
 		subject = s.cfg.SubjectPrefix + "." + ev.Topic
 	}
 	if reason := invalidSubject(subject); reason != "" {

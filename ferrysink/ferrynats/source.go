@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,9 +51,19 @@ type SourceConfig struct {
 	//
 	// Run one Source per durable at a time: the durable is one ordering
 	// line, and two readers would each see part of it. ferry.Consumer.
-	// Consume enforces it across processes with a lease (see ReaderName). To spread the load,
-	// give each Source its own durable and a FilterSubject of its own.
+	// Consume enforces it across processes with a lease (see ReaderName).
+	// To spread the load over replicas, set Shares.
 	Durable string
+
+	// Shares, when above 1, reads the subjects of a sink with the same
+	// Config.Shares through a durable per share, "<Durable>-<share>"
+	// filtering "<SubjectPrefix>.<share>.>": ferry.Consumer.Consume
+	// balances the shares over the processes that run it (ferrysink.Shared),
+	// and Run reads them all. Not with FilterSubject. Changing it moves keys
+	// between shares: drain the durables first (a share's durable reads
+	// from the start of the stream when created; the inbox drops what it
+	// already has).
+	Shares int
 
 	// SubjectPrefix selects the subjects "<SubjectPrefix>.>", as the sink
 	// maps them. Default: DefaultSubjectPrefix. Leave it empty when
@@ -150,6 +161,10 @@ func (c *SourceConfig) validate() error {
 		return fmt.Errorf("ferrynats: SourceConfig.Durable %q is not a valid consumer name: it may not contain whitespace, '.', '*', '>', '/' or '\\'", c.Durable)
 	case strings.ContainsAny(c.Stream, " \t\r\n.*>/\\"):
 		return fmt.Errorf("ferrynats: SourceConfig.Stream %q is not a valid stream name: it may not contain whitespace, '.', '*', '>', '/' or '\\'", c.Stream)
+	case c.Shares < 0 || c.Shares > MaxShares:
+		return fmt.Errorf("ferrynats: SourceConfig.Shares is %d; set it between 2 and %d (the sink's Config.Shares), or 0 for one durable", c.Shares, MaxShares)
+	case c.Shares > 1 && c.FilterSubject != "":
+		return fmt.Errorf("ferrynats: SourceConfig.Shares and SourceConfig.FilterSubject %q are both set; a shared source filters \"<SubjectPrefix>.<share>.>\" per share: unset one of them", c.FilterSubject)
 	case c.FilterSubject != "" && c.SubjectPrefix != "":
 		return fmt.Errorf("ferrynats: SourceConfig.FilterSubject %q and SourceConfig.SubjectPrefix %q are both set; set one of them", c.FilterSubject, c.SubjectPrefix)
 	case c.Batch < 0:
@@ -175,12 +190,25 @@ func (c *SourceConfig) validate() error {
 	return nil
 }
 
-// filter is the durable's subject filter.
+// filter is the subject filter of the whole source.
 func (c *SourceConfig) filter() string {
 	if c.FilterSubject != "" {
 		return c.FilterSubject
 	}
 	return c.SubjectPrefix + ".>"
+}
+
+// lines are the durables the source reads, and their filters: one, or
+// one per share.
+func (c *SourceConfig) lines() (durables, filters []string) {
+	if c.Shares <= 1 {
+		return []string{c.Durable}, []string{c.filter()}
+	}
+	for i := range c.Shares {
+		durables = append(durables, c.Durable+"-"+strconv.Itoa(i))
+		filters = append(filters, c.SubjectPrefix+"."+strconv.Itoa(i)+".>")
+	}
+	return durables, filters
 }
 
 // invalidFilter says what is wrong with a subject filter, or returns ""
@@ -210,17 +238,25 @@ func invalidFilter(s string) string {
 // pull consumer, and hands them to a consumer's inbox. Create it with
 // NewSource and call Run.
 type Source struct {
-	js   jetstream.JetStream
-	cons jetstream.Consumer
-	cfg  *SourceConfig // WithDefaults applied
+	js    jetstream.JetStream
+	cfg   *SourceConfig // WithDefaults applied
+	lines []*line       // one, or one per share
+}
 
+// line is a durable the source reads: the whole source, or a share.
+type line struct {
+	cons    jetstream.Consumer
+	durable string
 	running atomic.Bool
 }
 
 // ReaderName implements ferrysink.SingleReader: the durable is one
 // ordering line, and ferry.Consumer.Consume lets one process read it at a
-// time.
+// time (a shared source: one process per share).
 func (s *Source) ReaderName() string { return "nats/" + s.cfg.Stream + "/" + s.cfg.Durable }
+
+// Shares implements ferrysink.Shared: SourceConfig.Shares, or 1.
+func (s *Source) Shares() int { return len(s.lines) }
 
 // NewSource creates the durable pull consumer SourceConfig.Durable on
 // SourceConfig.Stream (cfg must name Durable), or updates it when it
@@ -251,22 +287,27 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cfg *SourceConfig) (
 		return nil, fmt.Errorf("ferrynats: stream %q does not capture the subjects %q (its subjects: %s): set SourceConfig.SubjectPrefix to the sink's Config.SubjectPrefix, or SourceConfig.FilterSubject to subjects the stream captures",
 			c.Stream, c.filter(), quoteList(info.Config.Subjects))
 	}
-	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable:       c.Durable,
-		Description:   "Ferry source",
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       c.AckWait,
-		// A message past MaxDeliver would be dropped, and its event lost.
-		MaxDeliver:    -1,
-		FilterSubject: c.filter(),
-		MaxAckPending: c.MaxAckPending,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ferrynats: create or update durable consumer %q on stream %q: %w; if it exists with settings that cannot change (a push consumer, another deliver policy), delete it or choose another SourceConfig.Durable",
-			c.Durable, c.Stream, err)
+	src := &Source{js: js, cfg: c}
+	durables, filters := c.lines()
+	for i, durable := range durables {
+		cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable:       durable,
+			Description:   "Ferry source",
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       c.AckWait,
+			// A message past MaxDeliver would be dropped, and its event lost.
+			MaxDeliver:    -1,
+			FilterSubject: filters[i],
+			MaxAckPending: c.MaxAckPending,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("ferrynats: create or update durable consumer %q on stream %q: %w; if it exists with settings that cannot change (a push consumer, another deliver policy), delete it or choose another SourceConfig.Durable",
+				durable, c.Stream, err)
+		}
+		src.lines = append(src.lines, &line{cons: cons, durable: durable})
 	}
-	return &Source{js: js, cons: cons, cfg: c}, nil
+	return src, nil
 }
 
 // Run fetches events and hands them to ingest until ctx ends, then returns
@@ -301,17 +342,48 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cfg *SourceConfig) (
 //
 // Run returns an error when ingest is nil, when Run is already running, or
 // when the durable consumer has been deleted. It retries everything else.
+//
+// A shared source (SourceConfig.Shares) runs every share's durable at
+// once; ferry.Consumer.Consume instead runs the shares this process is
+// given (RunShare).
 func (s *Source) Run(ctx context.Context, ingest func(ctx context.Context, events []*ferryevent.Event) error) error {
+	if len(s.lines) == 1 {
+		return s.RunShare(ctx, 0, ingest)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(s.lines))
+	for i := range s.lines {
+		go func() { errs <- s.RunShare(ctx, i, ingest) }()
+	}
+	var first error
+	for range s.lines {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
+
+// RunShare implements ferrysink.Shared: it reads share i's durable as Run
+// reads an unshared source's (share 0 of an unshared source is all of it).
+func (s *Source) RunShare(ctx context.Context, i int, ingest func(ctx context.Context, events []*ferryevent.Event) error) error {
 	if ingest == nil {
 		return errors.New("ferrynats: Source.Run needs an ingest function, one that records events in the consumer's inbox (Consumer.Ingest)")
 	}
-	if !s.running.CompareAndSwap(false, true) {
-		return fmt.Errorf("ferrynats: Source.Run is already running for durable %q; run one Source per durable at a time", s.cfg.Durable)
+	if i < 0 || i >= len(s.lines) {
+		return fmt.Errorf("ferrynats: share %d does not exist: the source has %d (SourceConfig.Shares)", i, len(s.lines))
 	}
-	defer s.running.Store(false)
+	l := s.lines[i]
+	if !l.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("ferrynats: Source.Run is already running for durable %q; run one Source per durable at a time", l.durable)
+	}
+	defer l.running.Store(false)
 	r := &run{
 		s:      s,
-		log:    s.cfg.Logger.With("stream", s.cfg.Stream, "durable", s.cfg.Durable),
+		l:      l,
+		log:    s.cfg.Logger.With("stream", s.cfg.Stream, "durable", l.durable),
 		ingest: ingest,
 		retry:  backoff.Policy{Base: s.cfg.RetryBase, Max: s.cfg.RetryMax},
 	}
@@ -333,6 +405,7 @@ type delivery struct {
 // it; mu guards held against the keepalive goroutine, which reads it.
 type run struct {
 	s      *Source
+	l      *line
 	log    *slog.Logger
 	ingest func(context.Context, []*ferryevent.Event) error
 	retry  backoff.Policy
@@ -389,7 +462,7 @@ func (r *run) loop(ctx context.Context) error {
 // ends (nil, nil) or the durable is gone.
 func (r *run) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	for attempt := 1; ; attempt++ {
-		info, err := r.s.cons.Info(ctx)
+		info, err := r.l.cons.Info(ctx)
 		switch {
 		case err == nil:
 			return info, nil
@@ -406,7 +479,7 @@ func (r *run) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error)
 }
 
 func (r *run) gone(err error) error {
-	return fmt.Errorf("ferrynats: durable consumer %q of stream %q is gone: %w; create it again with NewSource and call Run", r.s.cfg.Durable, r.s.cfg.Stream, err)
+	return fmt.Errorf("ferrynats: durable consumer %q of stream %q is gone: %w; create it again with NewSource and call Run", r.l.durable, r.s.cfg.Stream, err)
 }
 
 // recover starts waiting for the durable's pending messages to be in held.
@@ -423,7 +496,7 @@ func (r *run) recover(reason string) {
 // held, or at the deadline. The server may count an ack or a termination
 // it has not processed yet as pending: that only prolongs recovery.
 func (r *run) checkRecovered(ctx context.Context) {
-	info, err := r.s.cons.Info(ctx)
+	info, err := r.l.cons.Info(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("ferrynats: read the durable consumer's state", "err", err)
@@ -477,7 +550,7 @@ func (r *run) fetch(ctx context.Context) error {
 	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
 		return r.gone(err)
 	}
-	if _, infoErr := r.s.cons.Info(ctx); errors.Is(infoErr, jetstream.ErrConsumerNotFound) {
+	if _, infoErr := r.l.cons.Info(ctx); errors.Is(infoErr, jetstream.ErrConsumerNotFound) {
 		return r.gone(infoErr)
 	}
 	r.log.Warn("ferrynats: fetch from the durable consumer failed; retrying", "err", err)
@@ -513,9 +586,9 @@ func (r *run) pull(ctx context.Context, n int, wait bool) ([]jetstream.Msg, erro
 		}
 		fctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
-		batch, err = r.s.cons.Fetch(n, jetstream.FetchContext(fctx))
+		batch, err = r.l.cons.Fetch(n, jetstream.FetchContext(fctx))
 	} else {
-		batch, err = r.s.cons.FetchNoWait(n)
+		batch, err = r.l.cons.FetchNoWait(n)
 	}
 	if err != nil {
 		return nil, err

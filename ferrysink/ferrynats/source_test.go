@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 )
@@ -687,6 +689,9 @@ func TestNewSourceValidatesConfig(t *testing.T) {
 		{"max ack pending below batch", ferrynats.SourceConfig{Durable: "d", Batch: 10, MaxAckPending: 5}, "SourceConfig.MaxAckPending"},
 		{"negative retry", ferrynats.SourceConfig{Durable: "d", RetryBase: -time.Second}, "SourceConfig.RetryBase"},
 		{"retry max below base", ferrynats.SourceConfig{Durable: "d", RetryBase: time.Minute, RetryMax: time.Second}, "SourceConfig.RetryMax"},
+		{"negative shares", ferrynats.SourceConfig{Durable: "d", Shares: -1}, "SourceConfig.Shares"},
+		{"too many shares", ferrynats.SourceConfig{Durable: "d", Shares: ferrynats.MaxShares + 1}, "SourceConfig.Shares"},
+		{"shares and filter", ferrynats.SourceConfig{Durable: "d", Shares: 2, FilterSubject: "a.>"}, "SourceConfig.FilterSubject"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -715,4 +720,85 @@ func TestSourceConfigWithDefaults(t *testing.T) {
 
 	c = (&ferrynats.SourceConfig{FilterSubject: "a.>"}).WithDefaults()
 	require.Empty(t, c.SubjectPrefix, "a filter replaces the prefix")
+}
+
+// TestSharedSinkAndSource: a sink with Config.Shares maps each key to one
+// share's subjects, "<prefix>.<share>.<topic>"; a source with as many
+// shares reads them through a durable per share ("<durable>-<share>"),
+// each key's events from one share, in order; Run reads every share.
+func TestSharedSinkAndSource(t *testing.T) {
+	t.Parallel()
+	stream, prefix := testNames(t)
+	sink, err := ferrynats.New(testContext(t), testConn(t), &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true, Shares: 3})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, sink.Close(context.Background())) })
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	published := publishKeyed(t, sink, keys, 20)
+
+	shareOf := map[string]string{}
+	want := map[string]uint64{}
+	for _, k := range keys {
+		shareOf[k] = strconv.Itoa(ferrydriver.PartitionOf(k, 3))
+		want[prefix+"."+shareOf[k]+".orders"] += 20
+	}
+	st, err := testJetStream(t).Stream(testContext(t), stream)
+	require.NoError(t, err)
+	info, err := st.Info(testContext(t), jetstream.WithSubjectFilter(prefix+".>"))
+	require.NoError(t, err)
+	require.Equal(t, want, info.State.Subjects, "each key's events on its share's subject")
+
+	src := newSource(t, stream, prefix, ferrynats.SourceConfig{Batch: 7, Shares: 3})
+	require.Equal(t, 3, src.Shares())
+	js := testJetStream(t)
+	for i := range 3 {
+		c, err := js.Consumer(testContext(t), stream, testDurable+"-"+strconv.Itoa(i))
+		require.NoError(t, err)
+		require.Equal(t, prefix+"."+strconv.Itoa(i)+".>", c.CachedInfo().Config.FilterSubject)
+	}
+	// One share alone: only its keys.
+	require.ErrorContains(t, src.Run(testContext(t), nil), "ingest function")
+	rec := newRecorder(0)
+	ctx, cancel := context.WithCancel(testContext(t))
+	done := make(chan error, 1)
+	go func() { done <- src.RunShare(ctx, 1, rec.ingest) }()
+	inShare := 0
+	for _, k := range keys {
+		if shareOf[k] == "1" {
+			inShare += 20
+		}
+	}
+	require.True(t, inShare > 0 && inShare < len(published), "share 1 holds some keys, not all")
+	require.Eventually(t, func() bool { _, inbox := rec.snapshot(); return len(inbox) >= inShare }, 30*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	_, inbox := rec.snapshot()
+	require.Len(t, inbox, inShare)
+	for _, ev := range inbox {
+		require.Equal(t, "1", shareOf[ev.Key])
+	}
+	require.ErrorContains(t, src.RunShare(testContext(t), 3, rec.ingest), "share 3 does not exist")
+
+	// Run reads the rest, every share at once, each key in order.
+	all := newRecorder(len(published) - inShare)
+	run := start(t, src, all.ingest)
+	all.wait(t)
+	require.NoError(t, run.stop(t))
+	_, rest := all.snapshot()
+	var others []string
+	for _, k := range keys {
+		if shareOf[k] != "1" {
+			others = append(others, k)
+		}
+	}
+	requireKeyOrder(t, rest, others, 20)
+}
+
+func TestSharedSinkRefusesASubjectFunction(t *testing.T) {
+	t.Parallel()
+	stream, prefix := testNames(t)
+	_, err := ferrynats.New(testContext(t), testConn(t), &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true, Shares: 2,
+		Subject: func(*ferryevent.Event) string { return prefix + ".x" }})
+	require.ErrorContains(t, err, "Config.Shares and Config.Subject")
+	_, err = ferrynats.New(testContext(t), testConn(t), &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true, Shares: -1})
+	require.ErrorContains(t, err, "Config.Shares")
 }
