@@ -673,9 +673,8 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 // claim already sent commits in the database whether or not its answer is
 // read (PostgreSQL runs a statement it has received although the client
 // gave up, and a cancel request it gets before reading it is ignored), so a
-// claim cancelled by ctx's end left its events PROCESSING, run by nobody,
-// until their claims expired (ClaimTTL; seen in CI as an event stuck for
-// 30 s after a restart). Once ctx ends the claim gets claimGrace more to
+// claim cancelled by ctx's end would leave its events PROCESSING, run by
+// nobody, until their claims expired (ClaimTTL). Once ctx ends the claim gets claimGrace more to
 // answer; what it returns runs like any claim, within the shutdown's
 // grace period.
 func (c *Consumer[TTx]) claim(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
@@ -763,7 +762,7 @@ func (c *Consumer[TTx]) refreshGauges(ctx context.Context, every time.Duration) 
 
 // retain removes processed inbox rows older than InboxRetention.
 func (c *Consumer[TTx]) retain(ctx context.Context) {
-	const chunk = 5000
+	const chunk = ferrydriver.RetentionChunk
 	for ctx.Err() == nil {
 		n, err := c.driver.DeleteProcessedInbox(ctx, &ferrydriver.DeleteProcessedInboxParams{Group: c.cfg.Group, OlderThan: c.cfg.InboxRetention, Limit: chunk})
 		if err != nil {

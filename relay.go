@@ -720,7 +720,7 @@ func (r *Relay) retain(ctx context.Context, cursor []byte) {
 	if cursor == nil || r.cfg.Retention < 0 {
 		return
 	}
-	const chunk = 5000
+	const chunk = ferrydriver.RetentionChunk
 	total := int64(0)
 	for ctx.Err() == nil {
 		n, err := r.store.DeleteDelivered(ctx, &ferrydriver.DeleteDeliveredParams{Feed: r.name, Partition: r.cfg.Partition, Cursor: cursor, OlderThan: r.cfg.Retention, Limit: chunk})

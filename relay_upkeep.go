@@ -10,11 +10,8 @@ import (
 // removes goes in bounded chunks read by index, so that a pass costs the
 // same however much history the tables hold.
 
-// retentionChunk is how many rows one retention statement removes at most.
-const retentionChunk = 5000
-
 // keyChunksPerPass bounds the keys one retention pass looks at: 20 chunks
-// of retentionChunk, 100,000 keys a minute at the default interval.
+// of ferrydriver.RetentionChunk, 100,000 keys a minute at the default interval.
 const keyChunksPerPass = 20
 
 // retains reports whether the retention pass has anything to do.
@@ -40,7 +37,7 @@ func (r *Relay) pruneKeys(ctx context.Context, cursor []byte, sweep *keySweep) {
 			break
 		}
 		res, err := r.store.PruneKeys(ctx, &ferrydriver.PruneKeysParams{Partition: r.cfg.Partition, Cursor: cursor,
-			IdleFor: r.cfg.KeyRetention, After: sweep.after, Limit: retentionChunk})
+			IdleFor: r.cfg.KeyRetention, After: sweep.after, Limit: ferrydriver.RetentionChunk})
 		if err != nil {
 			if ctx.Err() == nil { // a stop is not a failure
 				r.log.Warn("ferry: pruning idle keys failed; will retry", "err", err)
@@ -67,7 +64,7 @@ func (r *Relay) retainDeadLetters(ctx context.Context) {
 	}
 	total := int64(0)
 	for ctx.Err() == nil {
-		n, err := r.store.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: r.name, OlderThan: r.cfg.DeadLetterRetention, Limit: retentionChunk})
+		n, err := r.store.DeleteDeadLetters(ctx, &ferrydriver.DeleteDeadLettersParams{Feed: r.name, OlderThan: r.cfg.DeadLetterRetention, Limit: ferrydriver.RetentionChunk})
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("ferry: retention of dead letters failed; will retry", "err", err)
@@ -75,7 +72,7 @@ func (r *Relay) retainDeadLetters(ctx context.Context) {
 			return
 		}
 		total += n
-		if n < retentionChunk {
+		if n < ferrydriver.RetentionChunk {
 			break
 		}
 	}

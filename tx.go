@@ -434,11 +434,11 @@ func KeepRequests(ctx context.Context, p RequestPruner, retention, interval time
 	defer t.Stop()
 	for {
 		for {
-			n, err := p.DeleteRequests(ctx, &ferrydriver.DeleteRequestsParams{OlderThan: retention, Limit: 5000})
+			n, err := p.DeleteRequests(ctx, &ferrydriver.DeleteRequestsParams{OlderThan: retention, Limit: ferrydriver.RetentionChunk})
 			if err != nil && ctx.Err() == nil {
 				slog.Default().Warn("ferry: could not delete old request records", "err", err)
 			}
-			if err != nil || n < 5000 {
+			if err != nil || n < ferrydriver.RetentionChunk {
 				break
 			}
 		}

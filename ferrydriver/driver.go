@@ -488,6 +488,13 @@ type DeleteDeadLettersParams struct {
 	Limit int
 }
 
+// RetentionChunk is the most rows one retention statement removes when
+// its Limit is 0 (DeleteDelivered, DeleteProcessedInbox, DeleteRequests),
+// and the chunk Ferry's own retention passes ask for: a chunk is one short
+// transaction, so retention never holds locks or a snapshot for long
+// whatever history the tables keep.
+const RetentionChunk = 5000
+
 // DeleteDeliveredParams bound retention.
 type DeleteDeliveredParams struct {
 	Feed      string
@@ -495,7 +502,8 @@ type DeleteDeliveredParams struct {
 	// Cursor is the feed's saved checkpoint; only events it has passed go.
 	Cursor    []byte
 	OlderThan time.Duration
-	Limit     int
+	// Limit caps the rows removed; 0 means RetentionChunk.
+	Limit int
 }
 
 // FeedLagParams select a feed.

@@ -296,7 +296,8 @@ type InboxIDsParams struct {
 type DeleteProcessedInboxParams struct {
 	Group     string
 	OlderThan time.Duration
-	Limit     int
+	// Limit caps the rows removed; 0 means RetentionChunk.
+	Limit int
 }
 
 // AwaitSettledParams name the events to wait for.

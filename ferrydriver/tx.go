@@ -127,5 +127,6 @@ type RequestRecord struct {
 // DeleteRequestsParams bound request retention.
 type DeleteRequestsParams struct {
 	OlderThan time.Duration
-	Limit     int
+	// Limit caps the records removed; 0 means RetentionChunk.
+	Limit int
 }

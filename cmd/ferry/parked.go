@@ -12,10 +12,16 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
+// maxParkedShown bounds the parked keys `ferry parked list` and `ferry
+// status` read: as many as a relay loads, and a bounded read whatever the
+// table holds.
+const maxParkedShown = 100_000
+
 // cmdParked lists and releases the keys a relay parked: keys whose
 // destination stopped acknowledging them while other keys flowed, set
 // aside in the database and published from there once the destination
 // answers; held ones (DeadPolicy hold) wait for an operator.
+
 func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	action, err := pickSubcommand("parked", args, []subcommand{
 		{"list", "keys set aside while their destination failed, held ones, and redriven dead letters waiting (--feed hooks, or hooks/0)"},
@@ -52,7 +58,7 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if action == "list" {
 		var heads []*ferrydriver.ParkedEvent
 		for _, name := range feeds {
-			hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: 100000})
+			hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: maxParkedShown})
 			if err != nil {
 				return err
 			}

@@ -134,7 +134,7 @@ func feedStatus(ctx context.Context, drv ferrydriver.Store, name string, partiti
 		}
 	}
 	if pk, ok := drv.(ferrydriver.Parker); ok {
-		heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: 100000})
+		heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: maxParkedShown})
 		if err != nil {
 			return nil, err
 		}

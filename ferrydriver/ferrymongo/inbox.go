@@ -838,7 +838,7 @@ func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver
 func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
 	limit := int64(p.Limit)
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	n, err := deleteOldest(ctx, d.inbox(), bson.D{{Key: "g", Value: p.Group}, {Key: "state", Value: string(ferrydriver.InboxProcessed)},
 		{Key: "finished_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}}, bson.D{{Key: "finished_at", Value: 1}}, limit)

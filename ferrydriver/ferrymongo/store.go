@@ -508,7 +508,7 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
 	limit := int64(p.Limit)
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	cur, err := d.keys.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$gt", Value: p.After}}}},
 		options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(limit))

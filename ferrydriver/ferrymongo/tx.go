@@ -134,7 +134,7 @@ func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.Reques
 func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
 	limit := int64(p.Limit)
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	n, err := deleteOldest(ctx, d.requests(), bson.D{{Key: "created_at", Value: bson.D{{Key: "$lt", Value: time.Now().Add(-p.OlderThan)}}}},
 		bson.D{{Key: "created_at", Value: 1}}, limit)

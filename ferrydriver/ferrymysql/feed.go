@@ -414,7 +414,7 @@ func (f *feed) follow(ctx context.Context, limit int, wait time.Duration) (*ferr
 // row of each) are visible to a new read. The server writes a transaction
 // to the binlog before InnoDB makes it visible, and InnoDB releases a
 // committing transaction's locks a moment before a new read view sees it
-// (2 of 20,000 events early under load when a shared lock alone decided).
+// (under load, a shared lock alone let events through early).
 // So a plain read decides: the rows it does not see yet are waited for
 // with a shared lock (which returns once their transaction commits) and
 // read again, a little later each time. A row the read never sees (its

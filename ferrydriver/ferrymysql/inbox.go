@@ -628,7 +628,7 @@ const (
 func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	res, err := d.db.ExecContext(ctx, sqlDeleteProcessed, p.Group, p.OlderThan.Microseconds(), limit)
 	if err != nil {

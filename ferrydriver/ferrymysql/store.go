@@ -714,7 +714,7 @@ func (d *Driver) DeleteDelivered(ctx context.Context, p *ferrydriver.DeleteDeliv
 func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	rows, err := d.db.QueryContext(ctx, `SELECT k, seq, touched_at < `+sqlNow+` - ? FROM ferry_keys WHERE k > ? ORDER BY k LIMIT ?`,
 		p.IdleFor.Microseconds(), p.After, limit)

@@ -216,7 +216,7 @@ func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.Reques
 func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	res, err := d.db.ExecContext(ctx, `DELETE FROM ferry_requests WHERE created_at < `+sqlNow+` - ? ORDER BY created_at LIMIT ?`,
 		p.OlderThan.Microseconds(), limit)

@@ -69,13 +69,12 @@ type step struct {
 // a millisecond, several times what running them costs. A prepared
 // statement keeps its generic plan once the planner finds it no costlier
 // than the custom ones; for these it often does not, and every execution
-// paid for a plan of its own (measured: a one-event claim took 1.45 ms
-// planned per call, 0.44 ms under its generic plan). So a pipeline forces
-// generic plans. A generic plan is made once per session and kept until
+// paid for a plan of its own, three times the cost of running it under the
+// generic plan (docs/benchmarks.md). So a pipeline forces generic plans. A generic plan is made once per session and kept until
 // the tables' statistics change, so one made on a new, empty inbox would
 // be kept for a while, and with statistics that say "empty" every scan
-// looks as cheap as an index (measured: a claim planned so read 4,317
-// pages of a 31,000-row inbox to claim 3 rows). Every access the inbox's
+// looks as cheap as an index: a claim planned so reads the whole inbox to
+// claim a few rows. Every access the inbox's
 // statements make has an index of its own, so the pipeline also rules out
 // sequential and bitmap scans: the plans stay on those indexes whatever the
 // statistics said (TestInboxPlansOnAnEmptyInbox). The settings are local

@@ -805,7 +805,7 @@ func (d *Driver[TTx]) InboxCounts(ctx context.Context, group string) (map[ferryd
 func (d *Driver[TTx]) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	var n int64
 	err := d.inRC(ctx, func(e executor) (err error) {

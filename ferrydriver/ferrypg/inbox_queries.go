@@ -648,11 +648,11 @@ SELECT ` + inboxRowColumns + ` FROM (
 // include PENDING or FAILED, which a claimed row is stored as, and not
 // PROCESSING, which it reads as: such a row is not listed. Otherwise every
 // row found passes, and {claimed} is inboxListUnclaimed. A filter of the
-// form "(CASE WHEN cl.claimed ...) = ANY ($2)" was estimated to keep 0.5%
-// of the rows: a page of 500 DEAD rows of 100,000 was costed as a walk of
-// all of them, past jit_above_cost, and JIT compilation took 0.8 s of a
-// 1 ms query (BenchmarkPagesAtScale); so was a page of PENDING rows, and
-// the subplan ran three times a row. inboxClaimed's subquery is kept
+// form "(CASE WHEN cl.claimed ...) = ANY ($2)" is estimated to keep a
+// tiny fraction of the rows, so a page of a large inbox is costed as a walk
+// of all of it, past jit_above_cost, and JIT compilation costs far more
+// than the query (BenchmarkPagesAtScale; docs/benchmarks.md); the subplan
+// also ran three times a row. inboxClaimed's subquery is kept
 // whole (OFFSET 0): it runs once a row.
 const (
 	inboxListClaimed   = `NOT cl.claimed AND cardinality($2::text[]) > 0`

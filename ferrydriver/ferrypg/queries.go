@@ -123,8 +123,8 @@ const eventColumns = `id, event_id, topic, key, seq, type, source, content_type,
 //	       Index Cond: ((partition = 0) AND (id > 1000000) AND (id <= 1000500))
 //	       Filter: (xid <> ALL ('{...}'::xid8[]))
 //
-// measured on a 1.2M-row outbox: 0.4 ms for 500 rows, the same at the start
-// and the end of the backlog (see TestFeedBacklogQueryIsFlat).
+// so a batch costs the same at the start and the end of a backlog
+// (TestFeedBacklogQueryIsFlat; figures in docs/benchmarks.md).
 //
 // Second branch: rows at or below the previous high id written by
 // transactions that were running at the previous snapshot and have finished

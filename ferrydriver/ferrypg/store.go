@@ -372,7 +372,7 @@ func (d *Driver[TTx]) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysPar
 	}
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	err = d.inIndexPlanTx(ctx, func(e executor) error {
 		r, err := e.query(ctx, d.queries.keysChunk, p.After, limit, p.IdleFor.Milliseconds())

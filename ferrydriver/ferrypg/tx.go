@@ -226,7 +226,7 @@ func (d *Driver[TTx]) GetRequest(ctx context.Context, id string) (*ferrydriver.R
 func (d *Driver[TTx]) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	n, err := d.db.exec(ctx, d.queries.requestDelete, p.OlderThan.Milliseconds(), limit)
 	if err != nil {

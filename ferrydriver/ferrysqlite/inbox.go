@@ -688,7 +688,7 @@ func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver
 func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.DeleteProcessedInboxParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	var n int64
 	err := d.write(ctx, "delete processed inbox rows of group "+p.Group, func(tx *sql.Tx) error {

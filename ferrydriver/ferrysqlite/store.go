@@ -466,7 +466,7 @@ func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) 
 	res := &ferrydriver.PruneKeysResult{Next: p.After}
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	err := d.write(ctx, "prune idle keys", func(tx *sql.Tx) error {
 		low, err := d.partitionLow(ctx, tx, p.Partition, p.Cursor)

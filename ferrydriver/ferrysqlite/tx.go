@@ -89,7 +89,7 @@ func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.Reques
 func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
-		limit = 5000
+		limit = ferrydriver.RetentionChunk
 	}
 	var n int64
 	err := d.write(ctx, "delete old request records", func(tx *sql.Tx) error {
