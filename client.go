@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/google/uuid"
 )
 
@@ -32,7 +33,7 @@ type Config struct {
 	// emitted, with the caller's context, before it is validated. A
 	// tracing hook (ferryotel) writes the caller's trace context into the
 	// event's headers there.
-	Hooks []Hook
+	Hooks []ferryhook.Hook
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -62,7 +63,7 @@ func (c *Config) validate() error {
 type Client[TTx any] struct {
 	driver ferrydriver.Driver[TTx]
 	cfg    Config
-	emit   []EmitHook
+	emit   []ferryhook.EmitHook
 }
 
 // NewClient returns a client writing through driver.
@@ -74,7 +75,7 @@ func NewClient[TTx any](driver ferrydriver.Driver[TTx], cfg *Config) (*Client[TT
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Client[TTx]{driver: driver, cfg: c, emit: hooksOf[EmitHook](c.Hooks)}, nil
+	return &Client[TTx]{driver: driver, cfg: c, emit: ferryhook.Of[ferryhook.EmitHook](c.Hooks)}, nil
 }
 
 // Driver returns the client's driver.

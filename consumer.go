@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryshared/backoff"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/google/uuid"
@@ -161,7 +162,7 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 	// Hooks observe the consumer (see Hook): each MetricsHook records its
 	// metrics (ferryprom.New(registerer) for Prometheus).
-	Hooks []Hook
+	Hooks []ferryhook.Hook
 	// Middleware wraps every handler call, the first outermost (see
 	// Middleware): tracing (ferryotel), logging, metrics, code of your own.
 	Middleware []Middleware
@@ -287,7 +288,7 @@ type Consumer[TTx any] struct {
 	fallback HandlerFunc[TTx]
 	wake     chan struct{}
 	m        *consumerMetrics
-	ingest   []IngestHook
+	ingest   []ferryhook.IngestHook
 
 	// skipped holds the event types skipped unhandled, logged once each.
 	skipped sync.Map
@@ -343,7 +344,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 		handlers:          map[string]HandlerFunc[TTx]{},
 		batched:           map[string]BatchHandlerFunc[TTx]{},
 		wake:              make(chan struct{}, 1),
-		ingest:            hooksOf[IngestHook](c.Hooks),
+		ingest:            ferryhook.Of[ferryhook.IngestHook](c.Hooks),
 	}, nil
 }
 
@@ -414,7 +415,7 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 			c.m.ingested.Add(float64(len(events)-inserted), system, "duplicate")
 		}
 		for _, h := range c.ingest {
-			h.OnIngest(&IngestInfo{Group: c.cfg.Group, System: system, Events: events, Inserted: inserted, Start: start, Err: err})
+			h.OnIngest(&ferryhook.IngestInfo{Group: c.cfg.Group, System: system, Events: events, Inserted: inserted, Start: start, Err: err})
 		}
 	}()
 	res, err := c.driver.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: c.cfg.Group, Events: events})

@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -145,7 +146,7 @@ func TestConsumerPoisonEventGoesDead(t *testing.T) {
 	table := effects(t, drv)
 	dead := make(chan *ferry.DeadEvent, 1)
 	reg := prometheus.NewRegistry()
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "mailer", MaxAttempts: 3, Hooks: []ferry.Hook{ferryprom.New(reg)},
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "mailer", MaxAttempts: 3, Hooks: []ferryhook.Hook{ferryprom.New(reg)},
 		RetryBase: 100 * time.Millisecond, RetryMax: time.Second, PollInterval: 10 * time.Millisecond,
 		OnDead: func(_ context.Context, d *ferry.DeadEvent) { dead <- d }})
 	require.NoError(t, err)

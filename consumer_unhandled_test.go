@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
 )
@@ -64,7 +65,7 @@ func TestConsumerSkipUnhandled(t *testing.T) {
 	var logs syncbuf.Buffer
 	reg := prometheus.NewRegistry()
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "skipper", SkipUnhandled: true, PollInterval: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Hooks: []ferry.Hook{ferryprom.New(reg)}})
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Hooks: []ferryhook.Hook{ferryprom.New(reg)}})
 	require.NoError(t, err)
 	startConsumer(t, c)
 	evs := events(3, 3)
@@ -200,7 +201,7 @@ func TestConsumerGaugesOneProcessPerGroup(t *testing.T) {
 	var regs []*prometheus.Registry
 	for range 2 {
 		reg := prometheus.NewRegistry()
-		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "gauged", Hooks: []ferry.Hook{ferryprom.New(reg)}})
+		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "gauged", Hooks: []ferryhook.Hook{ferryprom.New(reg)}})
 		require.NoError(t, err)
 		startConsumer(t, c)
 		regs = append(regs, reg)

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
 )
@@ -99,15 +100,15 @@ func TestDashboardQueriesOnlyServedMetrics(t *testing.T) {
 
 	client, err := ferry.NewClient(drv, nil)
 	require.NoError(t, err)
-	relay, err := ferry.NewRelay(drv, &memsink.Sink{}, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Hooks: []ferry.Hook{prom}})
+	relay, err := ferry.NewRelay(drv, &memsink.Sink{}, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Hooks: []ferryhook.Hook{prom}})
 	require.NoError(t, err)
 	run(t, relay)
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "dash", PollInterval: 20 * time.Millisecond, Hooks: []ferry.Hook{prom}})
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "dash", PollInterval: 20 * time.Millisecond, Hooks: []ferryhook.Hook{prom}})
 	require.NoError(t, err)
 	c.HandleAll(func(context.Context, pgx.Tx, *ferry.Event) error { return nil })
 	startConsumer(t, c)
 	reruns := 0
-	id, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{RetryBase: time.Millisecond, Hooks: []ferry.Hook{prom}}, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
+	id, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{RetryBase: time.Millisecond, Hooks: []ferryhook.Hook{prom}}, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
 		if reruns++; reruns == 1 {
 			return uuid.Nil, ferry.RerunTx(errors.New("once"))
 		}

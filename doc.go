@@ -217,35 +217,39 @@ published events and expired dead letters in bounded chunks.
 # Tracing and telemetry
 
 Hooks observe the runtime without the root module depending on a telemetry
-stack. A Hook is any value; the runtime calls, on each hook it is given,
-the methods of the interfaces it implements:
+stack. Their interfaces are in package ferryhook; a hook is any value, and
+the runtime calls, on each hook it is given, the methods of the interfaces
+it implements:
 
-  - EmitHook (Config.Hooks): each event at emit, before validation, where
-    a tracer writes the caller's trace context into the headers.
-  - PublishHook (RelayConfig.Hooks): each event the relay published, with
-    the sink's answer and its system (ferrysink.Describer).
-  - IngestHook (ConsumerConfig.Hooks): each delivery put in the inbox,
-    with the transport it came through (IngestInfo.System: a source's
-    ferrysink.Describer, read by Consume, or ferrysink.WithSystem in the
-    context of Ingest; "ferry" for Consumer.Sink and when none is named).
-  - TxHook (TxOptions.Hooks): each RunTx call, its retries and its end.
+  - ferryhook.EmitHook (Config.Hooks): each event at emit, before
+    validation, where a tracer writes the caller's trace context into the
+    headers.
+  - ferryhook.PublishHook (RelayConfig.Hooks): each event the relay
+    published, with the sink's answer and its system (ferrysink.Describer).
+  - ferryhook.IngestHook (ConsumerConfig.Hooks): each delivery put in the
+    inbox, with the transport it came through (IngestInfo.System: a
+    source's ferrysink.Describer, read by Consume, or ferrysink.WithSystem
+    in the context of Ingest; "ferry" for Consumer.Sink and when none is
+    named).
+  - ferryhook.TxHook (TxOptions.Hooks): each RunTx call, its retries and
+    its end.
   - SettleHook (AwaitSettled's trailing hooks): each wait, its start and
     its outcome.
-  - MetricsHook (any of the above): an Instrument per documented metric
-    (MetricDesc), made when a relay or consumer is made and on each RunTx
-    and AwaitSettled call.
+  - ferryhook.MetricsHook (any of the above): an Instrument per documented
+    metric (MetricDesc), made when a relay or consumer is made and on each
+    RunTx and AwaitSettled call.
 
 ConsumerConfig.Middleware wraps every handler call, batch calls included,
 for tracing, logging, metrics or code of your own (ConsumerGroup names the
 group), and EventFromContext gives a log handler the event a record is
 about. Package ferryotel (its own module) implements the hooks and a
 middleware for OpenTelemetry, one trace from the request that emitted an
-event to every handler that applied it, and package ferryprom the
+event to every handler that applied it, and package ferryprom a
 MetricsHook for Prometheus:
 
 	prom, tr := ferryprom.New(prometheus.DefaultRegisterer), ferryotel.New()
 	consumer, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing",
-		Hooks: []ferry.Hook{prom, tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
+		Hooks: []ferryhook.Hook{prom, tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
 	st, err := ferry.AwaitSettled(ctx, drv, "billing", ids, 2*time.Second, prom, tr) // the metric and the span
 */
 package ferry

@@ -87,6 +87,7 @@ var docImports = map[string]string{
 	"ferryrabbit":   "github.com/ferry-dev/ferry/ferrysink/ferryrabbit",
 	"ferrywebhook":  "github.com/ferry-dev/ferry/ferrysink/ferrywebhook",
 	"ferryprom":     "github.com/ferry-dev/ferry/ferryprom",
+	"ferryhook":     "github.com/ferry-dev/ferry/ferryhook",
 	"ferryotel":     "github.com/ferry-dev/ferry/ferryotel",
 	"ferrychain":    "github.com/ferry-dev/ferry/ferrychain",
 	"ferrytest":     "github.com/ferry-dev/ferry/ferrytest",

@@ -5,23 +5,10 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 )
 
-// Validation errors, returned wrapped in a *ValidationError by Emit and
-// EmitTx. Test with errors.Is.
-var (
-	ErrEmptyTopic        = ferryevent.ErrEmptyTopic
-	ErrEmptyKey          = ferryevent.ErrEmptyKey
-	ErrEmptyType         = ferryevent.ErrEmptyType
-	ErrEventTooLarge     = ferryevent.ErrEventTooLarge
-	ErrInvalidText       = ferryevent.ErrInvalidText
-	ErrSurroundingSpace  = ferryevent.ErrSurroundingSpace
-	ErrFieldTooLong      = ferryevent.ErrFieldTooLong
-	ErrInvalidTopic      = ferryevent.ErrInvalidTopic
-	ErrInvalidHeaderName = ferryevent.ErrInvalidHeaderName
-	ErrReservedHeader    = ferryevent.ErrReservedHeader
-	ErrInvalidTime       = ferryevent.ErrInvalidTime
-)
-
-// ValidationError says which event failed validation and why.
+// ValidationError says which event failed validation and why; Emit and
+// EmitTx return it wrapped. Its cause is one of ferryevent's sentinels
+// (ferryevent.ErrEmptyKey, ferryevent.ErrEventTooLarge, ...): test with
+// errors.Is.
 type ValidationError = ferryevent.ValidationError
 
 // ErrLeaseLost is returned (wrapped) when a relay loses its feed to another

@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryprom/ferrypromtest"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
@@ -25,7 +27,7 @@ type ctxKey struct{}
 // recordingHook is an EmitHook and a PublishHook.
 type recordingHook struct {
 	mu        sync.Mutex
-	published []ferry.PublishInfo
+	published []ferryhook.PublishInfo
 }
 
 func (h *recordingHook) OnEmit(ctx context.Context, ev *ferry.Event) {
@@ -37,16 +39,16 @@ func (h *recordingHook) OnEmit(ctx context.Context, ev *ferry.Event) {
 	}
 }
 
-func (h *recordingHook) OnPublish(info *ferry.PublishInfo) {
+func (h *recordingHook) OnPublish(info *ferryhook.PublishInfo) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.published = append(h.published, *info)
 }
 
-func (h *recordingHook) infos() []ferry.PublishInfo {
+func (h *recordingHook) infos() []ferryhook.PublishInfo {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]ferry.PublishInfo(nil), h.published...)
+	return append([]ferryhook.PublishInfo(nil), h.published...)
 }
 
 // TestHooksSeeEmitAndPublish: an EmitHook writes headers from the caller's
@@ -57,7 +59,7 @@ func TestHooksSeeEmitAndPublish(t *testing.T) {
 	t.Parallel()
 	drv := newPG(t)
 	hook := &recordingHook{}
-	c, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{hook, "not a hook: ignored"}})
+	c, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferryhook.Hook{hook, "not a hook: ignored"}})
 	require.NoError(t, err)
 	ctx := context.WithValue(context.Background(), ctxKey{}, "req-42")
 	ev := &ferry.Event{Topic: "orders", Key: "k1", Type: "T"}
@@ -66,10 +68,10 @@ func TestHooksSeeEmitAndPublish(t *testing.T) {
 
 	bad := &ferry.Event{Topic: "orders", Key: "k2", Type: "T"}
 	err = c.Emit(context.WithValue(context.Background(), ctxKey{}, " spaced "), bad)
-	require.ErrorIs(t, err, ferry.ErrSurroundingSpace, "what a hook adds is validated too")
+	require.ErrorIs(t, err, ferryevent.ErrSurroundingSpace, "what a hook adds is validated too")
 
 	sink := &memsink.Sink{}
-	r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Hooks: []ferry.Hook{hook}})
+	r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Hooks: []ferryhook.Hook{hook}})
 	require.NoError(t, err)
 	before := time.Now()
 	run(t, r)
@@ -181,10 +183,10 @@ func TestMiddlewareWrapsEveryHandlerCall(t *testing.T) {
 // ingestRecorder is an IngestHook.
 type ingestRecorder struct {
 	mu    sync.Mutex
-	infos []ferry.IngestInfo
+	infos []ferryhook.IngestInfo
 }
 
-func (h *ingestRecorder) OnIngest(info *ferry.IngestInfo) {
+func (h *ingestRecorder) OnIngest(info *ferryhook.IngestInfo) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.infos = append(h.infos, *info)
@@ -229,7 +231,7 @@ func TestIngestNamesItsTransport(t *testing.T) {
 	drv := newPG(t)
 	reg := prometheus.NewRegistry()
 	rec := &ingestRecorder{}
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "ingest", Hooks: []ferry.Hook{rec, ferryprom.New(reg)}})
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "ingest", Hooks: []ferryhook.Hook{rec, ferryprom.New(reg)}})
 	require.NoError(t, err)
 	event := func(key string) *ferry.Event {
 		return &ferry.Event{ID: ferry.NewID(), Topic: "t", Key: key, Type: "T", Seq: 1, CreatedAt: time.Now()}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryshared/backoff"
 	"github.com/ferry-dev/ferry/ferrysink"
 )
@@ -66,7 +67,7 @@ type RelayConfig struct {
 	// event it publishes, when the sink answers (a tracing hook, ferryotel,
 	// records a publish span there); each MetricsHook records its metrics
 	// (ferryprom.New(registerer) for Prometheus).
-	Hooks []Hook
+	Hooks []ferryhook.Hook
 	// DeadLetterRetention is how long the relay keeps the events it
 	// dead-lettered (`ferry dlq list|show|redrive|discard`); its retention
 	// pass, every RetentionInterval, removes older ones. Default 14 days; a
@@ -271,7 +272,7 @@ type Relay struct {
 	// dupsLoggedAt (reportDuplicates).
 	unloggedDups uint64
 	dupsLoggedAt time.Time
-	hooks        []PublishHook
+	hooks        []ferryhook.PublishHook
 	system       string // the sink's ferrysink.Describer, if any
 
 	running atomic.Bool
@@ -309,7 +310,7 @@ func NewRelay(store ferrydriver.Store, sink ferrysink.Sink, cfg *RelayConfig) (*
 		ordered: ob != nil && ob.OrderedBatches(),
 		retry:   backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
 		dups:    dupReporter(sink),
-		hooks:   hooksOf[PublishHook](c.Hooks),
+		hooks:   ferryhook.Of[ferryhook.PublishHook](c.Hooks),
 		system:  sinkSystem(sink),
 	}, nil
 }

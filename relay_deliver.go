@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferrysink"
 )
 
@@ -459,7 +460,7 @@ func (r *Relay) publishEach(ctx context.Context, events []*ferryevent.Event, don
 	report := func(i int, err error) {
 		if i >= 0 && i < len(events) && reported[i].CompareAndSwap(false, true) {
 			for _, h := range r.hooks {
-				h.OnPublish(&PublishInfo{Feed: r.name, System: r.system, Event: events[i], Start: start, Err: err})
+				h.OnPublish(&ferryhook.PublishInfo{Feed: r.name, System: r.system, Event: events[i], Start: start, Err: err})
 			}
 			done(i, err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
 )
@@ -37,7 +38,7 @@ func TestRelayHealthSeesAStalledPartition(t *testing.T) {
 	relay, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{
 		HolderID: "health", PollInterval: 20 * time.Millisecond, LeaseTTL: 10 * time.Second,
 		RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
-		StallTimeout: 200 * time.Millisecond, Hooks: []ferry.Hook{ferryprom.New(reg)},
+		StallTimeout: 200 * time.Millisecond, Hooks: []ferryhook.Hook{ferryprom.New(reg)},
 	})
 	require.NoError(t, err)
 	h := relay.Health()

@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
@@ -41,7 +42,7 @@ func TestRelaysWithOneHolderIDLeadOneAtATime(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		r, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{
 			HolderID: "relay", PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second,
-			RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, Hooks: []ferry.Hook{ferryprom.New(reg)},
+			RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, Hooks: []ferryhook.Hook{ferryprom.New(reg)},
 		})
 		require.NoError(t, err)
 		run(t, r)

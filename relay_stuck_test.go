@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
@@ -388,7 +389,7 @@ func TestRelayParkedKeyRefusedForGoodIsReported(t *testing.T) {
 	var mu sync.Mutex
 	states := map[ferry.KeyState]int{}
 	run(t, stuckRelay(t, drv, sink, func(c *ferry.RelayConfig) {
-		c.Hooks = []ferry.Hook{ferryprom.New(reg)}
+		c.Hooks = []ferryhook.Hook{ferryprom.New(reg)}
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		c.OnStuckKey = func(_ context.Context, k *ferry.StuckKey) {
 			if k.Key == "stuck" {

@@ -212,9 +212,9 @@ func TestEmitValidation(t *testing.T) {
 	// The limit counts the envelope too: brokers do.
 	envelope := ferryevent.EnvelopeBytes(&ferry.Event{Topic: "t", Key: "k", Type: "T"})
 	err = c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T", Payload: make([]byte, 1001-envelope)})
-	require.ErrorIs(t, err, ferry.ErrEventTooLarge)
+	require.ErrorIs(t, err, ferryevent.ErrEventTooLarge)
 	err = c.Emit(ctx, &ferry.Event{Topic: "t", Key: "k", Type: "T"}, &ferry.Event{Topic: "t", Type: "T"})
-	require.ErrorIs(t, err, ferry.ErrEmptyKey)
+	require.ErrorIs(t, err, ferryevent.ErrEmptyKey)
 	var ve *ferry.ValidationError
 	require.ErrorAs(t, err, &ve)
 	require.Equal(t, 1, ve.Index)

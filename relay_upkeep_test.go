@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
@@ -26,7 +27,7 @@ import (
 func upkeepRelay(t *testing.T, drv ferrydriver.Store, sink *memsink.Sink, cfg ferry.RelayConfig) (*ferry.Relay, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg.HolderID, cfg.PollInterval, cfg.LeaseTTL, cfg.Hooks = "r1", 20*time.Millisecond, 2*time.Second, []ferry.Hook{ferryprom.New(reg)}
+	cfg.HolderID, cfg.PollInterval, cfg.LeaseTTL, cfg.Hooks = "r1", 20*time.Millisecond, 2*time.Second, []ferryhook.Hook{ferryprom.New(reg)}
 	cfg.RetryBase, cfg.RetryMax, cfg.HeartbeatInterval, cfg.RetentionInterval = 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
 	r, err := ferry.NewRelay(drv, sink, &cfg)
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/google/uuid"
 )
 
@@ -49,12 +50,12 @@ func (s *Settlement) Outcome() string {
 //	st, err := ferry.AwaitSettled(ctx, drv, "billing", ids, 2*time.Second, prom, tr)
 //
 // gives the metric and the span.
-func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, timeout time.Duration, hooks ...Hook) (*Settlement, error) {
+func AwaitSettled(ctx context.Context, s ferrydriver.Settler, group string, ids []uuid.UUID, timeout time.Duration, hooks ...ferryhook.Hook) (*Settlement, error) {
 	if group == "" {
 		return nil, errors.New("ferry: AwaitSettled needs the consumer group")
 	}
 	var ends []func(*Settlement, error)
-	for _, sh := range hooksOf[SettleHook](hooks) {
+	for _, sh := range ferryhook.Of[SettleHook](hooks) {
 		var end func(*Settlement, error)
 		ctx, end = sh.OnSettleStart(ctx, group, ids)
 		ends = append(ends, end)

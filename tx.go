@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryshared/backoff"
 	"github.com/google/uuid"
 )
@@ -43,27 +44,7 @@ type TxOptions struct {
 	// Hooks observe the call (see Hook): each TxHook hears of its start,
 	// its retries and their causes, and its end. A tracing hook
 	// (ferryotel) records a span of the call there.
-	Hooks []Hook
-}
-
-// TxHook observes RunTx calls (TxOptions.Hooks).
-type TxHook interface {
-	// OnTxStart is called when a RunTx call starts. The context it returns
-	// is the one the attempts run in (a tracing hook puts the call's span
-	// there, so that the callback's own spans are its children); the
-	// TxObserver hears of the call's retries and of its end.
-	OnTxStart(ctx context.Context, requestID string) (context.Context, TxObserver)
-}
-
-// TxObserver hears of one RunTx call's retries and of its end.
-type TxObserver interface {
-	// OnRetry is called before an attempt runs again: attempt is the one
-	// that failed, cause why it may rerun ("serialization_failure",
-	// "deadlock", "rerun_requested", "commit_aborted", ...), err its error.
-	OnRetry(attempt int, cause string, err error)
-	// OnEnd is called once, when RunTx returns: attempts is how many ran,
-	// err what RunTx returns (nil when it committed).
-	OnEnd(attempts int, err error)
+	Hooks []ferryhook.Hook
 }
 
 func (o *TxOptions) withDefaults() TxOptions {
@@ -220,8 +201,8 @@ func nextEventID(ctx context.Context) uuid.UUID {
 func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], opts *TxOptions, fn func(ctx context.Context, tx TTx) (R, error)) (R, error) {
 	o := opts.withDefaults()
 	call := &txCall{m: newCallMetrics(o.Hooks)}
-	for _, th := range hooksOf[TxHook](o.Hooks) {
-		var obs TxObserver
+	for _, th := range ferryhook.Of[ferryhook.TxHook](o.Hooks) {
+		var obs ferryhook.TxObserver
 		if ctx, obs = th.OnTxStart(ctx, o.RequestID); obs != nil {
 			call.observers = append(call.observers, obs)
 		}
@@ -237,7 +218,7 @@ func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 // how many attempts began.
 type txCall struct {
 	m         *callMetrics
-	observers []TxObserver
+	observers []ferryhook.TxObserver
 	attempts  int
 }
 

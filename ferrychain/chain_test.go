@@ -29,6 +29,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryshared/tcpproxy"
 )
 
@@ -149,7 +150,7 @@ type group struct {
 	handled atomic.Int64
 }
 
-func newGroup(t *testing.T, drv *ferrypg.Driver[pgx.Tx], name string, hooks ...ferry.Hook) *group {
+func newGroup(t *testing.T, drv *ferrypg.Driver[pgx.Tx], name string, hooks ...ferryhook.Hook) *group {
 	table := pgx.Identifier{drv.Schema(), "effects_" + name}.Sanitize()
 	_, err := ferrypgtest.Pool(t).Exec(context.Background(), `CREATE TABLE `+table+` (
 		n bigserial PRIMARY KEY, event_id uuid NOT NULL, note text NOT NULL, block bigint NOT NULL, log_index int NOT NULL, sign int NOT NULL)`)
@@ -215,7 +216,7 @@ func (g *group) settle(t *testing.T) {
 
 // runSource runs a source for g, with hooks, until the returned stop is
 // called.
-func runSource(t *testing.T, drv *ferrypg.Driver[pgx.Tx], g *group, c *chain, tier ferrychain.Tier, wrap func(ferrychain.Inbox) ferrychain.Inbox, hooks ...ferry.Hook) (stop func() error) {
+func runSource(t *testing.T, drv *ferrypg.Driver[pgx.Tx], g *group, c *chain, tier ferrychain.Tier, wrap func(ferrychain.Inbox) ferrychain.Inbox, hooks ...ferryhook.Hook) (stop func() error) {
 	t.Helper()
 	var inbox ferrychain.Inbox = g.c
 	if wrap != nil {

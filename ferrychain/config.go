@@ -17,9 +17,9 @@ import (
 	"github.com/ethereum/go-ethereum/ethclient"
 	"github.com/google/uuid"
 
-	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 )
 
 // Client is the part of a JSON-RPC client the source uses. *ethclient.Client
@@ -202,14 +202,14 @@ type Config struct {
 	OnAlert func(ctx context.Context, a *Alert)
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
-	// Hooks observe the source: each ferry.MetricsHook records its metrics
+	// Hooks observe the source: each ferryhook.MetricsHook records its metrics
 	// (ferryprom.New(registerer) for Prometheus: ferry_chain_head_block,
 	// _cursor_block, _head_lag_blocks, _reorgs_total, _reorg_depth_blocks,
 	// _retracted_events_total, _ingested_events_total, _rpc_errors_total).
 	// Optional. The inbox's own metrics and spans come from the hooks of
 	// the *ferry.Consumer (ConsumerConfig.Hooks), which sees the source's
 	// deliveries as system "evm" (System).
-	Hooks []ferry.Hook
+	Hooks []ferryhook.Hook
 }
 
 func (c *Config) withDefaults() (Config, error) {

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryotel"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkOnEmit(b *testing.B) {
 // BenchmarkOnPublish: the relay's send span of one event.
 func BenchmarkOnPublish(b *testing.B) {
 	tr, _ := benchTracer(b)
-	info := &ferry.PublishInfo{Feed: "default/0", System: "nats", Event: benchEvent(), Start: time.Now()}
+	info := &ferryhook.PublishInfo{Feed: "default/0", System: "nats", Event: benchEvent(), Start: time.Now()}
 	for b.Loop() {
 		tr.OnPublish(info)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryotel"
 )
 
@@ -47,16 +48,16 @@ func Example() {
 	}
 	quiet := slog.New(slog.DiscardHandler)
 
-	client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
+	client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferryhook.Hook{tr}})
 	billing, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", Logger: quiet,
-		Hooks: []ferry.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
+		Hooks: []ferryhook.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
 	billing.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
 		_, span := tp.Tracer("billing").Start(ctx, "charge the card") // a child of "process orders"
 		defer span.End()
 		return nil
 	})
 	relay, _ := ferry.NewRelay(drv, billing.Sink(), &ferry.RelayConfig{Feed: "billing", Logger: quiet,
-		Hooks: []ferry.Hook{tr}})
+		Hooks: []ferryhook.Hook{tr}})
 	runCtx, stop := context.WithCancel(ctx)
 	go func() { _ = relay.Run(runCtx) }()
 	go func() { _ = billing.Run(runCtx) }()

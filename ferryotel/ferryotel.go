@@ -1,29 +1,29 @@
 // Package ferryotel traces Ferry with OpenTelemetry, from the request that
 // emits an event to every handler that applies it.
 //
-// One Tracer is a hook (ferry.Hook) for every place an event passes, and
+// One Tracer is a hook (ferryhook.Hook) for every place an event passes, and
 // makes the consumer's middleware:
 //
 //	tr := ferryotel.New() // the global TracerProvider and W3C Trace Context
-//	client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
-//	relay, _ := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Hooks: []ferry.Hook{tr}})
+//	client, _ := ferry.NewClient(drv, &ferry.Config{Hooks: []ferryhook.Hook{tr}})
+//	relay, _ := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Hooks: []ferryhook.Hook{tr}})
 //	consumer, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing",
-//		Hooks: []ferry.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
-//	res, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferry.Hook{tr}}, placeOrder)
+//		Hooks: []ferryhook.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
+//	res, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferryhook.Hook{tr}}, placeOrder)
 //	st, err := ferry.AwaitSettled(ctx, drv, "billing", ids, 2*time.Second, tr)
 //
 // What it records:
 //
 //   - Emit and EmitTx write the trace context of their ctx (the request's
 //     span) into each event's headers, traceparent and tracestate, unless
-//     the event has a traceparent of its own (ferry.EmitHook). The headers
+//     the event has a traceparent of its own (ferryhook.EmitHook). The headers
 //     are stored in the outbox and carried by every sink, source and inbox.
 //   - The relay records a "send <topic>" span (kind producer) for each
 //     event it publishes, from the hand-off to the sink's answer, as a
-//     child of the event's trace context (ferry.PublishHook).
+//     child of the event's trace context (ferryhook.PublishHook).
 //   - The consumer records a "receive <topic>" span (kind consumer) for
 //     each delivery it puts in its inbox, from a source, a webhook
-//     receiver, ferrychain or the relay's inbox sink (ferry.IngestHook):
+//     receiver, ferrychain or the relay's inbox sink (ferryhook.IngestHook):
 //     for one event, a child of the event's trace context; for several,
 //     linked to each event's context.
 //   - The consumer runs each handler call in a "process <topic>" span (kind
@@ -32,7 +32,7 @@
 //     linked to each event's context. Spans the handler starts from its
 //     ctx are children of it.
 //   - RunTx is one "RunTx" span with a "retry" event per rerun
-//     (ferry.TxHook); AwaitSettled one "AwaitSettled" span with the outcome
+//     (ferryhook.TxHook); AwaitSettled one "AwaitSettled" span with the outcome
 //     (ferry.SettleHook).
 //   - LogHandler puts trace_id and span_id into log records.
 //
@@ -47,7 +47,7 @@
 // messaging.system names the transport each span is about. A send span
 // names the sink's destination ("nats", "kafka", "rabbitmq", "webhook":
 // ferrysink.Describer), a receive span the transport the delivery came
-// through (ferry.IngestInfo.System: the same names from their sources and
+// through (ferryhook.IngestInfo.System: the same names from their sources and
 // the webhook receiver, "evm" from ferrychain). Both say "ferry" for the
 // direct path, where the relay writes into the inbox itself
 // (Consumer.Sink). A process span always says "ferry": the handler reads
@@ -75,13 +75,14 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryhook"
 )
 
 // ScopeName is the instrumentation scope of Ferry's spans.
 const ScopeName = "github.com/ferry-dev/ferry/ferryotel"
 
 // Tracer records Ferry's spans and carries trace context in events. It is
-// a ferry.EmitHook, PublishHook, IngestHook, TxHook and SettleHook, and
+// a ferryhook.EmitHook, PublishHook, IngestHook, TxHook and SettleHook, and
 // makes consumer middleware (Middleware) and log handlers (LogHandler); it
 // is safe for concurrent use.
 type Tracer struct {
@@ -127,13 +128,13 @@ func New(opts ...Option) *Tracer {
 }
 
 var (
-	_ ferry.EmitHook    = (*Tracer)(nil)
-	_ ferry.PublishHook = (*Tracer)(nil)
-	_ ferry.IngestHook  = (*Tracer)(nil)
+	_ ferryhook.EmitHook    = (*Tracer)(nil)
+	_ ferryhook.PublishHook = (*Tracer)(nil)
+	_ ferryhook.IngestHook  = (*Tracer)(nil)
 )
 
 // OnEmit writes the trace context of ctx into ev's headers, unless ctx has
-// no span or ev carries a traceparent already (ferry.EmitHook).
+// no span or ev carries a traceparent already (ferryhook.EmitHook).
 func (t *Tracer) OnEmit(ctx context.Context, ev *ferry.Event) {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return
@@ -166,8 +167,8 @@ func (t *Tracer) Extract(ctx context.Context, ev *ferry.Event) context.Context {
 }
 
 // OnPublish records the relay's "send" span of one event
-// (ferry.PublishHook).
-func (t *Tracer) OnPublish(info *ferry.PublishInfo) {
+// (ferryhook.PublishHook).
+func (t *Tracer) OnPublish(info *ferryhook.PublishInfo) {
 	ev := info.Event
 	system := info.System
 	if system == "" {
@@ -207,11 +208,11 @@ func (t *Tracer) links(evs []*ferry.Event) []trace.Link {
 }
 
 // OnIngest records a consumer's "receive" span (kind consumer) for one
-// delivery it put in its inbox (ferry.IngestHook), from the insert's start
+// delivery it put in its inbox (ferryhook.IngestHook), from the insert's start
 // to its end: for one event, a child of the event's trace context; for
 // several, linked to each event's context. Its messaging.system is the
-// transport the delivery came through (ferry.IngestInfo.System).
-func (t *Tracer) OnIngest(info *ferry.IngestInfo) {
+// transport the delivery came through (ferryhook.IngestInfo.System).
+func (t *Tracer) OnIngest(info *ferryhook.IngestInfo) {
 	if len(info.Events) == 0 {
 		return
 	}
@@ -284,14 +285,14 @@ func (t *Tracer) Middleware() ferry.Middleware {
 	}
 }
 
-var _ ferry.TxHook = (*Tracer)(nil)
+var _ ferryhook.TxHook = (*Tracer)(nil)
 
 // OnTxStart starts the span of a RunTx call, "RunTx" (kind internal), in
-// which the attempts run (ferry.TxHook): pass the Tracer in
+// which the attempts run (ferryhook.TxHook): pass the Tracer in
 // TxOptions.Hooks. Each retry adds an event "retry" with the failed
 // attempt, its cause and its error; the span ends with the number of
 // attempts (ferry.tx.attempts) and, when RunTx fails, its error.
-func (t *Tracer) OnTxStart(ctx context.Context, requestID string) (context.Context, ferry.TxObserver) {
+func (t *Tracer) OnTxStart(ctx context.Context, requestID string) (context.Context, ferryhook.TxObserver) {
 	attrs := []attribute.KeyValue{}
 	if requestID != "" {
 		attrs = append(attrs, attribute.String("ferry.request_id", requestID))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferryshared/syncbuf"
@@ -46,7 +47,7 @@ func TestLogsCarryTraceIDs(t *testing.T) {
 	logs := &syncbuf.Buffer{}
 	log := slog.New(tr.LogHandler(slog.NewJSONHandler(logs, nil)))
 	drv := ferryoteltest.Driver(ctx, t)
-	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
+	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferryhook.Hook{tr}})
 	require.NoError(t, err)
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", PollInterval: 20 * time.Millisecond, RetryBase: 10 * time.Millisecond,
 		Logger: log, Middleware: []ferry.Middleware{tr.Middleware()}})
@@ -116,11 +117,11 @@ func TestRelayDeadLetterLogCarriesTrace(t *testing.T) {
 	logs := &syncbuf.Buffer{}
 	log := slog.New(tr.LogHandler(slog.NewJSONHandler(logs, nil)))
 	drv := ferryoteltest.Driver(ctx, t)
-	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
+	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferryhook.Hook{tr}})
 	require.NoError(t, err)
 	sink := &memsink.Sink{Permanent: func(ev *ferryevent.Event) bool { return ev.Key == "refused" }}
 	relay, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Logger: log,
-		Hooks: []ferry.Hook{tr}})
+		Hooks: []ferryhook.Hook{tr}})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	var g errgroup.Group

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryotel/ferryoteltest"
 )
 
@@ -27,7 +28,7 @@ func TestRunTxSpanRecordsEachRetry(t *testing.T) {
 	drv := ferryoteltest.Driver(ctx, t)
 
 	calls := 0
-	n, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferry.Hook{tr}, RetryBase: time.Millisecond, RetryMax: 2 * time.Millisecond},
+	n, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferryhook.Hook{tr}, RetryBase: time.Millisecond, RetryMax: 2 * time.Millisecond},
 		func(ctx context.Context, tx pgx.Tx) (int, error) {
 			calls++
 			_, span := tp.Tracer("app").Start(ctx, "callback")

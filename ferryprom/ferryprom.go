@@ -1,11 +1,11 @@
 // Package ferryprom records Ferry's metrics with Prometheus. It is a
-// ferry.MetricsHook: give it to the relay, the consumer, RunTx and
+// ferryhook.MetricsHook: give it to the relay, the consumer, RunTx and
 // AwaitSettled, and register nothing else.
 //
 //	prom := ferryprom.New(prometheus.DefaultRegisterer)
-//	relay, _ := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Hooks: []ferry.Hook{prom}})
-//	billing, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", Hooks: []ferry.Hook{prom}})
-//	res, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferry.Hook{prom}}, placeOrder)
+//	relay, _ := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Hooks: []ferryhook.Hook{prom}})
+//	billing, _ := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", Hooks: []ferryhook.Hook{prom}})
+//	res, err := ferry.RunTx(ctx, drv, &ferry.TxOptions{Hooks: []ferryhook.Hook{prom}}, placeOrder)
 //	st, err := ferry.AwaitSettled(ctx, drv, "billing", ids, 2*time.Second, prom)
 //
 // The metrics keep the names, help texts and labels documented in the
@@ -19,13 +19,12 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/ferry-dev/ferry"
 )
 
 // Hook registers Ferry's metrics with a Prometheus registerer as the
-// runtime asks for them (ferry.MetricsHook). It is safe for concurrent
+// runtime asks for them (ferryhook.MetricsHook). It is safe for concurrent
 // use.
 type Hook struct {
 	reg  prometheus.Registerer
@@ -42,13 +41,13 @@ func New(reg prometheus.Registerer) *Hook {
 	return &Hook{reg: reg, made: map[string]*instrument{}}
 }
 
-var _ ferry.MetricsHook = (*Hook)(nil)
+var _ ferryhook.MetricsHook = (*Hook)(nil)
 
 // Instrument returns the collector of d, registering it the first time.
 // The same description (name and constant labels) gets the same collector,
 // from this Hook or from another registering with the same registerer.
-func (h *Hook) Instrument(d *ferry.MetricDesc) (ferry.Instrument, error) {
-	key := ferry.MetricKey(d)
+func (h *Hook) Instrument(d *ferryhook.MetricDesc) (ferryhook.Instrument, error) {
+	key := ferryhook.MetricKey(d)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if in, ok := h.made[key]; ok {
@@ -56,11 +55,11 @@ func (h *Hook) Instrument(d *ferry.MetricDesc) (ferry.Instrument, error) {
 	}
 	var c prometheus.Collector
 	switch d.Kind {
-	case ferry.Counter:
+	case ferryhook.Counter:
 		c = prometheus.NewCounterVec(prometheus.CounterOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels}, d.Labels)
-	case ferry.Gauge:
+	case ferryhook.Gauge:
 		c = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels}, d.Labels)
-	case ferry.Histogram:
+	case ferryhook.Histogram:
 		c = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: d.Name, Help: d.Help, ConstLabels: d.ConstLabels, Buckets: d.Buckets}, d.Labels)
 	default:
 		return nil, fmt.Errorf("ferryprom: metric %s has an unknown kind %d", d.Name, d.Kind)
@@ -96,18 +95,18 @@ type instrument struct {
 
 // instrumentOf returns the instrument of c, nil when c is not a vector of
 // that kind.
-func instrumentOf(c prometheus.Collector, kind ferry.MetricKind) *instrument {
+func instrumentOf(c prometheus.Collector, kind ferryhook.MetricKind) *instrument {
 	switch c := c.(type) {
 	case *prometheus.CounterVec:
-		if kind == ferry.Counter {
+		if kind == ferryhook.Counter {
 			return &instrument{vec: c.MetricVec, counter: c}
 		}
 	case *prometheus.GaugeVec:
-		if kind == ferry.Gauge {
+		if kind == ferryhook.Gauge {
 			return &instrument{vec: c.MetricVec, gauge: c}
 		}
 	case *prometheus.HistogramVec:
-		if kind == ferry.Histogram {
+		if kind == ferryhook.Histogram {
 			return &instrument{vec: c.MetricVec, histogram: c}
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 )
 
@@ -17,7 +17,7 @@ func TestInstrumentsKeepFerrysNamesAndShareCollectors(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	h := ferryprom.New(reg)
-	retries := &ferry.MetricDesc{Name: "ferry_relay_publish_retries_total", Help: "h", Kind: ferry.Counter, ConstLabels: map[string]string{"feed": "default/0"}}
+	retries := &ferryhook.MetricDesc{Name: "ferry_relay_publish_retries_total", Help: "h", Kind: ferryhook.Counter, ConstLabels: map[string]string{"feed": "default/0"}}
 	in, err := h.Instrument(retries)
 	require.NoError(t, err)
 	require.Equal(t, 1, testutil.CollectAndCount(reg, "ferry_relay_publish_retries_total"), "a metric without labels shows at 0 from the start")
@@ -32,7 +32,7 @@ func TestInstrumentsKeepFerrysNamesAndShareCollectors(t *testing.T) {
 	other.Add(1)
 	require.InDelta(t, 4, testutil.ToFloat64(mustGather(t, reg, "ferry_relay_publish_retries_total")), 0)
 
-	states, err := h.Instrument(&ferry.MetricDesc{Name: "ferry_consumer_inbox_rows", Help: "h", Kind: ferry.Gauge, Labels: []string{"state"}})
+	states, err := h.Instrument(&ferryhook.MetricDesc{Name: "ferry_consumer_inbox_rows", Help: "h", Kind: ferryhook.Gauge, Labels: []string{"state"}})
 	require.NoError(t, err)
 	states.Set(5, "pending")
 	states.Set(1, "dead")
@@ -40,15 +40,15 @@ func TestInstrumentsKeepFerrysNamesAndShareCollectors(t *testing.T) {
 	states.Reset()
 	require.Equal(t, 0, testutil.CollectAndCount(reg, "ferry_consumer_inbox_rows"))
 
-	wait, err := h.Instrument(&ferry.MetricDesc{Name: "ferry_settlement_wait_seconds", Help: "h", Kind: ferry.Histogram, Labels: []string{"outcome"}, Buckets: []float64{0.1, 1}})
+	wait, err := h.Instrument(&ferryhook.MetricDesc{Name: "ferry_settlement_wait_seconds", Help: "h", Kind: ferryhook.Histogram, Labels: []string{"outcome"}, Buckets: []float64{0.1, 1}})
 	require.NoError(t, err)
 	wait.Observe(0.5, "settled")
 	require.Equal(t, 1, testutil.CollectAndCount(reg, "ferry_settlement_wait_seconds"))
 
-	_, err = ferryprom.New(reg).Instrument(&ferry.MetricDesc{Name: "ferry_relay_publish_retries_total", Help: "h", Kind: ferry.Gauge, ConstLabels: map[string]string{"feed": "default/0"}})
+	_, err = ferryprom.New(reg).Instrument(&ferryhook.MetricDesc{Name: "ferry_relay_publish_retries_total", Help: "h", Kind: ferryhook.Gauge, ConstLabels: map[string]string{"feed": "default/0"}})
 	require.ErrorContains(t, err, "another kind", "a name registered as a counter is not adopted as a gauge")
 
-	_, err = h.Instrument(&ferry.MetricDesc{Name: "ferry_x", Kind: ferry.MetricKind(9)})
+	_, err = h.Instrument(&ferryhook.MetricDesc{Name: "ferry_x", Kind: ferryhook.MetricKind(9)})
 	require.ErrorContains(t, err, "unknown kind")
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrychain"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 )
 
@@ -128,7 +129,7 @@ func cmdChainRun(ctx context.Context, args []string, stderr io.Writer) error {
 	// The source's metrics and the inbox's (ingested events, by system)
 	// on one registry; the tracer, when traces are exported, sees the
 	// deliveries too.
-	cfg.Hooks = append([]ferry.Hook{ferryprom.New(reg)}, hooks...)
+	cfg.Hooks = append([]ferryhook.Hook{ferryprom.New(reg)}, hooks...)
 	inbox, err := b.chainInbox(c.group, log, cfg.Hooks)
 	if err != nil {
 		return err
@@ -207,8 +208,8 @@ func cmdChainStatus(ctx context.Context, args []string, stdout, stderr io.Writer
 // and retract (its handlers run in the user's service). Its hooks see each
 // delivery: ferry_consumer_ingested_events_total{system="evm"} and, when
 // traces are exported, a receive span per block's logs.
-func chainInboxFor[TTx any](drv ferrydriver.Inbox[TTx]) func(group string, log *slog.Logger, hooks []ferry.Hook) (ferrychain.Inbox, error) {
-	return func(group string, log *slog.Logger, hooks []ferry.Hook) (ferrychain.Inbox, error) {
+func chainInboxFor[TTx any](drv ferrydriver.Inbox[TTx]) func(group string, log *slog.Logger, hooks []ferryhook.Hook) (ferrychain.Inbox, error) {
+	return func(group string, log *slog.Logger, hooks []ferryhook.Hook) (ferrychain.Inbox, error) {
 		c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: group, Logger: log, Hooks: hooks})
 		if err != nil {
 			return nil, usagef("--group: %v", err)

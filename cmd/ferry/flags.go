@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryui"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -217,7 +218,7 @@ type backend struct {
 	sqlite *ferrysqlite.Driver // set for SQLite
 	// chainInbox returns a group's inbox for a chain source, reporting
 	// its deliveries to hooks and logging to log.
-	chainInbox func(group string, log *slog.Logger, hooks []ferry.Hook) (ferrychain.Inbox, error)
+	chainInbox func(group string, log *slog.Logger, hooks []ferryhook.Hook) (ferrychain.Inbox, error)
 }
 
 // inboxAdmin is what operators do with consumer groups' inboxes.

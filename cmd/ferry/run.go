@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
@@ -428,7 +429,7 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log,
 			StallTimeout: dc.stall, MaxAttempts: dc.maxAttempts, MaxAge: dc.maxAge, DeadPolicy: policy,
 			DeadLetterRetention: dc.deadLetterRetention, KeyRetention: dc.keyRetention, Balancer: bal,
-			Hooks: append([]ferry.Hook{ferryprom.New(wrapPartition(reg, p, len(partitions)))}, hooks...),
+			Hooks: append([]ferryhook.Hook{ferryprom.New(wrapPartition(reg, p, len(partitions)))}, hooks...),
 		})
 		if err != nil {
 			return usagef("%v", err)

@@ -15,13 +15,13 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryotel"
 )
 
 // hooks are the hooks every relay, client and chain inbox of this process
 // gets: the OpenTelemetry tracer when startTracing turned export on.
-var hooks []ferry.Hook
+var hooks []ferryhook.Hook
 
 // tracer is that tracer; nil when traces are not exported.
 var tracer *ferryotel.Tracer
@@ -83,7 +83,7 @@ func startTracing(ctx context.Context) (stop func(), err error) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	tracer = ferryotel.New(ferryotel.WithTracerProvider(tp))
-	hooks = []ferry.Hook{tracer}
+	hooks = []ferryhook.Hook{tracer}
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -26,6 +26,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryotel"
 	"github.com/ferry-dev/ferry/ferrysink"
 )
@@ -82,10 +83,10 @@ func testOneTrace(t *testing.T, p Pipeline) {
 	tr, tp, rec := Recorder(t)
 	pool := ferrypgtest.Pool(t)
 	drv := Driver(ctx, t)
-	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferry.Hook{tr}})
+	client, err := ferry.NewClient(drv, &ferry.Config{Hooks: []ferryhook.Hook{tr}})
 	require.NoError(t, err)
 	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", PollInterval: 20 * time.Millisecond, Logger: quiet,
-		Hooks: []ferry.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
+		Hooks: []ferryhook.Hook{tr}, Middleware: []ferry.Middleware{tr.Middleware()}})
 	require.NoError(t, err)
 	handled := make(chan struct{}, 1)
 	var once sync.Once
@@ -97,7 +98,7 @@ func testOneTrace(t *testing.T, p Pipeline) {
 	})
 	sink, source := p.Wire(t, ctx, c)
 	relay, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{Feed: "billing", PollInterval: 20 * time.Millisecond, LeaseTTL: 2 * time.Second, Logger: quiet,
-		Hooks: []ferry.Hook{tr}})
+		Hooks: []ferryhook.Hook{tr}})
 	require.NoError(t, err)
 
 	runCtx, stop := context.WithCancel(ctx)
