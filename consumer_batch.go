@@ -165,144 +165,14 @@ func (sp *savepointRun) charged() *firstFailure {
 // with savepoints). Every other outcome is recorded here. Handlers run
 // under hctx; ctx is the worker's.
 func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, start time.Time, sp *savepointRun) *firstFailure {
-	out := make([]batchOutcome, len(rows))
-	var running []int // the events whose handler call runs; nil: none (the end)
-	var late []int    // the events left out: the batch ran out of time first, or an earlier event of their key did not finish
-	budget := batchBudget(c.cfg.ClaimTTL)
-	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
-		txStart := time.Now()
-		late = late[:0]
-		// A run with savepoints does not stop for its budget before it has
-		// recorded the failure that made it (the run without them reached
-		// that event within its budget; the claims' deadline still bounds).
-		firstRecorded := sp.charged() == nil
-		fin := &ferrydriver.FinishInboxParams{Group: c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, 0, len(rows))}
-		// run runs one handler call in a savepoint; a non-nil stop means
-		// the transaction cannot go on.
-		run := func(at int, batch bool, fn func(ctx context.Context, tx TTx) error) (herr, stop error) {
-			if sp == nil {
-				herr = fn(ctx, tx)
-				switch {
-				case ctx.Err() != nil:
-					return nil, ctx.Err()
-				case herr != nil:
-					return nil, &firstFailure{at: at, batch: batch, err: herr, untrusted: txAborted(herr)}
-				}
-				return nil, nil
-			}
-			if f := sp.first; f != nil && f.at == at && f.batch == batch && !f.untrusted {
-				firstRecorded = true
-				return f.err, nil // it failed in the run without savepoints, whose writes are gone
-			}
-			herr = b.Savepoint(ctx, tx, fn)
-			if errors.Is(herr, ferrydriver.ErrSavepoint) || ctx.Err() != nil {
-				if herr == nil {
-					herr = ctx.Err()
-				}
-				return nil, herr
-			}
-			return herr, nil
-		}
-		stopped := map[string]bool{} // keys whose event did not finish: their later events wait
-		record := func(i int, herr error, unhandled bool) {
-			row := rows[i]
-			o := batchOutcome{err: herr, unhandled: unhandled}
-			f := ferrydriver.FinishedRow{EventID: row.Event.ID, Claim: row.Claim, State: ferrydriver.InboxProcessed}
-			if herr != nil {
-				o.dead, o.retryAt = c.decide(row, herr)
-				f.State, f.Error, f.RetryAt = ferrydriver.InboxFailed, herr.Error(), o.retryAt
-				if o.dead {
-					f.State = ferrydriver.InboxDead
-				}
-				stopped[row.Event.Key] = true
-			}
-			out[i] = o
-			fin.Rows = append(fin.Rows, f)
-		}
-		rounds := roundsOf(rows)
-	runRounds:
-		for r, round := range rounds {
-			var todo []int
-			for _, i := range round {
-				if stopped[rows[i].Event.Key] {
-					late = append(late, i)
-				} else {
-					todo = append(todo, i)
-				}
-			}
-			units := c.units(rows, todo)
-			for k, u := range units {
-				if time.Since(txStart) > budget && firstRecorded {
-					// Slow handlers: commit what ran, give the rest back.
-					for _, u := range units[k:] {
-						late = append(late, u.rows...)
-					}
-					for _, round := range rounds[r+1:] {
-						late = append(late, round...)
-					}
-					break runRounds
-				}
-				if u.batch != nil && len(u.rows) > 1 {
-					// One call for all; if it fails, one call for each.
-					running = u.rows
-					evs := make([]*Event, len(u.rows))
-					for j, i := range u.rows {
-						evs[j] = &rows[i].Event
-					}
-					herr, stop := run(u.rows[0], true, func(ctx context.Context, tx TTx) error { return c.callBatch(ctx, tx, u.batch, evs) })
-					if stop != nil {
-						return stop
-					}
-					if herr == nil {
-						for _, i := range u.rows {
-							record(i, nil, false)
-						}
-						continue
-					}
-				}
-				for _, i := range u.rows {
-					running = []int{i}
-					handler, unhandled := c.handlerFor(&rows[i].Event)
-					herr, stop := run(i, false, func(ctx context.Context, tx TTx) error { return c.callHandler(ctx, tx, handler, &rows[i].Event) })
-					if stop != nil {
-						return stop
-					}
-					record(i, herr, unhandled)
-				}
-			}
-		}
-		running = nil
-		now := time.Now()
-		for _, i := range late {
-			// Not run: they run again at once, uncounted (a key's events
-			// after one that did not finish are not recorded; they wait
-			// behind it).
-			why := "given back: its batch ran out of time before its turn"
-			if stopped[rows[i].Event.Key] {
-				why = "given back: an earlier event of its key did not finish"
-			}
-			fin.Rows = append(fin.Rows, ferrydriver.FinishedRow{EventID: rows[i].Event.ID, Claim: rows[i].Claim, State: ferrydriver.InboxFailed,
-				Error: why, RetryAt: now, Uncounted: true})
-		}
-		lost, err := b.FinishInboxTx(ctx, tx, fin)
-		if err != nil {
-			return err
-		}
-		if len(lost) > 0 {
-			e := &errBatchClaimLost{lost: make(map[uuid.UUID]bool, len(lost))}
-			for _, id := range lost {
-				e.lost[id] = true
-			}
-			return e
-		}
-		return nil
-	})
+	bt := &batch[TTx]{c: c, b: b, rows: rows, sp: sp, out: make([]batchOutcome, len(rows)), budget: batchBudget(c.cfg.ClaimTTL)}
+	err := c.driver.RunInTx(hctx, bt.attempt)
 	if err == nil {
 		now := time.Now()
 		per := now.Sub(start) / time.Duration(len(rows))
 		for i, row := range rows {
-			if !slices.Contains(late, i) {
-				c.recordOutcome(ctx, row, out[i], now, per)
+			if !slices.Contains(bt.late, i) {
+				c.recordOutcome(ctx, row, bt.out[i], now, per)
 			}
 		}
 		return nil
@@ -311,55 +181,7 @@ func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.Inbo
 	if sp == nil && errors.As(err, &first) {
 		return first
 	}
-	var lost *errBatchClaimLost
-	var atCommit *ferrydriver.ClaimsLostError
-	if errors.As(err, &atCommit) {
-		// The driver found the lost claims with the commit.
-		lost = &errBatchClaimLost{lost: make(map[uuid.UUID]bool, len(atCommit.Lost))}
-		for _, id := range atCommit.Lost {
-			lost.lost[id] = true
-		}
-		err = lost
-	}
-	switch {
-	case errors.As(err, &lost):
-		var back []*ferrydriver.InboxRow
-		for _, row := range rows {
-			if lost.lost[row.Event.ID] {
-				c.m.outcomes.WithLabelValues("claim_lost").Inc()
-				c.log.WarnContext(withEvent(ctx, &row.Event), "ferry: an event's claim was lost before its batch committed (it expired, or the event was retracted): the batch rolled back; the event runs again, or already did in a later attempt",
-					"event_id", row.Event.ID, "key", row.Event.Key, "attempt", row.Attempts, "claim_ttl", c.cfg.ClaimTTL, "elapsed", time.Since(start).Round(time.Millisecond))
-				continue
-			}
-			back = append(back, row)
-		}
-		back, failed := sp.chargeFirst(rows, back)
-		c.giveBack(ctx, b, back, "rolled back with a batch in which another event's claim was lost", failed, start)
-	case errors.Is(err, ferrydriver.ErrTxNotBegun):
-		back, failed := sp.chargeFirst(rows, rows)
-		for _, row := range back {
-			c.notBegun(ctx, row, err)
-		}
-		if len(failed) > 0 {
-			c.giveBack(ctx, b, nil, "", failed, start)
-		}
-	default:
-		c.log.Warn("ferry: a batch's transaction failed; nothing of it was applied", "events", len(rows), "err", err)
-		var back []*ferrydriver.InboxRow
-		var failed []failedRow
-		for i, row := range rows {
-			if running != nil && !slices.Contains(running, i) {
-				back = append(back, row)
-			} else {
-				failed = append(failed, failedRow{row, err})
-			}
-		}
-		back, first := sp.chargeFirst(rows, back)
-		// In one transaction: their claims end with the batch's, and a
-		// key's events are recorded together (one that failed after an
-		// earlier one of its key that is given back counts its attempt).
-		c.giveBack(ctx, b, back, "rolled back with a batch whose transaction failed in another event's handler: "+err.Error(), append(failed, first...), start)
-	}
+	bt.rolledBack(ctx, err, start)
 	return nil
 }
 
