@@ -15,7 +15,6 @@ package ferrydriver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
@@ -567,18 +566,6 @@ type FeedStatus struct {
 	Now time.Time
 }
 
-// ExtrapolateLag is the estimate behind FeedLag.Events, for backends:
-// counted events were found after position from, up to and including
-// position last, when counting stopped at ExactCountLimit; head is the
-// position of the partition's newest event. Below the limit, or when
-// last is the head, the count is exact and returned as is.
-func ExtrapolateLag(counted int64, from, last, head float64) (events int64, estimated bool) {
-	if counted < ExactCountLimit || head <= last || last <= from {
-		return counted, false
-	}
-	return int64(float64(counted) * (head - from) / (last - from)), true
-}
-
 // OutboxTxReporter is implemented by backends that can name the open
 // transactions that wrote to the outbox: their events are published when
 // they commit, so one left open (a slow request, a session idle in
@@ -663,26 +650,4 @@ type ReasonGroup struct {
 	Count    int
 	Latest   time.Time
 	EventIDs []uuid.UUID // newest first, at most ReasonsParams.IDs
-}
-
-// ParseIDList parses event IDs joined by commas ("" is none), as backends
-// that aggregate them in SQL return them.
-func ParseIDList(s string) ([]uuid.UUID, error) {
-	if s == "" {
-		return nil, nil
-	}
-	return ParseIDs(strings.Split(s, ","))
-}
-
-// ParseIDs parses event IDs as text.
-func ParseIDs(ids []string) ([]uuid.UUID, error) {
-	out := make([]uuid.UUID, len(ids))
-	for i, p := range ids {
-		id, err := uuid.Parse(p)
-		if err != nil {
-			return nil, fmt.Errorf("event ID %q: %w", p, err)
-		}
-		out[i] = id
-	}
-	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -154,8 +155,8 @@ func (d *Driver) mismatch(op string, stored int) error {
 }
 
 // countStore names the database in partition-count errors.
-func (d *Driver) countStore() ferrydriver.CountStore {
-	return ferrydriver.CountStore{Driver: "ferrymongo", Kind: "database", Name: d.db.Name()}
+func (d *Driver) countStore() driverkit.CountStore {
+	return driverkit.CountStore{Driver: "ferrymongo", Kind: "database", Name: d.db.Name()}
 }
 
 // checkFeed refuses a feed of a driver configured with another count than
@@ -258,7 +259,7 @@ func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitions
 			return nil, errors.Join(fmt.Errorf("ferrymongo: %s: %w", op, err), restore())
 		}
 		if len(problems) > 0 {
-			return nil, errors.Join(ferrydriver.PartitionChangeRefused("ferrymongo", op, problems), restore())
+			return nil, errors.Join(driverkit.PartitionChangeRefused("ferrymongo", op, problems), restore())
 		}
 	}
 	if _, err := d.meta().UpdateOne(ctx, bson.D{{Key: "_id", Value: partitionsID}},
@@ -292,8 +293,8 @@ func (d *Driver) changeProblems(ctx context.Context, stored int) ([]string, erro
 		return nil, fmt.Errorf("read the leases: %w", err)
 	}
 	for _, l := range leases {
-		if ferrydriver.IsRelayLease(l.Name) {
-			problems = append(problems, ferrydriver.LeaseHeldProblem(l.Holder, l.Name, "until "+l.Until.UTC().Format(time.RFC3339)))
+		if driverkit.IsRelayLease(l.Name) {
+			problems = append(problems, driverkit.LeaseHeldProblem(l.Holder, l.Name, "until "+l.Until.UTC().Format(time.RFC3339)))
 		}
 	}
 
@@ -354,7 +355,7 @@ func (d *Driver) changeProblems(ctx context.Context, stored int) ([]string, erro
 			return nil, fmt.Errorf("look for events of partition %d: %w", part, err)
 		}
 		if n > 0 {
-			problems = append(problems, ferrydriver.UnreadPartitionProblem(part))
+			problems = append(problems, driverkit.UnreadPartitionProblem(part))
 		}
 	}
 	return problems, nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
@@ -81,7 +82,7 @@ func (d *Driver) reasons(ctx context.Context, op string, coll *mongo.Collection,
 		out.Scanned = res[0].Total[0].N
 	}
 	for _, g := range res[0].Groups {
-		evs, err := ferrydriver.ParseIDs(g.IDs)
+		evs, err := driverkit.ParseIDs(g.IDs)
 		if err != nil {
 			return nil, fmt.Errorf("ferrymongo: %s: %w", op, err)
 		}

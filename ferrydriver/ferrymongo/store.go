@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -640,7 +641,7 @@ func (d *Driver) feedLag(ctx context.Context, feed string, partition int, st *fe
 	// The sample's first append stands for the checkpoint's position: the
 	// two clocks need not agree.
 	from := float64(s.First.UnixMicro() - 1)
-	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(s.N, from, float64(s.Last.UnixMicro()), float64(newest.At.UnixMicro()))
+	lag.Events, lag.Estimated = driverkit.ExtrapolateLag(s.N, from, float64(s.Last.UnixMicro()), float64(newest.At.UnixMicro()))
 	return lag, nil
 }
 

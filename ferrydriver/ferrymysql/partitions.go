@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // StoredPartitions implements ferrydriver.PartitionStore: the partition
@@ -45,8 +46,8 @@ func (d *Driver) writeCount(ctx context.Context, tx *sql.Tx, op string) (int, er
 }
 
 // countStore names the database in partition-count errors.
-func (d *Driver) countStore() ferrydriver.CountStore {
-	return ferrydriver.CountStore{Driver: "ferrymysql", Kind: "database", Name: d.schema}
+func (d *Driver) countStore() driverkit.CountStore {
+	return driverkit.CountStore{Driver: "ferrymysql", Kind: "database", Name: d.schema}
 }
 
 // SetPartitions implements ferrydriver.PartitionStore. Its transaction
@@ -76,7 +77,7 @@ func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitions
 				return d.wrapErr(op, err)
 			}
 			if len(problems) > 0 {
-				return ferrydriver.PartitionChangeRefused("ferrymysql", op, problems)
+				return driverkit.PartitionChangeRefused("ferrymysql", op, problems)
 			}
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO ferry_settings (id, partitions) VALUES (1, ?) ON DUPLICATE KEY UPDATE partitions = VALUES(partitions)`, p.Partitions)
@@ -103,8 +104,8 @@ func (d *Driver) changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]
 			rows.Close()
 			return nil, err
 		}
-		if ferrydriver.IsRelayLease(name) {
-			problems = append(problems, ferrydriver.LeaseHeldProblem(holder, name,
+		if driverkit.IsRelayLease(name) {
+			problems = append(problems, driverkit.LeaseHeldProblem(holder, name,
 				"its lease expires in "+(time.Duration(left)*time.Microsecond).Round(time.Second).String()))
 		}
 	}
@@ -158,7 +159,7 @@ func (d *Driver) changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]
 			rows.Close()
 			return nil, err
 		}
-		problems = append(problems, ferrydriver.ParkedProblem(feed, n))
+		problems = append(problems, driverkit.ParkedProblem(feed, n))
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -177,7 +178,7 @@ func (d *Driver) changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]
 			return nil, err
 		}
 		if has {
-			problems = append(problems, ferrydriver.UnreadPartitionProblem(part))
+			problems = append(problems, driverkit.UnreadPartitionProblem(part))
 		}
 	}
 	return problems, nil

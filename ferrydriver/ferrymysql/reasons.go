@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // A grouping by reason reads the newest rows of one range of an index (at
@@ -75,7 +76,7 @@ func (d *Driver) reasons(ctx context.Context, op, scan string, scope []any, p *f
 		if latest.Valid {
 			g.Latest = fromMicros(latest.Int64)
 		}
-		if g.EventIDs, err = ferrydriver.ParseIDList(ids); err != nil {
+		if g.EventIDs, err = driverkit.ParseIDList(ids); err != nil {
 			return nil, d.wrapErr(op, err)
 		}
 		out.Groups = append(out.Groups, g)

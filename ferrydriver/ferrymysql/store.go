@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // AppendTx implements ferrydriver.Driver: the events are written in tx (a
@@ -804,7 +805,7 @@ SELECT COUNT(*), MIN(appended_at), MAX(appended_at), MIN(created_at), `+sqlNow+`
 		lag.OldestPending = fromMicros(oldest.Int64)
 	}
 	if n >= ferrydriver.ExactCountLimit && newest.Valid {
-		lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(n, float64(first.Int64-1), float64(last.Int64), float64(newest.Int64))
+		lag.Events, lag.Estimated = driverkit.ExtrapolateLag(n, float64(first.Int64-1), float64(last.Int64), float64(newest.Int64))
 	}
 	return lag, nil
 }

@@ -71,6 +71,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -407,8 +408,8 @@ func (d *Driver[TTx]) mismatch(op string, stored int) error {
 }
 
 // countStore names the schema in partition-count errors.
-func (d *Driver[TTx]) countStore() ferrydriver.CountStore {
-	return ferrydriver.CountStore{Driver: "ferrypg", Kind: "schema", Name: strconv.Quote(d.cfg.Schema)}
+func (d *Driver[TTx]) countStore() driverkit.CountStore {
+	return driverkit.CountStore{Driver: "ferrypg", Kind: "schema", Name: strconv.Quote(d.cfg.Schema)}
 }
 
 // partitionsChangedError: the transaction's snapshot shows no settings

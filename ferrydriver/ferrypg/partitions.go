@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // StoredPartitions implements ferrydriver.PartitionStore: the partition
@@ -97,7 +98,7 @@ func (d *Driver[TTx]) SetPartitions(ctx context.Context, p *ferrydriver.SetParti
 			return nil, d.wrapErr(op, err)
 		}
 		if len(problems) > 0 {
-			return nil, ferrydriver.PartitionChangeRefused("ferrypg", op, problems)
+			return nil, driverkit.PartitionChangeRefused("ferrypg", op, problems)
 		}
 	}
 	if prev == p.Partitions {
@@ -130,8 +131,8 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 			r.Close()
 			return nil, err
 		}
-		if ferrydriver.IsRelayLease(name) {
-			problems = append(problems, ferrydriver.LeaseHeldProblem(holder, name, fmt.Sprintf("its lease expires in %.0fs", secs)))
+		if driverkit.IsRelayLease(name) {
+			problems = append(problems, driverkit.LeaseHeldProblem(holder, name, fmt.Sprintf("its lease expires in %.0fs", secs)))
 		}
 	}
 	r.Close()
@@ -201,7 +202,7 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 			r.Close()
 			return nil, err
 		}
-		problems = append(problems, ferrydriver.ParkedProblem(feed, n))
+		problems = append(problems, driverkit.ParkedProblem(feed, n))
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
@@ -216,7 +217,7 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 			return nil, err
 		}
 		if has {
-			problems = append(problems, ferrydriver.UnreadPartitionProblem(part))
+			problems = append(problems, driverkit.UnreadPartitionProblem(part))
 		}
 	}
 	return problems, nil

@@ -404,7 +404,7 @@ const sqlIndexPlans = `SELECT set_config('enable_bitmapscan', 'off', true), set_
 // heartbeat, O($3) whatever the backlog: it counts the first $3 events
 // above the position and reads the partition's highest id ("ORDER BY id
 // DESC LIMIT 1": only outbox_pkey gives that order), from which the
-// driver extrapolates (ferrydriver.ExtrapolateLag). It runs in an
+// driver extrapolates (driverkit.ExtrapolateLag). It runs in an
 // index-plan transaction (inIndexPlanTx), so stale statistics cannot turn
 // the bounded range into a sequential scan and a sort. On an outbox
 // analysed empty and then loaded with 200,000 rows of lag, 50 buffers and

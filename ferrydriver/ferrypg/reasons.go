@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // sqlDeadLetterReasons groups the newest $2 dead letters (of feed $1 when
@@ -60,7 +61,7 @@ func (d *Driver[TTx]) reasons(ctx context.Context, op, q string, args ...any) (*
 			return nil, d.wrapErr(op, err)
 		}
 		g.Latest = latest.UTC()
-		if g.EventIDs, err = ferrydriver.ParseIDList(evs); err != nil {
+		if g.EventIDs, err = driverkit.ParseIDList(evs); err != nil {
 			return nil, d.wrapErr(op, err)
 		}
 		out.Groups = append(out.Groups, g)

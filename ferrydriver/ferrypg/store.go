@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 )
 
@@ -483,7 +484,7 @@ func (d *Driver[TTx]) feedLag(ctx context.Context, feed string, partition int, a
 	if err != nil {
 		return nil, d.wrapErr("measure lag of "+feed, err)
 	}
-	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(n, float64(after), float64(last), float64(high))
+	lag.Events, lag.Estimated = driverkit.ExtrapolateLag(n, float64(after), float64(last), float64(high))
 	if oldest != nil {
 		lag.OldestPending = *oldest
 	}

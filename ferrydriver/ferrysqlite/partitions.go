@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 const sqlStoredPartitions = `SELECT partitions FROM ferry_settings`
@@ -56,8 +57,8 @@ func (d *Driver) mismatch(op string, stored int) error {
 }
 
 // countStore names the database file in partition-count errors.
-func (d *Driver) countStore() ferrydriver.CountStore {
-	return ferrydriver.CountStore{Driver: "ferrysqlite", Kind: "database", Name: d.path}
+func (d *Driver) countStore() driverkit.CountStore {
+	return driverkit.CountStore{Driver: "ferrysqlite", Kind: "database", Name: d.path}
 }
 
 // checkFeed refuses a feed of a driver configured with another count than
@@ -96,7 +97,7 @@ func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitions
 				return d.wrapErr(op, err)
 			}
 			if len(problems) > 0 {
-				return ferrydriver.PartitionChangeRefused("ferrysqlite", op, problems)
+				return driverkit.PartitionChangeRefused("ferrysqlite", op, problems)
 			}
 		}
 		if prev == p.Partitions {
@@ -132,8 +133,8 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 			rows.Close()
 			return nil, err
 		}
-		if ferrydriver.IsRelayLease(name) {
-			problems = append(problems, ferrydriver.LeaseHeldProblem(holder, name,
+		if driverkit.IsRelayLease(name) {
+			problems = append(problems, driverkit.LeaseHeldProblem(holder, name,
 				"its lease expires in "+fromMicros(expires).Sub(t).Round(time.Second).String()))
 		}
 	}
@@ -199,7 +200,7 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 			rows.Close()
 			return nil, err
 		}
-		problems = append(problems, ferrydriver.ParkedProblem(feed, n))
+		problems = append(problems, driverkit.ParkedProblem(feed, n))
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -214,7 +215,7 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 			return nil, err
 		}
 		if has {
-			problems = append(problems, ferrydriver.UnreadPartitionProblem(part))
+			problems = append(problems, driverkit.UnreadPartitionProblem(part))
 		}
 	}
 	return problems, nil

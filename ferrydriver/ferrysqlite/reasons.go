@@ -5,6 +5,7 @@ import (
 	"database/sql"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // sqlDeadLetterReasons groups the newest ?2 dead letters (of partition ?1
@@ -63,7 +64,7 @@ func (d *Driver) reasons(ctx context.Context, op, q string, args ...any) (*ferry
 		if latest.Valid {
 			g.Latest = fromMicros(latest.Int64)
 		}
-		if g.EventIDs, err = ferrydriver.ParseIDList(ids); err != nil {
+		if g.EventIDs, err = driverkit.ParseIDList(ids); err != nil {
 			return nil, d.wrapErr(op, err)
 		}
 		out.Groups = append(out.Groups, g)

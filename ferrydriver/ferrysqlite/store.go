@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 )
 
@@ -544,7 +545,7 @@ SELECT count(*), COALESCE(max(id), 0), min(created_at),
 	if err != nil {
 		return nil, d.wrapErr("measure lag of "+feed, err)
 	}
-	lag.Events, lag.Estimated = ferrydriver.ExtrapolateLag(n, float64(after), float64(last), float64(high))
+	lag.Events, lag.Estimated = driverkit.ExtrapolateLag(n, float64(after), float64(last), float64(high))
 	if oldest.Valid {
 		lag.OldestPending = fromMicros(oldest.Int64)
 	}
