@@ -185,9 +185,6 @@ type Capabilities struct {
 	// NotifyWakeups: the feed is woken by the database when events are
 	// committed (LISTEN/NOTIFY, change streams), not only by polling.
 	NotifyWakeups bool
-	// MigrationSQL: Migrations carry SQL text that users can apply with their
-	// own tools.
-	MigrationSQL bool
 	// ConcurrentWriters: several transactions can write the outbox at once
 	// (false for SQLite, which has a single writer).
 	ConcurrentWriters bool

@@ -145,7 +145,7 @@ func (d *Driver) Name() string { return "mongodb" }
 // Capabilities implements ferrydriver.Store: the feed is a change stream,
 // woken by the server; transactions of different keys run concurrently.
 func (d *Driver) Capabilities() ferrydriver.Capabilities {
-	return ferrydriver.Capabilities{NotifyWakeups: true, MigrationSQL: false, ConcurrentWriters: true}
+	return ferrydriver.Capabilities{NotifyWakeups: true, ConcurrentWriters: true}
 }
 
 // PartitionOf returns the outbox partition Append writes key to

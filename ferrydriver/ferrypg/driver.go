@@ -289,7 +289,6 @@ func (d *Driver[TTx]) Name() string { return "postgres" }
 func (d *Driver[TTx]) Capabilities() ferrydriver.Capabilities {
 	return ferrydriver.Capabilities{
 		NotifyWakeups:     d.canWait && !d.cfg.DisableNotify,
-		MigrationSQL:      true,
 		ConcurrentWriters: true,
 	}
 }

@@ -160,7 +160,7 @@ func (d *Driver) Name() string { return "sqlite" }
 
 // Capabilities implements ferrydriver.Store.
 func (d *Driver) Capabilities() ferrydriver.Capabilities {
-	return ferrydriver.Capabilities{NotifyWakeups: true, MigrationSQL: true, ConcurrentWriters: false}
+	return ferrydriver.Capabilities{NotifyWakeups: true, ConcurrentWriters: false}
 }
 
 // PartitionOf returns the outbox partition Append writes key to
