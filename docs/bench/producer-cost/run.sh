@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# PostgreSQL CPU and WAL per 10,000 producer transactions of one event,
+# for each pgbench script here: Ferry's emit statement (emit.sql, as
+# ferrypg's appendOne), the same with the key's row updated before it is
+# inserted (emit-update-first.sql), the outbox insert alone
+# (outbox-only.sql), and a Watermill-like plain insert (plain-insert.sql).
+# Needs a schema "walexp" made by `ferry migrate up --schema walexp` and the
+# table made below; run it on the machine PostgreSQL runs on (it reads the
+# postmaster's children's CPU from /proc). CPU time, WAL records and bytes
+# hold on a busy machine where transactions per second do not.
+set -euo pipefail
+cd "$(dirname "$0")"
+db=${DB:-test}
+P="psql -h 127.0.0.1 -U postgres -d $db -Atq"
+$P -c 'CREATE TABLE IF NOT EXISTS walexp.plain ("offset" bigserial PRIMARY KEY, uuid varchar(36) NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(), payload bytea, metadata json, transaction_id xid8 NOT NULL)'
+pm=$(pgrep -o -x postgres)
+cpu() { awk '{print $14+$15+$16+$17}' /proc/"$pm"/stat; }
+for round in 1 2 3; do
+	for s in emit emit-update-first outbox-only plain-insert; do
+		$P -c checkpoint
+		$P -c "select pg_stat_reset_shared('wal')" >/dev/null
+		before=$(cpu)
+		pgbench -h 127.0.0.1 -U postgres -n -M prepared -c 4 -j 2 -t 2500 -f "$s.sql" "$db" >/dev/null 2>&1
+		sleep 0.5
+		after=$(cpu)
+		wal=$($P -c "select wal_records || ' ' || wal_bytes from pg_stat_wal")
+		echo "round $round $s: CPU $(( after - before ))0 ms, WAL records bytes $wal (per 10k transactions)"
+	done
+done
