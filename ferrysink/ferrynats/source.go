@@ -287,6 +287,11 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cfg *SourceConfig) (
 		return nil, fmt.Errorf("ferrynats: stream %q does not capture the subjects %q (its subjects: %s): set SourceConfig.SubjectPrefix to the sink's Config.SubjectPrefix, or SourceConfig.FilterSubject to subjects the stream captures",
 			c.Stream, c.filter(), quoteList(info.Config.Subjects))
 	}
+	if c.Shares > 1 {
+		if err := checkShares(ctx, stream, c); err != nil {
+			return nil, err
+		}
+	}
 	src := &Source{js: js, cfg: c}
 	durables, filters := c.lines()
 	for i, durable := range durables {
@@ -308,6 +313,43 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cfg *SourceConfig) (
 		src.lines = append(src.lines, &line{cons: cons, durable: durable})
 	}
 	return src, nil
+}
+
+// checkShares refuses a shared source whose stream holds messages on
+// share subjects it would never read ("<prefix>.<share>.…" with a share
+// past its own count: the sink has more shares), and warns about messages
+// outside every share's subjects (a sink without shares, or messages from
+// before they were set), which no durable of the source reads.
+func checkShares(ctx context.Context, stream jetstream.Stream, c *SourceConfig) error {
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(c.SubjectPrefix+".>"))
+	if err != nil {
+		return fmt.Errorf("ferrynats: read the subjects of stream %q: %w", c.Stream, err)
+	}
+	var beyond, outside []string
+	for subject, n := range info.State.Subjects {
+		if n == 0 {
+			continue
+		}
+		token, _, _ := strings.Cut(strings.TrimPrefix(subject, c.SubjectPrefix+"."), ".")
+		share, err := strconv.Atoi(token)
+		switch {
+		case err != nil || share < 0 || !strings.Contains(strings.TrimPrefix(subject, c.SubjectPrefix+"."), "."):
+			outside = append(outside, subject)
+		case share >= c.Shares:
+			beyond = append(beyond, subject)
+		}
+	}
+	slices.Sort(beyond)
+	slices.Sort(outside)
+	if len(beyond) > 0 {
+		return fmt.Errorf("ferrynats: stream %q holds messages on subjects of shares past SourceConfig.Shares (%d), which this source would never read: %s; "+
+			"set SourceConfig.Shares to the sink's Config.Shares (the relay's --shares)", c.Stream, c.Shares, quoteList(beyond[:min(len(beyond), 5)]))
+	}
+	if len(outside) > 0 {
+		c.Logger.Warn("ferrynats: the stream holds messages outside every share's subjects, which this shared source does not read: a sink without Config.Shares (the relay's --shares) publishes there, or they are from before the shares were set",
+			"stream", c.Stream, "subjects", outside[:min(len(outside), 5)], "shares", c.Shares)
+	}
+	return nil
 }
 
 // Run fetches events and hands them to ingest until ctx ends, then returns

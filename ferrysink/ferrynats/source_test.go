@@ -802,3 +802,25 @@ func TestSharedSinkRefusesASubjectFunction(t *testing.T) {
 	_, err = ferrynats.New(testContext(t), testConn(t), &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true, Shares: -1})
 	require.ErrorContains(t, err, "Config.Shares")
 }
+
+// TestSharedSourceRefusesAStreamWithMoreShares: a source of two shares on
+// a stream that a sink of three publishes to would never read the third
+// share's subjects: NewSource refuses and says what to set.
+func TestSharedSourceRefusesAStreamWithMoreShares(t *testing.T) {
+	t.Parallel()
+	stream, prefix := testNames(t)
+	sink, err := ferrynats.New(testContext(t), testConn(t), &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true, Shares: 3})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, sink.Close(context.Background())) })
+	var keys []string
+	for i := range 12 {
+		keys = append(keys, "k"+strconv.Itoa(i))
+	}
+	publishKeyed(t, sink, keys, 1)
+	_, err = ferrynats.NewSource(testContext(t), testJetStream(t), &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix, Durable: testDurable, Shares: 2})
+	require.ErrorContains(t, err, "past SourceConfig.Shares (2)")
+	require.ErrorContains(t, err, prefix+".2.orders")
+	require.ErrorContains(t, err, "--shares")
+	_, err = ferrynats.NewSource(testContext(t), testJetStream(t), &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix, Durable: testDurable, Shares: 3})
+	require.NoError(t, err, "the sink's count is accepted")
+}
