@@ -50,7 +50,7 @@ type mstep struct {
 // mclaim are a claim step's parameters.
 type mclaim struct {
 	Worker      string
-	Limit       int
+	Limit, Keys int
 	MaxAttempts int
 	Short       bool // expires after modelShortTTL
 	Rescue      bool
@@ -192,6 +192,36 @@ var modelSituations = []situation{
 		retract("a1>undo-a1", "a2", "b1", "ghost"), done("b1"), claimLive(), done("a3"), done("b2"), claimLive(),
 		ins("ghosts", "ghost"), retract("a1>undo-a1", "a2", "b1", "ghost"), claimLive(),
 	}},
+	{"PolicyChangeUnderALiveClaim", []mstep{
+		policy(false), ins("a", "a1", "a2", "a3"), claimLive(), failDead("a1"), claimLive(), policy(true), done("a2"), claimLive(),
+		discard("a1"), claimLive(),
+	}},
+	{"RetractAnExpiredClaim", []mstep{
+		ins("a", "a1", "a2"), claimP(mclaim{Worker: "w", Limit: 100, Short: true}), expire(), retract("a1"), claimLive(), rescueLive(),
+	}},
+	{"RetractADiscardedRow", []mstep{
+		ins("a", "a1"), claimLive(), failDead("a1"), discard("a1"), retract("a1"),
+	}},
+	{"ExhaustedRowCountsTowardTheLimit", []mstep{
+		ins("a", "a1"), claimP(mclaim{Worker: "w", Limit: 100, MaxAttempts: 1}), failDue("a1"), ins("b", "b1"),
+		claimP(mclaim{Worker: "w", Limit: 1, MaxAttempts: 1}), claimLive(),
+	}},
+	{"KeysBoundTheKeys", []mstep{
+		ins("a", "a1"), ins("b", "b1"), ins("c", "c1"), claimP(mclaim{Worker: "w", Limit: 100, Keys: 2}), claimLive(),
+	}},
+	{"DuplicatesAreIgnored", []mstep{
+		ins("a", "a1", "a2"), ins("a", "a1"), ins("a", "a1", "a3"), claimLive(),
+	}},
+	{"ReapedClaimExhausted", []mstep{
+		ins("a", "a1", "a2"), claimP(mclaim{Worker: "dies", Limit: 100, MaxAttempts: 1}), reap("dies"),
+		claimP(mclaim{Worker: "w", Limit: 100, MaxAttempts: 1, Rescue: true}), claimLive(),
+	}},
+	// Not here: under Continue, a row redriven ahead of a row whose claim
+	// expired. SQLite and MariaDB run the redriven row through an ordinary
+	// claim; PostgreSQL leaves the key to a rescue, which takes the
+	// redriven row. The contract says a key whose claim expired is not
+	// claimed again until rescued, and that a rescue takes the head of
+	// what the expired claim covered: neither reading fits both.
 	{"RetractionReleasesAHeldKey", []mstep{
 		ins("a", "a1", "a2"), claimLive(), failDead("a1"), claimLive(), retract("a1"), claimLive(), done("a2"),
 	}},
@@ -442,13 +472,13 @@ func (r *mrun[TTx]) claimStep(c mclaim) {
 	if c.Short {
 		ttl = modelShortTTL
 	}
-	rows, err := r.d.ClaimInbox(r.ctx, &ferrydriver.ClaimInboxParams{Group: r.group, Worker: c.Worker, Limit: c.Limit, TTL: ttl,
+	rows, err := r.d.ClaimInbox(r.ctx, &ferrydriver.ClaimInboxParams{Group: r.group, Worker: c.Worker, Limit: c.Limit, Keys: c.Keys, TTL: ttl,
 		MaxAttempts: c.MaxAttempts, Rescue: c.Rescue})
 	if err != nil {
 		r.failf("backend: %v", err)
 	}
 	now := time.Now()
-	p := inboxmodel.ClaimParams{Worker: c.Worker, Limit: c.Limit, TTL: ttl, MaxAttempts: c.MaxAttempts, Rescue: c.Rescue}
+	p := inboxmodel.ClaimParams{Worker: c.Worker, Limit: c.Limit, Keys: c.Keys, TTL: ttl, MaxAttempts: c.MaxAttempts, Rescue: c.Rescue}
 	var keys, got []string
 	token := ""
 	for _, row := range rows {
@@ -474,13 +504,13 @@ func (r *mrun[TTx]) claimStep(c mclaim) {
 		}
 	}
 	cands := r.m.Candidates(now, p)
-	want := min(len(cands), max(c.Limit, 1))
+	want := min(len(cands), inboxmodel.ClaimLimit(p))
 	if len(keys) != want || !subset(keys, cands) {
 		var model []string
 		for _, k := range cands[:want] {
 			model = append(model, r.name(r.m.Head(k).ID))
 		}
-		r.failf("claimed rows differ:\n  backend: %v\n  model:   %d of the heads %v (limit %d)", got, want, model, c.Limit)
+		r.failf("claimed rows differ:\n  backend: %v\n  model:   %d of the heads %v (limit %d)", got, want, model, inboxmodel.ClaimLimit(p))
 	}
 	mrows, err := r.m.Claim(now, p, keys...)
 	require.NoError(r.t, err)

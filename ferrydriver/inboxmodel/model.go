@@ -234,8 +234,9 @@ func (m *Inbox) Candidates(now time.Time, p ClaimParams) []string {
 	return out
 }
 
-// limit is how many keys a claim with p takes at most.
-func limit(p ClaimParams) int {
+// ClaimLimit is how many keys a claim with p takes at most: Limit (at
+// least 1), and Keys when positive.
+func ClaimLimit(p ClaimParams) int {
 	n := max(p.Limit, 1)
 	if p.Keys > 0 {
 		n = min(n, p.Keys)
@@ -253,10 +254,10 @@ func limit(p ClaimParams) int {
 func (m *Inbox) Claim(now time.Time, p ClaimParams, keys ...string) ([]Row, error) {
 	cands := m.Candidates(now, p)
 	if keys == nil {
-		keys = cands[:min(len(cands), limit(p))]
+		keys = cands[:min(len(cands), ClaimLimit(p))]
 	}
-	if len(keys) > limit(p) {
-		return nil, fmt.Errorf("inboxmodel: %d keys asked for, the claim takes at most %d", len(keys), limit(p))
+	if len(keys) > ClaimLimit(p) {
+		return nil, fmt.Errorf("inboxmodel: %d keys asked for, the claim takes at most %d", len(keys), ClaimLimit(p))
 	}
 	for i, k := range keys {
 		if !slices.Contains(cands, k) {
