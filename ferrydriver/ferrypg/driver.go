@@ -290,6 +290,7 @@ func (d *Driver[TTx]) Capabilities() ferrydriver.Capabilities {
 		NotifyWakeups:     d.canWait && !d.cfg.DisableNotify,
 		MigrationSQL:      true,
 		ConcurrentWriters: true,
+		InboxRuns:         true,
 	}
 }
 

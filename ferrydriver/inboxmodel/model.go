@@ -20,12 +20,20 @@
 //     time has come), or PROCESSING with its claim expired (for a rescue
 //     only); a DEAD head is never runnable. A key with a row PROCESSING
 //     under a live claim runs nothing else.
-//   - A claim takes runnable heads, one per key (the model claims heads
-//     only: ClaimInboxParams.PerKey runs are not modelled), each attempt
-//     counted at the claim; a head whose attempts already reached
-//     MaxAttempts goes DEAD with ReasonAttemptsExhausted instead.
+//   - A claim takes runnable heads, one per key, each attempt counted at
+//     the claim; a head whose attempts already reached MaxAttempts goes
+//     DEAD with ReasonAttemptsExhausted instead.
+//   - Where the backend takes runs (Inbox.Runs), an ordinary claim with
+//     PerKey > 1 takes after a PENDING head the key's next PENDING rows, up
+//     to PerKey rows of the key and Limit rows in all, passing DEAD rows
+//     under Continue and stopping before any other row that cannot run now
+//     (FAILED, PROCESSING, DEAD under Hold). A PENDING row has no
+//     attempts here (inserted, redriven or given back, uncounted), so
+//     none of a run's rows is spent.
 //   - A finish (complete, fail) holds only under the row's current,
-//     unexpired claim; otherwise the claim is lost and nothing changes.
+//     unexpired claim; otherwise the claim is lost and nothing changes. A
+//     finish gives the rest of its run back, uncounted (PENDING, the
+//     claim's attempt taken back), unless it completes with Keep.
 //
 // The model is not safe for concurrent use.
 //
@@ -71,6 +79,11 @@ type Event struct {
 
 // Inbox is one consumer group's inbox.
 type Inbox struct {
+	// Runs: a claim takes runs of a key's rows (ClaimParams.PerKey), as
+	// backends with ferrydriver.Capabilities.InboxRuns do; without it, a
+	// claim takes heads only whatever PerKey says.
+	Runs bool
+
 	rows   []*Row // in insertion order
 	byID   map[uuid.UUID]*Row
 	policy *bool // the stored HoldDead; nil: none stored (holds)
@@ -195,9 +208,12 @@ func (m *Inbox) busy(key string, now time.Time) bool {
 // ClaimParams are ClaimInbox's parameters that the model follows.
 type ClaimParams struct {
 	Worker string
-	// Limit bounds the keys claimed (and so the rows: one a key); Keys,
-	// when positive, too.
+	// Limit bounds the rows claimed, and the keys; Keys, when positive,
+	// bounds the keys too.
 	Limit, Keys int
+	// PerKey bounds the rows of one key (Inbox.Runs only); 0 or 1: its
+	// head only.
+	PerKey      int
 	TTL         time.Duration
 	MaxAttempts int
 	Rescue      bool
@@ -235,7 +251,7 @@ func (m *Inbox) Candidates(now time.Time, p ClaimParams) []string {
 }
 
 // ClaimLimit is how many keys a claim with p takes at most: Limit (at
-// least 1), and Keys when positive.
+// least 1), and Keys when positive. Limit bounds the rows too.
 func ClaimLimit(p ClaimParams) int {
 	n := max(p.Limit, 1)
 	if p.Keys > 0 {
@@ -244,17 +260,22 @@ func ClaimLimit(p ClaimParams) int {
 	return n
 }
 
-// Claim claims heads at now, as ClaimInbox with p: of the keys given (each
-// must be one of Candidates: ErrNotCandidate otherwise, and nothing
-// changes), or else of the first candidates up to the limit. Each head
-// becomes PROCESSING for p.Worker until now+p.TTL under one token for the
-// call, its attempt counted; a head whose attempts already reached
-// p.MaxAttempts goes DEAD with ReasonAttemptsExhausted instead. It returns
-// copies of the rows, in the order of the keys.
+// Claim claims heads (and runs, see Inbox.Runs) at now, as ClaimInbox
+// with p: of the keys given (each must be one of Candidates:
+// ErrNotCandidate otherwise, and nothing changes), or else of the first
+// candidates up to the limit. Each row claimed becomes PROCESSING for
+// p.Worker until now+p.TTL under one token for the call, its attempt
+// counted; a head whose attempts already reached p.MaxAttempts goes DEAD
+// with ReasonAttemptsExhausted instead (and counts toward Limit). A key
+// given that the rows claimed before it leave no room for is refused. It
+// returns copies of the rows, key by key, each key's in order.
 func (m *Inbox) Claim(now time.Time, p ClaimParams, keys ...string) ([]Row, error) {
 	cands := m.Candidates(now, p)
 	if keys == nil {
 		keys = cands[:min(len(cands), ClaimLimit(p))]
+		if m.Runs && p.PerKey > 1 {
+			keys = m.fitting(p, keys)
+		}
 	}
 	if len(keys) > ClaimLimit(p) {
 		return nil, fmt.Errorf("inboxmodel: %d keys asked for, the claim takes at most %d", len(keys), ClaimLimit(p))
@@ -266,6 +287,9 @@ func (m *Inbox) Claim(now time.Time, p ClaimParams, keys ...string) ([]Row, erro
 		if slices.Contains(keys[:i], k) {
 			return nil, fmt.Errorf("inboxmodel: key %q asked for twice", k)
 		}
+	}
+	if m.Runs && p.PerKey > 1 && len(m.fitting(p, keys)) < len(keys) {
+		return nil, fmt.Errorf("inboxmodel: keys %v: the rows of the first ones fill the limit of %d rows", keys, max(p.Limit, 1))
 	}
 	m.claims++
 	token := "model-claim-" + strconv.Itoa(m.claims)
@@ -283,12 +307,55 @@ func (m *Inbox) Claim(now time.Time, p ClaimParams, keys ...string) ([]Row, erro
 			out = append(out, *h)
 			continue
 		}
-		h.State = ferrydriver.InboxProcessing
-		h.Attempts++
-		h.Claim, h.Worker, h.ClaimExpires = token, p.Worker, now.Add(p.TTL)
-		out = append(out, *h)
+		for _, r := range m.run(p, h, max(p.Limit, 1)-len(out)) {
+			r.State = ferrydriver.InboxProcessing
+			r.Attempts++
+			r.Claim, r.Worker, r.ClaimExpires = token, p.Worker, now.Add(p.TTL)
+			out = append(out, *r)
+		}
 	}
 	return out, nil
+}
+
+// run returns the rows a claim with p takes from the key whose head is h
+// (not spent), at most room: h, and with runs its key's next PENDING rows.
+func (m *Inbox) run(p ClaimParams, h *Row, room int) []*Row {
+	out := []*Row{h}
+	if !m.Runs || p.Rescue || h.State != ferrydriver.InboxPending {
+		return out
+	}
+	hold := m.HoldDead()
+	for _, r := range m.rows {
+		if len(out) >= min(p.PerKey, room) {
+			break
+		}
+		if r.Key != h.Key || r.Pos <= h.Pos || !unfinished(r.State) || (r.State == ferrydriver.InboxDead && !hold) {
+			continue
+		}
+		if r.State != ferrydriver.InboxPending {
+			break
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// fitting returns the first of keys whose rows fit the claim's limit of
+// rows, claimed in that order.
+func (m *Inbox) fitting(p ClaimParams, keys []string) []string {
+	room := max(p.Limit, 1)
+	for i, k := range keys {
+		if room <= 0 {
+			return keys[:i]
+		}
+		h := m.Head(k)
+		if p.MaxAttempts > 0 && h.Attempts >= p.MaxAttempts {
+			room--
+			continue
+		}
+		room -= len(m.run(p, h, room))
+	}
+	return keys
 }
 
 func (r *Row) clearClaim() {
@@ -315,15 +382,31 @@ func (m *Inbox) claimed(now time.Time, id uuid.UUID, claim string) (*Row, error)
 	return r, nil
 }
 
-// Complete marks a claimed row PROCESSED at now (CompleteInboxTx).
-func (m *Inbox) Complete(now time.Time, id uuid.UUID, claim string) error {
+// Complete marks a claimed row PROCESSED at now (CompleteInboxTx). With
+// keep the rest of its run stays claimed; without, it is given back.
+func (m *Inbox) Complete(now time.Time, id uuid.UUID, claim string, keep bool) error {
 	r, err := m.claimed(now, id, claim)
 	if err != nil {
 		return err
 	}
 	r.State = ferrydriver.InboxProcessed
+	if !keep {
+		m.giveBack(r)
+	}
 	r.clearClaim()
 	return nil
+}
+
+// giveBack makes the rows after r that r's claim holds PENDING again,
+// their attempts taken back.
+func (m *Inbox) giveBack(r *Row) {
+	for _, x := range m.rows {
+		if x.Key == r.Key && x.Pos > r.Pos && x.State == ferrydriver.InboxProcessing && x.Claim == r.Claim {
+			x.State = ferrydriver.InboxPending
+			x.Attempts = max(x.Attempts-1, 0)
+			x.clearClaim()
+		}
+	}
 }
 
 // FailParams are FailInbox's parameters.
@@ -337,12 +420,14 @@ type FailParams struct {
 }
 
 // Fail records a failed attempt at now (FailInbox): FAILED until
-// p.RetryAt, or DEAD; p.Uncounted takes the claim's attempt back.
+// p.RetryAt, or DEAD; p.Uncounted takes the claim's attempt back. The
+// rest of the row's run is given back.
 func (m *Inbox) Fail(now time.Time, p FailParams) error {
 	r, err := m.claimed(now, p.ID, p.Claim)
 	if err != nil {
 		return err
 	}
+	m.giveBack(r)
 	if p.Dead {
 		r.State = ferrydriver.InboxDead
 	} else {

@@ -105,7 +105,11 @@ func (w *world) wantClaim(got []string, want ...string) {
 }
 
 func (w *world) complete(name string) error {
-	return w.m.Complete(w.now, w.ids[name], w.claims[name])
+	return w.m.Complete(w.now, w.ids[name], w.claims[name], false)
+}
+
+func (w *world) completeKeep(name string) error {
+	return w.m.Complete(w.now, w.ids[name], w.claims[name], true)
 }
 
 func (w *world) fail(p inboxmodel.FailParams, name string) error {
@@ -277,7 +281,7 @@ func TestModel(t *testing.T) {
 			if w.claims["a1"] == first {
 				w.t.Fatal("the rescue reused the claim token")
 			}
-			w.lost(w.m.Complete(w.now, w.ids["a1"], first))
+			w.lost(w.m.Complete(w.now, w.ids["a1"], first, false))
 			w.lost(w.m.Fail(w.now, inboxmodel.FailParams{ID: w.ids["a1"], Claim: first, Dead: true}))
 			w.ok(w.complete("a1"))
 			w.wantClaim(w.claim(long), "a2:processing:1")
@@ -311,9 +315,9 @@ func TestModel(t *testing.T) {
 		{"FinishNeedsTheCurrentClaim", func(w *world) {
 			w.insert("a", "a1")
 			w.claim(long)
-			w.lost(w.m.Complete(w.now, w.ids["a1"], ""))
-			w.lost(w.m.Complete(w.now, w.ids["a1"], "another"))
-			w.lost(w.m.Complete(w.now, uuid.New(), w.claims["a1"]))
+			w.lost(w.m.Complete(w.now, w.ids["a1"], "", false))
+			w.lost(w.m.Complete(w.now, w.ids["a1"], "another", false))
+			w.lost(w.m.Complete(w.now, uuid.New(), w.claims["a1"], false))
 			w.ok(w.complete("a1"))
 			w.lost(w.complete("a1"))
 			w.lost(w.fail(inboxmodel.FailParams{Dead: true}, "a1"))
@@ -380,3 +384,93 @@ func TestModel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) { tc.run(newWorld(t)) })
 	}
 }
+
+// TestModelRuns: claims of runs of a key's rows (Inbox.Runs).
+func TestModelRuns(t *testing.T) {
+	runs := func(perKey, limit int) inboxmodel.ClaimParams {
+		return inboxmodel.ClaimParams{Worker: "w", PerKey: perKey, Limit: limit}
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(w *world)
+	}{
+		{"PendingRowsAfterAPendingHead", func(w *world) {
+			w.insert("a", "a1", "a2", "a3", "a4")
+			w.insert("b", "b1")
+			w.wantClaim(w.claim(runs(3, 100)), "a1:processing:1", "a2:processing:1", "a3:processing:1", "b1:processing:1")
+			if w.claims["a1"] != w.claims["a3"] || w.claims["a1"] != w.claims["b1"] {
+				w.t.Fatal("one token a call")
+			}
+			w.ok(w.completeKeep("a1"))
+			w.ok(w.completeKeep("a2"))
+			w.want("a3", processing, 1)
+			w.wantClaim(w.claim(runs(3, 100))) // a3 still claimed
+			w.ok(w.complete("a3"))
+			w.wantClaim(w.claim(runs(3, 100)), "a4:processing:1")
+		}},
+		{"HeadsOnlyWithoutRuns", func(w *world) {
+			w.m.Runs = false
+			w.insert("a", "a1", "a2")
+			w.wantClaim(w.claim(runs(3, 100)), "a1:processing:1")
+		}},
+		{"LimitCountsRows", func(w *world) {
+			w.insert("a", "a1", "a2", "a3")
+			w.insert("b", "b1")
+			w.wantClaim(w.claim(runs(5, 2)), "a1:processing:1", "a2:processing:1")
+			w.ok(w.complete("a1")) // a2 given back, uncounted
+			w.want("a2", pending, 0)
+			if _, err := w.m.Claim(w.now, runs(5, 2), "a", "b"); err == nil {
+				w.t.Fatal("b claimed past the limit of rows")
+			}
+			w.wantClaim(w.claim(runs(5, 2), "b"), "b1:processing:1")
+			w.wantClaim(w.claim(runs(5, 100)), "a2:processing:1", "a3:processing:1")
+		}},
+		{"FailureGivesTheRestBack", func(w *world) {
+			w.insert("a", "a1", "a2", "a3")
+			w.claim(runs(3, 100))
+			w.ok(w.completeKeep("a1"))
+			w.ok(w.fail(inboxmodel.FailParams{Dead: true}, "a2"))
+			w.want("a3", pending, 0)
+			w.lost(w.complete("a3"))
+			w.wantClaim(w.claim(runs(3, 100)))
+			w.m.SetPolicy(false)
+			w.wantClaim(w.claim(runs(3, 100)), "a3:processing:1")
+		}},
+		{"RunsStopBeforeARowThatCannotRun", func(w *world) {
+			w.m.SetPolicy(false)
+			w.insert("a", "a1", "a2", "a3", "a4")
+			w.claim(long1())
+			w.ok(w.fail(inboxmodel.FailParams{Dead: true}, "a1"))
+			w.claim(long1())
+			w.ok(w.fail(inboxmodel.FailParams{Dead: true}, "a2"))
+			w.m.Redrive(w.ids["a1"])
+			// Continue: the DEAD a2 is passed over.
+			w.wantClaim(w.claim(runs(5, 100)), "a1:processing:1", "a3:processing:1", "a4:processing:1")
+			w.ok(w.complete("a1"))
+			w.m.SetPolicy(true)
+			w.m.Redrive(w.ids["a2"])
+			w.wantClaim(w.claim(runs(5, 100)), "a2:processing:1", "a3:processing:1", "a4:processing:1")
+			w.ok(w.fail(inboxmodel.FailParams{RetryAt: w.now.Add(time.Hour)}, "a2"))
+			w.insert("b", "b1", "b2")
+			w.claim(long1())
+			w.ok(w.fail(inboxmodel.FailParams{Dead: true}, "b1"))
+			w.m.Redrive(w.ids["b1"])
+			w.m.SetPolicy(false)
+			w.wantClaim(w.claim(runs(5, 100)), "b1:processing:1", "b2:processing:1")
+		}},
+		{"NoRunAfterAFailedHead", func(w *world) {
+			w.insert("a", "a1", "a2")
+			w.claim(long1())
+			w.ok(w.fail(inboxmodel.FailParams{RetryAt: w.now}, "a1"))
+			w.wantClaim(w.claim(runs(5, 100)), "a1:processing:2")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			w.m.Runs = true
+			tc.run(w)
+		})
+	}
+}
+
+func long1() inboxmodel.ClaimParams { return inboxmodel.ClaimParams{Worker: "w", Limit: 100} }
