@@ -573,7 +573,7 @@ func (r *mrun[TTx]) claimStep(c mclaim) {
 	before := heads()
 	mrows, err := r.m.Claim(now, p, keys...)
 	if err != nil {
-		r.failf("claimed rows differ:\n  backend: %v\n  model:   the heads %v can be claimed (limit %d keys, %d rows): %v",
+		r.failf("claimed rows differ:\n  backend: %v\n  model:   runnable heads %v, limit %d keys, %d rows (%v)",
 			got, before, inboxmodel.ClaimLimit(p), max(c.Limit, 1), err)
 	}
 	var mgot []string
@@ -589,8 +589,8 @@ func (r *mrun[TTx]) claimStep(c mclaim) {
 	}
 	r.same("claimed rows", got, mgot)
 	if left := heads(); len(left) > 0 && len(keys) < inboxmodel.ClaimLimit(p) && len(rows) < max(c.Limit, 1) {
-		r.failf("claimed rows differ:\n  backend: %v\n  model:   also %v (of the heads %v; limit %d keys, %d rows)",
-			got, left, before, inboxmodel.ClaimLimit(p), max(c.Limit, 1))
+		r.failf("claimed rows differ:\n  backend: %v\n  model:   also %v, within the limit of %d keys, %d rows (runnable heads %v)",
+			got, left, inboxmodel.ClaimLimit(p), max(c.Limit, 1), before)
 	}
 }
 
