@@ -188,6 +188,10 @@ type Capabilities struct {
 	// ConcurrentWriters: several transactions can write the outbox at once
 	// (false for SQLite, which has a single writer).
 	ConcurrentWriters bool
+	// InboxRuns: ClaimInbox takes runs of a key's rows (ClaimInboxParams.
+	// PerKey) and CompleteInboxTx keeps the rest of a run claimed
+	// (CompleteInboxParams.Keep); without it, claims take heads only.
+	InboxRuns bool
 }
 
 // AppendParams are the events to write. Each event must already be

@@ -47,6 +47,7 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("AwaitSettled", func(t *testing.T) { t.Parallel(); testAwaitSettled(t, newDriver(t)) })
 	t.Run("PolicyChangesAndContinueRedrive", func(t *testing.T) { t.Parallel(); testInboxPolicy(t, newDriver(t)) })
 	t.Run("InterruptedPolicyChangeResumes", func(t *testing.T) { t.Parallel(); testInboxPolicyResume(t, newDriver(t)) })
+	t.Run("ConformsToTheModel", func(t *testing.T) { t.Parallel(); testInboxModel(t, newDriver(t)) })
 	t.Run("AttemptHistory", func(t *testing.T) {
 		t.Parallel()
 		d := newDriver(t)

@@ -290,6 +290,7 @@ func (d *Driver[TTx]) Capabilities() ferrydriver.Capabilities {
 	return ferrydriver.Capabilities{
 		NotifyWakeups:     d.canWait && !d.cfg.DisableNotify,
 		ConcurrentWriters: true,
+		InboxRuns:         true,
 	}
 }
 

@@ -741,18 +741,21 @@ const sqlWaiterRemove = `DELETE FROM {schema}.settle_waiters WHERE id = $1 OR un
 // sqlInboxRetract marks a group's rows RETRACTED and returns, for each
 // row found, its state before (PROCESSING inside a claim), its key and its
 // position. Rows are locked first (as
-// a finish does), keys only after, by the caller.
+// a finish does), keys only after, by the caller. A row inside a claim
+// keeps the claim's attempt, which only a finish or a rescue would have
+// stored: InboxRow.Attempts counts the row's claims.
 var sqlInboxRetract = `
 WITH old AS (
     SELECT event_id, state, key, pos FROM {schema}.inbox
      WHERE group_name = $1 AND event_id = ANY ($2::uuid[]) ORDER BY event_id FOR UPDATE
+), o AS (
+    SELECT i.*, cl.claimed FROM (SELECT old.*, $1::text AS group_name FROM old) i` + inboxClaimed + `
 ), up AS (
     UPDATE {schema}.inbox i
-       SET state = 'retracted', finished_at = now()
-      FROM old WHERE i.group_name = $1 AND i.event_id = old.event_id AND old.state <> 'retracted'
+       SET state = 'retracted', finished_at = now(), attempts = i.attempts + o.claimed::int
+      FROM o WHERE i.group_name = $1 AND i.event_id = o.event_id AND o.state <> 'retracted'
 )
-SELECT i.event_id::text, CASE WHEN cl.claimed THEN 'processing' ELSE i.state END, i.key, i.pos
-  FROM (SELECT old.*, $1::text AS group_name FROM old) i` + inboxClaimed
+SELECT o.event_id::text, CASE WHEN o.claimed THEN 'processing' ELSE o.state END, o.key, o.pos FROM o`
 
 // sqlInboxRetractClaims cuts the claims of keys $2 that cover a retracted
 // row (at positions $3) short, to end just before the first such row: the
