@@ -35,7 +35,7 @@ func ClaimHeadsQuery(group string, keys []string) (string, []any) {
 const InboxGroupsQuery = sqlInboxGroups
 
 // InboxDeadReasonsQuery is InboxDeadReasons' statement (without its SET STATEMENT prefix).
-var InboxDeadReasonsQuery = strings.TrimPrefix(strings.Replace(sqlReasons, "{scan}", sqlScanInboxDead, 1), "SET STATEMENT group_concat_max_len = 16777216 FOR\n")
+var InboxDeadReasonsQuery = strings.TrimPrefix(sqlReasonsInboxDead, "SET STATEMENT group_concat_max_len = 16777216 FOR\n")
 
 // Reruns counts the driver's transactions that ran again after a deadlock
 // or a lock wait timeout.

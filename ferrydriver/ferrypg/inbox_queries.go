@@ -263,7 +263,7 @@ SELECT EXISTS (SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND rescu
 
 // sqlInboxFinishRows records the outcomes of claimed rows ($2..$7, one
 // element per row) and moves their keys on (keeping their claims on what
-// is left of them when $8: see finishKeeps); it returns the rows whose
+// is left of them when $8, kx.keep: see finishKeeps); it returns the rows whose
 // key's claim held (the others' claims were lost). A key's reported rows
 // are taken in position order: those up to the first that did not finish
 // (FAILED, given back, or DEAD under Hold), the "stop", are recorded; of
@@ -298,7 +298,7 @@ WITH x AS MATERIALIZED (
       FROM (SELECT x.*, bool_and(x.passes) OVER (PARTITION BY x.key ORDER BY x.pos) AS run FROM x) y
 ), kx AS MATERIALIZED (
     SELECT w.key, min(w.claim::text)::uuid AS claim, count(DISTINCT w.claim) AS claims, min(w.pos) AS first, max(w.pos) AS reported,
-           max(w.pos) FILTER (WHERE w.run) AS passed,
+           max(w.pos) FILTER (WHERE w.run) AS passed, $8::bool AS keep,
            min(w.state) FILTER (WHERE w.stop) AS st_state, min(w.retry_at) FILTER (WHERE w.stop) AS st_retry,
            min(w.event_id::text) FILTER (WHERE w.stop) AS st_id
       FROM w GROUP BY w.key
@@ -368,20 +368,21 @@ WITH x AS MATERIALIZED (
      WHERE i.event_id = $2 AND i.group_name = $1 AND i.state NOT IN ('processed', 'dead', 'discarded', 'retracted')
     RETURNING i.event_id, i.key, i.pos
 ), kx AS (
-    SELECT x.key, x.pos AS passed, x.pos AS reported, NULL::text AS st_state, NULL::timestamptz AS st_retry, NULL::text AS st_id FROM x
+    SELECT x.key, x.pos AS passed, x.pos AS reported, NULL::text AS st_state, NULL::timestamptz AS st_retry, NULL::text AS st_id,
+           $4::bool AS keep FROM x
 ), held AS (
     UPDATE {schema}.inbox_keys k
-       SET claim_token = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_token END, claim_dirty = false,
-           claimed_by = CASE WHEN ` + finishKeepsOne + ` THEN k.claimed_by END,
-           claim_from = CASE WHEN ` + finishKeepsOne + ` THEN kx.passed END,
-           claim_through = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_through END,
-           claim_expires_at = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_expires_at END,
+       SET claim_token = CASE WHEN ` + finishKeeps + ` THEN k.claim_token END, claim_dirty = false,
+           claimed_by = CASE WHEN ` + finishKeeps + ` THEN k.claimed_by END,
+           claim_from = CASE WHEN ` + finishKeeps + ` THEN kx.passed END,
+           claim_through = CASE WHEN ` + finishKeeps + ` THEN k.claim_through END,
+           claim_expires_at = CASE WHEN ` + finishKeeps + ` THEN k.claim_expires_at END,
            done_pos = ` + finishDone("kx.passed") + `,
            held_by = NULL,
-           runnable_at = CASE WHEN ` + finishKeepsOne + ` THEN NULL
+           runnable_at = CASE WHEN ` + finishKeeps + ` THEN NULL
                               WHEN k.suspect_through <= ` + finishDone("kx.passed") + `
                               THEN ` + finishNext + ` END,
-           rescue_at = CASE WHEN ` + finishKeepsOne + ` THEN k.rescue_at
+           rescue_at = CASE WHEN ` + finishKeeps + ` THEN k.rescue_at
                             WHEN k.suspect_through > ` + finishDone("kx.passed") + `
                             THEN ` + finishNext + ` END
       FROM kx
@@ -403,7 +404,7 @@ WITH x AS MATERIALIZED (
     RETURNING i.event_id, i.key, i.pos
 ), kx AS MATERIALIZED (
     SELECT x.key, min(x.pos) AS first, max(x.pos) AS passed, max(x.pos) AS reported,
-           NULL::text AS st_state, NULL::timestamptz AS st_retry, NULL::text AS st_id
+           NULL::text AS st_state, NULL::timestamptz AS st_retry, NULL::text AS st_id, $4::bool AS keep
       FROM x GROUP BY x.key
 ), locked AS MATERIALIZED (
     SELECT ik.key FROM {schema}.inbox_keys ik
@@ -411,17 +412,17 @@ WITH x AS MATERIALIZED (
      ORDER BY ik.key FOR UPDATE
 ), held AS (
     UPDATE {schema}.inbox_keys k
-       SET claim_token = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_token END, claim_dirty = false,
-           claimed_by = CASE WHEN ` + finishKeepsOne + ` THEN k.claimed_by END,
-           claim_from = CASE WHEN ` + finishKeepsOne + ` THEN kx.passed END,
-           claim_through = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_through END,
-           claim_expires_at = CASE WHEN ` + finishKeepsOne + ` THEN k.claim_expires_at END,
+       SET claim_token = CASE WHEN ` + finishKeeps + ` THEN k.claim_token END, claim_dirty = false,
+           claimed_by = CASE WHEN ` + finishKeeps + ` THEN k.claimed_by END,
+           claim_from = CASE WHEN ` + finishKeeps + ` THEN kx.passed END,
+           claim_through = CASE WHEN ` + finishKeeps + ` THEN k.claim_through END,
+           claim_expires_at = CASE WHEN ` + finishKeeps + ` THEN k.claim_expires_at END,
            done_pos = ` + finishDone("kx.passed") + `,
            held_by = NULL,
-           runnable_at = CASE WHEN ` + finishKeepsOne + ` THEN NULL
+           runnable_at = CASE WHEN ` + finishKeeps + ` THEN NULL
                               WHEN k.suspect_through <= ` + finishDone("kx.passed") + `
                               THEN ` + finishNext + ` END,
-           rescue_at = CASE WHEN ` + finishKeepsOne + ` THEN k.rescue_at
+           rescue_at = CASE WHEN ` + finishKeeps + ` THEN k.rescue_at
                             WHEN k.suspect_through > ` + finishDone("kx.passed") + `
                             THEN ` + finishNext + ` END
       FROM kx
@@ -432,19 +433,15 @@ WITH x AS MATERIALIZED (
 )
 {tail}`
 
-// finishKeepsOne is finishKeeps for sqlInboxCompleteOne and
-// sqlInboxCompleteRows.
-var finishKeepsOne = strings.Replace(finishKeeps, "$8", "$4", 1)
-
-// finishKeeps says whether a finish keeps its key's claim ($8, for the
-// claim's rows left: a run of the key's events, each finished in a
+// finishKeeps says whether a finish keeps its key's claim (kx.keep, the
+// statement's parameter for the claim's rows left: a run of the key's events, each finished in a
 // transaction of its own): every reported row finished and rows of the
 // claim are left. The claim then starts after the rows finished; the
 // worker running the run's later rows holds them still, and no other
 // claims them meanwhile, even when the key's queue changed under the
 // claim (keyLowered: done_pos stays where it was, below the claim's new
 // start, and the run's last finish makes the key runnable from there).
-const finishKeeps = `($8 AND kx.st_state IS NULL AND kx.passed < k.claim_through)`
+const finishKeeps = `(kx.keep AND kx.st_state IS NULL AND kx.passed < k.claim_through)`
 
 // keyLowered says whether key k's queue changed under its claim since the
 // claim read it: a redrive or a delivery lowered done_pos below the claim's
