@@ -268,13 +268,17 @@ var modelSituations = []situation{
 	// PENDING (their attempts counted) and due for no rescue until the head
 	// finishes, MariaDB (and the model) PROCESSING under the expired claim,
 	// RescueDue true.
-	//
-	// Not here: under Continue, a row redriven ahead of a row whose claim
-	// expired. SQLite and MariaDB run the redriven row through an ordinary
-	// claim; PostgreSQL leaves the key to a rescue, which takes the
-	// redriven row. The contract says a key whose claim expired is not
-	// claimed again until rescued, and that a rescue takes the head of
-	// what the expired claim covered: neither reading fits both.
+	// Under Continue, a row redriven ahead of a row whose claim expired:
+	// an ordinary claim does not take the key (the expired claim's row may
+	// still be running somewhere), a rescue is due, and it takes the key's
+	// head, the redriven row, first. Not here, what the row whose claim
+	// expired reads while the rescue runs: PostgreSQL PENDING (its attempt
+	// counted), SQLite, MariaDB and the model PROCESSING under the expired
+	// claim, as for a run whose claim expired above.
+	{"RedrivenAheadOfAnExpiredClaim", []mstep{
+		policy(false), ins("a", "a1", "a2"), ins("b", "b1"), claimLive(), failDead("a1"), done("b1"),
+		claimP(mclaim{Worker: "w", Limit: 100, Short: true}), expire(), redrive("a1"), claimLive(),
+	}},
 	{"RetractionReleasesAHeldKey", []mstep{
 		ins("a", "a1", "a2"), claimLive(), failDead("a1"), claimLive(), retract("a1"), claimLive(), done("a2"),
 	}},

@@ -55,6 +55,8 @@ const sqlClaimHeads = `
 SELECT h.k, h.hold, ` + sqlNow + `, i.pos, i.event_id, i.state, i.attempts, i.next_attempt_at, i.claim_expires_at,
        (SELECT MAX(b.claim_expires_at) FROM ferry_inbox b FORCE INDEX (ferry_inbox_head_idx)
          WHERE b.group_name = h.group_name AND b.k = h.k AND b.state = 'processing' AND b.pos <> h.head AND b.claim_expires_at > ` + sqlNow + `),
+       EXISTS (SELECT 1 FROM ferry_inbox b FORCE INDEX (ferry_inbox_head_idx)
+         WHERE b.group_name = h.group_name AND b.k = h.k AND b.state = 'processing' AND b.pos <> h.head AND b.claim_expires_at <= ` + sqlNow + `),
        h.blocker
   FROM (SELECT f.group_name, f.k, f.hold, LEAST(f.p, f.f, f.r, f.d) AS head, LEAST(f.f, f.r, f.d) AS blocker
           FROM (SELECT kk.group_name, kk.k, pol.hold, {first:pending} AS p, {first:failed} AS f, {first:processing} AS r,
@@ -86,6 +88,10 @@ type claimHead struct {
 	nextAttempt int64
 	expires     sql.NullInt64
 	busyUntil   sql.NullInt64 // another row of the key runs until then
+	// stale: another row of the key is PROCESSING under a claim that
+	// expired (a row redriven ahead of it is the head): the key waits for
+	// a rescue, which takes the head.
+	stale bool
 	// blocker is the position of the key's first FAILED or PROCESSING row
 	// (or DEAD, under the hold policy): a run that starts at a PENDING
 	// head ends before it.
@@ -218,7 +224,7 @@ func claimHeads(ctx context.Context, tx *sql.Tx, group string, keys []string) (m
 		var key, id []byte
 		var pos, attempts, next sql.NullInt64
 		var state sql.NullString
-		if err := rows.Scan(&key, &h.hold, &h.now, &pos, &id, &state, &attempts, &next, &h.expires, &h.busyUntil, &h.blocker); err != nil {
+		if err := rows.Scan(&key, &h.hold, &h.now, &pos, &id, &state, &attempts, &next, &h.expires, &h.busyUntil, &h.stale, &h.blocker); err != nil {
 			return nil, err
 		}
 		h.key = string(key)
@@ -339,11 +345,11 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.nextAttempt, Valid: true}}
 		case h.state == ferrydriver.InboxProcessing && h.expires.Valid && h.expires.Int64 > t:
 			outcomes[k] = keyOutcome{runnable: h.expires}
-		case h.state == ferrydriver.InboxProcessing && !p.Rescue:
+		case (h.state == ferrydriver.InboxProcessing || h.stale) && !p.Rescue:
 			// Expired: left to ClaimInbox with Rescue; to the back for a
 			// second, so that it cannot crowd out the others.
 			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: t + time.Second.Microseconds(), Valid: true}}
-		case h.state != ferrydriver.InboxProcessing && p.Rescue:
+		case h.state != ferrydriver.InboxProcessing && !h.stale && p.Rescue:
 			// Runnable, not a rescue: an ordinary claim takes it.
 		default:
 			want = append(want, k)
@@ -564,7 +570,9 @@ func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, e
 // ferry_inbox_pages_idx (the rows being processed only).
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
 	var due bool
-	err := d.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= `+sqlNow+`)`,
+	err := d.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ferry_inbox p WHERE p.group_name = ? AND p.state = 'processing' AND p.claim_expires_at <= `+sqlNow+`
+   AND NOT EXISTS (SELECT 1 FROM ferry_inbox q FORCE INDEX (ferry_inbox_head_idx)
+                    WHERE q.group_name = p.group_name AND q.k = p.k AND q.state = 'processing' AND q.claim_expires_at > `+sqlNow+`))`,
 		group).Scan(&due)
 	if err != nil {
 		return false, d.wrapErr("look for expired claims in group "+group, err)

@@ -120,11 +120,15 @@ ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = excluded.runnable_at
 
 // head is a key's oldest unfinished row.
 type head struct {
-	id, state        string
-	attempts         int
-	nextAttempt      int64
-	claimExpires     sql.NullInt64
-	busyUntil        sql.NullInt64 // another row of the key runs until then
+	id, state    string
+	attempts     int
+	nextAttempt  int64
+	claimExpires sql.NullInt64
+	busyUntil    sql.NullInt64 // another row of the key runs until then
+	// stale: another row of the key is PROCESSING under a claim that
+	// expired (a row redriven ahead of it is the head): the key waits for
+	// a rescue, which takes the head.
+	stale            bool
 	exists, runnable bool
 }
 
@@ -138,11 +142,13 @@ func (d *Driver) keyHead(ctx context.Context, tx *sql.Tx, group, key string, t i
 	err := tx.QueryRowContext(ctx, `
 SELECT h.event_id, h.state, h.attempts, h.next_attempt_at, h.claim_expires_at,
        (SELECT max(p.claim_expires_at) FROM ferry_inbox p
-         WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at > ?3 AND p.event_id <> h.event_id)
+         WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at > ?3 AND p.event_id <> h.event_id),
+       EXISTS (SELECT 1 FROM ferry_inbox p
+         WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at <= ?3 AND p.event_id <> h.event_id)
   FROM (SELECT event_id, state, attempts, next_attempt_at, claim_expires_at FROM ferry_inbox
          WHERE group_name = ?1 AND key = ?2 AND `+unfinished+`
            AND (state <> 'dead' OR COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?1), 1))
-         ORDER BY pos LIMIT 1) h`, group, key, t).Scan(&h.id, &h.state, &h.attempts, &h.nextAttempt, &h.claimExpires, &h.busyUntil)
+         ORDER BY pos LIMIT 1) h`, group, key, t).Scan(&h.id, &h.state, &h.attempts, &h.nextAttempt, &h.claimExpires, &h.busyUntil, &h.stale)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
@@ -229,7 +235,7 @@ SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND cl
 			if err != nil {
 				return err
 			}
-			expired := h.state == "processing" // a runnable one is a rescue
+			expired := h.state == "processing" || h.stale // a runnable one is a rescue
 			switch {
 			case !h.runnable:
 				// Due but nothing to run now: put the key at its real time.
@@ -303,7 +309,9 @@ UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
 	var due bool
 	err := d.r.QueryRowContext(ctx, `
-SELECT EXISTS (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= ?)`,
+SELECT EXISTS (SELECT 1 FROM ferry_inbox p WHERE p.group_name = ?1 AND p.state = 'processing' AND p.claim_expires_at <= ?2
+   AND NOT EXISTS (SELECT 1 FROM ferry_inbox q
+                    WHERE q.group_name = ?1 AND q.key = p.key AND q.state = 'processing' AND q.claim_expires_at > ?2))`,
 		group, micros(now())).Scan(&due)
 	if err != nil {
 		return false, d.wrapErr("look for expired claims in group "+group, err)

@@ -221,9 +221,10 @@ type ClaimParams struct {
 
 // Candidates returns, in key order of arrival, the keys whose head a claim
 // with p would take at now: for an ordinary claim those whose head is
-// PENDING or FAILED and due, for a rescue those whose head's claim
-// expired; never a key with a row under a live claim. Limit is not
-// applied.
+// PENDING or FAILED and due, for a rescue those with a row whose claim
+// expired (stale), whose head it takes, that row or one redriven ahead of
+// it; never a key with a row under a live claim, and a stale key only in a
+// rescue. Limit is not applied.
 func (m *Inbox) Candidates(now time.Time, p ClaimParams) []string {
 	var out []string
 	for _, k := range m.keys() {
@@ -243,11 +244,28 @@ func (m *Inbox) Candidates(now time.Time, p ClaimParams) []string {
 		case ferrydriver.InboxProcessing:
 			ok = p.Rescue // not busy: its claim expired
 		}
+		if h.State != ferrydriver.InboxProcessing && m.stale(k) {
+			// A row behind the head is under an expired claim: the key
+			// waits for a rescue, which runs the head first.
+			runnable := h.State == ferrydriver.InboxPending || (h.State == ferrydriver.InboxFailed && !h.RetryAt.After(now))
+			ok = p.Rescue && runnable
+		}
 		if ok {
 			out = append(out, k)
 		}
 	}
 	return out
+}
+
+// stale reports whether a row of key is PROCESSING under a claim that
+// expired (busy says none is under a live one).
+func (m *Inbox) stale(key string) bool {
+	for _, r := range m.rows {
+		if r.Key == key && r.State == ferrydriver.InboxProcessing {
+			return true
+		}
+	}
+	return false
 }
 
 // ClaimLimit is how many keys a claim with p takes at most: Limit (at
@@ -362,14 +380,10 @@ func (r *Row) clearClaim() {
 	r.Claim, r.Worker, r.ClaimExpires = "", "", time.Time{}
 }
 
-// RescueDue reports whether a claim of the group has expired at now.
+// RescueDue reports whether a rescue has a row to claim at now: a claim
+// of the group expired, on a key with no row under a live claim.
 func (m *Inbox) RescueDue(now time.Time) bool {
-	for _, r := range m.rows {
-		if r.State == ferrydriver.InboxProcessing && !r.ClaimExpires.After(now) {
-			return true
-		}
-	}
-	return false
+	return len(m.Candidates(now, ClaimParams{Rescue: true})) > 0
 }
 
 // claimed returns the row of id if claim is its current claim and has not
