@@ -223,7 +223,11 @@ func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferry
 type head struct {
 	doc       *inboxDoc
 	busyUntil *time.Time
-	runnable  bool
+	// stale: another row of the key is PROCESSING under a claim that
+	// expired (a row redriven ahead of it is the head): the key waits for
+	// a rescue, which takes the head.
+	stale    bool
+	runnable bool
 }
 
 // keyHead reads a key's head in tx: its oldest unfinished row (a DEAD row
@@ -261,6 +265,17 @@ func (d *Driver) keyHead(tx context.Context, group, key string, now time.Time) (
 		return nil, err
 	default:
 		h.busyUntil = busy.ClaimExpiresAt
+	}
+	if h.doc != nil && h.doc.State != string(ferrydriver.InboxProcessing) {
+		staleFilter := append(expiredClaims(group, now), bson.E{Key: "key", Value: key}, bson.E{Key: "_id", Value: bson.D{{Key: "$ne", Value: h.doc.ID}}})
+		err := d.inbox().FindOne(tx, staleFilter, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
+		switch {
+		case errors.Is(err, mongo.ErrNoDocuments):
+		case err != nil:
+			return nil, err
+		default:
+			h.stale = true
+		}
 	}
 	if h.doc != nil && h.busyUntil == nil {
 		switch ferrydriver.InboxState(h.doc.State) {
@@ -376,7 +391,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	if err != nil {
 		return nil, err
 	}
-	switch expired := h.runnable && h.doc.State == string(ferrydriver.InboxProcessing); { // a rescue
+	switch expired := h.runnable && (h.doc.State == string(ferrydriver.InboxProcessing) || h.stale); { // a rescue
 	case !h.runnable:
 		return nil, d.refreshKey(tx, p.Group, key, now)
 	case expired && !p.Rescue:
@@ -465,17 +480,43 @@ func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, e
 	return int(res.ModifiedCount), nil
 }
 
-// RescueDue implements ferrydriver.Inbox.
+// RescueDue implements ferrydriver.Inbox: an expired claim on a key with
+// no row under a live claim (of the first rescueDueScan expired ones).
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
-	err := d.inbox().FindOne(ctx, expiredClaims(group, time.Now().UTC()), options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return false, nil
-	}
-	if err != nil {
+	now := time.Now().UTC()
+	fail := func(err error) (bool, error) {
 		return false, fmt.Errorf("ferrymongo: look for expired claims in group %s: %w", group, err)
 	}
-	return true, nil
+	cur, err := d.inbox().Find(ctx, expiredClaims(group, now), options.Find().SetProjection(bson.D{{Key: "key", Value: 1}}).SetLimit(rescueDueScan))
+	if err != nil {
+		return fail(err)
+	}
+	var docs []struct {
+		Key string `bson:"key"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return fail(err)
+	}
+	seen := map[string]bool{}
+	for _, doc := range docs {
+		if seen[doc.Key] {
+			continue
+		}
+		seen[doc.Key] = true
+		live := append(liveClaims(group, now), bson.E{Key: "key", Value: doc.Key})
+		err := d.inbox().FindOne(ctx, live, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
+		switch {
+		case errors.Is(err, mongo.ErrNoDocuments):
+			return true, nil
+		case err != nil:
+			return fail(err)
+		}
+	}
+	return false, nil
 }
+
+// rescueDueScan bounds the expired claims RescueDue looks at.
+const rescueDueScan = 100
 
 // RunInTx implements ferrydriver.Inbox: fn runs in a session transaction
 // (majority), run again by the driver on a TransientTransactionError.
