@@ -13,16 +13,11 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryshared/childtest"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrykafka"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -51,78 +46,41 @@ func sharesChild(spec string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	childtest.SignalReady()
-	fail := func(err error) int {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	pcfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
-	if err != nil {
-		return fail(err)
-	}
-	pcfg.MaxConns = 12
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fail(err)
-	}
-	defer pool.Close()
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema})
-	if err != nil {
-		return fail(err)
-	}
 	var src ferrysink.Source
 	switch broker {
 	case "nats":
-		nc, err := nats.Connect(natsURL())
+		js, closeNATS, err := childJetStream()
 		if err != nil {
-			return fail(err)
+			return childFailed(err)
 		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return fail(err)
-		}
+		defer closeNATS()
 		s, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{Stream: a, SubjectPrefix: b, Durable: "billing", Shares: shareCount, AckWait: time.Second, Batch: 50})
 		if err != nil {
-			return fail(err)
+			return childFailed(err)
 		}
 		src = s
 	case "kafka":
 		s, err := ferrykafka.NewSource(ctx, &ferrykafka.SourceConfig{Brokers: strings.Split(a, ","), Group: "billing", Topics: []string{b}, Batch: 50,
 			ClientOptions: []kgo.Opt{kgo.SessionTimeout(shareTTL), kgo.HeartbeatInterval(shareTTL / 10)}})
 		if err != nil {
-			return fail(err)
+			return childFailed(err)
 		}
 		src = s
 	}
-	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", SourceLeaseTTL: shareTTL, PollInterval: 20 * time.Millisecond})
+	r, err := openReplica(ctx, schema, &ferry.ConsumerConfig{Group: "billing", SourceLeaseTTL: shareTTL, PollInterval: 20 * time.Millisecond})
 	if err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
-	effects, ingests := pgx.Identifier{schema, "effects"}.Sanitize(), pgx.Identifier{schema, "ingests"}.Sanitize()
+	ingests := pgx.Identifier{schema, "ingests"}.Sanitize()
 	pid := os.Getpid()
-	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event_id, key, seq, pid) VALUES ($1, $2, $3, $4)`, ev.ID, ev.Key, ev.Seq, pid)
-		return err
-	})
 	record := func(ctx context.Context, evs []*ferry.Event) {
 		ids, keys := make([]string, len(evs)), make([]string, len(evs))
 		for i, ev := range evs {
 			ids[i], keys[i] = ev.ID.String(), ev.Key
 		}
-		_, _ = pool.Exec(ctx, `INSERT INTO `+ingests+` (event_id, key, pid) SELECT id, k, $3 FROM unnest($1::uuid[], $2::text[]) AS u(id, k)`, ids, keys, pid)
+		_, _ = r.pool.Exec(ctx, `INSERT INTO `+ingests+` (event_id, key, pid) SELECT id, k, $3 FROM unnest($1::uuid[], $2::text[]) AS u(id, k)`, ids, keys, pid)
 	}
-	src = recorded(src, record)
-	errs := make(chan error, 2)
-	go func() { errs <- c.Run(ctx) }()
-	go func() { errs <- c.Consume(ctx, src) }()
-	code := 0
-	for range 2 {
-		if err := <-errs; err != nil {
-			code = fail(err)
-			stop()
-		}
-	}
-	return code
+	return r.run(ctx, stop, recorded(src, record))
 }
 
 // recorded wraps src so that record sees what each ingest accepted,
@@ -183,22 +141,9 @@ func TestConsumerSharesOverReplicasKafka(t *testing.T) {
 
 func testShares(t *testing.T, broker string) {
 	ctx := context.Background()
-	pool := ferrypgtest.Pool(t)
-	schema := ferrypgtest.Schema(t)
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema})
-	require.NoError(t, err)
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(t, err)
-	effects, ingests := pgx.Identifier{schema, "effects"}.Sanitize(), pgx.Identifier{schema, "ingests"}.Sanitize()
-	_, err = pool.Exec(ctx, `CREATE TABLE `+effects+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL, pid int NOT NULL,
-		at timestamptz NOT NULL DEFAULT clock_timestamp());
-		CREATE TABLE `+ingests+` (event_id uuid NOT NULL, key text NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
-	require.NoError(t, err)
-	count := func(q string, args ...any) int {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, q, args...).Scan(&n))
-		return n
-	}
+	st := newReplicaStore(t, `ingests (event_id uuid NOT NULL, key text NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	pool, drv, schema, effects, count := st.pool, st.drv, st.schema, st.effects, st.count
+	ingests := pgx.Identifier{schema, "ingests"}.Sanitize()
 
 	var sink ferrysink.Sink
 	var spec string
@@ -357,9 +302,7 @@ func testShares(t *testing.T, broker string) {
 	load, _ := os.ReadFile("/proc/loadavg")
 	t.Logf("%s: the SIGKILLed replica's keys were ingested by another %.3fs after the SIGKILL (TTL %v; load average %s)", broker, moved, shareTTL, strings.TrimSpace(string(load)))
 
-	require.Equal(t, int(sent.Load()), count(`SELECT count(*) FROM `+effects), "every event applied once")
-	require.Zero(t, count(`SELECT count(*) FROM (
-		SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+effects+`) s WHERE step <> 1`), "each key applied in order, without gaps")
+	st.requireOnceInOrder(int(sent.Load()))
 	require.Less(t, moved, (2 * shareTTL).Seconds(), "the dead replica's shares moved past two TTLs")
 }
 

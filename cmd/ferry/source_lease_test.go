@@ -12,14 +12,8 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferrydriver"
-	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
-	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryshared/childtest"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 )
@@ -36,33 +30,11 @@ func sourceChild(spec string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	childtest.SignalReady()
-	fail := func(err error) int {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	pcfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
+	js, closeNATS, err := childJetStream()
 	if err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
-	pcfg.MaxConns = 12
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fail(err)
-	}
-	defer pool.Close()
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema})
-	if err != nil {
-		return fail(err)
-	}
-	nc, err := nats.Connect(natsURL())
-	if err != nil {
-		return fail(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fail(err)
-	}
+	defer closeNATS()
 	scfg := &ferrynats.SourceConfig{Stream: stream, SubjectPrefix: prefix, Durable: "billing", AckWait: time.Second, Batch: 50}
 	ccfg := &ferry.ConsumerConfig{Group: "billing", SourceLeaseTTL: sourceLeaseTTL, PollInterval: 20 * time.Millisecond}
 	if defaults {
@@ -71,29 +43,13 @@ func sourceChild(spec string) int {
 	}
 	src, err := ferrynats.NewSource(ctx, js, scfg)
 	if err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
-	c, err := ferry.NewConsumer(drv, ccfg)
+	r, err := openReplica(ctx, schema, ccfg)
 	if err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
-	table := pgx.Identifier{schema, "effects"}.Sanitize()
-	pid := os.Getpid()
-	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq, pid) VALUES ($1, $2, $3, $4)`, ev.ID, ev.Key, ev.Seq, pid)
-		return err
-	})
-	errs := make(chan error, 2)
-	go func() { errs <- c.Run(ctx) }()
-	go func() { errs <- c.Consume(ctx, src) }()
-	code := 0
-	for range 2 {
-		if err := <-errs; err != nil {
-			code = fail(err)
-			stop()
-		}
-	}
-	return code
+	return r.run(ctx, stop, src)
 }
 
 // TestOneReaderPerDurable: two consumer processes run Consume on one
@@ -134,17 +90,9 @@ func testSourceSIGKILL(t *testing.T, mode string) {
 	defaults := mode == "defaults"
 	ctx := context.Background()
 	nc := testNATS(t)
-	pool := ferrypgtest.Pool(t)
-	schema := ferrypgtest.Schema(t)
+	st := newReplicaStore(t)
+	pool, drv, schema, table, count := st.pool, st.drv, st.schema, st.effects, st.count
 	stream, prefix := strings.ToUpper(schema), schema
-	drv, err := ferrypg.New(pool, &ferrypg.Config{Schema: schema})
-	require.NoError(t, err)
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(t, err)
-	table := pgx.Identifier{schema, "effects"}.Sanitize()
-	_, err = pool.Exec(ctx, `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, event_id uuid NOT NULL, key text NOT NULL, seq bigint NOT NULL, pid int NOT NULL,
-		at timestamptz NOT NULL DEFAULT clock_timestamp())`)
-	require.NoError(t, err)
 	sink, err := ferrynats.New(ctx, nc, &ferrynats.Config{Stream: stream, SubjectPrefix: prefix, CreateStream: true})
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -153,11 +101,6 @@ func testSourceSIGKILL(t *testing.T, mode string) {
 			_ = js.DeleteStream(context.Background(), stream)
 		}
 	})
-	count := func(q string, args ...any) int {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, q, args...).Scan(&n))
-		return n
-	}
 
 	const n, keys, chunk = 3000, 30, 50
 	evs := make([]*ferry.Event, n)
@@ -217,9 +160,7 @@ func testSourceSIGKILL(t *testing.T, mode string) {
 		require.NoError(t, a.Wait())
 		require.NoError(t, b.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, b.Wait())
-		require.Equal(t, n, count(`SELECT count(*) FROM `+table), "no effect applied twice")
-		require.Zero(t, count(`SELECT count(*) FROM (
-			SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`), "each key applied in order, without gaps")
+		st.requireOnceInOrder(n)
 		return
 	}
 	require.NoError(t, a.Process.Signal(syscall.SIGKILL))
@@ -249,9 +190,7 @@ func testSourceSIGKILL(t *testing.T, mode string) {
 	t.Logf("the standby took the durable over %v after the reader's SIGKILL; the group applied an event published after the SIGKILL %.3fs after it; its longest pause %.3fs (defaults %v; load average %s)",
 		takeover.Round(time.Millisecond), again, pause, defaults, strings.TrimSpace(string(load)))
 
-	require.Equal(t, n, count(`SELECT count(*) FROM `+table), "no effect applied twice")
-	require.Zero(t, count(`SELECT count(*) FROM (
-		SELECT seq - lag(seq, 1, 0::bigint) OVER (PARTITION BY key ORDER BY n) AS step FROM `+table+`) s WHERE step <> 1`), "each key applied in order, without gaps")
+	st.requireOnceInOrder(n)
 	// The lease expires at most a TTL after the reader's last renewal; a
 	// loaded machine may add some to the standby's next look.
 	if defaults {

@@ -12,7 +12,14 @@ import (
 // absent, naming the variable that points the test at a server.
 func Unavailable(t testing.TB, service, envVar string, err error) {
 	t.Helper()
-	msg := fmt.Sprintf("%s is not reachable (%v): set %s to a server to run this test", service, err, envVar)
+	Missing(t, fmt.Sprintf("%s is not reachable (%v): set %s to a server to run this test", service, err, envVar))
+}
+
+// Missing skips a test whose service or tool is absent, with msg saying
+// what to install or set; under CI=true, which must provide everything,
+// it fails instead.
+func Missing(t testing.TB, msg string) {
+	t.Helper()
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg + " (CI=true: failing instead of skipping)")
 	}
