@@ -91,7 +91,7 @@ func (c *Consumer[TTx]) Consume(ctx context.Context, src ferrysink.Source) error
 	if sh, ok := src.(ferrysink.Shared); ok && sh.Shares() > 1 {
 		return c.consumeShares(ctx, sh, name, l, ingest)
 	}
-	return c.consumeLeased(ctx, src.Run, name, l, ingest)
+	return c.consumeLeased(ctx, src.Run, name, l, ingest, nil)
 }
 
 // sourceLeaser is the part of a driver's leases that Consume uses.
@@ -111,15 +111,24 @@ var errShareYielded = errors.New("the share was handed over to balance the group
 // runFunc runs a source, or one share of it.
 type runFunc func(ctx context.Context, ingest func(context.Context, []*Event) error) error
 
-// consumeLeased runs src while this process holds the lease name, and
-// stands by while another does, until ctx ends.
-func (c *Consumer[TTx]) consumeLeased(ctx context.Context, run runFunc, name string, l sourceLeaser, ingest func(context.Context, []*Event) error) error {
+// consumeLeased runs the source (or share, when share is non-nil) while
+// this process holds the lease name, and stands by while another does,
+// until ctx ends. A share is tried for only while its balancer reserves it
+// to this process, and handed over when the balancer asks for it back.
+func (c *Consumer[TTx]) consumeLeased(ctx context.Context, run runFunc, name string, l sourceLeaser, ingest func(context.Context, []*Event) error, share *shareSlot) error {
 	ttl := c.cfg.SourceLeaseTTL
 	log := c.log.With("source", name, "holder", c.worker)
 	standing := ""
 	for attempt := 1; ctx.Err() == nil; {
+		if !share.reserve(ctx) {
+			sleepCtx(ctx, ttl/4)
+			continue
+		}
 		asked := time.Now()
 		lease, err := l.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: c.worker, TTL: ttl})
+		if err != nil || !lease.Held(c.worker) {
+			share.release()
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -143,10 +152,13 @@ func (c *Consumer[TTx]) consumeLeased(ctx context.Context, run runFunc, name str
 		}
 		standing = ""
 		log.Info("ferry: reading the source", "term", lease.Term)
-		err = c.readLeased(ctx, run, name, l, lease, asked, nil, ingest)
+		err = c.readLeased(ctx, run, name, l, lease, asked, share.yielding(), ingest)
+		share.release()
 		switch {
 		case ctx.Err() != nil:
 			return nil
+		case errors.Is(err, errShareYielded):
+			log.Info("ferry: handed the share over to balance the group")
 		case errors.Is(err, errSourceLeaseLost):
 			log.Warn("ferry: stopped reading the source: its lease could not be renewed in time, or another process took it; standing by",
 				"source_lease_ttl", ttl)
@@ -157,6 +169,31 @@ func (c *Consumer[TTx]) consumeLeased(ctx context.Context, run runFunc, name str
 		}
 	}
 	return nil
+}
+
+// shareSlot is share i of a shared source, as its balancer gives it to
+// this process. A nil slot is an unshared source: always this process's
+// to try for, never asked back.
+type shareSlot struct {
+	b *Balancer
+	i int
+}
+
+func (s *shareSlot) reserve(ctx context.Context) bool { return s == nil || s.b.reserve(ctx, s.i) }
+
+func (s *shareSlot) release() {
+	if s != nil {
+		s.b.release(s.i)
+	}
+}
+
+// yielding is closed when the share must be handed over; nil (never) for
+// an unshared source.
+func (s *shareSlot) yielding() <-chan struct{} {
+	if s == nil {
+		return nil
+	}
+	return s.b.yielding(s.i)
 }
 
 // standbyPause is how long a standby waits before it asks for a lease
@@ -188,7 +225,10 @@ func (c *Consumer[TTx]) consumeShares(ctx context.Context, src ferrysink.Shared,
 	})
 	for i := range src.Shares() {
 		wg.Go(func() {
-			if err := c.consumeShare(ctx, b, src, i, name+"/"+strconv.Itoa(i), l, ingest); err != nil {
+			run := func(ctx context.Context, ingest func(context.Context, []*Event) error) error {
+				return src.RunShare(ctx, i, ingest)
+			}
+			if err := c.consumeLeased(ctx, run, name+"/"+strconv.Itoa(i), l, ingest, &shareSlot{b, i}); err != nil {
 				cancel(err)
 			}
 		})
@@ -196,60 +236,6 @@ func (c *Consumer[TTx]) consumeShares(ctx context.Context, src ferrysink.Shared,
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
-	}
-	return nil
-}
-
-// consumeShare reads share i whenever the balancer lets this process try
-// for it and its lease is free, until ctx ends.
-func (c *Consumer[TTx]) consumeShare(ctx context.Context, b *Balancer, src ferrysink.Shared, i int, name string, l sourceLeaser, ingest func(context.Context, []*Event) error) error {
-	ttl := c.cfg.SourceLeaseTTL
-	log := c.log.With("source", name, "holder", c.worker, "share", i)
-	run := func(ctx context.Context, ingest func(context.Context, []*Event) error) error {
-		return src.RunShare(ctx, i, ingest)
-	}
-	for attempt := 1; ctx.Err() == nil; {
-		if !b.reserve(ctx, i) {
-			sleepCtx(ctx, ttl/4)
-			continue
-		}
-		asked := time.Now()
-		lease, err := l.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: c.worker, TTL: ttl})
-		switch {
-		case ctx.Err() != nil:
-			b.release(i)
-			return nil
-		case err != nil && fatal(err):
-			b.release(i)
-			return fmt.Errorf("ferry: consumer %s: take the lease of share %s: %w", c.cfg.Group, name, err)
-		case err != nil:
-			b.release(i)
-			log.Warn("ferry: taking the share's lease failed; retrying", "err", err, "attempt", attempt)
-			c.retry.Sleep(ctx.Done(), attempt)
-			attempt++
-			continue
-		case !lease.Held(c.worker):
-			b.release(i)
-			sleepCtx(ctx, standbyPause(lease, ttl))
-			continue
-		}
-		attempt = 1
-		log.Info("ferry: reading a share of the source", "term", lease.Term)
-		err = c.readLeased(ctx, run, name, l, lease, asked, b.yielding(i), ingest)
-		b.release(i)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case errors.Is(err, errShareYielded):
-			log.Info("ferry: handed the share over to balance the group")
-		case errors.Is(err, errSourceLeaseLost):
-			log.Warn("ferry: stopped reading the share: its lease could not be renewed in time, or another process took it",
-				"source_lease_ttl", ttl)
-		case err != nil:
-			return err
-		default:
-			return nil // the share ended by itself
-		}
 	}
 	return nil
 }

@@ -446,11 +446,7 @@ const visibleWait = 2 * time.Second
 
 // invisible returns the ids a new read does not see.
 func (f *feed) invisible(ctx context.Context, ids []int64) ([]int64, error) {
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
-	}
-	rows, err := f.d.db.QueryContext(ctx, `SELECT id FROM ferry_outbox WHERE id IN (?`+strings.Repeat(",?", len(ids)-1)+`)`, args...)
+	rows, err := f.d.db.QueryContext(ctx, `SELECT id FROM ferry_outbox WHERE id IN (?`+strings.Repeat(",?", len(ids)-1)+`)`, posArgs(ids)...)
 	if err != nil {
 		return nil, f.d.wrapErr("read the batch's rows ("+f.name+")", err)
 	}
@@ -481,12 +477,8 @@ func (f *feed) invisible(ctx context.Context, ids []int64) ([]int64, error) {
 // range, which also locks the gaps, and waits for an unrelated open
 // transaction's row); the statement's locks end with it.
 func (f *feed) lockWait(ctx context.Context, ids []int64) error {
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
-	}
 	one := `(SELECT id FROM ferry_outbox WHERE id = ? LOCK IN SHARE MODE)`
-	rows, err := f.d.db.QueryContext(ctx, one+strings.Repeat(" UNION ALL "+one, len(ids)-1), args...)
+	rows, err := f.d.db.QueryContext(ctx, one+strings.Repeat(" UNION ALL "+one, len(ids)-1), posArgs(ids)...)
 	if err == nil {
 		for rows.Next() {
 		}
@@ -494,6 +486,15 @@ func (f *feed) lockWait(ctx context.Context, ids []int64) error {
 		rows.Close()
 	}
 	return f.d.wrapErr("wait for the batch's transactions to be visible ("+f.name+")", err)
+}
+
+// posArgs are outbox row ids as statement arguments.
+func posArgs(ids []int64) []any {
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	return args
 }
 
 // sampleOpen reads the start of the oldest open transaction (at most
