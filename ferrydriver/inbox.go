@@ -362,7 +362,8 @@ type InboxRow struct {
 	// row) since it was received or redriven.
 	Attempts int
 	// Claim is the token of the claim that ClaimInbox just made (empty
-	// otherwise): CompleteInboxTx and FailInbox present it.
+	// otherwise): CompleteInboxTx and FailInbox present it. It is opaque:
+	// a backend may add to it what a finish of the row needs to know.
 	Claim         string
 	LastError     string
 	NextAttemptAt time.Time

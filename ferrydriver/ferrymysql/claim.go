@@ -110,7 +110,6 @@ type keyOutcome struct {
 func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
 	op := "claim inbox rows of group " + p.Group
 	var out []*ferrydriver.InboxRow
-	expires := time.Now().Add(p.TTL)
 	err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
 		var err error
 		out, err = d.claimTx(ctx, tx, p)
@@ -122,31 +121,7 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 	if err != nil {
 		return nil, err
 	}
-	d.rememberRuns(out, expires)
 	return out, nil
-}
-
-// rememberRuns keeps each key's run of claimed rows (more than one).
-func (d *Driver) rememberRuns(rows []*ferrydriver.InboxRow, expires time.Time) {
-	var runs []*run
-	for i := 0; i < len(rows); {
-		j := i + 1
-		for j < len(rows) && rows[j].Event.Key == rows[i].Event.Key && rows[j].State == ferrydriver.InboxProcessing {
-			j++
-		}
-		if j-i > 1 && rows[i].State == ferrydriver.InboxProcessing {
-			x := &run{key: rows[i].Event.Key, expires: expires}
-			x.token, _ = uuid.Parse(rows[i].Claim)
-			for _, r := range rows[i:j] {
-				x.ids = append(x.ids, r.Event.ID)
-			}
-			runs = append(runs, x)
-		}
-		i = j
-	}
-	if len(runs) > 0 {
-		d.runs.add(runs)
-	}
 }
 
 // claimLimit is how many heads a claim takes: one per key, so as many as
@@ -358,7 +333,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	// Runs: the PENDING rows after each PENDING head, read here.
 	limit := max(p.Limit, 1)
 	var runs map[string][]runRow
-	if n := min(max(p.PerKey, 1)-1, limit-len(want)); n > 0 && !p.Rescue {
+	if n := min(max(p.PerKey, 1)-1, limit-1); n > 0 && !p.Rescue {
 		var from []*claimHead
 		for _, k := range want {
 			if h := heads[k]; h.state == ferrydriver.InboxPending {
@@ -400,6 +375,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	token := uuid.New() // one per call: each row is claimed once in it
 	var claimed, dead []any
 	var order []int64
+	more := map[int64]bool{} // rows with later rows in their run
 	var expires int64
 	for _, pl := range plans {
 		h, k := pl.h, pl.h.key
@@ -435,6 +411,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			if locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
 				break
 			}
+			more[claimed[len(claimed)-1].(int64)] = true
 			claimed = append(claimed, r.pos)
 			order = append(order, r.pos)
 		}
@@ -482,6 +459,9 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			if row := byPos[pos]; row != nil {
 				if row.State == ferrydriver.InboxProcessing {
 					row.Claim = token.String()
+					if more[pos] {
+						row.Claim += runMark
+					}
 				}
 				out = append(out, row)
 			}

@@ -91,8 +91,6 @@ type Driver struct {
 	knownKeys keyCache
 	// settle is AwaitSettled's binlog reader and its waiters.
 	settle settleHub
-	// runs are the claimed rows that have later rows in their claim.
-	runs runRegistry
 	// reruns counts transactions run again after a deadlock or a lock
 	// wait timeout; duplicates, ingestions run again after meeting a
 	// concurrent delivery of their events.

@@ -77,10 +77,6 @@ func (d *Driver) SaveCheckpointStopped(ctx context.Context, p *ferrydriver.SaveC
 	})
 }
 
-// RememberedRuns counts the claimed rows the driver remembers as members
-// of runs.
-func (d *Driver) RememberedRuns() int { return d.runs.size() }
-
 // ClaimRunsQuery is a claim's reading of the runs after the keys' heads
 // (positions), none blocked.
 func ClaimRunsQuery(group string, keys []string, heads []int64, n int) (string, []any) {

@@ -47,7 +47,7 @@ UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = ` + sqlNow + `, 
 // finish records the outcome of a claimed row inside tx; ErrClaimLost when
 // the claim is not the row's current one.
 func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) error {
-	token, err := uuid.Parse(claim)
+	token, more, err := parseClaim(claim)
 	if err != nil {
 		return fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -58,20 +58,15 @@ func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.U
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
 	if n, _ := res.RowsAffected(); n > 0 {
-		// The row's run: its later rows stay claimed, and the key with
-		// them, when the caller runs them next; otherwise they are given
-		// back. (A run given back is forgotten only when its claim
-		// expires: tx may roll back and this finish run again.)
-		if x, ok := d.runs.lookup(id, token); ok {
-			switch {
-			case id == x.last():
-				d.runs.forget(x)
-			case keep && state == ferrydriver.InboxProcessed:
+		// The row's run (runs.go): with Keep, its later rows stay claimed,
+		// and the key with them; otherwise they are given back.
+		if more {
+			if keep && state == ferrydriver.InboxProcessed {
 				return nil
-			default:
-				if err := giveBackRun(ctx, tx, group, x.key, token); err != nil {
-					return d.wrapErr("give back the rest of a run", err)
-				}
+			}
+			rows, err := tx.QueryContext(ctx, sqlRunRest, group, group, id[:], token[:])
+			if err := giveBack(ctx, tx, rows, err); err != nil {
+				return d.wrapErr("give back the rest of a run", err)
 			}
 		}
 		if _, err := tx.ExecContext(ctx, sqlFinishKey, group, group, id[:]); err != nil {
@@ -189,9 +184,11 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 	var lost, processed []uuid.UUID
 	var others []ferrydriver.FinishedRow
 	var keys []string
+	var anyRuns bool // a row has later rows in its run
 	for _, r := range p.Rows {
 		h, ok := current[r.EventID]
-		token, perr := uuid.Parse(r.Claim)
+		token, more, perr := parseClaim(r.Claim)
+		anyRuns = anyRuns || more
 		if !ok || perr != nil || string(h.token) != string(token[:]) {
 			lost = append(lost, r.EventID)
 			continue
@@ -233,29 +230,30 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 			return nil, d.wrapErr(op, err)
 		}
 	}
-	// Runs whose last row was not reported give their other rows back
-	// (current holds every reported row: none was lost).
-	var ended, cut []*run
-	seen := map[*run]bool{}
-	for _, r := range p.Rows {
-		token, _ := uuid.Parse(r.Claim)
-		if x, ok := d.runs.lookup(r.EventID, token); ok && !seen[x] {
-			seen[x] = true
-			if _, reported := current[x.last()]; reported {
-				ended = append(ended, x)
-			} else {
-				cut = append(cut, x)
-			}
+	// The rows of the reported rows' runs that were not reported are given
+	// back (current holds every reported row: none was lost).
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	var tokens []any
+	for _, h := range current {
+		if !slices.ContainsFunc(tokens, func(t any) bool { return string(t.([]byte)) == string(h.token) }) {
+			tokens = append(tokens, h.token)
 		}
 	}
-	slices.SortFunc(cut, func(a, b *run) int { return strings.Compare(a.key, b.key) })
-	for _, x := range cut {
-		if err := giveBackRun(ctx, tx, p.Group, x.key, x.token); err != nil {
+	if anyRuns {
+		err = chunks(keys, 500, func(keys []string) error {
+			args := []any{p.Group}
+			for _, k := range keys {
+				args = append(args, k)
+			}
+			q := strings.NewReplacer("{keys}", marks(len(keys)), "{tokens}", marks(len(tokens))).Replace(sqlRunsRest)
+			rows, err := tx.QueryContext(ctx, q, append(args, tokens...)...)
+			return giveBack(ctx, tx, rows, err)
+		})
+		if err != nil {
 			return nil, d.wrapErr(op, err)
 		}
 	}
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
 	err = chunks(keys, 500, func(keys []string) error {
 		args := []any{p.Group}
 		for _, k := range keys {
@@ -266,9 +264,6 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 	})
 	if err != nil {
 		return nil, d.wrapErr(op, err)
-	}
-	for _, x := range ended {
-		d.runs.forget(x)
 	}
 	return nil, nil
 }

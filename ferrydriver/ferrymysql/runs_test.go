@@ -12,6 +12,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
 	"github.com/ferry-dev/ferry/ferryevent"
 )
 
@@ -115,13 +116,12 @@ func TestClaimsTakeRuns(t *testing.T) {
 	for i, p := range order {
 		require.Equal(t, ferrydriver.InboxProcessing, rows[p].State)
 		require.Equal(t, 1, rows[p].Attempts)
-		require.Equal(t, rows[order[0]].Claim, rows[p].Claim, "one token for the call")
+		require.Equal(t, rows[order[0]].Claim[:36], rows[p].Claim[:36], "one token for the call (a row with later rows in its run marks its claim)")
 		if i > 0 && order[i-1][:1] != p[:1] {
 			done[order[i-1][:1]] = true
 		}
 		require.False(t, done[p[:1]], "rows grouped by key: %v", order)
 	}
-	require.Equal(t, 11, f.drv.RememberedRuns(), "the four runs' rows")
 
 	// a: Keep keeps the key claimed (its row untouched: due when the
 	// claim expires); the run's last row frees it.
@@ -171,8 +171,7 @@ func TestClaimsTakeRuns(t *testing.T) {
 	require.Empty(t, keyOf("c", next), "c2 waits for its retry, and c3 behind it")
 	require.Equal(t, []string{"d2", "d3"}, keyOf("d", next))
 
-	// A batch that reports a whole run forgets it.
-	before := f.drv.RememberedRuns()
+	// A batch that reports a whole run finishes it.
 	require.NoError(t, f.drv.RunInTx(f.ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var fin []ferrydriver.FinishedRow
 		for _, p := range []string{"d2", "d3"} {
@@ -181,7 +180,6 @@ func TestClaimsTakeRuns(t *testing.T) {
 		_, err := f.drv.FinishInboxTx(ctx, tx, &ferrydriver.FinishInboxParams{Group: "g", Rows: fin})
 		return err
 	}))
-	require.Equal(t, before-2, f.drv.RememberedRuns())
 	for _, p := range []string{"d1", "d2", "d3", "a1", "a2", "a3", "b1", "c1"} {
 		st, _ := f.state(p)
 		require.Equal(t, ferrydriver.InboxProcessed, st, p)
@@ -197,7 +195,6 @@ func TestRunsStopAtBlockers(t *testing.T) {
 
 	order, rows := f.claim(1, time.Minute)
 	require.ElementsMatch(t, []string{"a1", "b1"}, order, "heads only")
-	require.Zero(t, f.drv.RememberedRuns())
 	// a1 fails, due at once: the key's head is FAILED, claimed alone.
 	require.NoError(t, f.drv.FailInbox(f.ctx, &ferrydriver.FailInboxParams{Group: "g", EventID: rows["a1"].Event.ID, Claim: rows["a1"].Claim,
 		Error: "once", RetryAt: time.Now()}))
@@ -268,20 +265,6 @@ func TestRunStopsBeforeAFailedRow(t *testing.T) {
 	require.Equal(t, []string{"x1"}, order, "x3 and x4 wait behind x2")
 }
 
-// TestRunsShareTheClaimsLimit: a claim takes no more rows than its limit,
-// key by key (oldest due first), each key's head and then its run; a run
-// is no longer than leaves room for the other keys' heads.
-func TestRunsShareTheClaimsLimit(t *testing.T) {
-	t.Parallel()
-	f := newRunsFixture(t, map[string]int{"a": 5})
-	time.Sleep(10 * time.Millisecond) // b due after a
-	_, err := f.drv.InsertInbox(f.ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{
-		f.add("b", 1), f.add("b", 2), f.add("b", 3)}})
-	require.NoError(t, err)
-	order, _ := f.claimIn("g", 4, 32, time.Minute)
-	require.Equal(t, []string{"a1", "a2", "a3", "b1"}, order)
-}
-
 // TestRunsOfTwoGroupsStayApart: the same events in two groups, claimed in
 // runs by one driver: a failure in one group gives back that group's run
 // only.
@@ -308,5 +291,52 @@ func TestRunsOfTwoGroupsStayApart(t *testing.T) {
 	require.NoError(t, f.drv.FailInbox(f.ctx, &ferrydriver.FailInboxParams{Group: "h", EventID: h["a1"].Event.ID, Claim: h["a1"].Claim, Error: "bad", RetryAt: time.Now()}))
 	st, attempts := f.stateIn("h", "a3")
 	require.Equal(t, ferrydriver.InboxPending, st, "and h's given back in its turn")
+	require.Zero(t, attempts)
+}
+
+// TestARunEndsInAnyProcess: a run is read from the table, not from the
+// memory of the driver that claimed it, so a finish by another process (or
+// the same after a restart) ends it as the claimer's would: with Keep the
+// key stays claimed, without it the rest is given back at once, PENDING
+// and uncounted, for the next claim rather than after the claim expires.
+func TestARunEndsInAnyProcess(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn := mysqltest.Database(t)
+	claimer := mysqltest.Open(t, dsn, nil, true)
+	other := mysqltest.Open(t, dsn, nil, false)
+	f := &runsFixture{t: t, ctx: ctx, drv: claimer, evs: map[string]*ferryevent.Event{}}
+	var evs []*ferryevent.Event
+	for i := 1; i <= 4; i++ {
+		evs = append(evs, f.add("a", i))
+	}
+	_, err := claimer.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: evs})
+	require.NoError(t, err)
+	order, rows := f.claim(4, time.Hour)
+	require.Equal(t, []string{"a1", "a2", "a3", "a4"}, order)
+
+	f.drv = other
+	f.complete(rows["a1"], true)
+	next, _ := f.claim(4, time.Hour)
+	require.Empty(t, next, "Keep keeps the key claimed while the run goes on")
+	f.complete(rows["a2"], false)
+	for _, p := range []string{"a3", "a4"} {
+		st, attempts := f.state(p)
+		require.Equal(t, ferrydriver.InboxPending, st, p)
+		require.Zero(t, attempts, p)
+	}
+	next, rows = f.claim(4, time.Hour)
+	require.Equal(t, []string{"a3", "a4"}, next, "the key is due at once")
+
+	// A batch finished by the claimer, reporting the run's first row only.
+	f.drv = claimer
+	require.NoError(t, claimer.RunInTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := claimer.FinishInboxTx(ctx, tx, &ferrydriver.FinishInboxParams{Group: "g", Rows: []ferrydriver.FinishedRow{
+			{EventID: rows["a3"].Event.ID, Claim: rows["a3"].Claim, State: ferrydriver.InboxProcessed}}})
+		return err
+	}))
+	st, attempts := f.state("a4")
+	require.Equal(t, ferrydriver.InboxPending, st)
 	require.Zero(t, attempts)
 }
