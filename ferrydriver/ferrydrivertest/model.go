@@ -262,9 +262,11 @@ var modelSituations = []situation{
 		policy(false), ins("b", "b1", "b2", "b3"), claimLive(), failDead("b1"), claimLive(), failLater("b2"), redrive("b1"),
 		claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}),
 	}},
-	// Not here, for runs: a run after a FAILED head that is due.
-	// PostgreSQL takes the PENDING rows after it, MariaDB (and the model)
-	// runs it alone; both read the contract. Nor a run whose claim
+	{"AFailedHeadRunsAlone", []mstep{
+		ins("a", "a1", "a2", "a3"), claimLive(), failDue("a1"), claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}), done("a1"),
+		claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}), doneKeep("a2"), done("a3"),
+	}},
+	// Not here, for runs: a run whose claim
 	// expired: after a rescue took its head, PostgreSQL reads the rest
 	// PENDING (their attempts counted) and due for no rescue until the head
 	// finishes, MariaDB (and the model) PROCESSING under the expired claim,

@@ -103,7 +103,9 @@ const inboxClaimed = `
 // runnable_at has come, oldest first, locked with SKIP LOCKED, and of each
 // its first unfinished rows above done_pos ($8 at most), up to the first
 // that cannot run now (a FAILED row not yet due, a DEAD row holding the
-// key, a row whose attempts are spent); $9 rows at most in all. Each key
+// key, a row whose attempts are spent): a PENDING head and the PENDING
+// rows after it, or a FAILED head that is due alone; $9 rows at most in
+// all. Each key
 // claimed gets the claim ($5, for worker $3, expiring in $4 ms), no longer
 // runnable but due for a rescue when the claim expires. A key's first row
 // whose attempts ($6 > 0) are spent goes DEAD with the reason $7 instead,
@@ -131,7 +133,8 @@ WITH k AS (
          ORDER BY i.pos LIMIT $8) i
 ), runs AS MATERIALIZED (
     SELECT q.*, row_number() OVER (ORDER BY q.k_at, q.key, q.pos) AS n
-      FROM (SELECT r.*, bool_and(r.ok) OVER (PARTITION BY r.key ORDER BY r.pos) AS run FROM r) q
+      FROM (SELECT r.*, bool_and(r.ok) OVER w AND (row_number() OVER w = 1 OR bool_and(r.state = 'pending') OVER w) AS run
+              FROM r WINDOW w AS (PARTITION BY r.key ORDER BY r.pos)) q
      WHERE q.run
 ), p AS MATERIALIZED (
     SELECT * FROM runs WHERE runs.n <= $9
