@@ -40,9 +40,8 @@ type BalancerConfig struct {
 // leases do. Leases still decide who leads: two leaders of one partition
 // are impossible whatever the balancer thinks.
 //
-// Membership is a lease per process named "members/<feed>/<holder>"; it
-// needs a store that implements ferrydriver.LeaseLister (PostgreSQL,
-// SQLite, MongoDB). Run must run while the relays do.
+// Membership is a lease per process named "members/<feed>/<holder>". Run
+// must run while the relays do.
 type Balancer struct {
 	store  memberLeases
 	cfg    BalancerConfig
@@ -83,11 +82,7 @@ func NewBalancer(store ferrydriver.Store, cfg *BalancerConfig) (*Balancer, error
 	case c.LeaseTTL < time.Second:
 		return nil, fmt.Errorf("ferry: BalancerConfig.LeaseTTL is %v: use at least 1s, as the relays' LeaseTTL", c.LeaseTTL)
 	}
-	leases, ok := store.(memberLeases)
-	if !ok {
-		return nil, fmt.Errorf("ferry: the %s store cannot list leases (ferrydriver.LeaseLister), which a Balancer needs; run one process, or one relay per partition without a Balancer", store.Name())
-	}
-	return newBalancer(leases, c, "partition"), nil
+	return newBalancer(store, c, "partition"), nil
 }
 
 // memberLeases are the leases a Balancer keeps its membership with.
@@ -95,7 +90,7 @@ type memberLeases interface {
 	AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error)
 	GetLease(ctx context.Context, name string) (*ferrydriver.Lease, error)
 	ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error
-	ferrydriver.LeaseLister
+	ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error)
 }
 
 // newBalancer returns a balancer of c.Partitions units (a feed's

@@ -101,14 +101,10 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 }
 
 // Retract marks events RETRACTED in the group's inbox (see
-// ferrydriver.InboxRetractor): those not yet run never run, those already
+// ferrydriver.Inbox.RetractInbox): those not yet run never run, those already
 // processed are undone by the retraction handler, once, in key order. It
 // returns each event's state before. Chain sources call it on a reorg.
 func (c *Consumer[TTx]) Retract(ctx context.Context, events []*Event) ([]ferrydriver.InboxState, error) {
-	r, ok := c.driver.(ferrydriver.InboxRetractor)
-	if !ok {
-		return nil, fmt.Errorf("ferry: the %T inbox cannot retract events; use a backend that implements ferrydriver.InboxRetractor (PostgreSQL, SQLite, MongoDB)", c.driver)
-	}
 	p := &ferrydriver.RetractInboxParams{Group: c.cfg.Group, Retractions: make([]ferrydriver.Retraction, len(events))}
 	for i, ev := range events {
 		comp, err := ferryevent.NewRetraction(ev)
@@ -117,7 +113,7 @@ func (c *Consumer[TTx]) Retract(ctx context.Context, events []*Event) ([]ferrydr
 		}
 		p.Retractions[i] = ferrydriver.Retraction{Event: ev, Compensation: comp}
 	}
-	res, err := r.RetractInbox(ctx, p)
+	res, err := c.driver.RetractInbox(ctx, p)
 	if err != nil {
 		return nil, err
 	}

@@ -106,9 +106,7 @@ type ConsumerConfig struct {
 	// SIGKILLed, or lost its database), the group's other processes end
 	// its claims at once and run its events again, instead of waiting for
 	// ClaimTTL; its late commits are refused, as after any lost claim.
-	// A backend that cannot end claims early (one that does not
-	// implement ferrydriver.ClaimReaper; Ferry's four do) waits for
-	// ClaimTTL. Default 5 s; negative: no membership.
+	// Default 5 s; negative: no membership.
 	LivenessTTL time.Duration
 	// SourceLeaseTTL is the lifetime of the lease that Consume holds on a
 	// source that must have one reader at a time (ferrysink.SingleReader:

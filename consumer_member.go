@@ -23,15 +23,13 @@ func (c *Consumer[TTx]) memberLease(worker string) string {
 }
 
 // startMembership makes this process a member of its group (a lease it
-// renews every LivenessTTL/3) when the driver can end the claims of a
-// member whose lease lapsed (ferrydriver.ClaimReaper), and from then on
-// ends those claims. It takes the lease before returning, so that the
+// renews every LivenessTTL/3) when the driver keeps leases, and from
+// then on ends the claims of members whose lease lapsed. It takes the lease before returning, so that the
 // process claims nothing as a member nobody could see lapse. The returned
 // function stops it and gives the membership up; nil when there is none.
 func (c *Consumer[TTx]) startMembership(ctx context.Context) (stop func()) {
 	l, ok := c.driver.(memberLeaser)
-	r, ok2 := c.driver.(ferrydriver.ClaimReaper)
-	if !ok || !ok2 || c.cfg.LivenessTTL <= 0 {
+	if !ok || c.cfg.LivenessTTL <= 0 {
 		return nil
 	}
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -39,7 +37,7 @@ func (c *Consumer[TTx]) startMembership(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.membership(mctx, l, r, term)
+		c.membership(mctx, l, term)
 	}()
 	return func() { cancel(); <-done }
 }
@@ -57,12 +55,12 @@ func (c *Consumer[TTx]) renewMembership(ctx context.Context, l memberLeaser) int
 // membership renews the membership and reaps the claims of lapsed members
 // every LivenessTTL/3 until ctx ends; then it gives the membership up, so
 // that the others end at once the claims of handlers it abandoned.
-func (c *Consumer[TTx]) membership(ctx context.Context, l memberLeaser, r ferrydriver.ClaimReaper, term int64) {
+func (c *Consumer[TTx]) membership(ctx context.Context, l memberLeaser, term int64) {
 	t := time.NewTicker(c.cfg.LivenessTTL / 3)
 	defer t.Stop()
 	failing := false
 	for {
-		err := c.reap(ctx, l, r)
+		err := c.reap(ctx, l)
 		switch {
 		case err != nil && !failing && ctx.Err() == nil:
 			failing = true
@@ -90,8 +88,8 @@ func (c *Consumer[TTx]) membership(ctx context.Context, l memberLeaser, r ferryd
 // claim holder without a membership lease (a process of a Ferry version
 // before memberships, or with LivenessTTL negative) keeps its claims for
 // their TTL.
-func (c *Consumer[TTx]) reap(ctx context.Context, l memberLeaser, r ferrydriver.ClaimReaper) error {
-	holders, err := r.ClaimHolders(ctx, c.cfg.Group)
+func (c *Consumer[TTx]) reap(ctx context.Context, l memberLeaser) error {
+	holders, err := c.driver.ClaimHolders(ctx, c.cfg.Group)
 	if err != nil {
 		return err
 	}
@@ -108,7 +106,7 @@ func (c *Consumer[TTx]) reap(ctx context.Context, l memberLeaser, r ferrydriver.
 		case lease.ExpiresAt.After(lease.Now):
 			continue // alive
 		}
-		n, err := r.ExpireClaims(ctx, c.cfg.Group, h)
+		n, err := c.driver.ExpireClaims(ctx, c.cfg.Group, h)
 		if err != nil {
 			return err
 		}

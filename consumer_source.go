@@ -211,7 +211,7 @@ func standbyPause(lease *ferrydriver.Lease, ttl time.Duration) time.Duration {
 func (c *Consumer[TTx]) consumeShares(ctx context.Context, src ferrysink.Shared, name string, l sourceLeaser, ingest func(context.Context, []*Event) error) error {
 	leases, ok := c.driver.(memberLeases)
 	if !ok {
-		return fmt.Errorf("ferry: consumer %s: the store cannot list leases (ferrydriver.LeaseLister), which a shared source needs to balance its %d shares; set the source's shares to 1", c.cfg.Group, src.Shares())
+		return fmt.Errorf("ferry: consumer %s: the inbox keeps no leases (ferrydriver.Store.ListLeases), which a shared source needs to balance its %d shares; set the source's shares to 1", c.cfg.Group, src.Shares())
 	}
 	ttl := c.cfg.SourceLeaseTTL
 	b := newBalancer(leases, BalancerConfig{Feed: name, Partitions: src.Shares(), HolderID: c.worker, LeaseTTL: ttl, Logger: c.log}, "share")

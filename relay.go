@@ -87,10 +87,7 @@ type RelayConfig struct {
 	// other keys, before the key is parked: its events are set aside in the
 	// store and published from there, in order, once it recovers, so that
 	// the checkpoint and the other keys move on. When the relay's
-	// read-ahead window is full, a tenth of it. Default 2 s. Parking needs
-	// a store that implements ferrydriver.Parker (PostgreSQL, SQLite,
-	// MongoDB); elsewhere a stuck key holds the checkpoint, and once the
-	// read-ahead window (two batches) is full, every key.
+	// read-ahead window is full, a tenth of it. Default 2 s.
 	StallTimeout time.Duration
 	// MaxAttempts and MaxAge bound how long the relay retries one event
 	// that fails transiently: after MaxAttempts attempts, or MaxAge after
@@ -105,12 +102,12 @@ type RelayConfig struct {
 	// or MaxAge: Hold (the default) parks the key and holds it: its event
 	// is not retried and its later events wait until an operator releases
 	// it (`ferry parked release`); Continue dead-letters the event and goes
-	// on with the key's next one. Hold needs a ferrydriver.Parker; on other
-	// stores the event is dead-lettered.
+	// on with the key's next one.
 	DeadPolicy DeadPolicy
-	// DisableParking keeps stuck keys in memory even when the store can
-	// park them (and makes DeadPolicy Hold dead-letter, as on a store that
-	// cannot). The relay still publishes what is parked in the store for
+	// DisableParking keeps stuck keys in memory instead of parking them (a
+	// stuck key then holds the checkpoint, and once the read-ahead window
+	// of two batches is full, every key), and makes DeadPolicy Hold
+	// dead-letter. The relay still publishes what is parked in the store for
 	// its feed: redriven dead letters (ferrydriver.Store.RedriveDeadLetters)
 	// and what a relay that parked left there.
 	DisableParking bool

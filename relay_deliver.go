@@ -18,9 +18,8 @@ import (
 // head event is handed to the sink as soon as the key's previous event is
 // acknowledged, whatever the other keys do, and several sink calls run at
 // once. A key whose head is not acknowledged in time (its destination
-// hangs or keeps failing) only waits itself; if the store is a
-// ferrydriver.Parker, its events are set aside in the store ("parked"), so
-// that the checkpoint and the read-ahead move on, and are published from
+// hangs or keeps failing) only waits itself; its events are set aside in
+// the store ("parked"), so that the checkpoint and the read-ahead move on, and are published from
 // there, in order, once the destination recovers.
 //
 // Bounds: a batch is taken only while the events read since the oldest one
@@ -42,9 +41,9 @@ type pipeline struct {
 	term   int64
 	pubCtx context.Context // ends when publishing must: lease lost, shutdown timeout
 	ck     *checkpointer
-	parker ferrydriver.Parker // nil: keys are kept apart in memory only
 	// parkStuck: stuck keys are parked (not RelayConfig.DisableParking);
-	// without it the parker serves the keys of redriven dead letters only.
+	// without it the store's parked events are the keys of redriven dead
+	// letters only.
 	parkStuck bool
 	trust     *trustWindow // no hand-off to the sink after it ends
 
@@ -164,9 +163,7 @@ func newPipeline(r *Relay, term int64, pubCtx context.Context, ck *checkpointer,
 	p := &pipeline{r: r, term: term, pubCtx: pubCtx, ck: ck, trust: trust,
 		keys: map[string]*keyState{}, needHeads: map[*keyState]bool{}, lastAck: time.Now()}
 	p.outcomes.signal = make(chan struct{}, 1)
-	if pk, ok := r.store.(ferrydriver.Parker); ok {
-		p.parker, p.parkStuck = pk, !r.cfg.DisableParking
-	}
+	p.parkStuck = !r.cfg.DisableParking
 	return p
 }
 
@@ -378,7 +375,7 @@ func (p *pipeline) add(b *ferrydriver.Batch) error {
 	if len(toPark) > 0 {
 		// The keys are parked: their new events join their queues in the
 		// store, behind what is there.
-		if err := p.parker.ParkEvents(p.pubCtx, &ferrydriver.ParkEventsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Events: toPark}); err != nil {
+		if err := p.r.store.ParkEvents(p.pubCtx, &ferrydriver.ParkEventsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Events: toPark}); err != nil {
 			return p.storeErr("park events of stuck keys", err)
 		}
 		p.r.m.parkedEvents.Add(float64(len(toPark)))

@@ -114,7 +114,7 @@ func (p *pipeline) setAside(k *keyState, reason string) ([]*ferryevent.Event, er
 	for i, e := range k.q {
 		events[i] = e.ev
 	}
-	if err := p.parker.ParkEvents(p.pubCtx, &ferrydriver.ParkEventsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Events: events, Reason: reason}); err != nil {
+	if err := p.r.store.ParkEvents(p.pubCtx, &ferrydriver.ParkEventsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Events: events, Reason: reason}); err != nil {
 		return nil, p.storeErr("park a key's events", err)
 	}
 	keep := min(k.busy, len(k.q))
@@ -156,10 +156,7 @@ func (p *pipeline) setAside(k *keyState, reason string) ([]*ferryevent.Event, er
 // after the events of its key already handed to the destination, before
 // the rest.
 func (p *pipeline) adoptRedriven() error {
-	if p.parker == nil {
-		return nil
-	}
-	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Redriven: true, Limit: 1000})
+	heads, err := p.r.store.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Redriven: true, Limit: 1000})
 	if err != nil {
 		return p.storeErr("read redriven events", err)
 	}
@@ -212,10 +209,7 @@ func (p *pipeline) parkedLoadCap() int {
 // store, the rest are picked up by later scans (rescanParked) and, when
 // their keys have new events, by lookUpParked.
 func (p *pipeline) loadParked() error {
-	if p.parker == nil {
-		return nil
-	}
-	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: p.parkedLoadCap()})
+	heads, err := p.r.store.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: p.parkedLoadCap()})
 	if err != nil {
 		return p.storeErr("read parked keys", err)
 	}
@@ -266,7 +260,7 @@ func (p *pipeline) lookUpParked(events []*ferryevent.Event) error {
 	if len(unknown) == 0 {
 		return nil
 	}
-	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Keys: unknown})
+	heads, err := p.r.store.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Keys: unknown})
 	if err != nil {
 		return p.storeErr("look up parked keys", err)
 	}
@@ -290,7 +284,7 @@ func (p *pipeline) rescanParked() error {
 	if loaded >= p.parkedLoadCap()/2 {
 		return nil
 	}
-	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: p.parkedLoadCap()})
+	heads, err := p.r.store.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Limit: p.parkedLoadCap()})
 	if err != nil {
 		return p.storeErr("read parked keys", err)
 	}
@@ -317,7 +311,7 @@ func (p *pipeline) loadHeads() error {
 	if len(keys) == 0 {
 		return nil
 	}
-	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Keys: keys})
+	heads, err := p.r.store.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Keys: keys})
 	if err != nil {
 		return p.storeErr("read parked events", err)
 	}
@@ -348,9 +342,6 @@ func (p *pipeline) loadHeads() error {
 
 // checkHeld looks, every heartbeat, for held keys an operator released.
 func (p *pipeline) checkHeld() error {
-	if p.parker == nil {
-		return nil
-	}
 	var keys []string
 	for _, k := range p.keys {
 		if k.held {
@@ -360,7 +351,7 @@ func (p *pipeline) checkHeld() error {
 	if len(keys) == 0 {
 		return nil
 	}
-	heads, err := p.parker.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Keys: keys})
+	heads, err := p.r.store.ParkedHeads(p.pubCtx, &ferrydriver.ParkedHeadsParams{Feed: p.r.name, Keys: keys})
 	if err != nil {
 		return p.storeErr("read held keys", err)
 	}

@@ -121,7 +121,7 @@ func (p *pipeline) settle(outs []callOutcome) error {
 // finish removes k's acknowledged (or, with dl, dead-lettered) head.
 func (p *pipeline) finish(k *keyState, e *entry, dl *ferrydriver.DeadLetter) error {
 	if k.parked {
-		if err := p.parker.UnparkEvent(p.pubCtx, &ferrydriver.UnparkEventParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Key: k.key, EventID: e.ev.ID, DeadLetter: dl}); err != nil {
+		if err := p.r.store.UnparkEvent(p.pubCtx, &ferrydriver.UnparkEventParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Key: k.key, EventID: e.ev.ID, DeadLetter: dl}); err != nil {
 			return p.storeErr("remove a published event of a parked key", err)
 		}
 		p.needHeads[k] = true
@@ -166,12 +166,12 @@ func (p *pipeline) failed(k *keyState, err error, now time.Time) error {
 // recordAttempts stores the failed attempts of a parked key's head with
 // it, for the next leader.
 func (p *pipeline) recordAttempts(k *keyState, head *ferryevent.Event) error {
-	if !k.parked || p.parker == nil || head == nil || k.attempts == 0 || p.pubCtx.Err() != nil {
+	if !k.parked || head == nil || k.attempts == 0 || p.pubCtx.Err() != nil {
 		// Publishing has ended (a stop past its ShutdownTimeout, a lost
 		// lease): an abandoned call is no attempt worth a write.
 		return nil
 	}
-	if err := p.parker.SetParkedAttempts(p.pubCtx, &ferrydriver.SetParkedAttemptsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term,
+	if err := p.r.store.SetParkedAttempts(p.pubCtx, &ferrydriver.SetParkedAttemptsParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term,
 		Key: k.key, EventID: head.ID, Attempts: k.attempts, FirstFailure: k.since}); err != nil {
 		return p.storeErr("record the attempts of a parked key", err)
 	}
@@ -188,7 +188,7 @@ func (p *pipeline) giveUp(k *keyState, err error, age time.Duration) error {
 				return err
 			}
 		}
-		if err := p.parker.HoldParked(p.pubCtx, &ferrydriver.HoldParkedParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Key: k.key, EventID: e.ev.ID, Reason: reason}); err != nil {
+		if err := p.r.store.HoldParked(p.pubCtx, &ferrydriver.HoldParkedParams{Feed: p.r.name, Holder: p.r.holder, Term: p.term, Key: k.key, EventID: e.ev.ID, Reason: reason}); err != nil {
 			return p.storeErr("hold a stuck key", err)
 		}
 		k.held = true

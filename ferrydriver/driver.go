@@ -94,7 +94,7 @@ type Store interface {
 	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
 	// RedriveDeadLetters sends the named relay dead letters back to the
 	// feed that dead-lettered each, and to no other: in one transaction it
-	// appends each to its key's parked queue in that feed (see Parker),
+	// appends each to its key's parked queue in that feed (see ParkEvents),
 	// marked Redriven, and removes the dead letter, oldest failure first
 	// (within a failure, in the key's order), and returns how many dead
 	// letters it removed. The feed's relay finds them within a heartbeat
@@ -108,8 +108,7 @@ type Store interface {
 	// named dead letter that is no longer there (redriven or discarded
 	// meanwhile) is not counted. If a named dead letter is not a valid
 	// event (a record the feed could not decode), nothing changes and the
-	// error names it: discard it. A store that is not a Parker returns an
-	// error and changes nothing.
+	// error names it: discard it.
 	RedriveDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
 	// DiscardDeadLetters removes the named relay dead letters for good
 	// and returns how many it removed.
@@ -162,6 +161,63 @@ type Store interface {
 	// counts every pending event and dead letter of the feed: O(lag +
 	// dead letters), for a person asking, never for a periodic task.
 	FeedStatus(ctx context.Context, p *FeedStatusParams) (*FeedStatus, error)
+
+	// Parking sets a stuck key's events aside, so that the relay's
+	// checkpoint can pass them while their destination hangs or fails: one
+	// key's trouble then costs neither the other keys' latency nor the
+	// relay's memory, and a crash does not redeliver what was published
+	// behind the stuck key. A key's parked events form a queue in the
+	// order they were parked; the relay parks a key's events in the order
+	// it read them, publishes the head and removes it once acknowledged.
+	// Writes are fenced like SaveCheckpoint, but for RedriveDeadLetters,
+	// an operator's action: it appends dead letters to their keys' queues,
+	// marked Redriven, and the relay of the feed takes those keys up at its
+	// next heartbeat.
+	//
+	// ParkEvents appends events to their keys' queues of p.Feed.
+	ParkEvents(ctx context.Context, p *ParkEventsParams) error
+	// ParkedHeads returns the first parked event of each key named (all
+	// parked keys of the feed when p.Keys is nil), at most one per key.
+	ParkedHeads(ctx context.Context, p *ParkedHeadsParams) ([]*ParkedEvent, error)
+	// UnparkEvent removes a key's head (published, or dead-lettered: then
+	// p.DeadLetter is stored in the same transaction).
+	UnparkEvent(ctx context.Context, p *UnparkEventParams) error
+	// HoldParked marks a key's head held: the relay stops retrying it and
+	// the key's later events wait, until ReleaseParked.
+	HoldParked(ctx context.Context, p *HoldParkedParams) error
+	// SetParkedAttempts records with a key's head (p.EventID) how many
+	// attempts to publish it failed and when the first did, so that the
+	// relay's MaxAttempts and MaxAge count across leaderships: the next
+	// leader reads them back (ParkedEvent.Attempts, FirstFailure). Fenced;
+	// a head no longer parked is no error. ReleaseParked resets them.
+	SetParkedAttempts(ctx context.Context, p *SetParkedAttemptsParams) error
+	// ReleaseParked lets the relay retry a held key's head again or, with
+	// p.Skip, moves the head to the relay's dead letters and lets the key's
+	// later events go. It is an operator's action and is not fenced.
+	// ErrNotFound if the key has nothing parked.
+	ReleaseParked(ctx context.Context, p *ReleaseParkedParams) error
+
+	// ListLeases returns the leases whose name starts with prefix,
+	// expired ones included (compare ExpiresAt with Now): relays that
+	// share partitions through a ferry.Balancer count the live members of
+	// their group with it.
+	ListLeases(ctx context.Context, prefix string) ([]*Lease, error)
+
+	// StoredPartitions returns the outbox's partition count, stored with
+	// the schema (written when the schema is migrated). The store holds
+	// every producer and relay to it: it refuses, with an error wrapping
+	// ErrMisconfigured, a feed or an append by a process configured with
+	// another count, and an OpenFeed of a partition outside the stored
+	// range.
+	StoredPartitions(ctx context.Context) (int, error)
+	// SetPartitions changes the stored count. It refuses with
+	// ErrPartitionChangeUnsafe unless no relay holds a feed of the outbox
+	// and every feed has delivered every event of its partition (parked
+	// events are not delivered, though the checkpoint passed them): then no
+	// event written under the old count can be delivered after one written
+	// under the new count, whose key may map to another partition.
+	// Producers are held back while the change is checked and made.
+	SetPartitions(ctx context.Context, p *SetPartitionsParams) (*SetPartitionsResult, error)
 }
 
 // ExactCountLimit is how many pending events FeedLag (and dead letters

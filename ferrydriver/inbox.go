@@ -137,9 +137,8 @@ type Inbox[TTx any] interface {
 	// unfinished row, and with p.PerKey > 1 (where the backend can) up to
 	// p.PerKey of its rows in order, stopping before the first that cannot
 	// run now. They are PROCESSING for p.Worker until p.TTL from now, the
-	// attempt counts, and the claim has a token of its own (InboxRow.Claim,
-	// the same for every row of one call) that fences every later change of
-	// the rows. Runnable: PENDING, or FAILED and due. A key with a row
+	// attempt counts, and the claim has a token of its own (InboxRow.Claim)
+	// that fences every later change of the rows. Runnable: PENDING, or FAILED and due. A key with a row
 	// claimed (or whose claim expired) is not claimed again until it is
 	// finished or rescued. With p.Rescue, one row of a key whose claim
 	// expired is claimed instead, alone: the head of what the expired claim
@@ -200,6 +199,33 @@ type Inbox[TTx any] interface {
 	// p.OlderThan ago, at most p.Limit, and forgets keys with nothing left;
 	// it returns how many rows it removed.
 	DeleteProcessedInbox(ctx context.Context, p *DeleteProcessedInboxParams) (int64, error)
+
+	// RetractInbox marks events of a group RETRACTED, their source undone
+	// (a chain reorg orphaned their block), in one transaction:
+	//   - a row not yet finished (PENDING, FAILED, PROCESSING, DEAD) never
+	//     runs; a worker still running it finds its claim lost;
+	//   - a PROCESSED row is retracted and its Compensation is inserted at
+	//     the end of its key's queue, so that the group's retraction
+	//     handler runs once, in key order;
+	//   - an event the group never received is recorded as RETRACTED, so
+	//     that a late delivery of it is ignored.
+	// Retracting an event again changes nothing. Result.Prior holds each
+	// event's state before the call ("" when it was absent).
+	RetractInbox(ctx context.Context, p *RetractInboxParams) (*RetractInboxResult, error)
+
+	// ClaimHolders lists the workers (ClaimInboxParams.Worker) holding
+	// unexpired claims of the group. It reads the group's claims only.
+	ClaimHolders(ctx context.Context, group string) ([]string, error)
+	// ExpireClaims makes worker's unexpired claims of the group expire now
+	// and returns how many it ended: a consumer process whose membership
+	// of its group (a lease it renews) lapsed has crashed or is cut off,
+	// and the group's other processes take its events over at once instead
+	// of after ClaimTTL. The claims ended are expired claims like any
+	// other: their rows are rescued (ClaimInbox with Rescue), and a late
+	// commit under them is refused (ErrClaimLost). A claim it cannot take
+	// at once (another transaction holds its key) is left for a later
+	// call.
+	ExpireClaims(ctx context.Context, group, worker string) (int, error)
 
 	Settler
 }
@@ -399,23 +425,6 @@ type FailInboxParams struct {
 	Uncounted bool
 }
 
-// ClaimReaper is implemented by inboxes that can end a worker's claims
-// before their TTL: a consumer process whose membership of its group (a
-// lease it renews) lapsed has crashed or is cut off, and the group's other
-// processes take its events over at once instead of after ClaimTTL. The
-// claims ended are expired claims like any other: their rows are rescued
-// (ClaimInbox with Rescue), and a late commit under them is refused
-// (ErrClaimLost).
-type ClaimReaper interface {
-	// ClaimHolders lists the workers (ClaimInboxParams.Worker) holding
-	// unexpired claims of the group. It reads the group's claims only.
-	ClaimHolders(ctx context.Context, group string) ([]string, error)
-	// ExpireClaims makes worker's unexpired claims of the group expire
-	// now and returns how many it ended. A claim it cannot take at once
-	// (another transaction holds its key) is left for a later call.
-	ExpireClaims(ctx context.Context, group, worker string) (int, error)
-}
-
 // GroupLister is implemented by inboxes that can list their consumer
 // groups: every group whose dead policy is stored (each consumer stores
 // it when it starts) or that has events waiting (ingested before any of
@@ -472,22 +481,6 @@ const AttemptHistory = 20
 
 // AttemptErrorChars bounds the error text of one history entry.
 const AttemptErrorChars = 2048
-
-// InboxRetractor is implemented by inboxes that can retract events whose
-// source was undone (a chain reorg orphaned their block).
-type InboxRetractor interface {
-	// RetractInbox marks events of a group RETRACTED, in one transaction:
-	//   - a row not yet finished (PENDING, FAILED, PROCESSING, DEAD) never
-	//     runs; a worker still running it finds its claim lost;
-	//   - a PROCESSED row is retracted and its Compensation is inserted at
-	//     the end of its key's queue, so that the group's retraction
-	//     handler runs once, in key order;
-	//   - an event the group never received is recorded as RETRACTED, so
-	//     that a late delivery of it is ignored.
-	// Retracting an event again changes nothing. Result.Prior holds each
-	// event's state before the call ("" when it was absent).
-	RetractInbox(ctx context.Context, p *RetractInboxParams) (*RetractInboxResult, error)
-}
 
 // RetractInboxParams name the events to retract.
 type RetractInboxParams struct {

@@ -31,27 +31,6 @@ func PartitionOf(key string, partitions int) int {
 	return int(h.Sum32() % uint32(partitions))
 }
 
-// PartitionStore is implemented by stores that keep the outbox's partition
-// count with the schema (written when the schema is migrated) and hold
-// every producer and relay to it.
-//
-// A backend that implements it refuses, with an error wrapping
-// ErrMisconfigured, a feed or an append by a process configured with
-// another count, and an OpenFeed of a partition outside the stored range.
-type PartitionStore interface {
-	// StoredPartitions returns the partition count stored with the schema.
-	StoredPartitions(ctx context.Context) (int, error)
-	// SetPartitions changes the stored count. It refuses with
-	// ErrPartitionChangeUnsafe unless no relay holds a feed of the outbox
-	// and every feed has delivered every event of its partition (a Parker's
-	// parked events are not delivered, though the checkpoint passed them):
-	// then no
-	// event written under the old count can be delivered after one written
-	// under the new count, whose key may map to another partition.
-	// Producers are held back while the change is checked and made.
-	SetPartitions(ctx context.Context, p *SetPartitionsParams) (*SetPartitionsResult, error)
-}
-
 // SetPartitionsParams ask for a new partition count.
 type SetPartitionsParams struct {
 	// Partitions is the new count, 1 to MaxPartitions.
@@ -117,18 +96,15 @@ func IsFeedName(name string) bool {
 // of (one beyond a count since lowered); feed "default"'s when it knows
 // none. filter narrows them as ListDeadLettersParams.Feed does; a feed or
 // partition it names is shown even if the store knows nothing of it yet
-// (a relay that has not run). A store that is not a PartitionStore has
-// one partition.
+// (a relay that has not run).
 func RelayFeeds(ctx context.Context, s Store, filter string) ([]string, error) {
 	names, err := s.ListFeeds(ctx)
 	if err != nil {
 		return nil, err
 	}
-	partitions := 1
-	if ps, ok := s.(PartitionStore); ok {
-		if partitions, err = ps.StoredPartitions(ctx); err != nil {
-			return nil, err
-		}
+	partitions, err := s.StoredPartitions(ctx)
+	if err != nil {
+		return nil, err
 	}
 	families := map[string]bool{}
 	seen := map[string]bool{}

@@ -43,14 +43,10 @@ func Drain(t testing.TB, store ferrydriver.Store, sink ferrysink.Sink, cfg *ferr
 	c.Feed = c.WithDefaults().Feed
 	ctx, cancel := context.WithTimeout(context.Background(), DrainTimeout)
 	defer cancel()
-	partitions := 1
-	if ps, ok := store.(ferrydriver.PartitionStore); ok {
-		n, err := ps.StoredPartitions(ctx)
-		if err != nil {
-			t.Fatalf("ferrytest: Drain: read the partition count: %v", err)
-			return
-		}
-		partitions = max(n, 1)
+	partitions, err := store.StoredPartitions(ctx)
+	if err != nil {
+		t.Fatalf("ferrytest: Drain: read the partition count: %v", err)
+		return
 	}
 	run, stop := context.WithCancel(ctx)
 	defer stop()

@@ -107,13 +107,9 @@ func parkedJSON(p *ferrydriver.ParkedEvent) ParkedJSON {
 // partitionFeeds names the partitions (Feed/0, Feed/1, ...) of the feed
 // whose position an event's lookup in the backlog reads from.
 func (h *Handler) partitionFeeds(ctx context.Context) ([]string, error) {
-	n := 1
-	if ps, ok := h.cfg.Store.(ferrydriver.PartitionStore); ok {
-		stored, err := ps.StoredPartitions(ctx)
-		if err != nil {
-			return nil, err
-		}
-		n = stored
+	n, err := h.cfg.Store.StoredPartitions(ctx)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]string, n)
 	for p := range n {
@@ -126,16 +122,12 @@ func (h *Handler) partitionFeeds(ctx context.Context) ([]string, error) {
 // limit per feed partition, when keys is nil).
 func (h *Handler) parkedKeys(ctx context.Context, keys []string, limit int) ([]ParkedJSON, error) {
 	out := []ParkedJSON{}
-	pk, ok := h.cfg.Store.(ferrydriver.Parker)
-	if !ok {
-		return out, nil
-	}
 	feeds, err := ferrydriver.RelayFeeds(ctx, h.cfg.Store, "")
 	if err != nil {
 		return nil, err
 	}
 	for _, feed := range feeds {
-		heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: keys, Limit: limit})
+		heads, err := h.cfg.Store.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: keys, Limit: limit})
 		if err != nil {
 			return nil, err
 		}

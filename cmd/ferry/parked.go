@@ -47,10 +47,7 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer b.close()
-	pk, ok := b.store.(ferrydriver.Parker)
-	if !ok {
-		return fmt.Errorf("the %s backend does not park keys: a stuck key stays in the relay's memory and holds its checkpoint until it is delivered or dead-lettered", b.store.Name())
-	}
+	pk := b.store
 	feeds, err := ferrydriver.RelayFeeds(ctx, b.store, feed)
 	if err != nil {
 		return err

@@ -48,10 +48,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer b.close()
-	ps, ok := b.store.(ferrydriver.PartitionStore)
-	if !ok {
-		return fmt.Errorf("the %s backend keeps no partition count with its schema", b.name)
-	}
+	ps := b.store
 	if action == "show" {
 		stored, err := ps.StoredPartitions(ctx)
 		if err != nil {
@@ -77,11 +74,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer)
 // on: the count stored with the schema, which --partitions, when set, must
 // match.
 func partitionCount(ctx context.Context, b *backend, configured int) (int, error) {
-	ps, ok := b.store.(ferrydriver.PartitionStore)
-	if !ok {
-		return max(configured, 1), nil
-	}
-	stored, err := ps.StoredPartitions(ctx)
+	stored, err := b.store.StoredPartitions(ctx)
 	if err != nil {
 		return 0, err
 	}

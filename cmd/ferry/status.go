@@ -133,19 +133,17 @@ func feedStatus(ctx context.Context, drv ferrydriver.Store, name string, partiti
 			s.LeaseExpiresIn = st.Lease.ExpiresAt.Sub(st.Lease.Now).Seconds()
 		}
 	}
-	if pk, ok := drv.(ferrydriver.Parker); ok {
-		heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: maxParkedShown})
-		if err != nil {
-			return nil, err
+	heads, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: maxParkedShown})
+	if err != nil {
+		return nil, err
+	}
+	s.ParkedKeys = len(heads)
+	for i, h := range heads {
+		if h.Held {
+			s.HeldKeys++
 		}
-		s.ParkedKeys = len(heads)
-		for i, h := range heads {
-			if h.Held {
-				s.HeldKeys++
-			}
-			if i < 20 {
-				s.Parked = append(s.Parked, parkedJSON{Key: h.Event.Key, Events: h.Queued, Head: h.Event.ID.String(), ParkedAt: h.ParkedAt, Held: h.Held, Reason: h.Reason})
-			}
+		if i < 20 {
+			s.Parked = append(s.Parked, parkedJSON{Key: h.Event.Key, Events: h.Queued, Head: h.Event.ID.String(), ParkedAt: h.ParkedAt, Held: h.Held, Reason: h.Reason})
 		}
 	}
 	return s, nil

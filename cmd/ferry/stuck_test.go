@@ -218,7 +218,7 @@ func TestWebhookKeyThatHangsIsHeldAndReleased(t *testing.T) {
 	e := pacedEmit(ctx, t, f, stuckKeys(), nil, 200, 6*time.Second)
 	requireOthersPrompt(t, e, a, isStuck)
 
-	pk := f.store.(ferrydriver.Parker)
+	pk := f.store
 	require.Eventually(t, func() bool {
 		heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "default/0"})
 		return err == nil && len(heads) == 1 && heads[0].Held

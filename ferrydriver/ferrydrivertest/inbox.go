@@ -32,9 +32,7 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("ClaimsHeadsInKeyOrder", func(t *testing.T) { t.Parallel(); testInboxHeads(t, newDriver(t)) })
 	t.Run("CompleteCommitsWithHandlerTx", func(t *testing.T) { t.Parallel(); testInboxComplete(t, newDriver(t)) })
 	t.Run("ExpiredClaimIsReclaimed", func(t *testing.T) { t.Parallel(); testInboxExpiredClaim(t, newDriver(t)) })
-	if _, ok := any(newDriver(t)).(ferrydriver.ClaimReaper); ok { // optional: without it a crashed consumer's claims run again after ClaimTTL
-		t.Run("ReapedClaimIsRescued", func(t *testing.T) { t.Parallel(); testInboxReapedClaim(t, newDriver(t)) })
-	}
+	t.Run("ReapedClaimIsRescued", func(t *testing.T) { t.Parallel(); testInboxReapedClaim(t, newDriver(t)) })
 	t.Run("StaleAttemptCannotFinishALaterClaim", func(t *testing.T) { t.Parallel(); testInboxStaleAttempt(t, newDriver(t)) })
 	t.Run("ExhaustedAttemptsGoDeadAtClaim", func(t *testing.T) { t.Parallel(); testInboxExhausted(t, newDriver(t)) })
 	t.Run("UncountedFailureTakesTheAttemptBack", func(t *testing.T) { t.Parallel(); testInboxUncounted(t, newDriver(t)) })
@@ -58,21 +56,13 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 		}
 		testInboxAttempts(t, d, l)
 	})
-	t.Run("Retract", func(t *testing.T) {
-		t.Parallel()
-		d := newDriver(t)
-		r, ok := any(d).(ferrydriver.InboxRetractor)
-		if !ok {
-			t.Logf("%s does not implement ferrydriver.InboxRetractor: chain sources cannot use it", d.Name())
-			return
-		}
-		testInboxRetract(t, d, r)
-	})
+	t.Run("Retract", func(t *testing.T) { t.Parallel(); testInboxRetract(t, newDriver(t)) })
 }
 
 // testInboxRetract: retracting unfinished, running, processed and absent
 // events, and again.
-func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx], r ferrydriver.InboxRetractor) {
+func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	r := d
 	ctx := ctxT(t, 30*time.Second)
 	a1, a2, a3 := Event("t", "a", "a1"), Event("t", "a", "a2"), Event("t", "a", "a3")
 	b1, b2 := Event("t", "b", "b1"), Event("t", "b", "b2")
@@ -316,7 +306,7 @@ func testInboxExpiredClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
 // membership lapsed) are rescued at once, long before their TTL, and its
 // late completion is refused; another worker's claims are left alone.
 func testInboxReapedClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
-	r := any(d).(ferrydriver.ClaimReaper)
+	r := d
 	ctx := ctxT(t, 30*time.Second)
 	insert(ctx, t, d, Event("t", "k1", "one"), Event("t", "k2", "two"))
 	dead, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "dies", Limit: 1, TTL: time.Hour})

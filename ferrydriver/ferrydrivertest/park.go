@@ -9,17 +9,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// testParking exercises ferrydriver.Parker: per-key queues in order,
+// testParking exercises the parking of ferrydriver.Store: per-key queues in order,
 // fencing, heads by key and for the whole feed, unpark with and without a
 // dead letter, hold and release (retry or skip).
 func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
-	pk, ok := any(drv).(ferrydriver.Parker)
-	if !ok {
-		t.Logf("%s does not implement ferrydriver.Parker: the relay keeps stuck keys in memory", drv.Name())
-		return
-	}
+	pk := drv
 	const feed = "park/0"
 	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
@@ -95,11 +91,7 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
-	pk, ok := any(drv).(ferrydriver.Parker)
-	if !ok {
-		t.Logf("%s does not implement ferrydriver.Parker: the relay keeps stuck keys in memory", drv.Name())
-		return
-	}
+	pk := drv
 	const feed = "attempts/0"
 	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
@@ -153,15 +145,11 @@ func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
 	require.True(t, h3.FirstFailure.IsZero())
 }
 
-// testListLeases exercises ferrydriver.LeaseLister.
+// testListLeases exercises ferrydriver.Store.ListLeases.
 func testListLeases[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
-	ll, ok := any(drv).(ferrydriver.LeaseLister)
-	if !ok {
-		t.Logf("%s does not implement ferrydriver.LeaseLister: relays cannot balance partitions", drv.Name())
-		return
-	}
+	ll := drv
 	for _, n := range []string{"members/f/b", "members/f/a", "members/g/a", "members/f"} {
 		_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: n, Holder: "h-" + n, TTL: time.Minute})
 		require.NoError(t, err)

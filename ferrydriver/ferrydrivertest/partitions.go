@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The partition count stored with the schema (ferrydriver.PartitionStore).
+// The partition count stored with the schema (ferrydriver.Store.StoredPartitions).
 // A backend that does not implement it says so, and these tests check
 // nothing.
 func exercisePartitions[TTx any](t *testing.T, h Harness[TTx]) {
@@ -22,17 +22,11 @@ func exercisePartitions[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("PartitionCountChangesOnlyWhenDelivered", func(t *testing.T) { t.Parallel(); testPartitionsChange(t, h) })
 }
 
-// partitioned returns a store migrated with Config.Partitions = n, as a
-// PartitionStore, or false (logged) when the backend keeps no count.
+// partitioned returns a store migrated with Config.Partitions = n.
 func partitioned[TTx any](t *testing.T, h Harness[TTx], n int) (ferrydriver.Driver[TTx], func(int) ferrydriver.Driver[TTx], bool) {
 	t.Helper()
 	if h.NewPartitioned == nil {
-		drv := h.New(t)
-		if _, ok := drv.(ferrydriver.PartitionStore); ok {
-			t.Fatalf("%s implements ferrydriver.PartitionStore: set Harness.NewPartitioned", drv.Name())
-		}
-		t.Logf("%s keeps no partition count with its schema (no ferrydriver.PartitionStore): nothing to check", drv.Name())
-		return nil, nil, false
+		t.Fatalf("set Harness.NewPartitioned: the suite checks the partition count every store keeps")
 	}
 	drv, open := h.NewPartitioned(t, n)
 	return drv, open, true
@@ -40,7 +34,7 @@ func partitioned[TTx any](t *testing.T, h Harness[TTx], n int) (ferrydriver.Driv
 
 func stored(ctx context.Context, t *testing.T, s ferrydriver.Store) int {
 	t.Helper()
-	n, err := s.(ferrydriver.PartitionStore).StoredPartitions(ctx)
+	n, err := s.StoredPartitions(ctx)
 	require.NoError(t, err)
 	return n
 }
@@ -138,7 +132,7 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	if !ok {
 		return
 	}
-	ps := old.(ferrydriver.PartitionStore)
+	ps := old
 	follower := open(0)
 	var keys []string
 	for i := range 16 {

@@ -45,8 +45,7 @@ type Harness[TTx any] struct {
 	// that a driver configured with `partitions` outbox partitions
 	// migrated (0: the backend's default), and open, which returns another
 	// driver over the same namespace configured with n partitions (0:
-	// follow the count stored with the schema). Required when the store
-	// implements ferrydriver.PartitionStore.
+	// follow the count stored with the schema). Required.
 	NewPartitioned func(t *testing.T, partitions int) (drv ferrydriver.Driver[TTx], open func(n int) ferrydriver.Driver[TTx])
 	// ClockGrain is how long after an event retention may keep it for a
 	// recovery (MariaDB: a second: it knows when an open transaction
@@ -888,8 +887,7 @@ func testDeadLetterRetention[TTx any](t *testing.T, h Harness[TTx]) {
 // redriven events.
 func redrivenHeads(ctx context.Context, t *testing.T, drv ferrydriver.Store, feed string) []string {
 	t.Helper()
-	pk := drv.(ferrydriver.Parker)
-	heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Redriven: true})
+	heads, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Redriven: true})
 	require.NoError(t, err)
 	var out []string
 	for _, h := range heads {
@@ -908,16 +906,7 @@ func redrivenHeads(ctx context.Context, t *testing.T, drv ferrydriver.Store, fee
 func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
-	pk, ok := any(drv).(ferrydriver.Parker)
-	if !ok {
-		insertDeadLetters(ctx, t, drv, "dl/0", Event("t", "K", "x"))
-		dls, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
-		require.NoError(t, err)
-		_, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: ferrydriver.Refs(dls)})
-		require.Error(t, err, "%s is not a Parker: a redrive is refused", drv.Name())
-		t.Logf("%s does not implement ferrydriver.Parker: it cannot redrive", drv.Name())
-		return
-	}
+	pk := drv
 	emit(ctx, t, h, drv, Event("t", "K", "first"))
 	r := OpenReader(ctx, t, drv, nil)
 	read := r.ReadQuiet(ctx)
@@ -1004,15 +993,10 @@ func testListFeeds[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	insertDeadLetters(ctx, t, drv, "c/0", Event("t", "k", "x"), Event("t", "k2", "y"))
 	insertDeadLetters(ctx, t, drv, "c/0", Event("t", "k3", "z"))
-	if pk, ok := any(drv).(ferrydriver.Parker); ok {
-		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "d/2", Holder: "r", TTL: time.Minute})
-		require.NoError(t, err)
-		require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "d/2", Holder: "r", Term: l.Term, Events: []*ferryevent.Event{Event("t", "k", "p")}}))
-		require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "d/2", Holder: "r", Term: l.Term}))
-	} else {
-		_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "d/2", Holder: "r", TTL: time.Minute})
-		require.NoError(t, err)
-	}
+	l, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "d/2", Holder: "r", TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "d/2", Holder: "r", Term: l.Term, Events: []*ferryevent.Event{Event("t", "k", "p")}}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "d/2", Holder: "r", Term: l.Term}))
 	names, err := drv.ListFeeds(ctx)
 	require.NoError(t, err)
 	require.Equal(t, []string{"a/0", "b/1", "c/0", "chain/eth", "consumer-gauges/7", "d/2", "members/a/r#1"}, names,
@@ -1062,10 +1046,6 @@ func testRedriveSelection[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Zero(t, n)
 	require.Len(t, left(), 4)
 
-	if _, ok := any(drv).(ferrydriver.Parker); !ok {
-		t.Logf("%s does not implement ferrydriver.Parker: it cannot redrive", drv.Name())
-		return
-	}
 	n, err = drv.RedriveDeadLetters(ctx, refs("f/0", c, "f/0", b))
 	require.NoError(t, err)
 	require.Equal(t, 2, n)

@@ -458,7 +458,7 @@ func liveClaims(group string, now time.Time) bson.D {
 		{Key: "state", Value: string(ferrydriver.InboxProcessing)}}
 }
 
-// ClaimHolders implements ferrydriver.ClaimReaper.
+// ClaimHolders implements ferrydriver.Inbox.
 func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
 	var out []string
 	if err := d.inbox().Distinct(ctx, "claimed_by", liveClaims(group, time.Now().UTC())).Decode(&out); err != nil {
@@ -467,7 +467,7 @@ func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, erro
 	return out, nil
 }
 
-// ExpireClaims implements ferrydriver.ClaimReaper: the documents it ends
+// ExpireClaims implements ferrydriver.Inbox: the documents it ends
 // are expired claims, which a rescue takes (and every finish refuses).
 func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
 	now := time.Now().UTC()

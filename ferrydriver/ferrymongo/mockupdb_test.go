@@ -473,7 +473,7 @@ func TestMockClaimReaper(t *testing.T) {
 	defer cancel()
 	drv, err := ferrymongo.New(ctx, client, "app", nil)
 	require.NoError(t, err)
-	var r ferrydriver.ClaimReaper = drv
+	r := drv
 	holders, err := r.ClaimHolders(ctx, "billing")
 	require.NoError(t, err)
 	require.Equal(t, []string{"w1", "w2"}, holders)

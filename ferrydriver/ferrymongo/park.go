@@ -13,8 +13,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-var _ ferrydriver.Parker = (*Driver)(nil)
-
 // parked holds the events the relay set aside for stuck keys: one document
 // per (feed, event), ordered per key by pos, a counter per feed drawn in
 // the fenced transaction that parks them.
@@ -52,7 +50,7 @@ func (d *Driver) eventDoc(ev *ferryevent.Event) outboxDoc {
 	return doc
 }
 
-// ParkEvents implements ferrydriver.Parker.
+// ParkEvents implements ferrydriver.Store.
 func (d *Driver) ParkEvents(ctx context.Context, p *ferrydriver.ParkEventsParams) error {
 	if len(p.Events) == 0 {
 		return nil
@@ -90,7 +88,7 @@ func (pd *parkedDoc) event() (*ferrydriver.ParkedEvent, error) {
 		Attempts: pd.Attempts, FirstFailure: pd.FirstFailure}, nil
 }
 
-// ParkedHeads implements ferrydriver.Parker. With keys, one index probe
+// ParkedHeads implements ferrydriver.Store. With keys, one index probe
 // ({feed, key, pos}) per key; for the keys with redriven events, their
 // distinct keys through the partial index on them first; without, an
 // aggregation over the feed's parked documents.
@@ -168,7 +166,7 @@ func (d *Driver) deadLetterParked(tx context.Context, doc *parkedDoc, reason str
 	return nil
 }
 
-// UnparkEvent implements ferrydriver.Parker.
+// UnparkEvent implements ferrydriver.Store.
 func (d *Driver) UnparkEvent(ctx context.Context, p *ferrydriver.UnparkEventParams) error {
 	return d.fenced(ctx, p.Feed, p.Holder, p.Term, "unpark an event of "+p.Feed, func(tx context.Context) error {
 		var doc parkedDoc
@@ -186,7 +184,7 @@ func (d *Driver) UnparkEvent(ctx context.Context, p *ferrydriver.UnparkEventPara
 	})
 }
 
-// HoldParked implements ferrydriver.Parker.
+// HoldParked implements ferrydriver.Store.
 func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams) error {
 	return d.fenced(ctx, p.Feed, p.Holder, p.Term, "hold a parked key of "+p.Feed, func(tx context.Context) error {
 		_, err := d.parked().UpdateOne(tx, bson.D{{Key: "_id", Value: parkedID(p.Feed, p.EventID.String())}},
@@ -198,7 +196,7 @@ func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams
 	})
 }
 
-// SetParkedAttempts implements ferrydriver.Parker.
+// SetParkedAttempts implements ferrydriver.Store.
 func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParkedAttemptsParams) error {
 	return d.fenced(ctx, p.Feed, p.Holder, p.Term, "record the attempts of a parked key of "+p.Feed, func(tx context.Context) error {
 		set := bson.D{{Key: "attempts", Value: p.Attempts}}
@@ -219,7 +217,7 @@ func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParked
 	})
 }
 
-// ReleaseParked implements ferrydriver.Parker.
+// ReleaseParked implements ferrydriver.Store.
 func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParkedParams) error {
 	return d.inTx(ctx, func(tx context.Context) error {
 		var doc parkedDoc

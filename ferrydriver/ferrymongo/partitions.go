@@ -97,7 +97,7 @@ func (e *partitionsChangedError) Unwrap() error { return e.err }
 // WithTransaction and RunTx (mongo.LabeledError).
 func (e *partitionsChangedError) HasErrorLabel(label string) bool { return label == labelTransient }
 
-// StoredPartitions implements ferrydriver.PartitionStore: the count in
+// StoredPartitions implements ferrydriver.Store: the count in
 // <Prefix>meta, written by Migrate.
 func (d *Driver) StoredPartitions(ctx context.Context) (int, error) {
 	var doc struct {
@@ -222,7 +222,7 @@ func (d *Driver) migratePartitions(ctx context.Context) error {
 	return d.setValidator(ctx, stored)
 }
 
-// SetPartitions implements ferrydriver.PartitionStore. It first sets the
+// SetPartitions implements ferrydriver.Store. It first sets the
 // outbox's validator to refuse every guarded event, so that no producer
 // writes while it checks; then, unless p.Force, it refuses with
 // ferrydriver.ErrPartitionChangeUnsafe (and restores the validator) while a
@@ -382,5 +382,3 @@ func (d *Driver) undelivered(ctx context.Context, name string, partition int, sa
 	}
 	return "", nil
 }
-
-var _ ferrydriver.PartitionStore = (*Driver)(nil)

@@ -13,7 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// RetractInbox implements ferrydriver.InboxRetractor in one transaction:
+// RetractInbox implements ferrydriver.Inbox in one transaction:
 // the group's rows are retracted (a running row's worker finds its claim
 // gone), events it never received are recorded as retracted, the
 // compensations of processed ones are queued at the end of their keys,
@@ -84,5 +84,3 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 	}
 	return res, nil
 }
-
-var _ ferrydriver.InboxRetractor = (*Driver)(nil)

@@ -117,9 +117,7 @@ func (d *Driver) GetLease(ctx context.Context, name string) (*ferrydriver.Lease,
 	return l.lease(name), nil
 }
 
-var _ ferrydriver.LeaseLister = (*Driver)(nil)
-
-// ListLeases implements ferrydriver.LeaseLister: the leases whose _id
+// ListLeases implements ferrydriver.Store: the leases whose _id
 // starts with prefix (an anchored regular expression, served by the _id
 // index), each with the server's clock.
 func (d *Driver) ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error) {

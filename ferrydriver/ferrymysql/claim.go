@@ -503,7 +503,7 @@ func setKeyOutcomes(ctx context.Context, tx *sql.Tx, group string, keys []string
 	return err
 }
 
-// ClaimHolders implements ferrydriver.ClaimReaper: the group's PROCESSING
+// ClaimHolders implements ferrydriver.Inbox: the group's PROCESSING
 // range of ferry_inbox_pages_idx.
 func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
 	rows, err := d.db.QueryContext(ctx, `SELECT DISTINCT claimed_by FROM ferry_inbox
@@ -526,7 +526,7 @@ func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, erro
 	return out, nil
 }
 
-// ExpireClaims implements ferrydriver.ClaimReaper: the rows it ends are
+// ExpireClaims implements ferrydriver.Inbox: the rows it ends are
 // expired claims, which a rescue takes (and every finish refuses).
 func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
 	op := "expire the claims of " + worker + " in group " + group

@@ -26,8 +26,8 @@ type Config struct {
 	// own, as that user. Required for OpenFeed (the relay); producers and
 	// consumers do without. Open sets it.
 	DSN string
-	// Partitions is the number of outbox partitions (see ferrydriver
-	// PartitionStore): 0, the default, follows the count stored with the
+	// Partitions is the number of outbox partitions (see
+	// ferrydriver.Store.StoredPartitions): 0, the default, follows the count stored with the
 	// schema; any other value must match it.
 	Partitions int
 	// RecoveryMargin is how far before the start of the oldest

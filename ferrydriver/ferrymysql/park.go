@@ -11,14 +11,9 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-var (
-	_ ferrydriver.Parker      = (*Driver)(nil)
-	_ ferrydriver.LeaseLister = (*Driver)(nil)
-)
-
 const parkedColumns = `event_id, topic, k, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason, redriven, attempts, first_failure`
 
-// ParkEvents implements ferrydriver.Parker.
+// ParkEvents implements ferrydriver.Store.
 func (d *Driver) ParkEvents(ctx context.Context, p *ferrydriver.ParkEventsParams) error {
 	if len(p.Events) == 0 {
 		return nil
@@ -40,7 +35,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, `+sqlNow+`, ?) ON DUPLICATE KEY UPDATE 
 	})
 }
 
-// ParkedHeads implements ferrydriver.Parker.
+// ParkedHeads implements ferrydriver.Store.
 func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsParams) ([]*ferrydriver.ParkedEvent, error) {
 	var out []*ferrydriver.ParkedEvent
 	scan := func(rows *sql.Rows, withQueued bool) error {
@@ -135,7 +130,7 @@ func (d *Driver) redrivenKeys(ctx context.Context, feed string, limit int) ([]st
 	return keys, rows.Err()
 }
 
-// UnparkEvent implements ferrydriver.Parker.
+// UnparkEvent implements ferrydriver.Store.
 func (d *Driver) UnparkEvent(ctx context.Context, p *ferrydriver.UnparkEventParams) error {
 	return d.fencedWrite(ctx, "unpark an event", p.Feed, p.Holder, p.Term, func(tx *sql.Tx) error {
 		if p.DeadLetter != nil {
@@ -160,7 +155,7 @@ ON DUPLICATE KEY UPDATE feed = ferry_dead_letters.feed`, reason, feed, eventID[:
 	return err
 }
 
-// HoldParked implements ferrydriver.Parker.
+// HoldParked implements ferrydriver.Store.
 func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams) error {
 	return d.fencedWrite(ctx, "hold a parked key", p.Feed, p.Holder, p.Term, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `UPDATE ferry_parked SET held = TRUE, reason = ? WHERE feed = ? AND event_id = ?`, p.Reason, p.Feed, p.EventID[:])
@@ -168,7 +163,7 @@ func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams
 	})
 }
 
-// SetParkedAttempts implements ferrydriver.Parker.
+// SetParkedAttempts implements ferrydriver.Store.
 func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParkedAttemptsParams) error {
 	var first int64
 	if !p.FirstFailure.IsZero() {
@@ -180,7 +175,7 @@ func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParked
 	})
 }
 
-// ReleaseParked implements ferrydriver.Parker.
+// ReleaseParked implements ferrydriver.Store.
 func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParkedParams) error {
 	return d.write(ctx, "release parked key "+p.Key+" of "+p.Feed, func(tx *sql.Tx) error {
 		var id []byte

@@ -11,7 +11,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
-// StoredPartitions implements ferrydriver.PartitionStore: the partition
+// StoredPartitions implements ferrydriver.Store: the partition
 // count stored with the schema (ferry_settings).
 func (d *Driver) StoredPartitions(ctx context.Context) (int, error) {
 	return d.storedPartitions(ctx, d.db, "")
@@ -50,7 +50,7 @@ func (d *Driver) countStore() driverkit.CountStore {
 	return driverkit.CountStore{Driver: "ferrymysql", Kind: "database", Name: d.schema}
 }
 
-// SetPartitions implements ferrydriver.PartitionStore. Its transaction
+// SetPartitions implements ferrydriver.Store. Its transaction
 // locks the stored count's row first: that waits for every producer
 // transaction that has appended (they hold it shared), and holds new
 // appends back until it ends. Unless p.Force, it refuses with
@@ -225,5 +225,3 @@ func atOrAfter(file string, pos uint32, endFile string, endPos uint32) bool {
 	}
 	return pos >= endPos
 }
-
-var _ ferrydriver.PartitionStore = (*Driver)(nil)

@@ -13,7 +13,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 )
 
-// RetractInbox implements ferrydriver.InboxRetractor, in one READ
+// RetractInbox implements ferrydriver.Inbox, in one READ
 // COMMITTED transaction: the group's rows of the events are locked (in ID
 // order) and retracted, events it never received are recorded as
 // retracted, the compensations of processed ones are queued at the end of
@@ -152,5 +152,3 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	// row) and the compensations', in one pass in key order.
 	return d.touchKeys(ctx, tx, p.Group, keys, true)
 }
-
-var _ ferrydriver.InboxRetractor = (*Driver)(nil)

@@ -883,7 +883,7 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	return st, nil
 }
 
-// ListLeases implements ferrydriver.LeaseLister.
+// ListLeases implements ferrydriver.Store.
 func (d *Driver) ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error) {
 	rows, err := d.db.QueryContext(ctx, `SELECT name, holder, term, expires_at, `+sqlNow+` FROM ferry_leases WHERE term > 0 AND LEFT(name, LENGTH(?)) = ? ORDER BY name`,
 		prefix, prefix)

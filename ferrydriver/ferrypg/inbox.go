@@ -238,7 +238,7 @@ func (d *Driver[TTx]) RescueDue(ctx context.Context, group string) (bool, error)
 	return due, nil
 }
 
-// ClaimHolders implements ferrydriver.ClaimReaper.
+// ClaimHolders implements ferrydriver.Inbox.
 func (d *Driver[TTx]) ClaimHolders(ctx context.Context, group string) ([]string, error) {
 	var out []string
 	err := d.db.pipeline(ctx, step{sql: d.queries.inboxClaimHolders, args: []any{group}, scan: func(r rows) error {
@@ -255,7 +255,7 @@ func (d *Driver[TTx]) ClaimHolders(ctx context.Context, group string) ([]string,
 	return out, nil
 }
 
-// ExpireClaims implements ferrydriver.ClaimReaper.
+// ExpireClaims implements ferrydriver.Inbox.
 func (d *Driver[TTx]) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
 	var n int64
 	err := d.inRC(ctx, func(e executor) error {

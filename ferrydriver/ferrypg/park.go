@@ -10,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var _ ferrydriver.Parker = (*Driver[pgx.Tx])(nil)
-
 // parkQueries are the parked-event statements with the schema filled in.
 type parkQueries struct {
 	park, headsOf, heads, redriven, unpark, hold, attempts, release, listLeases string
@@ -36,7 +34,7 @@ func (d *Driver[TTx]) fenced(ctx context.Context, op, feed string, term int64, q
 	return nil
 }
 
-// ParkEvents implements ferrydriver.Parker.
+// ParkEvents implements ferrydriver.Store.
 func (d *Driver[TTx]) ParkEvents(ctx context.Context, p *ferrydriver.ParkEventsParams) error {
 	if len(p.Events) == 0 {
 		return nil
@@ -49,7 +47,7 @@ func (d *Driver[TTx]) ParkEvents(ctx context.Context, p *ferrydriver.ParkEventsP
 		a.ids, a.topics, a.keys, a.seqs, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created, p.Reason)
 }
 
-// ParkedHeads implements ferrydriver.Parker.
+// ParkedHeads implements ferrydriver.Store.
 func (d *Driver[TTx]) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsParams) ([]*ferrydriver.ParkedEvent, error) {
 	var (
 		r   rows
@@ -94,7 +92,7 @@ func (d *Driver[TTx]) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHead
 	return out, nil
 }
 
-// UnparkEvent implements ferrydriver.Parker.
+// UnparkEvent implements ferrydriver.Store.
 func (d *Driver[TTx]) UnparkEvent(ctx context.Context, p *ferrydriver.UnparkEventParams) error {
 	var reason *string
 	if p.DeadLetter != nil {
@@ -103,12 +101,12 @@ func (d *Driver[TTx]) UnparkEvent(ctx context.Context, p *ferrydriver.UnparkEven
 	return d.fenced(ctx, "unpark an event", p.Feed, p.Term, d.park.unpark, p.Feed, p.Holder, p.Term, p.Key, p.EventID, reason)
 }
 
-// HoldParked implements ferrydriver.Parker.
+// HoldParked implements ferrydriver.Store.
 func (d *Driver[TTx]) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams) error {
 	return d.fenced(ctx, "hold a parked key", p.Feed, p.Term, d.park.hold, p.Feed, p.Holder, p.Term, p.Key, p.EventID, p.Reason)
 }
 
-// SetParkedAttempts implements ferrydriver.Parker.
+// SetParkedAttempts implements ferrydriver.Store.
 func (d *Driver[TTx]) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParkedAttemptsParams) error {
 	var first *time.Time
 	if !p.FirstFailure.IsZero() {
@@ -117,7 +115,7 @@ func (d *Driver[TTx]) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetP
 	return d.fenced(ctx, "record the attempts of a parked key", p.Feed, p.Term, d.park.attempts, p.Feed, p.Holder, p.Term, p.Key, p.EventID, p.Attempts, first)
 }
 
-// ReleaseParked implements ferrydriver.Parker.
+// ReleaseParked implements ferrydriver.Store.
 func (d *Driver[TTx]) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParkedParams) error {
 	var n int
 	if err := queryRow(ctx, d.db, []any{&n}, d.park.release, p.Feed, p.Key, p.Skip); err != nil {
@@ -129,9 +127,7 @@ func (d *Driver[TTx]) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseP
 	return nil
 }
 
-var _ ferrydriver.LeaseLister = (*Driver[pgx.Tx])(nil)
-
-// ListLeases implements ferrydriver.LeaseLister.
+// ListLeases implements ferrydriver.Store.
 func (d *Driver[TTx]) ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error) {
 	r, err := d.db.query(ctx, d.park.listLeases, prefix)
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
-// StoredPartitions implements ferrydriver.PartitionStore: the partition
+// StoredPartitions implements ferrydriver.Store: the partition
 // count stored with the schema (migration 004).
 func (d *Driver[TTx]) StoredPartitions(ctx context.Context) (int, error) {
 	return d.storedPartitions(ctx, d.db)
@@ -47,7 +47,7 @@ const lockTimeout = "5s"
 // reports per feed.
 const undeliveredLimit = 10000
 
-// SetPartitions implements ferrydriver.PartitionStore.
+// SetPartitions implements ferrydriver.Store.
 //
 // It runs in one READ COMMITTED transaction that first locks the settings
 // table: that waits (up to 5 s) for every producer transaction that has
@@ -229,5 +229,3 @@ func countString(n int64) string {
 	}
 	return strconv.FormatInt(n, 10)
 }
-
-var _ ferrydriver.PartitionStore = (*Driver[any])(nil)

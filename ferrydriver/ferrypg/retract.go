@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// RetractInbox implements ferrydriver.InboxRetractor. In one transaction
+// RetractInbox implements ferrydriver.Inbox. In one transaction
 // it retracts the rows the group has (rows first, then keys, in key
 // order, as completion and ingestion lock them), records the events it
 // never received as retracted, inserts the compensations of processed
@@ -154,5 +154,3 @@ func (d *Driver[TTx]) insertInbox(ctx context.Context, e executor, group string,
 	}
 	return nil
 }
-
-var _ ferrydriver.InboxRetractor = (*Driver[any])(nil)

@@ -319,7 +319,7 @@ SELECT EXISTS (SELECT 1 FROM ferry_inbox p WHERE p.group_name = ?1 AND p.state =
 	return due, nil
 }
 
-// ClaimHolders implements ferrydriver.ClaimReaper.
+// ClaimHolders implements ferrydriver.Inbox.
 func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
 	rows, err := d.r.QueryContext(ctx, `
 SELECT DISTINCT claimed_by FROM ferry_inbox
@@ -342,7 +342,7 @@ SELECT DISTINCT claimed_by FROM ferry_inbox
 	return out, nil
 }
 
-// ExpireClaims implements ferrydriver.ClaimReaper: the rows it ends are
+// ExpireClaims implements ferrydriver.Inbox: the rows it ends are
 // expired claims, which a rescue takes (and every finish refuses).
 func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
 	op := "expire the claims of " + worker + " in group " + group

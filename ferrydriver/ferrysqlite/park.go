@@ -8,8 +8,6 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-var _ ferrydriver.Parker = (*Driver)(nil)
-
 const parkedColumns = `event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, parked_at, held, reason, redriven, attempts, first_failure`
 
 // fencedWrite runs fn in a write transaction if holder holds feed's lease
@@ -27,7 +25,7 @@ func (d *Driver) fencedWrite(ctx context.Context, op, feed, holder string, term 
 	})
 }
 
-// ParkEvents implements ferrydriver.Parker.
+// ParkEvents implements ferrydriver.Store.
 func (d *Driver) ParkEvents(ctx context.Context, p *ferrydriver.ParkEventsParams) error {
 	if len(p.Events) == 0 {
 		return nil
@@ -50,7 +48,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (feed, event_id) DO N
 	})
 }
 
-// ParkedHeads implements ferrydriver.Parker.
+// ParkedHeads implements ferrydriver.Store.
 func (d *Driver) ParkedHeads(ctx context.Context, p *ferrydriver.ParkedHeadsParams) ([]*ferrydriver.ParkedEvent, error) {
 	var out []*ferrydriver.ParkedEvent
 	scan := func(rows *sql.Rows, withQueued bool) error {
@@ -144,7 +142,7 @@ func (d *Driver) redrivenKeys(ctx context.Context, feed string, limit int) ([]st
 	return keys, rows.Err()
 }
 
-// UnparkEvent implements ferrydriver.Parker.
+// UnparkEvent implements ferrydriver.Store.
 func (d *Driver) UnparkEvent(ctx context.Context, p *ferrydriver.UnparkEventParams) error {
 	return d.fencedWrite(ctx, "unpark an event", p.Feed, p.Holder, p.Term, func(tx *sql.Tx) error {
 		if p.DeadLetter != nil {
@@ -169,7 +167,7 @@ ON CONFLICT (feed, event_id) DO NOTHING`, reason, micros(now()), feed, eventID)
 	return err
 }
 
-// HoldParked implements ferrydriver.Parker.
+// HoldParked implements ferrydriver.Store.
 func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams) error {
 	return d.fencedWrite(ctx, "hold a parked key", p.Feed, p.Holder, p.Term, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `UPDATE ferry_parked SET held = 1, reason = ? WHERE feed = ? AND event_id = ?`, p.Reason, p.Feed, p.EventID.String())
@@ -177,7 +175,7 @@ func (d *Driver) HoldParked(ctx context.Context, p *ferrydriver.HoldParkedParams
 	})
 }
 
-// SetParkedAttempts implements ferrydriver.Parker.
+// SetParkedAttempts implements ferrydriver.Store.
 func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParkedAttemptsParams) error {
 	var first int64
 	if !p.FirstFailure.IsZero() {
@@ -189,7 +187,7 @@ func (d *Driver) SetParkedAttempts(ctx context.Context, p *ferrydriver.SetParked
 	})
 }
 
-// ReleaseParked implements ferrydriver.Parker.
+// ReleaseParked implements ferrydriver.Store.
 func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParkedParams) error {
 	return d.write(ctx, "release parked key "+p.Key+" of "+p.Feed, func(tx *sql.Tx) error {
 		var id, reason string
@@ -212,9 +210,7 @@ func (d *Driver) ReleaseParked(ctx context.Context, p *ferrydriver.ReleaseParked
 	})
 }
 
-var _ ferrydriver.LeaseLister = (*Driver)(nil)
-
-// ListLeases implements ferrydriver.LeaseLister.
+// ListLeases implements ferrydriver.Store.
 func (d *Driver) ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error) {
 	at := now()
 	rows, err := d.r.QueryContext(ctx, `SELECT name, holder, term, expires_at FROM ferry_leases WHERE substr(name, 1, length(?1)) = ?1 ORDER BY name`, prefix)

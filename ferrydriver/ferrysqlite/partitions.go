@@ -14,7 +14,7 @@ import (
 
 const sqlStoredPartitions = `SELECT partitions FROM ferry_settings`
 
-// StoredPartitions implements ferrydriver.PartitionStore: the partition
+// StoredPartitions implements ferrydriver.Store: the partition
 // count stored in the database (migration 004).
 func (d *Driver) StoredPartitions(ctx context.Context) (int, error) {
 	return d.storedPartitions(ctx, d.r)
@@ -71,7 +71,7 @@ func (d *Driver) checkFeed(ctx context.Context, p *ferrydriver.OpenFeedParams) e
 	return d.countStore().CheckFeed("open feed "+p.Feed, d.cfg.Partitions, stored, p.Partition)
 }
 
-// SetPartitions implements ferrydriver.PartitionStore. It runs in one
+// SetPartitions implements ferrydriver.Store. It runs in one
 // write transaction, so no producer writes while it checks and changes the
 // count, and every later append reads the new count. Unless p.Force, it
 // refuses with ferrydriver.ErrPartitionChangeUnsafe while a relay holds a
@@ -220,5 +220,3 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 	}
 	return problems, nil
 }
-
-var _ ferrydriver.PartitionStore = (*Driver)(nil)

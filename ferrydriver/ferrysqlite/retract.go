@@ -10,7 +10,7 @@ import (
 	"github.com/ferry-dev/ferry/ferryevent"
 )
 
-// RetractInbox implements ferrydriver.InboxRetractor, in one write
+// RetractInbox implements ferrydriver.Inbox, in one write
 // transaction: the group's rows are retracted, events it never received
 // are recorded as retracted, compensations of processed ones are queued,
 // and the keys' heads recomputed.
@@ -87,5 +87,3 @@ UPDATE ferry_inbox SET state = 'retracted', claimed_by = NULL, claim_expires_at 
 	}
 	return res, nil
 }
-
-var _ ferrydriver.InboxRetractor = (*Driver)(nil)

@@ -1,7 +1,7 @@
 // Package inboxmodel is the consumer inbox's per-key rules written once, in
 // plain Go: one consumer group's rows, key by key in the order they were
 // inserted, and what each operation of ferrydriver.Inbox (and of its
-// optional ClaimReaper and InboxRetractor) does to them. It keeps no
+// claim reaping and retraction) does to them. It keeps no
 // events' contents and reads no clock: every operation that depends on
 // time takes the caller's now.
 //
@@ -530,7 +530,7 @@ func (m *Inbox) ClaimHolders(now time.Time) []string {
 }
 
 // ExpireClaims makes worker's unexpired claims expire at now
-// (ClaimReaper.ExpireClaims) and returns how many it ended.
+// (Inbox.ExpireClaims) and returns how many it ended.
 func (m *Inbox) ExpireClaims(now time.Time, worker string) int {
 	n := 0
 	for _, r := range m.rows {

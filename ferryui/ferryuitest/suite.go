@@ -36,6 +36,7 @@ type Inbox interface {
 	InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error)
 	ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error)
 	FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) error
+	RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) (*ferrydriver.RetractInboxResult, error)
 }
 
 // Token is the suite's console token.
@@ -738,12 +739,10 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.get("/api/v1/events/"+waiting[2].ID.String()+"?scan=0", http.StatusBadRequest, &e)
 
 		// An event whose source was undone (a chain reorg) reads retracted.
-		rt, ok := inbox.(ferrydriver.InboxRetractor)
-		require.True(t, ok, "the inbox retracts events (ferrydriver.InboxRetractor)")
 		undone := ferrydrivertest.Event("blocks", "0xabc", "log")
 		_, err := inbox.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "indexer", Events: []*ferryevent.Event{undone}})
 		require.NoError(t, err)
-		_, err = rt.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: "indexer", Retractions: []ferrydriver.Retraction{{Event: undone}}})
+		_, err = inbox.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: "indexer", Retractions: []ferrydriver.Retraction{{Event: undone}}})
 		require.NoError(t, err)
 		tl = ferryui.EventTimelineJSON{}
 		c.get("/api/v1/events/"+undone.ID.String(), http.StatusOK, &tl)
@@ -792,10 +791,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Len(t, k.DeadLetters, 1, "the relay dead letter of the hostile key")
 		require.Equal(t, hostile.ID.String(), k.DeadLetters[0].Event.ID)
 
-		pk, ok := store.(ferrydriver.Parker)
-		if !ok {
-			return
-		}
+		pk := store
 		parked := ferrydrivertest.Event("orders", "p", "parked")
 		require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "suite", Term: lease.Term, Events: []*ferryevent.Event{parked}, Reason: "not acknowledged"}))
 		var list struct{ Parked []ferryui.ParkedJSON }
