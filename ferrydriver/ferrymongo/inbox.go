@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -225,8 +226,19 @@ type head struct {
 	// stale: another row of the key is PROCESSING under a claim that
 	// expired (a row redriven ahead of it is the head): the key waits for
 	// a rescue, which takes the head.
-	stale    bool
-	runnable bool
+	stale bool
+}
+
+// view is the head as inboxmodel.Decide reads it.
+func (h *head) view() inboxmodel.KeyHead {
+	if h.doc == nil {
+		return inboxmodel.KeyHead{}
+	}
+	v := inboxmodel.KeyHead{State: ferrydriver.InboxState(h.doc.State), RetryAt: h.doc.NextAttemptAt, Busy: h.busyUntil != nil, Stale: h.stale}
+	if h.doc.ClaimExpiresAt != nil {
+		v.ClaimExpires = *h.doc.ClaimExpiresAt
+	}
+	return v
 }
 
 // keyHead reads a key's head in tx: its oldest unfinished row (a DEAD row
@@ -274,16 +286,6 @@ func (d *Driver) keyHead(tx context.Context, group, key string, now time.Time) (
 			return nil, err
 		default:
 			h.stale = true
-		}
-	}
-	if h.doc != nil && h.busyUntil == nil {
-		switch ferrydriver.InboxState(h.doc.State) {
-		case ferrydriver.InboxPending:
-			h.runnable = true
-		case ferrydriver.InboxFailed:
-			h.runnable = !h.doc.NextAttemptAt.After(now)
-		case ferrydriver.InboxProcessing:
-			h.runnable = h.doc.ClaimExpiresAt != nil && !h.doc.ClaimExpiresAt.After(now)
 		}
 	}
 	return h, nil
@@ -390,17 +392,17 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	if err != nil {
 		return nil, err
 	}
-	switch expired := h.runnable && (h.doc.State == string(ferrydriver.InboxProcessing) || h.stale); { // a rescue
-	case !h.runnable:
+	switch inboxmodel.Decide(h.view(), now, p.Rescue) {
+	case inboxmodel.Wait:
 		return nil, d.refreshKey(tx, p.Group, key, now)
-	case expired && !p.Rescue:
+	case inboxmodel.LeaveToRescue:
 		// Left to a rescue; to the back for a second, so that it cannot
 		// crowd out the others.
 		_, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
 			bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: now.Add(time.Second)}}}, {Key: "$inc", Value: bson.D{{Key: "v", Value: int64(1)}}}})
 		return nil, err
-	case !expired && p.Rescue:
-		return nil, nil // not a rescue: an ordinary claim takes it
+	case inboxmodel.LeaveToClaim:
+		return nil, nil
 	}
 	if p.MaxAttempts > 0 && h.doc.Attempts >= p.MaxAttempts {
 		// Its last attempts lost their claims: give it up.

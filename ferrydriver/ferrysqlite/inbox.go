@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
 )
@@ -128,8 +129,20 @@ type head struct {
 	// stale: another row of the key is PROCESSING under a claim that
 	// expired (a row redriven ahead of it is the head): the key waits for
 	// a rescue, which takes the head.
-	stale            bool
-	exists, runnable bool
+	stale  bool
+	exists bool
+}
+
+// view is the head as inboxmodel.Decide reads it.
+func (h *head) view() inboxmodel.KeyHead {
+	if !h.exists {
+		return inboxmodel.KeyHead{}
+	}
+	v := inboxmodel.KeyHead{State: ferrydriver.InboxState(h.state), RetryAt: time.UnixMicro(h.nextAttempt), Busy: h.busyUntil.Valid, Stale: h.stale}
+	if h.claimExpires.Valid {
+		v.ClaimExpires = time.UnixMicro(h.claimExpires.Int64)
+	}
+	return v
 }
 
 // keyHead reads a key's head (a DEAD row counts when the group's stored
@@ -155,16 +168,6 @@ SELECT h.event_id, h.state, h.attempts, h.next_attempt_at, h.claim_expires_at,
 		return nil, d.wrapErr("read the head of inbox key "+key, err)
 	default:
 		h.exists = true
-	}
-	if h.exists && !h.busyUntil.Valid {
-		switch h.state {
-		case "pending":
-			h.runnable = true
-		case "failed":
-			h.runnable = h.nextAttempt <= t
-		case "processing":
-			h.runnable = h.claimExpires.Valid && h.claimExpires.Int64 <= t
-		}
 	}
 	return h, nil
 }
@@ -235,15 +238,14 @@ SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND cl
 			if err != nil {
 				return err
 			}
-			expired := h.state == "processing" || h.stale // a runnable one is a rescue
-			switch {
-			case !h.runnable:
+			switch inboxmodel.Decide(h.view(), time.UnixMicro(t), p.Rescue) {
+			case inboxmodel.Wait:
 				// Due but nothing to run now: put the key at its real time.
 				if err := d.refreshKey(ctx, tx, p.Group, k, t); err != nil {
 					return err
 				}
 				continue
-			case expired && !p.Rescue:
+			case inboxmodel.LeaveToRescue:
 				// Left to ClaimInbox with Rescue; to the back for a second,
 				// so that it cannot crowd out the others.
 				if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ? WHERE group_name = ? AND key = ?`,
@@ -251,8 +253,8 @@ SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND cl
 					return d.wrapErr(op, err)
 				}
 				continue
-			case !expired && p.Rescue:
-				continue // not a rescue: an ordinary claim takes it
+			case inboxmodel.LeaveToClaim:
+				continue
 			}
 			if p.MaxAttempts > 0 && h.attempts >= p.MaxAttempts {
 				// Its last attempts lost their claims: give it up.

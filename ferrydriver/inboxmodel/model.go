@@ -37,7 +37,9 @@
 //
 // The model is not safe for concurrent use.
 //
-// This package is internal to Ferry's test suites in all but name: its API
+// Decide, the rule of one key's head, is shared: SQLite and MongoDB call
+// it on the head they read, and the model's claims follow it. This package
+// is internal to Ferry's backends and test suites in all but name: its API
 // may change with any release.
 package inboxmodel
 
@@ -220,41 +222,81 @@ type ClaimParams struct {
 }
 
 // Candidates returns, in key order of arrival, the keys whose head a claim
-// with p would take at now: for an ordinary claim those whose head is
-// PENDING or FAILED and due, for a rescue those with a row whose claim
-// expired (stale), whose head it takes, that row or one redriven ahead of
-// it; never a key with a row under a live claim, and a stale key only in a
-// rescue. Limit is not applied.
+// with p would take at now (Decide says Take). Limit is not applied.
 func (m *Inbox) Candidates(now time.Time, p ClaimParams) []string {
 	var out []string
 	for _, k := range m.keys() {
-		if m.busy(k, now) {
-			continue
-		}
-		h := m.Head(k)
-		if h == nil {
-			continue
-		}
-		var ok bool
-		switch h.State {
-		case ferrydriver.InboxPending:
-			ok = !p.Rescue
-		case ferrydriver.InboxFailed:
-			ok = !p.Rescue && !h.RetryAt.After(now)
-		case ferrydriver.InboxProcessing:
-			ok = p.Rescue // not busy: its claim expired
-		}
-		if h.State != ferrydriver.InboxProcessing && m.stale(k) {
-			// A row behind the head is under an expired claim: the key
-			// waits for a rescue, which runs the head first.
-			runnable := h.State == ferrydriver.InboxPending || (h.State == ferrydriver.InboxFailed && !h.RetryAt.After(now))
-			ok = p.Rescue && runnable
-		}
-		if ok {
+		if Decide(m.view(k, now), now, p.Rescue) == Take {
 			out = append(out, k)
 		}
 	}
 	return out
+}
+
+// view is what a backend reads of key at now.
+func (m *Inbox) view(key string, now time.Time) KeyHead {
+	h := m.Head(key)
+	if h == nil {
+		return KeyHead{}
+	}
+	return KeyHead{State: h.State, RetryAt: h.RetryAt, ClaimExpires: h.ClaimExpires, Busy: m.busy(key, now), Stale: m.stale(key)}
+}
+
+// KeyHead is what a backend reads of one key to decide it: its head (its
+// oldest unfinished row, DEAD rows passed over under Continue; State ""
+// when it has none), the head's retry time and claim expiry, and whether
+// another of its rows is PROCESSING under a live claim (Busy) or under one
+// that expired (Stale).
+type KeyHead struct {
+	State        ferrydriver.InboxState
+	RetryAt      time.Time
+	ClaimExpires time.Time
+	Busy, Stale  bool
+}
+
+// Decision is what a claim does with a key.
+type Decision int
+
+const (
+	// Wait: nothing of the key runs now (no head, a row under a live
+	// claim, a FAILED head before its retry time, a DEAD head holding).
+	Wait Decision = iota
+	// Take: the claim takes the head.
+	Take
+	// LeaveToRescue: an expired claim is the key's (its head's, or another
+	// row's behind a head redriven ahead of it): only a rescue takes the
+	// head, since the expired claim's handler may still be running.
+	LeaveToRescue
+	// LeaveToClaim: the head is runnable, and no claim of the key expired:
+	// an ordinary claim takes it, not a rescue.
+	LeaveToClaim
+)
+
+// Decide is the rule of a key's head, which every backend follows: what a
+// claim (a rescue when rescue) does with a key whose head is h at now.
+func Decide(h KeyHead, now time.Time, rescue bool) Decision {
+	if h.State == "" || h.Busy {
+		return Wait
+	}
+	var runnable bool
+	switch h.State {
+	case ferrydriver.InboxPending:
+		runnable = true
+	case ferrydriver.InboxFailed:
+		runnable = !h.RetryAt.After(now)
+	case ferrydriver.InboxProcessing:
+		runnable = !h.ClaimExpires.After(now)
+	}
+	expired := h.State == ferrydriver.InboxProcessing || h.Stale
+	switch {
+	case !runnable:
+		return Wait
+	case expired && !rescue:
+		return LeaveToRescue
+	case !expired && rescue:
+		return LeaveToClaim
+	}
+	return Take
 }
 
 // stale reports whether a row of key is PROCESSING under a claim that
