@@ -16,8 +16,8 @@ import (
 const DefaultActivityInterval = 10 * time.Second
 
 // activityMeter counts what a relay (of a feed partition) or a consumer
-// (of a group) does between the samples it records in its store, when the
-// store keeps them (ferrydriver.ActivityRecorder): the console's series of
+// (of a group) does between the samples it records in its store
+// (ferrydriver.Admin.RecordActivity): the console's series of
 // events per second, failures and latencies come from them, whichever
 // process serves it.
 type activityMeter struct {
@@ -125,7 +125,7 @@ func (m *activityMeter) take(now time.Time) *ferrydriver.ActivitySample {
 // run records a sample every interval until ctx ends, then the last,
 // shorter one. A store that cannot record is told once in the log; what
 // the meter counted meanwhile goes into the next sample that is recorded.
-func (m *activityMeter) run(ctx context.Context, rec ferrydriver.ActivityRecorder, every time.Duration, log *slog.Logger) {
+func (m *activityMeter) run(ctx context.Context, rec ferrydriver.Admin, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	failing := false

@@ -229,13 +229,13 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	c.meter = nil
-	if rec, ok := c.driver.(ferrydriver.ActivityRecorder); ok && c.cfg.ActivityInterval > 0 {
+	if c.cfg.ActivityInterval > 0 {
 		// Until the handlers have finished: what they do in the grace
 		// period counts too.
 		c.meter = newActivityMeter(ferrydriver.ActivityConsumer, c.cfg.Group, c.worker)
 		mctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
-		go func() { defer close(done); c.meter.run(mctx, rec, c.cfg.ActivityInterval, c.log) }()
+		go func() { defer close(done); c.meter.run(mctx, c.driver, c.cfg.ActivityInterval, c.log) }()
 		defer func() { stop(); <-done }()
 	}
 	// Membership lasts until the handlers have finished: their claims are

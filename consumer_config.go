@@ -159,8 +159,8 @@ type ConsumerConfig struct {
 	Middleware []Middleware
 	// ActivityInterval is how often the consumer records what it did
 	// (events applied, failed and gone DEAD, commit → applied latency,
-	// handler time) in an inbox that keeps it (ferrydriver.
-	// ActivityRecorder), for the console's series. Default
+	// handler time) in its inbox (ferrydriver.Admin.RecordActivity), for
+	// the console's series. Default
 	// DefaultActivityInterval; negative: never.
 	ActivityInterval time.Duration
 }

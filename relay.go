@@ -123,7 +123,7 @@ type RelayConfig struct {
 	Balancer *Balancer
 	// ActivityInterval is how often the relay records what it did (events
 	// published, failed and dead-lettered, commit → publish latency) in a
-	// store that keeps it (ferrydriver.ActivityRecorder), for the console's
+	// store that keeps it (ferrydriver.Admin), for the console's
 	// series. Default DefaultActivityInterval; negative: never.
 	ActivityInterval time.Duration
 }
@@ -345,11 +345,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.holder = fmt.Sprintf("%s#%08x", r.cfg.HolderID, rand.Uint32())
 	r.log = r.cfg.Logger.With("feed", r.name, "holder", r.holder)
 	r.meter = nil
-	if rec, ok := r.store.(ferrydriver.ActivityRecorder); ok && r.cfg.ActivityInterval > 0 {
+	if r.cfg.ActivityInterval > 0 {
 		r.meter = newActivityMeter(ferrydriver.ActivityRelay, r.name, r.holder)
 		mctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
-		go func() { defer close(done); r.meter.run(mctx, rec, r.cfg.ActivityInterval, r.log) }()
+		go func() { defer close(done); r.meter.run(mctx, r.store, r.cfg.ActivityInterval, r.log) }()
 		defer func() { stop(); <-done }()
 	}
 	attempt := 0

@@ -1,25 +1,8 @@
 package ferrydriver
 
 import (
-	"context"
 	"time"
 )
-
-// ActivityRecorder is implemented by stores that keep what relays and
-// consumers did over time, for the console (ferryui): every running relay
-// and consumer records a sample of each interval it ran (how many events
-// it published or applied, how long they took), and the console reads them
-// back as series. Samples cost one write per component and process every
-// interval, whatever the throughput.
-type ActivityRecorder interface {
-	// RecordActivity stores samples, and removes samples older than
-	// p.Retention (a bounded number per call).
-	RecordActivity(ctx context.Context, p *RecordActivityParams) error
-	// ListActivity returns the samples recorded at p.Since or later,
-	// oldest first, at most p.Limit (0 or more than ActivityListCap:
-	// ActivityListCap).
-	ListActivity(ctx context.Context, p *ListActivityParams) ([]*ActivitySample, error)
-}
 
 // ActivityListCap bounds ListActivity: about an hour of 10-second samples
 // of 25 components and processes.

@@ -40,9 +40,57 @@ var (
 	ErrMisconfigured = errors.New("ferry is misconfigured")
 )
 
+// Admin is what operators (the console, the CLI) need of a backend, on
+// the outbox's side and on the inbox's: both Store and Inbox include it.
+type Admin interface {
+	// DeadLetterReasons groups the newest failures by their reason,
+	// reading a bounded number of rows whatever the table holds: the
+	// newest p.Scan relay dead letters (of p.Feed when set, as
+	// ListDeadLettersParams.Feed) by feed partition and reason. The
+	// console shows them so, and acts on a reason's events.
+	DeadLetterReasons(ctx context.Context, p *ReasonsParams) (*Reasons, error)
+	// InboxDeadReasons groups the newest p.Scan DEAD rows of p.Group by
+	// their last error.
+	InboxDeadReasons(ctx context.Context, p *ReasonsParams) (*Reasons, error)
+
+	// InboxAttempts returns the history of an event's row in a group,
+	// oldest first; nil when the group has no such row or it never
+	// failed. The history is kept as long as the row: its failed
+	// attempts, each with its error and what it left the row in, and the
+	// operators' redrives of it, the latest AttemptHistory of them.
+	// Nothing is written for an attempt that processed, nor on the path of
+	// one that did: the history costs failures only. An attempt that ended
+	// with no report (its worker crashed, or outlived its claim) has no
+	// entry of its own; the attempt numbers around it show it. A row whose
+	// attempts such ends spent goes DEAD with an entry of
+	// ReasonAttemptsExhausted, numbered with the attempts it had.
+	InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]AttemptRecord, error)
+
+	// InboxGroups lists the consumer groups: every group whose dead policy
+	// is stored (each consumer stores it when it starts) or that has
+	// events waiting (ingested before any of its consumers started:
+	// holding, as consumers do without a stored policy), in name order,
+	// at most MaxListedGroups, with its policy.
+	InboxGroups(ctx context.Context) ([]GroupPolicy, error)
+
+	// RecordActivity stores samples of what relays and consumers did over
+	// time, for the console: every running relay and consumer records a
+	// sample of each interval it ran (how many events it published or
+	// applied, how long they took), one write per component and process
+	// every interval, whatever the throughput. It removes samples older
+	// than p.Retention (a bounded number per call).
+	RecordActivity(ctx context.Context, p *RecordActivityParams) error
+	// ListActivity returns the samples recorded at p.Since or later,
+	// oldest first, at most p.Limit (0 or more than ActivityListCap:
+	// ActivityListCap).
+	ListActivity(ctx context.Context, p *ListActivityParams) ([]*ActivitySample, error)
+}
+
 // Store is what the relay, the CLI and operators need from a backend: every
 // operation that does not run inside a caller's transaction.
 type Store interface {
+	Admin
+
 	// Name is a short backend name such as "postgres".
 	Name() string
 	// Capabilities reports what the backend can and cannot do.
@@ -641,21 +689,6 @@ type OpenTx struct {
 	Application string
 	// Now is the database clock when it was seen.
 	Now time.Time
-}
-
-// ReasonGrouper is implemented by backends that can group the newest
-// failures by their reason, reading a bounded number of rows whatever
-// the table holds: relay dead letters by Reason, and a consumer group's
-// DEAD inbox rows by LastError. The console shows them so, and acts on a
-// reason's events.
-type ReasonGrouper interface {
-	// DeadLetterReasons groups the newest p.Scan relay dead letters (of
-	// p.Feed when set, as ListDeadLettersParams.Feed) by feed partition and
-	// reason.
-	DeadLetterReasons(ctx context.Context, p *ReasonsParams) (*Reasons, error)
-	// InboxDeadReasons groups the newest p.Scan DEAD rows of p.Group by
-	// their last error.
-	InboxDeadReasons(ctx context.Context, p *ReasonsParams) (*Reasons, error)
 }
 
 // ReasonsParams bound a grouping by reason.

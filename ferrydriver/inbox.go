@@ -200,6 +200,8 @@ type Inbox[TTx any] interface {
 	// it returns how many rows it removed.
 	DeleteProcessedInbox(ctx context.Context, p *DeleteProcessedInboxParams) (int64, error)
 
+	Admin
+
 	// RetractInbox marks events of a group RETRACTED, their source undone
 	// (a chain reorg orphaned their block), in one transaction:
 	//   - a row not yet finished (PENDING, FAILED, PROCESSING, DEAD) never
@@ -425,15 +427,6 @@ type FailInboxParams struct {
 	Uncounted bool
 }
 
-// GroupLister is implemented by inboxes that can list their consumer
-// groups: every group whose dead policy is stored (each consumer stores
-// it when it starts) or that has events waiting (ingested before any of
-// its consumers started: holding, as consumers do without a stored
-// policy), in name order, at most MaxListedGroups, with its policy.
-type GroupLister interface {
-	InboxGroups(ctx context.Context) ([]GroupPolicy, error)
-}
-
 // GroupPolicy is a consumer group and its stored dead policy.
 type GroupPolicy struct {
 	Group string
@@ -444,22 +437,7 @@ type GroupPolicy struct {
 // MaxListedGroups bounds InboxGroups.
 const MaxListedGroups = 1000
 
-// AttemptLister is implemented by inboxes that keep each row's history as
-// long as they keep the row: its failed attempts, each with its error and
-// what it left the row in, and the operators' redrives of it, the latest
-// AttemptHistory of them. Nothing is written for an attempt that
-// processed, nor on the path of one that did: the history costs failures
-// only. An attempt that ended with no report (its worker crashed, or
-// outlived its claim) has no entry of its own; the attempt numbers around
-// it show it. A row whose attempts such ends spent goes DEAD with an entry
-// of ReasonAttemptsExhausted, numbered with the attempts it had.
-type AttemptLister interface {
-	// InboxAttempts returns the history of an event's row in a group,
-	// oldest first; nil when the group has no such row or it never failed.
-	InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]AttemptRecord, error)
-}
-
-// AttemptRecord is one entry of a row's history (AttemptLister).
+// AttemptRecord is one entry of a row's history (Admin.InboxAttempts).
 type AttemptRecord struct {
 	// Attempt is the row's attempt that the entry closes: 1 for its first,
 	// and from 1 again after a redrive. A redrive's is the count of

@@ -12,7 +12,7 @@ import (
 // ActivityJSON is GET /api/v1/activity: what the relays and consumer
 // groups did over a window, one series per component (a relay's feed
 // partition, a group), from the samples every running relay and consumer
-// records (ferrydriver.ActivityRecorder), its processes summed per step.
+// records (ferrydriver.Admin), its processes summed per step.
 type ActivityJSON struct {
 	Since time.Time `json:"since"`
 	Until time.Time `json:"until"`
@@ -93,16 +93,15 @@ func (h *Handler) activity(w http.ResponseWriter, r *http.Request) error {
 	// Relays record in the outbox's store, consumers in the inbox's (the
 	// same database, often: then once).
 	sources := []struct {
-		rec  any
+		rec  ferrydriver.Admin
 		kind string
 	}{{h.cfg.Store, ferrydriver.ActivityRelay}, {h.cfg.Inbox, ferrydriver.ActivityConsumer}}
 	for _, s := range sources {
-		rec, ok := s.rec.(ferrydriver.ActivityRecorder)
-		if !ok || (kind != "" && kind != s.kind) {
+		if s.rec == nil || (kind != "" && kind != s.kind) {
 			continue
 		}
 		out.Recorded = true
-		got, err := listActivity(r.Context(), rec, since, s.kind, name)
+		got, err := listActivity(r.Context(), s.rec, since, s.kind, name)
 		if err != nil {
 			return err
 		}
@@ -114,7 +113,7 @@ func (h *Handler) activity(w http.ResponseWriter, r *http.Request) error {
 }
 
 // listActivity reads a kind's samples since, up to the cap.
-func listActivity(ctx context.Context, rec ferrydriver.ActivityRecorder, since time.Time, kind, name string) ([]*ferrydriver.ActivitySample, error) {
+func listActivity(ctx context.Context, rec ferrydriver.Admin, since time.Time, kind, name string) ([]*ferrydriver.ActivitySample, error) {
 	return rec.ListActivity(ctx, &ferrydriver.ListActivityParams{Since: since, Kind: kind, Name: name, Limit: ferrydriver.ActivityListCap})
 }
 

@@ -9,7 +9,7 @@
 //
 // Besides the backends' state, it shows what the relays and consumers did
 // over time (GET /api/v1/activity): the samples each records in its store
-// every interval (ferrydriver.ActivityRecorder), summed per component.
+// every interval (ferrydriver.Admin), summed per component.
 //
 // It is safe by default. It answers only requests addressed to it: the
 // Host header an IP address, localhost or a name in Config.Hosts, so that
@@ -63,6 +63,7 @@ const DefaultPage = 50
 // Inbox is what the API needs of a consumer database: ferrydriver.Inbox
 // without its transaction type (every driver's Inbox satisfies it).
 type Inbox interface {
+	ferrydriver.Admin
 	ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error)
 	RedriveInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error)
 	DiscardInbox(ctx context.Context, p *ferrydriver.InboxIDsParams) (int, error)
@@ -82,7 +83,7 @@ type Config struct {
 	// parked keys show every feed the store knows of.
 	Feed string
 	// Groups are the consumer groups shown, added to those the backend
-	// lists (ferrydriver.GroupLister).
+	// lists (ferrydriver.Admin).
 	Groups []string
 	// Token authorises actions and, unless OpenReads, reads
 	// (Authorization: Bearer <Token>); it must be set unless the handler
@@ -540,11 +541,7 @@ type ReasonsJSON struct {
 // maxReasonScan bounds ?scan= of a grouping by reason.
 const maxReasonScan = 100_000
 
-func (h *Handler) reasons(w http.ResponseWriter, r *http.Request, group func(ferrydriver.ReasonGrouper, context.Context, *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error), backend any, p *ferrydriver.ReasonsParams) error {
-	rg, ok := backend.(ferrydriver.ReasonGrouper)
-	if !ok {
-		return &apiError{http.StatusNotImplemented, "this backend cannot group failures by reason: list them (dead-letters, groups/{group}/events) and group a page"}
-	}
+func (h *Handler) reasons(w http.ResponseWriter, r *http.Request, group func(ferrydriver.Admin, context.Context, *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error), rg ferrydriver.Admin, p *ferrydriver.ReasonsParams) error {
 	p.Scan, p.IDs = ferrydriver.DefaultReasonScan, MaxPage
 	if v := r.URL.Query().Get("scan"); v != "" {
 		n, err := strconv.Atoi(v)

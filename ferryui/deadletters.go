@@ -150,5 +150,5 @@ func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r 
 }
 
 func (h *Handler) deadLetterReasons(w http.ResponseWriter, r *http.Request) error {
-	return h.reasons(w, r, ferrydriver.ReasonGrouper.DeadLetterReasons, h.cfg.Store, &ferrydriver.ReasonsParams{Feed: r.URL.Query().Get("feed")})
+	return h.reasons(w, r, ferrydriver.Admin.DeadLetterReasons, h.cfg.Store, &ferrydriver.ReasonsParams{Feed: r.URL.Query().Get("feed")})
 }

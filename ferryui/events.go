@@ -192,13 +192,12 @@ func (h *Handler) findInFeed(ctx context.Context, name string, partition int, id
 }
 
 // history reads an event's history in a group, where the backend keeps
-// one (ferrydriver.AttemptLister).
+// one (ferrydriver.Admin).
 func (h *Handler) history(ctx context.Context, group string, id uuid.UUID) ([]AttemptJSON, error) {
-	l, ok := h.cfg.Inbox.(ferrydriver.AttemptLister)
-	if !ok {
+	if h.cfg.Inbox == nil {
 		return nil, nil
 	}
-	entries, err := l.InboxAttempts(ctx, group, id)
+	entries, err := h.cfg.Inbox.InboxAttempts(ctx, group, id)
 	if err != nil {
 		return nil, err
 	}

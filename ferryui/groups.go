@@ -22,7 +22,7 @@ type InboxRowJSON struct {
 	FinishedAt    *time.Time `json:"finished_at,omitempty"`
 	Event         EventJSON  `json:"event"`
 	// History is the row's failed attempts and redrives, oldest first
-	// (ferrydriver.AttemptLister); only an event's timeline has it, and
+	// (ferrydriver.Admin); only an event's timeline has it, and
 	// only where the backend keeps it.
 	History []AttemptJSON `json:"history,omitempty"`
 }
@@ -65,8 +65,8 @@ func (h *Handler) groupPolicies(ctx context.Context) ([]ferrydriver.GroupPolicy,
 	for _, g := range h.cfg.Groups {
 		hold[g] = true
 	}
-	if gl, ok := h.cfg.Inbox.(ferrydriver.GroupLister); ok {
-		listed, err := gl.InboxGroups(ctx)
+	if h.cfg.Inbox != nil {
+		listed, err := h.cfg.Inbox.InboxGroups(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -290,5 +290,5 @@ func (h *Handler) groupReasons(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return h.reasons(w, r, ferrydriver.ReasonGrouper.InboxDeadReasons, in, &ferrydriver.ReasonsParams{Group: r.PathValue("group")})
+	return h.reasons(w, r, ferrydriver.Admin.InboxDeadReasons, in, &ferrydriver.ReasonsParams{Group: r.PathValue("group")})
 }

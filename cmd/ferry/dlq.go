@@ -176,7 +176,7 @@ func knownFeed(ctx context.Context, s ferrydriver.Store, feed string) error {
 
 // knownGroup refuses a --group the inbox does not know of.
 func knownGroup(ctx context.Context, in inboxAdmin, group string) error {
-	gl, ok := in.(ferrydriver.GroupLister)
+	gl, ok := in.(ferrydriver.Admin)
 	if !ok {
 		return nil
 	}

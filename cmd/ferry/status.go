@@ -152,7 +152,7 @@ func feedStatus(ctx context.Context, drv ferrydriver.Store, name string, partiti
 // groupStatus lists the consumer groups the inbox knows of, with their
 // rows by state (each counted to ferrydriver.InboxCountCap).
 func groupStatus(ctx context.Context, in inboxAdmin) ([]groupJSON, error) {
-	gl, ok := in.(ferrydriver.GroupLister)
+	gl, ok := in.(ferrydriver.Admin)
 	if !ok {
 		return []groupJSON{}, nil
 	}

@@ -11,7 +11,7 @@ import (
 // ActivityHarness adapts a backend to the activity part of the suite.
 type ActivityHarness struct {
 	// New returns a fresh, migrated store.
-	New func(t *testing.T) ferrydriver.ActivityRecorder
+	New func(t *testing.T) ferrydriver.Admin
 	// ServerExpires says that the server removes expired samples by
 	// itself (MongoDB's TTL index) rather than RecordActivity: the
 	// retention test then checks nothing.
@@ -33,7 +33,7 @@ func ExerciseActivity(t *testing.T, h ActivityHarness) {
 	})
 }
 
-func testActivityRecordAndList(t *testing.T, d ferrydriver.ActivityRecorder) {
+func testActivityRecordAndList(t *testing.T, d ferrydriver.Admin) {
 	ctx := ctxT(t, 30*time.Second)
 	t0 := time.Now().UTC().Truncate(time.Millisecond)
 	samples := []*ferrydriver.ActivitySample{
@@ -73,7 +73,7 @@ func testActivityRecordAndList(t *testing.T, d ferrydriver.ActivityRecorder) {
 	require.Equal(t, 2, count(&ferrydriver.ListActivityParams{Since: t0, Limit: 2}))
 }
 
-func testActivityRetention(t *testing.T, d ferrydriver.ActivityRecorder) {
+func testActivityRetention(t *testing.T, d ferrydriver.Admin) {
 	ctx := ctxT(t, 30*time.Second)
 	now := time.Now().UTC()
 	old := &ferrydriver.ActivitySample{Kind: ferrydriver.ActivityRelay, Name: "default/0", Process: "p1", At: now.Add(-2 * time.Hour), Interval: 10 * time.Second, Done: 1}

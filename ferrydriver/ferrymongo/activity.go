@@ -11,8 +11,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-var _ ferrydriver.ActivityRecorder = (*Driver)(nil)
-
 func (d *Driver) activity() *mongo.Collection { return d.coll("activity") }
 
 // activityDoc is one ferrydriver.ActivitySample; durations in seconds.
@@ -33,7 +31,7 @@ type activityDoc struct {
 	LagSeconds float64   `bson:"lag_seconds,omitempty"`
 }
 
-// RecordActivity implements ferrydriver.ActivityRecorder. The server
+// RecordActivity implements ferrydriver.Admin. The server
 // removes samples a day old (a TTL index on at, DefaultActivityRetention);
 // p.Retention does not change that.
 func (d *Driver) RecordActivity(ctx context.Context, p *ferrydriver.RecordActivityParams) error {
@@ -52,7 +50,7 @@ func (d *Driver) RecordActivity(ctx context.Context, p *ferrydriver.RecordActivi
 	return nil
 }
 
-// ListActivity implements ferrydriver.ActivityRecorder.
+// ListActivity implements ferrydriver.Admin.
 func (d *Driver) ListActivity(ctx context.Context, p *ferrydriver.ListActivityParams) ([]*ferrydriver.ActivitySample, error) {
 	limit := p.Limit
 	if limit <= 0 || limit > ferrydriver.ActivityListCap {

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ferry-dev/ferry/ferryevent"
 	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferry-dev/ferry/ferryevent"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
@@ -139,7 +140,7 @@ func TestTransactorSuite(t *testing.T) {
 func TestActivitySuite(t *testing.T) {
 	mongoClient(t)
 	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{ServerExpires: true,
-		New: func(t *testing.T) ferrydriver.ActivityRecorder { return newDriver(t) }})
+		New: func(t *testing.T) ferrydriver.Admin { return newDriver(t) }})
 }
 
 func TestInboxSuite(t *testing.T) {

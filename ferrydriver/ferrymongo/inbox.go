@@ -57,7 +57,7 @@ type inboxDoc struct {
 }
 
 // attemptEntry is one entry of an inbox row's attempt_log, its history
-// (ferrydriver.AttemptLister): only InboxAttempts reads it.
+// (ferrydriver.Admin): only InboxAttempts reads it.
 type attemptEntry struct {
 	N     int       `bson:"n"`
 	State string    `bson:"state"`

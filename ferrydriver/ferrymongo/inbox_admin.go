@@ -243,7 +243,7 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 	return changed, nil
 }
 
-// InboxGroups implements ferrydriver.GroupLister.
+// InboxGroups implements ferrydriver.Admin.
 func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
 	cur, err := d.inboxGroups().Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).
 		SetLimit(ferrydriver.MaxListedGroups).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "hold_dead", Value: 1}}))
@@ -333,7 +333,7 @@ func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.Delete
 	return n, nil
 }
 
-// InboxAttempts implements ferrydriver.AttemptLister.
+// InboxAttempts implements ferrydriver.Admin.
 func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
 	var doc struct {
 		Log []attemptEntry `bson:"attempt_log"`
@@ -352,5 +352,3 @@ func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.U
 	}
 	return out, nil
 }
-
-var _ ferrydriver.AttemptLister = (*Driver)(nil)

@@ -11,7 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// DeadLetterReasons implements ferrydriver.ReasonGrouper: the newest
+// DeadLetterReasons implements ferrydriver.Admin: the newest
 // p.Scan dead letters (of p.Feed when set), read through the failed_at
 // index (the feed's, for one feed: a sort by failed_at alone, which an
 // index serves, not a sort of every dead letter), grouped by feed
@@ -22,7 +22,7 @@ func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsPa
 		bson.D{{Key: "failed_at", Value: -1}}, "$feed", "$reason", "$failed_at", "$event._id", p)
 }
 
-// InboxDeadReasons implements ferrydriver.ReasonGrouper: the newest
+// InboxDeadReasons implements ferrydriver.Admin: the newest
 // p.Scan DEAD rows of p.Group, through the (g, state, finished_at) index.
 func (d *Driver) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	match := bson.D{{Key: "g", Value: p.Group}, {Key: "state", Value: string(ferrydriver.InboxDead)}}
@@ -90,5 +90,3 @@ func (d *Driver) reasons(ctx context.Context, op string, coll *mongo.Collection,
 	}
 	return out, nil
 }
-
-var _ ferrydriver.ReasonGrouper = (*Driver)(nil)

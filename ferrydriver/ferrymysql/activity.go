@@ -8,9 +8,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-var _ ferrydriver.ActivityRecorder = (*Driver)(nil)
-
-// RecordActivity implements ferrydriver.ActivityRecorder: the samples in
+// RecordActivity implements ferrydriver.Admin: the samples in
 // one statement (a sample stored already is kept), then the removal of up
 // to 1,000 expired ones, the oldest (a range of ferry_activity_at_idx).
 func (d *Driver) RecordActivity(ctx context.Context, p *ferrydriver.RecordActivityParams) error {
@@ -38,7 +36,7 @@ ON DUPLICATE KEY UPDATE kind = kind`, args...); err != nil {
 	return nil
 }
 
-// ListActivity implements ferrydriver.ActivityRecorder: a range of
+// ListActivity implements ferrydriver.Admin: a range of
 // ferry_activity_at_idx from p.Since.
 func (d *Driver) ListActivity(ctx context.Context, p *ferrydriver.ListActivityParams) ([]*ferrydriver.ActivitySample, error) {
 	limit := p.Limit

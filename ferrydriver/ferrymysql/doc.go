@@ -144,8 +144,8 @@
 //
 // # Consumers: the inbox
 //
-// The driver is a ferrydriver.Inbox (with InboxBatcher, GroupLister,
-// AttemptLister, ReasonGrouper, ActivityRecorder and Transactor): a ferry.Consumer runs over it as over PostgreSQL or SQLite.
+// The driver is a ferrydriver.Inbox (with InboxBatcher and Transactor): a
+// ferry.Consumer runs over it as over PostgreSQL or SQLite.
 // A group's events are rows of ferry_inbox, unique on (group, event ID);
 // each (group, key) has a row in ferry_inbox_keys saying when its head
 // (its oldest unfinished row) may run. A claim takes each due key's head,

@@ -91,7 +91,7 @@ func TestInboxSuite(t *testing.T) {
 
 func TestActivitySuite(t *testing.T) {
 	t.Parallel()
-	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{New: func(t *testing.T) ferrydriver.ActivityRecorder { return newDriver(t, nil) }})
+	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{New: func(t *testing.T) ferrydriver.Admin { return newDriver(t, nil) }})
 }
 
 func TestTransactorSuite(t *testing.T) {

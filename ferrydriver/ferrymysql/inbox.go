@@ -675,7 +675,7 @@ SELECT n.g, COALESCE(p.hold_dead, TRUE)
   LEFT JOIN ferry_inbox_groups p ON p.group_name = n.g
  ORDER BY n.g LIMIT ?`
 
-// InboxGroups implements ferrydriver.GroupLister.
+// InboxGroups implements ferrydriver.Admin.
 func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
 	rows, err := d.db.QueryContext(ctx, sqlInboxGroups, ferrydriver.MaxListedGroups)
 	if err != nil {
@@ -695,7 +695,7 @@ func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, er
 	return out, d.wrapErr("list consumer groups", rows.Err())
 }
 
-// logAttempt is a row's attempt_log (ferrydriver.AttemptLister) with an
+// logAttempt is a row's attempt_log (ferrydriver.Admin) with an
 // entry appended for attempt n: the state it left the row in, its error
 // (an SQL expression of valid UTF-8 already cut to AttemptErrorChars: see
 // attemptError), now; the oldest entry goes when the history is full.
@@ -722,7 +722,7 @@ func attemptError(s string) string {
 	return s
 }
 
-// InboxAttempts implements ferrydriver.AttemptLister.
+// InboxAttempts implements ferrydriver.Admin.
 func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
 	var text sql.NullString
 	err := d.db.QueryRowContext(ctx, `SELECT attempt_log FROM ferry_inbox WHERE group_name = ? AND event_id = ?`, group, eventID[:]).Scan(&text)
@@ -753,7 +753,5 @@ func (d *Driver) MaxConns() int { return d.db.Stats().MaxOpenConnections }
 
 var (
 	_ ferrydriver.Inbox[*sql.Tx] = (*Driver)(nil)
-	_ ferrydriver.GroupLister    = (*Driver)(nil)
-	_ ferrydriver.AttemptLister  = (*Driver)(nil)
 	_ ferrydriver.ConnLimiter    = (*Driver)(nil)
 )

@@ -47,7 +47,7 @@ var (
 	sqlReasonsInboxDead       = sqlReasons(sqlScanInboxDead)
 )
 
-// DeadLetterReasons implements ferrydriver.ReasonGrouper.
+// DeadLetterReasons implements ferrydriver.Admin.
 func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	exact, family := ferrydriver.FeedFilter(p.Feed)
 	switch {
@@ -59,7 +59,7 @@ func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsPa
 	return d.reasons(ctx, "group dead letters by reason", sqlReasonsDeadLetters, nil, p)
 }
 
-// InboxDeadReasons implements ferrydriver.ReasonGrouper.
+// InboxDeadReasons implements ferrydriver.Admin.
 func (d *Driver) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	return d.reasons(ctx, "group dead events of "+p.Group+" by reason", sqlReasonsInboxDead, []any{p.Group}, p)
 }
@@ -92,5 +92,3 @@ func (d *Driver) reasons(ctx context.Context, op, query string, scope []any, p *
 	}
 	return out, d.wrapErr(op, rows.Err())
 }
-
-var _ ferrydriver.ReasonGrouper = (*Driver)(nil)

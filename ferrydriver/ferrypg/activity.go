@@ -7,8 +7,6 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-var _ ferrydriver.ActivityRecorder = (*Driver[any])(nil)
-
 // sqlActivityInsert stores samples ($1..$12, $14, $15: one element each) and removes
 // up to 1,000 samples older than $13 ms, by the (at) index: a recorder
 // keeps the table bounded a little at a time.
@@ -32,7 +30,7 @@ SELECT kind, name, process, at, seconds, done, failed, dead, latency_p50, latenc
  WHERE at >= $1 AND ($2 = '' OR kind = $2) AND ($3 = '' OR name = $3)
  ORDER BY at LIMIT $4`
 
-// RecordActivity implements ferrydriver.ActivityRecorder.
+// RecordActivity implements ferrydriver.Admin.
 func (d *Driver[TTx]) RecordActivity(ctx context.Context, p *ferrydriver.RecordActivityParams) error {
 	n := len(p.Samples)
 	kinds, names, procs := make([]string, n), make([]string, n), make([]string, n)
@@ -57,7 +55,7 @@ func (d *Driver[TTx]) RecordActivity(ctx context.Context, p *ferrydriver.RecordA
 	return nil
 }
 
-// ListActivity implements ferrydriver.ActivityRecorder.
+// ListActivity implements ferrydriver.Admin.
 func (d *Driver[TTx]) ListActivity(ctx context.Context, p *ferrydriver.ListActivityParams) ([]*ferrydriver.ActivitySample, error) {
 	limit := p.Limit
 	if limit <= 0 || limit > ferrydriver.ActivityListCap {

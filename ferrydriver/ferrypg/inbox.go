@@ -770,7 +770,7 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 	return len(ids), nil
 }
 
-// InboxGroups implements ferrydriver.GroupLister.
+// InboxGroups implements ferrydriver.Admin.
 func (d *Driver[TTx]) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
 	r, err := d.db.query(ctx, d.queries.inboxGroups, ferrydriver.MaxListedGroups)
 	if err != nil {
@@ -966,7 +966,6 @@ func (d *Driver[TTx]) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSett
 
 var (
 	_ ferrydriver.Inbox[pgx.Tx] = (*Driver[pgx.Tx])(nil)
-	_ ferrydriver.AttemptLister = (*Driver[pgx.Tx])(nil)
 )
 
 // attemptEntry is one entry of an inbox row's attempt_log (logAttempt).
@@ -977,7 +976,7 @@ type attemptEntry struct {
 	At    time.Time `json:"at"`
 }
 
-// InboxAttempts implements ferrydriver.AttemptLister.
+// InboxAttempts implements ferrydriver.Admin.
 func (d *Driver[TTx]) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
 	r, err := d.db.query(ctx, d.queries.inboxAttempts, group, eventID.String())
 	if err != nil {

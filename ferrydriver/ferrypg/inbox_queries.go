@@ -547,7 +547,7 @@ UPDATE {schema}.inbox_keys k
 // headNext is when a key whose head is h may run.
 const headNext = `CASE h.state WHEN 'pending' THEN now() WHEN 'failed' THEN h.next_attempt_at END`
 
-// logAttempt is row i's history (ferrydriver.AttemptLister) with an entry
+// logAttempt is row i's history (ferrydriver.Admin) with an entry
 // for attempt n appended: the state it left the row in, its error; the
 // oldest entry goes when the history is full.
 func logAttempt(n, state, err string) string {

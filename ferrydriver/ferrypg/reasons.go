@@ -30,14 +30,14 @@ SELECT '', last_error, count(*)::int, max(finished_at), array_to_string((array_a
          ORDER BY finished_at DESC LIMIT $2) s
  GROUP BY last_error ORDER BY 3 DESC, 4 DESC, 2 LIMIT $4`
 
-// DeadLetterReasons implements ferrydriver.ReasonGrouper.
+// DeadLetterReasons implements ferrydriver.Admin.
 func (d *Driver[TTx]) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	scan, ids, limit := p.Bounds()
 	q, feed := d.queries.deadLetterReasons.of(p.Feed)
 	return d.reasons(ctx, "group dead letters by reason", q, feed, scan, ids, limit)
 }
 
-// InboxDeadReasons implements ferrydriver.ReasonGrouper.
+// InboxDeadReasons implements ferrydriver.Admin.
 func (d *Driver[TTx]) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	scan, ids, limit := p.Bounds()
 	return d.reasons(ctx, "group dead events by reason", d.queries.inboxDeadReasons, p.Group, scan, ids, limit)
@@ -71,5 +71,3 @@ func (d *Driver[TTx]) reasons(ctx context.Context, op, q string, args ...any) (*
 	}
 	return out, nil
 }
-
-var _ ferrydriver.ReasonGrouper = (*Driver[any])(nil)

@@ -8,9 +8,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-var _ ferrydriver.ActivityRecorder = (*Driver)(nil)
-
-// RecordActivity implements ferrydriver.ActivityRecorder: the samples and
+// RecordActivity implements ferrydriver.Admin: the samples and
 // the removal of up to 1,000 expired ones, in one write transaction.
 func (d *Driver) RecordActivity(ctx context.Context, p *ferrydriver.RecordActivityParams) error {
 	retention := p.Retention
@@ -37,7 +35,7 @@ DELETE FROM ferry_activity WHERE rowid IN (SELECT rowid FROM ferry_activity WHER
 	})
 }
 
-// ListActivity implements ferrydriver.ActivityRecorder.
+// ListActivity implements ferrydriver.Admin.
 func (d *Driver) ListActivity(ctx context.Context, p *ferrydriver.ListActivityParams) ([]*ferrydriver.ActivitySample, error) {
 	limit := p.Limit
 	if limit <= 0 || limit > ferrydriver.ActivityListCap {

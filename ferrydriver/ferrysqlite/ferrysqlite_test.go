@@ -65,7 +65,7 @@ func TestInboxSuite(t *testing.T) {
 
 func TestActivitySuite(t *testing.T) {
 	t.Parallel()
-	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{New: func(t *testing.T) ferrydriver.ActivityRecorder { return newDriver(t) }})
+	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{New: func(t *testing.T) ferrydriver.Admin { return newDriver(t) }})
 }
 
 func TestTransactorSuite(t *testing.T) {

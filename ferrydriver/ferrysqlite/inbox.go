@@ -654,7 +654,7 @@ SELECT n.group_name, COALESCE(p.hold_dead, 1)
   LEFT JOIN ferry_inbox_groups p ON p.group_name = n.group_name
  ORDER BY n.group_name LIMIT ?1`
 
-// InboxGroups implements ferrydriver.GroupLister.
+// InboxGroups implements ferrydriver.Admin.
 func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
 	rows, err := d.r.QueryContext(ctx, sqlInboxGroups, ferrydriver.MaxListedGroups)
 	if err != nil {
@@ -825,7 +825,7 @@ func claimLimit(p *ferrydriver.ClaimInboxParams) int {
 	return n
 }
 
-// logAttempt is a row's attempt_log (ferrydriver.AttemptLister) with an
+// logAttempt is a row's attempt_log (ferrydriver.Admin) with an
 // entry appended for attempt n: the state it left the row in, its error cut
 // to AttemptErrorChars, at (microseconds); the oldest entry goes when the
 // history is full. Each argument is an SQL expression.
@@ -835,7 +835,7 @@ func logAttempt(n, state, err, at string) string {
 		`, 'state', ` + state + `, 'error', substr(` + err + `, 1, ` + strconv.Itoa(ferrydriver.AttemptErrorChars) + `), 'at', ` + at + `))`
 }
 
-// InboxAttempts implements ferrydriver.AttemptLister.
+// InboxAttempts implements ferrydriver.Admin.
 func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
 	var text sql.NullString
 	err := d.r.QueryRowContext(ctx, `SELECT attempt_log FROM ferry_inbox WHERE group_name = ? AND event_id = ?`, group, eventID.String()).Scan(&text)
@@ -860,5 +860,3 @@ func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.U
 	}
 	return out, nil
 }
-
-var _ ferrydriver.AttemptLister = (*Driver)(nil)

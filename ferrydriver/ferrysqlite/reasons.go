@@ -31,14 +31,14 @@ SELECT '', last_error, count(*), max(finished_at), COALESCE(group_concat(CASE WH
                  WHERE group_name = ?1 AND state = 'dead' AND state <> 'processed' ORDER BY finished_at DESC LIMIT ?2))
  GROUP BY last_error ORDER BY 3 DESC, 4 DESC, 2 LIMIT ?4`
 
-// DeadLetterReasons implements ferrydriver.ReasonGrouper.
+// DeadLetterReasons implements ferrydriver.Admin.
 func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	scan, ids, limit := p.Bounds()
 	exact, family := ferrydriver.FeedFilter(p.Feed)
 	return d.reasons(ctx, "group dead letters by reason", sqlDeadLetterReasons, exact, scan, ids, limit, nil, nil, nil, nil, family)
 }
 
-// InboxDeadReasons implements ferrydriver.ReasonGrouper.
+// InboxDeadReasons implements ferrydriver.Admin.
 func (d *Driver) InboxDeadReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	scan, ids, limit := p.Bounds()
 	return d.reasons(ctx, "group dead events by reason", sqlInboxDeadReasons, p.Group, scan, ids, limit)
@@ -71,5 +71,3 @@ func (d *Driver) reasons(ctx context.Context, op, q string, args ...any) (*ferry
 	}
 	return out, d.wrapErr(op, rows.Err())
 }
-
-var _ ferrydriver.ReasonGrouper = (*Driver)(nil)
