@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferryshared/backoff"
 	"github.com/google/uuid"
@@ -198,7 +199,7 @@ func nextEventID(ctx context.Context) uuid.UUID {
 // other entities. fn must have no effect outside the transaction (no
 // e-mail, no HTTP call): emit an event with EmitTx and act on it in a
 // consumer, which sees it once the transaction committed.
-func RunTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], opts *TxOptions, fn func(ctx context.Context, tx TTx) (R, error)) (R, error) {
+func RunTx[R any, TTx any](ctx context.Context, t txdriver.Transactor[TTx], opts *TxOptions, fn func(ctx context.Context, tx TTx) (R, error)) (R, error) {
 	o := opts.withDefaults()
 	call := &txCall{m: newCallMetrics(o.Hooks)}
 	for _, th := range ferryhook.Of[ferryhook.TxHook](o.Hooks) {
@@ -232,7 +233,7 @@ func (c *txCall) retry(attempt int, cause string, err error) {
 
 // runTx is RunTx once the hooks have started: call hears of its attempts
 // and retries.
-func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o *TxOptions, fn func(ctx context.Context, tx TTx) (R, error), call *txCall) (R, error) {
+func runTx[R any, TTx any](ctx context.Context, t txdriver.Transactor[TTx], o *TxOptions, fn func(ctx context.Context, tx TTx) (R, error), call *txCall) (R, error) {
 	m := call.m
 	var zero R
 	start := time.Now()
@@ -263,7 +264,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 		var result R
 		err := t.AttemptTx(ctx, func(ctx context.Context, tx TTx) error {
 			if o.RequestID != "" {
-				if err := t.ClaimRequestTx(ctx, tx, &ferrydriver.ClaimRequestParams{ID: o.RequestID, Fingerprint: fp}); err != nil {
+				if err := t.ClaimRequestTx(ctx, tx, &txdriver.ClaimRequestParams{ID: o.RequestID, Fingerprint: fp}); err != nil {
 					return err
 				}
 			}
@@ -277,7 +278,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 				if err != nil {
 					return fmt.Errorf("ferry: the result of request %s must encode as JSON to be stored: %w", o.RequestID, err)
 				}
-				return t.FinishRequestTx(ctx, tx, &ferrydriver.FinishRequestParams{ID: o.RequestID, Result: b})
+				return t.FinishRequestTx(ctx, tx, &txdriver.FinishRequestParams{ID: o.RequestID, Result: b})
 			}
 			return nil
 		})
@@ -285,7 +286,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			m.txCalls.Add(1, "committed")
 			return result, nil
 		}
-		if errors.Is(err, ferrydriver.ErrRequestExists) {
+		if errors.Is(err, txdriver.ErrRequestExists) {
 			// A duplicate committed first: its result is the answer.
 			rec, gerr := t.GetRequest(ctx, o.RequestID)
 			if gerr != nil {
@@ -295,14 +296,14 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			return replay[R](m, rec, o.RequestID, fp)
 		}
 		cause := ""
-		var cu *ferrydriver.CommitUnknownError
+		var cu *txdriver.CommitUnknownError
 		if errors.As(err, &cu) {
 			outcome := resolveCommit(ctx, t, cu, o, log, attempt)
 			switch outcome {
-			case ferrydriver.TxCommitted:
+			case txdriver.Committed:
 				m.txCalls.Add(1, "committed")
 				return result, nil
-			case ferrydriver.TxOutcomeUnknown:
+			case txdriver.OutcomeUnknown:
 				if o.RequestID != "" {
 					rec, gerr := t.GetRequest(ctx, o.RequestID)
 					if gerr == nil {
@@ -319,7 +320,7 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 			log.Info("ferry: the callback asked for a rerun; running it again", "attempt", attempt, "cause", cause, "err", rr.err)
 		} else {
 			info := t.ClassifyTxError(err)
-			if info.Class != ferrydriver.TxRetry {
+			if info.Class != txdriver.Retry {
 				m.txCalls.Add(1, "failed")
 				return zero, err
 			}
@@ -349,27 +350,27 @@ func runTx[R any, TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], o
 	}
 }
 
-func resolveCommit[TTx any](ctx context.Context, t ferrydriver.Transactor[TTx], cu *ferrydriver.CommitUnknownError, o *TxOptions, log *slog.Logger, attempt int) ferrydriver.TxOutcome {
+func resolveCommit[TTx any](ctx context.Context, t txdriver.Transactor[TTx], cu *txdriver.CommitUnknownError, o *TxOptions, log *slog.Logger, attempt int) txdriver.Outcome {
 	// Resolved even if ctx ended: the caller must learn what happened.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.ResolveTimeout)
 	defer cancel()
 	outcome, err := t.ResolveCommit(rctx, cu)
 	if err != nil {
 		log.Warn("ferry: could not find out whether the transaction committed", "attempt", attempt, "err", err, "commit_err", cu.Err)
-		return ferrydriver.TxOutcomeUnknown
+		return txdriver.OutcomeUnknown
 	}
-	if outcome == ferrydriver.TxOutcomeUnknown {
+	if outcome == txdriver.OutcomeUnknown {
 		log.Warn("ferry: the connection broke after COMMIT and the database cannot tell whether it committed (no request record to read)",
 			"attempt", attempt, "err", cu.Err)
 		return outcome
 	}
 	log.Info("ferry: the connection broke after COMMIT; resolved the outcome from the database",
-		"attempt", attempt, "committed", outcome == ferrydriver.TxCommitted, "err", cu.Err)
+		"attempt", attempt, "committed", outcome == txdriver.Committed, "err", cu.Err)
 	return outcome
 }
 
 // replay returns a stored result, or a conflict when the input differs.
-func replay[R any](m *callMetrics, rec *ferrydriver.RequestRecord, id, fp string) (R, error) {
+func replay[R any](m *callMetrics, rec *txdriver.RequestRecord, id, fp string) (R, error) {
 	var r R
 	if rec.Fingerprint != fp {
 		m.txCalls.Add(1, "conflict")
@@ -394,7 +395,7 @@ func fingerprint(input any) (string, error) {
 
 // RequestPruner removes old request records (every Transactor is one).
 type RequestPruner interface {
-	DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error)
+	DeleteRequests(ctx context.Context, p *txdriver.DeleteRequestsParams) (int64, error)
 }
 
 // KeepRequests removes request records older than retention every
@@ -415,7 +416,7 @@ func KeepRequests(ctx context.Context, p RequestPruner, retention, interval time
 	defer t.Stop()
 	for {
 		for {
-			n, err := p.DeleteRequests(ctx, &ferrydriver.DeleteRequestsParams{OlderThan: retention, Limit: ferrydriver.RetentionChunk})
+			n, err := p.DeleteRequests(ctx, &txdriver.DeleteRequestsParams{OlderThan: retention, Limit: ferrydriver.RetentionChunk})
 			if err != nil && ctx.Err() == nil {
 				slog.Default().Warn("ferry: could not delete old request records", "err", err)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -28,13 +29,13 @@ type fakeTransactor struct {
 	plan      []error
 	attempts  int
 	committed [][]string
-	requests  map[string]*ferrydriver.RequestRecord
-	pending   map[*fakeTx]*ferrydriver.RequestRecord
-	resolve   ferrydriver.TxOutcome
+	requests  map[string]*txdriver.RequestRecord
+	pending   map[*fakeTx]*txdriver.RequestRecord
+	resolve   txdriver.Outcome
 }
 
 func newFake(plan ...error) *fakeTransactor {
-	return &fakeTransactor{plan: plan, requests: map[string]*ferrydriver.RequestRecord{}, pending: map[*fakeTx]*ferrydriver.RequestRecord{}}
+	return &fakeTransactor{plan: plan, requests: map[string]*txdriver.RequestRecord{}, pending: map[*fakeTx]*txdriver.RequestRecord{}}
 }
 
 func (f *fakeTransactor) AttemptTx(ctx context.Context, fn func(context.Context, *fakeTx) error) error {
@@ -51,8 +52,8 @@ func (f *fakeTransactor) AttemptTx(ctx context.Context, fn func(context.Context,
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var cu *ferrydriver.CommitUnknownError
-	if planned != nil && !(errors.As(planned, &cu) && f.resolve == ferrydriver.TxCommitted) {
+	var cu *txdriver.CommitUnknownError
+	if planned != nil && !(errors.As(planned, &cu) && f.resolve == txdriver.Committed) {
 		delete(f.pending, tx)
 		return planned
 	}
@@ -63,35 +64,35 @@ func (f *fakeTransactor) AttemptTx(ctx context.Context, fn func(context.Context,
 	return planned
 }
 
-func (f *fakeTransactor) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
+func (f *fakeTransactor) ClassifyTxError(err error) txdriver.ErrorInfo {
 	if errors.Is(err, errConflict) {
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "conflict", Relation: "t"}
+		return txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "conflict", Relation: "t"}
 	}
-	return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent}
+	return txdriver.ErrorInfo{Class: txdriver.Permanent}
 }
 
-func (f *fakeTransactor) ResolveCommit(context.Context, *ferrydriver.CommitUnknownError) (ferrydriver.TxOutcome, error) {
+func (f *fakeTransactor) ResolveCommit(context.Context, *txdriver.CommitUnknownError) (txdriver.Outcome, error) {
 	return f.resolve, nil
 }
 
-func (f *fakeTransactor) ClaimRequestTx(_ context.Context, tx *fakeTx, p *ferrydriver.ClaimRequestParams) error {
+func (f *fakeTransactor) ClaimRequestTx(_ context.Context, tx *fakeTx, p *txdriver.ClaimRequestParams) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.requests[p.ID]; ok {
-		return ferrydriver.ErrRequestExists
+		return txdriver.ErrRequestExists
 	}
-	f.pending[tx] = &ferrydriver.RequestRecord{ID: p.ID, Fingerprint: p.Fingerprint}
+	f.pending[tx] = &txdriver.RequestRecord{ID: p.ID, Fingerprint: p.Fingerprint}
 	return nil
 }
 
-func (f *fakeTransactor) FinishRequestTx(_ context.Context, tx *fakeTx, p *ferrydriver.FinishRequestParams) error {
+func (f *fakeTransactor) FinishRequestTx(_ context.Context, tx *fakeTx, p *txdriver.FinishRequestParams) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pending[tx].Result = p.Result
 	return nil
 }
 
-func (f *fakeTransactor) GetRequest(_ context.Context, id string) (*ferrydriver.RequestRecord, error) {
+func (f *fakeTransactor) GetRequest(_ context.Context, id string) (*txdriver.RequestRecord, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if r, ok := f.requests[id]; ok {
@@ -100,7 +101,7 @@ func (f *fakeTransactor) GetRequest(_ context.Context, id string) (*ferrydriver.
 	return nil, ferrydriver.ErrNotFound
 }
 
-func (f *fakeTransactor) DeleteRequests(context.Context, *ferrydriver.DeleteRequestsParams) (int64, error) {
+func (f *fakeTransactor) DeleteRequests(context.Context, *txdriver.DeleteRequestsParams) (int64, error) {
 	return 0, nil
 }
 
@@ -163,15 +164,15 @@ func TestRunTxStopsOnPermanentErrorsAndBudgets(t *testing.T) {
 }
 
 func TestRunTxResolvesALostCommitAnswer(t *testing.T) {
-	lost := &ferrydriver.CommitUnknownError{Token: "1", Err: errors.New("connection reset")}
+	lost := &txdriver.CommitUnknownError{Token: "1", Err: errors.New("connection reset")}
 	for _, c := range []struct {
-		outcome  ferrydriver.TxOutcome
+		outcome  txdriver.Outcome
 		attempts int
 		err      error
 	}{
-		{ferrydriver.TxCommitted, 1, nil},                         // committed: fn's result, not run again
-		{ferrydriver.TxAborted, 2, nil},                           // rolled back: run again
-		{ferrydriver.TxOutcomeUnknown, 1, ferry.ErrCommitUnknown}, // cannot tell: say so
+		{txdriver.Committed, 1, nil},                         // committed: fn's result, not run again
+		{txdriver.Aborted, 2, nil},                           // rolled back: run again
+		{txdriver.OutcomeUnknown, 1, ferry.ErrCommitUnknown}, // cannot tell: say so
 	} {
 		f := newFake(lost)
 		f.resolve = c.outcome
@@ -215,8 +216,8 @@ func TestRunTxIdempotentRequests(t *testing.T) {
 
 	// The answer of the first commit was lost and nobody can tell: the
 	// request record can.
-	f = newFake(&ferrydriver.CommitUnknownError{Err: errors.New("reset")})
-	f.resolve = ferrydriver.TxCommitted
+	f = newFake(&txdriver.CommitUnknownError{Err: errors.New("reset")})
+	f.resolve = txdriver.Committed
 	n, err := ferry.RunTx(context.Background(), f, opts(func(o *ferry.TxOptions) { o.RequestID = "r" }), func(context.Context, *fakeTx) (int, error) { return 3, nil })
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
@@ -264,7 +265,7 @@ type countingPruner struct {
 	left  int64
 }
 
-func (p *countingPruner) DeleteRequests(_ context.Context, d *ferrydriver.DeleteRequestsParams) (int64, error) {
+func (p *countingPruner) DeleteRequests(_ context.Context, d *txdriver.DeleteRequestsParams) (int64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++

@@ -15,7 +15,6 @@ package ferrydriver
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferryevent"
@@ -197,8 +196,7 @@ type Store interface {
 
 	// ListFeeds names the feeds the store knows of: every name with a
 	// checkpoint, a lease, dead letters or parked events, in name order,
-	// once each. Relay feeds are "<feed>/<partition>" (see FeedPartition;
-	// RelayFeeds keeps those and adds the partitions that have nothing yet).
+	// once each. Relay feeds are "<feed>/<partition>" (ferry.Relay).
 	// It reads O(names) entries of indexes, however many dead letters and
 	// parked events there are.
 	ListFeeds(ctx context.Context) ([]string, error)
@@ -465,7 +463,7 @@ type InsertDeadLettersParams struct {
 type ListDeadLettersParams struct {
 	// Feed, when set, limits the list to a feed: a feed's name ("hooks")
 	// selects every partition of it ("hooks/0", "hooks/1", ...), a
-	// partition's name ("hooks/0") that partition only (see InFeed).
+	// partition's name ("hooks/0") that partition only.
 	Feed string
 	// Key, Type and Topic filter exactly when set.
 	Key, Type, Topic string
@@ -480,43 +478,6 @@ type ListDeadLettersParams struct {
 	After *DeadLetterCursor
 	// Limit caps the result; 0 means 100.
 	Limit int
-}
-
-// InFeed reports whether filter (ListDeadLettersParams.Feed) selects the
-// feed partition named feed: an empty filter selects every feed, a
-// partition's name ("hooks/0", see FeedPartition) that partition, and a
-// feed's name ("hooks") each of its partitions ("hooks/0", "hooks/1", ...).
-func InFeed(filter, feed string) bool {
-	exact, family := FeedFilter(filter)
-	switch {
-	case exact != "":
-		return feed == exact
-	case family != "":
-		rest, ok := strings.CutPrefix(feed, family)
-		return ok && rest != "" && strings.Trim(rest, "0123456789") == ""
-	}
-	return true
-}
-
-// FeedFilter splits a feed filter (ListDeadLettersParams.Feed) for a
-// store's query: a partition's name is matched exactly (exact), a feed's
-// name as the prefix family ("hooks/") followed by a partition number.
-// At most one of them is set; neither when filter is "" (every feed).
-func FeedFilter(filter string) (exact, family string) {
-	switch {
-	case filter == "":
-		return "", ""
-	case isPartitionName(filter):
-		return filter, ""
-	}
-	return "", filter + "/"
-}
-
-// isPartitionName reports whether name ends in "/<digits>": a relay
-// feed's partition ("<feed>/<partition>"), not a feed's name.
-func isPartitionName(name string) bool {
-	i := strings.LastIndexByte(name, '/')
-	return i > 0 && i < len(name)-1 && strings.Trim(name[i+1:], "0123456789") == ""
 }
 
 // DeadLetterCursor is a place in a list of dead letters: the last one a
@@ -541,15 +502,6 @@ type DeadLetterRef struct {
 // never reaches a dead letter, or a feed, it did not show.
 type DeadLetterSelection struct {
 	Letters []DeadLetterRef
-}
-
-// Refs returns the dead letters' references.
-func Refs(dls []*DeadLetter) []DeadLetterRef {
-	out := make([]DeadLetterRef, len(dls))
-	for i, dl := range dls {
-		out[i] = DeadLetterRef{Feed: dl.Feed, EventID: dl.Event.ID}
-	}
-	return out
 }
 
 // GetDeadLetterParams select one dead letter.

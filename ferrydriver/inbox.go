@@ -266,34 +266,15 @@ type ListInboxParams struct {
 }
 
 // InboxCursor is where a page of ListInbox ended: its last row's finish
-// and receipt times and event ID (InboxCursorOf).
+// and receipt times and event ID.
 type InboxCursor struct {
 	FinishedAt, ReceivedAt time.Time
 	EventID                uuid.UUID
 }
 
-// InboxCursorOf is the cursor after row.
-func InboxCursorOf(row *InboxRow) *InboxCursor {
-	return &InboxCursor{FinishedAt: row.FinishedAt, ReceivedAt: row.ReceivedAt, EventID: row.Event.ID}
-}
-
 // ErrCursorNeedsFinishedStates is ListInbox's refusal of After with an
 // unfinished state.
 var ErrCursorNeedsFinishedStates = errors.New("a page after a cursor lists finished states only (dead, processed, discarded, retracted)")
-
-// CheckInboxCursor returns ErrCursorNeedsFinishedStates when p has a
-// cursor and a state that is not finished (no states means DEAD).
-func CheckInboxCursor(p *ListInboxParams) error {
-	if p.After == nil {
-		return nil
-	}
-	for _, s := range p.States {
-		if !s.Finished() {
-			return fmt.Errorf("ferrydriver: list inbox of group %s: state %s: %w", p.Group, s, ErrCursorNeedsFinishedStates)
-		}
-	}
-	return nil
-}
 
 // InboxPolicyParams set a group's dead policy.
 type InboxPolicyParams struct {

@@ -1,12 +1,8 @@
 package ferrydriver
 
 import (
-	"context"
 	"errors"
 	"hash/fnv"
-	"slices"
-	"strconv"
-	"strings"
 )
 
 // MaxPartitions is the largest partition count a backend accepts.
@@ -48,107 +44,4 @@ type SetPartitionsResult struct {
 	Previous int
 	// Partitions is the count stored now.
 	Partitions int
-}
-
-// FeedPartition returns the partition of a relay feed name: relays name
-// their feed (checkpoint and lease) "<feed>/<partition>" (ferry.Relay).
-// Other names (a chain source's "chain/<name>") report false.
-func FeedPartition(name string) (int, bool) {
-	i := len(name)
-	for i > 0 && name[i-1] >= '0' && name[i-1] <= '9' {
-		i--
-	}
-	if i == len(name) || i < 2 || name[i-1] != '/' || len(name)-i > 4 {
-		return 0, false
-	}
-	n := 0
-	for _, c := range name[i:] {
-		n = n*10 + int(c-'0')
-	}
-	if n >= MaxPartitions || (len(name)-i > 1 && name[i] == '0') {
-		return 0, false
-	}
-	return n, true
-}
-
-// notFeeds are the prefixes of the lease and checkpoint names that are
-// not relay feeds: a ferry.Balancer's memberships, a chain source's
-// cursor and lease, a consumer group's gauge lease.
-var notFeeds = []string{"members/", "chain/", "consumer-gauges/"}
-
-// IsFeedName reports whether name is a relay feed partition's
-// ("<feed>/<partition>"), and not another lease's or checkpoint's.
-func IsFeedName(name string) bool {
-	if _, ok := FeedPartition(name); !ok {
-		return false
-	}
-	for _, p := range notFeeds {
-		if strings.HasPrefix(name, p) {
-			return false
-		}
-	}
-	return true
-}
-
-// RelayFeeds returns the relay feed partitions an operator's view shows,
-// in name order: every partition (of the stored count) of each feed the
-// store knows of (ListFeeds), and any other partition of theirs it knows
-// of (one beyond a count since lowered); feed "default"'s when it knows
-// none. filter narrows them as ListDeadLettersParams.Feed does; a feed or
-// partition it names is shown even if the store knows nothing of it yet
-// (a relay that has not run).
-func RelayFeeds(ctx context.Context, s Store, filter string) ([]string, error) {
-	names, err := s.ListFeeds(ctx)
-	if err != nil {
-		return nil, err
-	}
-	partitions, err := s.StoredPartitions(ctx)
-	if err != nil {
-		return nil, err
-	}
-	families := map[string]bool{}
-	seen := map[string]bool{}
-	for _, n := range names {
-		if IsFeedName(n) {
-			seen[n] = true
-			families[n[:strings.LastIndexByte(n, '/')]] = true
-		}
-	}
-	exact, family := FeedFilter(filter)
-	switch {
-	case exact != "":
-		seen[exact] = true
-	case family != "":
-		families[strings.TrimSuffix(family, "/")] = true
-	case len(families) == 0:
-		families["default"] = true
-	}
-	for f := range families {
-		for p := range partitions {
-			seen[f+"/"+strconv.Itoa(p)] = true
-		}
-	}
-	out := make([]string, 0, len(seen))
-	for n := range seen {
-		if InFeed(filter, n) {
-			out = append(out, n)
-		}
-	}
-	slices.SortFunc(out, compareFeeds)
-	return out, nil
-}
-
-// compareFeeds orders feed partitions by feed, then partition number.
-func compareFeeds(a, b string) int {
-	fa, pa := splitFeed(a)
-	fb, pb := splitFeed(b)
-	if c := strings.Compare(fa, fb); c != 0 {
-		return c
-	}
-	return pa - pb
-}
-
-func splitFeed(name string) (string, int) {
-	p, _ := FeedPartition(name)
-	return name[:strings.LastIndexByte(name, '/')], p
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 )
 
@@ -140,7 +141,7 @@ func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r 
 		if err != nil {
 			return nil, false, err
 		}
-		return ferrydriver.Refs(dls), len(dls) == f.Limit, nil
+		return driverkit.Refs(dls), len(dls) == f.Limit, nil
 	}
 	return func(w http.ResponseWriter, r *http.Request) error {
 		return h.act(w, r, "relay dead letters "+verb, true, choose, func(ctx context.Context, selected selection) (int, error) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // FeedJSON is one partition of a relay feed.
@@ -42,13 +43,13 @@ type OpenTxJSON struct {
 // checkpoint, a lease, dead letters, parked events: every partition of
 // each such feed), or those of ?feed= (a feed's name or a partition's).
 func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
-	names, err := ferrydriver.RelayFeeds(r.Context(), h.cfg.Store, r.URL.Query().Get("feed"))
+	names, err := driverkit.RelayFeeds(r.Context(), h.cfg.Store, r.URL.Query().Get("feed"))
 	if err != nil {
 		return err
 	}
 	out := make([]FeedJSON, 0, len(names))
 	for _, name := range names {
-		p, _ := ferrydriver.FeedPartition(name)
+		p, _ := driverkit.FeedPartition(name)
 		st, err := h.cfg.Store.FeedStatus(r.Context(), &ferrydriver.FeedStatusParams{Feed: name, Partition: p})
 		if err != nil {
 			return err
@@ -122,7 +123,7 @@ func (h *Handler) partitionFeeds(ctx context.Context) ([]string, error) {
 // limit per feed partition, when keys is nil).
 func (h *Handler) parkedKeys(ctx context.Context, keys []string, limit int) ([]ParkedJSON, error) {
 	out := []ParkedJSON{}
-	feeds, err := ferrydriver.RelayFeeds(ctx, h.cfg.Store, "")
+	feeds, err := driverkit.RelayFeeds(ctx, h.cfg.Store, "")
 	if err != nil {
 		return nil, err
 	}

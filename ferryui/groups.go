@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 )
 
@@ -164,7 +165,7 @@ func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	list := &ferrydriver.ListInboxParams{Group: r.PathValue("group"), States: states, Key: f.Key, Type: f.Type,
 		Since: f.Since, Until: f.Until, Limit: f.Limit, After: after}
-	if ferrydriver.CheckInboxCursor(list) != nil {
+	if driverkit.CheckInboxCursor(list) != nil {
 		return badRequest("after= pages lists of finished events only (state=dead, processed, discarded, retracted): ask for one of those")
 	}
 	got, err := pageInbox(r.Context(), in, *list, scan)

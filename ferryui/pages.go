@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // A filter that no index serves (an event type or topic; a key, over a
@@ -90,7 +91,7 @@ func deadLetterCursor(dl *ferrydriver.DeadLetter) *ferrydriver.DeadLetterCursor 
 // index; a feed's partitions, a type, a topic or a reason are matched
 // here, over at most scan dead letters.
 func (h *Handler) pageDeadLetters(ctx context.Context, f Filter, after *ferrydriver.DeadLetterCursor, limit, scan int) (*page[*ferrydriver.DeadLetter, ferrydriver.DeadLetterCursor], error) {
-	exact, family := ferrydriver.FeedFilter(f.Feed)
+	exact, family := driverkit.FeedFilter(f.Feed)
 	list := ferrydriver.ListDeadLettersParams{Feed: exact, Key: f.Key, Since: f.Since, Until: f.Until}
 	read := func(after *ferrydriver.DeadLetterCursor, n int) ([]*ferrydriver.DeadLetter, error) {
 		l := list
@@ -110,7 +111,7 @@ func (h *Handler) pageDeadLetters(ctx context.Context, f Filter, after *ferrydri
 	}
 	return walk(after, limit, scan, read, deadLetterCursor, func(dl *ferrydriver.DeadLetter) bool {
 		return (f.Type == "" || dl.Event.Type == f.Type) && (f.Topic == "" || dl.Event.Topic == f.Topic) &&
-			strings.Contains(dl.Reason, f.Reason) && ferrydriver.InFeed(f.Feed, dl.Feed)
+			strings.Contains(dl.Reason, f.Reason) && driverkit.InFeed(f.Feed, dl.Feed)
 	})
 }
 
@@ -124,7 +125,7 @@ var servedKeyStates = []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydr
 // unfinished ones, which page by no cursor, the newest scan rows (at most
 // maxUnfinishedScan).
 func pageInbox(ctx context.Context, in Inbox, p ferrydriver.ListInboxParams, scan int) (*page[*ferrydriver.InboxRow, ferrydriver.InboxCursor], error) {
-	finished := ferrydriver.CheckInboxCursor(&ferrydriver.ListInboxParams{States: p.States, After: &ferrydriver.InboxCursor{}}) == nil
+	finished := driverkit.CheckInboxCursor(&ferrydriver.ListInboxParams{States: p.States, After: &ferrydriver.InboxCursor{}}) == nil
 	keyServed := true
 	for _, st := range p.States {
 		keyServed = keyServed && slices.Contains(servedKeyStates, st)
@@ -141,7 +142,7 @@ func pageInbox(ctx context.Context, in Inbox, p ferrydriver.ListInboxParams, sca
 		}
 		out := &page[*ferrydriver.InboxRow, ferrydriver.InboxCursor]{items: rows}
 		if finished && len(rows) == p.Limit {
-			out.next = ferrydriver.InboxCursorOf(rows[len(rows)-1])
+			out.next = driverkit.InboxCursorOf(rows[len(rows)-1])
 		}
 		return out, nil
 	}
@@ -156,7 +157,7 @@ func pageInbox(ctx context.Context, in Inbox, p ferrydriver.ListInboxParams, sca
 		return (key == "" || r.Event.Key == key) && (typ == "" || r.Event.Type == typ)
 	}
 	if finished {
-		return walk(p.After, p.Limit, scan, read, ferrydriver.InboxCursorOf, match)
+		return walk(p.After, p.Limit, scan, read, driverkit.InboxCursorOf, match)
 	}
 	rows, err := read(nil, min(scan, maxUnfinishedScan))
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 	"golang.org/x/term"
 )
@@ -159,10 +160,10 @@ func knownFeed(ctx context.Context, s ferrydriver.Store, feed string) error {
 	var known []string
 	seen := map[string]bool{}
 	for _, n := range names {
-		if !ferrydriver.IsFeedName(n) {
+		if !driverkit.IsFeedName(n) {
 			continue
 		}
-		if ferrydriver.InFeed(feed, n) {
+		if driverkit.InFeed(feed, n) {
 			return nil
 		}
 		if f := n[:strings.LastIndexByte(n, '/')]; !seen[f] {
@@ -310,7 +311,7 @@ func (a *dlqAction) relay(ctx context.Context, drv ferrydriver.Store, ids []uuid
 	if ok, err := a.proceed(what + "?"); !ok || err != nil {
 		return err
 	}
-	sel := &ferrydriver.DeadLetterSelection{Letters: ferrydriver.Refs(dls)}
+	sel := &ferrydriver.DeadLetterSelection{Letters: driverkit.Refs(dls)}
 	var n int
 	if a.action == "redrive" {
 		n, err = drv.RedriveDeadLetters(ctx, sel)

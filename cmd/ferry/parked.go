@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // maxParkedShown bounds the parked keys `ferry parked list` and `ferry
@@ -48,7 +49,7 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer b.close()
 	pk := b.store
-	feeds, err := ferrydriver.RelayFeeds(ctx, b.store, feed)
+	feeds, err := driverkit.RelayFeeds(ctx, b.store, feed)
 	if err != nil {
 		return err
 	}

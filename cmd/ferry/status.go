@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 type statusJSON struct {
@@ -83,13 +84,13 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	names, err := ferrydriver.RelayFeeds(ctx, drv, feed)
+	names, err := driverkit.RelayFeeds(ctx, drv, feed)
 	if err != nil {
 		return err
 	}
 	report := statusReport{Feeds: []statusJSON{}, Groups: []groupJSON{}}
 	for _, name := range names {
-		p, _ := ferrydriver.FeedPartition(name)
+		p, _ := driverkit.FeedPartition(name)
 		s, err := feedStatus(ctx, drv, name, p, exact)
 		if err != nil {
 			return err

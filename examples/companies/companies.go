@@ -51,6 +51,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/google/uuid"
 )
 
@@ -58,7 +59,7 @@ import (
 // ferrypg.NewSQL, ferrymysql.New or ferrysqlite.Open.
 type Backend interface {
 	ferrydriver.Driver[*sql.Tx]
-	ferrydriver.Transactor[*sql.Tx]
+	txdriver.Transactor[*sql.Tx]
 }
 
 // App is the company service.

@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryevent/ferryeventtest"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
@@ -882,7 +883,7 @@ func testInboxPages[TTx any](t *testing.T, d InboxDriver[TTx]) {
 			}
 			last = r
 		}
-		after = ferrydriver.InboxCursorOf(page[len(page)-1])
+		after = driverkit.InboxCursorOf(page[len(page)-1])
 	}
 	require.Len(t, seen, len(evs), "every dead row once")
 	_, err = d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxPending}, After: after})

@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryevent/ferryeventtest"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
@@ -830,7 +831,7 @@ func testDeadLettersByFeedAndReason[TTx any](t *testing.T, h Harness[TTx]) {
 			for _, d := range dls {
 				listed = listed || d.Feed == dl
 			}
-			require.Equal(t, ferrydriver.InFeed(f, dl), listed, "filter %q, dead letter of %s: the store and InFeed agree", f, dl)
+			require.Equal(t, driverkit.InFeed(f, dl), listed, "filter %q, dead letter of %s: the store and InFeed agree", f, dl)
 		}
 	}
 }
@@ -977,7 +978,7 @@ func testListFeeds[TTx any](t *testing.T, h Harness[TTx]) {
 	drv := h.New(t)
 	feeds := func(filter string) []string {
 		t.Helper()
-		got, err := ferrydriver.RelayFeeds(ctx, drv, filter)
+		got, err := driverkit.RelayFeeds(ctx, drv, filter)
 		require.NoError(t, err)
 		return got
 	}

@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/stretchr/testify/require"
 )
 
 // TransactorDriver is a backend that runs application transactions.
 type TransactorDriver[TTx any] interface {
 	ferrydriver.Store
-	ferrydriver.Transactor[TTx]
+	txdriver.Transactor[TTx]
 }
 
 // ExerciseTransactor runs the request-record part of the suite.
@@ -29,10 +30,10 @@ func ExerciseTransactor[TTx any](t *testing.T, newDriver func(t *testing.T) Tran
 
 func claimAndFinish[TTx any](ctx context.Context, d TransactorDriver[TTx], id, fp, result string) error {
 	return d.AttemptTx(ctx, func(ctx context.Context, tx TTx) error {
-		if err := d.ClaimRequestTx(ctx, tx, &ferrydriver.ClaimRequestParams{ID: id, Fingerprint: fp}); err != nil {
+		if err := d.ClaimRequestTx(ctx, tx, &txdriver.ClaimRequestParams{ID: id, Fingerprint: fp}); err != nil {
 			return err
 		}
-		return d.FinishRequestTx(ctx, tx, &ferrydriver.FinishRequestParams{ID: id, Result: []byte(result)})
+		return d.FinishRequestTx(ctx, tx, &txdriver.FinishRequestParams{ID: id, Result: []byte(result)})
 	})
 }
 
@@ -47,7 +48,7 @@ func testRequestRoundTrip[TTx any](t *testing.T, d TransactorDriver[TTx]) {
 	require.JSONEq(t, `{"n":1}`, string(rec.Result))
 	require.WithinDuration(t, time.Now(), rec.CreatedAt, time.Minute)
 	err = claimAndFinish(ctx, d, "r1", "fp2", `{"n":2}`)
-	require.ErrorIs(t, err, ferrydriver.ErrRequestExists, "a committed request cannot be claimed again")
+	require.ErrorIs(t, err, txdriver.ErrRequestExists, "a committed request cannot be claimed again")
 	rec, err = d.GetRequest(ctx, "r1")
 	require.NoError(t, err)
 	require.JSONEq(t, `{"n":1}`, string(rec.Result), "the first result stays")
@@ -57,14 +58,14 @@ func testRequestRollback[TTx any](t *testing.T, d TransactorDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	boom := context.Canceled
 	err := d.AttemptTx(ctx, func(ctx context.Context, tx TTx) error {
-		require.NoError(t, d.ClaimRequestTx(ctx, tx, &ferrydriver.ClaimRequestParams{ID: "r", Fingerprint: "fp"}))
+		require.NoError(t, d.ClaimRequestTx(ctx, tx, &txdriver.ClaimRequestParams{ID: "r", Fingerprint: "fp"}))
 		return boom
 	})
 	require.ErrorIs(t, err, boom)
 	_, err = d.GetRequest(ctx, "r")
 	require.ErrorIs(t, err, ferrydriver.ErrNotFound, "a rolled-back claim leaves no record")
 	require.NoError(t, claimAndFinish(ctx, d, "r", "fp", `"ok"`), "and the request can run")
-	require.Equal(t, ferrydriver.TxPermanent, d.ClassifyTxError(boom).Class)
+	require.Equal(t, txdriver.Permanent, d.ClassifyTxError(boom).Class)
 }
 
 // Many transactions claim the same request at once: exactly one commits;
@@ -86,9 +87,9 @@ func testRequestConcurrentClaims[TTx any](t *testing.T, d TransactorDriver[TTx])
 					won++
 					mu.Unlock()
 					return
-				case errors.Is(err, ferrydriver.ErrRequestExists):
+				case errors.Is(err, txdriver.ErrRequestExists):
 					return
-				case d.ClassifyTxError(err).Class == ferrydriver.TxRetry:
+				case d.ClassifyTxError(err).Class == txdriver.Retry:
 					continue
 				default:
 					t.Errorf("claim %d: %v", i, err)
@@ -108,11 +109,11 @@ func testRequestConcurrentClaims[TTx any](t *testing.T, d TransactorDriver[TTx])
 func testRequestRetention[TTx any](t *testing.T, d TransactorDriver[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	require.NoError(t, claimAndFinish(ctx, d, "old", "fp", `1`))
-	n, err := d.DeleteRequests(ctx, &ferrydriver.DeleteRequestsParams{OlderThan: time.Hour})
+	n, err := d.DeleteRequests(ctx, &txdriver.DeleteRequestsParams{OlderThan: time.Hour})
 	require.NoError(t, err)
 	require.Zero(t, n, "young records stay")
 	time.Sleep(20 * time.Millisecond)
-	n, err = d.DeleteRequests(ctx, &ferrydriver.DeleteRequestsParams{OlderThan: 10 * time.Millisecond})
+	n, err = d.DeleteRequests(ctx, &txdriver.DeleteRequestsParams{OlderThan: 10 * time.Millisecond})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	_, err = d.GetRequest(ctx, "old")

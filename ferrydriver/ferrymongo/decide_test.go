@@ -10,7 +10,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
@@ -121,7 +121,7 @@ func TestClassifyTxError(t *testing.T) {
 	require.Equal(t, "retry", d.ClassifyTxError(cmdErr(251, labelTransient)).Class.String(), "NoSuchTransaction after a failover")
 	require.Equal(t, "permanent", d.ClassifyTxError(cmdErr(11000)).Class.String())
 	require.Equal(t, "permanent", d.ClassifyTxError(errors.New("boom")).Class.String())
-	require.Equal(t, "commit_unknown", d.ClassifyTxError(&ferrydriver.CommitUnknownError{Err: cmdErr(91, labelUnknownCommit)}).Class.String())
+	require.Equal(t, "commit_unknown", d.ClassifyTxError(&txdriver.CommitUnknownError{Err: cmdErr(91, labelUnknownCommit)}).Class.String())
 }
 
 // TestDocumentKeyString: how a captured document's _id becomes an event key.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -157,7 +158,7 @@ func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) 
 		filter = append(filter, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}})
 	}
 	filter = timeRange(filter, "finished_at", p.Since, p.Until)
-	if err := ferrydriver.CheckInboxCursor(p); err != nil {
+	if err := driverkit.CheckInboxCursor(p); err != nil {
 		return nil, err
 	}
 	if c := p.After; c != nil {

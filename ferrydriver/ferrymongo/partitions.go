@@ -317,7 +317,7 @@ func (d *Driver) changeProblems(ctx context.Context, stored int) ([]string, erro
 		behind = map[string]string{}
 	)
 	for _, c := range cps {
-		n, ok := ferrydriver.FeedPartition(c.Feed)
+		n, ok := driverkit.FeedPartition(c.Feed)
 		if !ok || n != c.Partition {
 			continue
 		}

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -42,7 +42,7 @@ func TestPartitionsChangedIsTransient(t *testing.T) {
 	var le mongo.LabeledError
 	require.True(t, errors.As(err, &le))
 	require.True(t, le.HasErrorLabel("TransientTransactionError"))
-	require.Equal(t, ferrydriver.TxRetry, (&Driver{}).ClassifyTxError(err).Class)
+	require.Equal(t, txdriver.Retry, (&Driver{}).ClassifyTxError(err).Class)
 	require.Contains(t, err.Error(), "from 4 to 8")
 	require.Contains(t, (&partitionsChangedError{used: 4, stored: 4, err: err}).Error(), "ferry migrate up")
 }

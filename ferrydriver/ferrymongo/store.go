@@ -256,7 +256,7 @@ func (d *Driver) decodeDeadLetters(ctx context.Context, cur *mongo.Cursor) ([]*f
 // by the index on feed), a reason containing the text.
 func deadLetterFilter(p *ferrydriver.ListDeadLettersParams) bson.D {
 	filter := bson.D{}
-	exact, family := ferrydriver.FeedFilter(p.Feed)
+	exact, family := driverkit.FeedFilter(p.Feed)
 	for _, f := range []struct{ field, v string }{{"feed", exact}, {"event.key", p.Key}, {"event.type", p.Type}, {"event.topic", p.Topic}} {
 		if f.v != "" {
 			filter = append(filter, bson.E{Key: f.field, Value: f.v})

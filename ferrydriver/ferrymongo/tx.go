@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -18,7 +19,7 @@ import (
 // unknown, as the convenient transactions API does by default.
 const commitBudget = 120 * time.Second
 
-// AttemptTx implements ferrydriver.Transactor: one session transaction
+// AttemptTx implements txdriver.Transactor: one session transaction
 // (snapshot reads, majority writes) around fn. An
 // UnknownTransactionCommitResult retries the commit only (the driver
 // applies w:majority to the retry), never the callback, until it succeeds,
@@ -45,7 +46,7 @@ func (d *Driver) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx 
 			d.cfg.Logger.Info("ferrymongo: commit result unknown; committing again", "attempt", attempt, "err", err)
 			select {
 			case <-ctx.Done():
-				return &ferrydriver.CommitUnknownError{Err: err}
+				return &txdriver.CommitUnknownError{Err: err}
 			case <-time.After(min(time.Duration(attempt)*10*time.Millisecond, 500*time.Millisecond)):
 			}
 			continue
@@ -53,33 +54,33 @@ func (d *Driver) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx 
 			return err // labelled TransientTransactionError: RunTx reruns the callback
 		}
 		if hasLabel(err, labelUnknownCommit) {
-			return &ferrydriver.CommitUnknownError{Err: err}
+			return &txdriver.CommitUnknownError{Err: err}
 		}
 		return err
 	}
 }
 
-// ClassifyTxError implements ferrydriver.Transactor.
-func (d *Driver) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
-	var cu *ferrydriver.CommitUnknownError
+// ClassifyTxError implements txdriver.Transactor.
+func (d *Driver) ClassifyTxError(err error) txdriver.ErrorInfo {
+	var cu *txdriver.CommitUnknownError
 	switch {
 	case errors.As(err, &cu):
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxCommitUnknown, Cause: "UnknownTransactionCommitResult"}
+		return txdriver.ErrorInfo{Class: txdriver.CommitUnknown, Cause: "UnknownTransactionCommitResult"}
 	case hasLabel(err, labelTransient):
-		info := ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: labelTransient}
+		info := txdriver.ErrorInfo{Class: txdriver.Retry, Cause: labelTransient}
 		if hasCode(err, codeWriteConflict) {
 			info.Cause = "WriteConflict"
 		}
 		return info
 	}
-	return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent}
+	return txdriver.ErrorInfo{Class: txdriver.Permanent}
 }
 
-// ResolveCommit implements ferrydriver.Transactor: MongoDB offers no way
+// ResolveCommit implements txdriver.Transactor: MongoDB offers no way
 // to ask whether a given transaction committed, so the request record is
 // the only witness.
-func (d *Driver) ResolveCommit(context.Context, *ferrydriver.CommitUnknownError) (ferrydriver.TxOutcome, error) {
-	return ferrydriver.TxOutcomeUnknown, nil
+func (d *Driver) ResolveCommit(context.Context, *txdriver.CommitUnknownError) (txdriver.Outcome, error) {
+	return txdriver.OutcomeUnknown, nil
 }
 
 func (d *Driver) requests() *mongo.Collection {
@@ -93,13 +94,13 @@ type requestDoc struct {
 	CreatedAt   time.Time `bson:"created_at"`
 }
 
-// ClaimRequestTx implements ferrydriver.Transactor: the insert of the
+// ClaimRequestTx implements txdriver.Transactor: the insert of the
 // request's _id conflicts with a concurrent claim (WriteConflict: RunTx
 // reruns) or fails on a committed one (duplicate key: ErrRequestExists).
-func (d *Driver) ClaimRequestTx(ctx context.Context, tx context.Context, p *ferrydriver.ClaimRequestParams) error {
+func (d *Driver) ClaimRequestTx(ctx context.Context, tx context.Context, p *txdriver.ClaimRequestParams) error {
 	_, err := d.requests().InsertOne(tx, &requestDoc{ID: p.ID, Fingerprint: p.Fingerprint, CreatedAt: time.Now().UTC()})
 	if mongo.IsDuplicateKeyError(err) {
-		return fmt.Errorf("ferrymongo: request %s: %w", p.ID, ferrydriver.ErrRequestExists)
+		return fmt.Errorf("ferrymongo: request %s: %w", p.ID, txdriver.ErrRequestExists)
 	}
 	if err != nil {
 		return fmt.Errorf("ferrymongo: record request %s: %w", p.ID, err)
@@ -107,8 +108,8 @@ func (d *Driver) ClaimRequestTx(ctx context.Context, tx context.Context, p *ferr
 	return nil
 }
 
-// FinishRequestTx implements ferrydriver.Transactor.
-func (d *Driver) FinishRequestTx(ctx context.Context, tx context.Context, p *ferrydriver.FinishRequestParams) error {
+// FinishRequestTx implements txdriver.Transactor.
+func (d *Driver) FinishRequestTx(ctx context.Context, tx context.Context, p *txdriver.FinishRequestParams) error {
 	_, err := d.requests().UpdateOne(tx, bson.D{{Key: "_id", Value: p.ID}}, bson.D{{Key: "$set", Value: bson.D{{Key: "result", Value: p.Result}}}})
 	if err != nil {
 		return fmt.Errorf("ferrymongo: store the result of request %s: %w", p.ID, err)
@@ -116,9 +117,9 @@ func (d *Driver) FinishRequestTx(ctx context.Context, tx context.Context, p *fer
 	return nil
 }
 
-// GetRequest implements ferrydriver.Transactor, reading with majority
+// GetRequest implements txdriver.Transactor, reading with majority
 // read concern outside any session.
-func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.RequestRecord, error) {
+func (d *Driver) GetRequest(ctx context.Context, id string) (*txdriver.RequestRecord, error) {
 	var doc requestDoc
 	err := d.requests().FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
@@ -127,11 +128,11 @@ func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.Reques
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: read request %s: %w", id, err)
 	}
-	return &ferrydriver.RequestRecord{ID: doc.ID, Fingerprint: doc.Fingerprint, Result: doc.Result, CreatedAt: doc.CreatedAt}, nil
+	return &txdriver.RequestRecord{ID: doc.ID, Fingerprint: doc.Fingerprint, Result: doc.Result, CreatedAt: doc.CreatedAt}, nil
 }
 
-// DeleteRequests implements ferrydriver.Transactor.
-func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
+// DeleteRequests implements txdriver.Transactor.
+func (d *Driver) DeleteRequests(ctx context.Context, p *txdriver.DeleteRequestsParams) (int64, error) {
 	limit := int64(p.Limit)
 	if limit <= 0 {
 		limit = ferrydriver.RetentionChunk
@@ -144,4 +145,4 @@ func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteReques
 	return n, nil
 }
 
-var _ ferrydriver.Transactor[context.Context] = (*Driver)(nil)
+var _ txdriver.Transactor[context.Context] = (*Driver)(nil)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // The inbox follows SQLite's model: one ferry_inbox row per (group,
@@ -445,7 +446,7 @@ func listInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	if err := ferrydriver.CheckInboxCursor(p); err != nil {
+	if err := driverkit.CheckInboxCursor(p); err != nil {
 		return "", nil, err
 	}
 	seen := map[ferrydriver.InboxState]bool{}

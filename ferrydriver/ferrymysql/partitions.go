@@ -129,7 +129,7 @@ func (d *Driver) changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]
 			rows.Close()
 			return nil, err
 		}
-		if n, ok := ferrydriver.FeedPartition(c.feed); ok && n == c.partition {
+		if n, ok := driverkit.FeedPartition(c.feed); ok && n == c.partition {
 			cps = append(cps, c)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // explain returns the server's plan of q as text rows (EXPLAIN).
@@ -122,7 +123,7 @@ func TestInboxListsReadTheirPageOnly(t *testing.T) {
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxProcessed}, Limit: page}, "ferry_inbox_pages_idx", page},
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxPending}, Limit: page}, "ferry_inbox_pages_idx", page},
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxFailed}, Limit: page}, "ferry_inbox_pages_idx", page},
-		{&ferrydriver.ListInboxParams{Group: "g", Limit: page, After: ferrydriver.InboxCursorOf(dead[len(dead)-1])}, "ferry_inbox_pages_idx", page},
+		{&ferrydriver.ListInboxParams{Group: "g", Limit: page, After: driverkit.InboxCursorOf(dead[len(dead)-1])}, "ferry_inbox_pages_idx", page},
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxDead, ferrydriver.InboxProcessed}, Limit: page}, "ferry_inbox_pages_idx", page},
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxPending}, Key: pendingKey, Limit: 5}, "ferry_inbox_key_pages_idx", 5},
 		{&ferrydriver.ListInboxParams{Group: "g", States: []ferrydriver.InboxState{ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead}, Key: blockedKey, Limit: 5}, "ferry_inbox_key_pages_idx", 5},

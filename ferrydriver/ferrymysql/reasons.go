@@ -49,7 +49,7 @@ var (
 
 // DeadLetterReasons implements ferrydriver.Admin.
 func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
-	exact, family := ferrydriver.FeedFilter(p.Feed)
+	exact, family := driverkit.FeedFilter(p.Feed)
 	switch {
 	case exact != "":
 		return d.reasons(ctx, "group dead letters by reason", sqlReasonsFeedDeadLetters, []any{exact}, p)

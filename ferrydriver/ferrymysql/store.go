@@ -468,7 +468,7 @@ func deadLetterWhere(p *ferrydriver.ListDeadLettersParams) (string, []any) {
 	terms := []string{"TRUE"}
 	var args []any
 	add := func(term string, arg ...any) { terms, args = append(terms, term), append(args, arg...) }
-	exact, family := ferrydriver.FeedFilter(p.Feed)
+	exact, family := driverkit.FeedFilter(p.Feed)
 	if exact != "" {
 		add("feed = ?", exact)
 	}
@@ -599,7 +599,7 @@ ON DUPLICATE KEY UPDATE feed = ferry_parked.feed`, dl.Feed, dl.Event.ID[:]); err
 			}
 		}
 		if len(dls) > 0 {
-			where, args = refsWhere(ferrydriver.Refs(dls))
+			where, args = refsWhere(driverkit.Refs(dls))
 			if _, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE `+where, args...); err != nil {
 				return d.wrapErr("delete redriven dead letters", err)
 			}

@@ -15,9 +15,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 )
 
-// RunTx's transactions (ferrydriver.Transactor) run at the pool's
+// RunTx's transactions (txdriver.Transactor) run at the pool's
 // isolation. What MySQL's errors mean for them:
 //   - a deadlock (1213) rolled the transaction back: run it again;
 //   - a lock wait timeout (1205) rolled back the statement only (unless
@@ -45,7 +46,7 @@ type attemptState struct {
 // attempts maps an open AttemptTx transaction to its state.
 var attempts sync.Map // *sql.Tx → *attemptState
 
-// AttemptTx implements ferrydriver.Transactor.
+// AttemptTx implements txdriver.Transactor.
 func (d *Driver) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -72,60 +73,60 @@ func (d *Driver) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx 
 	if st.request != "" {
 		token = strconv.FormatInt(st.conn, 10) + "/" + st.token.String() + "/" + st.request
 	}
-	return &ferrydriver.CommitUnknownError{Token: token, Err: err}
+	return &txdriver.CommitUnknownError{Token: token, Err: err}
 }
 
-// ClassifyTxError implements ferrydriver.Transactor.
-func (d *Driver) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
-	var cu *ferrydriver.CommitUnknownError
+// ClassifyTxError implements txdriver.Transactor.
+func (d *Driver) ClassifyTxError(err error) txdriver.ErrorInfo {
+	var cu *txdriver.CommitUnknownError
 	if errors.As(err, &cu) {
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxCommitUnknown, Cause: "commit_unknown"}
+		return txdriver.ErrorInfo{Class: txdriver.CommitUnknown, Cause: "commit_unknown"}
 	}
 	switch n := errNumber(err); n {
 	case errDeadlock:
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "deadlock"}
+		return txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "deadlock"}
 	case errLockWait:
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "lock_wait_timeout"}
+		return txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "lock_wait_timeout"}
 	case 0:
 	default:
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent, Cause: "mysql_" + strconv.Itoa(int(n))}
+		return txdriver.ErrorInfo{Class: txdriver.Permanent, Cause: "mysql_" + strconv.Itoa(int(n))}
 	}
 	if errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn) {
 		// The transaction's connection broke before COMMIT: the server
 		// rolls it back.
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "connection_lost"}
+		return txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "connection_lost"}
 	}
-	return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent}
+	return txdriver.ErrorInfo{Class: txdriver.Permanent}
 }
 
-// ResolveCommit implements ferrydriver.Transactor (see above).
-func (d *Driver) ResolveCommit(ctx context.Context, e *ferrydriver.CommitUnknownError) (ferrydriver.TxOutcome, error) {
+// ResolveCommit implements txdriver.Transactor (see above).
+func (d *Driver) ResolveCommit(ctx context.Context, e *txdriver.CommitUnknownError) (txdriver.Outcome, error) {
 	parts := strings.SplitN(e.Token, "/", 3)
 	if len(parts) != 3 {
-		return ferrydriver.TxOutcomeUnknown, nil // no request record to read
+		return txdriver.OutcomeUnknown, nil // no request record to read
 	}
 	conn, err := strconv.ParseInt(parts[0], 10, 64)
 	if err != nil {
-		return ferrydriver.TxOutcomeUnknown, nil
+		return txdriver.OutcomeUnknown, nil
 	}
 	token, err := uuid.Parse(parts[1])
 	if err != nil {
-		return ferrydriver.TxOutcomeUnknown, nil
+		return txdriver.OutcomeUnknown, nil
 	}
 	if err := d.awaitSessionEnd(ctx, conn); err != nil {
-		return ferrydriver.TxOutcomeUnknown, err
+		return txdriver.OutcomeUnknown, err
 	}
 	var stored []byte
 	err = d.db.QueryRowContext(ctx, `SELECT attempt FROM ferry_requests WHERE id = ?`, parts[2]).Scan(&stored)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return ferrydriver.TxAborted, nil
+		return txdriver.Aborted, nil
 	case err != nil:
-		return ferrydriver.TxOutcomeUnknown, d.wrapErr("read request "+parts[2], err)
+		return txdriver.OutcomeUnknown, d.wrapErr("read request "+parts[2], err)
 	case string(stored) == string(token[:]):
-		return ferrydriver.TxCommitted, nil
+		return txdriver.Committed, nil
 	}
-	return ferrydriver.TxAborted, nil // another attempt's (a concurrent duplicate's) record
+	return txdriver.Aborted, nil // another attempt's (a concurrent duplicate's) record
 }
 
 // awaitSessionEnd waits until session id has ended: its transaction then
@@ -158,11 +159,11 @@ func (d *Driver) awaitSessionEnd(ctx context.Context, id int64) error {
 	}
 }
 
-// ClaimRequestTx implements ferrydriver.Transactor: the record is
+// ClaimRequestTx implements txdriver.Transactor: the record is
 // inserted in tx; a committed one makes the insert fail (duplicate key),
 // and one whose transaction is still open makes it wait for that
 // transaction's end.
-func (d *Driver) ClaimRequestTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimRequestParams) error {
+func (d *Driver) ClaimRequestTx(ctx context.Context, tx *sql.Tx, p *txdriver.ClaimRequestParams) error {
 	var conn int64
 	if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&conn); err != nil {
 		return d.wrapErr("record request "+p.ID, err)
@@ -171,7 +172,7 @@ func (d *Driver) ClaimRequestTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.
 	_, err := tx.ExecContext(ctx, `INSERT INTO ferry_requests (id, fingerprint, attempt, created_at) VALUES (?, ?, ?, `+sqlNow+`)`,
 		p.ID, p.Fingerprint, token[:])
 	if errNumber(err) == errDupEntry {
-		return fmt.Errorf("ferrymysql: request %s: %w", p.ID, ferrydriver.ErrRequestExists)
+		return fmt.Errorf("ferrymysql: request %s: %w", p.ID, txdriver.ErrRequestExists)
 	}
 	if err != nil {
 		return d.wrapErr("record request "+p.ID, err)
@@ -185,8 +186,8 @@ func (d *Driver) ClaimRequestTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.
 	return nil
 }
 
-// FinishRequestTx implements ferrydriver.Transactor.
-func (d *Driver) FinishRequestTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.FinishRequestParams) error {
+// FinishRequestTx implements txdriver.Transactor.
+func (d *Driver) FinishRequestTx(ctx context.Context, tx *sql.Tx, p *txdriver.FinishRequestParams) error {
 	result := p.Result
 	if result == nil {
 		result = []byte{}
@@ -195,9 +196,9 @@ func (d *Driver) FinishRequestTx(ctx context.Context, tx *sql.Tx, p *ferrydriver
 	return d.wrapErr("store the result of request "+p.ID, err)
 }
 
-// GetRequest implements ferrydriver.Transactor.
-func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.RequestRecord, error) {
-	rec := &ferrydriver.RequestRecord{ID: id}
+// GetRequest implements txdriver.Transactor.
+func (d *Driver) GetRequest(ctx context.Context, id string) (*txdriver.RequestRecord, error) {
+	rec := &txdriver.RequestRecord{ID: id}
 	var fp []byte
 	var created int64
 	err := d.db.QueryRowContext(ctx, `SELECT fingerprint, result, created_at FROM ferry_requests WHERE id = ?`, id).Scan(&fp, &rec.Result, &created)
@@ -211,9 +212,9 @@ func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.Reques
 	return rec, nil
 }
 
-// DeleteRequests implements ferrydriver.Transactor: the oldest records, a
+// DeleteRequests implements txdriver.Transactor: the oldest records, a
 // range of ferry_requests_created_idx.
-func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
+func (d *Driver) DeleteRequests(ctx context.Context, p *txdriver.DeleteRequestsParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = ferrydriver.RetentionChunk
@@ -227,4 +228,4 @@ func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteReques
 	return n, nil
 }
 
-var _ ferrydriver.Transactor[*sql.Tx] = (*Driver)(nil)
+var _ txdriver.Transactor[*sql.Tx] = (*Driver)(nil)

@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymysql/mysqltest"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 )
 
 // Ways commitCutter loses a COMMIT.
@@ -201,7 +201,7 @@ func TestLockWaitTimeoutRunsTheWholeTransactionAgain(t *testing.T) {
 		}
 		_, err := tx.ExecContext(ctx, `SET STATEMENT innodb_lock_wait_timeout = 1 FOR UPDATE hot SET n = n + 10 WHERE id = 1`)
 		if runs == 1 {
-			require.Equal(t, ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "lock_wait_timeout"}, drv.ClassifyTxError(err))
+			require.Equal(t, txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "lock_wait_timeout"}, drv.ClassifyTxError(err))
 			require.NoError(t, holder.Rollback())
 		}
 		return 0, err
@@ -232,6 +232,6 @@ func TestLockWaitTimeoutRunsTheWholeTransactionAgain(t *testing.T) {
 			_ = b.Rollback()
 		}
 	}
-	require.Equal(t, ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "deadlock"}, drv.ClassifyTxError(victim))
-	require.Equal(t, ferrydriver.TxPermanent, drv.ClassifyTxError(errors.New("the caller's own error")).Class)
+	require.Equal(t, txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "deadlock"}, drv.ClassifyTxError(victim))
+	require.Equal(t, txdriver.Permanent, drv.ClassifyTxError(errors.New("the caller's own error")).Class)
 }

@@ -536,7 +536,7 @@ func feedQueries(q string) byFeed {
 // of returns the statement for a feed filter (ListDeadLettersParams.Feed)
 // and its $1.
 func (b byFeed) of(filter string) (q, feed string) {
-	exact, family := ferrydriver.FeedFilter(filter)
+	exact, family := driverkit.FeedFilter(filter)
 	if family != "" {
 		return b.family, family
 	}

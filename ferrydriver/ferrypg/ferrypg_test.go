@@ -10,6 +10,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -188,7 +189,7 @@ func TestClassifyTxErrors(t *testing.T) {
 	require.Error(t, err)
 	_ = second.Rollback(ctx)
 	info := drv.ClassifyTxError(err)
-	require.Equal(t, ferrydriver.TxRetry, info.Class)
+	require.Equal(t, txdriver.Retry, info.Class)
 	require.Equal(t, "serialization_failure", info.Cause)
 
 	// A deadlock: each holds one row and wants the other's.
@@ -212,11 +213,11 @@ func TestClassifyTxErrors(t *testing.T) {
 		err = other
 	}
 	info = drv.ClassifyTxError(err)
-	require.Equal(t, ferrydriver.TxRetry, info.Class, "%v", err)
+	require.Equal(t, txdriver.Retry, info.Class, "%v", err)
 	require.Equal(t, "deadlock_detected", info.Cause)
 	require.Equal(t, "hot", info.Relation)
 
-	require.Equal(t, ferrydriver.TxPermanent, drv.ClassifyTxError(errors.New("boom")).Class)
+	require.Equal(t, txdriver.Permanent, drv.ClassifyTxError(errors.New("boom")).Class)
 }
 
 func TestConsumerSuitePgx(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
@@ -691,7 +692,7 @@ func (d *Driver[TTx]) ListInbox(ctx context.Context, p *ferrydriver.ListInboxPar
 	if err != nil {
 		return nil, fmt.Errorf("ferrypg: list inbox of group %s: %w", p.Group, err)
 	}
-	if err := ferrydriver.CheckInboxCursor(p); err != nil {
+	if err := driverkit.CheckInboxCursor(p); err != nil {
 		return nil, err
 	}
 	var afterFinished, afterReceived *time.Time

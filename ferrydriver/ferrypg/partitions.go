@@ -156,7 +156,7 @@ func (d *Driver[TTx]) changeProblems(ctx context.Context, e executor, stored int
 			r.Close()
 			return nil, err
 		}
-		if n, ok := ferrydriver.FeedPartition(c.feed); ok && n == c.partition {
+		if n, ok := driverkit.FeedPartition(c.feed); ok && n == c.partition {
 			cps = append(cps, c)
 		}
 	}

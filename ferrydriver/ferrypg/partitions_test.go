@@ -11,6 +11,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -92,7 +93,7 @@ func TestPartitionsChangeUnderARepeatableReadProducer(t *testing.T) {
 	err = drv.AppendTx(ctx, tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "run the transaction again")
-	require.Equal(t, ferrydriver.TxRetry, drv.ClassifyTxError(err).Class, "ferry.RunTx runs it again")
+	require.Equal(t, txdriver.Retry, drv.ClassifyTxError(err).Class, "ferry.RunTx runs it again")
 	require.NoError(t, tx.Commit(ctx))
 	var n int
 	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+drv.Schema()+`.outbox`).Scan(&n))

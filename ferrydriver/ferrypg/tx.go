@@ -13,11 +13,12 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// AttemptTx implements ferrydriver.Transactor. The transaction takes its
+// AttemptTx implements txdriver.Transactor. The transaction takes its
 // transaction ID first, so that a commit whose answer is lost can be
 // resolved with pg_xact_status.
 func (d *Driver[TTx]) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error {
@@ -57,7 +58,7 @@ func (d *Driver[TTx]) AttemptTx(ctx context.Context, fn func(ctx context.Context
 		// Anything else may have happened after COMMIT reached the server,
 		// whatever the error claims (pgx reports a connection it closed
 		// while waiting for COMMIT's answer as safe to retry): ask.
-		return &ferrydriver.CommitUnknownError{Token: xid, Err: err}
+		return &txdriver.CommitUnknownError{Token: xid, Err: err}
 	}
 	return nil
 }
@@ -75,24 +76,24 @@ func definitive(e *pgconn.PgError) bool {
 
 var relationRE = regexp.MustCompile(`relation "([^"]+)"`)
 
-// ClassifyTxError implements ferrydriver.Transactor: serialization
+// ClassifyTxError implements txdriver.Transactor: serialization
 // failures (40001) and deadlocks (40P01) run again, and so does a
 // transaction whose connection broke before COMMIT (it rolled back).
-func (d *Driver[TTx]) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
+func (d *Driver[TTx]) ClassifyTxError(err error) txdriver.ErrorInfo {
 	var cb *callbackIOError
 	if errors.As(err, &cb) {
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent, Cause: "callback_error"}
+		return txdriver.ErrorInfo{Class: txdriver.Permanent, Cause: "callback_error"}
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		info := ferrydriver.TxErrorInfo{Cause: pgErr.Code, Relation: pgErr.TableName}
+		info := txdriver.ErrorInfo{Cause: pgErr.Code, Relation: pgErr.TableName}
 		switch {
 		case !definitive(pgErr):
 			// The session ended (terminated, server shutdown): its
 			// transaction rolled back with it.
-			info.Class, info.Cause = ferrydriver.TxRetry, "connection_lost"
+			info.Class, info.Cause = txdriver.Retry, "connection_lost"
 		case conflictCause(pgErr) != "":
-			info.Class, info.Cause = ferrydriver.TxRetry, conflictCause(pgErr)
+			info.Class, info.Cause = txdriver.Retry, conflictCause(pgErr)
 		}
 		if info.Relation == "" {
 			for _, s := range []string{pgErr.Where, pgErr.Message, pgErr.Detail} {
@@ -102,26 +103,26 @@ func (d *Driver[TTx]) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
 				}
 			}
 		}
-		if pgErr.Where != "" && info.Class == ferrydriver.TxRetry {
+		if pgErr.Where != "" && info.Class == txdriver.Retry {
 			info.Key = pgErr.Where // "while updating tuple (0,1) in relation ..."
 		}
 		return info
 	}
 	var pc *partitionsChangedError
 	if errors.As(err, &pc) {
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "partitions_changed", Relation: pc.schema + ".settings"}
+		return txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "partitions_changed", Relation: pc.schema + ".settings"}
 	}
-	var cu *ferrydriver.CommitUnknownError
+	var cu *txdriver.CommitUnknownError
 	if errors.As(err, &cu) {
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxCommitUnknown, Cause: "commit_unknown"}
+		return txdriver.ErrorInfo{Class: txdriver.CommitUnknown, Cause: "commit_unknown"}
 	}
 	if errors.Is(err, pgx.ErrTxCommitRollback) {
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent, Cause: "commit_rolled_back"}
+		return txdriver.ErrorInfo{Class: txdriver.Permanent, Cause: "commit_rolled_back"}
 	}
 	if isConnError(err) || pgconn.SafeToRetry(err) {
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "connection_lost"}
+		return txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "connection_lost"}
 	}
-	return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent}
+	return txdriver.ErrorInfo{Class: txdriver.Permanent}
 }
 
 // isConnError reports a broken connection (the transaction on it is gone).
@@ -160,58 +161,58 @@ type callbackIOError struct{ err error }
 func (e *callbackIOError) Error() string { return e.err.Error() }
 func (e *callbackIOError) Unwrap() error { return e.err }
 
-// ResolveCommit implements ferrydriver.Transactor with pg_xact_status:
+// ResolveCommit implements txdriver.Transactor with pg_xact_status:
 // it waits while the transaction is still in progress (its backend may
 // not have seen the connection close yet), then reports the outcome.
-func (d *Driver[TTx]) ResolveCommit(ctx context.Context, e *ferrydriver.CommitUnknownError) (ferrydriver.TxOutcome, error) {
+func (d *Driver[TTx]) ResolveCommit(ctx context.Context, e *txdriver.CommitUnknownError) (txdriver.Outcome, error) {
 	if e.Token == "" {
-		return ferrydriver.TxOutcomeUnknown, nil
+		return txdriver.OutcomeUnknown, nil
 	}
 	for {
 		var status *string
 		err := queryRow(ctx, d.db, []any{&status}, `SELECT pg_xact_status($1::text::xid8)`, e.Token)
 		if err != nil {
-			return ferrydriver.TxOutcomeUnknown, d.wrapErr("read the status of transaction "+e.Token, err)
+			return txdriver.OutcomeUnknown, d.wrapErr("read the status of transaction "+e.Token, err)
 		}
 		switch {
 		case status == nil:
-			return ferrydriver.TxOutcomeUnknown, nil // too old to tell
+			return txdriver.OutcomeUnknown, nil // too old to tell
 		case *status == "committed":
-			return ferrydriver.TxCommitted, nil
+			return txdriver.Committed, nil
 		case *status == "aborted":
-			return ferrydriver.TxAborted, nil
+			return txdriver.Aborted, nil
 		}
 		select {
 		case <-ctx.Done():
-			return ferrydriver.TxOutcomeUnknown, fmt.Errorf("ferrypg: transaction %s still in progress: %w", e.Token, ctx.Err())
+			return txdriver.OutcomeUnknown, fmt.Errorf("ferrypg: transaction %s still in progress: %w", e.Token, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
 
-// ClaimRequestTx implements ferrydriver.Transactor.
-func (d *Driver[TTx]) ClaimRequestTx(ctx context.Context, tx TTx, p *ferrydriver.ClaimRequestParams) error {
+// ClaimRequestTx implements txdriver.Transactor.
+func (d *Driver[TTx]) ClaimRequestTx(ctx context.Context, tx TTx, p *txdriver.ClaimRequestParams) error {
 	n, err := d.wrapTx(tx).exec(ctx, d.queries.requestClaim, p.ID, p.Fingerprint)
 	if err != nil {
 		return d.wrapErr("record request "+p.ID, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("ferrypg: request %s: %w", p.ID, ferrydriver.ErrRequestExists)
+		return fmt.Errorf("ferrypg: request %s: %w", p.ID, txdriver.ErrRequestExists)
 	}
 	return nil
 }
 
-// FinishRequestTx implements ferrydriver.Transactor.
-func (d *Driver[TTx]) FinishRequestTx(ctx context.Context, tx TTx, p *ferrydriver.FinishRequestParams) error {
+// FinishRequestTx implements txdriver.Transactor.
+func (d *Driver[TTx]) FinishRequestTx(ctx context.Context, tx TTx, p *txdriver.FinishRequestParams) error {
 	if _, err := d.wrapTx(tx).exec(ctx, d.queries.requestFinish, p.ID, p.Result); err != nil {
 		return d.wrapErr("store the result of request "+p.ID, err)
 	}
 	return nil
 }
 
-// GetRequest implements ferrydriver.Transactor.
-func (d *Driver[TTx]) GetRequest(ctx context.Context, id string) (*ferrydriver.RequestRecord, error) {
-	rec := &ferrydriver.RequestRecord{ID: id}
+// GetRequest implements txdriver.Transactor.
+func (d *Driver[TTx]) GetRequest(ctx context.Context, id string) (*txdriver.RequestRecord, error) {
+	rec := &txdriver.RequestRecord{ID: id}
 	err := queryRow(ctx, d.db, []any{&rec.Fingerprint, &rec.Result, &rec.CreatedAt}, d.queries.requestGet, id)
 	if isNoRows(err) {
 		return nil, fmt.Errorf("ferrypg: request %s: %w", id, ferrydriver.ErrNotFound)
@@ -222,8 +223,8 @@ func (d *Driver[TTx]) GetRequest(ctx context.Context, id string) (*ferrydriver.R
 	return rec, nil
 }
 
-// DeleteRequests implements ferrydriver.Transactor.
-func (d *Driver[TTx]) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
+// DeleteRequests implements txdriver.Transactor.
+func (d *Driver[TTx]) DeleteRequests(ctx context.Context, p *txdriver.DeleteRequestsParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = ferrydriver.RetentionChunk
@@ -235,5 +236,5 @@ func (d *Driver[TTx]) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteR
 	return n, nil
 }
 
-var _ ferrydriver.Transactor[pgx.Tx] = (*Driver[pgx.Tx])(nil)
-var _ ferrydriver.Transactor[*sql.Tx] = (*Driver[*sql.Tx])(nil)
+var _ txdriver.Transactor[pgx.Tx] = (*Driver[pgx.Tx])(nil)
+var _ txdriver.Transactor[*sql.Tx] = (*Driver[*sql.Tx])(nil)

@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 )
 
@@ -550,7 +551,7 @@ func listInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) {
 		q += ` AND finished_at < ?`
 		args = append(args, micros(p.Until))
 	}
-	if err := ferrydriver.CheckInboxCursor(p); err != nil {
+	if err := driverkit.CheckInboxCursor(p); err != nil {
 		return "", nil, err
 	}
 	if c := p.After; c != nil {

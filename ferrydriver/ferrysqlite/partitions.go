@@ -159,7 +159,7 @@ func changeProblems(ctx context.Context, tx *sql.Tx, stored int) ([]string, erro
 			rows.Close()
 			return nil, err
 		}
-		if n, ok := ferrydriver.FeedPartition(c.feed); ok && n == c.partition {
+		if n, ok := driverkit.FeedPartition(c.feed); ok && n == c.partition {
 			cps = append(cps, c)
 		}
 	}

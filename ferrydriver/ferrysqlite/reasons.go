@@ -34,7 +34,7 @@ SELECT '', last_error, count(*), max(finished_at), COALESCE(group_concat(CASE WH
 // DeadLetterReasons implements ferrydriver.Admin.
 func (d *Driver) DeadLetterReasons(ctx context.Context, p *ferrydriver.ReasonsParams) (*ferrydriver.Reasons, error) {
 	scan, ids, limit := p.Bounds()
-	exact, family := ferrydriver.FeedFilter(p.Feed)
+	exact, family := driverkit.FeedFilter(p.Feed)
 	return d.reasons(ctx, "group dead letters by reason", sqlDeadLetterReasons, exact, scan, ids, limit, nil, nil, nil, nil, family)
 }
 

@@ -222,7 +222,7 @@ func (d *Driver) CountDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLe
 // and a page of a key's dead letters walked them all. The parameters of
 // the others are bound all the same, unused.
 func deadLetterFilter(p *ferrydriver.ListDeadLettersParams) string {
-	exact, family := ferrydriver.FeedFilter(p.Feed)
+	exact, family := driverkit.FeedFilter(p.Feed)
 	terms := []string{`(?7 = '[]' OR event_id IN (SELECT value FROM json_each(?7)))`}
 	for _, t := range []struct {
 		set  bool
@@ -258,7 +258,7 @@ func listDeadLetters(p *ferrydriver.ListDeadLettersParams) string {
 
 // deadLetterArgs are the parameters ?1 to ?9 of deadLetterFilter.
 func deadLetterArgs(p *ferrydriver.ListDeadLettersParams) []any {
-	exact, family := ferrydriver.FeedFilter(p.Feed)
+	exact, family := driverkit.FeedFilter(p.Feed)
 	list := make([]string, len(p.EventIDs))
 	for i, id := range p.EventIDs {
 		list[i] = id.String()
@@ -364,7 +364,7 @@ func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 
 // GetDeadLetter implements ferrydriver.Store.
 func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
-	exact, family := ferrydriver.FeedFilter(p.Feed)
+	exact, family := driverkit.FeedFilter(p.Feed)
 	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
  WHERE (?1 = '' OR feed = ?1) AND event_id = ?2 AND (?9 = '' OR `+familyTerm+`) ORDER BY failed_at DESC LIMIT 1`,
 		exact, p.EventID.String(), nil, nil, nil, nil, nil, nil, family)

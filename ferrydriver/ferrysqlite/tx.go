@@ -7,10 +7,11 @@ import (
 	"fmt"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
 	"modernc.org/sqlite"
 )
 
-// AttemptTx implements ferrydriver.Transactor: fn runs in a transaction of
+// AttemptTx implements txdriver.Transactor: fn runs in a transaction of
 // DB(). SQLite's commit either happens or fails in this process, so its
 // outcome is never unknown.
 func (d *Driver) AttemptTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
@@ -25,43 +26,43 @@ const (
 	sqliteBusySnapshot = 517
 )
 
-// ClassifyTxError implements ferrydriver.Transactor: SQLITE_BUSY (another
+// ClassifyTxError implements txdriver.Transactor: SQLITE_BUSY (another
 // process held the write lock past the busy timeout) and SQLITE_LOCKED run
 // again.
-func (d *Driver) ClassifyTxError(err error) ferrydriver.TxErrorInfo {
+func (d *Driver) ClassifyTxError(err error) txdriver.ErrorInfo {
 	var se *sqlite.Error
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
 		case sqliteBusy, sqliteLocked:
-			return ferrydriver.TxErrorInfo{Class: ferrydriver.TxRetry, Cause: "busy"}
+			return txdriver.ErrorInfo{Class: txdriver.Retry, Cause: "busy"}
 		}
-		return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent, Cause: sqlite.ErrorCodeString[se.Code()]}
+		return txdriver.ErrorInfo{Class: txdriver.Permanent, Cause: sqlite.ErrorCodeString[se.Code()]}
 	}
-	return ferrydriver.TxErrorInfo{Class: ferrydriver.TxPermanent}
+	return txdriver.ErrorInfo{Class: txdriver.Permanent}
 }
 
-// ResolveCommit implements ferrydriver.Transactor; AttemptTx never reports
+// ResolveCommit implements txdriver.Transactor; AttemptTx never reports
 // an unknown commit.
-func (d *Driver) ResolveCommit(context.Context, *ferrydriver.CommitUnknownError) (ferrydriver.TxOutcome, error) {
-	return ferrydriver.TxOutcomeUnknown, nil
+func (d *Driver) ResolveCommit(context.Context, *txdriver.CommitUnknownError) (txdriver.Outcome, error) {
+	return txdriver.OutcomeUnknown, nil
 }
 
-// ClaimRequestTx implements ferrydriver.Transactor. With one writer at a
+// ClaimRequestTx implements txdriver.Transactor. With one writer at a
 // time, a request recorded by another transaction has committed.
-func (d *Driver) ClaimRequestTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimRequestParams) error {
+func (d *Driver) ClaimRequestTx(ctx context.Context, tx *sql.Tx, p *txdriver.ClaimRequestParams) error {
 	res, err := tx.ExecContext(ctx, `INSERT INTO ferry_requests (id, fingerprint, created_at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING`,
 		p.ID, p.Fingerprint, micros(now()))
 	if err != nil {
 		return d.wrapErr("record request "+p.ID, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("ferrysqlite: request %s: %w", p.ID, ferrydriver.ErrRequestExists)
+		return fmt.Errorf("ferrysqlite: request %s: %w", p.ID, txdriver.ErrRequestExists)
 	}
 	return nil
 }
 
-// FinishRequestTx implements ferrydriver.Transactor.
-func (d *Driver) FinishRequestTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.FinishRequestParams) error {
+// FinishRequestTx implements txdriver.Transactor.
+func (d *Driver) FinishRequestTx(ctx context.Context, tx *sql.Tx, p *txdriver.FinishRequestParams) error {
 	result := p.Result
 	if result == nil {
 		result = []byte{}
@@ -70,9 +71,9 @@ func (d *Driver) FinishRequestTx(ctx context.Context, tx *sql.Tx, p *ferrydriver
 	return d.wrapErr("store the result of request "+p.ID, err)
 }
 
-// GetRequest implements ferrydriver.Transactor.
-func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.RequestRecord, error) {
-	rec := &ferrydriver.RequestRecord{ID: id}
+// GetRequest implements txdriver.Transactor.
+func (d *Driver) GetRequest(ctx context.Context, id string) (*txdriver.RequestRecord, error) {
+	rec := &txdriver.RequestRecord{ID: id}
 	var created int64
 	err := d.r.QueryRowContext(ctx, `SELECT fingerprint, result, created_at FROM ferry_requests WHERE id = ?`, id).Scan(&rec.Fingerprint, &rec.Result, &created)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -85,8 +86,8 @@ func (d *Driver) GetRequest(ctx context.Context, id string) (*ferrydriver.Reques
 	return rec, nil
 }
 
-// DeleteRequests implements ferrydriver.Transactor.
-func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteRequestsParams) (int64, error) {
+// DeleteRequests implements txdriver.Transactor.
+func (d *Driver) DeleteRequests(ctx context.Context, p *txdriver.DeleteRequestsParams) (int64, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = ferrydriver.RetentionChunk
@@ -104,4 +105,4 @@ func (d *Driver) DeleteRequests(ctx context.Context, p *ferrydriver.DeleteReques
 	return n, err
 }
 
-var _ ferrydriver.Transactor[*sql.Tx] = (*Driver)(nil)
+var _ txdriver.Transactor[*sql.Tx] = (*Driver)(nil)

@@ -1,13 +1,18 @@
-// Package driverkit holds what Ferry's backends share to implement the
-// ferrydriver seam alike (message texts, lag estimates, ID parsing) and
-// that is not part of the seam itself. It carries no compatibility
-// promise: a backend outside this repository should not import it.
+// Package driverkit holds what Ferry's backends and operator tools share
+// to use the ferrydriver seam alike (relay feed names and filters, inbox
+// cursors, message texts, lag estimates, ID parsing) and that is not part
+// of the seam itself. It carries no compatibility promise: a backend
+// outside this repository should not import it.
 package driverkit
 
 import (
+	"context"
 	"fmt"
-	"github.com/google/uuid"
+	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/google/uuid"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
@@ -47,11 +52,11 @@ func ParseIDs(ids []string) ([]uuid.UUID, error) {
 }
 
 // IsRelayLease reports whether a lease is held by a relay process: a
-// feed's ("<feed>/<partition>", see ferrydriver.FeedPartition) or a ferry.Balancer
+// feed's ("<feed>/<partition>", see FeedPartition) or a ferry.Balancer
 // membership ("members/<feed>/<holder>"). SetPartitions refuses while one
 // is live.
 func IsRelayLease(name string) bool {
-	if _, ok := ferrydriver.FeedPartition(name); ok {
+	if _, ok := FeedPartition(name); ok {
 		return true
 	}
 	return strings.HasPrefix(name, "members/")
@@ -114,4 +119,172 @@ func ParkedProblem(feed string, n int64) string {
 // feed has a checkpoint for.
 func UnreadPartitionProblem(partition int) string {
 	return fmt.Sprintf("partition %d has events and no feed has read it", partition)
+}
+
+// InFeed reports whether filter (ferrydriver.ListDeadLettersParams.Feed)
+// selects the feed partition named feed: an empty filter selects every feed, a
+// partition's name ("hooks/0", see FeedPartition) that partition, and a
+// feed's name ("hooks") each of its partitions ("hooks/0", "hooks/1", ...).
+func InFeed(filter, feed string) bool {
+	exact, family := FeedFilter(filter)
+	switch {
+	case exact != "":
+		return feed == exact
+	case family != "":
+		rest, ok := strings.CutPrefix(feed, family)
+		return ok && rest != "" && strings.Trim(rest, "0123456789") == ""
+	}
+	return true
+}
+
+// FeedFilter splits a feed filter (ferrydriver.ListDeadLettersParams.Feed)
+// for a store's query: a partition's name is matched exactly (exact), a feed's
+// name as the prefix family ("hooks/") followed by a partition number.
+// At most one of them is set; neither when filter is "" (every feed).
+func FeedFilter(filter string) (exact, family string) {
+	switch {
+	case filter == "":
+		return "", ""
+	case isPartitionName(filter):
+		return filter, ""
+	}
+	return "", filter + "/"
+}
+
+// isPartitionName reports whether name ends in "/<digits>": a relay
+// feed's partition ("<feed>/<partition>"), not a feed's name.
+func isPartitionName(name string) bool {
+	i := strings.LastIndexByte(name, '/')
+	return i > 0 && i < len(name)-1 && strings.Trim(name[i+1:], "0123456789") == ""
+}
+
+// Refs returns the dead letters' references.
+func Refs(dls []*ferrydriver.DeadLetter) []ferrydriver.DeadLetterRef {
+	out := make([]ferrydriver.DeadLetterRef, len(dls))
+	for i, dl := range dls {
+		out[i] = ferrydriver.DeadLetterRef{Feed: dl.Feed, EventID: dl.Event.ID}
+	}
+	return out
+}
+
+// FeedPartition returns the partition of a relay feed name: relays name
+// their feed (checkpoint and lease) "<feed>/<partition>" (ferry.Relay).
+// Other names (a chain source's "chain/<name>") report false.
+func FeedPartition(name string) (int, bool) {
+	i := len(name)
+	for i > 0 && name[i-1] >= '0' && name[i-1] <= '9' {
+		i--
+	}
+	if i == len(name) || i < 2 || name[i-1] != '/' || len(name)-i > 4 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range name[i:] {
+		n = n*10 + int(c-'0')
+	}
+	if n >= ferrydriver.MaxPartitions || (len(name)-i > 1 && name[i] == '0') {
+		return 0, false
+	}
+	return n, true
+}
+
+// notFeeds are the prefixes of the lease and checkpoint names that are
+// not relay feeds: a ferry.Balancer's memberships, a chain source's
+// cursor and lease, a consumer group's gauge lease.
+var notFeeds = []string{"members/", "chain/", "consumer-gauges/"}
+
+// IsFeedName reports whether name is a relay feed partition's
+// ("<feed>/<partition>"), and not another lease's or checkpoint's.
+func IsFeedName(name string) bool {
+	if _, ok := FeedPartition(name); !ok {
+		return false
+	}
+	for _, p := range notFeeds {
+		if strings.HasPrefix(name, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// RelayFeeds returns the relay feed partitions an operator's view shows,
+// in name order: every partition (of the stored count) of each feed the
+// store knows of (ListFeeds), and any other partition of theirs it knows
+// of (one beyond a count since lowered); feed "default"'s when it knows
+// none. filter narrows them as ferrydriver.ListDeadLettersParams.Feed
+// does; a feed or partition it names is shown even if the store knows
+// nothing of it yet (a relay that has not run).
+func RelayFeeds(ctx context.Context, s ferrydriver.Store, filter string) ([]string, error) {
+	names, err := s.ListFeeds(ctx)
+	if err != nil {
+		return nil, err
+	}
+	partitions, err := s.StoredPartitions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	families := map[string]bool{}
+	seen := map[string]bool{}
+	for _, n := range names {
+		if IsFeedName(n) {
+			seen[n] = true
+			families[n[:strings.LastIndexByte(n, '/')]] = true
+		}
+	}
+	exact, family := FeedFilter(filter)
+	switch {
+	case exact != "":
+		seen[exact] = true
+	case family != "":
+		families[strings.TrimSuffix(family, "/")] = true
+	case len(families) == 0:
+		families["default"] = true
+	}
+	for f := range families {
+		for p := range partitions {
+			seen[f+"/"+strconv.Itoa(p)] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		if InFeed(filter, n) {
+			out = append(out, n)
+		}
+	}
+	slices.SortFunc(out, compareFeeds)
+	return out, nil
+}
+
+// compareFeeds orders feed partitions by feed, then partition number.
+func compareFeeds(a, b string) int {
+	fa, pa := splitFeed(a)
+	fb, pb := splitFeed(b)
+	if c := strings.Compare(fa, fb); c != 0 {
+		return c
+	}
+	return pa - pb
+}
+
+func splitFeed(name string) (string, int) {
+	p, _ := FeedPartition(name)
+	return name[:strings.LastIndexByte(name, '/')], p
+}
+
+// InboxCursorOf is the cursor after row.
+func InboxCursorOf(row *ferrydriver.InboxRow) *ferrydriver.InboxCursor {
+	return &ferrydriver.InboxCursor{FinishedAt: row.FinishedAt, ReceivedAt: row.ReceivedAt, EventID: row.Event.ID}
+}
+
+// CheckInboxCursor returns ferrydriver.ErrCursorNeedsFinishedStates when
+// p has a cursor and a state that is not finished (no states means DEAD).
+func CheckInboxCursor(p *ferrydriver.ListInboxParams) error {
+	if p.After == nil {
+		return nil
+	}
+	for _, s := range p.States {
+		if !s.Finished() {
+			return fmt.Errorf("ferrydriver: list inbox of group %s: state %s: %w", p.Group, s, ferrydriver.ErrCursorNeedsFinishedStates)
+		}
+	}
+	return nil
 }

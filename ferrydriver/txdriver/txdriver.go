@@ -1,4 +1,9 @@
-package ferrydriver
+// Package txdriver is the seam between ferry.RunTx and a backend: it runs
+// application transactions one attempt at a time, classifies their errors
+// by the database's own rules, settles commits whose outcome is unknown,
+// and keeps the records of idempotent requests. Every backend of this
+// repository implements Transactor.
+package txdriver
 
 import (
 	"context"
@@ -18,10 +23,10 @@ type Transactor[TTx any] interface {
 	// UnknownTransactionCommitResult) do so inside AttemptTx.
 	AttemptTx(ctx context.Context, fn func(ctx context.Context, tx TTx) error) error
 	// ClassifyTxError says what an attempt's error means.
-	ClassifyTxError(err error) TxErrorInfo
+	ClassifyTxError(err error) ErrorInfo
 	// ResolveCommit finds out whether the transaction of a
 	// CommitUnknownError committed, waiting (bounded by ctx) for it to end.
-	ResolveCommit(ctx context.Context, e *CommitUnknownError) (TxOutcome, error)
+	ResolveCommit(ctx context.Context, e *CommitUnknownError) (Outcome, error)
 
 	// ClaimRequestTx records, in tx, that request p.ID is being processed
 	// with input fingerprint p.Fingerprint. If a committed record exists
@@ -31,7 +36,7 @@ type Transactor[TTx any] interface {
 	ClaimRequestTx(ctx context.Context, tx TTx, p *ClaimRequestParams) error
 	// FinishRequestTx stores the request's result in tx.
 	FinishRequestTx(ctx context.Context, tx TTx, p *FinishRequestParams) error
-	// GetRequest reads a committed request record, or ErrNotFound.
+	// GetRequest reads a committed request record, or ferrydriver.ErrNotFound.
 	GetRequest(ctx context.Context, id string) (*RequestRecord, error)
 	// DeleteRequests removes records created more than p.OlderThan ago, at
 	// most p.Limit; it returns how many.
@@ -42,33 +47,33 @@ type Transactor[TTx any] interface {
 // already recorded by a committed transaction.
 var ErrRequestExists = errors.New("request already recorded")
 
-// TxErrorClass is what to do after a failed attempt.
-type TxErrorClass int
+// ErrorClass is what to do after a failed attempt.
+type ErrorClass int
 
 const (
-	// TxPermanent: the error is the caller's; do not run again.
-	TxPermanent TxErrorClass = iota
-	// TxRetry: the transaction was rolled back and its reads may be stale:
+	// Permanent: the error is the caller's; do not run again.
+	Permanent ErrorClass = iota
+	// Retry: the transaction was rolled back and its reads may be stale:
 	// run the whole callback again (serialization failure, deadlock,
 	// MongoDB TransientTransactionError, SQLITE_BUSY).
-	TxRetry
-	// TxCommitUnknown: the commit was sent and its outcome is unknown.
-	TxCommitUnknown
+	Retry
+	// CommitUnknown: the commit was sent and its outcome is unknown.
+	CommitUnknown
 )
 
-func (c TxErrorClass) String() string {
+func (c ErrorClass) String() string {
 	switch c {
-	case TxRetry:
+	case Retry:
 		return "retry"
-	case TxCommitUnknown:
+	case CommitUnknown:
 		return "commit_unknown"
 	}
 	return "permanent"
 }
 
-// TxErrorInfo classifies an attempt's error.
-type TxErrorInfo struct {
-	Class TxErrorClass
+// ErrorInfo classifies an attempt's error.
+type ErrorInfo struct {
+	Class ErrorClass
 	// Cause names the condition: "serialization_failure",
 	// "deadlock_detected", "TransientTransactionError", "busy",
 	// "commit_unknown", or the backend's code.
@@ -92,14 +97,14 @@ func (e *CommitUnknownError) Error() string {
 
 func (e *CommitUnknownError) Unwrap() error { return e.Err }
 
-// TxOutcome is what ResolveCommit found.
-type TxOutcome int
+// Outcome is what ResolveCommit found.
+type Outcome int
 
 const (
-	// TxOutcomeUnknown: the backend cannot tell (yet).
-	TxOutcomeUnknown TxOutcome = iota
-	TxCommitted
-	TxAborted
+	// OutcomeUnknown: the backend cannot tell (yet).
+	OutcomeUnknown Outcome = iota
+	Committed
+	Aborted
 )
 
 // ClaimRequestParams name a request and its input.
@@ -127,6 +132,6 @@ type RequestRecord struct {
 // DeleteRequestsParams bound request retention.
 type DeleteRequestsParams struct {
 	OlderThan time.Duration
-	// Limit caps the records removed; 0 means RetentionChunk.
+	// Limit caps the records removed; 0 means ferrydriver.RetentionChunk.
 	Limit int
 }
