@@ -157,7 +157,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		key   string
 	}
 	current := map[uuid.UUID]held{}
-	err := chunks(ids, 500, func(ids []uuid.UUID) error {
+	err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
 		rows, err := tx.QueryContext(ctx, `SELECT event_id, claim_token, k FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
  WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state = 'processing' AND claim_expires_at > `+sqlNow+` AND @@in_transaction = 1
  ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
@@ -241,7 +241,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		}
 	}
 	if anyRuns {
-		err = chunks(keys, 500, func(keys []string) error {
+		err = chunks(keys, inListChunk, func(keys []string) error {
 			args := []any{p.Group}
 			for _, k := range keys {
 				args = append(args, k)
@@ -254,7 +254,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 			return nil, d.wrapErr(op, err)
 		}
 	}
-	err = chunks(keys, 500, func(keys []string) error {
+	err = chunks(keys, inListChunk, func(keys []string) error {
 		args := []any{p.Group}
 		for _, k := range keys {
 			args = append(args, k)

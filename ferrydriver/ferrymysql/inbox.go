@@ -91,6 +91,10 @@ func marks(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }
 
+// inListChunk bounds the values of one IN list: a statement over more
+// rows or keys runs once per chunk.
+const inListChunk = 500
+
 // chunks calls fn with successive chunks of at most n of s.
 func chunks[T any](s []T, n int, fn func([]T) error) error {
 	for start := 0; start < len(s); start += n {
@@ -147,7 +151,7 @@ func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 // lock).
 func existingEvents(ctx context.Context, q querier, group string, ids []uuid.UUID) (map[uuid.UUID]bool, error) {
 	have := map[uuid.UUID]bool{}
-	err := chunks(ids, 500, func(ids []uuid.UUID) error {
+	err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
 		rows, err := q.QueryContext(ctx, `SELECT event_id FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`,
 			idArgs([]any{group}, ids)...)
 		if err != nil {
@@ -254,7 +258,7 @@ func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys [
 	op := "make inbox keys of group " + group + " due"
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
-	return chunks(keys, 500, func(keys []string) error {
+	return chunks(keys, inListChunk, func(keys []string) error {
 		args := []any{group}
 		for _, k := range keys {
 			args = append(args, k)
@@ -526,7 +530,7 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 	err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
 		changed = 0
 		var keys []string
-		err := chunks(ids, 500, func(ids []uuid.UUID) error {
+		err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
 			// The rows first (each locked by the unique index: in ID
 			// order), then their keys.
 			rows, err := tx.QueryContext(ctx, `SELECT event_id, k FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state = 'dead'

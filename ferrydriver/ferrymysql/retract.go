@@ -58,7 +58,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 		claim []byte // a PROCESSING row's claim token
 	}
 	prior := map[uuid.UUID]found{}
-	err := chunks(ids, 500, func(ids []uuid.UUID) error {
+	err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
 		rows, err := tx.QueryContext(ctx, `SELECT event_id, state, k, claim_token FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)
  ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
 		if err != nil {
@@ -120,7 +120,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 		}
 	}
 	if len(retract) > 0 {
-		err := chunks(retract, 500, func(ids []uuid.UUID) error {
+		err := chunks(retract, inListChunk, func(ids []uuid.UUID) error {
 			_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET state = 'retracted', claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL,
        finished_at = `+sqlNow+` WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`, idArgs([]any{p.Group}, ids)...)
 			return err

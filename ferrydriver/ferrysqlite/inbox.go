@@ -421,6 +421,10 @@ RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), c
 	return nil
 }
 
+// inListChunk bounds the values of one IN list: a statement over more
+// events runs once per chunk.
+const inListChunk = 500
+
 // placeholders returns "?, ?, ..." for n values.
 func placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
@@ -429,8 +433,8 @@ func placeholders(n int) string {
 // InboxStates implements ferrydriver.Settler.
 func (d *Driver) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
 	out := make(map[uuid.UUID]*ferrydriver.InboxRow, len(p.EventIDs))
-	for start := 0; start < len(p.EventIDs); start += 500 {
-		chunk := p.EventIDs[start:min(start+500, len(p.EventIDs))]
+	for start := 0; start < len(p.EventIDs); start += inListChunk {
+		chunk := p.EventIDs[start:min(start+inListChunk, len(p.EventIDs))]
 		args := []any{p.Group}
 		for _, id := range chunk {
 			args = append(args, id.String())
