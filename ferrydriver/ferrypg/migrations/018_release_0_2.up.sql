@@ -1,4 +1,7 @@
--- Ferry schema version 18: a dead-policy change re-evaluates every key of
+-- Ferry schema version 18: the schema changes of release 0.2, one
+-- migration per release (those of 0.1 are 001 to 017).
+--
+-- (1): a dead-policy change re-evaluates every key of
 -- its group, a chunk of keys per transaction; the sweep's progress is
 -- stored with the policy, so that a change interrupted part-way (a
 -- cancelled request, a killed process, a failed statement) is finished by
@@ -10,3 +13,12 @@ ALTER TABLE {schema}.inbox_groups
     ADD COLUMN sweeping    boolean NOT NULL DEFAULT false,
     ADD COLUMN sweep_after text,
     ADD COLUMN sweep_gen   bigint  NOT NULL DEFAULT 0;
+
+-- (2): a parked key's head keeps its failed attempts
+-- and the time of the first (SetParkedAttempts), so that the relay's
+-- MaxAttempts and MaxAge count across leaderships instead of starting
+-- afresh with each: a relay rebalanced more often than MaxAge gave up on
+-- nothing.
+ALTER TABLE {schema}.parked
+    ADD COLUMN attempts      integer NOT NULL DEFAULT 0,
+    ADD COLUMN first_failure timestamptz;

@@ -1,1 +1,0 @@
-ALTER TABLE ferry_parked DROP COLUMN attempts, DROP COLUMN first_failure;

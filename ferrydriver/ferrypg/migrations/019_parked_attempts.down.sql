@@ -1,1 +1,0 @@
-ALTER TABLE {schema}.parked DROP COLUMN attempts, DROP COLUMN first_failure;
