@@ -173,11 +173,12 @@ var modelSituations = []situation{
 		claimP(mclaim{Worker: "w", Limit: 100, MaxAttempts: 2, Short: true}), expire(),
 		claimP(mclaim{Worker: "w", Limit: 100, MaxAttempts: 2, Short: true, Rescue: true}), expire(),
 		claimP(mclaim{Worker: "w", Limit: 100, MaxAttempts: 2, Rescue: true}), claimLive(), discard("a1"), claimLive(),
-		// Not redrive("a1") here: the backends differ on a redriven row
-		// that an expired claim covered. PostgreSQL keeps it suspect and
-		// runs it through a rescue (RescueDue, ClaimInbox with Rescue),
-		// SQLite and MariaDB through an ordinary claim; the contract does
-		// not settle it.
+	}},
+	{"RedrivenAfterExhaustedAtRescue", []mstep{
+		ins("a", "a1", "a2"), ins("b", "b1", "b2"),
+		claimP(mclaim{Worker: "w", Limit: 100, MaxAttempts: 1, Short: true}), expire(),
+		claimP(mclaim{Worker: "w", Limit: 100, MaxAttempts: 1, Rescue: true}), claimLive(), redrive("a1", "b1"), claimLive(), rescueLive(),
+		done("a1"), done("b1"), claimLive(),
 	}},
 	{"ExhaustedAtRescueContinues", []mstep{
 		policy(false), ins("a", "a1", "a2"),

@@ -175,6 +175,11 @@ func (d *Driver[TTx]) rescueInbox(ctx context.Context, p *ferrydriver.ClaimInbox
 				}
 				if killed {
 					dead = append(dead, head)
+					if pos >= k.suspects {
+						// Nothing after it is suspect: redriven, it runs
+						// as any other row, through ordinary claims.
+						k.suspects = pos - 1
+					}
 				}
 			}
 			if !spent && head != nil && pos <= k.suspects && (head.State == ferrydriver.InboxPending || (head.State == ferrydriver.InboxFailed && due)) {

@@ -232,13 +232,14 @@ UPDATE {schema}.inbox i
        SELECT l.ctid FROM {schema}.inbox l WHERE l.group_name = $1 AND l.event_id = $2 FOR UPDATE SKIP LOCKED))
 RETURNING i.state, i.attempts, COALESCE(i.last_error, ''), COALESCE(i.finished_at, 'epoch')`
 
-// sqlInboxUnclaim ends key $2's claim (a rescue that claimed nothing, a
-// retraction) and records what the key's rows are suspect up to ($3): the
-// key is then recomputed (sqlInboxRefreshKeys).
+// sqlInboxUnclaim ends key $2's claim (a rescue that claimed nothing) and
+// records what the key's rows are suspect up to ($3: the rescue read the
+// stored bound and the expired claim's, and lowers it below a row it made
+// DEAD that ended them): the key is then recomputed (sqlInboxRefreshKeys).
 const sqlInboxUnclaim = `
 UPDATE {schema}.inbox_keys
    SET claim_token = NULL, claim_dirty = false, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL,
-       rescue_at = NULL, suspect_through = greatest(suspect_through, $3)
+       rescue_at = NULL, suspect_through = $3
  WHERE group_name = $1 AND key = $2`
 
 // sqlInboxClaimHolders lists the workers holding unexpired claims of group
