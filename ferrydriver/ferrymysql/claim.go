@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
 )
 
 // A claim is one READ COMMITTED transaction of a few statements, whatever
@@ -301,35 +302,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	if err != nil {
 		return nil, err
 	}
-	outcomes := map[string]keyOutcome{}
-	var want []string // keys whose heads to claim or to give up, in key order
-	for _, k := range keys {
-		h := heads[k]
-		if h == nil {
-			continue
-		}
-		t := h.now
-		switch {
-		case h.pos == 0:
-			outcomes[k] = keyOutcome{} // nothing to run
-		case h.busyUntil.Valid:
-			outcomes[k] = keyOutcome{runnable: h.busyUntil}
-		case h.state == ferrydriver.InboxDead:
-			outcomes[k] = keyOutcome{held: h.id[:]} // holds its key
-		case h.state == ferrydriver.InboxFailed && h.nextAttempt > t:
-			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.nextAttempt, Valid: true}}
-		case h.state == ferrydriver.InboxProcessing && h.expires.Valid && h.expires.Int64 > t:
-			outcomes[k] = keyOutcome{runnable: h.expires}
-		case (h.state == ferrydriver.InboxProcessing || h.stale) && !p.Rescue:
-			// Expired: left to ClaimInbox with Rescue; to the back for a
-			// second, so that it cannot crowd out the others.
-			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: t + time.Second.Microseconds(), Valid: true}}
-		case h.state != ferrydriver.InboxProcessing && !h.stale && p.Rescue:
-			// Runnable, not a rescue: an ordinary claim takes it.
-		default:
-			want = append(want, k)
-		}
-	}
+	outcomes, want := decideKeys(keys, heads, p.Rescue)
 	// Runs: the PENDING rows after each PENDING head, read here.
 	limit := max(p.Limit, 1)
 	var runs map[string][]runRow
@@ -344,13 +317,84 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			return nil, err
 		}
 	}
-	// The plan: key by key, the head, then its run, until the claim's
-	// limit; the keys left over stay due for the next claim. Only the
-	// planned rows are locked.
-	type plan struct {
-		h   *claimHead
-		run []runRow
+	plans, lock := planClaim(want, heads, runs, limit)
+	locked, err := lockHeads(ctx, tx, lock)
+	if err != nil {
+		return nil, err
 	}
+	c := takePlans(p, plans, locked, outcomes)
+	out, err := c.write(ctx, tx, p)
+	if err != nil {
+		return nil, err
+	}
+	return out, setKeyOutcomes(ctx, tx, p.Group, keys, outcomes)
+}
+
+// view is the head as inboxmodel.Decide reads it.
+func (h *claimHead) view() inboxmodel.KeyHead {
+	if h.pos == 0 {
+		return inboxmodel.KeyHead{}
+	}
+	v := inboxmodel.KeyHead{State: h.state, RetryAt: time.UnixMicro(h.nextAttempt), Busy: h.busyUntil.Valid, Stale: h.stale}
+	if h.expires.Valid {
+		v.ClaimExpires = time.UnixMicro(h.expires.Int64)
+	}
+	return v
+}
+
+// next is what a key whose head cannot run now is left saying: when it
+// may, or which DEAD row holds it.
+func (h *claimHead) next() keyOutcome {
+	switch {
+	case h.pos == 0:
+		return keyOutcome{} // nothing to run
+	case h.busyUntil.Valid:
+		return keyOutcome{runnable: h.busyUntil}
+	case h.state == ferrydriver.InboxDead:
+		return keyOutcome{held: h.id[:]}
+	case h.state == ferrydriver.InboxFailed:
+		return keyOutcome{runnable: sql.NullInt64{Int64: h.nextAttempt, Valid: true}}
+	}
+	return keyOutcome{runnable: h.expires} // PROCESSING under a live claim
+}
+
+// decideKeys applies the rule of a key's head (inboxmodel.Decide, at the
+// server's time) to each key read: it returns the keys whose heads the
+// claim takes (or gives up, their attempts spent), in key order, and what
+// the claim leaves each other key saying.
+func decideKeys(keys []string, heads map[string]*claimHead, rescue bool) (map[string]keyOutcome, []string) {
+	outcomes := map[string]keyOutcome{}
+	var want []string
+	for _, k := range keys {
+		h := heads[k]
+		if h == nil {
+			continue
+		}
+		switch inboxmodel.Decide(h.view(), time.UnixMicro(h.now), rescue) {
+		case inboxmodel.Take:
+			want = append(want, k)
+		case inboxmodel.Wait:
+			outcomes[k] = h.next()
+		case inboxmodel.LeaveToRescue:
+			// To the back for a second, so that it cannot crowd out the
+			// others.
+			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now + time.Second.Microseconds(), Valid: true}}
+		case inboxmodel.LeaveToClaim:
+		}
+	}
+	return outcomes, want
+}
+
+// plan is what a claim means to take of one key: its head, then its run.
+type plan struct {
+	h   *claimHead
+	run []runRow
+}
+
+// planClaim plans a claim key by key, the head then its run, until the
+// claim's limit; the keys left over stay due for the next claim. It
+// returns the plans and the positions to lock (only the planned rows).
+func planClaim(want []string, heads map[string]*claimHead, runs map[string][]runRow, limit int) ([]plan, []any) {
 	var plans []plan
 	var lock []any
 	for _, k := range want {
@@ -368,15 +412,26 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 		}
 		plans = append(plans, pl)
 	}
-	locked, err := lockHeads(ctx, tx, lock)
-	if err != nil {
-		return nil, err
-	}
-	token := uuid.New() // one per call: each row is claimed once in it
-	var claimed, dead []any
-	var order []int64
-	more := map[int64]bool{} // rows with later rows in their run
-	var expires int64
+	return plans, lock
+}
+
+// taken is what a claim takes of its plans once their rows are locked.
+type taken struct {
+	token   uuid.UUID // one per call: each row is claimed once in it
+	claimed []any     // positions made PROCESSING
+	dead    []any     // heads whose attempts are spent
+	order   []int64   // the rows returned, in order
+	more    map[int64]bool
+	expires int64
+}
+
+// takePlans takes, of each plan, the head still in the state it was read
+// in (a head another transaction holds waits a moment), and its run while
+// the run's rows are still PENDING, locked and not out of attempts; a head
+// whose attempts are spent is given up under the group's policy. It
+// records in outcomes what each key is left saying.
+func takePlans(p *ferrydriver.ClaimInboxParams, plans []plan, locked map[int64]ferrydriver.InboxState, outcomes map[string]keyOutcome) *taken {
+	c := &taken{token: uuid.New(), more: map[int64]bool{}}
 	for _, pl := range plans {
 		h, k := pl.h, pl.h.key
 		st, ok := locked[h.pos]
@@ -390,12 +445,12 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 		case st != h.state:
 			continue // changed since it was read: the next claim reads it again
 		}
-		expires = h.now + p.TTL.Microseconds()
-		order = append(order, h.pos)
+		c.expires = h.now + p.TTL.Microseconds()
+		c.order = append(c.order, h.pos)
 		if p.MaxAttempts > 0 && h.attempts >= p.MaxAttempts {
 			// Its last attempts lost their claims: give it up, under the
 			// group's policy.
-			dead = append(dead, h.pos)
+			c.dead = append(c.dead, h.pos)
 			if h.hold {
 				outcomes[k] = keyOutcome{held: h.id[:]}
 			} else {
@@ -403,71 +458,77 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			}
 			continue
 		}
-		claimed = append(claimed, h.pos)
-		outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: expires, Valid: true}}
-		// A run goes on while its rows are still PENDING, locked by this
-		// claim and not out of attempts.
+		c.claimed = append(c.claimed, h.pos)
+		outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: c.expires, Valid: true}}
 		for _, r := range pl.run {
 			if locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
 				break
 			}
-			more[claimed[len(claimed)-1].(int64)] = true
-			claimed = append(claimed, r.pos)
-			order = append(order, r.pos)
+			c.more[c.claimed[len(c.claimed)-1].(int64)] = true
+			c.claimed = append(c.claimed, r.pos)
+			c.order = append(c.order, r.pos)
 		}
 	}
-	if len(claimed) > 0 {
+	return c
+}
+
+// write makes the taken rows PROCESSING under the claim's token, the
+// spent heads DEAD, and reads them back, in order, each claimed row with
+// its claim string (runMark when later rows of its run follow).
+func (c *taken) write(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	if len(c.claimed) > 0 {
 		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by = ?, claim_token = ?, claim_expires_at = ?
- WHERE pos IN (`+marks(len(claimed))+`)`, append([]any{p.Worker, token[:], expires}, claimed...)...); err != nil {
+ WHERE pos IN (`+marks(len(c.claimed))+`)`, append([]any{p.Worker, c.token[:], c.expires}, c.claimed...)...); err != nil {
 			return nil, err
 		}
 	}
-	if len(dead) > 0 {
+	if len(c.dead) > 0 {
 		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox
    SET attempt_log = `+logAttempt("attempts", "'dead'", "?")+`,
        last_error = CONCAT(?, IF(COALESCE(last_error, '') = '', '', CONCAT(' (last recorded error: ', last_error, ')'))),
        state = 'dead', claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL, finished_at = `+sqlNow+`
- WHERE pos IN (`+marks(len(dead))+`)`, append([]any{ferrydriver.ReasonAttemptsExhausted, ferrydriver.ReasonAttemptsExhausted}, dead...)...); err != nil {
+ WHERE pos IN (`+marks(len(c.dead))+`)`, append([]any{ferrydriver.ReasonAttemptsExhausted, ferrydriver.ReasonAttemptsExhausted}, c.dead...)...); err != nil {
 			return nil, err
 		}
+	}
+	if len(c.order) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(c.order))
+	for i, pos := range c.order {
+		args[i] = pos
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT `+inboxRowColumns+`, pos FROM ferry_inbox WHERE pos IN (`+marks(len(args))+`)`, args...)
+	if err != nil {
+		return nil, err
+	}
+	byPos := map[int64]*ferrydriver.InboxRow{}
+	for rows.Next() {
+		var pos int64
+		row, err := scanInboxRow(rows, p.Group, &pos)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		byPos[pos] = row
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
 	}
 	var out []*ferrydriver.InboxRow
-	if len(order) > 0 {
-		args := make([]any, len(order))
-		for i, pos := range order {
-			args[i] = pos
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT `+inboxRowColumns+`, pos FROM ferry_inbox WHERE pos IN (`+marks(len(args))+`)`, args...)
-		if err != nil {
-			return nil, err
-		}
-		byPos := map[int64]*ferrydriver.InboxRow{}
-		for rows.Next() {
-			var pos int64
-			row, err := scanInboxRow(rows, p.Group, &pos)
-			if err != nil {
-				rows.Close()
-				return nil, err
-			}
-			byPos[pos] = row
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-		for _, pos := range order {
-			if row := byPos[pos]; row != nil {
-				if row.State == ferrydriver.InboxProcessing {
-					row.Claim = token.String()
-					if more[pos] {
-						row.Claim += runMark
-					}
+	for _, pos := range c.order {
+		if row := byPos[pos]; row != nil {
+			if row.State == ferrydriver.InboxProcessing {
+				row.Claim = c.token.String()
+				if c.more[pos] {
+					row.Claim += runMark
 				}
-				out = append(out, row)
 			}
+			out = append(out, row)
 		}
 	}
-	return out, setKeyOutcomes(ctx, tx, p.Group, keys, outcomes)
+	return out, nil
 }
 
 // setKeyOutcomes writes what the claim decided of each key (step 5), in
