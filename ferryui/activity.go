@@ -6,57 +6,10 @@ import (
 	"sort"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
-
-// ActivityJSON is GET /api/v1/activity: what the relays and consumer
-// groups did over a window, one series per component (a relay's feed
-// partition, a group), from the samples every running relay and consumer
-// records (ferrydriver.Admin), its processes summed per step.
-type ActivityJSON struct {
-	Since time.Time `json:"since"`
-	Until time.Time `json:"until"`
-	// StepSeconds is the width of a point.
-	StepSeconds float64          `json:"step_seconds"`
-	Series      []ActivitySeries `json:"series"`
-	// Recorded says whether the backends keep activity at all (false: no
-	// series can come).
-	Recorded bool `json:"recorded"`
-}
-
-// ActivitySeries is one component's points, oldest first; a step with no
-// sample is absent (nothing of it ran, or it recorded nothing).
-type ActivitySeries struct {
-	Kind   string          `json:"kind"` // "relay" or "consumer"
-	Name   string          `json:"name"`
-	Points []ActivityPoint `json:"points"`
-	// Total sums the window's points.
-	Total ActivityPoint `json:"total"`
-}
-
-// ActivityPoint is one step of a series. Rates are per second of the
-// step; latencies, in seconds, are of the events done in it: p50 the
-// mean of the processes' medians weighted by what each did, p99 the
-// largest of their p99s.
-type ActivityPoint struct {
-	At              time.Time `json:"at"`
-	Done            int64     `json:"done"`
-	Failed          int64     `json:"failed"`
-	Dead            int64     `json:"dead"`
-	DonePerSecond   float64   `json:"done_per_second"`
-	FailedPerSecond float64   `json:"failed_per_second"`
-	LatencyP50      float64   `json:"latency_p50_seconds"`
-	LatencyP99      float64   `json:"latency_p99_seconds"`
-	HandlerP50      float64   `json:"handler_p50_seconds,omitempty"`
-	HandlerP99      float64   `json:"handler_p99_seconds,omitempty"`
-	// LagEvents and LagSeconds are a relay's feed lag, the largest its
-	// samples of the step read (events its checkpoint had not passed, the
-	// age of the oldest unpublished one); the total's are its last
-	// point's.
-	LagEvents  int64   `json:"lag_events,omitempty"`
-	LagSeconds float64 `json:"lag_seconds,omitempty"`
-	Processes  int     `json:"processes"`
-}
 
 // maxPoints bounds a series: the step widens with the window.
 const maxPoints = 180
@@ -88,7 +41,7 @@ func (h *Handler) activity(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("kind=%q: use relay or consumer", kind)
 	}
 	step := max(10*time.Second, until.Sub(since)/maxPoints).Round(time.Second)
-	out := ActivityJSON{Since: since, Until: until, StepSeconds: step.Seconds(), Series: []ActivitySeries{}}
+	out := uiapi.ActivityJSON{Since: since, Until: until, StepSeconds: step.Seconds(), Series: []uiapi.ActivitySeries{}}
 	var samples []*ferrydriver.ActivitySample
 	// Relays record in the outbox's store, consumers in the inbox's (the
 	// same database, often: then once).
@@ -118,10 +71,10 @@ func listActivity(ctx context.Context, rec ferrydriver.Admin, since time.Time, k
 }
 
 // series sums samples into steps of one series per (kind, name).
-func series(samples []*ferrydriver.ActivitySample, since time.Time, step time.Duration) []ActivitySeries {
+func series(samples []*ferrydriver.ActivitySample, since time.Time, step time.Duration) []uiapi.ActivitySeries {
 	type id struct{ kind, name string }
 	type acc struct {
-		point     ActivityPoint
+		point     uiapi.ActivityPoint
 		weighted  float64 // p50s × done, for the weighted mean
 		hWeighted float64
 		procs     map[string]bool
@@ -135,7 +88,7 @@ func series(samples []*ferrydriver.ActivitySample, since time.Time, step time.Du
 		n := int64(s.At.Sub(since) / step)
 		a := steps[k][n]
 		if a == nil {
-			a = &acc{point: ActivityPoint{At: since.Add(time.Duration(n+1) * step)}, procs: map[string]bool{}}
+			a = &acc{point: uiapi.ActivityPoint{At: since.Add(time.Duration(n+1) * step)}, procs: map[string]bool{}}
 			steps[k][n] = a
 		}
 		p := &a.point
@@ -147,9 +100,9 @@ func series(samples []*ferrydriver.ActivitySample, since time.Time, step time.Du
 		a.hWeighted += s.HandlerP50.Seconds() * float64(s.Done)
 		a.procs[s.Process] = true
 	}
-	out := make([]ActivitySeries, 0, len(steps))
+	out := make([]uiapi.ActivitySeries, 0, len(steps))
 	for k, byStep := range steps {
-		ser := ActivitySeries{Kind: k.kind, Name: k.name, Points: make([]ActivityPoint, 0, len(byStep))}
+		ser := uiapi.ActivitySeries{Kind: k.kind, Name: k.name, Points: make([]uiapi.ActivityPoint, 0, len(byStep))}
 		var weighted, hWeighted float64
 		procs := map[string]bool{}
 		for _, a := range byStep {

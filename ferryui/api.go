@@ -49,6 +49,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
@@ -104,7 +106,7 @@ type Config struct {
 	Hosts []string
 	// Chains reports the chain sources' cursors (ferrychain.ReadCursor,
 	// which this package does not import); nil: no chain sources shown.
-	Chains func(ctx context.Context) ([]ChainJSON, error)
+	Chains func(ctx context.Context) ([]uiapi.ChainJSON, error)
 	// Logger records actions taken; nil discards.
 	Logger *slog.Logger
 }
@@ -185,18 +187,11 @@ func (h *Handler) endpoints() []endpoint {
 	}
 }
 
-// EndpointJSON is one path of the API, as GET /api/v1/ lists it.
-type EndpointJSON struct {
-	Method string `json:"method"`
-	Path   string `json:"path"`
-	Does   string `json:"does"`
-}
-
 // index lists the API's paths, and what reads and actions need.
 func (h *Handler) index(w http.ResponseWriter, r *http.Request) error {
-	var out []EndpointJSON
+	var out []uiapi.EndpointJSON
 	for _, e := range h.endpoints() {
-		out = append(out, EndpointJSON{Method: e.method, Path: e.path, Does: e.does})
+		out = append(out, uiapi.EndpointJSON{Method: e.method, Path: e.path, Does: e.does})
 	}
 	reads := "the token: Authorization: Bearer <token>"
 	if h.cfg.OpenReads {
@@ -286,24 +281,8 @@ func readJSON(r *http.Request, v any) error {
 	return nil
 }
 
-// EventJSON is an event as the API shows it. Payload is base64 (JSON's
-// form of bytes); PayloadText is the payload again when it is UTF-8 text.
-type EventJSON struct {
-	ID          string            `json:"id"`
-	Topic       string            `json:"topic"`
-	Key         string            `json:"key"`
-	Seq         int64             `json:"seq"`
-	Type        string            `json:"type"`
-	Source      string            `json:"source,omitempty"`
-	ContentType string            `json:"content_type,omitempty"`
-	Headers     map[string]string `json:"headers,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	Payload     []byte            `json:"payload"`
-	PayloadText *string           `json:"payload_text,omitempty"`
-}
-
-func eventJSON(ev *ferryevent.Event) EventJSON {
-	out := EventJSON{ID: ev.ID.String(), Topic: ev.Topic, Key: ev.Key, Seq: ev.Seq, Type: ev.Type, Source: ev.Source,
+func eventJSON(ev *ferryevent.Event) uiapi.EventJSON {
+	out := uiapi.EventJSON{ID: ev.ID.String(), Topic: ev.Topic, Key: ev.Key, Seq: ev.Seq, Type: ev.Type, Source: ev.Source,
 		ContentType: ev.ContentType, Headers: ev.Headers, CreatedAt: ev.CreatedAt, Payload: ev.Payload}
 	if ev.Payload == nil {
 		out.Payload = []byte{}
@@ -315,23 +294,8 @@ func eventJSON(ev *ferryevent.Event) EventJSON {
 	return out
 }
 
-// Filter selects events by the fields that are set, failed (or finished)
-// in [Since, Until). Feed is a feed's name ("hooks": every partition of
-// it) or a partition's ("hooks/0"); Topic and Reason (a text the reason
-// contains) select relay dead letters only.
-type Filter struct {
-	Feed   string    `json:"feed,omitempty"`
-	Key    string    `json:"key,omitempty"`
-	Type   string    `json:"type,omitempty"`
-	Topic  string    `json:"topic,omitempty"`
-	Reason string    `json:"reason,omitempty"`
-	Since  time.Time `json:"since,omitzero"`
-	Until  time.Time `json:"until,omitzero"`
-	Limit  int       `json:"limit,omitempty"`
-}
-
-func filterFromQuery(q url.Values) (Filter, error) {
-	f := Filter{Feed: q.Get("feed"), Key: q.Get("key"), Type: q.Get("type"), Topic: q.Get("topic"), Reason: q.Get("reason")}
+func filterFromQuery(q url.Values) (uiapi.Filter, error) {
+	f := uiapi.Filter{Feed: q.Get("feed"), Key: q.Get("key"), Type: q.Get("type"), Topic: q.Get("topic"), Reason: q.Get("reason")}
 	for _, t := range []struct {
 		name string
 		to   *time.Time
@@ -351,10 +315,10 @@ func filterFromQuery(q url.Values) (Filter, error) {
 		}
 		f.Limit = n
 	}
-	return f, f.check()
+	return f, checkFilter(&f)
 }
 
-func (f *Filter) check() error {
+func checkFilter(f *uiapi.Filter) error {
 	if f.Limit < 0 {
 		return badRequest("limit %d is not a count: use 1 to %d", f.Limit, MaxPage)
 	}
@@ -375,54 +339,13 @@ func pathID(r *http.Request) (uuid.UUID, error) {
 	return id, nil
 }
 
-// ActionRequest selects what an action acts on: a group's events by ID
-// (IDs), relay dead letters each by its feed and event (Letters: an
-// event dead-lettered by several feeds has a dead letter in each, and an
-// action reaches only those named), or every one matching Filter (at
-// most Filter.Limit). DryRun counts them and acts on none; Expect, when
-// set, makes the action refuse unless it would act on exactly that many
-// (the count a dry run showed).
-type ActionRequest struct {
-	IDs     []string    `json:"ids,omitempty"`
-	Letters []LetterRef `json:"letters,omitempty"`
-	Filter  *Filter     `json:"filter,omitempty"`
-	DryRun  bool        `json:"dry_run,omitempty"`
-	Expect  *int        `json:"expect,omitempty"`
-}
-
-// LetterRef names a relay dead letter: the feed partition that
-// dead-lettered the event, and the event's ID.
-type LetterRef struct {
-	Feed string `json:"feed"`
-	ID   string `json:"id"`
-}
-
-// ActionResult says how many events an action selected and acted on: IDs
-// are the events selected, and Letters, for relay dead letters, each
-// with its feed. An action by filter selects one page (the filter's
-// limit, DefaultPage if none): More says the page was full, so more
-// events may match; the same request again (a dry run to count, then the
-// action) takes the next page, since the events acted on no longer match.
-// The selection applies every filter in the database, the first matches
-// however far back they are: a filter no index serves (a type, a topic,
-// a reason) may read many rows to find them. The action acts on exactly
-// what was selected, each dead letter by its feed and event.
-type ActionResult struct {
-	Selected int         `json:"selected"`
-	Done     int         `json:"done"`
-	IDs      []string    `json:"ids"`
-	Letters  []LetterRef `json:"letters,omitempty"`
-	DryRun   bool        `json:"dry_run,omitempty"`
-	More     bool        `json:"more"`
-}
-
 // selection is what an action names or selects: for a group, events
 // (Feed ""); for the relay, dead letters.
 type selection = []ferrydriver.DeadLetterRef
 
 // named reads the request's IDs or Letters (the one the action takes:
 // letters for relay dead letters), or checks its filter.
-func (a *ActionRequest) named(letters bool) (selection, error) {
+func named(a *uiapi.ActionRequest, letters bool) (selection, error) {
 	what, other := `"ids"`, len(a.Letters) > 0
 	if letters {
 		what, other = `"letters"`, len(a.IDs) > 0
@@ -456,14 +379,14 @@ func (a *ActionRequest) named(letters bool) (selection, error) {
 		out = append(out, ferrydriver.DeadLetterRef{Feed: l.Feed, EventID: id})
 	}
 	if a.Filter != nil {
-		if err := a.Filter.check(); err != nil {
+		if err := checkFilter(a.Filter); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-func (a *ActionRequest) expected(n int) error {
+func expected(a *uiapi.ActionRequest, n int) error {
 	if a.Expect != nil && *a.Expect != n {
 		return &apiError{http.StatusConflict, fmt.Sprintf("the selection now holds %d event(s), not the %d expected: look again (dry_run) and confirm the new count", n, *a.Expect)}
 	}
@@ -483,13 +406,13 @@ func idStrings(ids []uuid.UUID) []string {
 // unless it is a dry run, acts on exactly that (do) and logs what it did.
 // letters: the action takes relay dead letters, each named by its feed.
 func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string, letters bool,
-	choose func(ctx context.Context, named selection, f *Filter) (selected selection, more bool, err error),
+	choose func(ctx context.Context, named selection, f *uiapi.Filter) (selected selection, more bool, err error),
 	do func(ctx context.Context, selected selection) (int, error)) error {
-	var req ActionRequest
+	var req uiapi.ActionRequest
 	if err := readJSON(r, &req); err != nil {
 		return err
 	}
-	named, err := req.named(letters)
+	named, err := named(&req, letters)
 	if err != nil {
 		return err
 	}
@@ -497,14 +420,14 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string, lette
 	if err != nil {
 		return err
 	}
-	if err := req.expected(len(selected)); err != nil {
+	if err := expected(&req, len(selected)); err != nil {
 		return err
 	}
-	res := ActionResult{Selected: len(selected), IDs: make([]string, len(selected)), DryRun: req.DryRun, More: more}
+	res := uiapi.ActionResult{Selected: len(selected), IDs: make([]string, len(selected)), DryRun: req.DryRun, More: more}
 	for i, s := range selected {
 		res.IDs[i] = s.EventID.String()
 		if letters {
-			res.Letters = append(res.Letters, LetterRef{Feed: s.Feed, ID: s.EventID.String()})
+			res.Letters = append(res.Letters, uiapi.LetterRef{Feed: s.Feed, ID: s.EventID.String()})
 		}
 	}
 	if !req.DryRun && len(selected) > 0 {
@@ -515,27 +438,6 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request, what string, lette
 	}
 	writeJSON(w, http.StatusOK, res)
 	return nil
-}
-
-// ReasonJSON is one reason among the newest failures: how many of those
-// read have it, the latest, and the newest event IDs (at most MaxPage),
-// which an action can take (IDs, a page at a time). For relay dead
-// letters a reason is grouped per feed partition (Feed): an action names
-// each of them with it.
-type ReasonJSON struct {
-	Feed   string    `json:"feed,omitempty"`
-	Reason string    `json:"reason"`
-	Count  int       `json:"count"`
-	Latest time.Time `json:"latest"`
-	IDs    []string  `json:"ids"`
-}
-
-// ReasonsJSON groups the newest failures by reason: Scanned of them were
-// read, at most Scan (the rest, older, were not).
-type ReasonsJSON struct {
-	Reasons []ReasonJSON `json:"reasons"`
-	Scanned int          `json:"scanned"`
-	Scan    int          `json:"scan"`
 }
 
 // maxReasonScan bounds ?scan= of a grouping by reason.
@@ -554,9 +456,9 @@ func (h *Handler) reasons(w http.ResponseWriter, r *http.Request, group func(fer
 	if err != nil {
 		return err
 	}
-	out := ReasonsJSON{Reasons: make([]ReasonJSON, len(res.Groups)), Scanned: res.Scanned, Scan: p.Scan}
+	out := uiapi.ReasonsJSON{Reasons: make([]uiapi.ReasonJSON, len(res.Groups)), Scanned: res.Scanned, Scan: p.Scan}
 	for i, g := range res.Groups {
-		out.Reasons[i] = ReasonJSON{Feed: g.Feed, Reason: g.Reason, Count: g.Count, Latest: g.Latest, IDs: idStrings(g.EventIDs)}
+		out.Reasons[i] = uiapi.ReasonJSON{Feed: g.Feed, Reason: g.Reason, Count: g.Count, Latest: g.Latest, IDs: idStrings(g.EventIDs)}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

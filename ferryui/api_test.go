@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
@@ -57,12 +59,12 @@ func TestFeedsNameTheOpenOutboxTransaction(t *testing.T) {
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
-	oldest := func() *ferryui.OpenTxJSON {
+	oldest := func() *uiapi.OpenTxJSON {
 		resp, err := http.Get(srv.URL + "/api/v1/feeds")
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		var out struct {
-			Tx *ferryui.OpenTxJSON `json:"oldest_outbox_tx"`
+			Tx *uiapi.OpenTxJSON `json:"oldest_outbox_tx"`
 		}
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
 		return out.Tx

@@ -6,21 +6,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 )
 
-// DeadLetterJSON is a relay dead letter.
-type DeadLetterJSON struct {
-	Feed     string    `json:"feed"`
-	Reason   string    `json:"reason"`
-	FailedAt time.Time `json:"failed_at"`
-	Event    EventJSON `json:"event"`
-}
-
-func deadLetterJSON(dl *ferrydriver.DeadLetter) DeadLetterJSON {
-	return DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)}
+func deadLetterJSON(dl *ferrydriver.DeadLetter) uiapi.DeadLetterJSON {
+	return uiapi.DeadLetterJSON{Feed: dl.Feed, Reason: dl.Reason, FailedAt: dl.FailedAt, Event: eventJSON(&dl.Event)}
 }
 
 func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) error {
@@ -40,7 +34,7 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	items := make([]DeadLetterJSON, len(got.items))
+	items := make([]uiapi.DeadLetterJSON, len(got.items))
 	for i, dl := range got.items {
 		items[i] = deadLetterJSON(dl)
 	}
@@ -69,13 +63,6 @@ func parseCursor(v string) (*ferrydriver.DeadLetterCursor, error) {
 	return &ferrydriver.DeadLetterCursor{FailedAt: t, EventID: u}, nil
 }
 
-// DeadLettersOfJSON is an event's relay dead letters, one per feed
-// partition that dead-lettered it, newest first.
-type DeadLettersOfJSON struct {
-	ID          string           `json:"id"`
-	DeadLetters []DeadLetterJSON `json:"dead_letters"`
-}
-
 // deadLetter answers an event's dead letters (of ?feed= only, when given:
 // a feed's name or a partition's).
 func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) error {
@@ -95,7 +82,7 @@ func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) error {
 		}
 		return &apiError{http.StatusNotFound, "no relay dead letter has event ID " + id.String() + where}
 	}
-	out := DeadLettersOfJSON{ID: id.String(), DeadLetters: make([]DeadLetterJSON, len(dls))}
+	out := uiapi.DeadLettersOfJSON{ID: id.String(), DeadLetters: make([]uiapi.DeadLetterJSON, len(dls))}
 	for i, dl := range dls {
 		out.DeadLetters[i] = deadLetterJSON(dl)
 	}
@@ -115,7 +102,7 @@ func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r 
 	if redrive {
 		verb, act = "redriven", h.cfg.Store.RedriveDeadLetters
 	}
-	choose := func(ctx context.Context, named selection, f *Filter) (selection, bool, error) {
+	choose := func(ctx context.Context, named selection, f *uiapi.Filter) (selection, bool, error) {
 		if f == nil {
 			// What is still there of what was named, feed by feed.
 			byFeed := map[string][]uuid.UUID{}

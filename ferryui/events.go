@@ -7,33 +7,12 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
 )
-
-// EventTimelineJSON is what the console knows of one event: its relay dead
-// letters, one per feed partition that dead-lettered it, and its row in
-// each consumer group's inbox.
-type EventTimelineJSON struct {
-	ID          string           `json:"id"`
-	DeadLetters []DeadLetterJSON `json:"dead_letters"`
-	Groups      []InboxRowJSON   `json:"groups"`
-	// Outbox is set for an event the relay has not published yet, found
-	// in its partition's backlog.
-	Outbox *OutboxJSON `json:"outbox,omitempty"`
-}
-
-// OutboxJSON is where an event the relay has not published yet waits:
-// the feed (partition) whose backlog holds it and how many events that
-// feed reads before it from its checkpoint. Invalid, when set, is why the
-// relay will dead-letter it instead of publishing it.
-type OutboxJSON struct {
-	Feed    string    `json:"feed"`
-	Ahead   int       `json:"ahead"`
-	Invalid string    `json:"invalid,omitempty"`
-	Event   EventJSON `json:"event"`
-}
 
 // An event that is neither a dead letter nor in an inbox is looked for in
 // the backlog: the outbox has no index on event IDs (one would cost every
@@ -56,7 +35,7 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := EventTimelineJSON{ID: id.String(), DeadLetters: []DeadLetterJSON{}, Groups: []InboxRowJSON{}}
+	out := uiapi.EventTimelineJSON{ID: id.String(), DeadLetters: []uiapi.DeadLetterJSON{}, Groups: []uiapi.InboxRowJSON{}}
 	dls, err := h.cfg.Store.ListDeadLetters(r.Context(), &ferrydriver.ListDeadLettersParams{EventIDs: []uuid.UUID{id}, Limit: MaxPage})
 	if err != nil {
 		return err
@@ -122,7 +101,7 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) error {
 // unpublished looks for an event in the backlog of each partition: the
 // first scan/partitions events its feed reads from its checkpoint, read as
 // the relay reads them (a feed of the store; nothing is written).
-func (h *Handler) unpublished(ctx context.Context, id uuid.UUID, scan int) (*OutboxJSON, error) {
+func (h *Handler) unpublished(ctx context.Context, id uuid.UUID, scan int) (*uiapi.OutboxJSON, error) {
 	feeds, err := h.partitionFeeds(ctx)
 	if err != nil {
 		return nil, err
@@ -131,7 +110,7 @@ func (h *Handler) unpublished(ctx context.Context, id uuid.UUID, scan int) (*Out
 	// and its first read cost 20-35 ms on PostgreSQL (a session of its own,
 	// a snapshot, the transactions since the checkpoint), the events after
 	// that about 5 µs each.
-	found := make([]*OutboxJSON, len(feeds))
+	found := make([]*uiapi.OutboxJSON, len(feeds))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
 	for p, name := range feeds {
@@ -152,7 +131,7 @@ func (h *Handler) unpublished(ctx context.Context, id uuid.UUID, scan int) (*Out
 	return nil, nil
 }
 
-func (h *Handler) findInFeed(ctx context.Context, name string, partition int, id uuid.UUID, scan int) (*OutboxJSON, error) {
+func (h *Handler) findInFeed(ctx context.Context, name string, partition int, id uuid.UUID, scan int) (*uiapi.OutboxJSON, error) {
 	cp, err := h.cfg.Store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: name})
 	if err != nil {
 		return nil, err
@@ -172,12 +151,12 @@ func (h *Handler) findInFeed(ctx context.Context, name string, partition int, id
 		}
 		for i, ev := range b.Events {
 			if ev.ID == id {
-				return &OutboxJSON{Feed: name, Ahead: read + i, Event: eventJSON(ev)}, nil
+				return &uiapi.OutboxJSON{Feed: name, Ahead: read + i, Event: eventJSON(ev)}, nil
 			}
 		}
 		for _, inv := range b.Invalid {
 			if inv.Event.ID == id {
-				return &OutboxJSON{Feed: name, Ahead: read + len(b.Events), Invalid: inv.Reason, Event: eventJSON(&inv.Event)}, nil
+				return &uiapi.OutboxJSON{Feed: name, Ahead: read + len(b.Events), Invalid: inv.Reason, Event: eventJSON(&inv.Event)}, nil
 			}
 		}
 		n := len(b.Events) + len(b.Invalid)
@@ -193,7 +172,7 @@ func (h *Handler) findInFeed(ctx context.Context, name string, partition int, id
 
 // history reads an event's history in a group, where the backend keeps
 // one (ferrydriver.Admin).
-func (h *Handler) history(ctx context.Context, group string, id uuid.UUID) ([]AttemptJSON, error) {
+func (h *Handler) history(ctx context.Context, group string, id uuid.UUID) ([]uiapi.AttemptJSON, error) {
 	if h.cfg.Inbox == nil {
 		return nil, nil
 	}
@@ -201,30 +180,11 @@ func (h *Handler) history(ctx context.Context, group string, id uuid.UUID) ([]At
 	if err != nil {
 		return nil, err
 	}
-	var out []AttemptJSON
+	var out []uiapi.AttemptJSON
 	for _, e := range entries {
-		out = append(out, AttemptJSON{Attempt: e.Attempt, State: string(e.State), Error: e.Error, At: e.At})
+		out = append(out, uiapi.AttemptJSON{Attempt: e.Attempt, State: string(e.State), Error: e.Error, At: e.At})
 	}
 	return out, nil
-}
-
-// KeyJSON is where one key stands: parked or held at the relay, its relay
-// dead letters, and, in each consumer group, its rows not yet finished in
-// key order: those that hold it (processing, failed, dead; its head is one
-// of them) and a page of the pending ones behind.
-type KeyJSON struct {
-	Key         string           `json:"key"`
-	Parked      []ParkedJSON     `json:"parked"`
-	DeadLetters []DeadLetterJSON `json:"dead_letters"`
-	Groups      []KeyGroupJSON   `json:"groups"`
-}
-
-// KeyGroupJSON is a key's unfinished rows in one group; More says the page
-// did not hold them all.
-type KeyGroupJSON struct {
-	Group  string         `json:"group"`
-	Events []InboxRowJSON `json:"events"`
-	More   bool           `json:"more,omitempty"`
 }
 
 // blockingStates are those of a key's rows that its later rows wait for.
@@ -236,7 +196,7 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := KeyJSON{Key: key, DeadLetters: []DeadLetterJSON{}, Groups: []KeyGroupJSON{}}
+	out := uiapi.KeyJSON{Key: key, DeadLetters: []uiapi.DeadLetterJSON{}, Groups: []uiapi.KeyGroupJSON{}}
 	if out.Parked, err = h.parkedKeys(r.Context(), []string{key}, 0); err != nil {
 		return err
 	}
@@ -267,7 +227,7 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) error {
 			if len(blocking)+len(waiting) == 0 {
 				continue
 			}
-			kg := KeyGroupJSON{Group: g, More: len(blocking) == f.Limit || len(waiting) > f.Limit}
+			kg := uiapi.KeyGroupJSON{Group: g, More: len(blocking) == f.Limit || len(waiting) > f.Limit}
 			rows := append(blocking, waiting[:min(len(waiting), f.Limit)]...)
 			// A key's rows run in their order: the head first.
 			sort.SliceStable(rows, func(i, j int) bool { return rows[i].Event.Seq < rows[j].Event.Seq })

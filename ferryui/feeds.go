@@ -4,40 +4,12 @@ import (
 	"context"
 	"net/http"
 	"strconv"
-	"time"
+
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
-
-// FeedJSON is one partition of a relay feed.
-type FeedJSON struct {
-	Feed              string     `json:"feed"`
-	LagEvents         int64      `json:"lag_events"`
-	LagEstimated      bool       `json:"lag_estimated"`
-	OldestPending     *time.Time `json:"oldest_pending,omitempty"`
-	LagSeconds        float64    `json:"lag_seconds"`
-	CheckpointAt      *time.Time `json:"checkpoint_at,omitempty"`
-	CheckpointSeconds float64    `json:"checkpoint_age_seconds,omitempty"`
-	CheckpointTerm    int64      `json:"checkpoint_term"`
-	LeaseHolder       string     `json:"lease_holder,omitempty"`
-	LeaseTerm         int64      `json:"lease_term,omitempty"`
-	LeaseHeld         bool       `json:"lease_held"`
-	DeadLetters       int64      `json:"dead_letters"`
-	DeadLettersMore   bool       `json:"dead_letters_more,omitempty"`
-	DatabaseNow       time.Time  `json:"database_now"`
-}
-
-// OpenTxJSON is an open database transaction (the feeds list's
-// oldest_outbox_tx: the oldest that wrote to the outbox and has not
-// committed; its events are published when it does).
-type OpenTxJSON struct {
-	PID         int       `json:"pid"`
-	Started     time.Time `json:"started"`
-	AgeSeconds  float64   `json:"age_seconds"`
-	State       string    `json:"state,omitempty"`
-	Application string    `json:"application,omitempty"`
-}
 
 // feeds lists every relay feed partition the store knows of (a
 // checkpoint, a lease, dead letters, parked events: every partition of
@@ -47,14 +19,14 @@ func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]FeedJSON, 0, len(names))
+	out := make([]uiapi.FeedJSON, 0, len(names))
 	for _, name := range names {
 		p, _ := driverkit.FeedPartition(name)
 		st, err := h.cfg.Store.FeedStatus(r.Context(), &ferrydriver.FeedStatusParams{Feed: name, Partition: p})
 		if err != nil {
 			return err
 		}
-		f := FeedJSON{Feed: name, LagEvents: st.LagEvents, LagEstimated: st.LagEstimated, DeadLetters: st.DeadLetters,
+		f := uiapi.FeedJSON{Feed: name, LagEvents: st.LagEvents, LagEstimated: st.LagEstimated, DeadLetters: st.DeadLetters,
 			DeadLettersMore: st.DeadLettersMore, DatabaseNow: st.Now, CheckpointTerm: st.Checkpoint.Term}
 		if !st.OldestPending.IsZero() {
 			f.OldestPending = &st.OldestPending
@@ -79,30 +51,15 @@ func (h *Handler) feeds(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		if tx != nil {
-			page["oldest_outbox_tx"] = OpenTxJSON{PID: tx.PID, Started: tx.Started, AgeSeconds: tx.Now.Sub(tx.Started).Seconds(), State: tx.State, Application: tx.Application}
+			page["oldest_outbox_tx"] = uiapi.OpenTxJSON{PID: tx.PID, Started: tx.Started, AgeSeconds: tx.Now.Sub(tx.Started).Seconds(), State: tx.State, Application: tx.Application}
 		}
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil
 }
 
-// ParkedJSON is a key the relay set aside because its destination stopped
-// acknowledging it, or whose redriven dead letter waits for the feed's
-// relay (redriven): its first parked event, and whether the relay gave up
-// retrying it (held: `ferry parked release` or skip lets it go).
-type ParkedJSON struct {
-	Feed     string    `json:"feed"`
-	Key      string    `json:"key"`
-	Held     bool      `json:"held"`
-	Redriven bool      `json:"redriven,omitempty"`
-	Reason   string    `json:"reason,omitempty"`
-	ParkedAt time.Time `json:"parked_at"`
-	Queued   int64     `json:"queued"`
-	Event    EventJSON `json:"event"`
-}
-
-func parkedJSON(p *ferrydriver.ParkedEvent) ParkedJSON {
-	return ParkedJSON{Feed: p.Feed, Key: p.Event.Key, Held: p.Held, Redriven: p.Redriven, Reason: p.Reason, ParkedAt: p.ParkedAt, Queued: p.Queued, Event: eventJSON(&p.Event)}
+func parkedJSON(p *ferrydriver.ParkedEvent) uiapi.ParkedJSON {
+	return uiapi.ParkedJSON{Feed: p.Feed, Key: p.Event.Key, Held: p.Held, Redriven: p.Redriven, Reason: p.Reason, ParkedAt: p.ParkedAt, Queued: p.Queued, Event: eventJSON(&p.Event)}
 }
 
 // partitionFeeds names the partitions (Feed/0, Feed/1, ...) of the feed
@@ -121,8 +78,8 @@ func (h *Handler) partitionFeeds(ctx context.Context) ([]string, error) {
 
 // parkedKeys returns the parked keys of every feed (all of them, at most
 // limit per feed partition, when keys is nil).
-func (h *Handler) parkedKeys(ctx context.Context, keys []string, limit int) ([]ParkedJSON, error) {
-	out := []ParkedJSON{}
+func (h *Handler) parkedKeys(ctx context.Context, keys []string, limit int) ([]uiapi.ParkedJSON, error) {
+	out := []uiapi.ParkedJSON{}
 	feeds, err := driverkit.RelayFeeds(ctx, h.cfg.Store, "")
 	if err != nil {
 		return nil, err
@@ -154,27 +111,8 @@ func (h *Handler) parked(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// ChainJSON is a chain source's saved position: the tier it follows, the
-// last block it ingested, its reorgs, when it saved, who leads it and, when
-// the console can ask the node, the chain's head and the lag in blocks.
-type ChainJSON struct {
-	Name      string    `json:"name"`
-	ChainID   uint64    `json:"chain_id"`
-	Tier      string    `json:"tier"`
-	Block     uint64    `json:"block"`
-	Hash      string    `json:"hash"`
-	Window    int       `json:"window_blocks"`
-	Reorgs    uint64    `json:"reorgs"`
-	SavedAt   time.Time `json:"saved_at"`
-	Holder    string    `json:"lease_holder,omitempty"`
-	Held      bool      `json:"lease_held"`
-	Head      *uint64   `json:"head,omitempty"`
-	LagBlocks *uint64   `json:"head_lag_blocks,omitempty"`
-	HeadError string    `json:"head_error,omitempty"`
-}
-
 func (h *Handler) chains(w http.ResponseWriter, r *http.Request) error {
-	out := []ChainJSON{}
+	out := []uiapi.ChainJSON{}
 	if h.cfg.Chains != nil {
 		got, err := h.cfg.Chains(r.Context())
 		if err != nil {

@@ -7,38 +7,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 )
 
-// InboxRowJSON is an event in a consumer group's inbox.
-type InboxRowJSON struct {
-	Group         string     `json:"group"`
-	State         string     `json:"state"`
-	Attempts      int        `json:"attempts"`
-	LastError     string     `json:"last_error,omitempty"`
-	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
-	ReceivedAt    time.Time  `json:"received_at"`
-	FinishedAt    *time.Time `json:"finished_at,omitempty"`
-	Event         EventJSON  `json:"event"`
-	// History is the row's failed attempts and redrives, oldest first
-	// (ferrydriver.Admin); only an event's timeline has it, and
-	// only where the backend keeps it.
-	History []AttemptJSON `json:"history,omitempty"`
-}
-
-// AttemptJSON is one entry of an inbox row's history: a failed attempt
-// (state failed or dead, with its error) or a redrive (state pending).
-type AttemptJSON struct {
-	Attempt int       `json:"attempt"`
-	State   string    `json:"state"`
-	Error   string    `json:"error,omitempty"`
-	At      time.Time `json:"at"`
-}
-
-func inboxRowJSON(r *ferrydriver.InboxRow) InboxRowJSON {
-	out := InboxRowJSON{Group: r.Group, State: string(r.State), Attempts: r.Attempts, LastError: r.LastError, ReceivedAt: r.ReceivedAt, Event: eventJSON(&r.Event)}
+func inboxRowJSON(r *ferrydriver.InboxRow) uiapi.InboxRowJSON {
+	out := uiapi.InboxRowJSON{Group: r.Group, State: string(r.State), Attempts: r.Attempts, LastError: r.LastError, ReceivedAt: r.ReceivedAt, Event: eventJSON(&r.Event)}
 	if !r.FinishedAt.IsZero() {
 		out.FinishedAt = &r.FinishedAt
 	}
@@ -46,17 +23,6 @@ func inboxRowJSON(r *ferrydriver.InboxRow) InboxRowJSON {
 		out.NextAttemptAt = &r.NextAttemptAt
 	}
 	return out
-}
-
-// GroupJSON is a consumer group: its inbox rows by state (each counted to
-// ferrydriver.InboxCountCap) and its stored dead policy, "hold" (a key's
-// later events wait behind a DEAD one: each DEAD event holds its key) or
-// "continue"; "hold" too when none is stored (no consumer of the group
-// has started), as consumers then hold.
-type GroupJSON struct {
-	Group      string           `json:"group"`
-	Counts     map[string]int64 `json:"counts"`
-	DeadPolicy string           `json:"dead_policy"`
 }
 
 // groupPolicies lists the groups, each with its stored policy (true:
@@ -106,7 +72,7 @@ func (h *Handler) groups(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]GroupJSON, 0, len(groups))
+	out := make([]uiapi.GroupJSON, 0, len(groups))
 	for _, gp := range groups {
 		g := gp.Group
 		counts, err := in.InboxCounts(r.Context(), g)
@@ -117,7 +83,7 @@ func (h *Handler) groups(w http.ResponseWriter, r *http.Request) error {
 		for st, n := range counts {
 			c[string(st)] = n
 		}
-		out = append(out, GroupJSON{Group: g, Counts: c, DeadPolicy: policyName(gp.HoldDead)})
+		out = append(out, uiapi.GroupJSON{Group: g, Counts: c, DeadPolicy: policyName(gp.HoldDead)})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"groups": out, "count_cap": ferrydriver.InboxCountCap})
 	return nil
@@ -172,7 +138,7 @@ func (h *Handler) groupEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	items := make([]InboxRowJSON, len(got.items))
+	items := make([]uiapi.InboxRowJSON, len(got.items))
 	for i, row := range got.items {
 		items[i] = inboxRowJSON(row)
 	}
@@ -227,7 +193,7 @@ func (h *Handler) groupAction(redrive bool) func(w http.ResponseWriter, r *http.
 			verb, act = "redriven", in.RedriveInbox
 		}
 		dead := []ferrydriver.InboxState{ferrydriver.InboxDead}
-		choose := func(ctx context.Context, named selection, f *Filter) (selection, bool, error) {
+		choose := func(ctx context.Context, named selection, f *uiapi.Filter) (selection, bool, error) {
 			ids := make([]uuid.UUID, len(named))
 			for i, n := range named {
 				ids[i] = n.EventID
@@ -259,18 +225,12 @@ func (h *Handler) groupAction(redrive bool) func(w http.ResponseWriter, r *http.
 	}
 }
 
-// PolicyRequest sets a group's dead policy: true holds a key's later
-// events behind a DEAD one (ferry.Hold), false lets them run (Continue).
-type PolicyRequest struct {
-	HoldDead *bool `json:"hold_dead"`
-}
-
 func (h *Handler) groupPolicy(w http.ResponseWriter, r *http.Request) error {
 	in, err := h.inbox()
 	if err != nil {
 		return err
 	}
-	var req PolicyRequest
+	var req uiapi.PolicyRequest
 	if err := readJSON(r, &req); err != nil {
 		return err
 	}

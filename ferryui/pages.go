@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
@@ -90,7 +92,7 @@ func deadLetterCursor(dl *ferrydriver.DeadLetter) *ferrydriver.DeadLetterCursor 
 // most. Every backend serves a partition, a key and a time range by
 // index; a feed's partitions, a type, a topic or a reason are matched
 // here, over at most scan dead letters.
-func (h *Handler) pageDeadLetters(ctx context.Context, f Filter, after *ferrydriver.DeadLetterCursor, limit, scan int) (*page[*ferrydriver.DeadLetter, ferrydriver.DeadLetterCursor], error) {
+func (h *Handler) pageDeadLetters(ctx context.Context, f uiapi.Filter, after *ferrydriver.DeadLetterCursor, limit, scan int) (*page[*ferrydriver.DeadLetter, ferrydriver.DeadLetterCursor], error) {
 	exact, family := driverkit.FeedFilter(f.Feed)
 	list := ferrydriver.ListDeadLettersParams{Feed: exact, Key: f.Key, Since: f.Since, Until: f.Until}
 	read := func(after *ferrydriver.DeadLetterCursor, n int) ([]*ferrydriver.DeadLetter, error) {

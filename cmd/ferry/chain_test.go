@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/chromedp/chromedp"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
@@ -25,7 +27,6 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
-	"github.com/ferry-dev/ferry/ferryui"
 )
 
 // freePort returns a port nothing listens on now.
@@ -129,7 +130,7 @@ func TestChainRunAndStatus(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer chain-token")
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	var chains struct{ Chains []ferryui.ChainJSON }
+	var chains struct{ Chains []uiapi.ChainJSON }
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&chains))
 	resp.Body.Close()
 	require.Len(t, chains.Chains, 1)

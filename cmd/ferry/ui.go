@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/ferry-dev/ferry/ferrychain"
 	"github.com/ferry-dev/ferry/ferryui"
 )
@@ -166,7 +168,7 @@ func splitList(v string) []string {
 // chainCursors reads the saved cursors of the chain sources named (nil:
 // none) and, with a node, the chain's head for their lag. A node that does
 // not answer is reported with each cursor, not as a failure of the page.
-func chainCursors(b *backend, names []string, rpcURL string) func(context.Context) ([]ferryui.ChainJSON, error) {
+func chainCursors(b *backend, names []string, rpcURL string) func(context.Context) ([]uiapi.ChainJSON, error) {
 	if len(names) == 0 {
 		return nil
 	}
@@ -189,7 +191,7 @@ func chainCursors(b *backend, names []string, rpcURL string) func(context.Contex
 		}
 		return h.Number.Uint64(), nil
 	}
-	return func(ctx context.Context) ([]ferryui.ChainJSON, error) {
+	return func(ctx context.Context) ([]uiapi.ChainJSON, error) {
 		var at *uint64
 		headErr := ""
 		if rpcURL != "" {
@@ -202,13 +204,13 @@ func chainCursors(b *backend, names []string, rpcURL string) func(context.Contex
 				at = &n
 			}
 		}
-		out := make([]ferryui.ChainJSON, 0, len(names))
+		out := make([]uiapi.ChainJSON, 0, len(names))
 		for _, name := range names {
 			info, err := ferrychain.ReadCursor(ctx, b.store, name)
 			if err != nil {
 				return nil, err
 			}
-			c := ferryui.ChainJSON{Name: info.Name, ChainID: info.ChainID, Tier: info.Tier, Block: info.Block, Hash: info.Hash.Hex(),
+			c := uiapi.ChainJSON{Name: info.Name, ChainID: info.ChainID, Tier: info.Tier, Block: info.Block, Hash: info.Hash.Hex(),
 				Window: info.Window, Reorgs: info.Reorgs, SavedAt: info.SavedAt, Holder: info.Holder, Held: info.Held, Head: at, HeadError: headErr}
 			if at != nil {
 				lag := *at - min(*at, info.Block)

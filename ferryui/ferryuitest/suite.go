@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/ferryui/uiapi"
+
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
@@ -110,7 +112,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 
 	t.Run("Activity", func(t *testing.T) {
 		rec, irec := store, inbox
-		var empty ferryui.ActivityJSON
+		var empty uiapi.ActivityJSON
 		c.get("/api/v1/activity", http.StatusOK, &empty)
 		require.True(t, empty.Recorded)
 		at := time.Now().Add(-time.Minute).UTC()
@@ -125,7 +127,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			{Kind: ferrydriver.ActivityConsumer, Name: Hostile, Process: "c1", At: at, Interval: 10 * time.Second, Done: 30, Failed: 2, Dead: 1,
 				LatencyP50: 5 * time.Millisecond, LatencyP99: 9 * time.Millisecond, HandlerP50: time.Millisecond, HandlerP99: 3 * time.Millisecond},
 		}}))
-		var got ferryui.ActivityJSON
+		var got uiapi.ActivityJSON
 		c.get("/api/v1/activity?since=5m", http.StatusOK, &got)
 		require.Equal(t, 10.0, got.StepSeconds, "5 minutes in steps of 10 s")
 		require.Len(t, got.Series, 2)
@@ -146,16 +148,16 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, [2]string{ferrydriver.ActivityConsumer, Hostile}, [2]string{group.Kind, group.Name})
 		require.InDelta(t, 0.003, group.Points[0].HandlerP99, 1e-6)
 
-		var relays ferryui.ActivityJSON
+		var relays uiapi.ActivityJSON
 		c.get("/api/v1/activity?since=5m&kind=relay", http.StatusOK, &relays)
 		require.Len(t, relays.Series, 1)
-		var one ferryui.ActivityJSON
+		var one uiapi.ActivityJSON
 		c.get("/api/v1/activity?since=5m&name="+url.QueryEscape(Hostile), http.StatusOK, &one)
 		require.Len(t, one.Series, 1)
-		var recent ferryui.ActivityJSON
+		var recent uiapi.ActivityJSON
 		c.get("/api/v1/activity?since=30s", http.StatusOK, &recent)
 		require.Empty(t, recent.Series, "the samples are a minute old")
-		var day ferryui.ActivityJSON
+		var day uiapi.ActivityJSON
 		c.get("/api/v1/activity?since=24h", http.StatusOK, &day)
 		require.Equal(t, 480.0, day.StepSeconds, "a day in at most 180 steps")
 		for _, bad := range []string{"since=yesterday", "since=48h", "kind=sink", "since=" + url.QueryEscape(time.Now().Add(time.Hour).Format(time.RFC3339))} {
@@ -166,14 +168,14 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 	})
 
 	t.Run("Feeds", func(t *testing.T) {
-		var out struct{ Feeds []ferryui.FeedJSON }
+		var out struct{ Feeds []uiapi.FeedJSON }
 		c.get("/api/v1/feeds", http.StatusOK, &out)
 		require.NotEmpty(t, out.Feeds)
 		require.Equal(t, "default/0", out.Feeds[0].Feed)
 		require.Equal(t, "suite", out.Feeds[0].LeaseHolder)
 		require.True(t, out.Feeds[0].LeaseHeld)
 		require.EqualValues(t, 4, out.Feeds[0].DeadLetters)
-		var chains struct{ Chains []ferryui.ChainJSON }
+		var chains struct{ Chains []uiapi.ChainJSON }
 		c.get("/api/v1/chains", http.StatusOK, &chains)
 		require.NotNil(t, chains.Chains, "an empty list when no chain source is configured")
 		require.Empty(t, chains.Chains)
@@ -181,14 +183,14 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 
 	t.Run("DeadLettersArePagedAndShownExactly", func(t *testing.T) {
 		var page struct {
-			DeadLetters []ferryui.DeadLetterJSON `json:"dead_letters"`
-			Next        string                   `json:"next"`
+			DeadLetters []uiapi.DeadLetterJSON `json:"dead_letters"`
+			Next        string                 `json:"next"`
 		}
 		body := c.get("/api/v1/dead-letters?limit=2", http.StatusOK, &page)
 		require.Len(t, page.DeadLetters, 2)
 		require.NotEmpty(t, page.Next, "a full page says where the next starts")
 		require.NotContains(t, body, "<script>", "the JSON escapes markup")
-		seen := map[string]ferryui.DeadLetterJSON{}
+		seen := map[string]uiapi.DeadLetterJSON{}
 		for _, dl := range page.DeadLetters {
 			seen[dl.Event.ID] = dl
 		}
@@ -215,7 +217,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, binary.Payload, b.Event.Payload, "binary payloads round-trip as base64")
 		require.Nil(t, b.Event.PayloadText, "a payload that is not UTF-8 is not shown as text")
 
-		var one ferryui.DeadLettersOfJSON
+		var one uiapi.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one)
 		require.Len(t, one.DeadLetters, 1)
 		require.Equal(t, "k1", one.DeadLetters[0].Event.Key)
@@ -229,12 +231,12 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		// scan= dead letters from where the page starts: those listed before
 		// the invoice are no invoices; "next" goes on after them.
 		var all, scanned struct {
-			DeadLetters []ferryui.DeadLetterJSON `json:"dead_letters"`
-			Next        string                   `json:"next"`
-			Scanned     int                      `json:"scanned"`
+			DeadLetters []uiapi.DeadLetterJSON `json:"dead_letters"`
+			Next        string                 `json:"next"`
+			Scanned     int                    `json:"scanned"`
 		}
 		c.get("/api/v1/dead-letters?limit=4", http.StatusOK, &all)
-		at := slices.IndexFunc(all.DeadLetters, func(dl ferryui.DeadLetterJSON) bool { return dl.Event.ID == plain2.ID.String() })
+		at := slices.IndexFunc(all.DeadLetters, func(dl uiapi.DeadLetterJSON) bool { return dl.Event.ID == plain2.ID.String() })
 		require.GreaterOrEqual(t, at, 0)
 		if at > 0 {
 			c.get("/api/v1/dead-letters?topic=invoices&scan="+fmt.Sprint(at), http.StatusOK, &scanned)
@@ -282,7 +284,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 
 	t.Run("TheAPIListsItsPaths", func(t *testing.T) {
 		var index struct {
-			Endpoints   []ferryui.EndpointJSON
+			Endpoints   []uiapi.EndpointJSON
 			ReadsNeed   string `json:"reads_need"`
 			ActionsNeed string `json:"actions_need"`
 		}
@@ -369,7 +371,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			resp.Body.Close()
 			require.Equal(t, tc.status, resp.StatusCode, tc.name)
 		}
-		var one ferryui.DeadLettersOfJSON
+		var one uiapi.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusOK, &one) // untouched
 
 		ro, err := ferryui.New(&ferryui.Config{Store: store, Inbox: inbox, ReadOnly: true, OpenReads: true})
@@ -389,7 +391,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 	})
 
 	t.Run("RedriveAndDiscardDeadLetters", func(t *testing.T) {
-		var res ferryui.ActionResult
+		var res uiapi.ActionResult
 		c.post("/api/v1/dead-letters/redrive", `{"filter":{"topic":"orders"},"dry_run":true}`, http.StatusOK, &res)
 		require.Equal(t, 3, res.Selected, "a dry run counts what the filter selects")
 		require.Zero(t, res.Done)
@@ -399,7 +401,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Zero(t, res.Selected, "default/1 has no dead letter of it")
 		c.post("/api/v1/dead-letters/redrive", `{"letters":[{"feed":"default/0","id":"`+plain1.ID.String()+`"}],"expect":1}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Done)
-		require.Equal(t, []ferryui.LetterRef{{Feed: "default/0", ID: plain1.ID.String()}}, res.Letters)
+		require.Equal(t, []uiapi.LetterRef{{Feed: "default/0", ID: plain1.ID.String()}}, res.Letters)
 		c.get("/api/v1/dead-letters/"+plain1.ID.String(), http.StatusNotFound, nil)
 		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"invoices"}}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Done)
@@ -423,28 +425,28 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			}
 			require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "suite", Term: lease.Term, DeadLetters: dls}))
 		}
-		var both ferryui.DeadLettersOfJSON
+		var both uiapi.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+shared.ID.String(), http.StatusOK, &both)
 		var feeds []string
 		for _, dl := range both.DeadLetters {
 			feeds = append(feeds, dl.Feed)
 		}
 		require.ElementsMatch(t, []string{"a/0", "b/0"}, feeds, "the event's dead letters, each with its feed")
-		var tl ferryui.EventTimelineJSON
+		var tl uiapi.EventTimelineJSON
 		c.get("/api/v1/events/"+shared.ID.String(), http.StatusOK, &tl)
 		require.Len(t, tl.DeadLetters, 2, "the timeline shows both feeds' dead letters")
-		var a0 ferryui.DeadLettersOfJSON
+		var a0 uiapi.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+shared.ID.String()+"?feed=a/0", http.StatusOK, &a0)
 		require.Len(t, a0.DeadLetters, 1)
 		require.Equal(t, "a/0", a0.DeadLetters[0].Feed)
 
-		var res ferryui.ActionResult
+		var res uiapi.ActionResult
 		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"a/0","key":"shared"},"dry_run":true}`, http.StatusOK, &res)
-		require.Equal(t, []ferryui.LetterRef{{Feed: "a/0", ID: shared.ID.String()}}, res.Letters)
+		require.Equal(t, []uiapi.LetterRef{{Feed: "a/0", ID: shared.ID.String()}}, res.Letters)
 		c.post("/api/v1/dead-letters/discard", `{"filter":{"feed":"a/0","key":"shared"},"expect":1}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Done)
 		c.get("/api/v1/dead-letters/"+shared.ID.String()+"?feed=a/0", http.StatusNotFound, nil)
-		var left ferryui.DeadLettersOfJSON
+		var left uiapi.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+shared.ID.String(), http.StatusOK, &left)
 		require.Len(t, left.DeadLetters, 1, "b/0's dead letter of the same event stays")
 		require.Equal(t, "b/0", left.DeadLetters[0].Feed)
@@ -470,14 +472,14 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		long.Payload = bytes.Repeat([]byte(Hostile), 256<<10/len(Hostile)+1)
 		bulk[0].Reason = strings.Repeat(Hostile, 64<<10/len(Hostile)+1)
 		require.NoError(t, store.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "default/1", Holder: "suite", Term: lease.Term, DeadLetters: bulk}))
-		var of ferryui.DeadLettersOfJSON
+		var of uiapi.DeadLettersOfJSON
 		c.get("/api/v1/dead-letters/"+long.ID.String(), http.StatusOK, &of)
 		dl := of.DeadLetters[0]
 		require.NotNil(t, dl.Event.PayloadText)
 		require.True(t, string(long.Payload) == *dl.Event.PayloadText, "a long payload reads back whole (%d bytes of %d)", len(*dl.Event.PayloadText), len(long.Payload))
 		require.True(t, bulk[0].Reason == dl.Reason, "a long reason reads back whole (%d bytes of %d)", len(dl.Reason), len(bulk[0].Reason))
 
-		var res ferryui.ActionResult
+		var res uiapi.ActionResult
 		c.post("/api/v1/dead-letters/discard", `{"filter":{"topic":"bulk","limit":3},"dry_run":true}`, http.StatusOK, &res)
 		require.Equal(t, 3, res.Selected)
 		require.True(t, res.More, "a full page: more may match")
@@ -516,7 +518,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		}
 		id := func(i int) string { return dls[i].Event.ID.String() }
 
-		var out ferryui.ReasonsJSON
+		var out uiapi.ReasonsJSON
 		body := c.get("/api/v1/dead-letters/reasons?feed=default/2", http.StatusOK, &out)
 		require.NotContains(t, body, "<script>")
 		require.Equal(t, 5, out.Scanned)
@@ -530,7 +532,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 			require.Equal(t, "default/2", r.Feed, "a reason's dead letters are of one feed partition")
 			require.Equal(t, len(want.ids), r.Count)
 			require.Equal(t, want.ids, r.IDs, "%s: newest first", want.reason)
-			var dl ferryui.DeadLettersOfJSON
+			var dl uiapi.DeadLettersOfJSON
 			c.get("/api/v1/dead-letters/"+want.ids[0], http.StatusOK, &dl)
 			require.True(t, dl.DeadLetters[0].FailedAt.Equal(r.Latest), "%s: the latest is the newest's failure, %v, not %v", want.reason, dl.DeadLetters[0].FailedAt, r.Latest)
 		}
@@ -541,7 +543,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		c.get("/api/v1/dead-letters/reasons?scan=0", http.StatusBadRequest, nil)
 
 		// A reason's IDs are what an action takes.
-		var res ferryui.ActionResult
+		var res uiapi.ActionResult
 		c.post("/api/v1/dead-letters/discard", `{"letters":[{"feed":"default/2","id":"`+id(4)+`"},{"feed":"default/2","id":"`+id(2)+`"}],"expect":2}`, http.StatusOK, &res)
 		require.Equal(t, 2, res.Done)
 		c.get("/api/v1/dead-letters/reasons?feed=default/2", http.StatusOK, &out)
@@ -575,10 +577,10 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 
 	t.Run("GroupsAndTheirEvents", func(t *testing.T) {
 		var out struct {
-			Groups []ferryui.GroupJSON
+			Groups []uiapi.GroupJSON
 		}
 		c.get("/api/v1/groups", http.StatusOK, &out)
-		var billing *ferryui.GroupJSON
+		var billing *uiapi.GroupJSON
 		for i := range out.Groups {
 			if out.Groups[i].Group == "billing" {
 				billing = &out.Groups[i]
@@ -590,7 +592,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, "hold", billing.DeadPolicy, "the stored policy")
 
 		var page struct {
-			Events     []ferryui.InboxRowJSON
+			Events     []uiapi.InboxRowJSON
 			DeadPolicy string `json:"dead_policy"`
 		}
 		body := c.get("/api/v1/groups/billing/events", http.StatusOK, &page)
@@ -607,7 +609,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		// A type is matched over at most scan= rows: of DEAD ones, a page
 		// at a time from a cursor; of PENDING ones, the newest, once.
 		var typed struct {
-			Events  []ferryui.InboxRowJSON
+			Events  []uiapi.InboxRowJSON
 			Next    string
 			Scanned int
 		}
@@ -639,20 +641,20 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		// DEAD events a page at a time: the first page's "next" gives the
 		// second, which holds the other.
 		var first struct {
-			Events []ferryui.InboxRowJSON
+			Events []uiapi.InboxRowJSON
 			Next   string
 		}
 		c.get("/api/v1/groups/billing/events?limit=1", http.StatusOK, &first)
 		require.Len(t, first.Events, 1)
 		require.NotEmpty(t, first.Next)
 		var second struct {
-			Events []ferryui.InboxRowJSON
+			Events []uiapi.InboxRowJSON
 			Next   string
 		}
 		c.get("/api/v1/groups/billing/events?limit=1&after="+url.QueryEscape(first.Next), http.StatusOK, &second)
 		require.Len(t, second.Events, 1)
 		require.NotEqual(t, first.Events[0].Event.ID, second.Events[0].Event.ID)
-		var third struct{ Events []ferryui.InboxRowJSON }
+		var third struct{ Events []uiapi.InboxRowJSON }
 		c.get("/api/v1/groups/billing/events?limit=1&after="+url.QueryEscape(second.Next), http.StatusOK, &third)
 		require.Empty(t, third.Events, "two DEAD events, two pages")
 		for _, bad := range []string{"after=yesterday", "state=pending&after=" + url.QueryEscape(first.Next)} {
@@ -663,18 +665,18 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 	})
 
 	t.Run("GroupActions", func(t *testing.T) {
-		var res ferryui.ActionResult
+		var res uiapi.ActionResult
 		c.post("/api/v1/groups/billing/redrive", `{"ids":["`+dead1.ID.String()+`"]}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Done)
-		var tl ferryui.EventTimelineJSON
+		var tl uiapi.EventTimelineJSON
 		c.get("/api/v1/events/"+dead1.ID.String(), http.StatusOK, &tl)
 		require.Len(t, tl.Groups, 1)
 		require.Equal(t, "pending", tl.Groups[0].State, "a redriven event runs again")
 		// Its history: the failed attempt with its error, the redrive.
 		h := tl.Groups[0].History
 		require.Len(t, h, 2)
-		require.Equal(t, ferryui.AttemptJSON{Attempt: 1, State: "dead", Error: "handler: " + Hostile}, ferryui.AttemptJSON{Attempt: h[0].Attempt, State: h[0].State, Error: h[0].Error})
-		require.Equal(t, ferryui.AttemptJSON{Attempt: 1, State: "pending"}, ferryui.AttemptJSON{Attempt: h[1].Attempt, State: h[1].State, Error: h[1].Error})
+		require.Equal(t, uiapi.AttemptJSON{Attempt: 1, State: "dead", Error: "handler: " + Hostile}, uiapi.AttemptJSON{Attempt: h[0].Attempt, State: h[0].State, Error: h[0].Error})
+		require.Equal(t, uiapi.AttemptJSON{Attempt: 1, State: "pending"}, uiapi.AttemptJSON{Attempt: h[1].Attempt, State: h[1].State, Error: h[1].Error})
 		require.False(t, h[1].At.Before(h[0].At))
 		c.post("/api/v1/groups/billing/discard", `{"filter":{"key":"b"},"dry_run":true}`, http.StatusOK, &res)
 		require.Equal(t, 1, res.Selected)
@@ -685,7 +687,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		var pol map[string]any
 		c.post("/api/v1/groups/billing/policy", `{"hold_dead":false}`, http.StatusOK, &pol)
 		require.Equal(t, false, pol["hold_dead"])
-		var groups struct{ Groups []ferryui.GroupJSON }
+		var groups struct{ Groups []uiapi.GroupJSON }
 		c.get("/api/v1/groups", http.StatusOK, &groups)
 		policies := map[string]string{}
 		for _, g := range groups.Groups {
@@ -696,13 +698,13 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 	})
 
 	t.Run("EventTimeline", func(t *testing.T) {
-		var tl ferryui.EventTimelineJSON
+		var tl uiapi.EventTimelineJSON
 		c.get("/api/v1/events/"+hostile.ID.String(), http.StatusOK, &tl)
 		require.Len(t, tl.DeadLetters, 1)
 		require.Empty(t, tl.Groups)
 		require.Equal(t, Hostile, tl.DeadLetters[0].Event.Key)
 		require.Equal(t, "default/0", tl.DeadLetters[0].Feed, "the timeline says which feed dead-lettered it")
-		tl = ferryui.EventTimelineJSON{}
+		tl = uiapi.EventTimelineJSON{}
 		c.get("/api/v1/events/"+pending.ID.String(), http.StatusOK, &tl)
 		require.Empty(t, tl.DeadLetters)
 		require.Len(t, tl.Groups, 1)
@@ -712,7 +714,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		// with how many events of the partition it reads before them.
 		waiting := []*ferryevent.Event{ferrydrivertest.Event("orders", "w", "1"), ferrydrivertest.Event("orders", "w", "2"), ferrydrivertest.Event("orders", "w", Hostile)}
 		require.NoError(t, store.Append(ctx, &ferrydriver.AppendParams{Events: waiting}))
-		var first, last ferryui.EventTimelineJSON
+		var first, last uiapi.EventTimelineJSON
 		c.get("/api/v1/events/"+waiting[0].ID.String(), http.StatusOK, &first)
 		body := c.get("/api/v1/events/"+waiting[2].ID.String(), http.StatusOK, &last)
 		require.NotContains(t, body, "<script>")
@@ -735,14 +737,14 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.NoError(t, err)
 		_, err = inbox.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: "indexer", Retractions: []ferrydriver.Retraction{{Event: undone}}})
 		require.NoError(t, err)
-		tl = ferryui.EventTimelineJSON{}
+		tl = uiapi.EventTimelineJSON{}
 		c.get("/api/v1/events/"+undone.ID.String(), http.StatusOK, &tl)
 		require.Len(t, tl.Groups, 1)
 		require.Equal(t, "indexer", tl.Groups[0].Group)
 		require.Equal(t, "retracted", tl.Groups[0].State)
 		// Group indexer has had no consumer (no stored policy): it is
 		// listed all the same, as holding.
-		var groups struct{ Groups []ferryui.GroupJSON }
+		var groups struct{ Groups []uiapi.GroupJSON }
 		c.get("/api/v1/groups", http.StatusOK, &groups)
 		listed := map[string]string{}
 		for _, g := range groups.Groups {
@@ -763,7 +765,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Len(t, rows, 1, "one head per key")
 		require.NoError(t, inbox.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: "shipping", EventID: rows[0].Event.ID, Claim: rows[0].Claim, Error: "no address", Dead: true}))
 
-		var k ferryui.KeyJSON
+		var k uiapi.KeyJSON
 		c.get("/api/v1/keys/z", http.StatusOK, &k)
 		require.Equal(t, "z", k.Key)
 		require.Empty(t, k.DeadLetters)
@@ -775,7 +777,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.Equal(t, head.ID.String(), k.Groups[0].Events[0].Event.ID)
 		require.Equal(t, "no address", k.Groups[0].Events[0].LastError)
 
-		k = ferryui.KeyJSON{}
+		k = uiapi.KeyJSON{}
 		body := c.get("/api/v1/keys/"+url.PathEscape(Hostile), http.StatusOK, &k)
 		require.NotContains(t, body, "<script>")
 		require.Equal(t, Hostile, k.Key)
@@ -785,9 +787,9 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		pk := store
 		parked := ferrydrivertest.Event("orders", "p", "parked")
 		require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "suite", Term: lease.Term, Events: []*ferryevent.Event{parked}, Reason: "not acknowledged"}))
-		var list struct{ Parked []ferryui.ParkedJSON }
+		var list struct{ Parked []uiapi.ParkedJSON }
 		c.get("/api/v1/parked", http.StatusOK, &list)
-		byKey := map[string]ferryui.ParkedJSON{}
+		byKey := map[string]uiapi.ParkedJSON{}
 		for _, p := range list.Parked {
 			byKey[p.Key] = p
 		}
@@ -800,7 +802,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		require.False(t, p.Redriven)
 		require.EqualValues(t, 1, p.Queued)
 		require.Equal(t, "not acknowledged", p.Reason)
-		k = ferryui.KeyJSON{}
+		k = uiapi.KeyJSON{}
 		c.get("/api/v1/keys/p", http.StatusOK, &k)
 		require.Len(t, k.Parked, 1)
 		require.Equal(t, parked.ID.String(), k.Parked[0].Event.ID)
@@ -810,7 +812,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 		// Feeds a, b and default's partitions 1 and 2 have had leases and
 		// dead letters (the subtests above): all are listed, not only
 		// default's stored partitions.
-		var out struct{ Feeds []ferryui.FeedJSON }
+		var out struct{ Feeds []uiapi.FeedJSON }
 		c.get("/api/v1/feeds", http.StatusOK, &out)
 		var names []string
 		for _, f := range out.Feeds {
