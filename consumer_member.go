@@ -106,7 +106,7 @@ func (c *Consumer[TTx]) reap(ctx context.Context, l memberLeaser) error {
 		case lease.ExpiresAt.After(lease.Now):
 			continue // alive
 		}
-		n, err := c.driver.ExpireClaims(ctx, c.cfg.Group, h)
+		n, err := c.driver.ExpireClaims(ctx, &ferrydriver.ExpireClaimsParams{Group: c.cfg.Group, Worker: h})
 		if err != nil {
 			return err
 		}

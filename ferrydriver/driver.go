@@ -1,12 +1,21 @@
-// Package ferrydriver is the seam between Ferry and a database. Each backend
-// (ferrypg today; MongoDB and SQLite next) implements Driver, and every
-// implementation must pass the behavioural suite in ferrydrivertest.
+// Package ferrydriver is the seam between Ferry and a database, in three
+// parts: Store, what producers and relays need (the outbox, its feed,
+// checkpoints, leases, dead letters, parked keys, partitions); Inbox, what
+// consumers need (a group's rows, claims, finishes, retractions,
+// settlement); Admin, what operators need of either (reasons, attempt
+// histories, groups, activity), which both include. Driver is a Store that
+// also appends inside a caller's transaction. ferry.RunTx's seam is in
+// package txdriver. Each backend (ferrypg, ferrysqlite, ferrymysql,
+// ferrymongo) implements them all and passes the behavioural suite in
+// ferrydrivertest; the inbox's per-key rules are written once, in package
+// inboxmodel, and the suite holds every backend to them.
 //
 // The methods are domain operations (append to the outbox, read the feed,
 // fence a checkpoint by a lease term), never SQL fragments, so that a
 // document database with change streams can implement them as naturally as a
-// relational one. Every call takes a context and a params struct, so that
-// parameters can be added without breaking implementations.
+// relational one. Every call takes a context; a call that takes more than
+// one value takes them in a params struct, so that parameters can be added
+// without breaking implementations.
 //
 // Stability: this package is for backend authors. It may change between minor
 // versions until 1.0; applications should use the ferry package instead.
@@ -63,7 +72,7 @@ type Admin interface {
 	// entry of its own; the attempt numbers around it show it. A row whose
 	// attempts such ends spent goes DEAD with an entry of
 	// ReasonAttemptsExhausted, numbered with the attempts it had.
-	InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]AttemptRecord, error)
+	InboxAttempts(ctx context.Context, p *InboxAttemptsParams) ([]AttemptRecord, error)
 
 	// InboxGroups lists the consumer groups: every group whose dead policy
 	// is stored (each consumer stores it when it starts) or that has

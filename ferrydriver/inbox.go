@@ -227,7 +227,7 @@ type Inbox[TTx any] interface {
 	// commit under them is refused (ErrClaimLost). A claim it cannot take
 	// at once (another transaction holds its key) is left for a later
 	// call.
-	ExpireClaims(ctx context.Context, group, worker string) (int, error)
+	ExpireClaims(ctx context.Context, p *ExpireClaimsParams) (int, error)
 
 	Settler
 }
@@ -406,6 +406,17 @@ type FailInboxParams struct {
 	// Uncounted takes the claim's attempt back: the handler never ran
 	// (ErrTxNotBegun).
 	Uncounted bool
+}
+
+// ExpireClaimsParams name a worker's claims of a group to end.
+type ExpireClaimsParams struct {
+	Group, Worker string
+}
+
+// InboxAttemptsParams name an event's row in a group.
+type InboxAttemptsParams struct {
+	Group   string
+	EventID uuid.UUID
 }
 
 // GroupPolicy is a consumer group and its stored dead policy.

@@ -176,7 +176,7 @@ func (h *Handler) history(ctx context.Context, group string, id uuid.UUID) ([]ui
 	if h.cfg.Inbox == nil {
 		return nil, nil
 	}
-	entries, err := h.cfg.Inbox.InboxAttempts(ctx, group, id)
+	entries, err := h.cfg.Inbox.InboxAttempts(ctx, &ferrydriver.InboxAttemptsParams{Group: group, EventID: id})
 	if err != nil {
 		return nil, err
 	}

@@ -429,7 +429,7 @@ func testInboxAttempts[TTx any](t *testing.T, d InboxDriver[TTx], l ferrydriver.
 	start := time.Now().Add(-time.Second)
 	history := func(id uuid.UUID) []ferrydriver.AttemptRecord {
 		t.Helper()
-		h, err := l.InboxAttempts(ctx, group, id)
+		h, err := l.InboxAttempts(ctx, &ferrydriver.InboxAttemptsParams{Group: group, EventID: id})
 		require.NoError(t, err)
 		for _, e := range h {
 			require.WithinRange(t, e.At, start, time.Now().Add(time.Second), "entry %+v", e)
@@ -534,7 +534,7 @@ func testInboxAttempts[TTx any](t *testing.T, d InboxDriver[TTx], l ferrydriver.
 	require.Equal(t, ferrydriver.InboxDead, spent[0].State)
 	require.Equal(t, []string{"2 dead " + ferrydriver.ReasonAttemptsExhausted}, brief(history(c.ID)))
 
-	none, err := l.InboxAttempts(ctx, group, uuid.New())
+	none, err := l.InboxAttempts(ctx, &ferrydriver.InboxAttemptsParams{Group: group, EventID: uuid.New()})
 	require.NoError(t, err)
 	require.Empty(t, none, "an event the group never received has no history")
 }

@@ -498,7 +498,7 @@ func (r *mrun[TTx]) run(s mstep) {
 		}
 		slices.Sort(holders)
 		r.same("claim holders before", holders, m.ClaimHolders(time.Now()))
-		n, err := rp.ExpireClaims(ctx, r.group, s.worker)
+		n, err := rp.ExpireClaims(ctx, &ferrydriver.ExpireClaimsParams{Group: r.group, Worker: s.worker})
 		if err != nil {
 			r.failf("backend: %v", err)
 		}

@@ -471,7 +471,8 @@ func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, erro
 
 // ExpireClaims implements ferrydriver.Inbox: the documents it ends
 // are expired claims, which a rescue takes (and every finish refuses).
-func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
+func (d *Driver) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsParams) (int, error) {
+	group, worker := p.Group, p.Worker
 	now := time.Now().UTC()
 	filter := append(liveClaims(group, now), bson.E{Key: "claimed_by", Value: worker})
 	res, err := d.inbox().UpdateMany(ctx, filter, bson.D{{Key: "$set", Value: bson.D{{Key: "claim_expires_at", Value: now}}}})

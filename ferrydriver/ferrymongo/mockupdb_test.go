@@ -477,7 +477,7 @@ func TestMockClaimReaper(t *testing.T) {
 	holders, err := r.ClaimHolders(ctx, "billing")
 	require.NoError(t, err)
 	require.Equal(t, []string{"w1", "w2"}, holders)
-	n, err := r.ExpireClaims(ctx, "billing", "w1")
+	n, err := r.ExpireClaims(ctx, &ferrydriver.ExpireClaimsParams{Group: "billing", Worker: "w1"})
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
 	reports := awaitReports(ctx, t, lines, 2)

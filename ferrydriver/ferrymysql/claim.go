@@ -589,7 +589,8 @@ func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, erro
 
 // ExpireClaims implements ferrydriver.Inbox: the rows it ends are
 // expired claims, which a rescue takes (and every finish refuses).
-func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
+func (d *Driver) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsParams) (int, error) {
+	group, worker := p.Group, p.Worker
 	op := "expire the claims of " + worker + " in group " + group
 	var n int64
 	err := d.writeRC(ctx, op, func(tx *sql.Tx) error {

@@ -728,7 +728,8 @@ func attemptError(s string) string {
 }
 
 // InboxAttempts implements ferrydriver.Admin.
-func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
+func (d *Driver) InboxAttempts(ctx context.Context, p *ferrydriver.InboxAttemptsParams) ([]ferrydriver.AttemptRecord, error) {
+	group, eventID := p.Group, p.EventID
 	var text sql.NullString
 	err := d.db.QueryRowContext(ctx, `SELECT attempt_log FROM ferry_inbox WHERE group_name = ? AND event_id = ?`, group, eventID[:]).Scan(&text)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && !text.Valid) {

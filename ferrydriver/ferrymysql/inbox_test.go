@@ -181,7 +181,7 @@ func TestDeadReasonsKeepLongReasonsApart(t *testing.T) {
 		byReason[g.Reason] = g.Count
 	}
 	require.Equal(t, map[string]int{prefix + "-one": 1, prefix + "-two": 2, "\xff\x00 not text": 1}, byReason)
-	hist, err := drv.InboxAttempts(ctx, "g", evs[3].ID)
+	hist, err := drv.InboxAttempts(ctx, &ferrydriver.InboxAttemptsParams{Group: "g", EventID: evs[3].ID})
 	require.NoError(t, err)
 	require.Len(t, hist, 1)
 	require.Equal(t, "\uFFFD\x00 not text", hist[0].Error, "the history's JSON keeps what is valid UTF-8")

@@ -241,7 +241,8 @@ func (d *Driver[TTx]) ClaimHolders(ctx context.Context, group string) ([]string,
 }
 
 // ExpireClaims implements ferrydriver.Inbox.
-func (d *Driver[TTx]) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
+func (d *Driver[TTx]) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsParams) (int, error) {
+	group, worker := p.Group, p.Worker
 	var n int64
 	err := d.inRC(ctx, func(e executor) error {
 		var err error

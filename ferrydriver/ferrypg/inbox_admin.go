@@ -268,7 +268,8 @@ type attemptEntry struct {
 }
 
 // InboxAttempts implements ferrydriver.Admin.
-func (d *Driver[TTx]) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
+func (d *Driver[TTx]) InboxAttempts(ctx context.Context, p *ferrydriver.InboxAttemptsParams) ([]ferrydriver.AttemptRecord, error) {
+	group, eventID := p.Group, p.EventID
 	r, err := d.db.query(ctx, d.queries.inboxAttempts, group, eventID.String())
 	if err != nil {
 		return nil, d.wrapErr("read the attempts of event "+eventID.String(), err)

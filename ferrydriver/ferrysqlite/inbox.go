@@ -344,7 +344,8 @@ SELECT DISTINCT claimed_by FROM ferry_inbox
 
 // ExpireClaims implements ferrydriver.Inbox: the rows it ends are
 // expired claims, which a rescue takes (and every finish refuses).
-func (d *Driver) ExpireClaims(ctx context.Context, group, worker string) (int, error) {
+func (d *Driver) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsParams) (int, error) {
+	group, worker := p.Group, p.Worker
 	op := "expire the claims of " + worker + " in group " + group
 	var n int64
 	err := d.write(ctx, op, func(tx *sql.Tx) error {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
-	"github.com/google/uuid"
 )
 
 // SetInboxPolicy implements ferrydriver.Inbox.
@@ -322,7 +321,8 @@ func logAttempt(n, state, err, at string) string {
 }
 
 // InboxAttempts implements ferrydriver.Admin.
-func (d *Driver) InboxAttempts(ctx context.Context, group string, eventID uuid.UUID) ([]ferrydriver.AttemptRecord, error) {
+func (d *Driver) InboxAttempts(ctx context.Context, p *ferrydriver.InboxAttemptsParams) ([]ferrydriver.AttemptRecord, error) {
+	group, eventID := p.Group, p.EventID
 	var text sql.NullString
 	err := d.r.QueryRowContext(ctx, `SELECT attempt_log FROM ferry_inbox WHERE group_name = ? AND event_id = ?`, group, eventID.String()).Scan(&text)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && !text.Valid) {
