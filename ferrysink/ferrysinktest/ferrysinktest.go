@@ -124,458 +124,21 @@ func Exercise(t *testing.T, h Harness) {
 		t.Fatal("ferrysinktest: Harness.New is nil; set it to a function returning a sink and a ReadFunc")
 	}
 
-	t.Run("PublishEmpty", func(t *testing.T) {
-		t.Parallel()
-		ctx := testContext(t)
-		sink, _ := newSink(t, h)
-
-		require.Empty(t, sink.Publish(ctx, nil), "Publish(nil) must return no results")
-		require.Empty(t, sink.Publish(ctx, []*ferryevent.Event{}), "Publish of an empty slice must return no results")
-	})
-
-	t.Run("RoundTrip", func(t *testing.T) {
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-
-		// 4 calls of 50 keys: 200 events, each key once per call as the
-		// relay does, with Seq counting the calls.
-		const calls, keys = 4, 50
-		var sent []*ferryevent.Event
-		for c := range calls {
-			batch := make([]*ferryevent.Event, 0, keys)
-			for k := range keys {
-				batch = append(batch, variedEvent(c*keys+k, roundTripKey(k), int64(c+1)))
-			}
-			requireAllPublished(t, publish(ctx, t, sink, batch), batch)
-			sent = append(sent, batch...)
-		}
-
-		byID := storedByID(t, readAll(ctx, t, read))
-		require.Len(t, byID, len(sent), "the destination must hold exactly the published events")
-		for _, want := range sent {
-			got, ok := byID[want.ID]
-			require.True(t, ok, "event %s (key %q) was acknowledged but is not stored", want.ID, want.Key)
-			ferryeventtest.RequireSame(t, want, got)
-		}
-	})
-
-	t.Run("CodecsRoundTrip", func(t *testing.T) {
-		t.Parallel()
-		testCodecs(t, h)
-	})
-
-	t.Run("EdgeCases", func(t *testing.T) {
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-
-		// Ferry's rule: an event Validate accepts (with the limit the
-		// destination declares) arrives exactly; the others are refused
-		// before they reach a sink.
-		limit := h.Features.MaxPayloadBytes
-		accepted := ferryeventtest.Prepare(t, ferryeventtest.Cases(limit), limit)
-		for i, err := range publish(ctx, t, sink, accepted) {
-			require.NoError(t, err, "event %d (key %.60q) was accepted at emit, so the sink must carry it", i, accepted[i].Key)
-		}
-		byID := storedByID(t, readAll(ctx, t, read))
-		require.Len(t, byID, len(accepted), "the destination must hold exactly the published events")
-		for _, want := range accepted {
-			ferryeventtest.RequireSame(t, want, byID[want.ID])
-		}
-	})
-
-	t.Run("PerKeyOrderAcrossCalls", func(t *testing.T) {
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-
-		const calls, keys = 50, 20
-		want := make(map[string][]uuid.UUID, keys)
-		for c := range calls {
-			batch := make([]*ferryevent.Event, 0, keys)
-			for k := range keys {
-				ev := newEvent("orders", "order-"+strconv.Itoa(k), int64(c+1))
-				batch = append(batch, ev)
-				want[ev.Key] = append(want[ev.Key], ev.ID)
-			}
-			requireAllPublished(t, publish(ctx, t, sink, batch), batch)
-		}
-
-		stored := readAll(ctx, t, read)
-		require.Len(t, stored, calls*keys)
-		requirePerKeyOrder(t, stored, want)
-	})
-
-	t.Run("ConcurrentPublishers", func(t *testing.T) {
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-
-		// 8 publishers on distinct key sets, 25 calls of 25 keys each:
-		// 5,000 events. Failures are collected and checked on the test
-		// goroutine, where require may stop the test.
-		const publishers, calls, keys = 8, 25, 25
-		var (
-			wg       sync.WaitGroup
-			mu       sync.Mutex
-			failures []string
-			want     = make(map[string][]uuid.UUID, publishers*keys)
-		)
-		for p := range publishers {
-			wg.Go(func() {
-				for c := range calls {
-					batch := make([]*ferryevent.Event, 0, keys)
-					for k := range keys {
-						batch = append(batch, newEvent("payments", fmt.Sprintf("p%d-account-%d", p, k), int64(c+1)))
-					}
-					errs := sink.Publish(ctx, batch)
-					mu.Lock()
-					if len(errs) != len(batch) {
-						failures = append(failures, fmt.Sprintf("publisher %d call %d: %d results for %d events", p, c, len(errs), len(batch)))
-					}
-					for i, err := range errs {
-						if err != nil {
-							failures = append(failures, fmt.Sprintf("publisher %d call %d event %d: %v", p, c, i, err))
-						}
-					}
-					for _, ev := range batch {
-						want[ev.Key] = append(want[ev.Key], ev.ID)
-					}
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
-		require.Empty(t, failures, "every concurrent publish must succeed")
-
-		stored := readAll(ctx, t, read)
-		require.Len(t, stored, publishers*calls*keys, "events were lost or duplicated")
-		requirePerKeyOrder(t, stored, want)
-	})
-
-	t.Run("BrokerDedup", func(t *testing.T) {
-		if !h.Features.BrokerDedup {
-			t.Log("the harness does not declare Features.BrokerDedup: the destination keeps duplicates, consumers deduplicate")
-			return
-		}
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-
-		ev := newEvent("orders", "order-1", 1)
-		requireAllPublished(t, publish(ctx, t, sink, []*ferryevent.Event{ev}), []*ferryevent.Event{ev})
-		// The relay republishes an event whose first outcome it did not
-		// learn; the copy has the same ID and must be acknowledged.
-		again := cloneEvent(ev)
-		other := newEvent("orders", "order-2", 1)
-		batch := []*ferryevent.Event{again, other}
-		requireAllPublished(t, publish(ctx, t, sink, batch), batch)
-
-		stored := readAll(ctx, t, read)
-		require.Len(t, stored, 2, "the second publish of event %s must be dropped by the destination", ev.ID)
-		byID := storedByID(t, stored)
-		ferryeventtest.RequireSame(t, ev, byID[ev.ID])
-		ferryeventtest.RequireSame(t, other, byID[other.ID])
-	})
-
-	t.Run("EachReportsEveryOutcome", func(t *testing.T) {
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-		ep, ok := sink.(ferrysink.EachPublisher)
-		if !ok {
-			t.Log("the sink does not implement ferrysink.EachPublisher: the relay learns outcomes when a call returns")
-			return
-		}
-		// Calls of distinct keys run at once, as the relay runs them; one
-		// event per call is refused for good where the destination can
-		// tell, so that failures are reported too.
-		const calls, keys = 4, 25
-		type outcome struct {
-			batch    []*ferryevent.Event
-			big      bool
-			errs     []error
-			reported []int
-			got      []error
-		}
-		outcomes := make([]*outcome, calls)
-		var wg sync.WaitGroup
-		for c := range calls {
-			o := &outcome{}
-			outcomes[c] = o
-			for k := range keys {
-				o.batch = append(o.batch, newEvent("orders", fmt.Sprintf("each-%d-%d", c, k), 1))
-			}
-			if h.Features.MaxPayloadBytes > 0 {
-				big := newEvent("orders", fmt.Sprintf("each-big-%d", c), 1)
-				big.Payload = bytes.Repeat([]byte{'x'}, h.Features.MaxPayloadBytes+1)
-				o.batch, o.big = append(o.batch, big), true
-			}
-			o.reported, o.got = make([]int, len(o.batch)), make([]error, len(o.batch))
-			wg.Go(func() {
-				var mu sync.Mutex
-				errs := ep.PublishEach(ctx, o.batch, func(i int, err error) {
-					mu.Lock()
-					defer mu.Unlock()
-					o.reported[i]++
-					o.got[i] = err
-				})
-				mu.Lock()
-				defer mu.Unlock()
-				o.errs = errs
-			})
-		}
-		wg.Wait()
-		var sent []*ferryevent.Event
-		for _, o := range outcomes {
-			require.Len(t, o.errs, len(o.batch))
-			for i := range o.batch {
-				require.Equal(t, 1, o.reported[i], "event %d: done must be called exactly once, before PublishEach returns", i)
-				require.Equal(t, o.errs[i], o.got[i], "event %d: done must report the error PublishEach returns", i)
-			}
-			small := o.batch
-			if o.big {
-				requirePermanent(t, o.errs[len(o.errs)-1], "an event over MaxPayloadBytes")
-				small = o.batch[:len(o.batch)-1]
-			}
-			requireAllPublished(t, o.errs[:len(small)], small)
-			sent = append(sent, small...)
-		}
-		byID := storedByID(t, readAll(ctx, t, read))
-		require.Len(t, byID, len(sent), "the destination must hold exactly the acknowledged events")
-	})
-
-	t.Run("FenceStopsHandOff", func(t *testing.T) {
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-		// The fence lets the first 5 hand-offs through, then refuses: as a
-		// relay that lost its lease in the middle of a call.
-		errFenced := errors.New("lease lost")
-		var mu sync.Mutex
-		passed := 0
-		fctx := ferrysink.WithFence(ctx, func() error {
-			mu.Lock()
-			defer mu.Unlock()
-			if passed >= 5 {
-				return errFenced
-			}
-			passed++
-			return nil
-		})
-		batch := make([]*ferryevent.Event, 20)
-		for i := range batch {
-			batch[i] = newEvent("orders", fmt.Sprintf("fence-%d", i), 1)
-		}
-		errs := publish(fctx, t, sink, batch)
-		stored := storedByID(t, readAll(ctx, t, read))
-		refused := 0
-		for i, err := range errs {
-			if err == nil {
-				require.Contains(t, stored, batch[i].ID, "event %d was acknowledged", i)
-				continue
-			}
-			refused++
-			require.ErrorIs(t, err, errFenced, "event %d: a fenced event reports the fence's error", i)
-			require.False(t, ferrysink.IsPermanent(err), "event %d: a fenced event is retried by the next leader, not dead-lettered", i)
-			require.NotContains(t, stored, batch[i].ID, "event %d was handed over after the fence refused", i)
-		}
-		require.GreaterOrEqual(t, refused, len(batch)-5, "the sink must check the fence before each hand-off")
-	})
-
-	t.Run("PayloadTooLarge", func(t *testing.T) {
-		if h.Features.MaxPayloadBytes <= 0 {
-			t.Log("the harness does not declare Features.MaxPayloadBytes: the destination has no size limit to check")
-			return
-		}
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-
-		before := newEvent("files", "file-1", 1)
-		big := newEvent("files", "file-2", 1)
-		big.Payload = bytes.Repeat([]byte{'x'}, h.Features.MaxPayloadBytes+1)
-		after := newEvent("files", "file-3", 1)
-		errs := publish(ctx, t, sink, []*ferryevent.Event{before, big, after})
-
-		require.NoError(t, errs[0], "an event before the oversized one must still be published")
-		requirePermanent(t, errs[1], "an event over MaxPayloadBytes")
-		require.NoError(t, errs[2], "an event after the oversized one must still be published")
-		byID := storedByID(t, readAll(ctx, t, read))
-		require.Len(t, byID, 2, "only the two small events may be stored")
-		ferryeventtest.RequireSame(t, before, byID[before.ID])
-		ferryeventtest.RequireSame(t, after, byID[after.ID])
-	})
-
-	t.Run("UnroutableTopic", func(t *testing.T) {
-		if h.Features.UnroutableTopic == "" {
-			t.Log("the harness does not declare Features.UnroutableTopic: every topic routes")
-			return
-		}
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-
-		routed := newEvent("orders", "order-1", 1)
-		lost := newEvent(h.Features.UnroutableTopic, "order-2", 1)
-		errs := publish(ctx, t, sink, []*ferryevent.Event{routed, lost})
-
-		require.NoError(t, errs[0], "a routable event in the same call must still be published")
-		requirePermanent(t, errs[1], "an event on the unroutable topic "+strconv.Quote(h.Features.UnroutableTopic))
-		byID := storedByID(t, readAll(ctx, t, read))
-		require.Len(t, byID, 1)
-		ferryeventtest.RequireSame(t, routed, byID[routed.ID])
-	})
-
-	t.Run("CancelledContext", func(t *testing.T) {
-		t.Parallel()
-		sink, _ := newSink(t, h)
-
-		ctx, cancel := context.WithCancel(testContext(t))
-		cancel()
-		batch := make([]*ferryevent.Event, 10)
-		for i := range batch {
-			batch[i] = newEvent("orders", "order-"+strconv.Itoa(i), 1)
-		}
-		errs := publishPromptly(ctx, t, sink, batch)
-		for i, err := range errs {
-			require.Error(t, err, "event %d: Publish with a cancelled context must not report success", i)
-			require.False(t, ferrysink.IsPermanent(err), "event %d: a cancelled publish must be retryable, not permanent: %v", i, err)
-		}
-	})
-
-	t.Run("CancelDuringPublish", func(t *testing.T) {
-		t.Parallel()
-		sink, read := newSink(t, h)
-
-		ctx, cancel := context.WithCancel(testContext(t))
-		batch := make([]*ferryevent.Event, 2000)
-		for i := range batch {
-			batch[i] = newEvent("orders", "order-"+strconv.Itoa(i), 1)
-		}
-		// Cancel as soon as the destination holds something, which is
-		// the only signal a sink gives from outside. What must hold:
-		// Publish returns promptly, and every event reported as published
-		// is stored.
-		cancelled := make(chan struct{})
-		go func() {
-			defer close(cancelled)
-			defer cancel()
-			for ctx.Err() == nil {
-				if stored, err := read(ctx); err != nil || len(stored) > 0 {
-					return
-				}
-			}
-		}()
-		errs := publishPromptly(ctx, t, sink, batch)
-		cancel()
-		<-cancelled
-
-		byID := storedByID(t, readAll(testContext(t), t, read))
-		for i, err := range errs {
-			if err != nil {
-				require.False(t, ferrysink.IsPermanent(err), "event %d: a cancelled publish must be retryable, not permanent: %v", i, err)
-				continue
-			}
-			got, ok := byID[batch[i].ID]
-			require.True(t, ok, "event %d was reported as published but is not stored", i)
-			ferryeventtest.RequireSame(t, batch[i], got)
-		}
-	})
-
-	t.Run("CloseFlushesInFlight", func(t *testing.T) {
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read := newSink(t, h)
-
-		// Close while a call is in flight: every event the call reports
-		// published must be stored (a buffering sink flushes before it
-		// closes), and the call must return.
-		batch := make([]*ferryevent.Event, 300)
-		for i := range batch {
-			batch[i] = newEvent("orders", "close-"+strconv.Itoa(i), 1)
-		}
-		done := make(chan []error, 1)
-		go func() { done <- sink.Publish(ctx, batch) }()
-		time.Sleep(2 * time.Millisecond)
-		closed := make(chan error, 1)
-		go func() { closed <- sink.Close(ctx) }()
-		var errs []error
-		select {
-		case errs = <-done:
-		case <-time.After(testTimeout / 2):
-			t.Fatal("Publish did not return after Close")
-		}
-		require.Len(t, errs, len(batch))
-		select {
-		case err := <-closed:
-			require.NoError(t, err, "Close with a call in flight")
-		case <-time.After(testTimeout / 2):
-			t.Fatal("Close did not return")
-		}
-		byID := storedByID(t, readAll(ctx, t, read))
-		acked := 0
-		for i, err := range errs {
-			if err == nil {
-				acked++
-				ferryeventtest.RequireSame(t, batch[i], byID[batch[i].ID])
-			}
-		}
-		t.Logf("%d of %d events acknowledged before Close", acked, len(batch))
-		after := sink.Publish(ctx, []*ferryevent.Event{newEvent("orders", "after-close", 1)})
-		require.Len(t, after, 1)
-		require.Error(t, after[0], "Publish after Close must fail, not publish")
-	})
-
-	t.Run("NoLossAcrossInterruptions", func(t *testing.T) {
-		if h.NewFaulty == nil {
-			t.Fatal("Harness.NewFaulty is nil: give the suite a way to cut the sink's path to its destination (a tcpproxy outage, a broker restart), so that it can check nothing is lost across one")
-		}
-		t.Parallel()
-		ctx := testContext(t)
-		sink, read, interrupt := h.NewFaulty(t)
-		t.Cleanup(func() {
-			cctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-			defer cancel()
-			require.NoError(t, sink.Close(cctx), "Close at the end of the test")
-		})
-		const keys, perKey, interruptions = 20, 40, 3
-		want := make(map[string][]uuid.UUID, keys)
-		queues := make([][]*ferryevent.Event, keys)
-		for k := range keys {
-			key := "faulty-" + strconv.Itoa(k)
-			for s := range perKey {
-				ev := newEvent("orders", key, int64(s+1))
-				queues[k] = append(queues[k], ev)
-				want[key] = append(want[key], ev.ID)
-			}
-		}
-		var published atomic.Int64
-		stop := make(chan struct{})
-		faults := make(chan struct{})
-		go func() {
-			defer close(faults)
-			for i := range interruptions {
-				// Interrupt at about 1/4, 2/4 and 3/4 of the way.
-				for published.Load() < int64((i+1)*keys*perKey/(interruptions+1)) {
-					select {
-					case <-stop:
-						return
-					case <-time.After(5 * time.Millisecond):
-					}
-				}
-				interrupt()
-			}
-		}()
-		failures, firstErr := relayLike(ctx, t, sink, queues, &published)
-		close(stop)
-		<-faults
-		t.Logf("%d events over %d keys, %d interruptions: %d publish failures retried (first: %v)", keys*perKey, keys, interruptions, failures, firstErr)
-		_, batched := sink.(ferrysink.OrderedBatcher)
-		requireInOrderAtLeastOnce(t, readAll(ctx, t, read), want, !batched)
-	})
-
+	t.Run("PublishEmpty", func(t *testing.T) { testPublishEmpty(t, h) })
+	t.Run("RoundTrip", func(t *testing.T) { testRoundTrip(t, h) })
+	t.Run("CodecsRoundTrip", func(t *testing.T) { testCodecsRoundTrip(t, h) })
+	t.Run("EdgeCases", func(t *testing.T) { testEdgeCases(t, h) })
+	t.Run("PerKeyOrderAcrossCalls", func(t *testing.T) { testPerKeyOrderAcrossCalls(t, h) })
+	t.Run("ConcurrentPublishers", func(t *testing.T) { testConcurrentPublishers(t, h) })
+	t.Run("BrokerDedup", func(t *testing.T) { testBrokerDedup(t, h) })
+	t.Run("EachReportsEveryOutcome", func(t *testing.T) { testEachReportsEveryOutcome(t, h) })
+	t.Run("FenceStopsHandOff", func(t *testing.T) { testFenceStopsHandOff(t, h) })
+	t.Run("PayloadTooLarge", func(t *testing.T) { testPayloadTooLarge(t, h) })
+	t.Run("UnroutableTopic", func(t *testing.T) { testUnroutableTopic(t, h) })
+	t.Run("CancelledContext", func(t *testing.T) { testCancelledContext(t, h) })
+	t.Run("CancelDuringPublish", func(t *testing.T) { testCancelDuringPublish(t, h) })
+	t.Run("CloseFlushesInFlight", func(t *testing.T) { testCloseFlushesInFlight(t, h) })
+	t.Run("NoLossAcrossInterruptions", func(t *testing.T) { testNoLossAcrossInterruptions(t, h) })
 	t.Run("CloseTwice", func(t *testing.T) {
 		t.Parallel()
 		ctx := testContext(t)
@@ -587,6 +150,458 @@ func Exercise(t *testing.T, h Harness) {
 		require.NoError(t, sink.Close(ctx), "second Close must be a no-op")
 		require.Len(t, readAll(ctx, t, read), 1, "an acknowledged event must stay stored after Close")
 	})
+}
+
+func testPublishEmpty(t *testing.T, h Harness) {
+	t.Parallel()
+	ctx := testContext(t)
+	sink, _ := newSink(t, h)
+
+	require.Empty(t, sink.Publish(ctx, nil), "Publish(nil) must return no results")
+	require.Empty(t, sink.Publish(ctx, []*ferryevent.Event{}), "Publish of an empty slice must return no results")
+}
+
+func testRoundTrip(t *testing.T, h Harness) {
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+
+	// 4 calls of 50 keys: 200 events, each key once per call as the
+	// relay does, with Seq counting the calls.
+	const calls, keys = 4, 50
+	var sent []*ferryevent.Event
+	for c := range calls {
+		batch := make([]*ferryevent.Event, 0, keys)
+		for k := range keys {
+			batch = append(batch, variedEvent(c*keys+k, roundTripKey(k), int64(c+1)))
+		}
+		requireAllPublished(t, publish(ctx, t, sink, batch), batch)
+		sent = append(sent, batch...)
+	}
+
+	byID := storedByID(t, readAll(ctx, t, read))
+	require.Len(t, byID, len(sent), "the destination must hold exactly the published events")
+	for _, want := range sent {
+		got, ok := byID[want.ID]
+		require.True(t, ok, "event %s (key %q) was acknowledged but is not stored", want.ID, want.Key)
+		ferryeventtest.RequireSame(t, want, got)
+	}
+}
+
+func testCodecsRoundTrip(t *testing.T, h Harness) {
+	t.Parallel()
+	testCodecs(t, h)
+}
+
+func testEdgeCases(t *testing.T, h Harness) {
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+
+	// Ferry's rule: an event Validate accepts (with the limit the
+	// destination declares) arrives exactly; the others are refused
+	// before they reach a sink.
+	limit := h.Features.MaxPayloadBytes
+	accepted := ferryeventtest.Prepare(t, ferryeventtest.Cases(limit), limit)
+	for i, err := range publish(ctx, t, sink, accepted) {
+		require.NoError(t, err, "event %d (key %.60q) was accepted at emit, so the sink must carry it", i, accepted[i].Key)
+	}
+	byID := storedByID(t, readAll(ctx, t, read))
+	require.Len(t, byID, len(accepted), "the destination must hold exactly the published events")
+	for _, want := range accepted {
+		ferryeventtest.RequireSame(t, want, byID[want.ID])
+	}
+}
+
+func testPerKeyOrderAcrossCalls(t *testing.T, h Harness) {
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+
+	const calls, keys = 50, 20
+	want := make(map[string][]uuid.UUID, keys)
+	for c := range calls {
+		batch := make([]*ferryevent.Event, 0, keys)
+		for k := range keys {
+			ev := newEvent("orders", "order-"+strconv.Itoa(k), int64(c+1))
+			batch = append(batch, ev)
+			want[ev.Key] = append(want[ev.Key], ev.ID)
+		}
+		requireAllPublished(t, publish(ctx, t, sink, batch), batch)
+	}
+
+	stored := readAll(ctx, t, read)
+	require.Len(t, stored, calls*keys)
+	requirePerKeyOrder(t, stored, want)
+}
+
+func testConcurrentPublishers(t *testing.T, h Harness) {
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+
+	// 8 publishers on distinct key sets, 25 calls of 25 keys each:
+	// 5,000 events. Failures are collected and checked on the test
+	// goroutine, where require may stop the test.
+	const publishers, calls, keys = 8, 25, 25
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		failures []string
+		want     = make(map[string][]uuid.UUID, publishers*keys)
+	)
+	for p := range publishers {
+		wg.Go(func() {
+			for c := range calls {
+				batch := make([]*ferryevent.Event, 0, keys)
+				for k := range keys {
+					batch = append(batch, newEvent("payments", fmt.Sprintf("p%d-account-%d", p, k), int64(c+1)))
+				}
+				errs := sink.Publish(ctx, batch)
+				mu.Lock()
+				if len(errs) != len(batch) {
+					failures = append(failures, fmt.Sprintf("publisher %d call %d: %d results for %d events", p, c, len(errs), len(batch)))
+				}
+				for i, err := range errs {
+					if err != nil {
+						failures = append(failures, fmt.Sprintf("publisher %d call %d event %d: %v", p, c, i, err))
+					}
+				}
+				for _, ev := range batch {
+					want[ev.Key] = append(want[ev.Key], ev.ID)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Empty(t, failures, "every concurrent publish must succeed")
+
+	stored := readAll(ctx, t, read)
+	require.Len(t, stored, publishers*calls*keys, "events were lost or duplicated")
+	requirePerKeyOrder(t, stored, want)
+}
+
+func testBrokerDedup(t *testing.T, h Harness) {
+	if !h.Features.BrokerDedup {
+		t.Log("the harness does not declare Features.BrokerDedup: the destination keeps duplicates, consumers deduplicate")
+		return
+	}
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+
+	ev := newEvent("orders", "order-1", 1)
+	requireAllPublished(t, publish(ctx, t, sink, []*ferryevent.Event{ev}), []*ferryevent.Event{ev})
+	// The relay republishes an event whose first outcome it did not
+	// learn; the copy has the same ID and must be acknowledged.
+	again := cloneEvent(ev)
+	other := newEvent("orders", "order-2", 1)
+	batch := []*ferryevent.Event{again, other}
+	requireAllPublished(t, publish(ctx, t, sink, batch), batch)
+
+	stored := readAll(ctx, t, read)
+	require.Len(t, stored, 2, "the second publish of event %s must be dropped by the destination", ev.ID)
+	byID := storedByID(t, stored)
+	ferryeventtest.RequireSame(t, ev, byID[ev.ID])
+	ferryeventtest.RequireSame(t, other, byID[other.ID])
+}
+
+func testEachReportsEveryOutcome(t *testing.T, h Harness) {
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+	ep, ok := sink.(ferrysink.EachPublisher)
+	if !ok {
+		t.Log("the sink does not implement ferrysink.EachPublisher: the relay learns outcomes when a call returns")
+		return
+	}
+	// Calls of distinct keys run at once, as the relay runs them; one
+	// event per call is refused for good where the destination can
+	// tell, so that failures are reported too.
+	const calls, keys = 4, 25
+	type outcome struct {
+		batch    []*ferryevent.Event
+		big      bool
+		errs     []error
+		reported []int
+		got      []error
+	}
+	outcomes := make([]*outcome, calls)
+	var wg sync.WaitGroup
+	for c := range calls {
+		o := &outcome{}
+		outcomes[c] = o
+		for k := range keys {
+			o.batch = append(o.batch, newEvent("orders", fmt.Sprintf("each-%d-%d", c, k), 1))
+		}
+		if h.Features.MaxPayloadBytes > 0 {
+			big := newEvent("orders", fmt.Sprintf("each-big-%d", c), 1)
+			big.Payload = bytes.Repeat([]byte{'x'}, h.Features.MaxPayloadBytes+1)
+			o.batch, o.big = append(o.batch, big), true
+		}
+		o.reported, o.got = make([]int, len(o.batch)), make([]error, len(o.batch))
+		wg.Go(func() {
+			var mu sync.Mutex
+			errs := ep.PublishEach(ctx, o.batch, func(i int, err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				o.reported[i]++
+				o.got[i] = err
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			o.errs = errs
+		})
+	}
+	wg.Wait()
+	var sent []*ferryevent.Event
+	for _, o := range outcomes {
+		require.Len(t, o.errs, len(o.batch))
+		for i := range o.batch {
+			require.Equal(t, 1, o.reported[i], "event %d: done must be called exactly once, before PublishEach returns", i)
+			require.Equal(t, o.errs[i], o.got[i], "event %d: done must report the error PublishEach returns", i)
+		}
+		small := o.batch
+		if o.big {
+			requirePermanent(t, o.errs[len(o.errs)-1], "an event over MaxPayloadBytes")
+			small = o.batch[:len(o.batch)-1]
+		}
+		requireAllPublished(t, o.errs[:len(small)], small)
+		sent = append(sent, small...)
+	}
+	byID := storedByID(t, readAll(ctx, t, read))
+	require.Len(t, byID, len(sent), "the destination must hold exactly the acknowledged events")
+}
+
+func testFenceStopsHandOff(t *testing.T, h Harness) {
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+	// The fence lets the first 5 hand-offs through, then refuses: as a
+	// relay that lost its lease in the middle of a call.
+	errFenced := errors.New("lease lost")
+	var mu sync.Mutex
+	passed := 0
+	fctx := ferrysink.WithFence(ctx, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if passed >= 5 {
+			return errFenced
+		}
+		passed++
+		return nil
+	})
+	batch := make([]*ferryevent.Event, 20)
+	for i := range batch {
+		batch[i] = newEvent("orders", fmt.Sprintf("fence-%d", i), 1)
+	}
+	errs := publish(fctx, t, sink, batch)
+	stored := storedByID(t, readAll(ctx, t, read))
+	refused := 0
+	for i, err := range errs {
+		if err == nil {
+			require.Contains(t, stored, batch[i].ID, "event %d was acknowledged", i)
+			continue
+		}
+		refused++
+		require.ErrorIs(t, err, errFenced, "event %d: a fenced event reports the fence's error", i)
+		require.False(t, ferrysink.IsPermanent(err), "event %d: a fenced event is retried by the next leader, not dead-lettered", i)
+		require.NotContains(t, stored, batch[i].ID, "event %d was handed over after the fence refused", i)
+	}
+	require.GreaterOrEqual(t, refused, len(batch)-5, "the sink must check the fence before each hand-off")
+}
+
+func testPayloadTooLarge(t *testing.T, h Harness) {
+	if h.Features.MaxPayloadBytes <= 0 {
+		t.Log("the harness does not declare Features.MaxPayloadBytes: the destination has no size limit to check")
+		return
+	}
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+
+	before := newEvent("files", "file-1", 1)
+	big := newEvent("files", "file-2", 1)
+	big.Payload = bytes.Repeat([]byte{'x'}, h.Features.MaxPayloadBytes+1)
+	after := newEvent("files", "file-3", 1)
+	errs := publish(ctx, t, sink, []*ferryevent.Event{before, big, after})
+
+	require.NoError(t, errs[0], "an event before the oversized one must still be published")
+	requirePermanent(t, errs[1], "an event over MaxPayloadBytes")
+	require.NoError(t, errs[2], "an event after the oversized one must still be published")
+	byID := storedByID(t, readAll(ctx, t, read))
+	require.Len(t, byID, 2, "only the two small events may be stored")
+	ferryeventtest.RequireSame(t, before, byID[before.ID])
+	ferryeventtest.RequireSame(t, after, byID[after.ID])
+}
+
+func testUnroutableTopic(t *testing.T, h Harness) {
+	if h.Features.UnroutableTopic == "" {
+		t.Log("the harness does not declare Features.UnroutableTopic: every topic routes")
+		return
+	}
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+
+	routed := newEvent("orders", "order-1", 1)
+	lost := newEvent(h.Features.UnroutableTopic, "order-2", 1)
+	errs := publish(ctx, t, sink, []*ferryevent.Event{routed, lost})
+
+	require.NoError(t, errs[0], "a routable event in the same call must still be published")
+	requirePermanent(t, errs[1], "an event on the unroutable topic "+strconv.Quote(h.Features.UnroutableTopic))
+	byID := storedByID(t, readAll(ctx, t, read))
+	require.Len(t, byID, 1)
+	ferryeventtest.RequireSame(t, routed, byID[routed.ID])
+}
+
+func testCancelledContext(t *testing.T, h Harness) {
+	t.Parallel()
+	sink, _ := newSink(t, h)
+
+	ctx, cancel := context.WithCancel(testContext(t))
+	cancel()
+	batch := make([]*ferryevent.Event, 10)
+	for i := range batch {
+		batch[i] = newEvent("orders", "order-"+strconv.Itoa(i), 1)
+	}
+	errs := publishPromptly(ctx, t, sink, batch)
+	for i, err := range errs {
+		require.Error(t, err, "event %d: Publish with a cancelled context must not report success", i)
+		require.False(t, ferrysink.IsPermanent(err), "event %d: a cancelled publish must be retryable, not permanent: %v", i, err)
+	}
+}
+
+func testCancelDuringPublish(t *testing.T, h Harness) {
+	t.Parallel()
+	sink, read := newSink(t, h)
+
+	ctx, cancel := context.WithCancel(testContext(t))
+	batch := make([]*ferryevent.Event, 2000)
+	for i := range batch {
+		batch[i] = newEvent("orders", "order-"+strconv.Itoa(i), 1)
+	}
+	// Cancel as soon as the destination holds something, which is
+	// the only signal a sink gives from outside. What must hold:
+	// Publish returns promptly, and every event reported as published
+	// is stored.
+	cancelled := make(chan struct{})
+	go func() {
+		defer close(cancelled)
+		defer cancel()
+		for ctx.Err() == nil {
+			if stored, err := read(ctx); err != nil || len(stored) > 0 {
+				return
+			}
+		}
+	}()
+	errs := publishPromptly(ctx, t, sink, batch)
+	cancel()
+	<-cancelled
+
+	byID := storedByID(t, readAll(testContext(t), t, read))
+	for i, err := range errs {
+		if err != nil {
+			require.False(t, ferrysink.IsPermanent(err), "event %d: a cancelled publish must be retryable, not permanent: %v", i, err)
+			continue
+		}
+		got, ok := byID[batch[i].ID]
+		require.True(t, ok, "event %d was reported as published but is not stored", i)
+		ferryeventtest.RequireSame(t, batch[i], got)
+	}
+}
+
+func testCloseFlushesInFlight(t *testing.T, h Harness) {
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read := newSink(t, h)
+
+	// Close while a call is in flight: every event the call reports
+	// published must be stored (a buffering sink flushes before it
+	// closes), and the call must return.
+	batch := make([]*ferryevent.Event, 300)
+	for i := range batch {
+		batch[i] = newEvent("orders", "close-"+strconv.Itoa(i), 1)
+	}
+	done := make(chan []error, 1)
+	go func() { done <- sink.Publish(ctx, batch) }()
+	time.Sleep(2 * time.Millisecond)
+	closed := make(chan error, 1)
+	go func() { closed <- sink.Close(ctx) }()
+	var errs []error
+	select {
+	case errs = <-done:
+	case <-time.After(testTimeout / 2):
+		t.Fatal("Publish did not return after Close")
+	}
+	require.Len(t, errs, len(batch))
+	select {
+	case err := <-closed:
+		require.NoError(t, err, "Close with a call in flight")
+	case <-time.After(testTimeout / 2):
+		t.Fatal("Close did not return")
+	}
+	byID := storedByID(t, readAll(ctx, t, read))
+	acked := 0
+	for i, err := range errs {
+		if err == nil {
+			acked++
+			ferryeventtest.RequireSame(t, batch[i], byID[batch[i].ID])
+		}
+	}
+	t.Logf("%d of %d events acknowledged before Close", acked, len(batch))
+	after := sink.Publish(ctx, []*ferryevent.Event{newEvent("orders", "after-close", 1)})
+	require.Len(t, after, 1)
+	require.Error(t, after[0], "Publish after Close must fail, not publish")
+}
+
+func testNoLossAcrossInterruptions(t *testing.T, h Harness) {
+	if h.NewFaulty == nil {
+		t.Fatal("Harness.NewFaulty is nil: give the suite a way to cut the sink's path to its destination (a tcpproxy outage, a broker restart), so that it can check nothing is lost across one")
+	}
+	t.Parallel()
+	ctx := testContext(t)
+	sink, read, interrupt := h.NewFaulty(t)
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		require.NoError(t, sink.Close(cctx), "Close at the end of the test")
+	})
+	const keys, perKey, interruptions = 20, 40, 3
+	want := make(map[string][]uuid.UUID, keys)
+	queues := make([][]*ferryevent.Event, keys)
+	for k := range keys {
+		key := "faulty-" + strconv.Itoa(k)
+		for s := range perKey {
+			ev := newEvent("orders", key, int64(s+1))
+			queues[k] = append(queues[k], ev)
+			want[key] = append(want[key], ev.ID)
+		}
+	}
+	var published atomic.Int64
+	stop := make(chan struct{})
+	faults := make(chan struct{})
+	go func() {
+		defer close(faults)
+		for i := range interruptions {
+			// Interrupt at about 1/4, 2/4 and 3/4 of the way.
+			for published.Load() < int64((i+1)*keys*perKey/(interruptions+1)) {
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			interrupt()
+		}
+	}()
+	failures, firstErr := relayLike(ctx, t, sink, queues, &published)
+	close(stop)
+	<-faults
+	t.Logf("%d events over %d keys, %d interruptions: %d publish failures retried (first: %v)", keys*perKey, keys, interruptions, failures, firstErr)
+	_, batched := sink.(ferrysink.OrderedBatcher)
+	requireInOrderAtLeastOnce(t, readAll(ctx, t, read), want, !batched)
 }
 
 // relayLike publishes each key's queue in order the way the relay does:
