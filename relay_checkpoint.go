@@ -1,0 +1,121 @@
+package ferry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+)
+
+// checkpointer saves the newest cursor handed to it, off the publish path,
+// and at least every HeartbeatInterval.
+type checkpointer struct {
+	r    *Relay
+	term int64
+	lose context.CancelCauseFunc
+	wake chan struct{}
+
+	mu sync.Mutex // guards the fields below
+	// latest is the newest cursor, offered the number of events delivered
+	// up to it; saved and savedEvents what the store has.
+	latest, saved        []byte
+	offered, savedEvents int64
+	// progress is closed and replaced after every save.
+	progress chan struct{}
+}
+
+func newCheckpointer(r *Relay, term int64, saved []byte, lose context.CancelCauseFunc) *checkpointer {
+	return &checkpointer{r: r, term: term, lose: lose, wake: make(chan struct{}, 1), saved: saved, latest: saved, progress: make(chan struct{})}
+}
+
+// offer records the cursor up to which every event was delivered, events
+// more than the previous one. Delivered events wake the saver; an empty
+// stretch's cursor waits for the next heartbeat.
+func (c *checkpointer) offer(cursor []byte, events int) {
+	c.mu.Lock()
+	c.latest = cursor
+	c.offered += int64(events)
+	c.mu.Unlock()
+	if events == 0 {
+		return
+	}
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// unsaved returns how many delivered events the store's checkpoint has not
+// passed yet: what a crash now would redeliver on top of the pipeline.
+func (c *checkpointer) unsaved() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(c.offered - c.savedEvents)
+}
+
+// progressed returns a channel closed at the next save.
+func (c *checkpointer) progressed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.progress
+}
+
+func (c *checkpointer) savedCursor() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.saved
+}
+
+func (c *checkpointer) run(ctx context.Context) {
+	hb := time.NewTicker(c.r.cfg.HeartbeatInterval)
+	defer hb.Stop()
+	retry := 0
+	for {
+		heartbeat := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-hb.C:
+			heartbeat = true
+		}
+		if err := c.save(ctx, heartbeat); err != nil && ctx.Err() == nil {
+			retry++
+			c.r.log.Warn("ferry: saving the checkpoint failed; will retry", "err", err, "attempt", retry)
+			c.r.retry.Sleep(ctx.Done(), retry)
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		retry = 0
+	}
+}
+
+// save stores the latest cursor if it changed (or always, for a heartbeat,
+// which also shows operators that the relay is alive).
+func (c *checkpointer) save(ctx context.Context, heartbeat bool) error {
+	c.mu.Lock()
+	cur, seq, saved := c.latest, c.offered, c.saved
+	c.mu.Unlock()
+	if cur == nil || (!heartbeat && bytes.Equal(cur, saved)) {
+		c.markSaved(cur, seq)
+		return nil
+	}
+	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Partition: c.r.cfg.Partition, Cursor: cur, Holder: c.r.holder, Term: c.term})
+	if errors.Is(err, ferrydriver.ErrLeaseLost) {
+		c.lose(err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	c.r.m.checkpoints.Inc()
+	c.r.progress.Add(1)
+	c.markSaved(cur, seq)
+	return nil
+}
