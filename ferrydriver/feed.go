@@ -1,0 +1,123 @@
+package ferrydriver
+
+import (
+	"context"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferryevent"
+)
+
+// OpenFeedParams open a feed.
+type OpenFeedParams struct {
+	// Feed names the feed (checkpoint and lease name), e.g. "default/0".
+	Feed string
+	// Partition is the outbox partition this feed reads.
+	Partition int
+	// Cursor is the last saved checkpoint; nil reads from the beginning.
+	Cursor []byte
+}
+
+// Feed reads one outbox partition in commit order. It is used by one
+// goroutine at a time.
+type Feed interface {
+	// Read returns up to p.Max events after the feed's position and advances
+	// the position. When none are ready it waits up to p.Wait for a wake-up,
+	// then returns what it has, possibly an empty batch whose Cursor still
+	// moved (a quiet feed's position must keep up with the database).
+	//
+	// A failed Read returns a nil Batch and an error, and does not advance
+	// the position: nothing of a failed read is ever returned, so no event
+	// is lost by retrying. The caller may Read again (implementations
+	// reconnect as needed) or Close the feed and open a new one from its
+	// checkpoint.
+	Read(ctx context.Context, p *ReadParams) (*Batch, error)
+	// Close releases the feed's resources (connections, cursors).
+	Close() error
+}
+
+// ReadParams bound one Read.
+type ReadParams struct {
+	Max  int
+	Wait time.Duration
+}
+
+// Batch is one read's worth of events.
+type Batch struct {
+	// Events are in commit order per key; events of different keys may be
+	// in any order relative to each other.
+	Events []*ferryevent.Event
+	// Cursor is the feed position after this batch. Saving it as the
+	// checkpoint asserts that every event of this and all earlier batches
+	// was acknowledged by the sink or dead-lettered.
+	Cursor []byte
+	// Invalid are stored records that could not be decoded into events; the
+	// relay dead-letters them with the reason instead of stopping.
+	Invalid []*InvalidRecord
+}
+
+// InvalidRecord is a stored outbox record that is not a valid event.
+type InvalidRecord struct {
+	Event  ferryevent.Event // whatever could be read
+	Reason string
+}
+
+// Checkpoint is a saved feed position.
+type Checkpoint struct {
+	Feed      string
+	Cursor    []byte
+	Term      int64
+	UpdatedAt time.Time
+}
+
+// LoadCheckpointParams name the feed.
+type LoadCheckpointParams struct{ Feed string }
+
+// SaveCheckpointParams store a position under a lease.
+type SaveCheckpointParams struct {
+	Feed string
+	// Partition is the outbox partition the feed reads; retention keeps
+	// what any feed of the partition has not delivered.
+	Partition int
+	Cursor    []byte
+	Holder    string
+	Term      int64
+}
+
+// Lease gives one holder a name for a while; Term increases every time the
+// lease changes hands (or is taken again after expiring).
+type Lease struct {
+	Name      string
+	Holder    string
+	Term      int64
+	ExpiresAt time.Time
+	// Now is the database's clock when the lease was read; compare it with
+	// ExpiresAt rather than comparing ExpiresAt with the local clock.
+	Now time.Time
+}
+
+// Held reports whether holder holds l and it has not expired.
+func (l *Lease) Held(holder string) bool {
+	return l != nil && l.Holder == holder && l.ExpiresAt.After(l.Now)
+}
+
+// AcquireLeaseParams ask for a lease.
+type AcquireLeaseParams struct {
+	Name   string
+	Holder string
+	TTL    time.Duration
+}
+
+// RenewLeaseParams extend a held lease.
+type RenewLeaseParams struct {
+	Name   string
+	Holder string
+	Term   int64
+	TTL    time.Duration
+}
+
+// ReleaseLeaseParams give a lease up.
+type ReleaseLeaseParams struct {
+	Name   string
+	Holder string
+	Term   int64
+}
