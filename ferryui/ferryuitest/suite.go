@@ -511,7 +511,7 @@ func (s *suite) actionsByFilterStayInTheirFeed(t *testing.T) {
 }
 
 func (s *suite) actionsByFilterGoPageByPage(t *testing.T) {
-	ctx, store, lease, plain2 := s.ctx, s.store, s.lease, s.plain2
+	ctx, store, plain2 := s.ctx, s.store, s.plain2
 	c := &client{t: t, url: s.url}
 	// Seven dead letters of topic "bulk" on their own feed, one with a
 	// payload of 256 KiB and a reason of 64 KiB: a filter's action takes
