@@ -267,11 +267,13 @@ var modelSituations = []situation{
 		ins("a", "a1", "a2", "a3"), claimLive(), failDue("a1"), claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}), done("a1"),
 		claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}), doneKeep("a2"), done("a3"),
 	}},
-	// Not here, for runs: a run whose claim
-	// expired: after a rescue took its head, PostgreSQL reads the rest
-	// PENDING (their attempts counted) and due for no rescue until the head
-	// finishes, MariaDB (and the model) PROCESSING under the expired claim,
-	// RescueDue true.
+	// Not here, for runs: what the rest of a run whose claim expired reads
+	// while a rescue runs its head. PostgreSQL keeps a claim on the key's
+	// row as a range of positions, and a rescue narrows it to the head: the
+	// rest read PENDING (their attempts counted), where the backends that
+	// claim row by row, and the model, read them PROCESSING under the
+	// expired claim. Both run them the same way, each through a rescue of
+	// its own once the head finished.
 	// Under Continue, a row redriven ahead of a row whose claim expired:
 	// an ordinary claim does not take the key (the expired claim's row may
 	// still be running somewhere), a rescue is due, and it takes the key's
