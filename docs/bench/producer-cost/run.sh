@@ -3,7 +3,10 @@
 # for each pgbench script here: Ferry's emit statement (emit.sql, as
 # ferrypg's appendOne), the same with the key's row updated before it is
 # inserted (emit-update-first.sql), the outbox insert alone
-# (outbox-only.sql), and a Watermill-like plain insert (plain-insert.sql).
+# (outbox-only.sql), the outbox insert behind a per-key transaction-scoped
+# advisory lock and the transaction's xid taken first, as the feed needs, in
+# place of the key's row (outbox-advisory.sql: no Seq), and a Watermill-like
+# plain insert (plain-insert.sql).
 # Needs a schema "walexp" made by `ferry migrate up --schema walexp` and the
 # table made below; run it on the machine PostgreSQL runs on (it reads the
 # postmaster's children's CPU from /proc). CPU time, WAL records and bytes
@@ -17,7 +20,7 @@ $P -c 'CREATE TABLE IF NOT EXISTS walexp.plain ("offset" bigserial PRIMARY KEY, 
 pm=$(pgrep -o -x postgres)
 cpu() { awk '{print $14+$15+$16+$17}' /proc/"$pm"/stat; }
 for round in 1 2 3; do
-	for s in emit emit-update-first outbox-only plain-insert; do
+	for s in ${SCRIPTS:-emit emit-update-first outbox-advisory outbox-only plain-insert}; do
 		$P -c checkpoint
 		$P -c "select pg_stat_reset_shared('wal')" >/dev/null
 		before=$(cpu)
