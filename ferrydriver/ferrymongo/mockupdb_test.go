@@ -463,10 +463,10 @@ func TestMockPruneKeysForgetsOnlyKeysWithNothingLeft(t *testing.T) {
 	require.NotContains(t, reports[2], `"c"`)
 }
 
-// TestMockClaimReaper: ClaimHolders reads the workers of the group's live
+// TestMockClaimReaping: ClaimHolders reads the workers of the group's live
 // claims (the partial index of claims by expiry), and ExpireClaims ends
 // one worker's live claims now, in one update of every such document.
-func TestMockClaimReaper(t *testing.T) {
+func TestMockClaimReaping(t *testing.T) {
 	uri, lines := mockServerLines(t, "reaper")
 	client := mockClient(t, uri)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
