@@ -63,7 +63,7 @@ func IsRelayLease(name string) bool {
 }
 
 // CountStore names, in a backend's errors, where the partition count is
-// stored, so that every backend words the refusals of the partition count alike.
+// stored, so that every backend words its refusals alike.
 type CountStore struct {
 	Driver string // the backend's package: "ferrypg"
 	Kind   string // "schema" or "database"
