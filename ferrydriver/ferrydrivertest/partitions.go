@@ -23,13 +23,12 @@ func exercisePartitions[TTx any](t *testing.T, h Harness[TTx]) {
 }
 
 // partitioned returns a store migrated with Config.Partitions = n.
-func partitioned[TTx any](t *testing.T, h Harness[TTx], n int) (ferrydriver.Driver[TTx], func(int) ferrydriver.Driver[TTx], bool) {
+func partitioned[TTx any](t *testing.T, h Harness[TTx], n int) (ferrydriver.Driver[TTx], func(int) ferrydriver.Driver[TTx]) {
 	t.Helper()
 	if h.NewPartitioned == nil {
 		t.Fatalf("set Harness.NewPartitioned: the suite checks the partition count every store keeps")
 	}
-	drv, open := h.NewPartitioned(t, n)
-	return drv, open, true
+	return h.NewPartitioned(t, n)
 }
 
 func stored(ctx context.Context, t *testing.T, s ferrydriver.Store) int {
@@ -41,10 +40,7 @@ func stored(ctx context.Context, t *testing.T, s ferrydriver.Store) int {
 
 func testPartitionsStored[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
-	drv, open, ok := partitioned(t, h, 4)
-	if !ok {
-		return
-	}
+	drv, open := partitioned(t, h, 4)
 	require.Equal(t, 4, stored(ctx, t, drv), "Migrate stores the migrating driver's Config.Partitions")
 	require.Equal(t, 4, stored(ctx, t, open(0)))
 	require.Equal(t, 1, stored(ctx, t, h.New(t)), "a schema migrated with no count has 1 partition")
@@ -54,10 +50,7 @@ func testPartitionsStored[TTx any](t *testing.T, h Harness[TTx]) {
 
 func testPartitionsFeedRefused[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
-	drv, open, ok := partitioned(t, h, 4)
-	if !ok {
-		return
-	}
+	drv, open := partitioned(t, h, 4)
 	_, err := open(2).OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "test/0"})
 	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured, "a relay configured with 2 partitions on a schema of 4")
 	require.ErrorContains(t, err, "Partitions")
@@ -73,10 +66,7 @@ func testPartitionsFeedRefused[TTx any](t *testing.T, h Harness[TTx]) {
 
 func testPartitionsProducerRefused[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
-	drv, open, ok := partitioned(t, h, 4)
-	if !ok {
-		return
-	}
+	drv, open := partitioned(t, h, 4)
 	wrong := open(2)
 	err := wrong.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", "k", "wrong")}})
 	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
@@ -101,10 +91,7 @@ func testPartitionsProducerRefused[TTx any](t *testing.T, h Harness[TTx]) {
 
 func testPartitionsFollowed[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
-	_, open, ok := partitioned(t, h, 4)
-	if !ok {
-		return
-	}
+	_, open := partitioned(t, h, 4)
 	follower := open(0)
 	var evs []*ferryevent.Event
 	for i := range 40 {
@@ -128,10 +115,7 @@ func testPartitionsFollowed[TTx any](t *testing.T, h Harness[TTx]) {
 // still configured with the old count is refused.
 func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 60*time.Second)
-	old, open, ok := partitioned(t, h, 4)
-	if !ok {
-		return
-	}
+	old, open := partitioned(t, h, 4)
 	ps := old
 	follower := open(0)
 	var keys []string
