@@ -48,7 +48,6 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer b.close()
-	pk := b.store
 	feeds, err := driverkit.RelayFeeds(ctx, b.store, feed)
 	if err != nil {
 		return err
@@ -56,7 +55,7 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if action == "list" {
 		var heads []*ferrydriver.ParkedEvent
 		for _, name := range feeds {
-			hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: maxParkedShown})
+			hs, err := b.store.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Limit: maxParkedShown})
 			if err != nil {
 				return err
 			}
@@ -98,7 +97,7 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		// one of them only.
 		var where []string
 		for _, name := range feeds {
-			hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Keys: []string{key}})
+			hs, err := b.store.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: name, Keys: []string{key}})
 			if err != nil {
 				return err
 			}
@@ -113,7 +112,7 @@ func cmdParked(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		default:
 			return usagef("key %q is parked in %s: name the one to act on with --feed (e.g. --feed %s)", key, strings.Join(where, " and "), where[0])
 		}
-		if err := pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: where[0], Key: key, Skip: action == "skip"}); err != nil {
+		if err := b.store.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: where[0], Key: key, Skip: action == "skip"}); err != nil {
 			return err
 		}
 		if action == "skip" {

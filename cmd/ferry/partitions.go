@@ -48,16 +48,15 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer b.close()
-	ps := b.store
 	if action == "show" {
-		stored, err := ps.StoredPartitions(ctx)
+		stored, err := b.store.StoredPartitions(ctx)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s has %d partition(s); `ferry run` runs one relay per partition\n", b.label, stored)
 		return nil
 	}
-	res, err := ps.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: n, Force: force})
+	res, err := b.store.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: n, Force: force})
 	if err != nil {
 		return err
 	}

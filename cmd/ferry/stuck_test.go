@@ -218,9 +218,8 @@ func TestWebhookKeyThatHangsIsHeldAndReleased(t *testing.T) {
 	e := pacedEmit(ctx, t, f, stuckKeys(), nil, 200, 6*time.Second)
 	requireOthersPrompt(t, e, a, isStuck)
 
-	pk := f.store
 	require.Eventually(t, func() bool {
-		heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "default/0"})
+		heads, err := f.store.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "default/0"})
 		return err == nil && len(heads) == 1 && heads[0].Held
 	}, 30*time.Second, 50*time.Millisecond, "the stuck key is held after --max-age")
 	st := ferryJSON(t, f, "status", "--json")

@@ -169,7 +169,6 @@ func redrivenHeads(ctx context.Context, t *testing.T, drv ferrydriver.Store, fee
 func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
-	pk := drv
 	emit(ctx, t, h, drv, Event("t", "K", "first"))
 	r := OpenReader(ctx, t, drv, nil)
 	read := r.ReadQuiet(ctx)
@@ -183,7 +182,7 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "dl/0", Holder: "dl", TTL: time.Minute})
 	require.NoError(t, err)
 	stuck, old := Event("t", "J", "stuck"), Event("t", "J", "old")
-	require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "dl/0", Holder: "dl", Term: l.Term, Events: []*ferryevent.Event{stuck}, Reason: "503"}))
+	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "dl/0", Holder: "dl", Term: l.Term, Events: []*ferryevent.Event{stuck}, Reason: "503"}))
 	insertDeadLetters(ctx, t, drv, "dl/0", old)
 	require.Empty(t, redrivenHeads(ctx, t, drv, "dl/0"), "no key has a redriven event yet")
 
@@ -194,7 +193,7 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	require.ElementsMatch(t, []string{"first", "stuck"}, redrivenHeads(ctx, t, drv, "dl/0"), "the keys with redriven events, by their heads")
 	require.Empty(t, redrivenHeads(ctx, t, drv, "other/0"), "another feed has none")
 
-	heads, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "dl/0", Keys: []string{"K", "J"}})
+	heads, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "dl/0", Keys: []string{"K", "J"}})
 	require.NoError(t, err)
 	byKey := map[string]*ferrydriver.ParkedEvent{}
 	for _, h := range heads {
@@ -212,10 +211,10 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	require.False(t, byKey["J"].Redriven)
 	unpark := func(ev *ferryevent.Event) {
 		t.Helper()
-		require.NoError(t, pk.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: "dl/0", Holder: "dl", Term: l.Term, Key: ev.Key, EventID: ev.ID}))
+		require.NoError(t, drv.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: "dl/0", Holder: "dl", Term: l.Term, Key: ev.Key, EventID: ev.ID}))
 	}
 	unpark(stuck)
-	heads, err = pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "dl/0", Keys: []string{"J"}})
+	heads, err = drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: "dl/0", Keys: []string{"J"}})
 	require.NoError(t, err)
 	require.Equal(t, old.ID, heads[0].Event.ID, "then the redriven one")
 

@@ -19,7 +19,6 @@ import (
 // testInboxRetract: retracting unfinished, running, processed and absent
 // events, and again.
 func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx]) {
-	r := d
 	ctx := ctxT(t, 30*time.Second)
 	a1, a2, a3 := Event("t", "a", "a1"), Event("t", "a", "a2"), Event("t", "a", "a3")
 	b1, b2 := Event("t", "b", "b1"), Event("t", "b", "b2")
@@ -42,7 +41,7 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx]) {
 		{Event: a1, Compensation: compA1}, {Event: a2, Compensation: comp(a2)}, {Event: b1, Compensation: comp(b1)},
 		{Event: ghost, Compensation: comp(ghost)},
 	}
-	res, err := r.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: group, Retractions: retractions})
+	res, err := d.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: group, Retractions: retractions})
 	require.NoError(t, err)
 	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxPending, ferrydriver.InboxProcessing, ""}, res.Prior)
 
@@ -85,7 +84,7 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ins, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: group, Events: []*ferryevent.Event{ghost}})
 	require.NoError(t, err)
 	require.Equal(t, []bool{false}, ins.Inserted)
-	res, err = r.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: group, Retractions: retractions})
+	res, err = d.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: group, Retractions: retractions})
 	require.NoError(t, err)
 	for _, prior := range res.Prior {
 		require.Equal(t, ferrydriver.InboxRetracted, prior)
@@ -424,12 +423,12 @@ func testInboxPages[TTx any](t *testing.T, d InboxDriver[TTx]) {
 // one leaves a gap in the numbers) and its redrives, not its successes nor
 // an attempt taken back; it keeps the latest AttemptHistory entries, each
 // error cut to AttemptErrorChars.
-func testInboxAttempts[TTx any](t *testing.T, d InboxDriver[TTx], l ferrydriver.Admin) {
+func testInboxAttempts[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	ctx := ctxT(t, 60*time.Second)
 	start := time.Now().Add(-time.Second)
 	history := func(id uuid.UUID) []ferrydriver.AttemptRecord {
 		t.Helper()
-		h, err := l.InboxAttempts(ctx, &ferrydriver.InboxAttemptsParams{Group: group, EventID: id})
+		h, err := d.InboxAttempts(ctx, &ferrydriver.InboxAttemptsParams{Group: group, EventID: id})
 		require.NoError(t, err)
 		for _, e := range h {
 			require.WithinRange(t, e.At, start, time.Now().Add(time.Second), "entry %+v", e)
@@ -534,7 +533,7 @@ func testInboxAttempts[TTx any](t *testing.T, d InboxDriver[TTx], l ferrydriver.
 	require.Equal(t, ferrydriver.InboxDead, spent[0].State)
 	require.Equal(t, []string{"2 dead " + ferrydriver.ReasonAttemptsExhausted}, brief(history(c.ID)))
 
-	none, err := l.InboxAttempts(ctx, &ferrydriver.InboxAttemptsParams{Group: group, EventID: uuid.New()})
+	none, err := d.InboxAttempts(ctx, &ferrydriver.InboxAttemptsParams{Group: group, EventID: uuid.New()})
 	require.NoError(t, err)
 	require.Empty(t, none, "an event the group never received has no history")
 }

@@ -202,7 +202,6 @@ func (r *mrun[TTx]) run(s mstep) {
 		}
 		r.same("rows changed", n, mn)
 	case "retract":
-		rt := d
 		var rs []ferrydriver.Retraction
 		var mrs []inboxmodel.Retraction
 		for _, n := range s.names {
@@ -220,7 +219,7 @@ func (r *mrun[TTx]) run(s mstep) {
 			}
 			rs, mrs = append(rs, x), append(mrs, mx)
 		}
-		res, err := rt.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: r.group, Retractions: rs})
+		res, err := d.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: r.group, Retractions: rs})
 		if err != nil {
 			r.failf("backend: %v", err)
 		}
@@ -236,19 +235,18 @@ func (r *mrun[TTx]) run(s mstep) {
 		time.Sleep(time.Until(r.expiry.Add(250 * time.Millisecond)))
 		r.unwaited = false
 	case "reap":
-		rp := d
-		holders, err := rp.ClaimHolders(ctx, r.group)
+		holders, err := d.ClaimHolders(ctx, r.group)
 		if err != nil {
 			r.failf("backend: %v", err)
 		}
 		slices.Sort(holders)
 		r.same("claim holders before", holders, m.ClaimHolders(time.Now()))
-		n, err := rp.ExpireClaims(ctx, &ferrydriver.ExpireClaimsParams{Group: r.group, Worker: s.worker})
+		n, err := d.ExpireClaims(ctx, &ferrydriver.ExpireClaimsParams{Group: r.group, Worker: s.worker})
 		if err != nil {
 			r.failf("backend: %v", err)
 		}
 		r.same("claims ended", n, m.ExpireClaims(time.Now(), s.worker))
-		holders, err = rp.ClaimHolders(ctx, r.group)
+		holders, err = d.ClaimHolders(ctx, r.group)
 		if err != nil {
 			r.failf("backend: %v", err)
 		}

@@ -15,7 +15,6 @@ import (
 func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
-	pk := drv
 	const feed = "park/0"
 	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
@@ -23,14 +22,14 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	b1 := Event("t", "b", "b1")
 	a1.Headers = map[string]string{"traceparent": "00-x"}
 	park := func(term int64, evs ...*ferryevent.Event) error {
-		return pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: feed, Holder: "a", Term: term, Events: evs, Reason: "503"})
+		return drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: feed, Holder: "a", Term: term, Events: evs, Reason: "503"})
 	}
 	require.NoError(t, park(l.Term, a1, b1, a2))
 	require.NoError(t, park(l.Term, a3))
 	require.NoError(t, park(l.Term, a1), "parking an event again is harmless")
 	require.ErrorIs(t, park(l.Term+1, Event("t", "a", "x")), ferrydriver.ErrLeaseLost)
 
-	all, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed})
+	all, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed})
 	require.NoError(t, err)
 	require.Len(t, all, 2)
 	byKey := map[string]*ferrydriver.ParkedEvent{}
@@ -46,7 +45,7 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	require.False(t, byKey["a"].Held)
 
 	heads := func(keys ...string) []string {
-		hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: keys})
+		hs, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: keys})
 		require.NoError(t, err)
 		var out []string
 		for _, h := range hs {
@@ -55,7 +54,7 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 		return out
 	}
 	unpark := func(term int64, ev *ferryevent.Event, dl *ferrydriver.DeadLetter) error {
-		return pk.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: feed, Holder: "a", Term: term, Key: ev.Key, EventID: ev.ID, DeadLetter: dl})
+		return drv.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: feed, Holder: "a", Term: term, Key: ev.Key, EventID: ev.ID, DeadLetter: dl})
 	}
 	require.ElementsMatch(t, []string{"a1", "b1"}, heads("a", "b", "none"))
 	require.ErrorIs(t, unpark(l.Term+1, a1, nil), ferrydriver.ErrLeaseLost)
@@ -67,20 +66,20 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, "gave up", dl.Reason)
 	require.Equal(t, a2.Payload, dl.Event.Payload)
 
-	require.NoError(t, pk.HoldParked(ctx, &ferrydriver.HoldParkedParams{Feed: feed, Holder: "a", Term: l.Term, Key: "a", EventID: a3.ID, Reason: "gave up after 10 attempts"}))
-	hs, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"a"}})
+	require.NoError(t, drv.HoldParked(ctx, &ferrydriver.HoldParkedParams{Feed: feed, Holder: "a", Term: l.Term, Key: "a", EventID: a3.ID, Reason: "gave up after 10 attempts"}))
+	hs, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"a"}})
 	require.NoError(t, err)
 	require.True(t, hs[0].Held)
-	require.NoError(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a"}))
-	hs, err = pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"a"}})
+	require.NoError(t, drv.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a"}))
+	hs, err = drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"a"}})
 	require.NoError(t, err)
 	require.False(t, hs[0].Held, "released: the relay retries it")
-	require.NoError(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a", Skip: true}))
+	require.NoError(t, drv.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a", Skip: true}))
 	require.Empty(t, heads("a"), "skipped: moved to the dead letters")
 	dl, err = drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: a3.ID})
 	require.NoError(t, err)
 	require.Contains(t, dl.Reason, "skipped by an operator")
-	require.ErrorIs(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a"}), ferrydriver.ErrNotFound)
+	require.ErrorIs(t, drv.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a"}), ferrydriver.ErrNotFound)
 	require.Equal(t, []string{"b1"}, heads("a", "b"))
 }
 
@@ -91,18 +90,17 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
-	pk := drv
 	const feed = "attempts/0"
 	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	k1, k2 := Event("t", "k", "k1"), Event("t", "k", "k2")
-	require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: feed, Holder: "a", Term: l.Term, Events: []*ferryevent.Event{k1, k2}, Reason: "503"}))
+	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: feed, Holder: "a", Term: l.Term, Events: []*ferryevent.Event{k1, k2}, Reason: "503"}))
 	head := func() *ferrydriver.ParkedEvent {
 		t.Helper()
-		byKey, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"k"}})
+		byKey, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed, Keys: []string{"k"}})
 		require.NoError(t, err)
 		require.Len(t, byKey, 1)
-		all, err := pk.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed})
+		all, err := drv.ParkedHeads(ctx, &ferrydriver.ParkedHeadsParams{Feed: feed})
 		require.NoError(t, err)
 		require.Len(t, all, 1)
 		require.Equal(t, byKey[0].Attempts, all[0].Attempts, "both forms of ParkedHeads read the attempts")
@@ -115,7 +113,7 @@ func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
 
 	first := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 	set := func(term int64, ev *ferryevent.Event, n int) error {
-		return pk.SetParkedAttempts(ctx, &ferrydriver.SetParkedAttemptsParams{Feed: feed, Holder: "a", Term: term, Key: "k", EventID: ev.ID, Attempts: n, FirstFailure: first})
+		return drv.SetParkedAttempts(ctx, &ferrydriver.SetParkedAttemptsParams{Feed: feed, Holder: "a", Term: term, Key: "k", EventID: ev.ID, Attempts: n, FirstFailure: first})
 	}
 	require.NoError(t, set(l.Term, k1, 7))
 	require.ErrorIs(t, set(l.Term+1, k1, 99), ferrydriver.ErrLeaseLost, "fenced")
@@ -130,15 +128,15 @@ func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
 	require.WithinDuration(t, first, h1.FirstFailure, time.Millisecond)
 
 	// A release lets the relay retry the head afresh.
-	require.NoError(t, pk.HoldParked(ctx, &ferrydriver.HoldParkedParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID, Reason: "gave up"}))
-	require.NoError(t, pk.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "k"}))
+	require.NoError(t, drv.HoldParked(ctx, &ferrydriver.HoldParkedParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID, Reason: "gave up"}))
+	require.NoError(t, drv.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "k"}))
 	h2 := head()
 	require.Zero(t, h2.Attempts, "released: the attempts start afresh")
 	require.True(t, h2.FirstFailure.IsZero())
 
 	// The next head starts with none.
-	require.NoError(t, pk.SetParkedAttempts(ctx, &ferrydriver.SetParkedAttemptsParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID, Attempts: 3, FirstFailure: first}))
-	require.NoError(t, pk.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID}))
+	require.NoError(t, drv.SetParkedAttempts(ctx, &ferrydriver.SetParkedAttemptsParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID, Attempts: 3, FirstFailure: first}))
+	require.NoError(t, drv.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: feed, Holder: "b", Term: l2.Term, Key: "k", EventID: k1.ID}))
 	h3 := head()
 	require.Equal(t, k2.ID, h3.Event.ID)
 	require.Zero(t, h3.Attempts)
@@ -149,14 +147,13 @@ func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
 func testListLeases[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
-	ll := drv
 	for _, n := range []string{"members/f/b", "members/f/a", "members/g/a", "members/f"} {
 		_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: n, Holder: "h-" + n, TTL: time.Minute})
 		require.NoError(t, err)
 	}
 	_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "members/f/short", Holder: "x", TTL: time.Second})
 	require.NoError(t, err)
-	got, err := ll.ListLeases(ctx, "members/f/")
+	got, err := drv.ListLeases(ctx, "members/f/")
 	require.NoError(t, err)
 	var names []string
 	for _, l := range got {
@@ -165,13 +162,13 @@ func testListLeases[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, []string{"members/f/a", "members/f/b", "members/f/short"}, names, "prefix match, in name order")
 	require.Equal(t, "h-members/f/a", got[0].Holder)
 	require.True(t, got[0].Held(got[0].Holder))
-	none, err := ll.ListLeases(ctx, "members/zz")
+	none, err := drv.ListLeases(ctx, "members/zz")
 	require.NoError(t, err)
 	require.Empty(t, none)
 	// A prefix is not a pattern.
 	_, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "m_x", Holder: "y", TTL: time.Minute})
 	require.NoError(t, err)
-	under, err := ll.ListLeases(ctx, "m_")
+	under, err := drv.ListLeases(ctx, "m_")
 	require.NoError(t, err)
 	require.Len(t, under, 1)
 }

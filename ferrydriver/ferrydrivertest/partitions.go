@@ -116,7 +116,6 @@ func testPartitionsFollowed[TTx any](t *testing.T, h Harness[TTx]) {
 func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 60*time.Second)
 	old, open := partitioned(t, h, 4)
-	ps := old
 	follower := open(0)
 	var keys []string
 	for i := range 16 {
@@ -125,7 +124,7 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	for _, k := range keys {
 		emit(ctx, t, h, follower, Event("t", k, "before"))
 	}
-	_, err := ps.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
+	_, err := old.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
 	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe, "no feed has read the events")
 	require.Equal(t, 4, stored(ctx, t, old))
 
@@ -145,7 +144,7 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 		require.NoError(t, old.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: name, Partition: p, Cursor: r.Last, Holder: holder, Term: l.Term}))
 		require.NoError(t, r.Feed.Close())
 	}
-	_, err = ps.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
+	_, err = old.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
 	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe, "relays still hold their feeds")
 	require.ErrorContains(t, err, "test/0")
 
@@ -155,7 +154,7 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	late := Event("t", keys[0], "late")
 	emit(ctx, t, h, follower, late)
-	_, err = ps.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
+	_, err = old.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
 	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe, "an event is not delivered")
 	require.ErrorContains(t, err, "test/"+strconv.Itoa(ferrydriver.PartitionOf(keys[0], 4)))
 
@@ -169,7 +168,7 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, old.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: l.Name, Partition: p0, Cursor: r.Last, Holder: holder, Term: l.Term}))
 	require.NoError(t, old.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: l.Name, Holder: holder, Term: l.Term}))
 
-	res, err := ps.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
+	res, err := old.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
 	require.NoError(t, err)
 	require.Equal(t, 4, res.Previous)
 	require.Equal(t, 8, res.Partitions)
@@ -200,7 +199,7 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 		}
 	}
 	require.Len(t, got, len(after))
-	_, err = ps.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 0})
+	_, err = old.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 0})
 	require.Error(t, err, "0 partitions")
 }
 

@@ -64,8 +64,7 @@ func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.U
 			if keep && state == ferrydriver.InboxProcessed {
 				return nil
 			}
-			rows, err := tx.QueryContext(ctx, sqlRunRest, group, group, id[:], token[:])
-			if err := giveBack(ctx, tx, rows, err); err != nil {
+			if err := giveBack(ctx, tx, sqlRunRest, group, group, id[:], token[:]); err != nil {
 				return d.wrapErr("give back the rest of a run", err)
 			}
 		}
@@ -184,16 +183,23 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 	var lost, processed []uuid.UUID
 	var others []ferrydriver.FinishedRow
 	var keys []string
-	var anyRuns bool // a row has later rows in its run
+	// The keys and tokens of the rows with later rows in their run.
+	var runKeys []string
+	var runTokens []any
 	for _, r := range p.Rows {
 		h, ok := current[r.EventID]
 		token, more, perr := parseClaim(r.Claim)
-		anyRuns = anyRuns || more
 		if !ok || perr != nil || string(h.token) != string(token[:]) {
 			lost = append(lost, r.EventID)
 			continue
 		}
 		keys = append(keys, h.key)
+		if more {
+			runKeys = append(runKeys, h.key)
+			if !slices.ContainsFunc(runTokens, func(t any) bool { return string(t.([]byte)) == string(h.token) }) {
+				runTokens = append(runTokens, h.token)
+			}
+		}
 		if r.State == ferrydriver.InboxProcessed {
 			processed = append(processed, r.EventID)
 		} else {
@@ -230,30 +236,25 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 			return nil, d.wrapErr(op, err)
 		}
 	}
-	// The rows of the reported rows' runs that were not reported are given
-	// back (current holds every reported row: none was lost).
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
-	var tokens []any
-	for _, h := range current {
-		if !slices.ContainsFunc(tokens, func(t any) bool { return string(t.([]byte)) == string(h.token) }) {
-			tokens = append(tokens, h.token)
-		}
-	}
-	if anyRuns {
-		err = chunks(keys, inListChunk, func(keys []string) error {
+	// The rows of the runs of the reported rows that had later rows in
+	// theirs, not reported themselves, are given back (current holds every
+	// reported row: none was lost).
+	if len(runTokens) > 0 {
+		slices.Sort(runKeys)
+		runKeys = slices.Compact(runKeys)
+		err = chunks(runKeys, inListChunk, func(keys []string) error {
 			args := []any{p.Group}
 			for _, k := range keys {
 				args = append(args, k)
 			}
-			q := strings.NewReplacer("{keys}", marks(len(keys)), "{tokens}", marks(len(tokens))).Replace(sqlRunsRest)
-			rows, err := tx.QueryContext(ctx, q, append(args, tokens...)...)
-			return giveBack(ctx, tx, rows, err)
+			return giveBack(ctx, tx, runsRest(len(keys), len(runTokens)), append(args, runTokens...)...)
 		})
 		if err != nil {
 			return nil, d.wrapErr(op, err)
 		}
 	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
 	err = chunks(keys, inListChunk, func(keys []string) error {
 		args := []any{p.Group}
 		for _, k := range keys {

@@ -136,8 +136,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	// holds it already and commits).
 	slices.SortFunc(claims, func(a, b claimOf) int { return strings.Compare(a.key, b.key) })
 	for _, c := range slices.Compact(claims) {
-		rows, err := tx.QueryContext(ctx, sqlKeyRunRest, p.Group, c.key, c.token[:])
-		if err := giveBack(ctx, tx, rows, err); err != nil {
+		if err := giveBack(ctx, tx, runsRest(1, 1), p.Group, c.key, c.token[:]); err != nil {
 			return d.wrapErr(op, err)
 		}
 	}

@@ -34,29 +34,28 @@ func parseClaim(claim string) (token uuid.UUID, more bool, err error) {
 }
 
 // sqlRunRest locks the rows of a finished row's key that remain
-// PROCESSING under its claim's token (arguments: group, group, event, token), with
-// SKIP LOCKED, so that it never waits: a row another transaction holds is
+// PROCESSING under its claim's token (arguments: group, group, event,
+// token), with SKIP LOCKED, so that it never waits: a row another transaction holds is
 // one that transaction is finishing or retracting, or gives back itself.
 const sqlRunRest = `
 SELECT pos FROM ferry_inbox FORCE INDEX (ferry_inbox_head_idx)
  WHERE group_name = ? AND k = (SELECT i.k FROM ferry_inbox i FORCE INDEX (ferry_inbox_event_idx) WHERE i.group_name = ? AND i.event_id = ?)
    AND state = 'processing' AND claim_token = ? FOR UPDATE SKIP LOCKED`
 
-// sqlKeyRunRest is sqlRunRest by key (arguments: group, key, token).
-const sqlKeyRunRest = `
-SELECT pos FROM ferry_inbox FORCE INDEX (ferry_inbox_head_idx)
- WHERE group_name = ? AND k = ? AND state = 'processing' AND claim_token = ? FOR UPDATE SKIP LOCKED`
-
-// sqlRunsRest is sqlRunRest for the keys of a batch: its arguments are
-// the group, the keys ({keys} their marks) and the tokens ({tokens}).
-const sqlRunsRest = `
-SELECT pos FROM ferry_inbox FORCE INDEX (ferry_inbox_head_idx)
- WHERE group_name = ? AND k IN ({keys}) AND state = 'processing' AND claim_token IN ({tokens})
+// runsRest is sqlRunRest by key, for keys keys and tokens tokens: its
+// arguments are the group, the keys and the tokens (a batch's rows come
+// from one claim, or a few).
+func runsRest(keys, tokens int) string {
+	return `SELECT pos FROM ferry_inbox FORCE INDEX (ferry_inbox_head_idx)
+ WHERE group_name = ? AND k IN (` + marks(keys) + `) AND state = 'processing' AND claim_token IN (` + marks(tokens) + `)
  ORDER BY k, pos FOR UPDATE SKIP LOCKED`
+}
 
-// giveBack makes the rows at positions PENDING again, their attempt taken
-// back (the rows of a run after the one whose finish ended it).
-func giveBack(ctx context.Context, tx *sql.Tx, rows *sql.Rows, err error) error {
+// giveBack makes the rows that query (sqlRunRest or runsRest, with args)
+// locks PENDING again, their attempt taken back: the rows of a run after
+// the one whose finish ended it.
+func giveBack(ctx context.Context, tx *sql.Tx, query string, args ...any) error {
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}

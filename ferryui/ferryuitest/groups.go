@@ -233,9 +233,8 @@ func (s *suite) whereAKeyStands(t *testing.T) {
 	require.Len(t, k.DeadLetters, 1, "the relay dead letter of the hostile key")
 	require.Equal(t, hostile.ID.String(), k.DeadLetters[0].Event.ID)
 
-	pk := store
 	parked := ferrydrivertest.Event("orders", "p", "parked")
-	require.NoError(t, pk.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "suite", Term: lease.Term, Events: []*ferryevent.Event{parked}, Reason: "not acknowledged"}))
+	require.NoError(t, store.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "suite", Term: lease.Term, Events: []*ferryevent.Event{parked}, Reason: "not acknowledged"}))
 	var list struct{ Parked []uiapi.ParkedJSON }
 	c.get("/api/v1/parked", http.StatusOK, &list)
 	byKey := map[string]uiapi.ParkedJSON{}

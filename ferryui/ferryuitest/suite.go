@@ -149,19 +149,18 @@ func (s *suite) theConsoleIsServedLockedDown(t *testing.T) {
 func (s *suite) activity(t *testing.T) {
 	ctx, store, inbox := s.ctx, s.store, s.inbox
 	c := &client{t: t, url: s.url}
-	rec, irec := store, inbox
 	var empty uiapi.ActivityJSON
 	c.get("/api/v1/activity", http.StatusOK, &empty)
 	require.True(t, empty.Recorded)
 	at := time.Now().Add(-time.Minute).UTC()
 	// Two relay processes in one step, summed; a group's one.
-	require.NoError(t, rec.RecordActivity(ctx, &ferrydriver.RecordActivityParams{Samples: []*ferrydriver.ActivitySample{
+	require.NoError(t, store.RecordActivity(ctx, &ferrydriver.RecordActivityParams{Samples: []*ferrydriver.ActivitySample{
 		{Kind: ferrydriver.ActivityRelay, Name: "default/0", Process: "r1", At: at, Interval: 10 * time.Second, Done: 100, Failed: 4,
 			LatencyP50: 10 * time.Millisecond, LatencyP99: 20 * time.Millisecond, LagEvents: 1200, LagAge: 3 * time.Second},
 		{Kind: ferrydriver.ActivityRelay, Name: "default/0", Process: "r2", At: at, Interval: 10 * time.Second, Done: 50, Dead: 1,
 			LatencyP50: 40 * time.Millisecond, LatencyP99: 90 * time.Millisecond},
 	}}))
-	require.NoError(t, irec.RecordActivity(ctx, &ferrydriver.RecordActivityParams{Samples: []*ferrydriver.ActivitySample{
+	require.NoError(t, inbox.RecordActivity(ctx, &ferrydriver.RecordActivityParams{Samples: []*ferrydriver.ActivitySample{
 		{Kind: ferrydriver.ActivityConsumer, Name: Hostile, Process: "c1", At: at, Interval: 10 * time.Second, Done: 30, Failed: 2, Dead: 1,
 			LatencyP50: 5 * time.Millisecond, LatencyP99: 9 * time.Millisecond, HandlerP50: time.Millisecond, HandlerP99: 3 * time.Millisecond},
 	}}))
