@@ -87,9 +87,9 @@ func NewBalancer(store ferrydriver.Store, cfg *BalancerConfig) (*Balancer, error
 
 // memberLeases are the leases a Balancer keeps its membership with.
 type memberLeases interface {
-	AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error)
+	AcquireLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error)
 	GetLease(ctx context.Context, name string) (*ferrydriver.Lease, error)
-	ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error
+	ReleaseLease(ctx context.Context, p *ferrydriver.LeaseParams) error
 	ListLeases(ctx context.Context, prefix string) ([]*ferrydriver.Lease, error)
 }
 
@@ -117,7 +117,7 @@ func (b *Balancer) Run(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		if l, err := b.store.GetLease(rctx, name); err == nil {
-			_ = b.store.ReleaseLease(rctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: b.member, Term: l.Term})
+			_ = b.store.ReleaseLease(rctx, &ferrydriver.LeaseParams{Name: name, Holder: b.member, Term: l.Term})
 		}
 	}()
 	for {
@@ -141,7 +141,7 @@ func (b *Balancer) Run(ctx context.Context) error {
 // refresh renews the membership, counts the live members and asks relays
 // over the target to hand partitions over.
 func (b *Balancer) refresh(ctx context.Context, name string) error {
-	if _, err := b.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: b.member, TTL: b.cfg.LeaseTTL}); err != nil {
+	if _, err := b.store.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: b.member, TTL: b.cfg.LeaseTTL}); err != nil {
 		return err
 	}
 	leases, err := b.store.ListLeases(ctx, b.prefix())

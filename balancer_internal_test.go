@@ -19,7 +19,7 @@ type membersStore struct {
 
 func (s *membersStore) Name() string { return "members" }
 
-func (s *membersStore) AcquireLease(_ context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
+func (s *membersStore) AcquireLease(_ context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	now := time.Now()
 	return &ferrydriver.Lease{Name: p.Name, Holder: p.Holder, Term: 1, ExpiresAt: now.Add(p.TTL), Now: now}, nil
 }

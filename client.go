@@ -105,7 +105,7 @@ func (c *Client[TTx]) EmitTx(ctx context.Context, tx TTx, events ...*Event) erro
 	if err := c.prepare(ctx, events); err != nil {
 		return err
 	}
-	if err := c.driver.AppendTx(ctx, tx, &ferrydriver.AppendParams{Events: events}); err != nil {
+	if err := c.driver.AppendTx(ctx, tx, events); err != nil {
 		return fmt.Errorf("ferry: emit %d event(s): %w", len(events), err)
 	}
 	return nil
@@ -117,7 +117,7 @@ func (c *Client[TTx]) Emit(ctx context.Context, events ...*Event) error {
 	if err := c.prepare(ctx, events); err != nil {
 		return err
 	}
-	if err := c.driver.Append(ctx, &ferrydriver.AppendParams{Events: events}); err != nil {
+	if err := c.driver.Append(ctx, events); err != nil {
 		return fmt.Errorf("ferry: emit %d event(s): %w", len(events), err)
 	}
 	return nil

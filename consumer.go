@@ -118,7 +118,7 @@ func (c *Consumer[TTx]) Retract(ctx context.Context, events []*Event) ([]ferrydr
 		return nil, err
 	}
 	c.Notify()
-	return res.Prior, nil
+	return res, nil
 }
 
 // Group is the consumer group's name.
@@ -170,7 +170,7 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 	if err != nil {
 		return 0, err
 	}
-	for _, ok := range res.Inserted {
+	for _, ok := range res {
 		if ok {
 			inserted++
 		}
@@ -210,11 +210,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	if l, ok := c.driver.(ferrydriver.ConnLimiter); ok {
-		if n := l.MaxConns(); n > 0 && n < c.cfg.Workers+2 {
-			c.log.Warn("ferry: the database pool is smaller than the consumer needs: handlers will wait for connections, and events of other keys with them; raise the pool's size (pgxpool: pool_max_conns) or lower ConsumerConfig.Workers",
-				"pool_max_conns", n, "workers", c.cfg.Workers, "needed", c.cfg.Workers+2)
-		}
+	if n := c.driver.MaxConns(); n > 0 && n < c.cfg.Workers+2 {
+		c.log.Warn("ferry: the database pool is smaller than the consumer needs: handlers will wait for connections, and events of other keys with them; raise the pool's size (pgxpool: pool_max_conns) or lower ConsumerConfig.Workers",
+			"pool_max_conns", n, "workers", c.cfg.Workers, "needed", c.cfg.Workers+2)
 	}
 	c.batcher = nil
 	c.finisher, _ = c.driver.(ferrydriver.InboxBatcher[TTx])
@@ -452,7 +450,7 @@ func distinctKeys(rows []*ferrydriver.InboxRow) int {
 // gaugeLeaser is the part of a driver's leases the gauges use: one
 // process per group refreshes them.
 type gaugeLeaser interface {
-	AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error)
+	AcquireLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error)
 }
 
 // maintain refreshes the inbox gauges every 15 s, in one process of the
@@ -490,7 +488,7 @@ func (c *Consumer[TTx]) maintain(ctx context.Context) {
 // holds the group's gauge lease (or the driver has no leases).
 func (c *Consumer[TTx]) refreshGauges(ctx context.Context, every time.Duration) error {
 	if l, ok := c.driver.(gaugeLeaser); ok {
-		lease, err := l.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "consumer-gauges/" + c.cfg.Group, Holder: c.worker, TTL: 3 * every})
+		lease, err := l.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "consumer-gauges/" + c.cfg.Group, Holder: c.worker, TTL: 3 * every})
 		if err != nil {
 			return fmt.Errorf("take the gauge lease: %w", err)
 		}

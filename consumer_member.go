@@ -11,8 +11,8 @@ import (
 // memberLeaser is the part of a driver's leases that a consumer's
 // membership of its group uses.
 type memberLeaser interface {
-	AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error)
-	ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error
+	AcquireLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error)
+	ReleaseLease(ctx context.Context, p *ferrydriver.LeaseParams) error
 	GetLease(ctx context.Context, name string) (*ferrydriver.Lease, error)
 }
 
@@ -45,7 +45,7 @@ func (c *Consumer[TTx]) startMembership(ctx context.Context) (stop func()) {
 // renewMembership takes or renews the membership lease; it returns the
 // lease's term (0 when it could not).
 func (c *Consumer[TTx]) renewMembership(ctx context.Context, l memberLeaser) int64 {
-	lease, err := l.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: c.memberLease(c.worker), Holder: c.worker, TTL: c.cfg.LivenessTTL})
+	lease, err := l.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: c.memberLease(c.worker), Holder: c.worker, TTL: c.cfg.LivenessTTL})
 	if err != nil || !lease.Held(c.worker) {
 		return 0
 	}
@@ -72,7 +72,7 @@ func (c *Consumer[TTx]) membership(ctx context.Context, l memberLeaser, term int
 		case <-ctx.Done():
 			if term != 0 {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-				_ = l.ReleaseLease(rctx, &ferrydriver.ReleaseLeaseParams{Name: c.memberLease(c.worker), Holder: c.worker, Term: term})
+				_ = l.ReleaseLease(rctx, &ferrydriver.LeaseParams{Name: c.memberLease(c.worker), Holder: c.worker, Term: term})
 				cancel()
 			}
 			return

@@ -96,9 +96,9 @@ func (c *Consumer[TTx]) Consume(ctx context.Context, src ferrysink.Source) error
 
 // sourceLeaser is the part of a driver's leases that Consume uses.
 type sourceLeaser interface {
-	AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error)
-	RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error)
-	ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error
+	AcquireLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error)
+	RenewLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error)
+	ReleaseLease(ctx context.Context, p *ferrydriver.LeaseParams) error
 }
 
 // errSourceLeaseLost ends a source's run when its lease could not be
@@ -125,7 +125,7 @@ func (c *Consumer[TTx]) consumeLeased(ctx context.Context, run runFunc, name str
 			continue
 		}
 		asked := time.Now()
-		lease, err := l.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: c.worker, TTL: ttl})
+		lease, err := l.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: c.worker, TTL: ttl})
 		if err != nil || !lease.Held(c.worker) {
 			share.release()
 		}
@@ -276,7 +276,7 @@ func (c *Consumer[TTx]) readLeased(ctx context.Context, run runFunc, name string
 			}
 			asked := time.Now()
 			rctx, cancel := context.WithTimeout(runCtx, ttl/3)
-			renewed, err := l.RenewLease(rctx, &ferrydriver.RenewLeaseParams{Name: name, Holder: c.worker, Term: lease.Term, TTL: ttl})
+			renewed, err := l.RenewLease(rctx, &ferrydriver.LeaseParams{Name: name, Holder: c.worker, Term: lease.Term, TTL: ttl})
 			cancel()
 			switch {
 			case err == nil:
@@ -304,7 +304,7 @@ func (c *Consumer[TTx]) readLeased(ctx context.Context, run runFunc, name string
 	cause := context.Cause(runCtx)
 	if ctx.Err() != nil || errors.Is(cause, errShareYielded) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		_ = l.ReleaseLease(rctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: c.worker, Term: lease.Term})
+		_ = l.ReleaseLease(rctx, &ferrydriver.LeaseParams{Name: name, Holder: c.worker, Term: lease.Term})
 		cancel()
 		if ctx.Err() != nil {
 			return nil
@@ -315,7 +315,7 @@ func (c *Consumer[TTx]) readLeased(ctx context.Context, run runFunc, name string
 		return errSourceLeaseLost
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	_ = l.ReleaseLease(rctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: c.worker, Term: lease.Term})
+	_ = l.ReleaseLease(rctx, &ferrydriver.LeaseParams{Name: name, Holder: c.worker, Term: lease.Term})
 	cancel()
 	return err
 }

@@ -161,7 +161,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		asked := time.Now()
-		lease, err := r.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: r.name, Holder: r.holder, TTL: r.cfg.LeaseTTL})
+		lease, err := r.store.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: r.name, Holder: r.holder, TTL: r.cfg.LeaseTTL})
 		if bal != nil && (err != nil || !lease.Held(r.holder)) {
 			bal.release(r.cfg.Partition)
 		}
@@ -312,7 +312,7 @@ func (r *Relay) keepLease(ctx context.Context, lease *ferrydriver.Lease, lose co
 			trust.Stop()
 			start := time.Now()
 			rctx, cancel := context.WithDeadline(ctx, trustUntil)
-			l, err := r.store.RenewLease(rctx, &ferrydriver.RenewLeaseParams{Name: r.name, Holder: r.holder, Term: lease.Term, TTL: ttl})
+			l, err := r.store.RenewLease(rctx, &ferrydriver.LeaseParams{Name: r.name, Holder: r.holder, Term: lease.Term, TTL: ttl})
 			cancel()
 			switch {
 			case err == nil:

@@ -127,7 +127,7 @@ func (l *leadership) openFeed() (ferrydriver.Feed, []byte, error) {
 	l.onClose(cancelStart)
 	stopStart := context.AfterFunc(l.stop, cancelStart)
 	l.onClose(func() { stopStart() })
-	cp, err := r.store.LoadCheckpoint(startCtx, &ferrydriver.LoadCheckpointParams{Feed: r.name})
+	cp, err := r.store.LoadCheckpoint(startCtx, r.name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -212,7 +212,7 @@ func (l *leadership) handOver(readErr error) error {
 	relCtx, cancel := context.WithDeadline(context.WithoutCancel(l.stop), deadline)
 	defer cancel()
 	l.loseLease(errStopping)
-	if err := r.store.ReleaseLease(relCtx, &ferrydriver.ReleaseLeaseParams{Name: r.name, Holder: r.holder, Term: l.lease.Term}); err != nil {
+	if err := r.store.ReleaseLease(relCtx, &ferrydriver.LeaseParams{Name: r.name, Holder: r.holder, Term: l.lease.Term}); err != nil {
 		r.log.Warn("ferry: could not release the lease; a standby takes over when it expires", "err", err)
 	}
 	return nil

@@ -360,8 +360,8 @@ func TestRelayLostLeaseFencesAnAbandonedPublish(t *testing.T) {
 	// Another holder takes the lease over.
 	l, err := drv.GetLease(ctx, "default/0")
 	require.NoError(t, err)
-	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: l.Holder, Term: l.Term}))
-	_, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "thief", TTL: time.Hour})
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: l.Holder, Term: l.Term}))
+	_, err = drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "thief", TTL: time.Hour})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "lost its lease") }, 60*time.Second, 10*time.Millisecond,
 		"the relay notices it lost its lease (at its next renewal)")

@@ -68,7 +68,7 @@ func TestRedriveGoesToTheFeedThatDeadLetteredIt(t *testing.T) {
 	require.Equal(t, "a/0", dls[0].Feed)
 
 	refusing.Store(false)
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: driverkit.Refs(dls)})
+	n, err := drv.RedriveDeadLetters(ctx, driverkit.Refs(dls))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Eventually(t, func() bool { return len(payloadsOf(sinkA, "K")) == 2 }, 30*time.Second, 10*time.Millisecond,
@@ -142,7 +142,7 @@ func TestRedriveWaitsBehindTheKeysEventsInFlight(t *testing.T) {
 	<-sent // in flight, unanswered
 
 	refusing.Store(false)
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: driverkit.Refs(dls)})
+	n, err := drv.RedriveDeadLetters(ctx, driverkit.Refs(dls))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Eventually(t, func() bool {

@@ -340,7 +340,7 @@ func TestRelayHoldPolicyHoldsAKeyUntilReleased(t *testing.T) {
 		want = append(want, e.ID.String())
 	}
 	require.Equal(t, want, got, "the held key's later events, once each, in order")
-	dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: "default/0", EventID: bad.ID})
+	dl, err := drv.GetDeadLetter(ctx, ferrydriver.DeadLetterRef{Feed: "default/0", EventID: bad.ID})
 	require.NoError(t, err)
 	require.Contains(t, dl.Reason, "skipped by an operator")
 }
@@ -436,7 +436,7 @@ func TestRelayParkedKeysBeyondTheLoadCapKeepTheirOrder(t *testing.T) {
 	ctx := context.Background()
 	const keys = 7
 	// A former leader parked one event of each key.
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "former", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "former", TTL: time.Minute})
 	require.NoError(t, err)
 	var old []*ferryevent.Event
 	for i := range keys {
@@ -445,7 +445,7 @@ func TestRelayParkedKeysBeyondTheLoadCapKeepTheirOrder(t *testing.T) {
 		old = append(old, ev)
 	}
 	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "former", Term: l.Term, Events: old, Reason: "down"}))
-	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "former", Term: l.Term}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "former", Term: l.Term}))
 	// New events of most of those keys are in the outbox when the relay
 	// starts; the last two keys have none (a later scan loads them).
 	const withNew = keys - 2

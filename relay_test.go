@@ -251,11 +251,11 @@ type failingStore struct {
 	failLoad atomic.Bool
 }
 
-func (s *failingStore) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
+func (s *failingStore) LoadCheckpoint(ctx context.Context, feed string) (*ferrydriver.Checkpoint, error) {
 	if s.failLoad.CompareAndSwap(true, false) {
 		return nil, errors.New("injected: connection reset")
 	}
-	return s.Store.LoadCheckpoint(ctx, p)
+	return s.Store.LoadCheckpoint(ctx, feed)
 }
 
 func TestRelayRecoversFromStoreErrors(t *testing.T) {

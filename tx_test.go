@@ -12,6 +12,7 @@ import (
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/txdriver"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -252,8 +253,8 @@ type capturingDriver struct {
 
 func newCapturingDriver() *capturingDriver { return &capturingDriver{} }
 
-func (d *capturingDriver) AppendTx(_ context.Context, tx *fakeTx, p *ferrydriver.AppendParams) error {
-	for _, ev := range p.Events {
+func (d *capturingDriver) AppendTx(_ context.Context, tx *fakeTx, events []*ferryevent.Event) error {
+	for _, ev := range events {
 		tx.writes = append(tx.writes, ev.ID.String())
 	}
 	return nil

@@ -257,7 +257,7 @@ func waitCursor(t *testing.T, drv *ferrypg.Driver[pgx.Tx], g *group, c *chain, n
 	t.Helper()
 	want := c.header(n).Hash()
 	require.Eventually(t, func() bool {
-		cp, err := drv.LoadCheckpoint(context.Background(), &ferrydriver.LoadCheckpointParams{Feed: "chain/" + g.name})
+		cp, err := drv.LoadCheckpoint(context.Background(), "chain/"+g.name)
 		require.NoError(t, err)
 		return len(cp.Cursor) > 0 && containsHash(cp.Cursor, want)
 	}, 20*time.Second, 10*time.Millisecond, "the cursor never reached block %d", n)

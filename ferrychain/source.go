@@ -147,7 +147,7 @@ func (s *Source) Status() Status {
 func (s *Source) Run(ctx context.Context) error {
 	retry := backoff.Policy{Base: 200 * time.Millisecond, Max: 30 * time.Second}
 	for attempt := 1; ctx.Err() == nil; attempt++ {
-		lease, err := s.store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: s.name, Holder: s.holder, TTL: s.cfg.LeaseTTL})
+		lease, err := s.store.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: s.name, Holder: s.holder, TTL: s.cfg.LeaseTTL})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -185,7 +185,7 @@ func (s *Source) lead(ctx context.Context, term int64) error {
 	defer cancel(nil)
 	go s.keepLease(ctx, cancel, term)
 
-	cp, err := s.store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: s.name})
+	cp, err := s.store.LoadCheckpoint(ctx, s.name)
 	if err != nil {
 		return err
 	}
@@ -265,7 +265,7 @@ func (s *Source) keepLease(ctx context.Context, cancel context.CancelCauseFunc, 
 			return
 		case <-t.C:
 		}
-		if _, err := s.store.RenewLease(ctx, &ferrydriver.RenewLeaseParams{Name: s.name, Holder: s.holder, Term: term, TTL: s.cfg.LeaseTTL}); err != nil {
+		if _, err := s.store.RenewLease(ctx, &ferrydriver.LeaseParams{Name: s.name, Holder: s.holder, Term: term, TTL: s.cfg.LeaseTTL}); err != nil {
 			if errors.Is(err, ferrydriver.ErrLeaseLost) {
 				cancel(err)
 				return

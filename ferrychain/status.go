@@ -31,7 +31,7 @@ type CursorInfo struct {
 // zero Block.
 func ReadCursor(ctx context.Context, store ferrydriver.Store, name string) (*CursorInfo, error) {
 	feed := "chain/" + name
-	cp, err := store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	cp, err := store.LoadCheckpoint(ctx, feed)
 	if err != nil {
 		return nil, err
 	}

@@ -59,23 +59,6 @@ type DeadLetterRef struct {
 	EventID uuid.UUID
 }
 
-// DeadLetterSelection names the relay dead letters to redrive or discard,
-// each by its feed and event. It has no filter and no "every feed": an
-// operator's tool lists what a filter matches (ListDeadLetters), shows
-// it, and acts on exactly the dead letters it listed, so that an action
-// never reaches a dead letter, or a feed, it did not show.
-type DeadLetterSelection struct {
-	Letters []DeadLetterRef
-}
-
-// GetDeadLetterParams select one dead letter.
-type GetDeadLetterParams struct {
-	// Feed, when set, is the feed (or partition) that dead-lettered the
-	// event, as ListDeadLettersParams.Feed.
-	Feed    string
-	EventID uuid.UUID
-}
-
 // DeleteDeadLettersParams bound the retention of dead letters.
 type DeleteDeadLettersParams struct {
 	Feed      string

@@ -64,7 +64,7 @@ type Admin interface {
 	// oldest first; nil when the group has no such row or it never
 	// failed. The history is kept as long as the row: its failed
 	// attempts, each with its error and what it left the row in, and the
-	// operators' redrives of it, the latest AttemptHistory of them.
+	// operators' redrives of it, the latest 20 of them (driverkit.AttemptHistory).
 	// Nothing is written for an attempt that processed, nor on the path of
 	// one that did: the history costs failures only. An attempt that ended
 	// with no report (its worker crashed, or outlived its claim) has no
@@ -77,7 +77,7 @@ type Admin interface {
 	// is stored (each consumer stores it when it starts) or that has
 	// events waiting (ingested before any of its consumers started:
 	// holding, as consumers do without a stored policy), in name order,
-	// at most MaxListedGroups, with its policy.
+	// at most 1,000 (driverkit.MaxListedGroups), with its policy.
 	InboxGroups(ctx context.Context) ([]GroupPolicy, error)
 
 	// RecordActivity stores samples of what relays and consumers did over
@@ -104,7 +104,9 @@ type Store interface {
 	Capabilities() Capabilities
 
 	// Append writes events to the outbox in a transaction of its own.
-	Append(ctx context.Context, p *AppendParams) error
+	// Each event must already be validated and have an ID and CreatedAt
+	// (see ferryevent.Prepare).
+	Append(ctx context.Context, events []*ferryevent.Event) error
 
 	// Migrations lists the backend's schema migrations, oldest first.
 	Migrations() []Migration
@@ -117,7 +119,7 @@ type Store interface {
 
 	// LoadCheckpoint returns the saved position of a feed; a feed never saved
 	// has a zero Checkpoint with a nil Cursor, not an error.
-	LoadCheckpoint(ctx context.Context, p *LoadCheckpointParams) (*Checkpoint, error)
+	LoadCheckpoint(ctx context.Context, feed string) (*Checkpoint, error)
 	// SaveCheckpoint stores a feed position, fenced: it fails with
 	// ErrLeaseLost unless p.Holder holds the lease p.Feed at p.Term.
 	SaveCheckpoint(ctx context.Context, p *SaveCheckpointParams) error
@@ -125,12 +127,12 @@ type Store interface {
 	// AcquireLease takes the lease if it is free or expired (incrementing its
 	// term) or renews it if p.Holder already holds it. It returns the lease as
 	// it now stands; the caller holds it iff the returned Holder is p.Holder.
-	AcquireLease(ctx context.Context, p *AcquireLeaseParams) (*Lease, error)
+	AcquireLease(ctx context.Context, p *LeaseParams) (*Lease, error)
 	// RenewLease extends a held lease; ErrLeaseLost if the term moved on.
-	RenewLease(ctx context.Context, p *RenewLeaseParams) (*Lease, error)
+	RenewLease(ctx context.Context, p *LeaseParams) (*Lease, error)
 	// ReleaseLease gives a held lease up so that a standby can take over at
 	// once. Releasing a lease one no longer holds is not an error.
-	ReleaseLease(ctx context.Context, p *ReleaseLeaseParams) error
+	ReleaseLease(ctx context.Context, p *LeaseParams) error
 	// GetLease returns the lease of a name, or ErrNotFound.
 	GetLease(ctx context.Context, name string) (*Lease, error)
 
@@ -144,9 +146,11 @@ type Store interface {
 	// would list without a limit (p.After and p.Limit are ignored). It
 	// reads every match: for a person asking, never for a periodic task.
 	CountDeadLetters(ctx context.Context, p *ListDeadLettersParams) (int64, error)
-	// GetDeadLetter returns one dead letter by event ID (the newest, when
-	// several feeds of p.Feed dead-lettered the event), or ErrNotFound.
-	GetDeadLetter(ctx context.Context, p *GetDeadLetterParams) (*DeadLetter, error)
+	// GetDeadLetter returns one dead letter by event ID, or ErrNotFound.
+	// An empty ref.Feed matches every feed, a feed's name its partitions
+	// (as ListDeadLettersParams.Feed); the newest is returned when several
+	// match.
+	GetDeadLetter(ctx context.Context, ref DeadLetterRef) (*DeadLetter, error)
 	// RedriveDeadLetters sends the named relay dead letters back to the
 	// feed that dead-lettered each, and to no other: in one transaction it
 	// appends each to its key's parked queue in that feed (see ParkEvents),
@@ -164,10 +168,15 @@ type Store interface {
 	// meanwhile) is not counted. If a named dead letter is not a valid
 	// event (a record the feed could not decode), nothing changes and the
 	// error names it: discard it.
-	RedriveDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
+	//
+	// There is no filter and no "every feed": an operator's tool lists
+	// what a filter matches (ListDeadLetters), shows it, and acts on
+	// exactly the dead letters it listed, so that an action never reaches
+	// a dead letter, or a feed, it did not show.
+	RedriveDeadLetters(ctx context.Context, refs []DeadLetterRef) (int, error)
 	// DiscardDeadLetters removes the named relay dead letters for good
 	// and returns how many it removed.
-	DiscardDeadLetters(ctx context.Context, p *DeadLetterSelection) (int, error)
+	DiscardDeadLetters(ctx context.Context, refs []DeadLetterRef) (int, error)
 
 	// DeleteDeadLetters removes p.Feed's dead letters that failed more
 	// than p.OlderThan ago, oldest first, at most p.Limit of them: the
@@ -270,8 +279,9 @@ type Store interface {
 	// events are not delivered, though the checkpoint passed them): then no
 	// event written under the old count can be delivered after one written
 	// under the new count, whose key may map to another partition.
-	// Producers are held back while the change is checked and made.
-	SetPartitions(ctx context.Context, p *SetPartitionsParams) (*SetPartitionsResult, error)
+	// Producers are held back while the change is checked and made. It
+	// returns the count stored before the call.
+	SetPartitions(ctx context.Context, p *SetPartitionsParams) (previous int, err error)
 }
 
 // ExactCountLimit is how many pending events FeedLag (and dead letters
@@ -286,7 +296,7 @@ type Driver[TTx any] interface {
 	// AppendTx writes events to the outbox inside tx. If tx rolls back, so
 	// do the events. Implementations must keep, for each key, the commit
 	// order of the appending transactions (see ferrydrivertest).
-	AppendTx(ctx context.Context, tx TTx, p *AppendParams) error
+	AppendTx(ctx context.Context, tx TTx, events []*ferryevent.Event) error
 }
 
 // Capabilities describes a backend's abilities; ferrydrivertest branches on
@@ -302,12 +312,6 @@ type Capabilities struct {
 	// PerKey) and CompleteInboxTx keeps the rest of a run claimed
 	// (CompleteInboxParams.Keep); without it, claims take heads only.
 	InboxRuns bool
-}
-
-// AppendParams are the events to write. Each event must already be
-// validated and have an ID and CreatedAt (see ferryevent.Prepare).
-type AppendParams struct {
-	Events []*ferryevent.Event
 }
 
 // Migration is one numbered, reversible schema change.

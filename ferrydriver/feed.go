@@ -69,9 +69,6 @@ type Checkpoint struct {
 	UpdatedAt time.Time
 }
 
-// LoadCheckpointParams name the feed.
-type LoadCheckpointParams struct{ Feed string }
-
 // SaveCheckpointParams store a position under a lease.
 type SaveCheckpointParams struct {
 	Feed string
@@ -100,24 +97,15 @@ func (l *Lease) Held(holder string) bool {
 	return l != nil && l.Holder == holder && l.ExpiresAt.After(l.Now)
 }
 
-// AcquireLeaseParams ask for a lease.
-type AcquireLeaseParams struct {
+// LeaseParams name a lease and its holder, for AcquireLease, RenewLease
+// and ReleaseLease.
+type LeaseParams struct {
 	Name   string
 	Holder string
-	TTL    time.Duration
-}
-
-// RenewLeaseParams extend a held lease.
-type RenewLeaseParams struct {
-	Name   string
-	Holder string
-	Term   int64
-	TTL    time.Duration
-}
-
-// ReleaseLeaseParams give a lease up.
-type ReleaseLeaseParams struct {
-	Name   string
-	Holder string
-	Term   int64
+	// Term is the term the holder holds (RenewLease, ReleaseLease: the
+	// call is fenced by it); AcquireLease ignores it.
+	Term int64
+	// TTL is how long the lease lasts from now (AcquireLease,
+	// RenewLease); ReleaseLease ignores it.
+	TTL time.Duration
 }

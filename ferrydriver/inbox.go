@@ -54,14 +54,6 @@ func (e *ClaimsLostError) Error() string {
 
 func (e *ClaimsLostError) Unwrap() error { return ErrClaimLost }
 
-// ConnLimiter is implemented by drivers over a bounded connection pool: a
-// consumer warns at Run when the pool cannot serve its workers' handlers
-// plus its claims and upkeep.
-type ConnLimiter interface {
-	// MaxConns is the most connections the pool opens; 0 if unbounded.
-	MaxConns() int
-}
-
 // ErrTxNotBegun wraps the error of a transaction that could not begin (no
 // connection within the deadline, say). From RunInTx it means the handler
 // did not run, and the attempt does not count (FailInboxParams.Uncounted).
@@ -131,8 +123,9 @@ const ReasonAttemptsExhausted = "attempts exhausted; the last ones lost their cl
 type Inbox[TTx any] interface {
 	// InsertInbox records events for a group, ignoring those already
 	// recorded (atomically: concurrent duplicates insert once). Events of
-	// one key must be inserted in delivery order.
-	InsertInbox(ctx context.Context, p *InsertInboxParams) (*InsertInboxResult, error)
+	// one key must be inserted in delivery order. It returns one entry
+	// per event: false for a duplicate.
+	InsertInbox(ctx context.Context, p *InsertInboxParams) ([]bool, error)
 	// ClaimInbox claims up to p.Limit runnable rows: of each key, its oldest
 	// unfinished row, and with p.PerKey > 1 (where the backend can) up to
 	// p.PerKey of its rows in order, stopping before the first that cannot
@@ -211,9 +204,10 @@ type Inbox[TTx any] interface {
 	//     handler runs once, in key order;
 	//   - an event the group never received is recorded as RETRACTED, so
 	//     that a late delivery of it is ignored.
-	// Retracting an event again changes nothing. Result.Prior holds each
-	// event's state before the call ("" when it was absent).
-	RetractInbox(ctx context.Context, p *RetractInboxParams) (*RetractInboxResult, error)
+	// Retracting an event again changes nothing. It returns each event's
+	// state before the call, in the order of p.Retractions ("" when it was
+	// absent).
+	RetractInbox(ctx context.Context, p *RetractInboxParams) ([]InboxState, error)
 
 	// ClaimHolders lists the workers (ClaimInboxParams.Worker) holding
 	// unexpired claims of the group. It reads the group's claims only.
@@ -228,6 +222,12 @@ type Inbox[TTx any] interface {
 	// at once (another transaction holds its key) is left for a later
 	// call.
 	ExpireClaims(ctx context.Context, p *ExpireClaimsParams) (int, error)
+
+	// MaxConns is the most connections the backend's pool opens for
+	// handlers' transactions, 0 when it sets no bound a consumer should
+	// size its workers by: a consumer warns at Run when the pool cannot
+	// serve its workers' handlers plus its claims and upkeep.
+	MaxConns() int
 
 	Settler
 }
@@ -271,10 +271,6 @@ type InboxCursor struct {
 	FinishedAt, ReceivedAt time.Time
 	EventID                uuid.UUID
 }
-
-// ErrCursorNeedsFinishedStates is ListInbox's refusal of After with an
-// unfinished state.
-var ErrCursorNeedsFinishedStates = errors.New("a page after a cursor lists finished states only (dead, processed, discarded, retracted)")
 
 // InboxPolicyParams set a group's dead policy.
 type InboxPolicyParams struct {
@@ -329,12 +325,6 @@ func (s InboxState) Finished() bool {
 type InsertInboxParams struct {
 	Group  string
 	Events []*ferryevent.Event
-}
-
-// InsertInboxResult says which events were new.
-type InsertInboxResult struct {
-	// Inserted has one entry per event: false for a duplicate.
-	Inserted []bool
 }
 
 // ClaimInboxParams ask for work.
@@ -426,9 +416,6 @@ type GroupPolicy struct {
 	HoldDead bool
 }
 
-// MaxListedGroups bounds InboxGroups.
-const MaxListedGroups = 1000
-
 // AttemptRecord is one entry of a row's history (Admin.InboxAttempts).
 type AttemptRecord struct {
 	// Attempt is the row's attempt that the entry closes: 1 for its first,
@@ -440,17 +427,12 @@ type AttemptRecord struct {
 	// ran after an earlier row of its key stopped reads FAILED: the row is
 	// given back, its attempt counted.
 	State InboxState
-	// Error is the attempt's error, its first AttemptErrorChars characters
-	// (InboxRow.LastError holds all of the last one).
+	// Error is the attempt's error, its first 2,048 characters
+	// (driverkit.AttemptErrorChars; InboxRow.LastError holds all of the
+	// last one).
 	Error string
 	At    time.Time
 }
-
-// AttemptHistory bounds a row's history: the oldest entries go first.
-const AttemptHistory = 20
-
-// AttemptErrorChars bounds the error text of one history entry.
-const AttemptErrorChars = 2048
 
 // RetractInboxParams name the events to retract.
 type RetractInboxParams struct {
@@ -464,10 +446,4 @@ type RetractInboxParams struct {
 type Retraction struct {
 	Event        *ferryevent.Event
 	Compensation *ferryevent.Event
-}
-
-// RetractInboxResult reports each event's state before the retraction, in
-// the order of RetractInboxParams.Retractions.
-type RetractInboxResult struct {
-	Prior []InboxState
 }

@@ -27,8 +27,8 @@ type OutboxEventsParams struct {
 	Limit int
 }
 
-// OutboxEventsLimit is OutboxEventsParams.Limit's default.
-const OutboxEventsLimit = 1000
+// outboxEventsLimit is OutboxEventsParams.Limit's default.
+const outboxEventsLimit = 1000
 
 // WithDefaults returns p with Limit set (nil: every event, up to the
 // default limit).
@@ -38,7 +38,7 @@ func (p *OutboxEventsParams) WithDefaults() OutboxEventsParams {
 		c = *p
 	}
 	if c.Limit <= 0 {
-		c.Limit = OutboxEventsLimit
+		c.Limit = outboxEventsLimit
 	}
 	return c
 }

@@ -37,11 +37,3 @@ type SetPartitionsParams struct {
 	// older schema), never for changing the count of a live outbox.
 	Force bool
 }
-
-// SetPartitionsResult reports a change.
-type SetPartitionsResult struct {
-	// Previous is the count stored before the call.
-	Previous int
-	// Partitions is the count stored now.
-	Partitions int
-}

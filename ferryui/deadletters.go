@@ -132,7 +132,7 @@ func (h *Handler) deadLettersAction(redrive bool) func(w http.ResponseWriter, r 
 	}
 	return func(w http.ResponseWriter, r *http.Request) error {
 		return h.act(w, r, "relay dead letters "+verb, true, choose, func(ctx context.Context, selected selection) (int, error) {
-			return act(ctx, &ferrydriver.DeadLetterSelection{Letters: selected})
+			return act(ctx, selected)
 		})
 	}
 }

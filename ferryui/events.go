@@ -132,7 +132,7 @@ func (h *Handler) unpublished(ctx context.Context, id uuid.UUID, scan int) (*uia
 }
 
 func (h *Handler) findInFeed(ctx context.Context, name string, partition int, id uuid.UUID, scan int) (*uiapi.OutboxJSON, error) {
-	cp, err := h.cfg.Store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: name})
+	cp, err := h.cfg.Store.LoadCheckpoint(ctx, name)
 	if err != nil {
 		return nil, err
 	}

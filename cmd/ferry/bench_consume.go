@@ -57,7 +57,6 @@ func upsert(table string) string {
 type benchDriver[TTx any] interface {
 	ferrydriver.Inbox[TTx]
 	ferrydriver.InboxBatcher[TTx]
-	ferrydriver.ConnLimiter
 	ferrydriver.Settler
 }
 

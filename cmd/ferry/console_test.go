@@ -292,13 +292,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	// A relay dead letter (as a broker's refusal leaves one; put in place
 	// here, on a feed of its own), found on the dead-letter page under its
 	// reason, redriven: its feed's relay publishes it and billing applies it.
-	lease, err := drv.AcquireLease(context.Background(), &ferrydriver.AcquireLeaseParams{Name: "manual/0", Holder: "console-test", TTL: time.Minute})
+	lease, err := drv.AcquireLease(context.Background(), &ferrydriver.LeaseParams{Name: "manual/0", Holder: "console-test", TTL: time.Minute})
 	require.NoError(t, err)
 	refused := &ferry.Event{ID: ferry.NewID(), Topic: "orders", Key: "customer-dl", Type: "OrderPlaced", Seq: 1, Payload: []byte(`{"total":1}`), CreatedAt: time.Now()}
 	reason := "refused by the broker: " + hostileKey
 	require.NoError(t, drv.InsertDeadLetters(context.Background(), &ferrydriver.InsertDeadLettersParams{Feed: "manual/0", Holder: "console-test", Term: lease.Term,
 		DeadLetters: []*ferrydriver.DeadLetter{{Feed: "manual/0", Event: *refused, Reason: reason, FailedAt: time.Now()}}}))
-	require.NoError(t, drv.ReleaseLease(context.Background(), &ferrydriver.ReleaseLeaseParams{Name: "manual/0", Holder: "console-test", Term: lease.Term}))
+	require.NoError(t, drv.ReleaseLease(context.Background(), &ferrydriver.LeaseParams{Name: "manual/0", Holder: "console-test", Term: lease.Term}))
 	dlRow := fmt.Sprintf(`tr[data-id="%s"]`, refused.ID)
 	do("the relay's dead letter, by reason", chromedp.Navigate(console+"#/dead-letters"), chromedp.WaitVisible(css(dlRow)))
 	require.Equal(t, reason, text(`section.reason .head .text`))

@@ -577,7 +577,7 @@ func zombieLeader(t *testing.T, f *fixture) {
 	require.NoError(t, err)
 	require.Greater(t, lb.Term, int64(1))
 	require.Eventually(t, func() bool {
-		cp, err := f.store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
+		cp, err := f.store.LoadCheckpoint(ctx, "default/0")
 		return err == nil && cp.Term == lb.Term
 	}, 20*time.Second, 20*time.Millisecond, "b saves a checkpoint")
 	time.Sleep(time.Until(paused.Add(4 * time.Second))) // a stays paused for twice its TTL
@@ -586,7 +586,7 @@ func zombieLeader(t *testing.T, f *fixture) {
 	// For the next seconds the checkpoint must only ever carry b's term.
 	deadline := time.Now().Add(4 * time.Second)
 	for time.Now().Before(deadline) {
-		cp, err := f.store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
+		cp, err := f.store.LoadCheckpoint(ctx, "default/0")
 		require.NoError(t, err)
 		require.Equal(t, lb.Term, cp.Term, "a checkpoint was written at an old term after the leader changed")
 		time.Sleep(20 * time.Millisecond)
@@ -596,7 +596,7 @@ func zombieLeader(t *testing.T, f *fixture) {
 	a.stop(t) // a first: stopping b releases the lease, which a would take
 	b.stop(t)
 	f.verify(emitted, f.read(ctx))
-	cp, err := f.store.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "default/0"})
+	cp, err := f.store.LoadCheckpoint(ctx, "default/0")
 	require.NoError(t, err)
 	require.Equal(t, lb.Term, cp.Term, "the final checkpoint is b's")
 	lost := false

@@ -311,7 +311,7 @@ func (a *dlqAction) relay(ctx context.Context, drv ferrydriver.Store, ids []uuid
 	if ok, err := a.proceed(what + "?"); !ok || err != nil {
 		return err
 	}
-	sel := &ferrydriver.DeadLetterSelection{Letters: driverkit.Refs(dls)}
+	sel := driverkit.Refs(dls)
 	var n int
 	if a.action == "redrive" {
 		n, err = drv.RedriveDeadLetters(ctx, sel)

@@ -95,12 +95,12 @@ func TestDLQRedriveAndDiscardForTheRelay(t *testing.T) {
 		return ev
 	}
 	big, other, gone := mk("orders", "k1", "too big"), mk("orders", "k2", "x"), mk("audit", "k3", "y")
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "r", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "r", TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "default/0", Holder: "r", Term: l.Term,
 		DeadLetters: []*ferrydriver.DeadLetter{{Event: *big, Reason: "message too large"}, {Event: *other, Reason: "unroutable"}, {Event: *gone, Reason: "unroutable"}}}))
 	later := mk("orders", "k1", "later")
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{later}}))
+	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{later}))
 
 	db := []string{"--database-url", ferrypgtest.URL(), "--schema", schema}
 	out, code := ferryCmd(t, append([]string{"dlq", "redrive", "--key", "k1", "--dry-run"}, db...)...)
@@ -154,7 +154,7 @@ func TestDLQVerbsRefuseWithoutASelection(t *testing.T) {
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
 	insert := func(feed string, n int) *ferrydriver.Lease {
-		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "r", TTL: time.Minute})
+		l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "r", TTL: time.Minute})
 		require.NoError(t, err)
 		var dls []*ferrydriver.DeadLetter
 		for i := range n {
@@ -239,7 +239,7 @@ func TestDLQVerbsRefuseWithoutASelection(t *testing.T) {
 	n, err := drv.CountDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
 	require.NoError(t, err)
 	require.EqualValues(t, 1001, n, "hooks/1's and default/0's stay")
-	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "hooks/1", Holder: "r", Term: hooks1.Term}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: "hooks/1", Holder: "r", Term: hooks1.Term}))
 	code, out, errOut = ferryBinary(t, append([]string{"dlq", "redrive", "--feed", "hooks/1", "--limit", "1", "--yes"}, db...)...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "no relay leads feed hooks/1 now: its redriven events wait for one")

@@ -159,7 +159,7 @@ func TestProbeRules(t *testing.T) {
 		require.Contains(t, r.Message, fmt.Sprintf("partition %d (feed default/%d) has no leader", i, i))
 	}
 	// Another process leads partition 1: only partition 0 is unled.
-	_, err := f.drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/1", Holder: "elsewhere", TTL: time.Minute})
+	_, err := f.drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/1", Holder: "elsewhere", TTL: time.Minute})
 	require.NoError(t, err)
 	code, a = call(ready)
 	require.Equal(t, http.StatusServiceUnavailable, code)

@@ -56,16 +56,16 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "%s has %d partition(s); `ferry run` runs one relay per partition\n", b.label, stored)
 		return nil
 	}
-	res, err := b.store.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: n, Force: force})
+	prev, err := b.store.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: n, Force: force})
 	if err != nil {
 		return err
 	}
-	if res.Previous == res.Partitions {
-		fmt.Fprintf(stdout, "%s already has %d partition(s); nothing to do\n", b.label, res.Partitions)
+	if prev == n {
+		fmt.Fprintf(stdout, "%s already has %d partition(s); nothing to do\n", b.label, n)
 		return nil
 	}
 	fmt.Fprintf(stdout, "%s now has %d partition(s) (was %d): start the relays (`ferry run` runs one per partition), then the producers; "+
-		"those configured with a partition count need it set to %d\n", b.label, res.Partitions, res.Previous, res.Partitions)
+		"those configured with a partition count need it set to %d\n", b.label, n, prev, n)
 	return nil
 }
 

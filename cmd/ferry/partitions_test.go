@@ -55,14 +55,14 @@ func TestPartitionsCommand(t *testing.T) {
 	require.NoError(t, err)
 	for p := range 4 {
 		name := "default/" + strconv.Itoa(p)
-		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "relay", TTL: time.Minute})
+		l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "relay", TTL: time.Minute})
 		require.NoError(t, err)
 		f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: name, Partition: p})
 		require.NoError(t, err)
 		cursor := readAll(ctx, t, f)
 		require.NoError(t, f.Close())
 		require.NoError(t, drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: name, Partition: p, Cursor: cursor, Holder: "relay", Term: l.Term}))
-		require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: "relay", Term: l.Term}))
+		require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "relay", Term: l.Term}))
 	}
 	out, code = cmd("partitions", "set", "8")
 	require.Equal(t, 0, code, out)

@@ -32,7 +32,7 @@ func TestStatusSaysWhichFiguresAreEstimates(t *testing.T) {
 	for i := range n {
 		evs = append(evs, ferrydrivertest.Event("t", "k"+strconv.Itoa(i%9), ""))
 	}
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+	require.NoError(t, drv.Append(ctx, evs))
 	require.NoError(t, drv.Close())
 	db := []string{"--database-url", "sqlite:" + path}
 
@@ -66,9 +66,9 @@ func TestStatusShowsEveryFeedAndGroup(t *testing.T) {
 	require.NoError(t, err)
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
-	_, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "nats-relay", TTL: time.Minute})
+	_, err = drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "nats-relay", TTL: time.Minute})
 	require.NoError(t, err)
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "hooks/0", Holder: "webhook-relay", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "hooks/0", Holder: "webhook-relay", TTL: time.Minute})
 	require.NoError(t, err)
 	refused := ferrydrivertest.Event("orders", "k1", "x")
 	require.NoError(t, drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: "hooks/0", Holder: "webhook-relay", Term: l.Term,

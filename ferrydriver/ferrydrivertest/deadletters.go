@@ -16,7 +16,7 @@ func testDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
 	const feed = "dl/0"
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	e1, e2 := Event("orders", "k1", "one"), Event("payments", "k2", "two")
 	e1.Headers = map[string]string{"h": "v"}
@@ -39,12 +39,12 @@ func testDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, err)
 	require.Empty(t, none)
 
-	got, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: e1.ID})
+	got, err := drv.GetDeadLetter(ctx, ferrydriver.DeadLetterRef{Feed: feed, EventID: e1.ID})
 	require.NoError(t, err)
 	require.Equal(t, "too large", got.Reason)
 	require.Equal(t, e1.Payload, got.Event.Payload)
 	require.Equal(t, e1.Headers, got.Event.Headers)
-	_, err = drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: ferryevent.NewID()})
+	_, err = drv.GetDeadLetter(ctx, ferrydriver.DeadLetterRef{Feed: feed, EventID: ferryevent.NewID()})
 	require.ErrorIs(t, err, ferrydriver.ErrNotFound)
 }
 
@@ -80,10 +80,10 @@ func testDeadLettersByFeedAndReason[TTx any](t *testing.T, h Harness[TTx]) {
 	require.ElementsMatch(t, []string{"h0", "hooksx", "nested"}, list(&ferrydriver.ListDeadLettersParams{Reason: "410"}), "a reason: those containing it")
 	require.Equal(t, []string{"h0"}, list(&ferrydriver.ListDeadLettersParams{Feed: "hooks", Reason: "Gone"}))
 	require.Len(t, list(&ferrydriver.ListDeadLettersParams{}), 4)
-	got, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: "hooks", EventID: h1.ID})
+	got, err := drv.GetDeadLetter(ctx, ferrydriver.DeadLetterRef{Feed: "hooks", EventID: h1.ID})
 	require.NoError(t, err)
 	require.Equal(t, "hooks/1", got.Feed)
-	_, err = drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: "hooksx", EventID: h1.ID})
+	_, err = drv.GetDeadLetter(ctx, ferrydriver.DeadLetterRef{Feed: "hooksx", EventID: h1.ID})
 	require.ErrorIs(t, err, ferrydriver.ErrNotFound)
 	for _, f := range []string{"", "hooks", "hooks/0", "hooks/1", "hooksx", "hooks/x", "hook"} {
 		for _, dl := range []string{"hooks/0", "hooks/1", "hooksx/0", "hooks/x/0"} {
@@ -101,7 +101,7 @@ func testDeadLettersByFeedAndReason[TTx any](t *testing.T, h Harness[TTx]) {
 // insertDeadLettersWhy stores events as feed's dead letters with a reason.
 func insertDeadLettersWhy(ctx context.Context, t *testing.T, drv ferrydriver.Store, feed, reason string, evs ...*ferryevent.Event) {
 	t.Helper()
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "dl", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "dl", TTL: time.Minute})
 	require.NoError(t, err)
 	var dls []*ferrydriver.DeadLetter
 	for _, ev := range evs {
@@ -179,14 +179,14 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	emit(ctx, t, h, drv, Event("t", "K", "second"))
 	require.Len(t, r.ReadQuiet(ctx), 1)
 	// Key J has an event parked in dl/0 already: a redriven one goes behind.
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "dl/0", Holder: "dl", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "dl/0", Holder: "dl", TTL: time.Minute})
 	require.NoError(t, err)
 	stuck, old := Event("t", "J", "stuck"), Event("t", "J", "old")
 	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "dl/0", Holder: "dl", Term: l.Term, Events: []*ferryevent.Event{stuck}, Reason: "503"}))
 	insertDeadLetters(ctx, t, drv, "dl/0", old)
 	require.Empty(t, redrivenHeads(ctx, t, drv, "dl/0"), "no key has a redriven event yet")
 
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}, {Feed: "dl/0", EventID: old.ID}}})
+	n, err := drv.RedriveDeadLetters(ctx, []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}, {Feed: "dl/0", EventID: old.ID}})
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Empty(t, r.ReadQuiet(ctx), "nothing is appended to the outbox: no other feed sees it")
@@ -221,7 +221,7 @@ func testRedriveDeadLetters[TTx any](t *testing.T, h Harness[TTx]) {
 	left, err := drv.ListDeadLetters(ctx, &ferrydriver.ListDeadLettersParams{})
 	require.NoError(t, err)
 	require.Empty(t, left)
-	n, err = drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}}})
+	n, err = drv.RedriveDeadLetters(ctx, []ferrydriver.DeadLetterRef{{Feed: "dl/0", EventID: first.ID}})
 	require.NoError(t, err)
 	require.Zero(t, n, "gone: nothing to redrive")
 	unpark(&got)
@@ -246,19 +246,19 @@ func testListFeeds[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, []string{"default/0"}, feeds(""), "an empty store: the default feed's")
 	require.Equal(t, []string{"shop/0"}, feeds("shop"), "a feed asked for, though nothing is known of it")
 
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "a/0", Holder: "r", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "a/0", Holder: "r", TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: "a/0", Cursor: []byte("c"), Holder: "r", Term: l.Term}))
 	for _, name := range []string{"b/1", "members/a/r#1", "chain/eth", "consumer-gauges/7"} {
-		_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "r", TTL: time.Minute})
+		_, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "r", TTL: time.Minute})
 		require.NoError(t, err)
 	}
 	insertDeadLetters(ctx, t, drv, "c/0", Event("t", "k", "x"), Event("t", "k2", "y"))
 	insertDeadLetters(ctx, t, drv, "c/0", Event("t", "k3", "z"))
-	l, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "d/2", Holder: "r", TTL: time.Minute})
+	l, err = drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "d/2", Holder: "r", TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "d/2", Holder: "r", Term: l.Term, Events: []*ferryevent.Event{Event("t", "k", "p")}}))
-	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "d/2", Holder: "r", Term: l.Term}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: "d/2", Holder: "r", Term: l.Term}))
 	names, err := drv.ListFeeds(ctx)
 	require.NoError(t, err)
 	require.Equal(t, []string{"a/0", "b/1", "c/0", "chain/eth", "consumer-gauges/7", "d/2", "members/a/r#1"}, names,
@@ -282,10 +282,10 @@ func testRedriveSelection[TTx any](t *testing.T, h Harness[TTx]) {
 	a, b, c := Event("orders", "ka", "a"), Event("payments", "kb", "b"), Event("orders", "kc", "c")
 	insertDeadLetters(ctx, t, drv, "f/0", a, b, c)
 	insertDeadLetters(ctx, t, drv, "g/0", c)
-	refs := func(pairs ...any) *ferrydriver.DeadLetterSelection {
-		sel := &ferrydriver.DeadLetterSelection{}
+	refs := func(pairs ...any) []ferrydriver.DeadLetterRef {
+		var sel []ferrydriver.DeadLetterRef
 		for i := 0; i < len(pairs); i += 2 {
-			sel.Letters = append(sel.Letters, ferrydriver.DeadLetterRef{Feed: pairs[i].(string), EventID: pairs[i+1].(*ferryevent.Event).ID})
+			sel = append(sel, ferrydriver.DeadLetterRef{Feed: pairs[i].(string), EventID: pairs[i+1].(*ferryevent.Event).ID})
 		}
 		return sel
 	}

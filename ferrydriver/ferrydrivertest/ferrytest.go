@@ -41,7 +41,7 @@ func testFerrytestEmitted[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 
 	tx := h.Begin(ctx, t, drv)
-	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{paid, second}}))
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, []*ferryevent.Event{paid, second}))
 	got := ferrytest.RequireEmittedTx(t, r, tx.Tx, ferrytest.Match{Topic: "orders", Key: "o-1", Type: "OrderPaid", Count: 2})
 	require.Equal(t, []string{paid.ID.String(), second.ID.String()}, ids(got))
 	got = ferrytest.RequireEmittedTx(t, r, tx.Tx, total(12))
@@ -71,7 +71,7 @@ func testFerrytestEmitted[TTx any](t *testing.T, h Harness[TTx]) {
 	rolled := Event("orders", "o-2", `{"total":7}`)
 	rolled.Type = "OrderPaid"
 	tx = h.Begin(ctx, t, drv)
-	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{rolled}}))
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, []*ferryevent.Event{rolled}))
 	ferrytest.RequireEmittedTx(t, r, tx.Tx, ferrytest.Match{Key: "o-2"})
 	require.NoError(t, tx.Rollback())
 	ferrytest.RequireNotEmitted(t, r, ferrytest.Match{Key: "o-2"})

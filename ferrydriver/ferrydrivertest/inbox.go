@@ -102,7 +102,7 @@ func testInboxDedup[TTx any](t *testing.T, d InboxDriver[TTx]) {
 				t.Error(err)
 				return
 			}
-			inserted[c] = res.Inserted
+			inserted[c] = res
 		})
 	}
 	wg.Wait()
@@ -118,7 +118,7 @@ func testInboxDedup[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	// Another group records the same events separately.
 	res, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "other", Events: evs[:3]})
 	require.NoError(t, err)
-	require.Equal(t, []bool{true, true, true}, res.Inserted)
+	require.Equal(t, []bool{true, true, true}, res)
 }
 
 // testInboxEdgeCases: every edge-case event Emit accepts is claimed from

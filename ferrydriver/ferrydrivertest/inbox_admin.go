@@ -43,7 +43,7 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	}
 	res, err := d.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: group, Retractions: retractions})
 	require.NoError(t, err)
-	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxPending, ferrydriver.InboxProcessing, ""}, res.Prior)
+	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxPending, ferrydriver.InboxProcessing, ""}, res)
 
 	// The running b1 cannot complete: its claim is gone.
 	for _, row := range rows {
@@ -83,10 +83,10 @@ func testInboxRetract[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	// nothing and inserts no second compensation.
 	ins, err := d.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: group, Events: []*ferryevent.Event{ghost}})
 	require.NoError(t, err)
-	require.Equal(t, []bool{false}, ins.Inserted)
+	require.Equal(t, []bool{false}, ins)
 	res, err = d.RetractInbox(ctx, &ferrydriver.RetractInboxParams{Group: group, Retractions: retractions})
 	require.NoError(t, err)
-	for _, prior := range res.Prior {
+	for _, prior := range res {
 		require.Equal(t, ferrydriver.InboxRetracted, prior)
 	}
 	require.Empty(t, claim(ctx, t, d, "w3"), "nothing new to run after a repeated retraction")
@@ -416,7 +416,7 @@ func testInboxPages[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	}
 	require.Len(t, seen, len(evs), "every dead row once")
 	_, err = d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxPending}, After: after})
-	require.ErrorIs(t, err, ferrydriver.ErrCursorNeedsFinishedStates)
+	require.ErrorIs(t, err, driverkit.ErrCursorNeedsFinishedStates)
 }
 
 // testInboxAttempts: a row's history holds its failed attempts (a crashed
@@ -492,8 +492,8 @@ func testInboxAttempts[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	insert(ctx, t, d, b)
 	fail(claimOne("w", time.Minute), "not begun", false, true)
 	require.Empty(t, history(b.ID), "an uncounted attempt leaves no entry")
-	const failures = ferrydriver.AttemptHistory + 3
-	long := strings.Repeat("é", ferrydriver.AttemptErrorChars+100)
+	const failures = driverkit.AttemptHistory + 3
+	long := strings.Repeat("é", driverkit.AttemptErrorChars+100)
 	for i := 1; i <= failures; i++ {
 		msg := "failure " + strconv.Itoa(i)
 		if i == failures {
@@ -504,12 +504,12 @@ func testInboxAttempts[TTx any](t *testing.T, d InboxDriver[TTx]) {
 		fail(row, msg, i == failures, false)
 	}
 	h := history(b.ID)
-	require.Len(t, h, ferrydriver.AttemptHistory, "the history keeps the latest entries")
-	require.Equal(t, failures-ferrydriver.AttemptHistory+1, h[0].Attempt, "the oldest went first")
-	require.Equal(t, "failure "+strconv.Itoa(failures-ferrydriver.AttemptHistory+1), h[0].Error)
+	require.Len(t, h, driverkit.AttemptHistory, "the history keeps the latest entries")
+	require.Equal(t, failures-driverkit.AttemptHistory+1, h[0].Attempt, "the oldest went first")
+	require.Equal(t, "failure "+strconv.Itoa(failures-driverkit.AttemptHistory+1), h[0].Error)
 	require.Equal(t, failures, h[len(h)-1].Attempt)
 	require.Equal(t, ferrydriver.InboxDead, h[len(h)-1].State)
-	require.Equal(t, long[:2*ferrydriver.AttemptErrorChars], h[len(h)-1].Error, "an entry's error is cut to AttemptErrorChars characters")
+	require.Equal(t, long[:2*driverkit.AttemptErrorChars], h[len(h)-1].Error, "an entry's error is cut to AttemptErrorChars characters")
 	rows, err := d.ListInbox(ctx, &ferrydriver.ListInboxParams{Group: group, States: []ferrydriver.InboxState{ferrydriver.InboxDead}, EventIDs: []uuid.UUID{b.ID}})
 	require.NoError(t, err)
 	require.Len(t, rows, 1)

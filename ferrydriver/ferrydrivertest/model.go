@@ -164,7 +164,7 @@ func (r *mrun[TTx]) run(s mstep) {
 		if err != nil {
 			r.failf("backend: %v", err)
 		}
-		r.same("inserted", res.Inserted, m.Insert(mevs...))
+		r.same("inserted", res, m.Insert(mevs...))
 	case "claim":
 		r.claimStep(s.claim)
 	case "complete":
@@ -223,7 +223,7 @@ func (r *mrun[TTx]) run(s mstep) {
 		if err != nil {
 			r.failf("backend: %v", err)
 		}
-		r.same("prior states", res.Prior, m.Retract(mrs...))
+		r.same("prior states", res, m.Retract(mrs...))
 	case "policy":
 		if err := d.SetInboxPolicy(ctx, &ferrydriver.InboxPolicyParams{Group: r.group, HoldDead: s.hold}); err != nil {
 			r.failf("backend: %v", err)

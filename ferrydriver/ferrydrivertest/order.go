@@ -28,7 +28,7 @@ func testAppendRoundTrip[TTx any](t *testing.T, h Harness[TTx]) {
 	empty := Event("orders", "order-2", "")
 	empty.Payload = nil
 	emit(ctx, t, h, drv, ev, empty)
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("orders", "order-1", "own-tx")}}))
+	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{Event("orders", "order-1", "own-tx")}))
 
 	got := OpenReader(ctx, t, drv, nil).ReadN(ctx, 3)
 	require.Len(t, got, 3)
@@ -71,7 +71,7 @@ func testRolledBack[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
 	tx := h.Begin(ctx, t, drv)
-	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", "k", "rolled back")}}))
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, []*ferryevent.Event{Event("t", "k", "rolled back")}))
 	require.NoError(t, tx.Rollback())
 	after := Event("t", "k", "committed")
 	emit(ctx, t, h, drv, after)
@@ -127,7 +127,7 @@ func testLateCommitter[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NotNil(t, late.TakeXID, "harness must provide TakeXID for a concurrent-writer backend")
 	require.NoError(t, late.TakeXID())
 	lateEv := Event("t", "late", "late")
-	require.NoError(t, drv.AppendTx(ctx, late.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{lateEv}}))
+	require.NoError(t, drv.AppendTx(ctx, late.Tx, []*ferryevent.Event{lateEv}))
 	var early []*ferryevent.Event
 	for i := range 20 {
 		ev := Event("t", "early-"+strconv.Itoa(i), "early")
@@ -155,10 +155,10 @@ func testPerKeyCommitOrder[TTx any](t *testing.T, h Harness[TTx]) {
 	t1 := h.Begin(ctx, t, drv)
 	require.NoError(t, t1.TakeXID())
 	e1 := Event("t", "K", "from T1")
-	require.NoError(t, drv.AppendTx(ctx, t1.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e1}}))
+	require.NoError(t, drv.AppendTx(ctx, t1.Tx, []*ferryevent.Event{e1}))
 	require.NoError(t, t1.Commit())
 	e2 := Event("t", "K", "from T2")
-	err := drv.AppendTx(ctx, t2.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e2}})
+	err := drv.AppendTx(ctx, t2.Tx, []*ferryevent.Event{e2})
 	if err == nil {
 		err = t2.Commit()
 	}
@@ -186,7 +186,7 @@ func testSameKeyWritersSerialise[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	t2 := h.Begin(ctx, t, drv)
 	e2 := Event("t", "K", "from T2")
-	require.NoError(t, drv.AppendTx(ctx, t2.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e2}}))
+	require.NoError(t, drv.AppendTx(ctx, t2.Tx, []*ferryevent.Event{e2}))
 
 	other := Event("t", "other", "x")
 	emit(ctx, t, h, drv, other) // another key does not wait for T2
@@ -196,7 +196,7 @@ func testSameKeyWritersSerialise[TTx any](t *testing.T, h Harness[TTx]) {
 		// Writers of one key abort instead of waiting: T1 fails while T2
 		// holds K, and its rerun after T2's commit lands after T2.
 		t1 := h.Begin(ctx, t, drv)
-		err := drv.AppendTx(ctx, t1.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e1}})
+		err := drv.AppendTx(ctx, t1.Tx, []*ferryevent.Event{e1})
 		if err == nil {
 			err = t1.Commit()
 		}
@@ -218,7 +218,7 @@ func testSameKeyWritersSerialise[TTx any](t *testing.T, h Harness[TTx]) {
 	done := make(chan error, 1)
 	go func() {
 		t1 := h.Begin(ctx, t, drv)
-		err := drv.AppendTx(ctx, t1.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{e1}})
+		err := drv.AppendTx(ctx, t1.Tx, []*ferryevent.Event{e1})
 		if err == nil {
 			err = t1.Commit()
 		}
@@ -268,7 +268,7 @@ func testLongWriter[TTx any](t *testing.T, h Harness[TTx]) {
 			for j := range 50 {
 				evs = append(evs, Event("t", "k"+strconv.Itoa((i+j)%37), "x"))
 			}
-			if err := drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}); err != nil {
+			if err := drv.Append(ctx, evs); err != nil {
 				t.Error(err)
 			}
 		}
@@ -319,7 +319,7 @@ func testOpenProducer[TTx any](t *testing.T, h Harness[TTx]) {
 	emit(ctx, t, h, drv, first...)
 	open := h.Begin(ctx, t, drv)
 	held := Event("t", "m-held", "held")
-	require.NoError(t, drv.AppendTx(ctx, open.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{held}}))
+	require.NoError(t, drv.AppendTx(ctx, open.Tx, []*ferryevent.Event{held}))
 
 	var others []*ferryevent.Event
 	for _, k := range keys {
@@ -327,7 +327,7 @@ func testOpenProducer[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	require.NoError(t, drv.Append(actx, &ferrydriver.AppendParams{Events: others}), "an append of other keys waits for an open producer of key m-held")
+	require.NoError(t, drv.Append(actx, others), "an append of other keys waits for an open producer of key m-held")
 	require.NoError(t, open.Commit())
 	want := append(append(first, others...), held)
 	got := OpenReader(ctx, t, drv, nil).ReadN(ctx, len(want))
@@ -363,7 +363,7 @@ func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {
 							break
 						}
 					}
-					if err = drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: evs}); err == nil {
+					if err = drv.AppendTx(ctx, tx.Tx, evs); err == nil {
 						if rollback {
 							err = tx.Rollback()
 							break

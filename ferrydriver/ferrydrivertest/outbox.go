@@ -27,7 +27,7 @@ func testOutboxReader[TTx any](t *testing.T, h Harness[TTx]) {
 	other.Type = "OrderPaid"
 
 	tx := h.Begin(ctx, t, drv)
-	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{paid, shipped, other}}))
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, []*ferryevent.Event{paid, shipped, other}))
 	got, err := r.OutboxEventsTx(ctx, tx.Tx, nil)
 	require.NoError(t, err)
 	require.Equal(t, []string{paid.ID.String(), shipped.ID.String(), other.ID.String()}, ids(got), "the transaction sees its events, in the order it emitted them")
@@ -62,7 +62,7 @@ func testOutboxReader[TTx any](t *testing.T, h Harness[TTx]) {
 
 	rolled := Event("orders", "o-3", `{}`)
 	tx = h.Begin(ctx, t, drv)
-	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{rolled}}))
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, []*ferryevent.Event{rolled}))
 	require.NoError(t, tx.Rollback())
 	committed, err = r.OutboxEvents(ctx, nil)
 	require.NoError(t, err)

@@ -16,7 +16,7 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
 	const feed = "park/0"
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	a1, a2, a3 := Event("t", "a", "a1"), Event("t", "a", "a2"), Event("t", "a", "a3")
 	b1 := Event("t", "b", "b1")
@@ -61,7 +61,7 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, unpark(l.Term, a1, nil))
 	require.Equal(t, []string{"a2"}, heads("a"), "the queue keeps its order")
 	require.NoError(t, unpark(l.Term, a2, &ferrydriver.DeadLetter{Feed: feed, Event: *a2, Reason: "gave up"}))
-	dl, err := drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: a2.ID})
+	dl, err := drv.GetDeadLetter(ctx, ferrydriver.DeadLetterRef{Feed: feed, EventID: a2.ID})
 	require.NoError(t, err)
 	require.Equal(t, "gave up", dl.Reason)
 	require.Equal(t, a2.Payload, dl.Event.Payload)
@@ -76,7 +76,7 @@ func testParking[TTx any](t *testing.T, h Harness[TTx]) {
 	require.False(t, hs[0].Held, "released: the relay retries it")
 	require.NoError(t, drv.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a", Skip: true}))
 	require.Empty(t, heads("a"), "skipped: moved to the dead letters")
-	dl, err = drv.GetDeadLetter(ctx, &ferrydriver.GetDeadLetterParams{Feed: feed, EventID: a3.ID})
+	dl, err = drv.GetDeadLetter(ctx, ferrydriver.DeadLetterRef{Feed: feed, EventID: a3.ID})
 	require.NoError(t, err)
 	require.Contains(t, dl.Reason, "skipped by an operator")
 	require.ErrorIs(t, drv.ReleaseParked(ctx, &ferrydriver.ReleaseParkedParams{Feed: feed, Key: "a"}), ferrydriver.ErrNotFound)
@@ -91,7 +91,7 @@ func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
 	const feed = "attempts/0"
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	k1, k2 := Event("t", "k", "k1"), Event("t", "k", "k2")
 	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: feed, Holder: "a", Term: l.Term, Events: []*ferryevent.Event{k1, k2}, Reason: "503"}))
@@ -119,8 +119,8 @@ func testParkedAttempts[TTx any](t *testing.T, h Harness[TTx]) {
 	require.ErrorIs(t, set(l.Term+1, k1, 99), ferrydriver.ErrLeaseLost, "fenced")
 
 	// The next leader reads them back.
-	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: feed, Holder: "a", Term: l.Term}))
-	l2, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "b", TTL: time.Minute})
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "a", Term: l.Term}))
+	l2, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "b", TTL: time.Minute})
 	require.NoError(t, err)
 	h1 := head()
 	require.Equal(t, k1.ID, h1.Event.ID)
@@ -148,10 +148,10 @@ func testListLeases[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
 	for _, n := range []string{"members/f/b", "members/f/a", "members/g/a", "members/f"} {
-		_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: n, Holder: "h-" + n, TTL: time.Minute})
+		_, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: n, Holder: "h-" + n, TTL: time.Minute})
 		require.NoError(t, err)
 	}
-	_, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "members/f/short", Holder: "x", TTL: time.Second})
+	_, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "members/f/short", Holder: "x", TTL: time.Second})
 	require.NoError(t, err)
 	got, err := drv.ListLeases(ctx, "members/f/")
 	require.NoError(t, err)
@@ -166,7 +166,7 @@ func testListLeases[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, err)
 	require.Empty(t, none)
 	// A prefix is not a pattern.
-	_, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "m_x", Holder: "y", TTL: time.Minute})
+	_, err = drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "m_x", Holder: "y", TTL: time.Minute})
 	require.NoError(t, err)
 	under, err := drv.ListLeases(ctx, "m_")
 	require.NoError(t, err)

@@ -68,19 +68,19 @@ func testPartitionsProducerRefused[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv, open := partitioned(t, h, 4)
 	wrong := open(2)
-	err := wrong.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", "k", "wrong")}})
+	err := wrong.Append(ctx, []*ferryevent.Event{Event("t", "k", "wrong")})
 	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
 	require.ErrorContains(t, err, "Partitions")
 
 	tx := h.Begin(ctx, t, wrong)
-	err = wrong.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", "k", "wrong"), Event("t", "k2", "wrong")}})
+	err = wrong.AppendTx(ctx, tx.Tx, []*ferryevent.Event{Event("t", "k", "wrong"), Event("t", "k2", "wrong")})
 	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
 	// Even a caller that commits anyway has written nothing (where the
 	// database lets the transaction commit at all).
 	_ = tx.Commit()
 
 	right := Event("t", "k", "right")
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{right}}))
+	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{right}))
 	var got []*ferryevent.Event
 	for p := range 4 {
 		got = append(got, openPartition(ctx, t, drv, p, nil).ReadQuiet(ctx)...)
@@ -98,7 +98,7 @@ func testPartitionsFollowed[TTx any](t *testing.T, h Harness[TTx]) {
 		evs = append(evs, Event("t", "key-"+strconv.Itoa(i%20), strconv.Itoa(i)))
 	}
 	emit(ctx, t, h, follower, evs[:20]...)
-	require.NoError(t, follower.Append(ctx, &ferrydriver.AppendParams{Events: evs[20:]}))
+	require.NoError(t, follower.Append(ctx, evs[20:]))
 	n := 0
 	for p := range 4 {
 		for _, ev := range openPartition(ctx, t, follower, p, nil).ReadQuiet(ctx) {
@@ -134,7 +134,7 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	cursors := map[int][]byte{}
 	for p := range 4 {
 		name := "test/" + strconv.Itoa(p)
-		l, err := old.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: holder, TTL: time.Minute})
+		l, err := old.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: holder, TTL: time.Minute})
 		require.NoError(t, err)
 		require.True(t, l.Held(holder))
 		leases = append(leases, l)
@@ -150,7 +150,7 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 
 	// A relay stops; an event comes that it has not delivered.
 	for _, l := range leases {
-		require.NoError(t, old.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: l.Name, Holder: holder, Term: l.Term}))
+		require.NoError(t, old.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: l.Name, Holder: holder, Term: l.Term}))
 	}
 	late := Event("t", keys[0], "late")
 	emit(ctx, t, h, follower, late)
@@ -159,23 +159,22 @@ func testPartitionsChange[TTx any](t *testing.T, h Harness[TTx]) {
 	require.ErrorContains(t, err, "test/"+strconv.Itoa(ferrydriver.PartitionOf(keys[0], 4)))
 
 	p0 := ferrydriver.PartitionOf(keys[0], 4)
-	l, err := old.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "test/" + strconv.Itoa(p0), Holder: holder, TTL: time.Minute})
+	l, err := old.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "test/" + strconv.Itoa(p0), Holder: holder, TTL: time.Minute})
 	require.NoError(t, err)
 	r := openPartition(ctx, t, old, p0, cursors[p0])
 	require.Equal(t, []string{late.ID.String()}, ids(r.ReadQuiet(ctx)))
 	cursors[p0] = r.Last
 	require.NoError(t, r.Feed.Close())
 	require.NoError(t, old.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: l.Name, Partition: p0, Cursor: r.Last, Holder: holder, Term: l.Term}))
-	require.NoError(t, old.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: l.Name, Holder: holder, Term: l.Term}))
+	require.NoError(t, old.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: l.Name, Holder: holder, Term: l.Term}))
 
-	res, err := old.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
+	prev, err := old.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
 	require.NoError(t, err)
-	require.Equal(t, 4, res.Previous)
-	require.Equal(t, 8, res.Partitions)
+	require.Equal(t, 4, prev)
 	require.Equal(t, 8, stored(ctx, t, open(0)))
 
 	// The old configuration is refused, by producers and relays.
-	err = old.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", keys[1], "stale")}})
+	err = old.Append(ctx, []*ferryevent.Event{Event("t", keys[1], "stale")})
 	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
 	_, err = old.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "test/0", Cursor: cursors[0]})
 	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
@@ -209,7 +208,7 @@ func emitRetrying[TTx any](ctx context.Context, t *testing.T, h Harness[TTx], dr
 	t.Helper()
 	for attempt := 0; ; attempt++ {
 		tx := h.Begin(ctx, t, drv)
-		err := drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: evs})
+		err := drv.AppendTx(ctx, tx.Tx, evs)
 		if err == nil {
 			err = tx.Commit()
 		}

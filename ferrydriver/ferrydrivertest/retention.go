@@ -27,7 +27,7 @@ func testRetention[TTx any](t *testing.T, h Harness[TTx]) {
 		straggler = h.Begin(ctx, t, drv)
 		require.NoError(t, straggler.TakeXID())
 		lateEv = Event("t", "late", "late")
-		require.NoError(t, drv.AppendTx(ctx, straggler.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{lateEv}}))
+		require.NoError(t, drv.AppendTx(ctx, straggler.Tx, []*ferryevent.Event{lateEv}))
 	}
 	emit(ctx, t, h, drv, Event("t", "k", "after"))
 	require.Len(t, r.ReadQuiet(ctx), 1)
@@ -72,7 +72,7 @@ func testStatus[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, st.OldestPending, lag.OldestPending)
 	require.False(t, lag.Now.IsZero())
 
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "s/0", Holder: "r1", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "s/0", Holder: "r1", TTL: time.Minute})
 	require.NoError(t, err)
 	f, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "s/0"})
 	require.NoError(t, err)
@@ -119,7 +119,7 @@ func testLagEstimate[TTx any](t *testing.T, h Harness[TTx]) {
 		for i := range per {
 			evs = append(evs, Event("t", "k"+strconv.Itoa(i%7), strconv.Itoa(c*per+i)))
 		}
-		require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+		require.NoError(t, drv.Append(ctx, evs))
 		time.Sleep(2 * time.Millisecond) // backends that position by append time see distinct times
 	}
 	lag, err := drv.FeedLag(ctx, &ferrydriver.FeedLagParams{Feed: "big/0"})
@@ -143,7 +143,7 @@ func testRetentionSlowestFeed[TTx any](t *testing.T, h Harness[TTx]) {
 		evs = append(evs, Event("t", "k", strconv.Itoa(i)))
 	}
 	save := func(feed string, cursor []byte) {
-		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "h", TTL: time.Minute})
+		l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "h", TTL: time.Minute})
 		require.NoError(t, err)
 		require.NoError(t, drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: feed, Cursor: cursor, Holder: "h", Term: l.Term}))
 	}
@@ -204,7 +204,7 @@ func testPruneKeys[TTx any](t *testing.T, h Harness[TTx]) {
 
 	// A writer of "busy" is in flight while the pruner runs.
 	tx := h.Begin(ctx, t, drv)
-	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", "busy", "2")}}))
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, []*ferryevent.Event{Event("t", "busy", "2")}))
 	type result struct {
 		res *ferrydriver.PruneKeysResult
 		err error

@@ -37,7 +37,7 @@ func testSavepoints[TTx any](t *testing.T, h Harness[TTx]) {
 		}
 		for _, key := range []string{"a", "b"} {
 			ev := Event("t", key, key+"-"+time.Now().Format(time.RFC3339Nano))
-			require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ev}}))
+			require.NoError(t, drv.AppendTx(ctx, tx.Tx, []*ferryevent.Event{ev}))
 			want = append(want, ev)
 		}
 	}
@@ -47,7 +47,7 @@ func testSavepoints[TTx any](t *testing.T, h Harness[TTx]) {
 			require.NoError(t, tx.Exec(s), s)
 		}
 		for _, key := range []string{"a", "b"} {
-			require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{Event("t", key, "rolled back")}}))
+			require.NoError(t, drv.AppendTx(ctx, tx.Tx, []*ferryevent.Event{Event("t", key, "rolled back")}))
 		}
 	}
 	step(true)

@@ -118,7 +118,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 func emit[TTx any](ctx context.Context, t *testing.T, h Harness[TTx], drv ferrydriver.Driver[TTx], evs ...*ferryevent.Event) {
 	t.Helper()
 	tx := h.Begin(ctx, t, drv)
-	require.NoError(t, drv.AppendTx(ctx, tx.Tx, &ferrydriver.AppendParams{Events: evs}))
+	require.NoError(t, drv.AppendTx(ctx, tx.Tx, evs))
 	require.NoError(t, tx.Commit())
 }
 
@@ -182,35 +182,35 @@ func testLease[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
 	const name = "lease/0"
-	a, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "a", TTL: time.Second})
+	a, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "a", TTL: time.Second})
 	require.NoError(t, err)
 	require.True(t, a.Held("a"))
 	require.EqualValues(t, 1, a.Term)
 
-	b, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "b", TTL: time.Second})
+	b, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "b", TTL: time.Second})
 	require.NoError(t, err)
 	require.Equal(t, "a", b.Holder, "b must be denied while a holds the lease")
 	require.False(t, b.Held("b"))
 
-	again, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "a", TTL: time.Second})
+	again, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "a", TTL: time.Second})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, again.Term, "re-acquiring a held lease keeps the term")
 
-	_, err = drv.RenewLease(ctx, &ferrydriver.RenewLeaseParams{Name: name, Holder: "a", Term: 1, TTL: 300 * time.Millisecond})
+	_, err = drv.RenewLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "a", Term: 1, TTL: 300 * time.Millisecond})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "b", TTL: time.Minute})
+		l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "b", TTL: time.Minute})
 		return err == nil && l.Held("b")
 	}, 5*time.Second, 50*time.Millisecond, "b takes over once a's lease expires")
 	lb, err := drv.GetLease(ctx, name)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, lb.Term, "a change of holder increments the term")
 
-	_, err = drv.RenewLease(ctx, &ferrydriver.RenewLeaseParams{Name: name, Holder: "a", Term: 1, TTL: time.Second})
+	_, err = drv.RenewLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "a", Term: 1, TTL: time.Second})
 	require.ErrorIs(t, err, ferrydriver.ErrLeaseLost)
 
-	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: name, Holder: "b", Term: 2}))
-	c, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: name, Holder: "c", TTL: time.Second})
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "b", Term: 2}))
+	c, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: name, Holder: "c", TTL: time.Second})
 	require.NoError(t, err)
 	require.True(t, c.Held("c"), "a released lease is free at once")
 	require.EqualValues(t, 3, c.Term)
@@ -223,24 +223,24 @@ func testCheckpointFencing[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
 	const feed = "cp/0"
-	cp, err := drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	cp, err := drv.LoadCheckpoint(ctx, feed)
 	require.NoError(t, err)
 	require.Nil(t, cp.Cursor, "a feed never saved has no cursor")
 
 	err = drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: feed, Cursor: []byte("x"), Holder: "a", Term: 1})
 	require.ErrorIs(t, err, ferrydriver.ErrLeaseLost, "saving without holding the lease is rejected")
 
-	a, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: 400 * time.Millisecond})
+	a, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "a", TTL: 400 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: feed, Cursor: []byte("c1"), Holder: "a", Term: a.Term}))
-	cp, err = drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	cp, err = drv.LoadCheckpoint(ctx, feed)
 	require.NoError(t, err)
 	require.Equal(t, "c1", string(cp.Cursor))
 	require.Equal(t, a.Term, cp.Term)
 
 	// a pauses past its TTL; b takes over; a's late write is rejected.
 	require.Eventually(t, func() bool {
-		l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "b", TTL: time.Minute})
+		l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "b", TTL: time.Minute})
 		return err == nil && l.Held("b")
 	}, 5*time.Second, 50*time.Millisecond)
 	err = drv.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: feed, Cursor: []byte("zombie"), Holder: "a", Term: a.Term})
@@ -248,7 +248,7 @@ func testCheckpointFencing[TTx any](t *testing.T, h Harness[TTx]) {
 	err = drv.InsertDeadLetters(ctx, &ferrydriver.InsertDeadLettersParams{Feed: feed, Holder: "a", Term: a.Term,
 		DeadLetters: []*ferrydriver.DeadLetter{{Event: *Event("t", "k", "x"), Reason: "zombie"}}})
 	require.ErrorIs(t, err, ferrydriver.ErrLeaseLost)
-	cp, err = drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	cp, err = drv.LoadCheckpoint(ctx, feed)
 	require.NoError(t, err)
 	require.Equal(t, "c1", string(cp.Cursor), "the zombie's checkpoint must not land")
 }

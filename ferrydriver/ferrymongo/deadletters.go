@@ -107,14 +107,14 @@ func refIDs(refs []ferrydriver.DeadLetterRef) bson.A {
 // named dead letters are checked, appended to their keys' parked queues
 // in their feeds (each feed's positions drawn from its counter, as
 // ParkEvents does), marked redriven, and deleted.
-func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	if len(p.Letters) == 0 {
+func (d *Driver) RedriveDeadLetters(ctx context.Context, refs []ferrydriver.DeadLetterRef) (int, error) {
+	if len(refs) == 0 {
 		return 0, nil
 	}
 	var n int
 	err := d.inTx(ctx, func(tx context.Context) error {
 		n = 0
-		cur, err := d.deadLetters.Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: refIDs(p.Letters)}}}},
+		cur, err := d.deadLetters.Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: refIDs(refs)}}}},
 			options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "event.seq", Value: 1}}))
 		if err != nil {
 			return fmt.Errorf("ferrymongo: select dead letters to redrive: %w", err)
@@ -179,11 +179,11 @@ func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 }
 
 // DiscardDeadLetters implements ferrydriver.Store.
-func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	if len(p.Letters) == 0 {
+func (d *Driver) DiscardDeadLetters(ctx context.Context, refs []ferrydriver.DeadLetterRef) (int, error) {
+	if len(refs) == 0 {
 		return 0, nil
 	}
-	res, err := d.deadLetters.DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: refIDs(p.Letters)}}}})
+	res, err := d.deadLetters.DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: refIDs(refs)}}}})
 	if err != nil {
 		return 0, fmt.Errorf("ferrymongo: discard dead letters: %w", err)
 	}
@@ -221,7 +221,7 @@ func (d *Driver) CountDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLe
 }
 
 // GetDeadLetter implements ferrydriver.Store.
-func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
+func (d *Driver) GetDeadLetter(ctx context.Context, p ferrydriver.DeadLetterRef) (*ferrydriver.DeadLetter, error) {
 	filter := deadLetterFilter(&ferrydriver.ListDeadLettersParams{Feed: p.Feed, EventIDs: []uuid.UUID{p.EventID}})
 	cur, err := d.deadLetters.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "failed_at", Value: -1}}).SetLimit(1))
 	if err != nil {

@@ -211,17 +211,17 @@ func (o *outboxDoc) event() (*ferryevent.Event, error) {
 // number from the keys collection in the same transaction: producers of one
 // key conflict (a TransientTransactionError, which WithTransaction and
 // ferry.RunTx run again), producers of different keys do not.
-func (d *Driver) AppendTx(ctx context.Context, tx context.Context, p *ferrydriver.AppendParams) error {
+func (d *Driver) AppendTx(ctx context.Context, tx context.Context, events []*ferryevent.Event) error {
 	if sess := mongo.SessionFromContext(tx); sess == nil || !sess.TransactionRunning() {
 		return errors.New("ferrymongo: AppendTx needs the context of a running session transaction (the argument of Session.WithTransaction's callback)")
 	}
-	return d.append(ctx, tx, p)
+	return d.append(ctx, tx, events)
 }
 
 // Append implements ferrydriver.Store: the events are written in a
 // transaction of their own.
-func (d *Driver) Append(ctx context.Context, p *ferrydriver.AppendParams) error {
-	return d.inTx(ctx, func(tx context.Context) error { return d.append(ctx, tx, p) })
+func (d *Driver) Append(ctx context.Context, events []*ferryevent.Event) error {
+	return d.inTx(ctx, func(tx context.Context) error { return d.append(ctx, tx, events) })
 }
 
 // inTx runs fn in a majority transaction, retried by the driver's
@@ -296,17 +296,17 @@ func timeRange(filter bson.D, field string, since, until time.Time) bson.D {
 
 // append appends events in the session transaction tx (ctx, outside it,
 // reads the stored partition count when the driver has none cached).
-func (d *Driver) append(ctx, tx context.Context, p *ferrydriver.AppendParams) error {
-	if len(p.Events) == 0 {
+func (d *Driver) append(ctx, tx context.Context, events []*ferryevent.Event) error {
+	if len(events) == 0 {
 		return nil
 	}
 	count, err := d.writeCount(ctx)
 	if err != nil {
 		return err
 	}
-	docs := make([]any, len(p.Events))
+	docs := make([]any, len(events))
 	appended := time.Now().UTC()
-	for i, ev := range p.Events {
+	for i, ev := range events {
 		var k struct {
 			Seq int64 `bson:"seq"`
 		}

@@ -218,7 +218,7 @@ func TestCaptureOnAServer(t *testing.T) {
 	require.NoError(t, err)
 	_, err = coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: "c-1"}})
 	require.NoError(t, err)
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{{ID: ferryevent.NewID(), Topic: "t", Key: "k", Type: "T", CreatedAt: time.Now()}}}))
+	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{{ID: ferryevent.NewID(), Topic: "t", Key: "k", Type: "T", CreatedAt: time.Now()}}))
 
 	var got []*ferryevent.Event
 	for len(got) < 3 && ctx.Err() == nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -66,14 +67,14 @@ type attemptEntry struct {
 }
 
 // pushAttempt is the update operator that appends an entry to a row's
-// history, keeping its latest ferrydriver.AttemptHistory entries.
+// history, keeping its latest driverkit.AttemptHistory entries.
 func pushAttempt(n int, state ferrydriver.InboxState, errText string, at time.Time) bson.E {
-	if r := []rune(errText); len(r) > ferrydriver.AttemptErrorChars {
-		errText = string(r[:ferrydriver.AttemptErrorChars])
+	if r := []rune(errText); len(r) > driverkit.AttemptErrorChars {
+		errText = string(r[:driverkit.AttemptErrorChars])
 	}
 	entry := attemptEntry{N: n, State: string(state), Error: errText, At: at}
 	return bson.E{Key: "$push", Value: bson.D{{Key: "attempt_log", Value: bson.D{
-		{Key: "$each", Value: bson.A{entry}}, {Key: "$slice", Value: -ferrydriver.AttemptHistory}}}}}
+		{Key: "$each", Value: bson.A{entry}}, {Key: "$slice", Value: -driverkit.AttemptHistory}}}}}
 }
 
 func (d *inboxDoc) row() (*ferrydriver.InboxRow, error) {
@@ -128,14 +129,14 @@ func decodeRows(ctx context.Context, cur *mongo.Cursor) ([]*ferrydriver.InboxRow
 // not recorded yet take positions from the group's counter (so that
 // concurrent ingestions of a group serialise, keeping each key's delivery
 // order), and their keys become runnable unless they wait already.
-func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error) {
-	res := &ferrydriver.InsertInboxResult{Inserted: make([]bool, len(p.Events))}
+func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error) {
+	res := make([]bool, len(p.Events))
 	if len(p.Events) == 0 {
 		return res, nil
 	}
 	err := d.inTx(ctx, func(tx context.Context) error {
-		clear(res.Inserted)
-		return d.insertInboxTx(tx, p.Group, p.Events, res.Inserted)
+		clear(res)
+		return d.insertInboxTx(tx, p.Group, p.Events, res)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: insert into inbox of group %s: %w", p.Group, err)

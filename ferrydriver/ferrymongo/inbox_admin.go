@@ -246,7 +246,7 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 // InboxGroups implements ferrydriver.Admin.
 func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
 	cur, err := d.inboxGroups().Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).
-		SetLimit(ferrydriver.MaxListedGroups).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "hold_dead", Value: 1}}))
+		SetLimit(driverkit.MaxListedGroups).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "hold_dead", Value: 1}}))
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: list consumer groups: %w", err)
 	}
@@ -277,7 +277,7 @@ func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, er
 		out = append(out, ferrydriver.GroupPolicy{Group: g, HoldDead: h})
 	}
 	slices.SortFunc(out, func(a, b ferrydriver.GroupPolicy) int { return strings.Compare(a.Group, b.Group) })
-	return out[:min(len(out), ferrydriver.MaxListedGroups)], nil
+	return out[:min(len(out), driverkit.MaxListedGroups)], nil
 }
 
 // InboxCounts implements ferrydriver.Inbox: each state counted up to the

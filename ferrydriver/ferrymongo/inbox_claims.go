@@ -25,6 +25,11 @@ func liveClaims(group string, now time.Time) bson.D {
 		{Key: "state", Value: string(ferrydriver.InboxProcessing)}}
 }
 
+// MaxConns implements ferrydriver.Inbox: 0, as the MongoDB driver's pool
+// (maxPoolSize, 100 by default) is shared by the client's sessions and
+// waits for a connection instead of failing.
+func (d *Driver) MaxConns() int { return 0 }
+
 // ClaimHolders implements ferrydriver.Inbox.
 func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
 	var out []string

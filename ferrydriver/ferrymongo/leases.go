@@ -28,7 +28,7 @@ func (l *leaseDoc) lease(name string) *ferrydriver.Lease {
 // lease is taken if free or expired (term + 1), renewed if held by holder
 // (same term), left alone otherwise; the document as it now stands comes
 // back with the server's clock.
-func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
+func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	expires := bson.D{{Key: "$ifNull", Value: bson.A{"$expires_at", time.Unix(0, 0)}}}
 	mine := expr("$eq", "$holder", literal(p.Holder))
 	live := expr("$gt", expires, "$$NOW")
@@ -50,7 +50,7 @@ func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeasePa
 }
 
 // RenewLease implements ferrydriver.Store.
-func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error) {
+func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	filter := bson.D{{Key: "_id", Value: p.Name}, {Key: "holder", Value: p.Holder}, {Key: "term", Value: p.Term},
 		{Key: "$expr", Value: expr("$gt", "$expires_at", "$$NOW")}}
 	update := mongo.Pipeline{{{Key: "$set", Value: bson.D{
@@ -67,7 +67,7 @@ func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams
 }
 
 // ReleaseLease implements ferrydriver.Store.
-func (d *Driver) ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error {
+func (d *Driver) ReleaseLease(ctx context.Context, p *ferrydriver.LeaseParams) error {
 	_, err := d.leases.UpdateOne(ctx, bson.D{{Key: "_id", Value: p.Name}, {Key: "holder", Value: p.Holder}, {Key: "term", Value: p.Term}},
 		mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "expires_at", Value: expr("$subtract", "$$NOW", int64(1))}}}}})
 	if err != nil {
@@ -161,15 +161,15 @@ type checkpointDoc struct {
 }
 
 // LoadCheckpoint implements ferrydriver.Store.
-func (d *Driver) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
-	cp := &ferrydriver.Checkpoint{Feed: p.Feed}
+func (d *Driver) LoadCheckpoint(ctx context.Context, feed string) (*ferrydriver.Checkpoint, error) {
+	cp := &ferrydriver.Checkpoint{Feed: feed}
 	var doc checkpointDoc
-	err := d.checkpoints.FindOne(ctx, bson.D{{Key: "_id", Value: p.Feed}}).Decode(&doc)
+	err := d.checkpoints.FindOne(ctx, bson.D{{Key: "_id", Value: feed}}).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return cp, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ferrymongo: load checkpoint of %s: %w", p.Feed, err)
+		return nil, fmt.Errorf("ferrymongo: load checkpoint of %s: %w", feed, err)
 	}
 	cp.Cursor, cp.Term, cp.UpdatedAt = doc.Cursor, doc.Term, doc.UpdatedAt
 	return cp, nil

@@ -504,7 +504,7 @@ func TestMockRedriveParksForItsFeed(t *testing.T) {
 	drv, err := ferrymongo.New(ctx, client, "app", nil)
 	require.NoError(t, err)
 	const eid = "01a22951-45fe-71e0-943a-d0986a3e5969"
-	n, err := drv.RedriveDeadLetters(ctx, &ferrydriver.DeadLetterSelection{Letters: []ferrydriver.DeadLetterRef{{Feed: "hooks/0", EventID: uuid.MustParse(eid)}}})
+	n, err := drv.RedriveDeadLetters(ctx, []ferrydriver.DeadLetterRef{{Feed: "hooks/0", EventID: uuid.MustParse(eid)}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	reports := awaitReports(ctx, t, lines, 5)
@@ -569,7 +569,7 @@ func TestMockPartitionGuardFollowsAChangedCount(t *testing.T) {
 	for _, k := range keys {
 		evs = append(evs, ferrydrivertest.Event("orders", k, ""))
 	}
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+	require.NoError(t, drv.Append(ctx, evs))
 	reports := awaitReports(ctx, t, lines, 2)
 	for i, n := range []int{4, 8} {
 		var r struct {
@@ -591,7 +591,7 @@ func TestMockPartitionGuardFollowsAChangedCount(t *testing.T) {
 
 	stale, err := ferrymongo.New(ctx, client, "app", &ferrymongo.Config{Partitions: 4})
 	require.NoError(t, err)
-	err = stale.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("orders", "order-1", "")}})
+	err = stale.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("orders", "order-1", "")})
 	require.ErrorIs(t, err, ferrydriver.ErrMisconfigured)
 	require.ErrorContains(t, err, "Config.Partitions (--partitions / FERRY_PARTITIONS) is 4 but database app stores 8")
 	_, err = stale.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "default/0"})
@@ -651,9 +651,9 @@ func TestMockSetPartitionsRefusesWhileARelayHoldsAFeed(t *testing.T) {
 	require.Contains(t, reports[0], `"validator": {"pc": {"$exists": false}}`, "producers are held back first")
 	require.Contains(t, reports[1], `{"pc": 4}`, "and let go again")
 
-	res, err := drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
+	prev, err := drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 8})
 	require.NoError(t, err)
-	require.Equal(t, 4, res.Previous)
+	require.Equal(t, 4, prev)
 	reports = awaitReports(ctx, t, lines, 3)
 	require.Contains(t, reports[0], `"validator": {"pc": {"$exists": false}}`)
 	require.Contains(t, reports[1], `"$set": {"n": 8}`)

@@ -234,18 +234,18 @@ func (d *Driver) migratePartitions(ctx context.Context) error {
 // when their next insert is refused; other drivers are refused from then
 // on. If it stops half-way the validator refuses every event: `ferry
 // migrate up` (Migrate) sets it to the stored count again.
-func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitionsParams) (*ferrydriver.SetPartitionsResult, error) {
+func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitionsParams) (int, error) {
 	if p.Partitions < 1 || p.Partitions > ferrydriver.MaxPartitions {
-		return nil, fmt.Errorf("ferrymongo: set the partition count to %d: out of range: use 1 to %d", p.Partitions, ferrydriver.MaxPartitions)
+		return 0, fmt.Errorf("ferrymongo: set the partition count to %d: out of range: use 1 to %d", p.Partitions, ferrydriver.MaxPartitions)
 	}
 	op := fmt.Sprintf("set the partition count of database %s to %d", d.db.Name(), p.Partitions)
 	prev, err := d.StoredPartitions(ctx)
 	if err != nil && !(p.Force && errors.Is(err, ferrydriver.ErrSchemaMissing)) {
-		return nil, err
+		return 0, err
 	}
-	res := &ferrydriver.SetPartitionsResult{Previous: prev, Partitions: p.Partitions}
+	res := prev
 	if err := d.setValidator(ctx, 0); err != nil {
-		return nil, fmt.Errorf("ferrymongo: %s: hold producers back: %w", op, err)
+		return 0, fmt.Errorf("ferrymongo: %s: hold producers back: %w", op, err)
 	}
 	restore := func() error {
 		if prev == 0 {
@@ -256,18 +256,18 @@ func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitions
 	if !p.Force {
 		problems, err := d.changeProblems(ctx, prev)
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("ferrymongo: %s: %w", op, err), restore())
+			return 0, errors.Join(fmt.Errorf("ferrymongo: %s: %w", op, err), restore())
 		}
 		if len(problems) > 0 {
-			return nil, errors.Join(driverkit.PartitionChangeRefused("ferrymongo", op, problems), restore())
+			return 0, errors.Join(driverkit.PartitionChangeRefused("ferrymongo", op, problems), restore())
 		}
 	}
 	if _, err := d.meta().UpdateOne(ctx, bson.D{{Key: "_id", Value: partitionsID}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "n", Value: p.Partitions}}}}, options.UpdateOne().SetUpsert(true)); err != nil {
-		return nil, errors.Join(fmt.Errorf("ferrymongo: %s: %w", op, err), restore())
+		return 0, errors.Join(fmt.Errorf("ferrymongo: %s: %w", op, err), restore())
 	}
 	if err := d.setValidator(ctx, p.Partitions); err != nil {
-		return nil, fmt.Errorf("ferrymongo: %s: the count is stored but the outbox refuses every event until its validator is set: run `ferry migrate up`: %w", op, err)
+		return 0, fmt.Errorf("ferrymongo: %s: the count is stored but the outbox refuses every event until its validator is set: run `ferry migrate up`: %w", op, err)
 	}
 	d.stored.Store(int64(p.Partitions))
 	return res, nil

@@ -19,13 +19,13 @@ import (
 // compensations of processed ones are queued at the end of their keys,
 // and the keys' heads recomputed (which also makes concurrent key writers
 // conflict and retry).
-func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) (*ferrydriver.RetractInboxResult, error) {
-	res := &ferrydriver.RetractInboxResult{Prior: make([]ferrydriver.InboxState, len(p.Retractions))}
+func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) ([]ferrydriver.InboxState, error) {
+	res := make([]ferrydriver.InboxState, len(p.Retractions))
 	if len(p.Retractions) == 0 {
 		return res, nil
 	}
 	err := d.inTx(ctx, func(tx context.Context) error {
-		clear(res.Prior)
+		clear(res)
 		now := time.Now().UTC()
 		keys := map[string]bool{}
 		retract := func(ev *ferryevent.Event) (ferrydriver.InboxState, bool, error) {
@@ -48,7 +48,7 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 			if err != nil {
 				return err
 			}
-			res.Prior[i] = prior
+			res[i] = prior
 			if !found {
 				if err := d.insertInboxTx(tx, p.Group, []*ferryevent.Event{r.Event}, make([]bool, 1)); err != nil {
 					return err

@@ -309,7 +309,7 @@ func (d *Driver) countDeadLetters(ctx context.Context, st *ferrydriver.FeedStatu
 // checkpoint, its lease, and the database's time (the lease's, if any).
 func (d *Driver) checkpointStatus(ctx context.Context, feed string) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: feed, Now: time.Now().UTC()}
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	cp, err := d.LoadCheckpoint(ctx, feed)
 	if err != nil {
 		return nil, err
 	}

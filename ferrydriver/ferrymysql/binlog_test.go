@@ -31,7 +31,7 @@ func emitN(ctx context.Context, t *testing.T, drv *ferrymysql.Driver, n, keys in
 		for j := i; j < min(i+10, n); j++ {
 			batch = append(batch, ferrydrivertest.Event("t", "k"+strconv.Itoa(j%keys), tag+strconv.Itoa(j)))
 		}
-		require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: batch}))
+		require.NoError(t, drv.Append(ctx, batch))
 		all = append(all, batch...)
 	}
 	return all
@@ -156,7 +156,7 @@ func TestBinlogPurgedRecoversALongTransaction(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = long.Rollback() }()
 	longEv := ferrydrivertest.Event("t", "long", "long")
-	require.NoError(t, drv.AppendTx(ctx, long, &ferrydriver.AppendParams{Events: []*ferryevent.Event{longEv}}))
+	require.NoError(t, drv.AppendTx(ctx, long, []*ferryevent.Event{longEv}))
 	time.Sleep(1100 * time.Millisecond) // the open transaction's start is read in whole seconds
 	// One key a transaction: an append of several keys in one transaction
 	// can wait for the open one's key row (ferry_keys is scanned whole
@@ -164,7 +164,7 @@ func TestBinlogPurgedRecoversALongTransaction(t *testing.T) {
 	var before []*ferryevent.Event
 	for i := range 20 {
 		ev := ferrydrivertest.Event("t", "k"+strconv.Itoa(i%4), "before-"+strconv.Itoa(i))
-		require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ev}}))
+		require.NoError(t, drv.Append(ctx, []*ferryevent.Event{ev}))
 		before = append(before, ev)
 	}
 	r := ferrydrivertest.OpenReader(ctx, t, drv, nil)

@@ -147,7 +147,7 @@ func (d *Driver) CountDeadLetters(ctx context.Context, p *ferrydriver.ListDeadLe
 }
 
 // GetDeadLetter implements ferrydriver.Store.
-func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
+func (d *Driver) GetDeadLetter(ctx context.Context, p ferrydriver.DeadLetterRef) (*ferrydriver.DeadLetter, error) {
 	where, args := deadLetterWhere(&ferrydriver.ListDeadLettersParams{Feed: p.Feed, EventIDs: []uuid.UUID{p.EventID}})
 	rows, err := d.db.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+where+` ORDER BY failed_at DESC LIMIT 1`, args...)
 	if err != nil {
@@ -166,13 +166,13 @@ func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetter
 // RedriveDeadLetters implements ferrydriver.Store: in one transaction, the
 // named dead letters (locked) are checked, appended to their keys' parked
 // queues in their feeds, marked redriven, and deleted.
-func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	if len(p.Letters) == 0 {
+func (d *Driver) RedriveDeadLetters(ctx context.Context, refs []ferrydriver.DeadLetterRef) (int, error) {
+	if len(refs) == 0 {
 		return 0, nil
 	}
 	var n int
 	err := d.write(ctx, "redrive dead letters", func(tx *sql.Tx) error {
-		where, args := refsWhere(p.Letters)
+		where, args := refsWhere(refs)
 		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters WHERE `+where+
 			` ORDER BY failed_at, seq, event_id FOR UPDATE`, args...)
 		if err != nil {
@@ -216,11 +216,11 @@ ON DUPLICATE KEY UPDATE feed = ferry_parked.feed`, dl.Feed, dl.Event.ID[:]); err
 }
 
 // DiscardDeadLetters implements ferrydriver.Store.
-func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	if len(p.Letters) == 0 {
+func (d *Driver) DiscardDeadLetters(ctx context.Context, refs []ferrydriver.DeadLetterRef) (int, error) {
+	if len(refs) == 0 {
 		return 0, nil
 	}
-	where, args := refsWhere(p.Letters)
+	where, args := refsWhere(refs)
 	res, err := d.db.ExecContext(ctx, `DELETE FROM ferry_dead_letters WHERE `+where, args...)
 	if err != nil {
 		return 0, d.wrapErr("discard dead letters", err)

@@ -42,7 +42,7 @@ func TestFeedFollowsAFailover(t *testing.T) {
 	for j := range 30 {
 		big = append(big, ferrydrivertest.Event("t", "k"+strconv.Itoa(j%5), "big-"+strconv.Itoa(j)))
 	}
-	require.NoError(t, primary.Append(ctx, &ferrydriver.AppendParams{Events: big}))
+	require.NoError(t, primary.Append(ctx, big))
 
 	// The old primary's relay: 50 events, the last batch ending inside
 	// the large transaction.
@@ -57,7 +57,7 @@ func TestFeedFollowsAFailover(t *testing.T) {
 	requireKeyOrder(t, append(first, big[:10]...), got)
 	require.Contains(t, string(r.Last), `"gtid":"0-1-`, "the cursor holds the GTID position")
 	require.Contains(t, string(r.Last), `"skip":10,"skip_tx":"0-1-`, "the cursor names the transaction it is inside")
-	lease, err := primary.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "test/0", Holder: "a", TTL: time.Minute})
+	lease, err := primary.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "test/0", Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, primary.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: "test/0", Cursor: r.Last, Holder: "a", Term: lease.Term}))
 	require.NoError(t, r.Feed.Close())
@@ -66,7 +66,7 @@ func TestFeedFollowsAFailover(t *testing.T) {
 	replica.CatchUp(t, primarySrv)
 	replica.Promote(t)
 	promoted := mysqltest.Open(t, replica.DSN("ferry_failover"), nil, false)
-	cp, err := promoted.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "test/0"})
+	cp, err := promoted.LoadCheckpoint(ctx, "test/0")
 	require.NoError(t, err)
 	require.JSONEq(t, string(r.Last), string(cp.Cursor), "the checkpoint was replicated")
 

@@ -21,7 +21,7 @@ import (
 // appendIn appends events in tx and returns them.
 func appendIn(ctx context.Context, t *testing.T, drv *ferrymysql.Driver, tx *sql.Tx, evs ...*ferryevent.Event) []*ferryevent.Event {
 	t.Helper()
-	require.NoError(t, drv.AppendTx(ctx, tx, &ferrydriver.AppendParams{Events: evs}))
+	require.NoError(t, drv.AppendTx(ctx, tx, evs))
 	return evs
 }
 
@@ -262,7 +262,7 @@ func TestFeedWaitsForVisibility(t *testing.T) {
 				for j := range n {
 					evs = append(evs, ferrydrivertest.Event("t", "p"+strconv.Itoa(p)+"-"+strconv.Itoa((i+j)%7), strconv.Itoa(i+j)))
 				}
-				if err := drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}); err != nil {
+				if err := drv.Append(ctx, evs); err != nil {
 					t.Error(err)
 					return
 				}

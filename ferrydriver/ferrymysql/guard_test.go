@@ -22,7 +22,7 @@ func TestStoppedLeaderFreesTheLease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const feed = "default/0"
-	la, err := d.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "a", TTL: time.Second})
+	la, err := d.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "a", TTL: time.Second})
 	require.NoError(t, err)
 	require.Equal(t, "a", la.Holder)
 
@@ -40,7 +40,7 @@ func TestStoppedLeaderFreesTheLease(t *testing.T) {
 	defer bcancel()
 	var lb *ferrydriver.Lease
 	for {
-		lb, err = d.AcquireLease(bctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "b", TTL: time.Minute})
+		lb, err = d.AcquireLease(bctx, &ferrydriver.LeaseParams{Name: feed, Holder: "b", TTL: time.Minute})
 		require.NoError(t, err, "b asks for the lease while a's transaction is stopped")
 		if lb.Holder == "b" {
 			break
@@ -53,7 +53,7 @@ func TestStoppedLeaderFreesTheLease(t *testing.T) {
 
 	close(resume)
 	require.Error(t, <-written, "a's write resumed on a connection the server ended")
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: feed})
+	cp, err := d.LoadCheckpoint(ctx, feed)
 	require.NoError(t, err)
 	require.Equal(t, lb.Term, cp.Term)
 	require.Equal(t, "b's", string(cp.Cursor))

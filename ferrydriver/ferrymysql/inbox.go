@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // The inbox follows SQLite's model: one ferry_inbox row per (group,
@@ -120,8 +121,8 @@ const maxInsertRuns = 10
 // new). A concurrent delivery of the same events makes the insert fail
 // (duplicate key) or deadlock: the transaction then runs again, and reads
 // them.
-func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error) {
-	res := &ferrydriver.InsertInboxResult{Inserted: make([]bool, len(p.Events))}
+func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error) {
+	res := make([]bool, len(p.Events))
 	if len(p.Events) == 0 {
 		return res, nil
 	}
@@ -129,8 +130,8 @@ func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 	var err error
 	for run := 1; run <= maxInsertRuns; run++ {
 		err = d.writeRC(ctx, op, func(tx *sql.Tx) error {
-			clear(res.Inserted)
-			return d.insertInboxTx(ctx, tx, p.Group, p.Events, res.Inserted)
+			clear(res)
+			return d.insertInboxTx(ctx, tx, p.Group, p.Events, res)
 		})
 		if errNumber(err) != errDupEntry || ctx.Err() != nil {
 			break
@@ -340,7 +341,7 @@ func (d *Driver) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams)
 // the assignments of the columns it reads: MySQL assigns left to right,
 // each later one reading the earlier ones' new values.
 func logAttempt(n, state, err string) string {
-	return `JSON_ARRAY_APPEND(IF(JSON_LENGTH(COALESCE(attempt_log, '[]')) >= ` + fmt.Sprint(ferrydriver.AttemptHistory) +
+	return `JSON_ARRAY_APPEND(IF(JSON_LENGTH(COALESCE(attempt_log, '[]')) >= ` + fmt.Sprint(driverkit.AttemptHistory) +
 		`, JSON_REMOVE(attempt_log, '$[0]'), COALESCE(attempt_log, '[]')), '$', JSON_OBJECT('n', ` + n + `, 'state', ` + state +
 		`, 'error', ` + err + `, 'at', ` + sqlNow + `))`
 }
@@ -351,7 +352,7 @@ func attemptError(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	n := 0
 	for i := range s {
-		if n == ferrydriver.AttemptErrorChars {
+		if n == driverkit.AttemptErrorChars {
 			return s[:i]
 		}
 		n++
@@ -359,10 +360,7 @@ func attemptError(s string) string {
 	return s
 }
 
-// MaxConns implements ferrydriver.ConnLimiter.
+// MaxConns implements ferrydriver.Inbox: database/sql's MaxOpenConns.
 func (d *Driver) MaxConns() int { return d.db.Stats().MaxOpenConnections }
 
-var (
-	_ ferrydriver.Inbox[*sql.Tx] = (*Driver)(nil)
-	_ ferrydriver.ConnLimiter    = (*Driver)(nil)
-)
+var _ ferrydriver.Inbox[*sql.Tx] = (*Driver)(nil)

@@ -362,7 +362,7 @@ SELECT n.g, COALESCE(p.hold_dead, TRUE)
 
 // InboxGroups implements ferrydriver.Admin.
 func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
-	rows, err := d.db.QueryContext(ctx, sqlInboxGroups, ferrydriver.MaxListedGroups)
+	rows, err := d.db.QueryContext(ctx, sqlInboxGroups, driverkit.MaxListedGroups)
 	if err != nil {
 		return nil, d.wrapErr("list consumer groups", err)
 	}

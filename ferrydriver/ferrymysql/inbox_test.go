@@ -59,7 +59,7 @@ func TestIngestersNeverDeadlock(t *testing.T) {
 					t.Errorf("ingester %d: %v", i, err)
 					return
 				}
-				for _, ok := range res.Inserted {
+				for _, ok := range res {
 					if ok {
 						inserted.Add(1)
 					}

@@ -10,16 +10,16 @@ import (
 )
 
 // LoadCheckpoint implements ferrydriver.Store.
-func (d *Driver) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
-	cp := &ferrydriver.Checkpoint{Feed: p.Feed}
+func (d *Driver) LoadCheckpoint(ctx context.Context, feed string) (*ferrydriver.Checkpoint, error) {
+	cp := &ferrydriver.Checkpoint{Feed: feed}
 	var updated int64
-	err := d.db.QueryRowContext(ctx, `SELECT pos, term, updated_at FROM ferry_checkpoints WHERE feed = ?`, p.Feed).
+	err := d.db.QueryRowContext(ctx, `SELECT pos, term, updated_at FROM ferry_checkpoints WHERE feed = ?`, feed).
 		Scan(&cp.Cursor, &cp.Term, &updated)
 	if errors.Is(err, sql.ErrNoRows) {
 		return cp, nil
 	}
 	if err != nil {
-		return nil, d.wrapErr("load checkpoint of "+p.Feed, err)
+		return nil, d.wrapErr("load checkpoint of "+feed, err)
 	}
 	cp.UpdatedAt = fromMicros(updated)
 	return cp, nil
@@ -92,7 +92,7 @@ func (d *Driver) readLease(ctx context.Context, q queryRower, name string) (*fer
 // AcquireLease implements ferrydriver.Store: the lease's row is created
 // free if it is missing, then locked and decided on: renewed for its
 // holder, taken (term + 1) when it expired, left to its holder otherwise.
-func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
+func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	var out *ferrydriver.Lease
 	op := "acquire lease " + p.Name
 	err := d.guardedWrite(ctx, op, func(tx *sql.Tx) error {
@@ -125,7 +125,7 @@ ON DUPLICATE KEY UPDATE name = name`, p.Name); err != nil {
 }
 
 // RenewLease implements ferrydriver.Store.
-func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error) {
+func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	var out *ferrydriver.Lease
 	err := d.guardedWrite(ctx, "renew lease "+p.Name, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE ferry_leases SET expires_at = `+sqlNow+` + ? WHERE name = ? AND holder = ? AND term = ? AND expires_at > `+sqlNow,
@@ -143,7 +143,7 @@ func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams
 }
 
 // ReleaseLease implements ferrydriver.Store.
-func (d *Driver) ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error {
+func (d *Driver) ReleaseLease(ctx context.Context, p *ferrydriver.LeaseParams) error {
 	_, err := d.db.ExecContext(ctx, `UPDATE ferry_leases SET expires_at = `+sqlNow+` - 1 WHERE name = ? AND holder = ? AND term = ?`,
 		p.Name, p.Holder, p.Term)
 	return d.wrapErr("release lease "+p.Name, err)

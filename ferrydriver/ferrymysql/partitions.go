@@ -59,18 +59,18 @@ func (d *Driver) countStore() driverkit.CountStore {
 // of its partition (read from its checkpoint, as its relay would) or has
 // parked events, or while a partition has events and no feed has a
 // checkpoint for it.
-func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitionsParams) (*ferrydriver.SetPartitionsResult, error) {
+func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitionsParams) (int, error) {
 	if p.Partitions < 1 || p.Partitions > ferrydriver.MaxPartitions {
-		return nil, fmt.Errorf("ferrymysql: set the partition count to %d: out of range: use 1 to %d", p.Partitions, ferrydriver.MaxPartitions)
+		return 0, fmt.Errorf("ferrymysql: set the partition count to %d: out of range: use 1 to %d", p.Partitions, ferrydriver.MaxPartitions)
 	}
 	op := fmt.Sprintf("set the partition count of database %s to %d", d.schema, p.Partitions)
-	var res *ferrydriver.SetPartitionsResult
+	var res int
 	err := d.write(ctx, op, func(tx *sql.Tx) error {
 		prev, err := d.storedPartitions(ctx, tx, " FOR UPDATE")
 		if err != nil && !(p.Force && errors.Is(err, ferrydriver.ErrMisconfigured)) {
 			return err
 		}
-		res = &ferrydriver.SetPartitionsResult{Previous: prev, Partitions: p.Partitions}
+		res = prev
 		if !p.Force {
 			problems, err := d.changeProblems(ctx, tx, prev)
 			if err != nil {
@@ -84,7 +84,7 @@ func (d *Driver) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitions
 		return d.wrapErr(op, err)
 	})
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	d.stored.Store(int64(p.Partitions))
 	return res, nil

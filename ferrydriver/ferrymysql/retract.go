@@ -20,8 +20,8 @@ import (
 // their keys, and the keys are made due (locked last, in key order): the
 // next claim reads their heads. A retraction that meets a concurrent
 // delivery of an event it records (duplicate key) runs again.
-func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) (*ferrydriver.RetractInboxResult, error) {
-	res := &ferrydriver.RetractInboxResult{Prior: make([]ferrydriver.InboxState, len(p.Retractions))}
+func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) ([]ferrydriver.InboxState, error) {
+	res := make([]ferrydriver.InboxState, len(p.Retractions))
 	if len(p.Retractions) == 0 {
 		return res, nil
 	}
@@ -29,7 +29,7 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 	var err error
 	for run := 1; run <= maxInsertRuns; run++ {
 		err = d.writeRC(ctx, op, func(tx *sql.Tx) error {
-			clear(res.Prior)
+			clear(res)
 			return d.retractTx(ctx, tx, p, res)
 		})
 		if errNumber(err) != errDupEntry || ctx.Err() != nil {
@@ -44,7 +44,7 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 	return res, nil
 }
 
-func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.RetractInboxParams, res *ferrydriver.RetractInboxResult) error {
+func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.RetractInboxParams, res []ferrydriver.InboxState) error {
 	op := "retract inbox rows of group " + p.Group
 	ids := make([]uuid.UUID, 0, len(p.Retractions))
 	for _, r := range p.Retractions {
@@ -93,7 +93,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	done := map[uuid.UUID]bool{}
 	for i, r := range p.Retractions {
 		f, ok := prior[r.Event.ID]
-		res.Prior[i] = f.state
+		res[i] = f.state
 		if done[r.Event.ID] {
 			continue
 		}

@@ -229,7 +229,7 @@ func TestRetractionEndsARun(t *testing.T) {
 	f.complete(rows["e1"], true)
 	res, err := f.drv.RetractInbox(f.ctx, &ferrydriver.RetractInboxParams{Group: "g", Retractions: []ferrydriver.Retraction{{Event: f.evs["e3"]}}})
 	require.NoError(t, err)
-	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessing}, res.Prior)
+	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessing}, res)
 	err = f.drv.RunInTx(f.ctx, func(ctx context.Context, tx *sql.Tx) error {
 		return f.drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: rows["e2"].Event.ID, Claim: rows["e2"].Claim, Keep: true})
 	})

@@ -16,13 +16,13 @@ import (
 // AppendTx implements ferrydriver.Driver: the events are written in tx (a
 // transaction of the database that holds Ferry's tables) and share its
 // fate.
-func (d *Driver) AppendTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.AppendParams) error {
-	return d.append(ctx, tx, p.Events)
+func (d *Driver) AppendTx(ctx context.Context, tx *sql.Tx, events []*ferryevent.Event) error {
+	return d.append(ctx, tx, events)
 }
 
 // Append implements ferrydriver.Store.
-func (d *Driver) Append(ctx context.Context, p *ferrydriver.AppendParams) error {
-	return d.write(ctx, "append", func(tx *sql.Tx) error { return d.append(ctx, tx, p.Events) })
+func (d *Driver) Append(ctx context.Context, events []*ferryevent.Event) error {
+	return d.write(ctx, "append", func(tx *sql.Tx) error { return d.append(ctx, tx, events) })
 }
 
 // A key's sequence numbers are taken under its row's lock, held until the
@@ -399,7 +399,7 @@ func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) 
 // appended before the last acknowledged one by a transaction that
 // committed after it is not counted.
 func (d *Driver) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	cp, err := d.LoadCheckpoint(ctx, p.Feed)
 	if err != nil {
 		return nil, err
 	}
@@ -459,7 +459,7 @@ func (d *Driver) ListFeeds(ctx context.Context) ([]string, error) {
 // FeedStatus implements ferrydriver.Store; its lag is FeedLag's (exact:
 // counted in full).
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	cp, err := d.LoadCheckpoint(ctx, p.Feed)
 	if err != nil {
 		return nil, err
 	}

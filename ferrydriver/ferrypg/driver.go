@@ -71,6 +71,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -258,7 +259,7 @@ func NewSQL(db *sql.DB, cfg *Config) (*Driver[*sql.Tx], error) {
 	return d, nil
 }
 
-// MaxConns implements ferrydriver.ConnLimiter: the pool's size (pgxpool's
+// MaxConns implements ferrydriver.Inbox: the pool's size (pgxpool's
 // MaxConns; database/sql's MaxOpenConns, 0 when unbounded).
 func (d *Driver[TTx]) MaxConns() int { return d.maxConns() }
 
@@ -314,17 +315,17 @@ func (d *Driver[TTx]) writeCount() int {
 
 // AppendTx implements ferrydriver.Driver: the events are written in tx and
 // share its fate.
-func (d *Driver[TTx]) AppendTx(ctx context.Context, tx TTx, p *ferrydriver.AppendParams) error {
-	return d.append(ctx, d.wrapTx(tx), p)
+func (d *Driver[TTx]) AppendTx(ctx context.Context, tx TTx, events []*ferryevent.Event) error {
+	return d.append(ctx, d.wrapTx(tx), events)
 }
 
 // Append implements ferrydriver.Store.
-func (d *Driver[TTx]) Append(ctx context.Context, p *ferrydriver.AppendParams) error {
+func (d *Driver[TTx]) Append(ctx context.Context, events []*ferryevent.Event) error {
 	e, commit, rollback, err := d.begin.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("ferrypg: begin append: %w", err)
 	}
-	if err := d.append(ctx, e, p); err != nil {
+	if err := d.append(ctx, e, events); err != nil {
 		_ = rollback(ctx)
 		return err
 	}
@@ -334,12 +335,12 @@ func (d *Driver[TTx]) Append(ctx context.Context, p *ferrydriver.AppendParams) e
 	return nil
 }
 
-func (d *Driver[TTx]) append(ctx context.Context, e executor, p *ferrydriver.AppendParams) error {
-	n := len(p.Events)
+func (d *Driver[TTx]) append(ctx context.Context, e executor, events []*ferryevent.Event) error {
+	n := len(events)
 	if n == 0 {
 		return nil
 	}
-	a, err := encodeEvents(p.Events)
+	a, err := encodeEvents(events)
 	if err != nil {
 		return err
 	}
@@ -359,7 +360,7 @@ func (d *Driver[TTx]) append(ctx context.Context, e executor, p *ferrydriver.App
 	// error, so the caller's transaction is intact.
 	for attempt := 0; ; attempt++ {
 		count := d.writeCount()
-		for i, ev := range p.Events {
+		for i, ev := range events {
 			parts[i] = int32(ferrydriver.PartitionOf(ev.Key, count))
 		}
 		args := []any{a.ids, a.topics, a.keys, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created, parts}

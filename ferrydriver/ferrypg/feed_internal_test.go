@@ -178,14 +178,14 @@ func TestMigrateDownAndUp(t *testing.T) {
 	dry, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dry.Applied, 1)
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: nil}))
+	require.NoError(t, drv.Append(ctx, nil))
 	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
 	require.NoError(t, err)
 	require.Equal(t, allMigrations[len(allMigrations)-2].Version, res.Current, "down reverts one migration by default")
 	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true, Steps: 99})
 	require.NoError(t, err)
 	require.Equal(t, 0, res.Current)
-	_, err = drv.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: "x"})
+	_, err = drv.LoadCheckpoint(ctx, "x")
 	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
 	require.Contains(t, err.Error(), "ferry migrate up")
 	res, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
@@ -234,7 +234,7 @@ func TestPartitionsSplitKeys(t *testing.T) {
 	for i := range 200 {
 		evs = append(evs, ferrydrivertest.Event("t", "key-"+strconv.Itoa(i%40), strconv.Itoa(i)))
 	}
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+	require.NoError(t, drv.Append(ctx, evs))
 	seen := map[string]int{}
 	for p := range 4 {
 		r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
@@ -269,7 +269,7 @@ func TestFeedPastInt32Ids(t *testing.T) {
 		for i := range 60 {
 			evs = append(evs, ferrydrivertest.Event("t", "k"+strconv.Itoa(i%7), strconv.Itoa(round)))
 		}
-		require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: evs}))
+		require.NoError(t, drv.Append(ctx, evs))
 		got := r.ReadQuiet(ctx)
 		require.Len(t, got, 60, "round %d", round)
 	}
@@ -445,7 +445,7 @@ func TestPrunedKeyRecreatedConcurrently(t *testing.T) {
 	defer cancel()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "old")}}))
+	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("t", "k", "old")}))
 	var xid string
 	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT xid::text FROM `+s+`.keys WHERE key = 'k'`).Scan(&xid))
 
@@ -459,7 +459,7 @@ func TestPrunedKeyRecreatedConcurrently(t *testing.T) {
 	done := make(chan error, 2)
 	for _, payload := range []string{"a", "b"} {
 		go func() {
-			done <- drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", payload)}})
+			done <- drv.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("t", "k", payload)})
 		}()
 	}
 	select {
@@ -568,7 +568,7 @@ func TestMigration005KeepsExistingKeys(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_visible_in_snapshot($1::xid8, pg_current_snapshot())`, xid).Scan(&visible))
 	require.True(t, visible, "the migration's own, committed, transaction")
 
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "old", "after")}}))
+	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("t", "old", "after")}))
 	got := ferrydrivertest.OpenReader(ctx, t, drv, nil).ReadQuiet(ctx)
 	require.Len(t, got, 1)
 	require.EqualValues(t, 8, got[0].Seq, "the sequence goes on")

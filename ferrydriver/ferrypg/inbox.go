@@ -13,9 +13,9 @@ import (
 )
 
 // InsertInbox implements ferrydriver.Inbox.
-func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error) {
+func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error) {
 	n := len(p.Events)
-	res := &ferrydriver.InsertInboxResult{Inserted: make([]bool, n)}
+	res := make([]bool, n)
 	if n == 0 {
 		return res, nil
 	}
@@ -39,7 +39,7 @@ func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInbo
 				return err
 			}
 			if i, ok := index[id]; ok {
-				res.Inserted[i] = true
+				res[i] = true
 			}
 		}
 		return r.Err()

@@ -207,7 +207,7 @@ func (d *Driver[TTx]) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsP
 
 // InboxGroups implements ferrydriver.Admin.
 func (d *Driver[TTx]) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
-	r, err := d.db.query(ctx, d.queries.inboxGroups, ferrydriver.MaxListedGroups)
+	r, err := d.db.query(ctx, d.queries.inboxGroups, driverkit.MaxListedGroups)
 	if err != nil {
 		return nil, d.wrapErr("list consumer groups", err)
 	}

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 )
 
 // SQL of the consumer inbox (migrations 002, 007, 008, 011, 013 and 014). {schema} is
@@ -552,9 +552,9 @@ const headNext = `CASE h.state WHEN 'pending' THEN now() WHEN 'failed' THEN h.ne
 // for attempt n appended: the state it left the row in, its error; the
 // oldest entry goes when the history is full.
 func logAttempt(n, state, err string) string {
-	return `(CASE WHEN jsonb_array_length(COALESCE(i.attempt_log, '[]')) >= ` + strconv.Itoa(ferrydriver.AttemptHistory) +
+	return `(CASE WHEN jsonb_array_length(COALESCE(i.attempt_log, '[]')) >= ` + strconv.Itoa(driverkit.AttemptHistory) +
 		` THEN i.attempt_log - 0 ELSE COALESCE(i.attempt_log, '[]') END) || jsonb_build_array(jsonb_build_object('n', ` + n +
-		`, 'state', ` + state + `, 'error', left(` + err + `, ` + strconv.Itoa(ferrydriver.AttemptErrorChars) + `), 'at', now()))`
+		`, 'state', ` + state + `, 'error', left(` + err + `, ` + strconv.Itoa(driverkit.AttemptErrorChars) + `), 'at', now()))`
 }
 
 // sqlInboxAttempts reads the history of row $2 of group $1.

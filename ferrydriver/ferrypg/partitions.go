@@ -64,54 +64,54 @@ const undeliveredLimit = 10000
 // appendGuard and sqlTruncateSettings), and the relays, which must be
 // stopped, read the new count when they start. A key that maps to another
 // partition now has nothing left behind in the old one.
-func (d *Driver[TTx]) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitionsParams) (*ferrydriver.SetPartitionsResult, error) {
+func (d *Driver[TTx]) SetPartitions(ctx context.Context, p *ferrydriver.SetPartitionsParams) (int, error) {
 	if p.Partitions < 1 || p.Partitions > ferrydriver.MaxPartitions {
-		return nil, fmt.Errorf("ferrypg: set the partition count to %d: out of range: use 1 to %d", p.Partitions, ferrydriver.MaxPartitions)
+		return 0, fmt.Errorf("ferrypg: set the partition count to %d: out of range: use 1 to %d", p.Partitions, ferrydriver.MaxPartitions)
 	}
 	op := fmt.Sprintf("set the partition count of schema %q to %d", d.cfg.Schema, p.Partitions)
 	e, commit, rollback, err := d.begin.begin(ctx)
 	if err != nil {
-		return nil, d.wrapErr(op, err)
+		return 0, d.wrapErr(op, err)
 	}
 	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
 	if _, err := e.exec(ctx, sqlChangeSettingsTx); err != nil {
-		return nil, d.wrapErr(op, err)
+		return 0, d.wrapErr(op, err)
 	}
 	if _, err := e.exec(ctx, d.queries.lockSettings); err != nil {
 		if pgErrCode(err) == "55P03" { // lock_not_available
-			return nil, fmt.Errorf("ferrypg: %s: %w: a producer transaction that appended events did not end within %s; stop the producers and run this again",
+			return 0, fmt.Errorf("ferrypg: %s: %w: a producer transaction that appended events did not end within %s; stop the producers and run this again",
 				op, ferrydriver.ErrPartitionChangeUnsafe, lockTimeout)
 		}
-		return nil, d.wrapErr(op, err)
+		return 0, d.wrapErr(op, err)
 	}
 	if _, err := e.exec(ctx, sqlIndexPlans); err != nil {
-		return nil, d.wrapErr(op, err)
+		return 0, d.wrapErr(op, err)
 	}
 	prev, err := d.storedPartitions(ctx, e)
 	if err != nil && !(p.Force && errors.Is(err, ferrydriver.ErrMisconfigured)) {
-		return nil, err
+		return 0, err
 	}
-	res := &ferrydriver.SetPartitionsResult{Previous: prev, Partitions: p.Partitions}
+	res := prev
 	if !p.Force {
 		problems, err := d.changeProblems(ctx, e, prev)
 		if err != nil {
-			return nil, d.wrapErr(op, err)
+			return 0, d.wrapErr(op, err)
 		}
 		if len(problems) > 0 {
-			return nil, driverkit.PartitionChangeRefused("ferrypg", op, problems)
+			return 0, driverkit.PartitionChangeRefused("ferrypg", op, problems)
 		}
 	}
 	if prev == p.Partitions {
 		return res, nil
 	}
 	if _, err := e.exec(ctx, d.queries.truncateSettings); err != nil {
-		return nil, d.wrapErr(op, err)
+		return 0, d.wrapErr(op, err)
 	}
 	if _, err := e.exec(ctx, d.queries.insertSettings, p.Partitions); err != nil {
-		return nil, d.wrapErr(op, err)
+		return 0, d.wrapErr(op, err)
 	}
 	if err := commit(ctx); err != nil {
-		return nil, d.wrapErr(op+": commit", err)
+		return 0, d.wrapErr(op+": commit", err)
 	}
 	d.stored.Store(int64(p.Partitions))
 	return res, nil

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
 	"github.com/ferry-dev/ferry/ferryevent"
@@ -29,7 +28,7 @@ func TestPartitionsUndeliveredIsCountedByIndex(t *testing.T) {
 	r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
 	r.ReadQuiet(ctx)
 	more := ferrydrivertest.Event("t", "k", "undelivered")
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{more}}))
+	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{more}))
 
 	st, err := decodeCursor(r.Last)
 	require.NoError(t, err)

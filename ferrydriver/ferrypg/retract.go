@@ -16,8 +16,8 @@ import (
 // order, as completion and ingestion lock them), records the events it
 // never received as retracted, inserts the compensations of processed
 // ones, recomputes the keys' heads and tells the callers awaiting them.
-func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) (*ferrydriver.RetractInboxResult, error) {
-	res := &ferrydriver.RetractInboxResult{Prior: make([]ferrydriver.InboxState, len(p.Retractions))}
+func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) ([]ferrydriver.InboxState, error) {
+	res := make([]ferrydriver.InboxState, len(p.Retractions))
 	if len(p.Retractions) == 0 {
 		return res, nil
 	}
@@ -41,7 +41,7 @@ func (d *Driver[TTx]) RetractInbox(ctx context.Context, p *ferrydriver.RetractIn
 	var retracted []uuid.UUID
 	for i, r := range p.Retractions {
 		prior, ok := found[ids[i]]
-		res.Prior[i] = prior
+		res[i] = prior
 		switch {
 		case !ok:
 			absent = append(absent, r.Event)

@@ -16,14 +16,14 @@ import (
 )
 
 // LoadCheckpoint implements ferrydriver.Store.
-func (d *Driver[TTx]) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
-	cp := &ferrydriver.Checkpoint{Feed: p.Feed}
-	err := queryRow(ctx, d.db, []any{&cp.Cursor, &cp.Term, &cp.UpdatedAt}, d.queries.loadCheckpoint, p.Feed)
+func (d *Driver[TTx]) LoadCheckpoint(ctx context.Context, feed string) (*ferrydriver.Checkpoint, error) {
+	cp := &ferrydriver.Checkpoint{Feed: feed}
+	err := queryRow(ctx, d.db, []any{&cp.Cursor, &cp.Term, &cp.UpdatedAt}, d.queries.loadCheckpoint, feed)
 	if isNoRows(err) {
 		return cp, nil
 	}
 	if err != nil {
-		return nil, d.wrapErr("load checkpoint of "+p.Feed, err)
+		return nil, d.wrapErr("load checkpoint of "+feed, err)
 	}
 	return cp, nil
 }
@@ -45,7 +45,7 @@ func scanLease(r []any, l *ferrydriver.Lease) []any {
 }
 
 // AcquireLease implements ferrydriver.Store.
-func (d *Driver[TTx]) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
+func (d *Driver[TTx]) AcquireLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	l := &ferrydriver.Lease{}
 	if err := queryRow(ctx, d.db, scanLease(nil, l), d.queries.acquireLease, p.Name, p.Holder, p.TTL.Milliseconds()); err != nil {
 		return nil, d.wrapErr("acquire lease "+p.Name, err)
@@ -54,7 +54,7 @@ func (d *Driver[TTx]) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLe
 }
 
 // RenewLease implements ferrydriver.Store.
-func (d *Driver[TTx]) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error) {
+func (d *Driver[TTx]) RenewLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	l := &ferrydriver.Lease{}
 	err := queryRow(ctx, d.db, scanLease(nil, l), d.queries.renewLease, p.Name, p.Holder, p.Term, p.TTL.Milliseconds())
 	if isNoRows(err) {
@@ -67,7 +67,7 @@ func (d *Driver[TTx]) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseP
 }
 
 // ReleaseLease implements ferrydriver.Store.
-func (d *Driver[TTx]) ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error {
+func (d *Driver[TTx]) ReleaseLease(ctx context.Context, p *ferrydriver.LeaseParams) error {
 	if _, err := d.db.exec(ctx, d.queries.releaseLease, p.Name, p.Holder, p.Term); err != nil {
 		return d.wrapErr("release lease "+p.Name, err)
 	}
@@ -186,8 +186,8 @@ func refArgs(refs []ferrydriver.DeadLetterRef) (feeds, ids []string) {
 // RedriveDeadLetters implements ferrydriver.Store: the named dead letters
 // are locked, checked, appended to their keys' parked queues in their
 // feeds (sqlRedriveToParked) and deleted, in one transaction.
-func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	if len(p.Letters) == 0 {
+func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, refs []ferrydriver.DeadLetterRef) (int, error) {
+	if len(refs) == 0 {
 		return 0, nil
 	}
 	e, commit, rollback, err := d.begin.begin(ctx)
@@ -195,7 +195,7 @@ func (d *Driver[TTx]) RedriveDeadLetters(ctx context.Context, p *ferrydriver.Dea
 		return 0, d.wrapErr("begin redrive", err)
 	}
 	defer func() { _ = rollback(context.WithoutCancel(ctx)) }()
-	feeds, ids := refArgs(p.Letters)
+	feeds, ids := refArgs(refs)
 	r, err := e.query(ctx, d.queries.selectRedrive, feeds, ids)
 	if err != nil {
 		return 0, d.wrapErr("select dead letters to redrive", err)
@@ -251,11 +251,11 @@ func redrivable(dl *ferrydriver.DeadLetter, decodeErr error) error {
 }
 
 // DiscardDeadLetters implements ferrydriver.Store.
-func (d *Driver[TTx]) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	if len(p.Letters) == 0 {
+func (d *Driver[TTx]) DiscardDeadLetters(ctx context.Context, refs []ferrydriver.DeadLetterRef) (int, error) {
+	if len(refs) == 0 {
 		return 0, nil
 	}
-	feeds, ids := refArgs(p.Letters)
+	feeds, ids := refArgs(refs)
 	n, err := d.db.exec(ctx, d.queries.deleteDeadLetterRefs, feeds, ids)
 	if err != nil {
 		return 0, d.wrapErr("discard dead letters", err)
@@ -264,7 +264,7 @@ func (d *Driver[TTx]) DiscardDeadLetters(ctx context.Context, p *ferrydriver.Dea
 }
 
 // GetDeadLetter implements ferrydriver.Store.
-func (d *Driver[TTx]) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
+func (d *Driver[TTx]) GetDeadLetter(ctx context.Context, p ferrydriver.DeadLetterRef) (*ferrydriver.DeadLetter, error) {
 	q, feed := d.queries.getDeadLetter.of(p.Feed)
 	r, err := d.db.query(ctx, q, feed, p.EventID.String())
 	if err != nil {
@@ -463,7 +463,7 @@ func (d *Driver[TTx]) inIndexPlanTx(ctx context.Context, fn func(e executor) err
 // ferrydriver.ExactCountLimit (sqlFeedLag) after the checkpoint's primary
 // key lookup.
 func (d *Driver[TTx]) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	cp, err := d.LoadCheckpoint(ctx, p.Feed)
 	if err != nil {
 		return nil, err
 	}
@@ -515,7 +515,7 @@ func (d *Driver[TTx]) ListFeeds(ctx context.Context) ([]string, error) {
 // FeedStatus implements ferrydriver.Store.
 func (d *Driver[TTx]) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: p.Feed}
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	cp, err := d.LoadCheckpoint(ctx, p.Feed)
 	if err != nil {
 		return nil, err
 	}

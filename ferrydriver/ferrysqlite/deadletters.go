@@ -145,15 +145,15 @@ func deadLetterArgs(p *ferrydriver.ListDeadLettersParams) []any {
 // RedriveDeadLetters implements ferrydriver.Store: in one write
 // transaction, the named dead letters are checked, appended to their
 // keys' parked queues in their feeds, marked redriven, and deleted.
-func (d *Driver) RedriveDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	if len(p.Letters) == 0 {
+func (d *Driver) RedriveDeadLetters(ctx context.Context, refs []ferrydriver.DeadLetterRef) (int, error) {
+	if len(refs) == 0 {
 		return 0, nil
 	}
 	var n int
 	err := d.write(ctx, "redrive dead letters", func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
  WHERE (feed, event_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))
- ORDER BY failed_at, seq, event_id`, refsJSON(p.Letters))
+ ORDER BY failed_at, seq, event_id`, refsJSON(refs))
 		if err != nil {
 			return d.wrapErr("select dead letters to redrive", err)
 		}
@@ -220,14 +220,14 @@ func refsJSON(refs []ferrydriver.DeadLetterRef) string {
 }
 
 // DiscardDeadLetters implements ferrydriver.Store.
-func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLetterSelection) (int, error) {
-	if len(p.Letters) == 0 {
+func (d *Driver) DiscardDeadLetters(ctx context.Context, refs []ferrydriver.DeadLetterRef) (int, error) {
+	if len(refs) == 0 {
 		return 0, nil
 	}
 	var n int64
 	err := d.write(ctx, "discard dead letters", func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM ferry_dead_letters
- WHERE (feed, event_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))`, refsJSON(p.Letters))
+ WHERE (feed, event_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))`, refsJSON(refs))
 		if err != nil {
 			return d.wrapErr("discard dead letters", err)
 		}
@@ -238,7 +238,7 @@ func (d *Driver) DiscardDeadLetters(ctx context.Context, p *ferrydriver.DeadLett
 }
 
 // GetDeadLetter implements ferrydriver.Store.
-func (d *Driver) GetDeadLetter(ctx context.Context, p *ferrydriver.GetDeadLetterParams) (*ferrydriver.DeadLetter, error) {
+func (d *Driver) GetDeadLetter(ctx context.Context, p ferrydriver.DeadLetterRef) (*ferrydriver.DeadLetter, error) {
 	exact, family := driverkit.FeedFilter(p.Feed)
 	rows, err := d.r.QueryContext(ctx, `SELECT `+deadLetterColumns+` FROM ferry_dead_letters
  WHERE (?1 = '' OR feed = ?1) AND event_id = ?2 AND (?9 = '' OR `+familyTerm+`) ORDER BY failed_at DESC LIMIT 1`,

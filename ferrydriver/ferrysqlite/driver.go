@@ -226,13 +226,13 @@ func (d *Driver) wrapErr(op string, err error) error {
 
 // AppendTx implements ferrydriver.Driver: the events are written in tx
 // (a transaction of DB()) and share its fate.
-func (d *Driver) AppendTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.AppendParams) error {
-	return d.append(ctx, tx, p)
+func (d *Driver) AppendTx(ctx context.Context, tx *sql.Tx, events []*ferryevent.Event) error {
+	return d.append(ctx, tx, events)
 }
 
 // Append implements ferrydriver.Store.
-func (d *Driver) Append(ctx context.Context, p *ferrydriver.AppendParams) error {
-	return d.write(ctx, "append", func(tx *sql.Tx) error { return d.append(ctx, tx, p) })
+func (d *Driver) Append(ctx context.Context, events []*ferryevent.Event) error {
+	return d.write(ctx, "append", func(tx *sql.Tx) error { return d.append(ctx, tx, events) })
 }
 
 // sqlAppend writes one event with its key's next sequence number. The
@@ -248,8 +248,8 @@ const sqlKeyAppended = `
 INSERT INTO ferry_keys (key, seq, last_id, touched_at) VALUES (?, ?, ?, ?)
 ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, last_id = excluded.last_id, touched_at = excluded.touched_at`
 
-func (d *Driver) append(ctx context.Context, tx *sql.Tx, p *ferrydriver.AppendParams) error {
-	if len(p.Events) == 0 {
+func (d *Driver) append(ctx context.Context, tx *sql.Tx, events []*ferryevent.Event) error {
+	if len(events) == 0 {
 		return nil
 	}
 	// The stored partition count, read in the write transaction: no other
@@ -270,7 +270,7 @@ func (d *Driver) append(ctx context.Context, tx *sql.Tx, p *ferrydriver.AppendPa
 	}
 	defer keyStmt.Close()
 	t := micros(now())
-	for _, ev := range p.Events {
+	for _, ev := range events {
 		c, err := encodeEvent(ev)
 		if err != nil {
 			return err

@@ -61,17 +61,17 @@ func scanInboxRows(rows *sql.Rows, group string) ([]*ferrydriver.InboxRow, error
 }
 
 // InsertInbox implements ferrydriver.Inbox.
-func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error) {
-	res := &ferrydriver.InsertInboxResult{Inserted: make([]bool, len(p.Events))}
+func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error) {
+	res := make([]bool, len(p.Events))
 	if len(p.Events) == 0 {
 		return res, nil
 	}
 	op := "insert into inbox of group " + p.Group
 	err := d.write(ctx, op, func(tx *sql.Tx) error {
-		return d.insertInboxTx(ctx, tx, p.Group, p.Events, res.Inserted, micros(now()))
+		return d.insertInboxTx(ctx, tx, p.Group, p.Events, res, micros(now()))
 	})
 	if err != nil {
-		clear(res.Inserted)
+		clear(res)
 		return nil, err
 	}
 	return res, nil
@@ -318,6 +318,11 @@ SELECT EXISTS (SELECT 1 FROM ferry_inbox p WHERE p.group_name = ?1 AND p.state =
 	}
 	return due, nil
 }
+
+// MaxConns implements ferrydriver.Inbox: 0, as SQLite has one writer by
+// design: handlers' transactions take turns on it however many workers a
+// consumer runs, and a bigger pool would not change that.
+func (d *Driver) MaxConns() int { return 0 }
 
 // ClaimHolders implements ferrydriver.Inbox.
 func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {

@@ -243,7 +243,7 @@ SELECT n.group_name, COALESCE(p.hold_dead, 1)
 
 // InboxGroups implements ferrydriver.Admin.
 func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, error) {
-	rows, err := d.r.QueryContext(ctx, sqlInboxGroups, ferrydriver.MaxListedGroups)
+	rows, err := d.r.QueryContext(ctx, sqlInboxGroups, driverkit.MaxListedGroups)
 	if err != nil {
 		return nil, d.wrapErr("list consumer groups", err)
 	}
@@ -315,9 +315,9 @@ DELETE FROM ferry_inbox_keys WHERE group_name = ?1 AND key IN (
 // to AttemptErrorChars, at (microseconds); the oldest entry goes when the
 // history is full. Each argument is an SQL expression.
 func logAttempt(n, state, err, at string) string {
-	return `json_insert(CASE WHEN json_array_length(COALESCE(attempt_log, '[]')) >= ` + strconv.Itoa(ferrydriver.AttemptHistory) +
+	return `json_insert(CASE WHEN json_array_length(COALESCE(attempt_log, '[]')) >= ` + strconv.Itoa(driverkit.AttemptHistory) +
 		` THEN json_remove(attempt_log, '$[0]') ELSE COALESCE(attempt_log, '[]') END, '$[#]', json_object('n', ` + n +
-		`, 'state', ` + state + `, 'error', substr(` + err + `, 1, ` + strconv.Itoa(ferrydriver.AttemptErrorChars) + `), 'at', ` + at + `))`
+		`, 'state', ` + state + `, 'error', substr(` + err + `, 1, ` + strconv.Itoa(driverkit.AttemptErrorChars) + `), 'at', ` + at + `))`
 }
 
 // InboxAttempts implements ferrydriver.Admin.

@@ -14,8 +14,8 @@ import (
 // transaction: the group's rows are retracted, events it never received
 // are recorded as retracted, compensations of processed ones are queued,
 // and the keys' heads recomputed.
-func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) (*ferrydriver.RetractInboxResult, error) {
-	res := &ferrydriver.RetractInboxResult{Prior: make([]ferrydriver.InboxState, len(p.Retractions))}
+func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) ([]ferrydriver.InboxState, error) {
+	res := make([]ferrydriver.InboxState, len(p.Retractions))
 	if len(p.Retractions) == 0 {
 		return res, nil
 	}
@@ -50,7 +50,7 @@ UPDATE ferry_inbox SET state = 'retracted', claimed_by = NULL, claim_expires_at 
 			if err != nil {
 				return err
 			}
-			res.Prior[i] = prior
+			res[i] = prior
 			if !found {
 				// Never received: recorded, then retracted.
 				if err := d.insertInboxTx(ctx, tx, p.Group, []*ferryevent.Event{r.Event}, make([]bool, 1), t); err != nil {

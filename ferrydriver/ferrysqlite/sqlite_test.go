@@ -18,7 +18,7 @@ import (
 func appendOne(ctx context.Context, t *testing.T, drv *ferrysqlite.Driver, key, payload string) *ferryevent.Event {
 	t.Helper()
 	ev := ferrydrivertest.Event("t", key, payload)
-	require.NoError(t, drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ev}}))
+	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{ev}))
 	return ev
 }
 
@@ -87,7 +87,7 @@ func TestMissingSchemaSaysWhatToDo(t *testing.T) {
 	drv, err := ferrysqlite.Open(filepath.Join(t.TempDir(), "empty.db"), nil)
 	require.NoError(t, err)
 	defer drv.Close()
-	err = drv.Append(context.Background(), &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}})
+	err = drv.Append(context.Background(), []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")})
 	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
 	require.Contains(t, err.Error(), "ferry migrate up")
 }
@@ -129,7 +129,7 @@ func TestWriteInsideItsOwnTransactionFailsFast(t *testing.T) {
 	defer cancel()
 	drv := newDriver(t)
 	err := drv.RunInTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		return drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}})
+		return drv.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")})
 	})
 	require.ErrorIs(t, err, ferrysqlite.ErrWriterHeld)
 	require.NoError(t, ctx.Err(), "it did not wait")
@@ -186,7 +186,7 @@ func TestPartitionsMigrationKeepsAnOutboxsCount(t *testing.T) {
 			break
 		}
 	}
-	err := drv.Append(ctx, &ferrydriver.AppendParams{Events: []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")}})
+	err := drv.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("t", "k", "")})
 	require.ErrorIs(t, err, ferrydriver.ErrSchemaMissing)
 	require.ErrorContains(t, err, "migration 004")
 }
@@ -196,19 +196,19 @@ func TestPartitionsMigrationKeepsAnOutboxsCount(t *testing.T) {
 func TestPartitionsChangeWaitsForParkedEvents(t *testing.T) {
 	ctx := context.Background()
 	drv := newDriver(t)
-	l, err := drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "relay", TTL: time.Minute})
+	l, err := drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "relay", TTL: time.Minute})
 	require.NoError(t, err)
 	ev := ferrydrivertest.Event("t", "stuck", "")
 	require.NoError(t, drv.ParkEvents(ctx, &ferrydriver.ParkEventsParams{Feed: "default/0", Holder: "relay", Term: l.Term, Events: []*ferryevent.Event{ev}, Reason: "503"}))
-	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "relay", Term: l.Term}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "relay", Term: l.Term}))
 	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
 	require.ErrorIs(t, err, ferrydriver.ErrPartitionChangeUnsafe)
 	require.ErrorContains(t, err, "feed default/0 has 1 parked event(s)")
 
-	l, err = drv.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "relay", TTL: time.Minute})
+	l, err = drv.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "relay", TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, drv.UnparkEvent(ctx, &ferrydriver.UnparkEventParams{Feed: "default/0", Holder: "relay", Term: l.Term, Key: "stuck", EventID: ev.ID}))
-	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.ReleaseLeaseParams{Name: "default/0", Holder: "relay", Term: l.Term}))
+	require.NoError(t, drv.ReleaseLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "relay", Term: l.Term}))
 	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 2})
 	require.NoError(t, err)
 }

@@ -13,16 +13,16 @@ import (
 )
 
 // LoadCheckpoint implements ferrydriver.Store.
-func (d *Driver) LoadCheckpoint(ctx context.Context, p *ferrydriver.LoadCheckpointParams) (*ferrydriver.Checkpoint, error) {
-	cp := &ferrydriver.Checkpoint{Feed: p.Feed}
+func (d *Driver) LoadCheckpoint(ctx context.Context, feed string) (*ferrydriver.Checkpoint, error) {
+	cp := &ferrydriver.Checkpoint{Feed: feed}
 	var updated int64
-	err := d.r.QueryRowContext(ctx, `SELECT cursor, term, updated_at FROM ferry_checkpoints WHERE feed = ?`, p.Feed).
+	err := d.r.QueryRowContext(ctx, `SELECT cursor, term, updated_at FROM ferry_checkpoints WHERE feed = ?`, feed).
 		Scan(&cp.Cursor, &cp.Term, &updated)
 	if errors.Is(err, sql.ErrNoRows) {
 		return cp, nil
 	}
 	if err != nil {
-		return nil, d.wrapErr("load checkpoint of "+p.Feed, err)
+		return nil, d.wrapErr("load checkpoint of "+feed, err)
 	}
 	cp.UpdatedAt = fromMicros(updated)
 	return cp, nil
@@ -75,7 +75,7 @@ func (d *Driver) readLease(ctx context.Context, q interface {
 }
 
 // AcquireLease implements ferrydriver.Store.
-func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.AcquireLeaseParams) (*ferrydriver.Lease, error) {
+func (d *Driver) AcquireLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	var out *ferrydriver.Lease
 	err := d.write(ctx, "acquire lease "+p.Name, func(tx *sql.Tx) error {
 		t := now()
@@ -96,7 +96,7 @@ ON CONFLICT (name) DO UPDATE SET
 }
 
 // RenewLease implements ferrydriver.Store.
-func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams) (*ferrydriver.Lease, error) {
+func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.LeaseParams) (*ferrydriver.Lease, error) {
 	var out *ferrydriver.Lease
 	err := d.write(ctx, "renew lease "+p.Name, func(tx *sql.Tx) error {
 		t := now()
@@ -115,7 +115,7 @@ func (d *Driver) RenewLease(ctx context.Context, p *ferrydriver.RenewLeaseParams
 }
 
 // ReleaseLease implements ferrydriver.Store.
-func (d *Driver) ReleaseLease(ctx context.Context, p *ferrydriver.ReleaseLeaseParams) error {
+func (d *Driver) ReleaseLease(ctx context.Context, p *ferrydriver.LeaseParams) error {
 	return d.write(ctx, "release lease "+p.Name, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `UPDATE ferry_leases SET expires_at = ? WHERE name = ? AND holder = ? AND term = ?`,
 			micros(now())-1, p.Name, p.Holder, p.Term)
@@ -253,7 +253,7 @@ func (d *Driver) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) 
 // ferrydriver.ExactCountLimit events after the checkpoint and the
 // partition's highest id, both ranges of ferry_outbox_partition_idx.
 func (d *Driver) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (*ferrydriver.FeedLag, error) {
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	cp, err := d.LoadCheckpoint(ctx, p.Feed)
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +321,7 @@ SELECT feed FROM ferry_checkpoints
 // FeedStatus implements ferrydriver.Store.
 func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams) (*ferrydriver.FeedStatus, error) {
 	st := &ferrydriver.FeedStatus{Feed: p.Feed, Now: now()}
-	cp, err := d.LoadCheckpoint(ctx, &ferrydriver.LoadCheckpointParams{Feed: p.Feed})
+	cp, err := d.LoadCheckpoint(ctx, p.Feed)
 	if err != nil {
 		return nil, err
 	}

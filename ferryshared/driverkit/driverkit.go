@@ -7,6 +7,7 @@ package driverkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -16,6 +17,22 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
+
+// The bounds every backend keeps, as the ferrydriver seam documents them.
+const (
+	// AttemptHistory bounds a row's history (Admin.InboxAttempts): the
+	// oldest entries go first.
+	AttemptHistory = 20
+	// AttemptErrorChars bounds the error text of one history entry
+	// (AttemptRecord.Error).
+	AttemptErrorChars = 2048
+	// MaxListedGroups bounds Admin.InboxGroups.
+	MaxListedGroups = 1000
+)
+
+// ErrCursorNeedsFinishedStates is ListInbox's refusal of After with an
+// unfinished state (CheckInboxCursor).
+var ErrCursorNeedsFinishedStates = errors.New("a page after a cursor lists finished states only (dead, processed, discarded, retracted)")
 
 // ExtrapolateLag is the estimate behind FeedLag.Events, for backends:
 // counted events were found after position from, up to and including
@@ -275,7 +292,7 @@ func InboxCursorOf(row *ferrydriver.InboxRow) *ferrydriver.InboxCursor {
 	return &ferrydriver.InboxCursor{FinishedAt: row.FinishedAt, ReceivedAt: row.ReceivedAt, EventID: row.Event.ID}
 }
 
-// CheckInboxCursor returns ferrydriver.ErrCursorNeedsFinishedStates when
+// CheckInboxCursor returns ErrCursorNeedsFinishedStates when
 // p has a cursor and a state that is not finished (no states means DEAD).
 func CheckInboxCursor(p *ferrydriver.ListInboxParams) error {
 	if p.After == nil {
@@ -283,7 +300,7 @@ func CheckInboxCursor(p *ferrydriver.ListInboxParams) error {
 	}
 	for _, s := range p.States {
 		if !s.Finished() {
-			return fmt.Errorf("ferrydriver: list inbox of group %s: state %s: %w", p.Group, s, ferrydriver.ErrCursorNeedsFinishedStates)
+			return fmt.Errorf("ferrydriver: list inbox of group %s: state %s: %w", p.Group, s, ErrCursorNeedsFinishedStates)
 		}
 	}
 	return nil

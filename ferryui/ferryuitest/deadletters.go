@@ -131,7 +131,7 @@ func (s *suite) actionsByFilterStayInTheirFeed(t *testing.T) {
 	shared := ferrydrivertest.Event("orders", "shared", "x")
 	older := ferrydrivertest.Event("orders", "older", "y")
 	for _, feed := range []string{"b/0", "a/0"} {
-		lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: feed, Holder: "suite", TTL: time.Minute})
+		lease, err := store.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: feed, Holder: "suite", TTL: time.Minute})
 		require.NoError(t, err)
 		dls := []*ferrydriver.DeadLetter{{Feed: feed, Event: *shared, Reason: "refused by " + feed}}
 		if feed == "b/0" {
@@ -177,7 +177,7 @@ func (s *suite) actionsByFilterGoPageByPage(t *testing.T) {
 	// Seven dead letters of topic "bulk" on their own feed, one with a
 	// payload of 256 KiB and a reason of 64 KiB: a filter's action takes
 	// a page at a time and says when more may match.
-	lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/1", Holder: "suite", TTL: time.Minute})
+	lease, err := store.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/1", Holder: "suite", TTL: time.Minute})
 	require.NoError(t, err)
 	var bulk []*ferrydriver.DeadLetter
 	for i := range 7 {
@@ -222,7 +222,7 @@ func (s *suite) failuresGroupByReason(t *testing.T) {
 	c := &client{t: t, url: s.url}
 	// Feed default/2: three dead letters of one reason, two of a
 	// hostile one, the newest last.
-	lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/2", Holder: "suite", TTL: time.Minute})
+	lease, err := store.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/2", Holder: "suite", TTL: time.Minute})
 	require.NoError(t, err)
 	// One relay batch shares its failure time: one batch each, apart.
 	var dls []*ferrydriver.DeadLetter

@@ -160,7 +160,7 @@ func (s *suite) eventTimeline(t *testing.T) {
 	// Events the relay has not published yet are found in the backlog,
 	// with how many events of the partition it reads before them.
 	waiting := []*ferryevent.Event{ferrydrivertest.Event("orders", "w", "1"), ferrydrivertest.Event("orders", "w", "2"), ferrydrivertest.Event("orders", "w", Hostile)}
-	require.NoError(t, store.Append(ctx, &ferrydriver.AppendParams{Events: waiting}))
+	require.NoError(t, store.Append(ctx, waiting))
 	var first, last uiapi.EventTimelineJSON
 	c.get("/api/v1/events/"+waiting[0].ID.String(), http.StatusOK, &first)
 	body := c.get("/api/v1/events/"+waiting[2].ID.String(), http.StatusOK, &last)

@@ -33,10 +33,10 @@ import (
 // and what the suite seeds it with.
 type Inbox interface {
 	ferryui.Inbox
-	InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) (*ferrydriver.InsertInboxResult, error)
+	InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error)
 	ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error)
 	FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) error
-	RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) (*ferrydriver.RetractInboxResult, error)
+	RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxParams) ([]ferrydriver.InboxState, error)
 }
 
 // Token is the suite's console token.
@@ -57,7 +57,7 @@ func Run(t *testing.T, store ferrydriver.Store, inbox Inbox) {
 
 	// Seed: three relay dead letters (one hostile) on feed default/0, and
 	// a group "billing" with two DEAD events and a pending one.
-	lease, err := store.AcquireLease(ctx, &ferrydriver.AcquireLeaseParams{Name: "default/0", Holder: "suite", TTL: time.Minute})
+	lease, err := store.AcquireLease(ctx, &ferrydriver.LeaseParams{Name: "default/0", Holder: "suite", TTL: time.Minute})
 	require.NoError(t, err)
 	hostile := ferrydrivertest.Event("orders", Hostile, Hostile)
 	hostile.Headers = map[string]string{"x-note": Hostile}
