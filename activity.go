@@ -11,9 +11,9 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-// DefaultActivityInterval is how often a relay or consumer records what
+// defaultActivityInterval is how often a relay or consumer records what
 // it did (RelayConfig.ActivityInterval, ConsumerConfig.ActivityInterval).
-const DefaultActivityInterval = 10 * time.Second
+const defaultActivityInterval = 10 * time.Second
 
 // activityMeter counts what a relay (of a feed partition) or a consumer
 // (of a group) does between the samples it records in its store

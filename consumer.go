@@ -58,7 +58,7 @@ type Consumer[TTx any] struct {
 	// then on, so registering one after Run panics.
 	frozen atomic.Bool
 	// savepointsUntil (Unix ns): until then batches take savepoints from
-	// the start, a handler having failed in one (SavepointsOnFailure).
+	// the start, a handler having failed in one (without SavepointEach).
 	savepointsUntil atomic.Int64
 	// savepointCooldown is how long (the constant, but in tests).
 	savepointCooldown time.Duration
@@ -156,7 +156,7 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 	defer func() {
 		system := ferrysink.SystemOf(ctx)
 		if system == "" {
-			system = DefaultSystem
+			system = ferryhook.DefaultSystem
 		}
 		c.m.ingested.Add(float64(inserted), system, "inserted")
 		if err == nil {

@@ -70,14 +70,14 @@ type batchOutcome struct {
 // a failing handler's effects are rolled back and recorded as that event's
 // failed attempt, and the others' effects commit.
 //
-// Under SavepointsOnFailure (the default) the batch first runs with no
+// Without ConsumerConfig.SavepointEach the batch first runs with no
 // savepoint. When a handler fails, that transaction is rolled back at
 // once and the batch runs again with a savepoint per handler: the failed
 // event is recorded with the error it just gave (its handler is not
 // called again, so a failure costs it one call and one attempt), the
 // handlers before it run again and commit, and the rest run once. For
 // savepointCooldown after a failure, the consumer's batches take
-// savepoints from the start. Under SavepointsAlways every batch does.
+// savepoints from the start. With SavepointEach every batch does.
 func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, deadline time.Time) {
 	// A tenth of ClaimTTL earlier than one event's: what the batch gives
 	// back must be back before the claims end.
@@ -91,7 +91,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 		}
 	}()
 	var first *firstFailure
-	if c.cfg.Savepoints == SavepointsOnFailure && time.Now().UnixNano() >= c.savepointsUntil.Load() {
+	if !c.cfg.SavepointEach && time.Now().UnixNano() >= c.savepointsUntil.Load() {
 		if first = c.applyBatch(ctx, hctx, b, rows, start, nil); first == nil {
 			return
 		}
@@ -111,7 +111,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, b ferrydriver.InboxBat
 }
 
 // savepointCooldown is how long a consumer's batches take savepoints from
-// the start after a handler failed in one (SavepointsOnFailure): a failing
+// the start after a handler failed in one (without SavepointEach): a failing
 // dependency then does not make every batch run twice.
 const savepointCooldown = 10 * time.Second
 

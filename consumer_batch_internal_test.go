@@ -22,15 +22,15 @@ import (
 // which the last event fails (MaxAttempts 1: it goes DEAD at once), one
 // worker, one batch at a time.
 //
-// SavepointsOnFailure: the first batch runs without savepoints and stops
+// By default the first batch runs without savepoints and stops
 // at the failure; it runs again with them, where the failing event is not
 // called again and the ones before it are. Within the cooldown the next
-// batch takes savepoints from the start: one call each. SavepointsAlways:
-// one call each from the first batch on. Either way every other event is
+// batch takes savepoints from the start: one call each. SavepointEach: one
+// call each from the first batch on. Either way every other event is
 // applied once, with one attempt.
 func TestBatchSavepointsOnFailure(t *testing.T) {
-	for _, mode := range []SavepointMode{SavepointsOnFailure, SavepointsAlways} {
-		t.Run(mode.String(), func(t *testing.T) {
+	for _, each := range []bool{false, true} {
+		t.Run(map[bool]string{false: "OnFailure", true: "SavepointEach"}[each], func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -43,7 +43,7 @@ func TestBatchSavepointsOnFailure(t *testing.T) {
 			require.NoError(t, err)
 
 			c, err := NewConsumer(drv, &ConsumerConfig{Group: "g", Workers: 1, BatchSize: 32, MaxAttempts: 1, DeadPolicy: Continue,
-				Savepoints: mode, PollInterval: 10 * time.Millisecond})
+				SavepointEach: each, PollInterval: 10 * time.Millisecond})
 			require.NoError(t, err)
 			// Under load the second batch may start long after the first
 			// failure: the cooldown must not end between them.
@@ -119,7 +119,7 @@ func TestBatchSavepointsOnFailure(t *testing.T) {
 			j := slices.Index(got, evs[9].ID)
 			require.GreaterOrEqual(t, j, 0)
 			require.Equal(t, 1, countOf(got, evs[9].ID), "the failing event's handler is called once")
-			if mode == SavepointsOnFailure {
+			if !each {
 				require.Equal(t, got[:j], got[j+1:2*j+1], "the run with savepoints calls again the handlers before the failure")
 				require.Len(t, got, 2*j+1+(9-j), "and the rest once")
 				require.Positive(t, j, "the failing event came last")

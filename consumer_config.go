@@ -25,46 +25,6 @@ const (
 	Continue
 )
 
-// SavepointMode says when the handlers of a batch (ConsumerConfig.
-// BatchSize > 1) run inside savepoints of its transaction, which is how a
-// failing handler's effects are undone while the others' commit.
-type SavepointMode int
-
-const (
-	// SavepointsOnFailure runs a batch with no savepoint first. When a
-	// handler fails, that transaction is rolled back at once, before
-	// anything of it commits, and the batch runs again with a savepoint
-	// per handler: the failing event is recorded with the error it gave
-	// (its handler is not called again: one call, one attempt, counted
-	// even when the second run cannot commit), the handlers before it are
-	// called again and commit, those after it run once. A failure that
-	// says the transaction was already aborted (PostgreSQL 25P02: an
-	// earlier handler ignored its statement's error) is not taken as the
-	// handler's own: the second run calls it again. For 10 s after a failure the consumer's batches take
-	// savepoints from the start, so that a failing dependency does not
-	// make every batch run twice. A batch that nothing fails in costs no
-	// subtransaction: on PostgreSQL about a quarter more events/s
-	// (docs/benchmarks.md). The default.
-	SavepointsOnFailure SavepointMode = iota
-	// SavepointsAlways runs every handler of a batch in a savepoint of
-	// its own: each handler is called once per attempt, failing or not.
-	// For handlers that call other systems and must not be called twice
-	// within one attempt (Ferry calls a handler again in a later attempt
-	// anyway, after a crash or a lost claim: pass ev.ID as the
-	// idempotency key).
-	SavepointsAlways
-)
-
-func (m SavepointMode) String() string {
-	switch m {
-	case SavepointsOnFailure:
-		return "SavepointsOnFailure"
-	case SavepointsAlways:
-		return "SavepointsAlways"
-	}
-	return fmt.Sprintf("SavepointMode(%d)", int(m))
-}
-
 // ConsumerConfig configures a Consumer. Group is required.
 type ConsumerConfig struct {
 	// Group names the consumer group: its inbox, its checkpoint on a feed
@@ -75,8 +35,8 @@ type ConsumerConfig struct {
 	Workers int
 	// BatchSize is how many claimed events one transaction may apply: a
 	// failing handler's effects are rolled back and recorded as that
-	// event's failed attempt, and the others commit (see Savepoints for
-	// how). A batch holds runs of one or more keys' events, each key's in
+	// event's failed attempt, and the others commit (see SavepointEach
+	// for how). A batch holds runs of one or more keys' events, each key's in
 	// order (a key's events after one that failed wait for its retry). A
 	// claim is split over the free workers, so a light load runs small
 	// batches at once and adds no latency; a batch whose handlers are slow
@@ -92,9 +52,28 @@ type ConsumerConfig struct {
 	// Default 32: on PostgreSQL about four times the events/s of 1, with
 	// HandleBatch six (docs/benchmarks.md).
 	BatchSize int
-	// Savepoints says when a batch's handlers run in savepoints of its
-	// transaction. Default SavepointsOnFailure.
-	Savepoints SavepointMode
+	// SavepointEach runs every handler of a batch in a savepoint of its
+	// own from the start, so that each is called once per attempt,
+	// failing or not: for handlers that call other systems and must not
+	// be called twice within one attempt (Ferry calls a handler again in a
+	// later attempt anyway, after a crash or a lost claim: pass ev.ID as
+	// the idempotency key). It costs a subtransaction per event.
+	//
+	// Without it (the default) a batch first runs with no savepoint.
+	// When a handler fails, that transaction is rolled back at once,
+	// before anything of it commits, and the batch runs again with a
+	// savepoint per handler: the failing event is recorded with the error
+	// it gave (its handler is not called again: one call, one attempt,
+	// counted even when the second run cannot commit), the handlers before
+	// it are called again and commit, those after it run once. A failure
+	// that says the transaction was already aborted (PostgreSQL 25P02: an
+	// earlier handler ignored its statement's error) is not taken as the
+	// handler's own: the second run calls it again. For 10 s after a
+	// failure the consumer's batches take savepoints from the start, so
+	// that a failing dependency does not make every batch run twice. A
+	// batch that nothing fails in costs no subtransaction: on PostgreSQL
+	// about a quarter more events/s (docs/benchmarks.md).
+	SavepointEach bool
 	// ClaimTTL is how long a worker owns an event it runs. A handler must
 	// finish within it; past it the event may run elsewhere, and this
 	// worker's commit is refused (no double effect). A crashed worker's
@@ -161,7 +140,7 @@ type ConsumerConfig struct {
 	// (events applied, failed and gone DEAD, commit → applied latency,
 	// handler time) in its inbox (ferrydriver.Admin.RecordActivity), for
 	// the console's series. Default
-	// DefaultActivityInterval; negative: never.
+	// 10 s; negative: never.
 	ActivityInterval time.Duration
 }
 
@@ -213,7 +192,7 @@ func (c *ConsumerConfig) WithDefaults() ConsumerConfig {
 		out.ShutdownTimeout = 10 * time.Second
 	}
 	if out.ActivityInterval == 0 {
-		out.ActivityInterval = DefaultActivityInterval
+		out.ActivityInterval = defaultActivityInterval
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -244,11 +223,9 @@ func (c *ConsumerConfig) validate() error {
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("ferry: ConsumerConfig.ShutdownTimeout is %v: use a positive duration (default 10s)", c.ShutdownTimeout)
 	case c.ActivityInterval > 0 && c.ActivityInterval < 10*time.Millisecond:
-		return fmt.Errorf("ferry: ConsumerConfig.ActivityInterval is %v: use at least 10ms, or a negative value for none (default %v)", c.ActivityInterval, DefaultActivityInterval)
+		return fmt.Errorf("ferry: ConsumerConfig.ActivityInterval is %v: use at least 10ms, or a negative value for none (default %v)", c.ActivityInterval, defaultActivityInterval)
 	case c.DeadPolicy != Hold && c.DeadPolicy != Continue:
 		return fmt.Errorf("ferry: ConsumerConfig.DeadPolicy %d is not Hold or Continue", c.DeadPolicy)
-	case c.Savepoints != SavepointsOnFailure && c.Savepoints != SavepointsAlways:
-		return fmt.Errorf("ferry: ConsumerConfig.Savepoints %d is not SavepointsOnFailure or SavepointsAlways", c.Savepoints)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
+	"github.com/ferry-dev/ferry/ferryhook"
 	"github.com/ferry-dev/ferry/ferrysink"
 )
 
@@ -31,12 +32,12 @@ type inboxSink[TTx any] struct{ c *Consumer[TTx] }
 
 // System returns "ferry": the relay writes into the inbox itself, with no
 // broker between (ferrysink.Describer), and its deliveries say so.
-func (s *inboxSink[TTx]) System() string { return DefaultSystem }
+func (s *inboxSink[TTx]) System() string { return ferryhook.DefaultSystem }
 
 // Publish ingests events in one statement: all or none.
 func (s *inboxSink[TTx]) Publish(ctx context.Context, events []*ferryevent.Event) []error {
 	errs := make([]error, len(events))
-	if _, err := s.c.Ingest(ferrysink.WithSystem(ctx, DefaultSystem), events); err != nil {
+	if _, err := s.c.Ingest(ferrysink.WithSystem(ctx, ferryhook.DefaultSystem), events); err != nil {
 		for i := range errs {
 			errs[i] = err
 		}

@@ -142,8 +142,8 @@ back alone and recorded as its event's failed attempt while the others
 commit; the key's later events in the batch then wait behind it. A batch
 first runs with no savepoint, and when a handler fails it rolls back and
 runs again with a savepoint per handler, the failing event recorded with
-the error it gave and the handlers before it called again (see
-SavepointMode; SavepointsAlways takes a savepoint per handler from the
+the error it gave and the handlers before it called again
+(ConsumerConfig.SavepointEach takes a savepoint per handler from the
 start). HandleBatch registers a handler that gets a
 batch's events of its type in one call, one event per key per call (a
 batch runs in rounds: the first event of each key, then the second...),

@@ -11,10 +11,6 @@ import (
 // errors.Is.
 type ValidationError = ferryevent.ValidationError
 
-// ErrLeaseLost is returned (wrapped) when a relay loses its feed to another
-// relay: its writes are fenced off from then on.
-var ErrLeaseLost = ferrydriver.ErrLeaseLost
-
 // ErrSchemaMissing is returned (wrapped) when Ferry's tables do not exist.
 var ErrSchemaMissing = ferrydriver.ErrSchemaMissing
 

@@ -4,11 +4,6 @@ import (
 	"context"
 )
 
-// DefaultSystem is the messaging system that telemetry names when nothing
-// names another: Ferry itself, the transport of the relay's inbox sink
-// (Consumer.Sink) and of an Ingest whose context names none.
-const DefaultSystem = "ferry"
-
 // Middleware wraps every handler call of a consumer, for tracing, logging,
 // metrics or code of your own (ConsumerConfig.Middleware). evs are the
 // events the call applies: one, or for a batch handler (HandleBatch) a

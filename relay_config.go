@@ -116,7 +116,7 @@ type RelayConfig struct {
 	// ActivityInterval is how often the relay records what it did (events
 	// published, failed and dead-lettered, commit → publish latency) in a
 	// store that keeps it (ferrydriver.Admin), for the console's
-	// series. Default DefaultActivityInterval; negative: never.
+	// series. Default 10 s; negative: never.
 	ActivityInterval time.Duration
 }
 
@@ -178,7 +178,7 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	def(&out.StallTimeout, 2*time.Second)
 	def(&out.DeadLetterRetention, 14*24*time.Hour)
 	def(&out.KeyRetention, out.Retention)
-	def(&out.ActivityInterval, DefaultActivityInterval)
+	def(&out.ActivityInterval, defaultActivityInterval)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -190,7 +190,7 @@ func (c *RelayConfig) validate() error {
 	case c.BatchSize < 1:
 		return fmt.Errorf("ferry: RelayConfig.BatchSize is %d: use at least 1 (default 500)", c.BatchSize)
 	case c.ActivityInterval > 0 && c.ActivityInterval < 10*time.Millisecond:
-		return fmt.Errorf("ferry: RelayConfig.ActivityInterval is %v: use at least 10ms, or a negative value for none (default %v)", c.ActivityInterval, DefaultActivityInterval)
+		return fmt.Errorf("ferry: RelayConfig.ActivityInterval is %v: use at least 10ms, or a negative value for none (default %v)", c.ActivityInterval, defaultActivityInterval)
 	case c.Partition < 0:
 		return fmt.Errorf("ferry: RelayConfig.Partition is %d: partitions are numbered from 0", c.Partition)
 	case c.PollInterval < time.Millisecond:

@@ -393,11 +393,6 @@ func fingerprint(input any) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// RequestPruner removes old request records (every Transactor is one).
-type RequestPruner interface {
-	DeleteRequests(ctx context.Context, p *txdriver.DeleteRequestsParams) (int64, error)
-}
-
 // KeepRequests removes request records older than retention every
 // interval (default: retention/10, at most an hour), in batches, until ctx
 // ends. Keep records as long as clients may resend a request: a resend
@@ -405,7 +400,7 @@ type RequestPruner interface {
 // database:
 //
 //	go ferry.KeepRequests(ctx, drv, 7*24*time.Hour, 0)
-func KeepRequests(ctx context.Context, p RequestPruner, retention, interval time.Duration) error {
+func KeepRequests(ctx context.Context, p txdriver.RequestPruner, retention, interval time.Duration) error {
 	if retention <= 0 {
 		return fmt.Errorf("ferry: KeepRequests needs a positive retention, got %v", retention)
 	}

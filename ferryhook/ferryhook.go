@@ -73,7 +73,7 @@ type IngestInfo struct {
 	// ingest's context says (ferrysink.WithSystem): the broker of a source
 	// run by Consume that is a ferrysink.Describer ("nats", "kafka",
 	// "rabbitmq"), "webhook" from ferrywebhook.Handler, "evm" from
-	// ferrychain, "ferry" (ferry.DefaultSystem) from the relay's inbox sink and
+	// ferrychain, "ferry" (DefaultSystem) from the relay's inbox sink and
 	// when the context names none.
 	System string
 	// Events are the events delivered. Read them, do not change them.
@@ -114,6 +114,11 @@ type TxObserver interface {
 	// err what RunTx returns (nil when it committed).
 	OnEnd(attempts int, err error)
 }
+
+// DefaultSystem is the messaging system that telemetry names when nothing
+// names another: Ferry itself, the transport of the relay's inbox sink
+// (ferry.Consumer.Sink) and of an Ingest whose context names none.
+const DefaultSystem = "ferry"
 
 // MetricKind says how a metric is recorded.
 type MetricKind int

@@ -172,7 +172,7 @@ func (t *Tracer) OnPublish(info *ferryhook.PublishInfo) {
 	ev := info.Event
 	system := info.System
 	if system == "" {
-		system = ferry.DefaultSystem
+		system = ferryhook.DefaultSystem
 	}
 	parent := t.Extract(context.Background(), ev)
 	_, span := t.tracer.Start(parent, "send "+ev.Topic,
@@ -218,7 +218,7 @@ func (t *Tracer) OnIngest(info *ferryhook.IngestInfo) {
 	}
 	system := info.System
 	if system == "" {
-		system = ferry.DefaultSystem
+		system = ferryhook.DefaultSystem
 	}
 	links := t.links(info.Events)
 	parent := context.Background()
@@ -255,7 +255,7 @@ func (t *Tracer) Middleware() ferry.Middleware {
 		attrs := []attribute.KeyValue{
 			// The handler reads from the consumer's inbox, whatever
 			// brought the events there (see the package documentation).
-			attribute.String("messaging.system", ferry.DefaultSystem),
+			attribute.String("messaging.system", ferryhook.DefaultSystem),
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.operation.name", "process"),
 			attribute.String("messaging.destination.name", evs[0].Topic),

@@ -72,7 +72,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var findMax bool
 	f.Bool(&findMax, "find-max", "FERRY_BENCH_FIND_MAX", false, "e2e: first find the highest rate the pipeline sustains, then measure at --rate and at half that maximum")
 	var modes string
-	f.String(&modes, "modes", "FERRY_BENCH_MODES", "ceiling,one,batch,batch-savepoints,handlebatch", "consume: which runs, in this order (ceiling: the machine's ceiling; one: one event per transaction; batch: batches (savepoints on failure, the default); batch-savepoints: batches with SavepointsAlways; handlebatch: batches with HandleBatch)")
+	f.String(&modes, "modes", "FERRY_BENCH_MODES", "ceiling,one,batch,batch-savepoints,handlebatch", "consume: which runs, in this order (ceiling: the machine's ceiling; one: one event per transaction; batch: batches (savepoints on failure, the default); batch-savepoints: batches with SavepointEach; handlebatch: batches with HandleBatch)")
 	if err := f.Parse(args[1:]); err != nil {
 		return err
 	}

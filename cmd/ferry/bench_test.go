@@ -38,7 +38,7 @@ func TestBenchConsumeAndSettle(t *testing.T) {
 				"--consumer-batch", "8"}, &out, &errOut)
 			require.Equal(t, 0, code, "stdout: %s\nstderr: %s", out.String(), errOut.String())
 			for _, line := range []string{"ceiling, 4 clients, 1 upsert/tx:", "consume, one event per transaction:", "consume, batches of up to 8:",
-				"consume, batches of 8, SavepointsAlways:", "consume, batches of 8, HandleBatch:"} {
+				"consume, batches of 8, SavepointEach:", "consume, batches of 8, HandleBatch:"} {
 				require.Regexp(t, regexp.QuoteMeta(line)+` +\d+ events/s \(400 in `, out.String())
 			}
 			out.Reset()

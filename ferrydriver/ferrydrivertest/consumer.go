@@ -34,8 +34,8 @@ type ConsumerHarness[TTx any] struct {
 	// counts reads how many committed effects each event has.
 	Effects func(t *testing.T, drv InboxDriver[TTx]) (record func(ctx context.Context, tx TTx, ev *ferryevent.Event) error, counts func(ctx context.Context) (map[uuid.UUID]int, error))
 
-	batch      int                 // ConsumerConfig.BatchSize of the run
-	savepoints ferry.SavepointMode // ConsumerConfig.Savepoints of the run
+	batch      int  // ConsumerConfig.BatchSize of the run
+	savepoints bool // ConsumerConfig.SavepointEach of the run
 }
 
 // ExerciseConsumer runs a ferry.Consumer over the backend: its lifecycle
@@ -51,8 +51,8 @@ func ExerciseConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx]) {
 	for _, mode := range []struct {
 		name       string
 		batch      int
-		savepoints ferry.SavepointMode
-	}{{"BatchSize1", 1, ferry.SavepointsOnFailure}, {"BatchSize32", 32, ferry.SavepointsOnFailure}, {"BatchSize32SavepointsAlways", 32, ferry.SavepointsAlways}} {
+		savepoints bool
+	}{{"BatchSize1", 1, false}, {"BatchSize32", 32, false}, {"BatchSize32SavepointEach", 32, true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			h := h
@@ -112,9 +112,7 @@ func newConsumer[TTx any](t *testing.T, h ConsumerHarness[TTx], d InboxDriver[TT
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = h.batch
 	}
-	if cfg.Savepoints == ferry.SavepointsOnFailure {
-		cfg.Savepoints = h.savepoints
-	}
+	cfg.SavepointEach = cfg.SavepointEach || h.savepoints
 	if cfg.Group == "" {
 		cfg.Group = group
 	}

@@ -1,7 +1,10 @@
 package ferrypg
 
-// All of ferrypg's SQL is in this file and in migrations/. {schema} is
-// replaced by the quoted schema name when a driver is created.
+// SQL of the outbox, its feeds, checkpoints and leases, request records and
+// retention; the inbox's, the parked keys', the dead letters' and the
+// partition count's are in the *_queries.go files beside it, the schema in
+// migrations/. {schema} is replaced by the quoted schema name when a
+// driver is created.
 
 // The append statements are guarded by the schema's stored partition
 // count: $11 is the count the producer computed the partitions with, and
@@ -240,86 +243,6 @@ UPDATE {schema}.leases SET expires_at = now() - interval '1 millisecond'
 
 const sqlGetLease = `SELECT ` + leaseColumns + ` FROM {schema}.leases WHERE name = $1`
 
-const sqlInsertDeadLetters = `
-WITH lease AS (
-    SELECT 1 FROM {schema}.leases
-     WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()
-     FOR SHARE
-), ins AS (
-    INSERT INTO {schema}.dead_letters (feed, event_id, topic, key, seq, type, source,
-                                       content_type, headers, payload, created_at, reason)
-    SELECT $1, t.event_id, t.topic, t.key, t.seq, t.type, t.source, t.content_type,
-           NULLIF(t.headers, '')::jsonb, t.payload, t.created_at, t.reason
-      FROM unnest($4::uuid[], $5::text[], $6::text[], $7::bigint[], $8::text[],
-                  $9::text[], $10::text[], $11::text[], $12::bytea[],
-                  $13::timestamptz[], $14::text[])
-           AS t(event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, reason)
-     WHERE EXISTS (SELECT 1 FROM lease)
-    ON CONFLICT (feed, event_id) DO NOTHING
-)
-SELECT count(*) FROM lease`
-
-const deadLetterColumns = `feed, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at, reason, failed_at`
-
-// deadLetterFilter selects dead letters by feed $1 ({feed}: a partition,
-// exactly, or a feed's partitions, see familyFeed), key $2, type $3, topic
-// $4, failed at or after $5 and before $6, event IDs $7, and a reason
-// containing $8 (each when set). For operators: no index serves every
-// combination; a partition, a key and the failure time are served
-// (dead_letters_feed_failed_at_idx, dead_letters_key_idx,
-// dead_letters_list_idx), a feed's partitions are matched along the list.
-const deadLetterFilter = `
-       {feed} AND ($2 = '' OR key = $2) AND ($3 = '' OR type = $3)
-   AND ($4 = '' OR topic = $4)
-   AND ($5::timestamptz IS NULL OR failed_at >= $5) AND ($6::timestamptz IS NULL OR failed_at < $6)
-   AND (cardinality($7::uuid[]) = 0 OR event_id = ANY ($7::uuid[]))
-   AND ($8 = '' OR strpos(reason, $8) > 0)`
-
-// The feed terms of deadLetterFilter: a partition $1 (any when empty), or the
-// partitions of a feed, $1 being the feed's name and a slash ("hooks/")
-// followed by a partition number. A statement of each is prepared.
-const (
-	exactFeed  = `($1 = '' OR feed = $1)`
-	familyFeed = `(left(feed, length($1)) = $1 AND substr(feed, length($1) + 1) ~ '^[0-9]+$')`
-)
-
-// sqlListDeadLetters lists them newest failure first, after the cursor
-// ($10, $11; 'infinity' and the nil UUID for the first page), $9 at
-// most. The cursor is always there, and "failed_at <= $10" first, so that
-// under any plan a page is a range of dead_letters_list_idx (migration
-// 009) that starts where the page begins, instead of a filter over every
-// newer row (TestConsolePagesAreFlat).
-const sqlListDeadLetters = `
-SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
- WHERE ` + deadLetterFilter + `
-   AND failed_at <= $10::text::timestamptz AND (failed_at < $10::text::timestamptz OR event_id > $11::uuid)
- ORDER BY failed_at DESC, event_id LIMIT $9`
-
-// sqlCountMatchingDeadLetters counts what sqlListDeadLetters lists,
-// every match (`ferry dlq list`'s "showing 100 of 2,096").
-const sqlCountMatchingDeadLetters = `SELECT count(*) FROM {schema}.dead_letters WHERE ` + deadLetterFilter
-
-// sqlSelectRedrive locks the named dead letters ($1 feeds, $2 event IDs)
-// to redrive, oldest failure first and, within a failure (one relay
-// batch), in the key's order. A concurrent redrive of the same ones waits
-// and then finds them gone.
-const sqlSelectRedrive = `
-SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
- WHERE (feed, event_id) IN (SELECT f, e FROM unnest($1::text[], $2::uuid[]) AS s(f, e))
- ORDER BY failed_at, seq, event_id FOR UPDATE`
-
-// sqlDeleteDeadLetterRefs removes the named dead letters ($1 feeds, $2
-// event IDs): a discard, or a redrive's in its transaction.
-const sqlDeleteDeadLetterRefs = `
-DELETE FROM {schema}.dead_letters d USING unnest($1::text[], $2::uuid[]) AS s(feed, event_id)
- WHERE d.feed = s.feed AND d.event_id = s.event_id`
-
-// sqlGetDeadLetter reads an event's newest dead letter, of feed $1 when
-// set ({feed}, as in deadLetterFilter).
-const sqlGetDeadLetter = `
-SELECT ` + deadLetterColumns + ` FROM {schema}.dead_letters
- WHERE {feed} AND event_id = $2 ORDER BY failed_at DESC LIMIT 1`
-
 // sqlDeleteDelivered removes delivered events: at or below the previous
 // batch's high id and visible to the previous snapshot (a row of a
 // transaction that was still running then may not be delivered yet), older
@@ -339,26 +262,6 @@ DELETE FROM {schema}.outbox o USING (
      WHERE h.created_at < now() - $4 * interval '1 millisecond'
        AND h.xid < $6::text::xid8 AND h.xid <> ALL ($3::text[]::xid8[])) s
  WHERE o.partition = $1 AND o.id = s.id`
-
-// sqlDeleteDeadLetters removes a feed's dead letters older than the
-// retention, oldest first, $3 at a time: a range of
-// dead_letters_feed_failed_at_idx (migration 005), O($3) however many are
-// kept. It runs in an index-plan transaction (inIndexPlanTx). Over 100,000
-// dead letters analysed as none: 2 buffers when none is old enough (below),
-// 505 for a chunk of 100 when all are (TestDeadLetterRetentionIsBounded):
-//
-//	Delete on dead_letters d
-//	  -> Nested Loop
-//	       -> Subquery Scan on s -> Limit
-//	            -> Index Scan using dead_letters_feed_failed_at_idx on dead_letters
-//	                 Index Cond: ((feed = 'dl/0'::text) AND (failed_at < (now() - '01:00:00'::interval)))
-//	       -> Index Scan using dead_letters_pkey on dead_letters d  Index Cond: ((feed = s.feed) AND (event_id = s.event_id))
-const sqlDeleteDeadLetters = `
-DELETE FROM {schema}.dead_letters d USING (
-    SELECT feed, event_id FROM {schema}.dead_letters
-     WHERE feed = $1 AND failed_at < now() - $2 * interval '1 millisecond'
-     ORDER BY failed_at LIMIT $3) s
- WHERE d.feed = s.feed AND d.event_id = s.event_id`
 
 // sqlKeysChunk reads the next $2 keys of the sweep after $1, in primary
 // key order (O($2), in an index-plan transaction), with the transaction
@@ -395,11 +298,6 @@ DELETE FROM {schema}.keys k USING (
      FOR UPDATE OF keys SKIP LOCKED) s
  WHERE k.key = s.key`
 
-// sqlIndexPlans keeps bitmap and sequential scans out of the rest of a
-// transaction's plans (see inIndexPlanTx): the transaction-local form of
-// the scan settings feedSettings gives the feed's session.
-const sqlIndexPlans = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
-
 // sqlFeedLag measures the lag of a feed position for the relay's
 // heartbeat, O($3) whatever the backlog: it counts the first $3 events
 // above the position and reads the partition's highest id ("ORDER BY id
@@ -428,14 +326,6 @@ SELECT count(*), min(created_at) FROM {schema}.outbox WHERE partition = $1 AND i
 
 const sqlPartitionCursors = `SELECT cursor FROM {schema}.checkpoints WHERE partition = $1 AND cursor IS NOT NULL`
 
-// sqlCountDeadLetters counts a feed's dead letters, at most $2 of them: an
-// index-only range of the primary key, O($2).
-const sqlCountDeadLetters = `
-SELECT count(*), now() FROM (SELECT 1 FROM {schema}.dead_letters WHERE feed = $1 LIMIT $2) d`
-
-// sqlCountDeadLettersExact counts all of them (`ferry status --exact`).
-const sqlCountDeadLettersExact = `SELECT count(*), now() FROM {schema}.dead_letters WHERE feed = $1`
-
 // Request records (migration 003). A claim inserts the row; a concurrent
 // claim of the same ID waits for the first transaction on the primary key
 // and then inserts nothing (READ COMMITTED) or fails with a serialization
@@ -451,184 +341,18 @@ DELETE FROM {schema}.requests WHERE id IN (
     SELECT id FROM {schema}.requests WHERE created_at < now() - $1 * interval '1 millisecond'
      ORDER BY created_at LIMIT $2)`
 
-// Parked events (migration 006). The relay's writes are fenced like
-// sqlInsertDeadLetters.
-
+// sqlLeaseShare fences a relay's writes of parked events and dead letters:
+// it holds the feed's lease row, shared, until the transaction ends.
 const sqlLeaseShare = `
 SELECT 1 FROM {schema}.leases
  WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()
  FOR SHARE`
-
-// sqlParkEvents appends events to their keys' queues, in the caller's order.
-const sqlParkEvents = `
-WITH lease AS (` + sqlLeaseShare + `
-), ins AS (
-    INSERT INTO {schema}.parked (feed, key, event_id, topic, seq, type, source,
-                                 content_type, headers, payload, created_at, reason)
-    SELECT $1, t.key, t.event_id, t.topic, t.seq, t.type, t.source, t.content_type,
-           NULLIF(t.headers, '')::jsonb, t.payload, t.created_at, $14
-      FROM unnest($4::uuid[], $5::text[], $6::text[], $7::bigint[], $8::text[],
-                  $9::text[], $10::text[], $11::text[], $12::bytea[], $13::timestamptz[])
-           WITH ORDINALITY AS t(event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, ord)
-     WHERE EXISTS (SELECT 1 FROM lease)
-     ORDER BY t.ord
-    ON CONFLICT (feed, event_id) DO NOTHING
-)
-SELECT count(*) FROM lease`
-
-const parkedColumns = `p.event_id, p.topic, p.key, p.seq, p.type, p.source, p.content_type, p.headers::text, p.payload, p.created_at, p.parked_at, p.held, p.reason, p.redriven, p.attempts, COALESCE(p.first_failure, 'epoch')`
-
-// sqlParkedHeadsOf reads the head of each key named: one primary-key probe
-// per key, whatever the length of its queue.
-//
-//	Nested Loop -> Function Scan on unnest k
-//	            -> Limit -> Index Scan using parked_pkey on parked p
-//	                          Index Cond: ((feed = $1) AND (key = k.key))
-const sqlParkedHeadsOf = `
-SELECT ` + parkedColumns + `, 0::bigint
-  FROM unnest($2::text[]) AS k(key)
- CROSS JOIN LATERAL (
-       SELECT * FROM {schema}.parked p
-        WHERE p.feed = $1 AND p.key = k.key
-        ORDER BY p.id LIMIT 1) p`
-
-// sqlParkedHeads lists every parked key's head with its queue length; it
-// reads every parked row of the feed (leadership start, ferry status).
-const sqlParkedHeads = `
-SELECT ` + parkedColumns + `, p.queued FROM (
-    SELECT DISTINCT ON (key) *, count(*) OVER (PARTITION BY key) AS queued
-      FROM {schema}.parked WHERE feed = $1
-     ORDER BY key, id) p
- ORDER BY p.parked_at, p.key
- LIMIT $2`
-
-// sqlParkedRedriven reads the head of each key (at most $2) with a
-// redriven event in its queue: the keys from parked_redriven_idx
-// (migration 017), which holds the redriven events waiting only, then a
-// primary-key probe per key.
-const sqlParkedRedriven = `
-SELECT ` + parkedColumns + `, 0::bigint
-  FROM (SELECT DISTINCT key FROM {schema}.parked WHERE feed = $1 AND redriven LIMIT $2) k
- CROSS JOIN LATERAL (
-       SELECT * FROM {schema}.parked p
-        WHERE p.feed = $1 AND p.key = k.key
-        ORDER BY p.id LIMIT 1) p`
-
-// sqlRedriveToParked appends the dead letters named ($1 feeds, $2 event
-// IDs, in that order) to their keys' queues in their feeds, marked
-// redriven: what RedriveDeadLetters does, in its transaction.
-const sqlRedriveToParked = `
-INSERT INTO {schema}.parked (feed, key, event_id, topic, seq, type, source,
-                             content_type, headers, payload, created_at, reason, redriven)
-SELECT d.feed, d.key, d.event_id, d.topic, d.seq, d.type, d.source, d.content_type, d.headers, d.payload, d.created_at,
-       'redriven by an operator after: ' || d.reason, true
-  FROM unnest($1::text[], $2::uuid[]) WITH ORDINALITY AS s(feed, event_id, ord)
-  JOIN {schema}.dead_letters d ON d.feed = s.feed AND d.event_id = s.event_id
- ORDER BY s.ord
-ON CONFLICT (feed, event_id) DO NOTHING`
-
-// sqlUnparkEvent removes a key's head, storing it as a dead letter when
-// $6 (the reason) is not NULL.
-const sqlUnparkEvent = `
-WITH lease AS (` + sqlLeaseShare + `
-), del AS (
-    DELETE FROM {schema}.parked
-     WHERE feed = $1 AND event_id = $5 AND key = $4 AND EXISTS (SELECT 1 FROM lease)
-    RETURNING *
-), dl AS (
-    INSERT INTO {schema}.dead_letters (feed, event_id, topic, key, seq, type, source,
-                                       content_type, headers, payload, created_at, reason)
-    SELECT feed, event_id, topic, key, seq, type, source, content_type, headers, payload, created_at, $6
-      FROM del WHERE $6::text IS NOT NULL
-    ON CONFLICT (feed, event_id) DO NOTHING
-)
-SELECT count(*) FROM lease`
-
-const sqlHoldParked = `
-WITH lease AS (` + sqlLeaseShare + `
-), up AS (
-    UPDATE {schema}.parked SET held = true, reason = $6
-     WHERE feed = $1 AND event_id = $5 AND key = $4 AND EXISTS (SELECT 1 FROM lease)
-)
-SELECT count(*) FROM lease`
-
-// sqlSetParkedAttempts records the failed attempts ($6) of a key's head
-// and the time of the first ($7), fenced.
-const sqlSetParkedAttempts = `
-WITH lease AS (` + sqlLeaseShare + `
-), up AS (
-    UPDATE {schema}.parked SET attempts = $6, first_failure = $7
-     WHERE feed = $1 AND event_id = $5 AND key = $4 AND EXISTS (SELECT 1 FROM lease)
-)
-SELECT count(*) FROM lease`
-
-// sqlReleaseParked lets the relay retry a key's head ($3 false) or moves
-// the head to the dead letters ($3 true). It returns one row if the key
-// has a parked event.
-const sqlReleaseParked = `
-WITH h AS (
-    SELECT feed, key, id FROM {schema}.parked
-     WHERE feed = $1 AND key = $2 ORDER BY id LIMIT 1 FOR UPDATE
-), up AS (
-    UPDATE {schema}.parked p SET held = false, attempts = 0, first_failure = NULL
-      FROM h WHERE NOT $3 AND (p.feed, p.key, p.id) = (h.feed, h.key, h.id)
-), del AS (
-    DELETE FROM {schema}.parked p USING h
-     WHERE $3 AND (p.feed, p.key, p.id) = (h.feed, h.key, h.id)
-    RETURNING p.*
-), dl AS (
-    INSERT INTO {schema}.dead_letters (feed, event_id, topic, key, seq, type, source,
-                                       content_type, headers, payload, created_at, reason)
-    SELECT feed, event_id, topic, key, seq, type, source, content_type, headers, payload, created_at,
-           'skipped by an operator after: ' || reason
-      FROM del
-    ON CONFLICT (feed, event_id) DO NOTHING
-)
-SELECT count(*) FROM h`
 
 // sqlListLeases reads the leases whose name starts with $1. The leases
 // table has a row per feed partition, relay group member and chain group:
 // small enough to scan.
 const sqlListLeases = `SELECT ` + leaseColumns + ` FROM {schema}.leases
  WHERE left(name, length($1)) = $1 ORDER BY name`
-
-// Partition count (migration 004; see appendGuard and SetPartitions).
-const sqlStoredPartitions = `SELECT partitions FROM {schema}.settings`
-
-// sqlLockSettings takes the lock that every producer statement's ACCESS
-// SHARE conflicts with: it waits for the producer transactions that read
-// the count and holds new ones back until the change commits. lock_timeout
-// bounds the wait, which new producers would spend queued behind it.
-const sqlLockSettings = `LOCK TABLE {schema}.settings IN ACCESS EXCLUSIVE MODE`
-
-// sqlChangeSettingsTx starts SetPartitions' transaction: READ COMMITTED
-// whatever default_transaction_isolation says, so that the checks after
-// the lock see every producer transaction it waited for (a REPEATABLE READ
-// snapshot could predate them), and a bounded wait for the lock.
-const sqlChangeSettingsTx = `SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '` + lockTimeout + `'`
-
-// sqlTruncateSettings empties settings for the new row. TRUNCATE is not
-// MVCC-safe, and that is why it is used: a REPEATABLE READ producer whose
-// snapshot predates the change sees no row at all, not the old count, so
-// its append writes nothing and asks for the transaction to run again.
-const sqlTruncateSettings = `TRUNCATE {schema}.settings`
-
-const sqlInsertSettings = `INSERT INTO {schema}.settings (partitions) VALUES ($1)`
-
-// sqlLiveLeases lists the leases that have not expired (relays' and
-// others'; SetPartitions keeps the relays' by name).
-const sqlLiveLeases = `
-SELECT name, holder, extract(epoch FROM expires_at - now())::float8 FROM {schema}.leases
- WHERE expires_at > now() ORDER BY name`
-
-const sqlAllCheckpoints = `SELECT feed, partition, cursor FROM {schema}.checkpoints ORDER BY feed`
-
-// sqlHighestPartition is the highest partition with an event, or -1: the
-// last entry of outbox_pkey.
-const sqlHighestPartition = `
-SELECT COALESCE((SELECT partition FROM {schema}.outbox ORDER BY partition DESC LIMIT 1), -1)`
-
-const sqlPartitionHasEvents = `SELECT EXISTS (SELECT FROM {schema}.outbox WHERE partition = $1)`
 
 // sqlListFeeds names every feed with a checkpoint, a lease, dead letters
 // or parked events: the checkpoints and leases tables (a row per feed
@@ -652,48 +376,6 @@ SELECT feed FROM {schema}.checkpoints
  UNION SELECT feed FROM dl WHERE feed IS NOT NULL
  UNION SELECT feed FROM pk WHERE feed IS NOT NULL
  ORDER BY 1`
-
-// sqlParkedByFeed counts the events relays have parked (migration 006),
-// per feed: a feed's checkpoint passes them, but they are not delivered.
-// O(parked events), which are a stuck key's few.
-const sqlParkedByFeed = `SELECT feed, count(*) FROM {schema}.parked GROUP BY feed ORDER BY feed`
-
-// sqlUndelivered counts, up to $8, the events of partition $1 that a feed
-// at a given cursor has not delivered (see feedState): every event visible
-// to the cursor's base snapshot was delivered ($2 xmax, $3 running xids:
-// the current snapshot when the batch is done, $4, else the previous one),
-// and so was every event of an unfinished batch at or below After ($5)
-// that the current snapshot ($6, $7) sees. The candidates, the events the
-// base snapshot does not see, are found through outbox_xid_idx: the
-// transactions that started since, and those it saw running. With no
-// writer left (SetPartitions holds them back) that is O(events since the
-// cursor), not O(outbox); the transaction is planned without sequential
-// or bitmap scans (sqlIndexPlans). On a 20,000-row outbox, one event since
-// the cursor, 10 buffers (TestPartitionsUndeliveredIsCountedByIndex):
-//
-//	Aggregate
-//	  -> Limit
-//	       -> Append
-//	            -> Subquery Scan on "*SELECT* 1"
-//	                 -> Index Only Scan using outbox_xid_idx on outbox
-//	                      Index Cond: (xid >= '62860'::xid8)
-//	                      Filter: ((partition + 0) = 0)
-//	            -> Subquery Scan on "*SELECT* 2"
-//	                 -> Index Only Scan using outbox_xid_idx on outbox outbox_1
-//	                      Index Cond: ((xid = ANY ('{62855,62856}'::xid8[])) AND (xid < '62860'::xid8))
-//	                      Filter: ((partition + 0) = 0)
-const sqlUndelivered = `
-SELECT count(*) FROM (
-    SELECT FROM (
-        SELECT id, xid FROM {schema}.outbox
-         WHERE xid >= $2::text::xid8 AND partition + 0 = $1
-        UNION ALL
-        SELECT id, xid FROM {schema}.outbox
-         WHERE xid = ANY ($3::text[]::xid8[]) AND xid < $2::text::xid8 AND partition + 0 = $1
-    ) c
-     WHERE $4 OR c.id > $5 OR NOT (c.xid < $6::text::xid8 AND c.xid <> ALL ($7::text[]::xid8[]))
-     LIMIT $8
-) u`
 
 // sqlOutboxEvents lists outbox events for ferrydriver.OutboxReader (tests of
 // what an application emitted): $1 topic, $2 key, $3 type (” any), $4 the

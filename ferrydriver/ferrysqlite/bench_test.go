@@ -107,19 +107,19 @@ func BenchmarkConsume(b *testing.B) {
 	for _, sync := range []string{"NORMAL", "FULL"} {
 		for _, m := range []struct {
 			batch int
-			sp    ferry.SavepointMode
-		}{{1, ferry.SavepointsOnFailure}, {32, ferry.SavepointsOnFailure}, {32, ferry.SavepointsAlways}} {
+			sp    bool
+		}{{1, false}, {32, false}, {32, true}} {
 			batch := m.batch
 			name := "synchronous=" + sync + "/BatchSize=" + strconv.Itoa(batch)
-			if m.sp == ferry.SavepointsAlways {
-				name += "/SavepointsAlways"
+			if m.sp {
+				name += "/SavepointEach"
 			}
 			b.Run(name, func(b *testing.B) {
 				drv, _ := benchDriver(b, sync)
 				ctx := context.Background()
 				_, err := drv.DB().Exec(`CREATE TABLE projection (customer TEXT PRIMARY KEY, orders INTEGER NOT NULL, last_seq INTEGER NOT NULL)`)
 				require.NoError(b, err)
-				c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "bench", BatchSize: batch, Savepoints: m.sp, PollInterval: 5 * time.Millisecond,
+				c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "bench", BatchSize: batch, SavepointEach: m.sp, PollInterval: 5 * time.Millisecond,
 					Logger: slog.New(slog.DiscardHandler)})
 				require.NoError(b, err)
 				var applied atomic.Int64

@@ -38,6 +38,12 @@ type Transactor[TTx any] interface {
 	FinishRequestTx(ctx context.Context, tx TTx, p *FinishRequestParams) error
 	// GetRequest reads a committed request record, or ferrydriver.ErrNotFound.
 	GetRequest(ctx context.Context, id string) (*RequestRecord, error)
+	RequestPruner
+}
+
+// RequestPruner removes old request records (every Transactor is one:
+// ferry.KeepRequests takes it).
+type RequestPruner interface {
 	// DeleteRequests removes records created more than p.OlderThan ago, at
 	// most p.Limit; it returns how many.
 	DeleteRequests(ctx context.Context, p *DeleteRequestsParams) (int64, error)

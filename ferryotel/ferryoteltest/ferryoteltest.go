@@ -157,7 +157,7 @@ func testOneTrace(t *testing.T, p Pipeline) {
 		"messaging.message.id": ev.ID.String(), "ferry.key": "order-1", "ferry.feed": "billing/0",
 	})
 	requireAttrs(t, process, map[string]string{
-		"messaging.system": ferry.DefaultSystem, "messaging.operation.type": "process", "messaging.destination.name": "orders", "messaging.message.id": ev.ID.String(),
+		"messaging.system": ferryhook.DefaultSystem, "messaging.operation.type": "process", "messaging.destination.name": "orders", "messaging.message.id": ev.ID.String(),
 		"messaging.consumer.group.name": "billing", "ferry.key": "order-1",
 	})
 }
