@@ -65,15 +65,7 @@ func (r *runner) runPhase(ctx context.Context, s phaseSpec) (res Result) {
 		}
 	}
 	nonce := rand.Uint64()
-	var n int
-	switch s.load {
-	case loadOpen:
-		n = int(float64(s.rate)*(r.p.Warmup+r.p.Steady).Seconds()) + 1
-	case loadClosed:
-		n = r.p.MaxEvents
-	default:
-		n = s.events
-	}
+	n := r.phaseEvents(s)
 	tr := newTracker(n, r.o.Keys)
 
 	relay := s.impl != ""
@@ -97,42 +89,20 @@ func (r *runner) runPhase(ctx context.Context, s phaseSpec) (res Result) {
 	}
 
 	if s.load == loadDrain {
-		metas := make([]Meta, n)
-		for g := range metas {
-			metas[g] = Meta{G: int64(g), Key: g%r.o.Keys + 1, Seq: int64(g/r.o.Keys + 1)}
+		note, err := r.preload(ctx, s, tr, n, nonce)
+		if err != nil {
+			return fail(err)
 		}
-		t := time.Now()
-		if err := s.c.Preload(ctx, r.env, nonce, metas); err != nil {
-			return fail(fmt.Errorf("preload: %w", err))
-		}
-		res.Note = fmt.Sprintf("preload %.1f s", time.Since(t).Seconds())
-		for g := range n {
-			tr.commit(int64(g))
-		}
-		if err := s.c.Analyze(ctx, r.env); err != nil {
-			return fail(fmt.Errorf("analyze: %w", err))
-		}
+		res.Note = note
 	}
 
 	var ch *child
 	if relay {
-		args := []string{"--impl", s.impl, "--stream", stream, "--prefix", prefix}
-		if s.c != nil {
-			args = append(args, s.c.RelayArgs(r.env)...)
-		}
-		if r.o.CPUProfiles {
-			dir := filepath.Join(r.o.Out, "pprof")
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return fail(err)
-			}
-			name := strings.NewReplacer("/", "_", " ", "_", "=", "").Replace(fmt.Sprintf("%s-%s-%s-r%d.pprof", s.name, s.scenario, s.param, r.rep))
-			args = append(args, "--cpuprofile", filepath.Join(dir, name))
-		}
-		if s.load == loadPublish {
-			args = append(args, "--count", strconv.Itoa(n), "--nonce", strconv.FormatUint(nonce, 10), "--keys", strconv.Itoa(r.o.Keys))
+		args, err := r.relayArgs(s, stream, prefix, n, nonce)
+		if err != nil {
+			return fail(err)
 		}
 		fmt.Fprintf(r.relayLog, "=== %s %s %s %s repeat %d\n", time.Now().Format(time.RFC3339), s.name, s.scenario, s.param, r.rep)
-		var err error
 		if ch, err = r.startChild(args); err != nil {
 			return fail(err)
 		}
@@ -199,10 +169,19 @@ func (r *runner) runPhase(ctx context.Context, s phaseSpec) (res Result) {
 	}
 	stopConsumer()
 
-	// Figures.
-	cpu := cpuDelta(s0, s1)
-	res.CPU = &cpu
-	res.Seconds = float64(loadEnd-loadStart) / 1e9
+	res.CPU = new(cpuDelta(s0, s1))
+	r.figures(&res, s, tr, relay, timedOut, phaseTimes{goAt, loadStart, loadEnd}, samples)
+
+	return res
+}
+
+// phaseTimes are a phase's moments on its tracker's clock: when the relay
+// was let go, and when the load started and ended.
+type phaseTimes struct{ goAt, loadStart, loadEnd int64 }
+
+// figures fills res from what the phase's tracker saw.
+func (r *runner) figures(res *Result, s phaseSpec, tr *tracker, relay, timedOut bool, t phaseTimes, samples []sample) {
+	res.Seconds = float64(t.loadEnd-t.loadStart) / 1e9
 	res.Committed = tr.nCommitted.Load()
 	res.Delivered = tr.nReceived.Load()
 	res.ProducerErrors = tr.prodErrors.Load()
@@ -226,22 +205,73 @@ func (r *runner) runPhase(ctx context.Context, s phaseSpec) (res Result) {
 		res.ProducerTx = tr.txDurations(0, 0)
 		if relay {
 			res.CommitLatency, _, res.StoredLatency = tr.latencies(0, 0)
-			if last := tr.lastRecv.Load(); last > loadStart {
-				res.DeliveredRate = float64(res.Delivered) / (float64(last-loadStart) / 1e9)
+			if last := tr.lastRecv.Load(); last > t.loadStart {
+				res.DeliveredRate = float64(res.Delivered) / (float64(last-t.loadStart) / 1e9)
 			}
 		}
 	case loadOpen:
-		r.judge(&res, tr, s.rate, loadStart, samples)
+		r.judge(res, tr, s.rate, t.loadStart, samples)
 	case loadDrain, loadPublish:
 		if f := tr.firstRecv.Load(); f > 0 {
-			res.FirstDelivery = float64(f-goAt) / 1e9
+			res.FirstDelivery = float64(f-t.goAt) / 1e9
 		}
 		if l := tr.lastRecv.Load(); l > 0 {
-			res.DrainSeconds = float64(l-goAt) / 1e9
+			res.DrainSeconds = float64(l-t.goAt) / 1e9
 			res.DrainRate = float64(res.Delivered) / res.DrainSeconds
 		}
 	}
-	return res
+}
+
+// phaseEvents is how many events a phase may produce (its tracker's size).
+func (r *runner) phaseEvents(s phaseSpec) int {
+	switch s.load {
+	case loadOpen:
+		return int(float64(s.rate)*(r.p.Warmup+r.p.Steady).Seconds()) + 1
+	case loadClosed:
+		return r.p.MaxEvents
+	}
+	return s.events
+}
+
+// preload writes a drain phase's backlog of n events before the relay
+// starts, and says how long it took.
+func (r *runner) preload(ctx context.Context, s phaseSpec, tr *tracker, n int, nonce uint64) (note string, err error) {
+	metas := make([]Meta, n)
+	for g := range metas {
+		metas[g] = Meta{G: int64(g), Key: g%r.o.Keys + 1, Seq: int64(g/r.o.Keys + 1)}
+	}
+	t := time.Now()
+	if err := s.c.Preload(ctx, r.env, nonce, metas); err != nil {
+		return "", fmt.Errorf("preload: %w", err)
+	}
+	note = fmt.Sprintf("preload %.1f s", time.Since(t).Seconds())
+	for g := range n {
+		tr.commit(int64(g))
+	}
+	if err := s.c.Analyze(ctx, r.env); err != nil {
+		return "", fmt.Errorf("analyze: %w", err)
+	}
+	return note, nil
+}
+
+// relayArgs are the relay child's arguments for a phase.
+func (r *runner) relayArgs(s phaseSpec, stream, prefix string, n int, nonce uint64) ([]string, error) {
+	args := []string{"--impl", s.impl, "--stream", stream, "--prefix", prefix}
+	if s.c != nil {
+		args = append(args, s.c.RelayArgs(r.env)...)
+	}
+	if r.o.CPUProfiles {
+		dir := filepath.Join(r.o.Out, "pprof")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		name := strings.NewReplacer("/", "_", " ", "_", "=", "").Replace(fmt.Sprintf("%s-%s-%s-r%d.pprof", s.name, s.scenario, s.param, r.rep))
+		args = append(args, "--cpuprofile", filepath.Join(dir, name))
+	}
+	if s.load == loadPublish {
+		args = append(args, "--count", strconv.Itoa(n), "--nonce", strconv.FormatUint(nonce, 10), "--keys", strconv.Itoa(r.o.Keys))
+	}
+	return args, nil
 }
 
 // snapshot reads the CPU counters; the bench's own PostgreSQL processes

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -17,9 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ferry-dev/ferry"
-	"github.com/ferry-dev/ferry/ferryhook"
-	"github.com/ferry-dev/ferry/ferryprom"
 	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/nats-io/nats.go"
@@ -322,127 +318,45 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	if err := dc.validate(); err != nil {
 		return err // before anything touches the database or the broker
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(dc.logLevel)); err != nil {
-		return usagef("--log-level / FERRY_LOG_LEVEL %q: use debug, info, warn or error", dc.logLevel)
-	}
-	log := slog.New(tracedLogs(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})))
-
-	var defaults []string
-	if dc.embedded && dc.db.url == "" {
-		defaults = append(defaults, "SQLite "+dc.db.embeddedDB())
+	log, err := dc.logger(stderr)
+	if err != nil {
+		return err
 	}
 	if strings.HasPrefix(dc.sinkURL, "nats://") && dc.natsURL == "" {
 		dc.natsURL = dc.sinkURL
 	}
-	other, useOther, err := openSinkURL(ctx, dc.sinkURL, log)
+	dest, other, err := openSinkURL(ctx, dc.sinkURL, log)
 	if err != nil {
 		return err
 	}
-	if useOther {
-		defer other.close()
+	if other {
+		defer dest.close()
 	}
-	if dc.embedded && dc.natsURL == "" && !useOther {
-		defaults = append(defaults, "NATS JetStream in "+filepath.Join(dc.db.dataDir, "nats"))
-	}
-	if len(defaults) > 0 {
-		log.Info("ferry: no database or broker configured: using the embedded defaults (set --database-url and --nats-url, or a config file, for your own)",
-			"embedded", defaults, "data_dir", dc.db.dataDir)
-	}
-	dc.db.log = log // the backend's own lines (a MariaDB feed's recovery) join the relay's
-	b, err := dc.db.open(ctx, dc.embedded)
+	dc.sayDefaults(log, other)
+	b, err := dc.openStore(ctx, log)
 	if err != nil {
 		return err
 	}
 	defer b.close()
-	if dc.migrate || (dc.embedded && dc.db.url == "") {
-		if err := migrateUp(ctx, b.store, log); err != nil {
+	if !other {
+		if dest, err = openNATS(ctx, dc, log); err != nil {
 			return err
 		}
-	}
-	// Backends whose stream history can age out (MongoDB's oplog) check
-	// that retention covers it plus an outage.
-	if rc, ok := b.store.(interface {
-		CheckRetention(context.Context, time.Duration) (string, error)
-	}); ok && dc.retention > 0 {
-		if warning, err := rc.CheckRetention(ctx, dc.retention); err != nil {
-			log.Warn("ferry: could not compare the outbox retention with the oplog window", "err", err)
-		} else if warning != "" {
-			log.Warn("ferry: " + warning)
-		}
-	}
-	var (
-		sink    ferrysink.Sink
-		ready   func() error
-		dest    []any
-		another func(context.Context) (ferrysink.Sink, error)
-	)
-	if useOther {
-		sink, ready, dest, another = other.sink, other.ready, other.label, other.another
-	} else {
-		ns, err := openNATS(ctx, dc, log)
-		if err != nil {
-			return err
-		}
-		defer ns.close()
-		sink, ready, dest, another = ns.sink, ns.ready, ns.label, ns.another
-	}
-
-	policy := ferry.Hold
-	if dc.deadPolicy == "continue" {
-		policy = ferry.Continue
+		defer dest.close()
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	n, err := partitionCount(ctx, b, dc.db.partitions)
+	d, err := dc.newRelays(ctx, b, dest, reg, log)
 	if err != nil {
 		return err
-	}
-	partitions := []int{dc.partition}
-	if dc.allPartitions {
-		partitions = partitions[:0]
-		for p := range n {
-			partitions = append(partitions, p)
-		}
-	}
-	// ferry run shares the partitions with the other processes running
-	// relays for the feed; ferry relay --partition runs just one.
-	var bal *ferry.Balancer
-	if dc.allPartitions {
-		bal, err = ferry.NewBalancer(b.store, &ferry.BalancerConfig{Feed: dc.feed, Partitions: len(partitions), HolderID: dc.holder, LeaseTTL: dc.leaseTTL, Logger: log})
-		if err != nil {
-			return err
-		}
-	}
-	var relays []*ferry.Relay
-	for i, p := range partitions {
-		// Each relay gets its own sink when its connection is fenced
-		// (openedSink.another).
-		sink := sink
-		if i > 0 && another != nil {
-			if sink, err = another(ctx); err != nil {
-				return err
-			}
-		}
-		relay, err := ferry.NewRelay(b.store, sink, &ferry.RelayConfig{
-			Feed: dc.feed, Partition: p, HolderID: dc.holder, BatchSize: dc.batch, PollInterval: dc.poll,
-			LeaseTTL: dc.leaseTTL, Retention: dc.retention, ShutdownTimeout: dc.shutdown, Logger: log,
-			StallTimeout: dc.stall, MaxAttempts: dc.maxAttempts, MaxAge: dc.maxAge, DeadPolicy: policy,
-			DeadLetterRetention: dc.deadLetterRetention, KeyRetention: dc.keyRetention, Balancer: bal,
-			Hooks: append([]ferryhook.Hook{ferryprom.New(wrapPartition(reg, p, len(partitions)))}, hooks...),
-		})
-		if err != nil {
-			return usagef("%v", err)
-		}
-		relays = append(relays, relay)
 	}
 	if dc.metricsAddr != "" && dc.metricsAddr != "off" {
 		srv, err := serveMetrics(ctx, dc.metricsAddr, reg, func(ctx context.Context) error {
 			if err := b.ping(ctx); err != nil {
 				return fmt.Errorf("database: %w", err)
 			}
-			return ready()
-		}, newPipelineProbe(relays, partitions, b.store, dc))
+			return dest.ready()
+		}, newPipelineProbe(d.relays, d.partitions, b.store, dc))
 		if err != nil {
 			return fmt.Errorf("serve metrics on --metrics-addr / FERRY_METRICS_ADDR %s: %w (\"off\" disables it)", dc.metricsAddr, err)
 		}
@@ -451,27 +365,17 @@ func runDaemon(ctx context.Context, dc *daemonConfig, stderr io.Writer) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	if dc.ui.addr != "" && dc.ui.addr != "off" {
-		dc.ui.feed = dc.feed
-		ui, err := startUI(b, dc.ui, stderr)
+		stop, err := dc.serveUI(gctx, g, b, stderr, log)
 		if err != nil {
-			return fmt.Errorf("serve the admin API on --ui-addr / FERRY_UI_ADDR %s: %w (\"off\" disables it)", dc.ui.addr, err)
+			return err
 		}
-		srv := ui.srv
-		defer srv.Close()
-		log.Info("ferry: admin API and console", "url", ui.url, "console", ui.console, "says", strings.Join(ui.says(dc.ui), "; "))
-		g.Go(func() error {
-			if err := srv.Serve(ui.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("admin API: %w", err)
-			}
-			return nil
-		})
-		g.Go(func() error { <-gctx.Done(); return srv.Close() })
+		defer stop()
 	}
-	if bal != nil {
-		g.Go(func() error { return bal.Run(gctx) })
+	if d.bal != nil {
+		g.Go(func() error { return d.bal.Run(gctx) })
 	}
-	for _, relay := range relays {
-		log.Info("ferry: relay starting", append([]any{"feed", relay.FeedName(), "database", b.label}, dest...)...)
+	for _, relay := range d.relays {
+		log.Info("ferry: relay starting", append([]any{"feed", relay.FeedName(), "database", b.label}, dest.label...)...)
 		g.Go(func() error { return relay.Run(gctx) })
 	}
 	if err := g.Wait(); err != nil {
