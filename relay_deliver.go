@@ -176,38 +176,39 @@ func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 	if err := p.loadParked(); err != nil {
 		return err
 	}
+	heartbeat := time.NewTicker(p.r.cfg.HeartbeatInterval)
+	defer heartbeat.Stop()
+	end, err := p.deliver(stop, reads, heartbeat.C)
+	if err != nil {
+		return err
+	}
+	return p.drain(end, heartbeat.C)
+}
+
+// deliver reads, publishes and settles until stop ends (it returns a nil
+// end) or the feed's read does (it returns that read's result), or an
+// error ends the leadership.
+func (p *pipeline) deliver(stop context.Context, reads <-chan readResult, heartbeat <-chan time.Time) (end *readResult, err error) {
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	lingering, lingered := false, false
 	var wake *time.Timer
-	heartbeat := time.NewTicker(p.r.cfg.HeartbeatInterval)
-	defer heartbeat.Stop()
-	// stopping: no more reads or sends; the calls in flight may finish
-	// (until pubCtx ends, or for StallTimeout after a failed read).
-	stopping := false
-	var readErr error
-	var draining <-chan time.Time
 	for {
-		if err := p.pubCtx.Err(); err != nil && !stopping {
-			return context.Cause(p.pubCtx)
-		}
-		if stopping && p.inFlight == 0 {
-			return readErr
+		if err := p.pubCtx.Err(); err != nil {
+			return nil, context.Cause(p.pubCtx)
 		}
 		var readCh <-chan readResult
 		var saved <-chan struct{}
-		if !stopping {
-			// The channel is taken before the second look, so that a save
-			// completing in between still wakes the loop.
-			progressed := p.ck.progressed()
-			if p.canRead() {
-				readCh = reads
-			} else if p.ck.unsaved() > 0 {
-				saved = progressed
-			}
+		// The channel is taken before the second look, so that a save
+		// completing in between still wakes the loop.
+		progressed := p.ck.progressed()
+		if p.canRead() {
+			readCh = reads
+		} else if p.ck.unsaved() > 0 {
+			saved = progressed
 		}
 		var wakeC <-chan time.Time
-		if next, ok := p.nextWake(); ok && !stopping {
+		if next, ok := p.nextWake(); ok {
 			if wake == nil {
 				wake = time.NewTimer(time.Until(next))
 			} else {
@@ -215,71 +216,84 @@ func (p *pipeline) run(stop context.Context, reads <-chan readResult) error {
 			}
 			wakeC = wake.C
 		}
-		var stopC <-chan struct{}
-		if !stopping {
-			stopC = stop.Done()
-		}
 		select {
 		case res := <-readCh:
 			if res.batch == nil {
-				// Let what is in flight be acknowledged, so that the
-				// checkpoint saved before the feed is reopened covers it.
-				readErr, stopping = res.err, true
-				t := time.NewTimer(p.r.cfg.StallTimeout)
-				defer t.Stop()
-				draining = t.C
-				continue
+				return &res, nil
 			}
 			if err := p.add(res.batch); err != nil {
-				return err
+				return nil, err
 			}
 		case <-p.outcomes.signal:
 			if err := p.settle(p.outcomes.take()); err != nil {
-				return err
+				return nil, err
 			}
 		case <-saved:
 		case <-wakeC:
 		case <-linger.C:
 			lingering, lingered = false, true
-		case <-heartbeat.C:
+		case <-heartbeat:
 			if err := p.beat(); err != nil {
-				return err
+				return nil, err
 			}
-		case <-stopC:
-			stopping = true
-			continue
-		case <-draining:
-			return readErr
+		case <-stop.Done():
+			return nil, nil
 		case <-p.pubCtx.Done():
-			if !stopping {
-				return context.Cause(p.pubCtx)
-			}
-			// Stopping, and the shutdown timeout is up: what is still in
-			// flight is abandoned (its calls report it as failed).
-			if err := p.settle(p.outcomes.take()); err != nil {
-				return err
-			}
-			if p.inFlight > 0 {
-				p.r.log.Warn("ferry: stopping with events still unacknowledged; the next leader publishes them again", "events", p.inFlight)
-				return readErr
-			}
+			return nil, context.Cause(p.pubCtx)
 		}
 		if wake != nil {
 			wake.Stop()
 		}
-		if stopping {
-			continue
-		}
 		if err := p.park(); err != nil {
-			return err
+			return nil, err
 		}
 		if err := p.loadHeads(); err != nil {
-			return err
+			return nil, err
 		}
 		p.releaseBackoff(time.Now())
 		p.send(linger, &lingering, &lingered)
 		p.advance()
 	}
+}
+
+// drain lets the calls in flight finish, reading and sending nothing more:
+// until pubCtx ends (the shutdown timeout), or, after a read that ended
+// (end), for StallTimeout at most, so that the checkpoint saved before the
+// feed is reopened covers what was acknowledged. It returns end's error.
+func (p *pipeline) drain(end *readResult, heartbeat <-chan time.Time) error {
+	var readErr error
+	var stalled <-chan time.Time
+	if end != nil {
+		readErr = end.err
+		t := time.NewTimer(p.r.cfg.StallTimeout)
+		defer t.Stop()
+		stalled = t.C
+	}
+	for p.inFlight > 0 {
+		select {
+		case <-p.outcomes.signal:
+			if err := p.settle(p.outcomes.take()); err != nil {
+				return err
+			}
+		case <-heartbeat:
+			if err := p.beat(); err != nil {
+				return err
+			}
+		case <-stalled:
+			return readErr
+		case <-p.pubCtx.Done():
+			// The shutdown timeout is up: what is still in flight is
+			// abandoned (its calls report it as failed).
+			if err := p.settle(p.outcomes.take()); err != nil {
+				return err
+			}
+			if p.inFlight > 0 {
+				p.r.log.Warn("ferry: stopping with events still unacknowledged; the next leader publishes them again", "events", p.inFlight)
+			}
+			return readErr
+		}
+	}
+	return readErr
 }
 
 // beat is the pipeline's periodic work: stuck keys and duplicates
