@@ -64,13 +64,14 @@ type Admin interface {
 	// oldest first; nil when the group has no such row or it never
 	// failed. The history is kept as long as the row: its failed
 	// attempts, each with its error and what it left the row in, and the
-	// operators' redrives of it, the latest 20 of them (driverkit.AttemptHistory).
-	// Nothing is written for an attempt that processed, nor on the path of
-	// one that did: the history costs failures only. An attempt that ended
-	// with no report (its worker crashed, or outlived its claim) has no
-	// entry of its own; the attempt numbers around it show it. A row whose
-	// attempts such ends spent goes DEAD with an entry of
-	// ReasonAttemptsExhausted, numbered with the attempts it had.
+	// operators' redrives of it, the latest 20 of them
+	// (driverkit.AttemptHistory). Nothing is written for an attempt that
+	// processed, nor on the path of one that did: the history costs
+	// failures only. An attempt that ended with no report (its worker
+	// crashed, or outlived its claim) has no entry of its own; the attempt
+	// numbers around it show it. A row whose attempts such ends spent goes
+	// DEAD with an entry of ReasonAttemptsExhausted, numbered with the
+	// attempts it had.
 	InboxAttempts(ctx context.Context, p *InboxAttemptsParams) ([]AttemptRecord, error)
 
 	// InboxGroups lists the consumer groups: every group whose dead policy
