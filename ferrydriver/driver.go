@@ -309,10 +309,6 @@ type Capabilities struct {
 	// ConcurrentWriters: several transactions can write the outbox at once
 	// (false for SQLite, which has a single writer).
 	ConcurrentWriters bool
-	// InboxRuns: ClaimInbox takes runs of a key's rows (ClaimInboxParams.
-	// PerKey) and CompleteInboxTx keeps the rest of a run claimed
-	// (CompleteInboxParams.Keep); without it, claims take heads only.
-	InboxRuns bool
 }
 
 // Migration is one numbered, reversible schema change.

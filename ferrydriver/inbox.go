@@ -334,8 +334,7 @@ type ClaimInboxParams struct {
 	// Limit bounds the rows claimed.
 	Limit int
 	// PerKey bounds the rows claimed of one key (a run of its next rows,
-	// in order); 0 or 1: its head only. Backends that claim row by row
-	// claim heads only, whatever it says.
+	// in order); 0 or 1: its head only.
 	PerKey int
 	// Keys bounds the keys claimed; 0: Limit.
 	Keys int
@@ -379,8 +378,7 @@ type CompleteInboxParams struct {
 	// Keep keeps the claim on the key's later rows of the same claim,
 	// which the caller runs next, each in a transaction of its own, in
 	// order (a run of a key's events claimed together: ClaimInboxParams.
-	// PerKey). Without it, those rows run again, uncounted. Backends that
-	// claim row by row ignore it.
+	// PerKey). Without it, those rows run again, uncounted.
 	Keep bool
 }
 

@@ -62,7 +62,6 @@ func testInboxModel[TTx any](t *testing.T, d InboxDriver[TTx]) {
 		t.Run(sit.name, func(t *testing.T) {
 			r := &mrun[TTx]{t: t, ctx: ctxT(t, 2*time.Minute), d: d, group: fmt.Sprintf("model-%02d", i), sit: sit.name,
 				m: inboxmodel.New(), events: map[string]*ferryevent.Event{}, claims: map[string][]string{}, mclaims: map[string][]string{}}
-			r.m.Runs = d.Capabilities().InboxRuns
 			for j, s := range sit.steps {
 				r.step, r.desc = j+1, s.String()
 				r.run(s)
@@ -120,8 +119,7 @@ func (r *mrun[TTx]) ids(names []string) []uuid.UUID {
 }
 
 // token is an event's latest claim token (its first, when stale) on each
-// side; none for an event never claimed (a backend that claims heads only
-// did not take a row of a run).
+// side; none for an event never claimed.
 func (r *mrun[TTx]) token(name string, stale bool) (backend, model string) {
 	b, m := r.claims[name], r.mclaims[name]
 	if len(b) != len(m) {

@@ -103,9 +103,8 @@ type situation struct {
 
 // modelSituations cover every transition of inboxmodel: claims of PENDING,
 // FAILED (due or not) and expired heads, busy keys, Limit and Keys,
-// MaxAttempts at an ordinary claim and at a rescue, runs (PerKey, on
-// backends with Capabilities.InboxRuns; heads only elsewhere) and their
-// give-backs, complete (with and without Keep) and fail under current,
+// MaxAttempts at an ordinary claim and at a rescue, runs (PerKey) and
+// their give-backs, complete (with and without Keep) and fail under current,
 // stale and lost claims, uncounted failures, both dead policies and their
 // changes, redrive and discard (of DEAD rows and others), retraction, and
 // reaped claims.

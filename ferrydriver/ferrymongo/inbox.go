@@ -324,8 +324,8 @@ func (d *Driver) refreshKey(tx context.Context, group, key string, now time.Time
 // claimed meanwhile conflicts and is skipped.
 func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
 	now := time.Now().UTC()
-	// One head per key: as many as both Limit and Keys allow (PerKey does
-	// not apply: rows are claimed one by one).
+	// As many keys as both Limit and Keys allow; Limit bounds the rows
+	// too (a key's run counts its rows).
 	limit := int64(max(p.Limit, 1))
 	if p.Keys > 0 {
 		limit = min(limit, int64(p.Keys))
@@ -350,33 +350,37 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 		return nil, fmt.Errorf("ferrymongo: claim inbox rows of group %s: %w", p.Group, err)
 	}
 	var out []*ferrydriver.InboxRow
+	seen := map[string]bool{}
 	for _, k := range keys {
 		if p.Rescue {
-			k.K = k.Key
+			k.K = k.Key // a run's rows share the claim's expiry: a key once
 		}
-		row, err := d.claimKey(ctx, p, k.K)
+		if seen[k.K] || len(out) >= max(p.Limit, 1) {
+			continue
+		}
+		seen[k.K] = true
+		rows, err := d.claimKey(ctx, p, k.K, max(p.Limit, 1)-len(out))
 		if err != nil {
 			if hasLabel(err, labelTransient) || hasCode(err, codeWriteConflict) {
 				continue // another worker changed the key first
 			}
 			return out, fmt.Errorf("ferrymongo: claim key %s of group %s: %w", k.K, p.Group, err)
 		}
-		if row != nil {
-			out = append(out, row)
-		}
+		out = append(out, rows...)
 	}
 	return out, nil
 }
 
-// claimKey claims the head of one key in a transaction of its own, without
-// WithTransaction's retries: a conflict means someone else has it.
-func (d *Driver) claimKey(ctx context.Context, p *ferrydriver.ClaimInboxParams, key string) (*ferrydriver.InboxRow, error) {
+// claimKey claims the head of one key (and, with p.PerKey, a run of its
+// rows: see claimKeyTx), at most room rows, in a transaction of its own,
+// without WithTransaction's retries: a conflict means someone else has it.
+func (d *Driver) claimKey(ctx context.Context, p *ferrydriver.ClaimInboxParams, key string, room int) ([]*ferrydriver.InboxRow, error) {
 	tx, sess, end, err := d.startTx(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer end()
-	row, err := d.claimKeyTx(tx, p, key)
+	rows, err := d.claimKeyTx(tx, p, key, room)
 	if err != nil {
 		_ = sess.AbortTransaction(context.WithoutCancel(tx))
 		return nil, err
@@ -384,10 +388,16 @@ func (d *Driver) claimKey(ctx context.Context, p *ferrydriver.ClaimInboxParams, 
 	if err := sess.CommitTransaction(tx); err != nil {
 		return nil, err
 	}
-	return row, nil
+	return rows, nil
 }
 
-func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams, key string) (*ferrydriver.InboxRow, error) {
+// claimKeyTx claims, in tx, the key's head and, when the head is PENDING
+// and p.PerKey > 1 (an ordinary claim), the key's next PENDING rows, up to
+// p.PerKey rows and room: a run, each row PROCESSING under one token,
+// passing DEAD rows that the group's policy lets the key pass and stopping
+// at any other row that cannot run now. A head whose attempts are spent
+// goes DEAD instead.
+func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams, key string, room int) ([]*ferrydriver.InboxRow, error) {
 	now := time.Now().UTC()
 	h, err := d.keyHead(tx, p.Group, key, now)
 	if err != nil {
@@ -424,28 +434,83 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		if err := d.refreshKey(tx, p.Group, key, now); err != nil {
 			return nil, err
 		}
-		return doc.row()
+		row, err := doc.row()
+		if err != nil {
+			return nil, err
+		}
+		return []*ferrydriver.InboxRow{row}, nil
+	}
+	run := []bson.D{{{Key: "_id", Value: h.doc.ID}}}
+	if h.doc.State == string(ferrydriver.InboxPending) && !p.Rescue && p.PerKey > 1 {
+		more, err := d.runAfter(tx, p.Group, key, h.doc.Pos, min(p.PerKey, room)-1)
+		if err != nil {
+			return nil, err
+		}
+		run = append(run, more...)
 	}
 	expires := now.Add(p.TTL)
 	token := uuid.NewString()
-	var doc inboxDoc
-	err = d.inbox().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: h.doc.ID}},
-		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claimed_by", Value: p.Worker},
-			{Key: "claim_token", Value: token}, {Key: "claim_expires_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}}},
-		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
-	if err != nil {
-		return nil, err
+	var out []*ferrydriver.InboxRow
+	for _, id := range run {
+		var doc inboxDoc
+		err = d.inbox().FindOneAndUpdate(tx, id,
+			bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claimed_by", Value: p.Worker},
+				{Key: "claim_token", Value: token}, {Key: "claim_expires_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}}},
+			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
+		if err != nil {
+			return nil, err
+		}
+		row, err := doc.row()
+		if err != nil {
+			return nil, err
+		}
+		row.Claim = token
+		out = append(out, row)
 	}
 	if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "v", Value: int64(1)}}}}); err != nil {
 		return nil, err
 	}
-	row, err := doc.row()
+	return out, nil
+}
+
+// runAfter returns the ids of the rows a run takes after its PENDING head
+// at pos, at most n: the key's next PENDING rows, in order, passing DEAD
+// rows that the group's policy lets the key pass and stopping at any other
+// row that cannot run now (FAILED, PROCESSING, DEAD holding the key).
+func (d *Driver) runAfter(tx context.Context, group, key string, pos int64, n int) ([]bson.D, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	hold, err := d.policy(tx, group)
 	if err != nil {
 		return nil, err
 	}
-	row.Claim = token
-	return row, nil
+	states := unfinishedStates
+	if !hold {
+		states = unfinishedStates[:3]
+	}
+	cur, err := d.inbox().Find(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "pos", Value: bson.D{{Key: "$gt", Value: pos}}},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: states}}}},
+		options.Find().SetSort(bson.D{{Key: "pos", Value: 1}}).SetLimit(int64(n)).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "state", Value: 1}}))
+	if err != nil {
+		return nil, err
+	}
+	var docs []struct {
+		ID    bson.Raw `bson:"_id"`
+		State string   `bson:"state"`
+	}
+	if err := cur.All(tx, &docs); err != nil {
+		return nil, err
+	}
+	var out []bson.D
+	for _, doc := range docs {
+		if doc.State != string(ferrydriver.InboxPending) {
+			break
+		}
+		out = append(out, bson.D{{Key: "_id", Value: doc.ID}})
+	}
+	return out, nil
 }
 
 // RunInTx implements ferrydriver.Inbox: fn runs in a session transaction
@@ -461,7 +526,7 @@ func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx co
 
 // CompleteInboxTx implements ferrydriver.Inbox.
 func (d *Driver) CompleteInboxTx(_ context.Context, tx context.Context, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false)
+	return d.finish(tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false, p.Keep)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -475,11 +540,15 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = &at
 	}
 	return d.inTx(ctx, func(tx context.Context) error {
-		return d.finish(tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted)
+		return d.finish(tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted, false)
 	})
 }
 
-func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted bool) error {
+// finish moves a claimed row to state and, unless keep, gives the rest of
+// its run back: the key's later rows still PROCESSING under the claim
+// become PENDING again, their attempt taken back (they run again under a
+// later claim, uncounted).
+func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted, keep bool) error {
 	if claim == "" {
 		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: no claim token: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -511,6 +580,13 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 		if _, err := d.inbox().UpdateOne(tx, bson.D{{Key: "_id", Value: doc.ID}},
 			bson.D{pushAttempt(doc.Attempts, state, lastErr, now)}); err != nil {
 			return fmt.Errorf("ferrymongo: record the failed attempt of event %s: %w", id, err)
+		}
+	}
+	if !keep {
+		if _, err := d.inbox().UpdateMany(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: doc.Key}, {Key: "pos", Value: bson.D{{Key: "$gt", Value: doc.Pos}}},
+			{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claim_token", Value: claim}},
+			finishUpdate(bson.D{{Key: "state", Value: string(ferrydriver.InboxPending)}}, true)); err != nil {
+			return fmt.Errorf("ferrymongo: give back the rest of a run of inbox key %s: %w", doc.Key, err)
 		}
 	}
 	if err := d.refreshKey(tx, group, doc.Key, now); err != nil {

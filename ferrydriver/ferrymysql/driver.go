@@ -221,7 +221,7 @@ func (d *Driver) Name() string { return "mysql" }
 // Capabilities implements ferrydriver.Store: the binlog pushes commits to
 // the feed, and InnoDB has concurrent writers.
 func (d *Driver) Capabilities() ferrydriver.Capabilities {
-	return ferrydriver.Capabilities{NotifyWakeups: true, ConcurrentWriters: true, InboxRuns: true}
+	return ferrydriver.Capabilities{NotifyWakeups: true, ConcurrentWriters: true}
 }
 
 // PartitionOf returns the outbox partition Append writes key to.

@@ -291,7 +291,6 @@ func (d *Driver[TTx]) Capabilities() ferrydriver.Capabilities {
 	return ferrydriver.Capabilities{
 		NotifyWakeups:     d.canWait && !d.cfg.DisableNotify,
 		ConcurrentWriters: true,
-		InboxRuns:         true,
 	}
 }
 

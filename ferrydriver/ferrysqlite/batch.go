@@ -31,19 +31,38 @@ func (d *Driver) Savepoint(ctx context.Context, tx *sql.Tx, fn func(ctx context.
 
 // FinishInboxTx implements ferrydriver.InboxBatcher. SQLite runs in
 // process, so one statement per row costs no round trip: each row is
-// finished as CompleteInboxTx and FailInbox do.
+// finished as CompleteInboxTx and FailInbox do, keeping its run's claim;
+// then the rows of each run that the batch did not report (after a key's
+// last reported row) are given back.
 func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.FinishInboxParams) ([]uuid.UUID, error) {
+	type run struct{ key, claim string }
 	var lost []uuid.UUID
+	last := map[run]int64{}
+	var runs []run
 	for _, r := range p.Rows {
 		var retry any
 		if r.State == ferrydriver.InboxFailed {
 			retry = micros(r.RetryAt)
 		}
-		err := d.finish(ctx, tx, p.Group, r.EventID, r.Claim, r.State, r.Error, retry, r.Uncounted)
+		key, pos, err := d.finishRow(ctx, tx, p.Group, r.EventID, r.Claim, r.State, r.Error, retry, r.Uncounted, true)
 		switch {
 		case errors.Is(err, ferrydriver.ErrClaimLost):
 			lost = append(lost, r.EventID)
+			continue
 		case err != nil:
+			return nil, err
+		}
+		k := run{key, r.Claim}
+		if _, ok := last[k]; !ok {
+			runs = append(runs, k)
+		}
+		last[k] = max(last[k], pos)
+	}
+	for _, k := range runs {
+		if err := d.giveBack(ctx, tx, p.Group, k.key, last[k], k.claim); err != nil {
+			return nil, err
+		}
+		if err := d.refreshKey(ctx, tx, p.Group, k.key, micros(now())); err != nil {
 			return nil, err
 		}
 	}

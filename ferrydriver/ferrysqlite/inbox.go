@@ -22,6 +22,10 @@ import (
 
 const unfinished = `state IN ('pending', 'processing', 'failed', 'dead')`
 
+// holdsOrNotDead passes a row of group ?1 unless it is DEAD and the group's
+// policy (Hold when none is stored) lets the key's later rows run.
+const holdsOrNotDead = `(state <> 'dead' OR COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?1), 1))`
+
 // settleFallback is how often AwaitSettled reads the states again when no
 // commit of this process woke it: consumers in another process sharing the
 // database file finish events without telling this one.
@@ -120,6 +124,7 @@ ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = excluded.runnable_at
 // head is a key's oldest unfinished row.
 type head struct {
 	id, state    string
+	pos          int64
 	attempts     int
 	nextAttempt  int64
 	claimExpires sql.NullInt64
@@ -151,15 +156,14 @@ func (d *Driver) keyHead(ctx context.Context, tx *sql.Tx, group, key string, t i
 	// One statement: a key without a head has no row running either (a
 	// running row is unfinished, so it would be the head).
 	err := tx.QueryRowContext(ctx, `
-SELECT h.event_id, h.state, h.attempts, h.next_attempt_at, h.claim_expires_at,
+SELECT h.event_id, h.state, h.pos, h.attempts, h.next_attempt_at, h.claim_expires_at,
        (SELECT max(p.claim_expires_at) FROM ferry_inbox p
          WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at > ?3 AND p.event_id <> h.event_id),
        EXISTS (SELECT 1 FROM ferry_inbox p
          WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at <= ?3 AND p.event_id <> h.event_id)
-  FROM (SELECT event_id, state, attempts, next_attempt_at, claim_expires_at FROM ferry_inbox
-         WHERE group_name = ?1 AND key = ?2 AND `+unfinished+`
-           AND (state <> 'dead' OR COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?1), 1))
-         ORDER BY pos LIMIT 1) h`, group, key, t).Scan(&h.id, &h.state, &h.attempts, &h.nextAttempt, &h.claimExpires, &h.busyUntil, &h.stale)
+  FROM (SELECT event_id, state, pos, attempts, next_attempt_at, claim_expires_at FROM ferry_inbox
+         WHERE group_name = ?1 AND key = ?2 AND `+unfinished+` AND `+holdsOrNotDead+`
+         ORDER BY pos LIMIT 1) h`, group, key, t).Scan(&h.id, &h.state, &h.pos, &h.attempts, &h.nextAttempt, &h.claimExpires, &h.busyUntil, &h.stale)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
@@ -208,9 +212,10 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NOT NULL AND runnable_at <= ?
  ORDER BY runnable_at LIMIT ?`
 		if p.Rescue {
+			// A run's rows share the claim's expiry: a key once.
 			q = `
 SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= ?
- ORDER BY claim_expires_at LIMIT ?`
+ GROUP BY key ORDER BY min(claim_expires_at) LIMIT ?`
 		}
 		rows, err := tx.QueryContext(ctx, q, p.Group, t, claimLimit(p))
 		if err != nil {
@@ -231,7 +236,11 @@ SELECT key FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND cl
 		}
 		expires := t + p.TTL.Microseconds()
 		token := uuid.NewString() // one per call: each row is claimed once in it
+		limit := max(p.Limit, 1)
 		for _, k := range keys {
+			if len(out) >= limit {
+				break
+			}
 			h, err := d.keyHead(ctx, tx, p.Group, k, t)
 			if err != nil {
 				return err
@@ -278,20 +287,30 @@ UPDATE ferry_inbox
 				out = append(out, dead...)
 				continue
 			}
-			rows, err := tx.QueryContext(ctx, `
+			run := []string{h.id}
+			if h.state == string(ferrydriver.InboxPending) && !p.Rescue && p.PerKey > 1 {
+				more, err := d.runAfter(ctx, tx, p.Group, k, h.pos, min(p.PerKey, limit-len(out))-1)
+				if err != nil {
+					return err
+				}
+				run = append(run, more...)
+			}
+			for _, id := range run {
+				rows, err := tx.QueryContext(ctx, `
 UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by = ?, claim_token = ?, claim_expires_at = ?
- WHERE group_name = ? AND event_id = ? RETURNING `+inboxRowColumns, p.Worker, token, expires, p.Group, h.id)
-			if err != nil {
-				return d.wrapErr(op, err)
+ WHERE group_name = ? AND event_id = ? RETURNING `+inboxRowColumns, p.Worker, token, expires, p.Group, id)
+				if err != nil {
+					return d.wrapErr(op, err)
+				}
+				claimed, err := scanInboxRows(rows, p.Group)
+				if err != nil {
+					return d.wrapErr(op, err)
+				}
+				for _, r := range claimed {
+					r.Claim = token
+				}
+				out = append(out, claimed...)
 			}
-			claimed, err := scanInboxRows(rows, p.Group)
-			if err != nil {
-				return d.wrapErr(op, err)
-			}
-			for _, r := range claimed {
-				r.Claim = token
-			}
-			out = append(out, claimed...)
 			if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ? WHERE group_name = ? AND key = ?`,
 				expires, p.Group, k); err != nil {
 				return d.wrapErr(op, err)
@@ -303,6 +322,36 @@ UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by
 		return nil, err
 	}
 	return out, nil
+}
+
+// runAfter returns the rows a run takes after its PENDING head at pos, at
+// most n: the key's next PENDING rows, in order, passing DEAD rows the
+// group's policy lets the key pass and stopping at any other row that
+// cannot run now (FAILED, PROCESSING, DEAD holding the key).
+func (d *Driver) runAfter(ctx context.Context, tx *sql.Tx, group, key string, pos int64, n int) ([]string, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	rows, err := tx.QueryContext(ctx, `
+SELECT event_id, state FROM ferry_inbox
+ WHERE group_name = ?1 AND key = ?2 AND pos > ?3 AND `+unfinished+` AND `+holdsOrNotDead+`
+ ORDER BY pos LIMIT ?4`, group, key, pos, n)
+	if err != nil {
+		return nil, d.wrapErr("read the run of inbox key "+key, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id, state string
+		if err := rows.Scan(&id, &state); err != nil {
+			return nil, d.wrapErr("read the run of inbox key "+key, err)
+		}
+		if state != string(ferrydriver.InboxPending) {
+			break
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
 }
 
 // RescueDue implements ferrydriver.Inbox.
@@ -377,7 +426,7 @@ func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *s
 // CompleteInboxTx implements ferrydriver.Inbox. tx must be a transaction
 // of DB().
 func (d *Driver) CompleteInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.CompleteInboxParams) error {
-	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false)
+	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false, p.Keep)
 }
 
 // FailInbox implements ferrydriver.Inbox.
@@ -390,20 +439,26 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 		retry = micros(p.RetryAt)
 	}
 	return d.write(ctx, "record a failed attempt", func(tx *sql.Tx) error {
-		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted)
+		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted, false)
 	})
 }
 
-// finish moves a claimed row to state, recomputes its key's head and, if
-// the row finished, notes it for the callers awaiting it (told at commit).
-func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted bool) error {
+// finish moves a claimed row to state, gives the rest of its run back
+// unless keep (see giveBack), recomputes its key's head and, if the row
+// finished, notes it for the callers awaiting it (told at commit).
+func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) error {
+	_, _, err := d.finishRow(ctx, tx, group, id, claim, state, lastErr, retry, uncounted, keep)
+	return err
+}
+
+// finishRow is finish, and returns the row's key and position.
+func (d *Driver) finishRow(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) (key string, pos int64, err error) {
 	t := micros(now())
 	var finishedAt any
 	if state == ferrydriver.InboxProcessed || state == ferrydriver.InboxDead {
 		finishedAt = t
 	}
-	var key string
-	err := tx.QueryRowContext(ctx, `
+	err = tx.QueryRowContext(ctx, `
 UPDATE ferry_inbox
    SET state = ?1, claimed_by = NULL, claim_expires_at = NULL, claim_token = NULL,
        attempts = CASE WHEN ?9 THEN max(attempts - 1, 0) ELSE attempts END,
@@ -411,18 +466,36 @@ UPDATE ferry_inbox
        attempt_log = CASE WHEN NOT ?9 AND ?1 IN ('failed', 'dead') THEN `+logAttempt("attempts", "?1", "?2", "?8")+` ELSE attempt_log END,
        next_attempt_at = COALESCE(?3, next_attempt_at), finished_at = ?4
  WHERE group_name = ?5 AND event_id = ?6 AND claim_token = ?7 AND state = 'processing' AND claim_expires_at > ?8
-RETURNING key`, string(state), lastErr, retry, finishedAt, group, id.String(), claim, t, uncounted).Scan(&key)
+RETURNING key, pos`, string(state), lastErr, retry, finishedAt, group, id.String(), claim, t, uncounted).Scan(&key, &pos)
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("ferrysqlite: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+		return "", 0, fmt.Errorf("ferrysqlite: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
 	if err != nil {
-		return d.wrapErr("mark inbox row "+string(state), err)
+		return "", 0, d.wrapErr("mark inbox row "+string(state), err)
+	}
+	if !keep {
+		if err := d.giveBack(ctx, tx, group, key, pos, claim); err != nil {
+			return "", 0, err
+		}
 	}
 	if err := d.refreshKey(ctx, tx, group, key, t); err != nil {
-		return err
+		return "", 0, err
 	}
 	if state.Finished() {
 		d.events.note(settledNote{group: group, id: id, state: state})
+	}
+	return key, pos, nil
+}
+
+// giveBack makes the rows of key after pos that are PROCESSING under
+// claim PENDING again, their attempt taken back: the rest of a run whose
+// finish ended it (a failure, or a completion without Keep). They run
+// again under a later claim, uncounted.
+func (d *Driver) giveBack(ctx context.Context, tx *sql.Tx, group, key string, pos int64, claim string) error {
+	if _, err := tx.ExecContext(ctx, `
+UPDATE ferry_inbox SET state = 'pending', attempts = max(attempts - 1, 0), claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL
+ WHERE group_name = ? AND key = ? AND pos > ? AND state = 'processing' AND claim_token = ?`, group, key, pos, claim); err != nil {
+		return d.wrapErr("give back the rest of a run of inbox key "+key, err)
 	}
 	return nil
 }
@@ -527,9 +600,8 @@ func (d *Driver) AwaitSettled(ctx context.Context, p *ferrydriver.AwaitSettledPa
 
 var _ ferrydriver.Inbox[*sql.Tx] = (*Driver)(nil)
 
-// claimLimit is how many heads a claim takes: one per key, so as many as
-// both Limit and Keys allow (PerKey does not apply: rows are claimed one
-// by one).
+// claimLimit is how many keys a claim takes: as many as both Limit and
+// Keys allow (Limit bounds the rows too: a key's run counts its rows).
 func claimLimit(p *ferrydriver.ClaimInboxParams) int {
 	n := max(p.Limit, 1)
 	if p.Keys > 0 {

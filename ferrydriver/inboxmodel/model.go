@@ -23,8 +23,7 @@
 //   - A claim takes runnable heads, one per key, each attempt counted at
 //     the claim; a head whose attempts already reached MaxAttempts goes
 //     DEAD with ReasonAttemptsExhausted instead.
-//   - Where the backend takes runs (Inbox.Runs), an ordinary claim with
-//     PerKey > 1 takes after a PENDING head the key's next PENDING rows, up
+//   - An ordinary claim with PerKey > 1 takes after a PENDING head the key's next PENDING rows, up
 //     to PerKey rows of the key and Limit rows in all, passing DEAD rows
 //     under Continue and stopping before any other row that cannot run now
 //     (FAILED, PROCESSING, DEAD under Hold). A PENDING row has no
@@ -81,11 +80,6 @@ type Event struct {
 
 // Inbox is one consumer group's inbox.
 type Inbox struct {
-	// Runs: a claim takes runs of a key's rows (ClaimParams.PerKey), as
-	// backends with ferrydriver.Capabilities.InboxRuns do; without it, a
-	// claim takes heads only whatever PerKey says.
-	Runs bool
-
 	rows   []*Row // in insertion order
 	byID   map[uuid.UUID]*Row
 	policy *bool // the stored HoldDead; nil: none stored (holds)
@@ -213,7 +207,7 @@ type ClaimParams struct {
 	// Limit bounds the rows claimed, and the keys; Keys, when positive,
 	// bounds the keys too.
 	Limit, Keys int
-	// PerKey bounds the rows of one key (Inbox.Runs only); 0 or 1: its
+	// PerKey bounds the rows of one key (a run: see Claim); 0 or 1: its
 	// head only.
 	PerKey      int
 	TTL         time.Duration
@@ -320,7 +314,7 @@ func ClaimLimit(p ClaimParams) int {
 	return n
 }
 
-// Claim claims heads (and runs, see Inbox.Runs) at now, as ClaimInbox
+// Claim claims heads (and runs, with p.PerKey) at now, as ClaimInbox
 // with p: of the keys given (each must be one of Candidates:
 // ErrNotCandidate otherwise, and nothing changes), or else of the first
 // candidates up to the limit. Each row claimed becomes PROCESSING for
@@ -333,7 +327,7 @@ func (m *Inbox) Claim(now time.Time, p ClaimParams, keys ...string) ([]Row, erro
 	cands := m.Candidates(now, p)
 	if keys == nil {
 		keys = cands[:min(len(cands), ClaimLimit(p))]
-		if m.Runs && p.PerKey > 1 {
+		if p.PerKey > 1 {
 			keys = m.fitting(p, keys)
 		}
 	}
@@ -348,7 +342,7 @@ func (m *Inbox) Claim(now time.Time, p ClaimParams, keys ...string) ([]Row, erro
 			return nil, fmt.Errorf("inboxmodel: key %q asked for twice", k)
 		}
 	}
-	if m.Runs && p.PerKey > 1 && len(m.fitting(p, keys)) < len(keys) {
+	if p.PerKey > 1 && len(m.fitting(p, keys)) < len(keys) {
 		return nil, fmt.Errorf("inboxmodel: keys %v: the rows of the first ones fill the limit of %d rows", keys, max(p.Limit, 1))
 	}
 	m.claims++
@@ -381,7 +375,7 @@ func (m *Inbox) Claim(now time.Time, p ClaimParams, keys ...string) ([]Row, erro
 // (not spent), at most room: h, and with runs its key's next PENDING rows.
 func (m *Inbox) run(p ClaimParams, h *Row, room int) []*Row {
 	out := []*Row{h}
-	if !m.Runs || p.Rescue || h.State != ferrydriver.InboxPending {
+	if p.Rescue || h.State != ferrydriver.InboxPending {
 		return out
 	}
 	hold := m.HoldDead()

@@ -385,7 +385,7 @@ func TestModel(t *testing.T) {
 	}
 }
 
-// TestModelRuns: claims of runs of a key's rows (Inbox.Runs).
+// TestModelRuns: claims of runs of a key's rows (ClaimParams.PerKey).
 func TestModelRuns(t *testing.T) {
 	runs := func(perKey, limit int) inboxmodel.ClaimParams {
 		return inboxmodel.ClaimParams{Worker: "w", PerKey: perKey, Limit: limit}
@@ -408,10 +408,9 @@ func TestModelRuns(t *testing.T) {
 			w.ok(w.complete("a3"))
 			w.wantClaim(w.claim(runs(3, 100)), "a4:processing:1")
 		}},
-		{"HeadsOnlyWithoutRuns", func(w *world) {
-			w.m.Runs = false
+		{"HeadsOnlyWithPerKeyOne", func(w *world) {
 			w.insert("a", "a1", "a2")
-			w.wantClaim(w.claim(runs(3, 100)), "a1:processing:1")
+			w.wantClaim(w.claim(runs(1, 100)), "a1:processing:1")
 		}},
 		{"LimitCountsRows", func(w *world) {
 			w.insert("a", "a1", "a2", "a3")
@@ -467,7 +466,6 @@ func TestModelRuns(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
-			w.m.Runs = true
 			tc.run(w)
 		})
 	}
