@@ -32,6 +32,7 @@ func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriv
 	t.Run("CompleteCommitsWithHandlerTx", func(t *testing.T) { t.Parallel(); testInboxComplete(t, newDriver(t)) })
 	t.Run("ExpiredClaimIsReclaimed", func(t *testing.T) { t.Parallel(); testInboxExpiredClaim(t, newDriver(t)) })
 	t.Run("ReapedClaimIsRescued", func(t *testing.T) { t.Parallel(); testInboxReapedClaim(t, newDriver(t)) })
+	t.Run("ExpiredRunsAreRescuedKeyByKey", func(t *testing.T) { t.Parallel(); testInboxExpiredRuns(t, newDriver(t)) })
 	t.Run("StaleAttemptCannotFinishALaterClaim", func(t *testing.T) { t.Parallel(); testInboxStaleAttempt(t, newDriver(t)) })
 	t.Run("ExhaustedAttemptsGoDeadAtClaim", func(t *testing.T) { t.Parallel(); testInboxExhausted(t, newDriver(t)) })
 	t.Run("UncountedFailureTakesTheAttemptBack", func(t *testing.T) { t.Parallel(); testInboxUncounted(t, newDriver(t)) })
@@ -213,6 +214,57 @@ func testInboxExpiredClaim[TTx any](t *testing.T, d InboxDriver[TTx]) {
 	})
 	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the first worker's late completion is fenced off")
 	complete(ctx, t, d, again[0])
+}
+
+// testInboxExpiredRuns: runs whose claim expired (their worker crashed)
+// are rescued a head at a time, and a rescue with room for N keys takes N
+// keys, however long their runs; once a rescued head failed (a retry
+// later, or DEAD holding the key), no rescue is due for its key until
+// the head may run again, though the rest of its run is still under the
+// expired claim: a rescue then would find nothing to take, and a consumer
+// would pause its workers every second for it.
+func testInboxExpiredRuns[TTx any](t *testing.T, d InboxDriver[TTx]) {
+	ctx := ctxT(t, 30*time.Second)
+	for _, k := range []string{"a", "b", "c"} {
+		insert(ctx, t, d, Event("t", k, k+"1"), Event("t", k, k+"2"), Event("t", k, k+"3"))
+	}
+	rows, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "dies", Limit: 100, PerKey: 3, TTL: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, rows, 9, "a run of three rows of each key")
+	require.Eventually(t, func() bool {
+		due, err := d.RescueDue(ctx, group)
+		require.NoError(t, err)
+		return due
+	}, 10*time.Second, 20*time.Millisecond, "the expired runs are due for rescue")
+	heads, err := d.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "w2", Limit: 2, PerKey: 3, TTL: time.Minute, Rescue: true})
+	require.NoError(t, err)
+	require.Len(t, heads, 2, "a rescue with room for two keys takes two heads, one of each key")
+	require.NotEqual(t, heads[0].Event.Key, heads[1].Event.Key)
+	for _, h := range heads {
+		require.Equal(t, h.Event.Key+"1", string(h.Event.Payload), "the head of its key")
+	}
+	// One head fails with a retry an hour away, the other goes DEAD and
+	// holds its key: neither key is due for a rescue.
+	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: heads[0].Event.ID, Claim: heads[0].Claim,
+		Error: "later", RetryAt: time.Now().Add(time.Hour)}))
+	require.NoError(t, d.FailInbox(ctx, &ferrydriver.FailInboxParams{Group: group, EventID: heads[1].Event.ID, Claim: heads[1].Claim,
+		Error: "poison", Dead: true}))
+	last := rescue(ctx, t, d, "w3")
+	require.Len(t, last, 1, "the third key's head")
+	complete(ctx, t, d, last[0])
+	// The third key's next row is left to a rescue of its own.
+	next := rescue(ctx, t, d, "w3")
+	require.Len(t, next, 1)
+	require.Equal(t, last[0].Event.Key+"2", string(next[0].Event.Payload))
+	complete(ctx, t, d, next[0])
+	next = rescue(ctx, t, d, "w3")
+	require.Len(t, next, 1)
+	complete(ctx, t, d, next[0])
+	due, err := d.RescueDue(ctx, group)
+	require.NoError(t, err)
+	require.False(t, due, "the other two keys wait for their heads: a retry an hour away, a DEAD row holding")
+	require.Empty(t, rescue(ctx, t, d, "w4"))
+	require.Empty(t, claim(ctx, t, d, "w4"))
 }
 
 // testInboxReapedClaim: a worker's claims ended by ExpireClaims (its

@@ -1,10 +1,12 @@
 package ferrymongo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -333,8 +335,10 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 	var cur *mongo.Cursor
 	var err error
 	if p.Rescue {
+		// A run's rows share the claim's expiry: the keys are the first
+		// limit distinct ones (below), not the first limit rows.
 		cur, err = d.inbox().Find(ctx, expiredClaims(p.Group, now),
-			options.Find().SetSort(bson.D{{Key: "claim_expires_at", Value: 1}}).SetLimit(limit).SetProjection(bson.D{{Key: "key", Value: 1}}))
+			options.Find().SetSort(bson.D{{Key: "claim_expires_at", Value: 1}}).SetProjection(bson.D{{Key: "key", Value: 1}}))
 	} else {
 		cur, err = d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "runnable_at", Value: bson.D{{Key: "$lte", Value: now}}}},
 			options.Find().SetSort(bson.D{{Key: "runnable_at", Value: 1}}).SetLimit(limit))
@@ -342,33 +346,48 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: claim inbox rows of group %s: %w", p.Group, err)
 	}
-	var keys []struct {
-		K   string `bson:"k"`   // an inbox_keys document's
-		Key string `bson:"key"` // an inbox document's (Rescue)
-	}
-	if err := cur.All(ctx, &keys); err != nil {
+	keys, err := claimKeys(ctx, cur, int(limit))
+	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: claim inbox rows of group %s: %w", p.Group, err)
 	}
 	var out []*ferrydriver.InboxRow
-	seen := map[string]bool{}
 	for _, k := range keys {
-		if p.Rescue {
-			k.K = k.Key // a run's rows share the claim's expiry: a key once
+		if len(out) >= max(p.Limit, 1) {
+			break
 		}
-		if seen[k.K] || len(out) >= max(p.Limit, 1) {
-			continue
-		}
-		seen[k.K] = true
-		rows, err := d.claimKey(ctx, p, k.K, max(p.Limit, 1)-len(out))
+		rows, err := d.claimKey(ctx, p, k, max(p.Limit, 1)-len(out))
 		if err != nil {
 			if hasLabel(err, labelTransient) || hasCode(err, codeWriteConflict) {
 				continue // another worker changed the key first
 			}
-			return out, fmt.Errorf("ferrymongo: claim key %s of group %s: %w", k.K, p.Group, err)
+			return out, fmt.Errorf("ferrymongo: claim key %s of group %s: %w", k, p.Group, err)
 		}
 		out = append(out, rows...)
 	}
 	return out, nil
+}
+
+// claimKeys reads the first limit distinct keys from cur: inbox_keys
+// documents (k), or inbox rows under expired claims (key), and closes it.
+func claimKeys(ctx context.Context, cur *mongo.Cursor, limit int) ([]string, error) {
+	defer cur.Close(ctx)
+	var keys []string
+	seen := map[string]bool{}
+	for len(keys) < limit && cur.Next(ctx) {
+		var doc struct {
+			K   string `bson:"k"`   // an inbox_keys document's
+			Key string `bson:"key"` // an inbox document's (Rescue)
+		}
+		if err := cur.Decode(&doc); err != nil {
+			return nil, err
+		}
+		k := cmp.Or(doc.K, doc.Key)
+		if !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	return keys, cur.Err()
 }
 
 // claimKey claims the head of one key (and, with p.PerKey, a run of its
@@ -451,7 +470,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	expires := now.Add(p.TTL)
 	token := uuid.NewString()
 	var out []*ferrydriver.InboxRow
-	for _, id := range run {
+	for i, id := range run {
 		var doc inboxDoc
 		err = d.inbox().FindOneAndUpdate(tx, id,
 			bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claimed_by", Value: p.Worker},
@@ -465,6 +484,9 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 			return nil, err
 		}
 		row.Claim = token
+		if i < len(run)-1 {
+			row.Claim += runMark
+		}
 		out = append(out, row)
 	}
 	if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
@@ -473,6 +495,12 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	}
 	return out, nil
 }
+
+// runMark ends the claim string of a claimed row with later rows in its
+// run, so that its finish knows, in any process, whether it has a rest to
+// give back: a head claimed alone, the common case without a backlog,
+// finishes with no update more than before runs.
+const runMark = "+run"
 
 // runAfter returns the ids of the rows a run takes after its PENDING head
 // at pos, at most n: the key's next PENDING rows, in order, passing DEAD
@@ -545,10 +573,11 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 }
 
 // finish moves a claimed row to state and, unless keep, gives the rest of
-// its run back: the key's later rows still PROCESSING under the claim
-// become PENDING again, their attempt taken back (they run again under a
-// later claim, uncounted).
+// its run back (when its claim says rows follow: runMark): the key's
+// later rows still PROCESSING under the claim become PENDING again, their
+// attempt taken back (they run again under a later claim, uncounted).
 func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted, keep bool) error {
+	claim, more := strings.CutSuffix(claim, runMark)
 	if claim == "" {
 		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: no claim token: %w", id, state, group, ferrydriver.ErrClaimLost)
 	}
@@ -582,7 +611,7 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 			return fmt.Errorf("ferrymongo: record the failed attempt of event %s: %w", id, err)
 		}
 	}
-	if !keep {
+	if more && !keep {
 		if _, err := d.inbox().UpdateMany(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: doc.Key}, {Key: "pos", Value: bson.D{{Key: "$gt", Value: doc.Pos}}},
 			{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claim_token", Value: claim}},
 			finishUpdate(bson.D{{Key: "state", Value: string(ferrydriver.InboxPending)}}, true)); err != nil {

@@ -2,14 +2,12 @@ package ferrymongo
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // expiredClaims selects a group's rows whose claim has expired.
@@ -52,40 +50,28 @@ func (d *Driver) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsPa
 	return int(res.ModifiedCount), nil
 }
 
-// RescueDue implements ferrydriver.Inbox: an expired claim on a key with
-// no row under a live claim (of the first rescueDueScan expired ones).
+// RescueDue implements ferrydriver.Inbox: a rescue would take a key's
+// head (inboxmodel.Decide) of one of the keys with a row under an expired
+// claim. A head that a rescue took and that failed (its retry later, or
+// DEAD holding the key) leaves the rest of its run under the expired
+// claim, and no rescue due until it may run again.
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
 	now := time.Now().UTC()
 	fail := func(err error) (bool, error) {
 		return false, fmt.Errorf("ferrymongo: look for expired claims in group %s: %w", group, err)
 	}
-	cur, err := d.inbox().Find(ctx, expiredClaims(group, now), options.Find().SetProjection(bson.D{{Key: "key", Value: 1}}).SetLimit(rescueDueScan))
-	if err != nil {
+	var keys []string
+	if err := d.inbox().Distinct(ctx, "key", expiredClaims(group, now)).Decode(&keys); err != nil {
 		return fail(err)
 	}
-	var docs []struct {
-		Key string `bson:"key"`
-	}
-	if err := cur.All(ctx, &docs); err != nil {
-		return fail(err)
-	}
-	seen := map[string]bool{}
-	for _, doc := range docs {
-		if seen[doc.Key] {
-			continue
-		}
-		seen[doc.Key] = true
-		live := append(liveClaims(group, now), bson.E{Key: "key", Value: doc.Key})
-		err := d.inbox().FindOne(ctx, live, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
-		switch {
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return true, nil
-		case err != nil:
+	for _, k := range keys {
+		h, err := d.keyHead(ctx, group, k, now)
+		if err != nil {
 			return fail(err)
+		}
+		if inboxmodel.Decide(h.view(), now, true) == inboxmodel.Take {
+			return true, nil
 		}
 	}
 	return false, nil
 }
-
-// rescueDueScan bounds the expired claims RescueDue looks at.
-const rescueDueScan = 100

@@ -158,8 +158,9 @@ func (d *Driver) claimKeys(ctx context.Context, tx *sql.Tx, p *ferrydriver.Claim
 		}
 		return scanKeys(rows)
 	}
+	// A run's rows share the claim's expiry: a key once.
 	rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= `+sqlNow+`
- ORDER BY claim_expires_at LIMIT ?`, p.Group, claimLimit(p))
+ GROUP BY k ORDER BY MIN(claim_expires_at) LIMIT ?`, p.Group, claimLimit(p))
 	if err != nil {
 		return nil, err
 	}

@@ -51,14 +51,27 @@ func (d *Driver) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsPa
 	return int(n), nil
 }
 
-// RescueDue implements ferrydriver.Inbox: the group's PROCESSING range of
-// ferry_inbox_pages_idx (the rows being processed only).
+// RescueDue implements ferrydriver.Inbox: a rescue would take a key's
+// head (inboxmodel.Decide): a key with a row under an expired claim and
+// none under a live one, whose head runs now (PENDING, FAILED and due, or
+// the expired claim's own row). A head that a rescue took and that failed
+// (its retry later, or DEAD holding the key) leaves the rest of its run
+// under the expired claim, and no rescue due until it may run again.
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
 	var due bool
-	err := d.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ferry_inbox p WHERE p.group_name = ? AND p.state = 'processing' AND p.claim_expires_at <= `+sqlNow+`
-   AND NOT EXISTS (SELECT 1 FROM ferry_inbox q FORCE INDEX (ferry_inbox_head_idx)
-                    WHERE q.group_name = p.group_name AND q.k = p.k AND q.state = 'processing' AND q.claim_expires_at > `+sqlNow+`))`,
-		group).Scan(&due)
+	err := d.db.QueryRowContext(ctx, `SELECT EXISTS (
+SELECT 1 FROM (SELECT DISTINCT p.group_name, p.k FROM ferry_inbox p
+                WHERE p.group_name = ? AND p.state = 'processing' AND p.claim_expires_at <= `+sqlNow+`) x
+  JOIN ferry_inbox i ON i.pos = (
+       SELECT h.pos FROM ferry_inbox h FORCE INDEX (ferry_inbox_head_idx)
+        WHERE h.group_name = x.group_name AND h.k = x.k AND h.state IN ('pending', 'processing', 'failed', 'dead')
+          AND (h.state <> 'dead' OR `+holdPolicy+`)
+        ORDER BY h.pos LIMIT 1)
+ WHERE NOT EXISTS (SELECT 1 FROM ferry_inbox q FORCE INDEX (ferry_inbox_head_idx)
+                    WHERE q.group_name = x.group_name AND q.k = x.k AND q.state = 'processing' AND q.claim_expires_at > `+sqlNow+`)
+   AND (i.state = 'pending' OR (i.state = 'failed' AND i.next_attempt_at <= `+sqlNow+`)
+        OR (i.state = 'processing' AND i.claim_expires_at <= `+sqlNow+`)))`,
+		group, group).Scan(&due)
 	if err != nil {
 		return false, d.wrapErr("look for expired claims in group "+group, err)
 	}

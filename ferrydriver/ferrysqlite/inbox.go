@@ -354,13 +354,27 @@ SELECT event_id, state FROM ferry_inbox
 	return out, rows.Err()
 }
 
-// RescueDue implements ferrydriver.Inbox.
+// RescueDue implements ferrydriver.Inbox: a rescue would take a key's
+// head (inboxmodel.Decide): a key with a row under an expired claim and
+// none under a live one, whose head runs now (PENDING, FAILED and due, or
+// the expired claim's own row). A head that a rescue took and that failed
+// (its retry later, or DEAD holding the key) leaves the rest of its run
+// under the expired claim, and no rescue due until it may run again.
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
 	var due bool
 	err := d.r.QueryRowContext(ctx, `
-SELECT EXISTS (SELECT 1 FROM ferry_inbox p WHERE p.group_name = ?1 AND p.state = 'processing' AND p.claim_expires_at <= ?2
-   AND NOT EXISTS (SELECT 1 FROM ferry_inbox q
-                    WHERE q.group_name = ?1 AND q.key = p.key AND q.state = 'processing' AND q.claim_expires_at > ?2))`,
+WITH k AS (
+    SELECT DISTINCT key FROM ferry_inbox WHERE group_name = ?1 AND state = 'processing' AND claim_expires_at <= ?2
+), h AS (
+    SELECT k.key, (SELECT pos FROM ferry_inbox WHERE group_name = ?1 AND key = k.key AND `+unfinished+` AND `+holdsOrNotDead+`
+                    ORDER BY pos LIMIT 1) AS pos
+      FROM k
+     WHERE NOT EXISTS (SELECT 1 FROM ferry_inbox q
+                        WHERE q.group_name = ?1 AND q.key = k.key AND q.state = 'processing' AND q.claim_expires_at > ?2)
+)
+SELECT EXISTS (SELECT 1 FROM h JOIN ferry_inbox i ON i.pos = h.pos
+                WHERE i.state = 'pending' OR (i.state = 'failed' AND i.next_attempt_at <= ?2)
+                   OR (i.state = 'processing' AND i.claim_expires_at <= ?2))`,
 		group, micros(now())).Scan(&due)
 	if err != nil {
 		return false, d.wrapErr("look for expired claims in group "+group, err)
