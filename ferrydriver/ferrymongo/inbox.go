@@ -30,6 +30,16 @@ import (
 
 var unfinishedStates = bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxProcessing), string(ferrydriver.InboxFailed), string(ferrydriver.InboxDead)}
 
+// unfinishedUnder is the states of a key's rows that a head is read from
+// under the group's dead policy: a DEAD row holds the key (hold) or is
+// passed over.
+func unfinishedUnder(hold bool) bson.A {
+	if hold {
+		return unfinishedStates
+	}
+	return unfinishedStates[:3]
+}
+
 type inboxID struct {
 	Group string `bson:"g"`
 	Event string `bson:"e"`
@@ -225,6 +235,7 @@ func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferry
 // head is a key's oldest unfinished row and whether another row runs.
 type head struct {
 	doc       *inboxDoc
+	hold      bool // the group's dead policy, as the head was read under it
 	busyUntil *time.Time
 	// stale: another row of the key is PROCESSING under a claim that
 	// expired (a row redriven ahead of it is the head): the key waits for
@@ -251,11 +262,8 @@ func (d *Driver) keyHead(tx context.Context, group, key string, now time.Time) (
 	if err != nil {
 		return nil, err
 	}
-	states := unfinishedStates
-	if !hold {
-		states = unfinishedStates[:3]
-	}
-	h := &head{}
+	states := unfinishedUnder(hold)
+	h := &head{hold: hold}
 	var doc inboxDoc
 	err = d.inbox().FindOne(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "state", Value: bson.D{{Key: "$in", Value: states}}}},
 		options.FindOne().SetSort(bson.D{{Key: "pos", Value: 1}})).Decode(&doc)
@@ -461,7 +469,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	}
 	run := []bson.D{{{Key: "_id", Value: h.doc.ID}}}
 	if h.doc.State == string(ferrydriver.InboxPending) && !p.Rescue && p.PerKey > 1 {
-		more, err := d.runAfter(tx, p.Group, key, h.doc.Pos, min(p.PerKey, room)-1)
+		more, err := d.runAfter(tx, p.Group, key, h.doc.Pos, h.hold, min(p.PerKey, room)-1)
 		if err != nil {
 			return nil, err
 		}
@@ -504,20 +512,13 @@ const runMark = "+run"
 
 // runAfter returns the ids of the rows a run takes after its PENDING head
 // at pos, at most n: the key's next PENDING rows, in order, passing DEAD
-// rows that the group's policy lets the key pass and stopping at any other
-// row that cannot run now (FAILED, PROCESSING, DEAD holding the key).
-func (d *Driver) runAfter(tx context.Context, group, key string, pos int64, n int) ([]bson.D, error) {
+// rows that the group's policy (hold) lets the key pass and stopping at any
+// other row that cannot run now (FAILED, PROCESSING, DEAD holding the key).
+func (d *Driver) runAfter(tx context.Context, group, key string, pos int64, hold bool, n int) ([]bson.D, error) {
 	if n <= 0 {
 		return nil, nil
 	}
-	hold, err := d.policy(tx, group)
-	if err != nil {
-		return nil, err
-	}
-	states := unfinishedStates
-	if !hold {
-		states = unfinishedStates[:3]
-	}
+	states := unfinishedUnder(hold)
 	cur, err := d.inbox().Find(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "pos", Value: bson.D{{Key: "$gt", Value: pos}}},
 		{Key: "state", Value: bson.D{{Key: "$in", Value: states}}}},
 		options.Find().SetSort(bson.D{{Key: "pos", Value: 1}}).SetLimit(int64(n)).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "state", Value: 1}}))

@@ -31,9 +31,9 @@ func (d *Driver) Savepoint(ctx context.Context, tx *sql.Tx, fn func(ctx context.
 
 // FinishInboxTx implements ferrydriver.InboxBatcher. SQLite runs in
 // process, so one statement per row costs no round trip: each row is
-// finished as CompleteInboxTx and FailInbox do, keeping its run's claim;
-// then the rows of each run that the batch did not report (after a key's
-// last reported row) are given back.
+// marked as CompleteInboxTx and FailInbox mark it; then, once per run, the
+// rows the batch did not report (after the key's last reported row) are
+// given back and the key's head recomputed.
 func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.FinishInboxParams) ([]uuid.UUID, error) {
 	type run struct{ key, claim string }
 	var lost []uuid.UUID
@@ -44,7 +44,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		if r.State == ferrydriver.InboxFailed {
 			retry = micros(r.RetryAt)
 		}
-		key, pos, err := d.finishRow(ctx, tx, p.Group, r.EventID, r.Claim, r.State, r.Error, retry, r.Uncounted, true)
+		key, pos, err := d.mark(ctx, tx, p.Group, r.EventID, r.Claim, r.State, r.Error, retry, r.Uncounted)
 		switch {
 		case errors.Is(err, ferrydriver.ErrClaimLost):
 			lost = append(lost, r.EventID)
@@ -58,11 +58,12 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		}
 		last[k] = max(last[k], pos)
 	}
+	t := micros(now())
 	for _, k := range runs {
 		if err := d.giveBack(ctx, tx, p.Group, k.key, last[k], k.claim); err != nil {
 			return nil, err
 		}
-		if err := d.refreshKey(ctx, tx, p.Group, k.key, micros(now())); err != nil {
+		if err := d.refreshKey(ctx, tx, p.Group, k.key, t); err != nil {
 			return nil, err
 		}
 	}

@@ -457,16 +457,26 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 	})
 }
 
-// finish moves a claimed row to state, gives the rest of its run back
-// unless keep (see giveBack), recomputes its key's head and, if the row
-// finished, notes it for the callers awaiting it (told at commit).
+// finish moves a claimed row to state (mark), gives the rest of its run
+// back unless keep (giveBack) and recomputes its key's head.
 func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) error {
-	_, _, err := d.finishRow(ctx, tx, group, id, claim, state, lastErr, retry, uncounted, keep)
-	return err
+	key, pos, err := d.mark(ctx, tx, group, id, claim, state, lastErr, retry, uncounted)
+	if err != nil {
+		return err
+	}
+	if !keep {
+		if err := d.giveBack(ctx, tx, group, key, pos, claim); err != nil {
+			return err
+		}
+	}
+	return d.refreshKey(ctx, tx, group, key, micros(now()))
 }
 
-// finishRow is finish, and returns the row's key and position.
-func (d *Driver) finishRow(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) (key string, pos int64, err error) {
+// mark moves a claimed row to state, under its unexpired claim
+// (ErrClaimLost otherwise), and, if the row finished, notes it for the
+// callers awaiting it (told at commit). It returns the row's key and
+// position; the caller recomputes the key's head.
+func (d *Driver) mark(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted bool) (key string, pos int64, err error) {
 	t := micros(now())
 	var finishedAt any
 	if state == ferrydriver.InboxProcessed || state == ferrydriver.InboxDead {
@@ -486,14 +496,6 @@ RETURNING key, pos`, string(state), lastErr, retry, finishedAt, group, id.String
 	}
 	if err != nil {
 		return "", 0, d.wrapErr("mark inbox row "+string(state), err)
-	}
-	if !keep {
-		if err := d.giveBack(ctx, tx, group, key, pos, claim); err != nil {
-			return "", 0, err
-		}
-	}
-	if err := d.refreshKey(ctx, tx, group, key, t); err != nil {
-		return "", 0, err
 	}
 	if state.Finished() {
 		d.events.note(settledNote{group: group, id: id, state: state})
