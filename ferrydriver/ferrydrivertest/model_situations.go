@@ -248,6 +248,9 @@ var modelSituations = []situation{
 		claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}), failLater("a2"),
 		policy(false), ins("b", "b1", "b2", "b3"), claimLive(), failDead("b1"), claimLive(), failLater("b2"), redrive("b1"),
 		claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}),
+		// Under Hold, a run stops at a DEAD row behind its redriven head.
+		ins("c", "c1", "c2", "c3"), claimLive(), failDead("c1"), claimLive(), failDead("c2"), policy(true), redrive("c1"),
+		claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}),
 	}},
 	{"AFailedHeadRunsAlone", []mstep{
 		ins("a", "a1", "a2", "a3"), claimLive(), failDue("a1"), claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}), done("a1"),

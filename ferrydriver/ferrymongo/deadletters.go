@@ -29,11 +29,7 @@ func (d *Driver) InsertDeadLetters(ctx context.Context, p *ferrydriver.InsertDea
 	return d.fenced(ctx, p.Feed, p.Holder, p.Term, "insert dead letters of "+p.Feed, func(tx context.Context) error {
 		for _, dl := range p.DeadLetters {
 			ev := &dl.Event
-			doc := outboxDoc{ID: ev.ID.String(), Partition: d.PartitionOf(ev.Key), Topic: ev.Topic, Key: ev.Key, Seq: ev.Seq, Type: ev.Type,
-				Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: ev.Payload, CreatedAt: ev.CreatedAt.UTC()}
-			if doc.Payload == nil {
-				doc.Payload = []byte{}
-			}
+			doc := d.eventDoc(ev)
 			id := bson.D{{Key: "feed", Value: p.Feed}, {Key: "event", Value: doc.ID}}
 			_, err := d.deadLetters.UpdateOne(tx, bson.D{{Key: "_id", Value: id}},
 				bson.D{{Key: "$setOnInsert", Value: bson.D{{Key: "feed", Value: p.Feed}, {Key: "event", Value: doc},

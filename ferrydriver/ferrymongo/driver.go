@@ -176,9 +176,7 @@ type outboxDoc struct {
 	ContentType string            `bson:"ct,omitempty"`
 	Headers     map[string]string `bson:"headers,omitempty"`
 	Payload     []byte            `bson:"payload"`
-	CreatedAt   time.Time         `bson:"created_at"`
-	// CreatedNS keeps CreatedAt's nanoseconds (BSON dates hold milliseconds).
-	CreatedNS int64 `bson:"created_ns,omitempty"`
+	Created     createdAt         `bson:",inline"`
 	// AppendedAt is when the producer wrote the event (its clock at append
 	// time, whatever CreatedAt it was given): recovery scans and retention
 	// go by it.
@@ -188,13 +186,33 @@ type outboxDoc struct {
 	Partitions int `bson:"pc,omitempty"`
 }
 
-func (o *outboxDoc) event() (*ferryevent.Event, error) {
-	created := o.CreatedAt
-	if o.CreatedNS != 0 {
-		created = time.Unix(0, o.CreatedNS).UTC()
+// createdAt is an event's CreatedAt as the outbox and the inbox store it:
+// a BSON date, which holds milliseconds, and the nanoseconds: its Unix
+// nanoseconds (NS), or, for a time int64 nanoseconds cannot hold (before
+// 1678, after 2262), those past its millisecond (SubMS).
+type createdAt struct {
+	At    time.Time `bson:"created_at"`
+	NS    int64     `bson:"created_ns,omitempty"`
+	SubMS int64     `bson:"created_sub_ms,omitempty"`
+}
+
+func created(t time.Time) createdAt {
+	if ns := t.UnixNano(); time.Unix(0, ns).Equal(t) {
+		return createdAt{At: t.UTC(), NS: ns}
 	}
+	return createdAt{At: t.UTC(), SubMS: int64(t.Nanosecond() % int(time.Millisecond))}
+}
+
+func (c createdAt) time() time.Time {
+	if c.NS != 0 {
+		return time.Unix(0, c.NS).UTC()
+	}
+	return c.At.Add(time.Duration(c.SubMS))
+}
+
+func (o *outboxDoc) event() (*ferryevent.Event, error) {
 	ev := &ferryevent.Event{Topic: o.Topic, Key: o.Key, Seq: o.Seq, Type: o.Type, Source: o.Source, ContentType: o.ContentType,
-		Headers: o.Headers, Payload: o.Payload, CreatedAt: created}
+		Headers: o.Headers, Payload: o.Payload, CreatedAt: o.Created.time()}
 	id := o.ID
 	if o.EventID != "" {
 		id = o.EventID
@@ -324,8 +342,8 @@ func (d *Driver) append(ctx, tx context.Context, events []*ferryevent.Event) err
 			payload = []byte{}
 		}
 		docs[i] = &outboxDoc{ID: ev.ID.String(), Partition: ferrydriver.PartitionOf(ev.Key, count), Topic: ev.Topic, Key: ev.Key, Seq: k.Seq, Type: ev.Type,
-			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload, CreatedAt: ev.CreatedAt.UTC(),
-			CreatedNS: ev.CreatedAt.UnixNano(), AppendedAt: appended, Partitions: count}
+			Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload,
+			Created: created(ev.CreatedAt), AppendedAt: appended, Partitions: count}
 	}
 	if _, err := d.outbox.InsertMany(tx, docs); err != nil {
 		if hasCode(err, codeDocumentValidationFailure) {

@@ -57,7 +57,7 @@ type inboxDoc struct {
 	ContentType    string            `bson:"ct,omitempty"`
 	Headers        map[string]string `bson:"headers,omitempty"`
 	Payload        []byte            `bson:"payload"`
-	CreatedAt      time.Time         `bson:"created_at"`
+	Created        createdAt         `bson:",inline"`
 	State          string            `bson:"state"`
 	Attempts       int               `bson:"attempts"`
 	LastError      string            `bson:"last_error,omitempty"`
@@ -91,7 +91,7 @@ func pushAttempt(n int, state ferrydriver.InboxState, errText string, at time.Ti
 
 func (d *inboxDoc) row() (*ferrydriver.InboxRow, error) {
 	o := outboxDoc{ID: d.ID.Event, Topic: d.Topic, Key: d.Key, Seq: d.Seq, Type: d.Type, Source: d.Source, ContentType: d.ContentType,
-		Headers: d.Headers, Payload: d.Payload, CreatedAt: d.CreatedAt}
+		Headers: d.Headers, Payload: d.Payload, Created: d.Created}
 	ev, err := o.event()
 	if err != nil {
 		return nil, err
@@ -208,7 +208,7 @@ func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferry
 		}
 		docs = append(docs, &inboxDoc{ID: inboxID{Group: group, Event: ev.ID.String()}, Group: group, Pos: pos, Key: ev.Key, Seq: ev.Seq,
 			Topic: ev.Topic, Type: ev.Type, Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: payload,
-			CreatedAt: ev.CreatedAt.UTC(), State: string(ferrydriver.InboxPending), NextAttemptAt: now, ReceivedAt: now})
+			Created: created(ev.CreatedAt), State: string(ferrydriver.InboxPending), NextAttemptAt: now, ReceivedAt: now})
 		keys = append(keys, ev.Key)
 		inserted[i] = true
 	}

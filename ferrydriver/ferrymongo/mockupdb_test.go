@@ -36,15 +36,24 @@ func mockServer(t *testing.T, scenario string) string {
 // about the commands it received.
 func mockServerLines(t *testing.T, scenario string) (string, <-chan string) {
 	t.Helper()
+	return pythonServer(t, "mockupdb", "testdata/mockserver.py", scenario)
+}
+
+// pythonServer runs a server script of testdata with Debian's python
+// (/usr/bin/python3), which must have the modules named; it skips without
+// them, or fails under CI=true (.ci/services installs them). It returns
+// the URI the script prints first and the lines it prints after.
+func pythonServer(t *testing.T, modules, script string, args ...string) (string, <-chan string) {
+	t.Helper()
 	py := "/usr/bin/python3"
-	if err := exec.Command(py, "-c", "import mockupdb").Run(); err != nil {
-		msg := "python3-mockupdb is not installed (apt-get install python3-mockupdb): " + err.Error()
+	if out, err := exec.Command(py, "-c", "import "+modules).CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("%s needs Debian's python3-mockupdb and python3-mongomock (apt-get install python3-mockupdb python3-mongomock): %v: %s", script, err, out)
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}
 		t.Skip(msg)
 	}
-	cmd := exec.Command(py, "testdata/mockserver.py", scenario)
+	cmd := exec.Command(py, append([]string{script}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
@@ -64,7 +73,7 @@ func mockServerLines(t *testing.T, scenario string) (string, <-chan string) {
 	})
 	rd := bufio.NewReader(stdout)
 	line, err := rd.ReadString('\n')
-	require.NoError(t, err, "the mock server did not start")
+	require.NoError(t, err, "%s did not start", script)
 	lines := make(chan string, 100)
 	go func() {
 		defer close(lines)

@@ -42,8 +42,7 @@ func parkedID(feed, eventID string) bson.D {
 
 func (d *Driver) eventDoc(ev *ferryevent.Event) outboxDoc {
 	doc := outboxDoc{ID: ev.ID.String(), Partition: d.PartitionOf(ev.Key), Topic: ev.Topic, Key: ev.Key, Seq: ev.Seq, Type: ev.Type,
-		Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: ev.Payload, CreatedAt: ev.CreatedAt.UTC(),
-		CreatedNS: ev.CreatedAt.UnixNano()}
+		Source: ev.Source, ContentType: ev.ContentType, Headers: ev.Headers, Payload: ev.Payload, Created: created(ev.CreatedAt)}
 	if doc.Payload == nil {
 		doc.Payload = []byte{}
 	}

@@ -280,7 +280,7 @@ func (d *Driver) FeedStatus(ctx context.Context, p *ferrydriver.FeedStatusParams
 	var oldest outboxDoc
 	err = d.outbox.FindOne(ctx, filter, options.FindOne().SetSort(bson.D{{Key: "appended_at", Value: 1}})).Decode(&oldest)
 	if err == nil {
-		st.OldestPending = oldest.CreatedAt
+		st.OldestPending = oldest.Created.time()
 	} else if !errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, fmt.Errorf("ferrymongo: measure lag of %s: %w", p.Feed, err)
 	}

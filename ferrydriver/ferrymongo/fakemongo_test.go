@@ -1,0 +1,44 @@
+package ferrymongo_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeDriver returns a driver, migrated, on a server of its own:
+// testdata/fakemongo.py, which evaluates the commands the real driver
+// sends (mongomock under mockupdb's wire protocol) with MongoDB's write
+// conflicts between transactions, but reads committed data where MongoDB
+// reads a snapshot.
+func fakeDriver(t *testing.T) ferrydrivertest.InboxDriver[context.Context] {
+	t.Helper()
+	uri, _ := pythonServer(t, "mockupdb, mongomock", "testdata/fakemongo.py")
+	drv, err := ferrymongo.New(context.Background(), mockClient(t, uri), "ferrytest", &ferrymongo.Config{RecoveryMargin: time.Millisecond})
+	require.NoError(t, err)
+	_, err = drv.Migrate(context.Background(), &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	return drv
+}
+
+// TestFakeServerInbox runs the inbox suite, the conformance table with it,
+// on the fake server, where no MongoDB server exists: MongoDB's claims,
+// runs, finishes, rescues, retractions, policy changes and settlement
+// against the model and the other backends' tests. With
+// FERRY_TEST_MONGODB_URL set, TestInboxSuite runs all of it on a real one.
+func TestFakeServerInbox(t *testing.T) {
+	ferrydrivertest.ExerciseInboxCases(t, fakeDriver,
+		"InsertAbsorbsDuplicates", "EdgeCaseEventsArriveExactly", "ClaimsHeadsInKeyOrder", "CompleteCommitsWithHandlerTx",
+		"ExpiredClaimIsReclaimed", "ReapedClaimIsRescued", "ExpiredRunsAreRescuedKeyByKey", "StaleAttemptCannotFinishALaterClaim",
+		"ExhaustedAttemptsGoDeadAtClaim", "UncountedFailureTakesTheAttemptBack", "FailedRetriesWhenDue", "DeadHoldsOrContinues",
+		"ConcurrentWorkersKeepKeyOrder", "DeadLettersListRedriveDiscard", "RetentionOfProcessed", "DeadRowsPageByCursor",
+		"AwaitSettled", "PolicyChangesAndContinueRedrive", "ConformsToTheModel", "AttemptHistory", "Retract",
+		// Not InterruptedPolicyChangeResumes: its 1,200 keys take minutes
+		// on a server that scans every collection in Python.
+	)
+}
