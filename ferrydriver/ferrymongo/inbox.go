@@ -248,9 +248,12 @@ func (h *head) view() inboxmodel.KeyHead {
 	if h.doc == nil {
 		return inboxmodel.KeyHead{}
 	}
-	v := inboxmodel.KeyHead{State: ferrydriver.InboxState(h.doc.State), RetryAt: h.doc.NextAttemptAt, Busy: h.busyUntil != nil, Stale: h.stale}
+	v := inboxmodel.KeyHead{State: ferrydriver.InboxState(h.doc.State), RetryAt: h.doc.NextAttemptAt, Stale: h.stale}
 	if h.doc.ClaimExpiresAt != nil {
 		v.ClaimExpires = *h.doc.ClaimExpiresAt
+	}
+	if h.busyUntil != nil {
+		v.BusyUntil = *h.busyUntil
 	}
 	return v
 }
@@ -302,25 +305,19 @@ func (d *Driver) keyHead(tx context.Context, group, key string, now time.Time) (
 	return h, nil
 }
 
-// refreshKey recomputes when a key's head may run, in tx.
+// refreshKey recomputes when a key's head may run (inboxmodel.Schedule),
+// in tx.
 func (d *Driver) refreshKey(tx context.Context, group, key string, now time.Time) error {
 	h, err := d.keyHead(tx, group, key, now)
 	if err != nil {
 		return err
 	}
 	var runnable, heldBy any
-	switch {
-	case h.busyUntil != nil:
-		runnable = *h.busyUntil
-	case h.doc == nil:
-	case h.doc.State == string(ferrydriver.InboxPending):
-		runnable = now
-	case h.doc.State == string(ferrydriver.InboxFailed):
-		runnable = h.doc.NextAttemptAt
-	case h.doc.State == string(ferrydriver.InboxProcessing):
-		runnable = h.doc.ClaimExpiresAt
-	case h.doc.State == string(ferrydriver.InboxDead):
+	switch at, held := inboxmodel.Schedule(h.view(), now); {
+	case held:
 		heldBy = h.doc.ID.Event
+	case !at.IsZero():
+		runnable = at
 	}
 	_, err = d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(group, key)}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "g", Value: group}, {Key: "k", Value: key}, {Key: "runnable_at", Value: runnable}, {Key: "held_by", Value: heldBy}}},
@@ -469,7 +466,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	}
 	run := []bson.D{{{Key: "_id", Value: h.doc.ID}}}
 	if h.doc.State == string(ferrydriver.InboxPending) && !p.Rescue && p.PerKey > 1 {
-		more, err := d.runAfter(tx, p.Group, key, h.doc.Pos, h.hold, min(p.PerKey, room)-1)
+		more, err := d.runAfter(tx, p.Group, key, h, min(p.PerKey, room)-1)
 		if err != nil {
 			return nil, err
 		}
@@ -511,16 +508,16 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 const runMark = "+run"
 
 // runAfter returns the ids of the rows a run takes after its PENDING head
-// at pos, at most n: the key's next PENDING rows, in order, passing DEAD
-// rows that the group's policy (hold) lets the key pass and stopping at any
-// other row that cannot run now (FAILED, PROCESSING, DEAD holding the key).
-func (d *Driver) runAfter(tx context.Context, group, key string, pos int64, hold bool, n int) ([]bson.D, error) {
+// h, at most n (inboxmodel.RunRows): the key's next PENDING rows, in
+// order, passing DEAD rows that the group's policy lets the key pass (the
+// query leaves them out, so that they do not count toward its limit) and
+// stopping at any other row that cannot run now.
+func (d *Driver) runAfter(tx context.Context, group, key string, h *head, n int) ([]bson.D, error) {
 	if n <= 0 {
 		return nil, nil
 	}
-	states := unfinishedUnder(hold)
-	cur, err := d.inbox().Find(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "pos", Value: bson.D{{Key: "$gt", Value: pos}}},
-		{Key: "state", Value: bson.D{{Key: "$in", Value: states}}}},
+	cur, err := d.inbox().Find(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key}, {Key: "pos", Value: bson.D{{Key: "$gt", Value: h.doc.Pos}}},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: unfinishedUnder(h.hold)}}}},
 		options.Find().SetSort(bson.D{{Key: "pos", Value: 1}}).SetLimit(int64(n)).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "state", Value: 1}}))
 	if err != nil {
 		return nil, err
@@ -532,12 +529,13 @@ func (d *Driver) runAfter(tx context.Context, group, key string, pos int64, hold
 	if err := cur.All(tx, &docs); err != nil {
 		return nil, err
 	}
+	states := make([]ferrydriver.InboxState, len(docs))
+	for i, doc := range docs {
+		states[i] = ferrydriver.InboxState(doc.State)
+	}
 	var out []bson.D
-	for _, doc := range docs {
-		if doc.State != string(ferrydriver.InboxPending) {
-			break
-		}
-		out = append(out, bson.D{{Key: "_id", Value: doc.ID}})
+	for _, i := range inboxmodel.RunRows(states, h.hold, n) {
+		out = append(out, bson.D{{Key: "_id", Value: docs[i].ID}})
 	}
 	return out, nil
 }

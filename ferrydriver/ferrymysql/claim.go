@@ -336,27 +336,27 @@ func (h *claimHead) view() inboxmodel.KeyHead {
 	if h.pos == 0 {
 		return inboxmodel.KeyHead{}
 	}
-	v := inboxmodel.KeyHead{State: h.state, RetryAt: time.UnixMicro(h.nextAttempt), Busy: h.busyUntil.Valid, Stale: h.stale}
+	v := inboxmodel.KeyHead{State: h.state, RetryAt: time.UnixMicro(h.nextAttempt), Stale: h.stale}
 	if h.expires.Valid {
 		v.ClaimExpires = time.UnixMicro(h.expires.Int64)
+	}
+	if h.busyUntil.Valid {
+		v.BusyUntil = time.UnixMicro(h.busyUntil.Int64)
 	}
 	return v
 }
 
-// next is what a key whose head cannot run now is left saying: when it
-// may, or which DEAD row holds it.
+// next is what a key whose head cannot run now is left saying
+// (inboxmodel.Schedule): when it may, or which DEAD row holds it.
 func (h *claimHead) next() keyOutcome {
+	at, held := inboxmodel.Schedule(h.view(), time.UnixMicro(h.now))
 	switch {
-	case h.pos == 0:
-		return keyOutcome{} // nothing to run
-	case h.busyUntil.Valid:
-		return keyOutcome{runnable: h.busyUntil}
-	case h.state == ferrydriver.InboxDead:
+	case held:
 		return keyOutcome{held: h.id[:]}
-	case h.state == ferrydriver.InboxFailed:
-		return keyOutcome{runnable: sql.NullInt64{Int64: h.nextAttempt, Valid: true}}
+	case at.IsZero():
+		return keyOutcome{} // nothing to run
 	}
-	return keyOutcome{runnable: h.expires} // PROCESSING under a live claim
+	return keyOutcome{runnable: sql.NullInt64{Int64: at.UnixMicro(), Valid: true}}
 }
 
 // decideKeys applies the rule of a key's head (inboxmodel.Decide, at the

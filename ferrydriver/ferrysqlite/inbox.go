@@ -133,6 +133,7 @@ type head struct {
 	// expired (a row redriven ahead of it is the head): the key waits for
 	// a rescue, which takes the head.
 	stale  bool
+	hold   bool // the group's dead policy, as the head was read under it
 	exists bool
 }
 
@@ -141,9 +142,12 @@ func (h *head) view() inboxmodel.KeyHead {
 	if !h.exists {
 		return inboxmodel.KeyHead{}
 	}
-	v := inboxmodel.KeyHead{State: ferrydriver.InboxState(h.state), RetryAt: time.UnixMicro(h.nextAttempt), Busy: h.busyUntil.Valid, Stale: h.stale}
+	v := inboxmodel.KeyHead{State: ferrydriver.InboxState(h.state), RetryAt: time.UnixMicro(h.nextAttempt), Stale: h.stale}
 	if h.claimExpires.Valid {
 		v.ClaimExpires = time.UnixMicro(h.claimExpires.Int64)
+	}
+	if h.busyUntil.Valid {
+		v.BusyUntil = time.UnixMicro(h.busyUntil.Int64)
 	}
 	return v
 }
@@ -160,10 +164,11 @@ SELECT h.event_id, h.state, h.pos, h.attempts, h.next_attempt_at, h.claim_expire
        (SELECT max(p.claim_expires_at) FROM ferry_inbox p
          WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at > ?3 AND p.event_id <> h.event_id),
        EXISTS (SELECT 1 FROM ferry_inbox p
-         WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at <= ?3 AND p.event_id <> h.event_id)
+         WHERE p.group_name = ?1 AND p.key = ?2 AND p.state = 'processing' AND p.claim_expires_at <= ?3 AND p.event_id <> h.event_id),
+       COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?1), 1)
   FROM (SELECT event_id, state, pos, attempts, next_attempt_at, claim_expires_at FROM ferry_inbox
          WHERE group_name = ?1 AND key = ?2 AND `+unfinished+` AND `+holdsOrNotDead+`
-         ORDER BY pos LIMIT 1) h`, group, key, t).Scan(&h.id, &h.state, &h.pos, &h.attempts, &h.nextAttempt, &h.claimExpires, &h.busyUntil, &h.stale)
+         ORDER BY pos LIMIT 1) h`, group, key, t).Scan(&h.id, &h.state, &h.pos, &h.attempts, &h.nextAttempt, &h.claimExpires, &h.busyUntil, &h.stale, &h.hold)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
@@ -174,25 +179,19 @@ SELECT h.event_id, h.state, h.pos, h.attempts, h.next_attempt_at, h.claim_expire
 	return h, nil
 }
 
-// refreshKey recomputes when a key's head may run, after its head changed.
+// refreshKey recomputes when a key's head may run (inboxmodel.Schedule),
+// after its head changed.
 func (d *Driver) refreshKey(ctx context.Context, tx *sql.Tx, group, key string, t int64) error {
 	h, err := d.keyHead(ctx, tx, group, key, t)
 	if err != nil {
 		return err
 	}
 	var runnable, heldBy any
-	switch {
-	case h.busyUntil.Valid:
-		runnable = h.busyUntil.Int64
-	case !h.exists:
-	case h.state == "pending":
-		runnable = t
-	case h.state == "failed":
-		runnable = h.nextAttempt
-	case h.state == "processing":
-		runnable = h.claimExpires
-	case h.state == "dead":
+	switch at, held := inboxmodel.Schedule(h.view(), time.UnixMicro(t)); {
+	case held:
 		heldBy = h.id
+	case !at.IsZero():
+		runnable = at.UnixMicro()
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ?, held_by = ? WHERE group_name = ? AND key = ?`,
 		runnable, heldBy, group, key); err != nil {
@@ -289,7 +288,7 @@ UPDATE ferry_inbox
 			}
 			run := []string{h.id}
 			if h.state == string(ferrydriver.InboxPending) && !p.Rescue && p.PerKey > 1 {
-				more, err := d.runAfter(ctx, tx, p.Group, k, h.pos, min(p.PerKey, limit-len(out))-1)
+				more, err := d.runAfter(ctx, tx, p.Group, k, h, min(p.PerKey, limit-len(out))-1)
 				if err != nil {
 					return err
 				}
@@ -324,34 +323,40 @@ UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by
 	return out, nil
 }
 
-// runAfter returns the rows a run takes after its PENDING head at pos, at
-// most n: the key's next PENDING rows, in order, passing DEAD rows the
-// group's policy lets the key pass and stopping at any other row that
-// cannot run now (FAILED, PROCESSING, DEAD holding the key).
-func (d *Driver) runAfter(ctx context.Context, tx *sql.Tx, group, key string, pos int64, n int) ([]string, error) {
+// runAfter returns the rows a run takes after its PENDING head h, at most
+// n (inboxmodel.RunRows): the key's next PENDING rows, in order, passing
+// DEAD rows the group's policy lets the key pass (the statement leaves
+// them out, so that they do not count toward its LIMIT) and stopping at
+// any other row that cannot run now.
+func (d *Driver) runAfter(ctx context.Context, tx *sql.Tx, group, key string, h *head, n int) ([]string, error) {
 	if n <= 0 {
 		return nil, nil
 	}
 	rows, err := tx.QueryContext(ctx, `
 SELECT event_id, state FROM ferry_inbox
  WHERE group_name = ?1 AND key = ?2 AND pos > ?3 AND `+unfinished+` AND `+holdsOrNotDead+`
- ORDER BY pos LIMIT ?4`, group, key, pos, n)
+ ORDER BY pos LIMIT ?4`, group, key, h.pos, n)
 	if err != nil {
 		return nil, d.wrapErr("read the run of inbox key "+key, err)
 	}
 	defer rows.Close()
-	var out []string
+	var ids []string
+	var states []ferrydriver.InboxState
 	for rows.Next() {
 		var id, state string
 		if err := rows.Scan(&id, &state); err != nil {
 			return nil, d.wrapErr("read the run of inbox key "+key, err)
 		}
-		if state != string(ferrydriver.InboxPending) {
-			break
-		}
-		out = append(out, id)
+		ids, states = append(ids, id), append(states, ferrydriver.InboxState(state))
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, d.wrapErr("read the run of inbox key "+key, err)
+	}
+	var out []string
+	for _, i := range inboxmodel.RunRows(states, h.hold, n) {
+		out = append(out, ids[i])
+	}
+	return out, nil
 }
 
 // RescueDue implements ferrydriver.Inbox: a rescue would take a key's

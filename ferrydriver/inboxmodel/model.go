@@ -36,10 +36,13 @@
 //
 // The model is not safe for concurrent use.
 //
-// Decide, the rule of one key's head, is shared: SQLite and MongoDB call
-// it on the head they read, and the model's claims follow it. This package
-// is internal to Ferry's backends and test suites in all but name: its API
-// may change with any release.
+// The rules of one key are shared code, which the model's operations and
+// the backends that decide in Go call on what they read of the key:
+// Decide (what a claim does with it), RunRows (which rows join a run) and
+// Schedule (when it may run next). SQLite and MongoDB call all three,
+// MariaDB Decide and Schedule. This package is internal to Ferry's
+// backends and test suites in all but name: its API may change with any
+// release.
 package inboxmodel
 
 import (
@@ -191,14 +194,16 @@ func (m *Inbox) Head(key string) *Row {
 	return nil
 }
 
-// busy reports whether a row of key is PROCESSING under a live claim.
-func (m *Inbox) busy(key string, now time.Time) bool {
+// busyUntil returns the latest expiry of the live claims of key's rows
+// other than except at now (zero: none).
+func (m *Inbox) busyUntil(key string, except *Row, now time.Time) time.Time {
+	var until time.Time
 	for _, r := range m.rows {
-		if r.Key == key && r.State == ferrydriver.InboxProcessing && r.ClaimExpires.After(now) {
-			return true
+		if r != except && r.Key == key && r.State == ferrydriver.InboxProcessing && r.ClaimExpires.After(now) && r.ClaimExpires.After(until) {
+			until = r.ClaimExpires
 		}
 	}
-	return false
+	return until
 }
 
 // ClaimParams are ClaimInbox's parameters that the model follows.
@@ -233,19 +238,21 @@ func (m *Inbox) view(key string, now time.Time) KeyHead {
 	if h == nil {
 		return KeyHead{}
 	}
-	return KeyHead{State: h.State, RetryAt: h.RetryAt, ClaimExpires: h.ClaimExpires, Busy: m.busy(key, now), Stale: m.stale(key)}
+	return KeyHead{State: h.State, RetryAt: h.RetryAt, ClaimExpires: h.ClaimExpires, BusyUntil: m.busyUntil(key, h, now), Stale: m.stale(key, h)}
 }
 
 // KeyHead is what a backend reads of one key to decide it: its head (its
 // oldest unfinished row, DEAD rows passed over under Continue; State ""
 // when it has none), the head's retry time and claim expiry, and whether
-// another of its rows is PROCESSING under a live claim (Busy) or under one
-// that expired (Stale).
+// another of its rows is PROCESSING under a live claim (BusyUntil: the
+// latest such claim's expiry; zero when none) or under one that expired
+// (Stale).
 type KeyHead struct {
 	State        ferrydriver.InboxState
 	RetryAt      time.Time
 	ClaimExpires time.Time
-	Busy, Stale  bool
+	BusyUntil    time.Time
+	Stale        bool
 }
 
 // Decision is what a claim does with a key.
@@ -269,7 +276,7 @@ const (
 // Decide is the rule of a key's head, which every backend follows: what a
 // claim (a rescue when rescue) does with a key whose head is h at now.
 func Decide(h KeyHead, now time.Time, rescue bool) Decision {
-	if h.State == "" || h.Busy {
+	if h.State == "" || !h.BusyUntil.IsZero() {
 		return Wait
 	}
 	var runnable bool
@@ -293,11 +300,56 @@ func Decide(h KeyHead, now time.Time, rescue bool) Decision {
 	return Take
 }
 
-// stale reports whether a row of key is PROCESSING under a claim that
-// expired (busy says none is under a live one).
-func (m *Inbox) stale(key string) bool {
+// Schedule is when a key whose head is h, read at now, may run next,
+// which a backend stores with the key for its claims to find: when another
+// of its rows' live claim expires, if one runs; else now for a PENDING
+// head, its retry time for a FAILED one, its claim's expiry for one
+// PROCESSING. A DEAD head holds the key (held) until it changes; a key
+// with no head has nothing to run (neither).
+func Schedule(h KeyHead, now time.Time) (at time.Time, held bool) {
+	switch {
+	case h.State == "":
+		return time.Time{}, false
+	case !h.BusyUntil.IsZero():
+		return h.BusyUntil, false
+	case h.State == ferrydriver.InboxDead:
+		return time.Time{}, true
+	case h.State == ferrydriver.InboxFailed:
+		return h.RetryAt, false
+	case h.State == ferrydriver.InboxProcessing:
+		return h.ClaimExpires, false
+	}
+	return now, false
+}
+
+// RunRows returns which of the rows after a PENDING head join its run:
+// next holds the states of the key's unfinished rows after the head, in
+// order, and the run takes the PENDING ones, at most n, passing DEAD rows
+// when the policy lets the key pass them (!hold) and stopping at any
+// other row that cannot run now (FAILED, PROCESSING, DEAD holding the
+// key). It returns their indexes in next.
+func RunRows(next []ferrydriver.InboxState, hold bool, n int) []int {
+	var out []int
+	for i, st := range next {
+		if len(out) >= n {
+			break
+		}
+		if st == ferrydriver.InboxDead && !hold {
+			continue
+		}
+		if st != ferrydriver.InboxPending {
+			break
+		}
+		out = append(out, i)
+	}
+	return out
+}
+
+// stale reports whether a row of key other than except is PROCESSING
+// (under a claim that expired, when busyUntil finds no live one).
+func (m *Inbox) stale(key string, except *Row) bool {
 	for _, r := range m.rows {
-		if r.Key == key && r.State == ferrydriver.InboxProcessing {
+		if r != except && r.Key == key && r.State == ferrydriver.InboxProcessing {
 			return true
 		}
 	}
@@ -372,24 +424,23 @@ func (m *Inbox) Claim(now time.Time, p ClaimParams, keys ...string) ([]Row, erro
 }
 
 // run returns the rows a claim with p takes from the key whose head is h
-// (not spent), at most room: h, and with runs its key's next PENDING rows.
+// (not spent), at most room: h, and with runs its key's next PENDING rows
+// (RunRows).
 func (m *Inbox) run(p ClaimParams, h *Row, room int) []*Row {
 	out := []*Row{h}
 	if p.Rescue || h.State != ferrydriver.InboxPending {
 		return out
 	}
-	hold := m.HoldDead()
+	var after []*Row
+	var states []ferrydriver.InboxState
 	for _, r := range m.rows {
-		if len(out) >= min(p.PerKey, room) {
-			break
+		if r.Key == h.Key && r.Pos > h.Pos && unfinished(r.State) {
+			after = append(after, r)
+			states = append(states, r.State)
 		}
-		if r.Key != h.Key || r.Pos <= h.Pos || !unfinished(r.State) || (r.State == ferrydriver.InboxDead && !hold) {
-			continue
-		}
-		if r.State != ferrydriver.InboxPending {
-			break
-		}
-		out = append(out, r)
+	}
+	for _, i := range RunRows(states, m.HoldDead(), min(p.PerKey, room)-1) {
+		out = append(out, after[i])
 	}
 	return out
 }

@@ -472,3 +472,46 @@ func TestModelRuns(t *testing.T) {
 }
 
 func long1() inboxmodel.ClaimParams { return inboxmodel.ClaimParams{Worker: "w", Limit: 100} }
+
+// The rules backends call on what they read of one key: Decide (through
+// the model's tests above), Schedule and RunRows.
+func TestScheduleAndRunRows(t *testing.T) {
+	later, retry := t0.Add(time.Minute), t0.Add(time.Hour)
+	for _, c := range []struct {
+		name string
+		h    inboxmodel.KeyHead
+		at   time.Time
+		held bool
+	}{
+		{"no head: nothing to run", inboxmodel.KeyHead{}, time.Time{}, false},
+		{"PENDING: now", inboxmodel.KeyHead{State: pending}, t0, false},
+		{"FAILED: at its retry", inboxmodel.KeyHead{State: failed, RetryAt: retry}, retry, false},
+		{"PROCESSING: at its claim's expiry", inboxmodel.KeyHead{State: processing, ClaimExpires: later}, later, false},
+		{"DEAD: holds the key", inboxmodel.KeyHead{State: dead}, time.Time{}, true},
+		{"another row runs: when its claim expires", inboxmodel.KeyHead{State: pending, BusyUntil: later}, later, false},
+		{"another row runs behind a DEAD head", inboxmodel.KeyHead{State: dead, BusyUntil: later}, later, false},
+	} {
+		at, held := inboxmodel.Schedule(c.h, t0)
+		if !at.Equal(c.at) || held != c.held {
+			t.Errorf("%s: Schedule = %v, %v; want %v, %v", c.name, at, held, c.at, c.held)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		next []ferrydriver.InboxState
+		hold bool
+		n    int
+		want []int
+	}{
+		{"PENDING rows up to n", []ferrydriver.InboxState{pending, pending, pending}, true, 2, []int{0, 1}},
+		{"stops at FAILED", []ferrydriver.InboxState{pending, failed, pending}, true, 5, []int{0}},
+		{"stops at PROCESSING", []ferrydriver.InboxState{processing, pending}, true, 5, nil},
+		{"stops at DEAD under Hold", []ferrydriver.InboxState{pending, dead, pending}, true, 5, []int{0}},
+		{"passes DEAD under Continue", []ferrydriver.InboxState{pending, dead, pending}, false, 5, []int{0, 2}},
+		{"n of 0 takes nothing", []ferrydriver.InboxState{pending}, true, 0, nil},
+	} {
+		if got := inboxmodel.RunRows(c.next, c.hold, c.n); fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("%s: RunRows = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
