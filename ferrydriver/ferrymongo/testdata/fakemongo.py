@@ -6,15 +6,18 @@ It prints the server's URI on its first line, then serves until stdin
 closes. mockupdb speaks the wire protocol to the real Go driver; mongomock
 evaluates filters, updates, sorts and aggregation stages. This script adds
 what neither has: the replica-set hello, commands as the driver sends them,
-pipeline updates, $$NOW, and transactions that an abort undoes.
+pipeline updates, $$NOW, transactions and change streams.
 
 Transactions as MongoDB runs them, in short: a transaction that writes a
-document another open transaction wrote fails with WriteConflict (labelled
-TransientTransactionError: the driver runs it again), a write outside one
-waits for it to end, and a read sees the last committed version of
-another's documents and its own writes (read committed, where MongoDB
-reads a snapshot). Not here: change streams, TTL deletions, more than one
-command at a time.
+document another open transaction wrote, or one committed since it
+started, fails with WriteConflict (labelled TransientTransactionError: the
+driver runs it again); a write outside one waits for it to end; an abort
+undoes its writes, and an idle one ends after a minute. A read sees the
+last committed version of another's documents and its own writes (read
+committed, where MongoDB reads a snapshot). Change streams report inserts,
+updates and deletes, committed, of one collection, through $match stages.
+Not here: TTL deletions, indexes other than unique ones, speed (every
+query scans its collection).
 """
 import copy
 import datetime
@@ -164,8 +167,6 @@ def stages(pipeline):
             out.append({"$project": {f: 0 for f in ([arg] if isinstance(arg, str) else arg)}})
         elif op == "$replaceWith":
             out.append({"$replaceRoot": {"newRoot": arg}})
-        elif op == "$changeStream":
-            raise CommandError(40573, "Location40573", "fakemongo does not run change streams")
         else:
             out.append({op: arg})
     return out
