@@ -16,7 +16,7 @@ import (
 // sends (mongomock under mockupdb's wire protocol) with MongoDB's write
 // conflicts between transactions, but reads committed data where MongoDB
 // reads a snapshot.
-func fakeDriver(t *testing.T) ferrydrivertest.InboxDriver[context.Context] {
+func fakeDriver(t *testing.T) *ferrymongo.Driver {
 	t.Helper()
 	uri, _ := pythonServer(t, "mockupdb, mongomock", "testdata/fakemongo.py")
 	drv, err := ferrymongo.New(context.Background(), mockClient(t, uri), "ferrytest", &ferrymongo.Config{RecoveryMargin: time.Millisecond})
@@ -32,7 +32,7 @@ func fakeDriver(t *testing.T) ferrydrivertest.InboxDriver[context.Context] {
 // against the model and the other backends' tests. With
 // FERRY_TEST_MONGODB_URL set, TestInboxSuite runs all of it on a real one.
 func TestFakeServerInbox(t *testing.T) {
-	ferrydrivertest.ExerciseInboxCases(t, fakeDriver,
+	ferrydrivertest.ExerciseInboxCases(t, func(t *testing.T) ferrydrivertest.InboxDriver[context.Context] { return fakeDriver(t) },
 		"InsertAbsorbsDuplicates", "EdgeCaseEventsArriveExactly", "ClaimsHeadsInKeyOrder", "CompleteCommitsWithHandlerTx",
 		"ExpiredClaimIsReclaimed", "ReapedClaimIsRescued", "ExpiredRunsAreRescuedKeyByKey", "StaleAttemptCannotFinishALaterClaim",
 		"ExhaustedAttemptsGoDeadAtClaim", "UncountedFailureTakesTheAttemptBack", "FailedRetriesWhenDue", "DeadHoldsOrContinues",
@@ -41,4 +41,11 @@ func TestFakeServerInbox(t *testing.T) {
 		// Not InterruptedPolicyChangeResumes: its 1,200 keys take minutes
 		// on a server that scans every collection in Python.
 	)
+}
+
+// TestFakeServerTransactor runs the RunTx transactor suite (request
+// records, concurrent claims of one request, rollbacks, retention) on the
+// fake server.
+func TestFakeServerTransactor(t *testing.T) {
+	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[context.Context] { return fakeDriver(t) })
 }
