@@ -125,18 +125,17 @@
 // (Debian's python3-mockupdb), as does the partition guard: an insert
 // refused by the validator run again with the new count, a misconfigured
 // producer refused before it writes, Migrate storing the count an old
-// outbox uses, SetPartitions refusing while a relay holds a feed. The
-// inbox suite, with the conformance table that pins every backend to the
-// inbox model, and the transactor suite run on a small server of the
-// tests' own
+// outbox uses, SetPartitions refusing while a relay holds a feed. The inbox
+// suite, with the conformance table that pins every backend to the inbox
+// model, and the transactor suite run on a small server of the tests' own
 // (testdata/fakemongo.py: Debian's python3-mongomock evaluating the real
 // driver's commands, with MongoDB's write conflicts between transactions
 // and change streams, but committed reads where MongoDB reads a snapshot).
 // The other behavioural suites (ferrydrivertest, with its partition tests,
-// capture on a server), the companies matrix and the
-// relay crash and zombie-leader tests in cmd/ferry run only when
-// FERRY_TEST_MONGODB_URL names a replica set; they have not been run
-// against a real server yet. Nor has the validator's interplay with
-// transactions whose snapshot predates a collMod (expected: a transient
-// error, so the transaction runs again).
+// capture on a server), the companies matrix and the relay crash and
+// zombie-leader tests in cmd/ferry run only when FERRY_TEST_MONGODB_URL
+// names a replica set; they have not been run against a real server yet.
+// Nor has the validator's interplay with transactions whose snapshot
+// predates a collMod (expected: a transient error, so the transaction runs
+// again).
 package ferrymongo
