@@ -36,10 +36,13 @@ func TestFakeServerInbox(t *testing.T) {
 		"InsertAbsorbsDuplicates", "EdgeCaseEventsArriveExactly", "ClaimsHeadsInKeyOrder", "CompleteCommitsWithHandlerTx",
 		"ExpiredClaimIsReclaimed", "ReapedClaimIsRescued", "ExpiredRunsAreRescuedKeyByKey", "StaleAttemptCannotFinishALaterClaim",
 		"ExhaustedAttemptsGoDeadAtClaim", "UncountedFailureTakesTheAttemptBack", "FailedRetriesWhenDue", "DeadHoldsOrContinues",
-		"ConcurrentWorkersKeepKeyOrder", "DeadLettersListRedriveDiscard", "RetentionOfProcessed", "DeadRowsPageByCursor",
+		"DeadLettersListRedriveDiscard", "RetentionOfProcessed", "DeadRowsPageByCursor",
 		"AwaitSettled", "PolicyChangesAndContinueRedrive", "ConformsToTheModel", "AttemptHistory", "Retract",
-		// Not InterruptedPolicyChangeResumes: its 1,200 keys take minutes
-		// on a server that scans every collection in Python.
+		// Not InterruptedPolicyChangeResumes (1,200 keys) nor
+		// ConcurrentWorkersKeepKeyOrder (300 events through four workers):
+		// on a server that scans every collection in Python they take from
+		// half a minute to several, past their deadlines on a busy machine.
+		// Transactions that conflict are InsertAbsorbsDuplicates's.
 	)
 }
 

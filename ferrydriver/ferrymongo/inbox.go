@@ -464,7 +464,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		}
 		return []*ferrydriver.InboxRow{row}, nil
 	}
-	run := []bson.D{{{Key: "_id", Value: h.doc.ID}}}
+	run := bson.A{h.doc.ID}
 	if h.doc.State == string(ferrydriver.InboxPending) && !p.Rescue && p.PerKey > 1 {
 		more, err := d.runAfter(tx, p.Group, key, h, min(p.PerKey, room)-1)
 		if err != nil {
@@ -472,27 +472,32 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		}
 		run = append(run, more...)
 	}
+	// The run's rows in one update and one read, whatever its length.
 	expires := now.Add(p.TTL)
 	token := uuid.NewString()
-	var out []*ferrydriver.InboxRow
-	for i, id := range run {
-		var doc inboxDoc
-		err = d.inbox().FindOneAndUpdate(tx, id,
-			bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claimed_by", Value: p.Worker},
-				{Key: "claim_token", Value: token}, {Key: "claim_expires_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}}},
-			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
-		if err != nil {
-			return nil, err
-		}
-		row, err := doc.row()
-		if err != nil {
-			return nil, err
-		}
+	inRun := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: run}}}}
+	res, err := d.inbox().UpdateMany(tx, inRun,
+		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}, {Key: "claimed_by", Value: p.Worker},
+			{Key: "claim_token", Value: token}, {Key: "claim_expires_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}}})
+	if err != nil {
+		return nil, err
+	}
+	if res.MatchedCount != int64(len(run)) {
+		return nil, fmt.Errorf("claim a run of %d rows of key %s: %d found", len(run), key, res.MatchedCount)
+	}
+	cur, err := d.inbox().Find(tx, inRun, options.Find().SetSort(bson.D{{Key: "pos", Value: 1}}))
+	if err != nil {
+		return nil, err
+	}
+	out, err := decodeRows(tx, cur)
+	if err != nil {
+		return nil, err
+	}
+	for i, row := range out {
 		row.Claim = token
-		if i < len(run)-1 {
+		if i < len(out)-1 {
 			row.Claim += runMark
 		}
-		out = append(out, row)
 	}
 	if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: expires}}}, {Key: "$inc", Value: bson.D{{Key: "v", Value: int64(1)}}}}); err != nil {
@@ -512,7 +517,7 @@ const runMark = "+run"
 // order, passing DEAD rows that the group's policy lets the key pass (the
 // query leaves them out, so that they do not count toward its limit) and
 // stopping at any other row that cannot run now.
-func (d *Driver) runAfter(tx context.Context, group, key string, h *head, n int) ([]bson.D, error) {
+func (d *Driver) runAfter(tx context.Context, group, key string, h *head, n int) (bson.A, error) {
 	if n <= 0 {
 		return nil, nil
 	}
@@ -533,9 +538,9 @@ func (d *Driver) runAfter(tx context.Context, group, key string, h *head, n int)
 	for i, doc := range docs {
 		states[i] = ferrydriver.InboxState(doc.State)
 	}
-	var out []bson.D
+	var out bson.A
 	for _, i := range inboxmodel.RunRows(states, h.hold, n) {
-		out = append(out, bson.D{{Key: "_id", Value: docs[i].ID}})
+		out = append(out, docs[i].ID)
 	}
 	return out, nil
 }
