@@ -83,8 +83,8 @@ TX_LIFETIME = 60  # seconds, MongoDB's transactionLifetimeLimitSeconds
 
 
 class Tx:
-    def __init__(self, key):
-        self.key, self.start, self.used = key, clock["tick"], time.monotonic()
+    def __init__(self):
+        self.start, self.used = clock["tick"], time.monotonic()
         self.writes = {}  # document key -> (collection, id, first image or None)
 
 
@@ -217,17 +217,17 @@ class Command:
                 # A new transaction on a session ends its last one.
                 for k in [k for k in transactions if k[0] == self.txkey[0] and k != self.txkey]:
                     end_transaction(k, undo=True)
-                transactions[self.txkey] = Tx(self.txkey)
+                transactions[self.txkey] = Tx()
             self.tx = transactions.get(self.txkey)
             if self.tx is None and self.r.command_name not in ("commitTransaction", "abortTransaction"):
                 raise CommandError(251, "NoSuchTransaction", "Transaction %d has been aborted." % self.txkey[1], ["TransientTransactionError"])
             if self.tx is not None:
                 self.tx.used = time.monotonic()
 
-    def coll(self, name=None):
-        return self.db[name or self.doc[self.r.command_name]]
+    def _coll(self):
+        return self.db[self.doc[self.r.command_name]]
 
-    def touch(self, coll, ids):
+    def _touch(self, coll, ids):
         """Called before a command writes documents ids: fails if another
         open transaction wrote one, or, in a transaction, if one was
         committed after it started (the first committer wins); keeps the
@@ -244,35 +244,26 @@ class Command:
                 if self.tx:
                     owners[k] = self.txkey
 
-    def theirs(self, coll):
+    def _theirs(self, coll):
         """The documents of coll that other open transactions wrote."""
         return {k: v for key, tx in transactions.items() if key != self.txkey
                 for k, v in tx.writes.items() if k[:2] == (coll.database.name, coll.name)}
 
-    def view(self, coll):
-        """coll as this command reads it: another open transaction's
-        documents as they were before it wrote them."""
-        theirs = self.theirs(coll)
-        if not theirs:
-            return coll
-        view = store["fakemongo_views"][coll.name]
-        view.delete_many({})
-        for d in coll.find():
-            if doc_key(coll, d["_id"]) not in theirs:
-                view.insert_one(d)
-        for _, _, old in theirs.values():
-            if old is not None:
-                view.insert_one(old)
-        return view
+    def _read(self, coll, q):
+        """The documents of coll that q selects as this command reads them:
+        another open transaction's as they were before it wrote them."""
+        theirs = self._theirs(coll)
+        docs = [d for d in coll.find(q) if doc_key(coll, d["_id"]) not in theirs]
+        return docs + [copy.deepcopy(old) for _, _, old in theirs.values() if old is not None and mm_aggregate.filtering.filter_applies(q, old)]
 
-    def matching(self, coll, q, sort=None, one=False):
+    def _matching(self, coll, q, sort=None, one=False):
         docs = list(coll.find(q, sort=sort_spec(sort)))
         return docs[:1] if one else docs
 
-    def apply(self, coll, doc, update, inserting):
+    def _apply(self, coll, doc, update, inserting):
         """The document after update (operators or a pipeline)."""
         if isinstance(update, list):
-            return list(mm_aggregate.process_pipeline([copy.deepcopy(doc)], self.db, stages(update), None))[0]
+            return self._pipeline([copy.deepcopy(doc)], stages(update))[0]
         if not any(k.startswith("$") for k in update):
             return dict(update, _id=doc["_id"])
         scratch = store["fakemongo_scratch"]["docs"]
@@ -285,14 +276,14 @@ class Command:
             scratch.update_one({"_id": doc["_id"]}, with_now(update, now()))
         return scratch.find_one({"_id": doc["_id"]})
 
-    def write_one(self, coll, q, update, upsert, sort=None, multi=False):
+    def _write_one(self, coll, q, update, upsert, sort=None, multi=False):
         """Updates (or upserts) the documents q selects; returns (matched,
         modified, upserted id, [(before, after)])."""
-        olds = self.matching(coll, q, sort, one=not multi)
-        self.touch(coll, [d["_id"] for d in olds])
+        olds = self._matching(coll, q, sort, one=not multi)
+        self._touch(coll, [d["_id"] for d in olds])
         changes, modified = [], 0
         for old in olds:
-            new = self.apply(coll, old, update, False)
+            new = self._apply(coll, old, update, False)
             if new != old:
                 coll.replace_one({"_id": old["_id"]}, new)
                 modified += 1
@@ -301,27 +292,17 @@ class Command:
         if not olds and upsert:
             base = equalities(q)
             base.setdefault("_id", (update.get("_id") if isinstance(update, dict) else None) or mongomock.ObjectId())
-            new = self.apply(coll, base, update, True)
+            new = self._apply(coll, base, update, True)
             new.setdefault("_id", base["_id"])
-            self.touch(coll, [new["_id"]])
+            self._touch(coll, [new["_id"]])
             coll.insert_one(new)
             upserted = new["_id"]
             changes.append((None, new))
         return len(olds), modified, upserted, changes
 
-    # Commands.
+    # Commands, by their names; helpers start with "_".
 
     def find(self):
-        coll, q = self.coll(), self.doc.get("filter") or {}
-        theirs = self.theirs(coll)
-        if not theirs:
-            limit = abs(self.doc.get("limit", 0) or 0)
-            return self.cursor(list(coll.find(q, projection=self.doc.get("projection") or None, sort=sort_spec(self.doc.get("sort")),
-                                              skip=self.doc.get("skip", 0) or 0, limit=limit)))
-        # What the query finds, with another open transaction's documents
-        # as they were before it wrote them.
-        docs = [d for d in coll.find(q) if doc_key(coll, d["_id"]) not in theirs]
-        docs += [copy.deepcopy(old) for _, _, old in theirs.values() if old is not None and mm_aggregate.filtering.filter_applies(q, old)]
         pipeline = []
         if sort_spec(self.doc.get("sort")):
             pipeline.append({"$sort": dict(sort_spec(self.doc.get("sort")))})
@@ -331,18 +312,21 @@ class Command:
             pipeline.append({"$limit": abs(self.doc["limit"])})
         if self.doc.get("projection"):
             pipeline.append({"$project": self.doc["projection"]})
-        return self.cursor(list(mm_aggregate.process_pipeline(docs, self.db, pipeline, None)))
+        return self._cursor(self._pipeline(self._read(self._coll(), self.doc.get("filter") or {}), pipeline))
 
-    def cursor(self, docs):
+    def _pipeline(self, docs, pipeline):
+        return list(mm_aggregate.process_pipeline(docs, self.db, pipeline, None))
+
+    def _cursor(self, docs):
         return {"cursor": {"id": Int64(0), "ns": self.doc["$db"] + "." + str(self.doc[self.r.command_name]), "firstBatch": docs}}
 
     def aggregate(self):
         pipeline = self.doc["pipeline"]
         if pipeline and "$changeStream" in pipeline[0]:
-            return self.watch(pipeline[0]["$changeStream"], pipeline[1:])
-        return self.cursor(list(self.view(self.coll()).aggregate(stages(pipeline))))
+            return self._watch(pipeline[0]["$changeStream"], pipeline[1:])
+        return self._cursor(self._pipeline(self._read(self._coll(), {}), stages(pipeline)))
 
-    def watch(self, opts, rest):
+    def _watch(self, opts, rest):
         """Opens a change stream: the changes after its start (or from
         startAtOperationTime), through rest, $match stages only."""
         if any(list(st) != ["$match"] for st in rest):
@@ -354,15 +338,17 @@ class Command:
         return {"cursor": {"id": cid, "ns": self.doc["$db"] + "." + self.doc["aggregate"], "firstBatch": [],
                            "postBatchResumeToken": {"_data": "%016x" % streams[cid]["after"]}}}
 
-    def count(self):
-        return {"n": self.view(self.coll()).count_documents(self.doc.get("query") or {})}
-
     def distinct(self):
-        return {"values": self.view(self.coll()).distinct(self.doc["key"], self.doc.get("query") or {})}
+        values = []
+        for d in self._read(self._coll(), self.doc.get("query") or {}):
+            v = d.get(self.doc["key"])
+            if v is not None and v not in values:
+                values.append(v)
+        return {"values": values}
 
     def insert(self):
-        coll, n, errors = self.coll(), 0, []
-        self.touch(coll, [d["_id"] for d in self.doc.get("documents", [])])
+        coll, n, errors = self._coll(), 0, []
+        self._touch(coll, [d["_id"] for d in self.doc.get("documents", [])])
         for i, d in enumerate(self.doc.get("documents", [])):
             try:
                 coll.insert_one(d)
@@ -371,19 +357,19 @@ class Command:
                 errors.append({"index": i, "code": 11000, "errmsg": "E11000 duplicate key error: " + str(e)})
                 if self.doc.get("ordered", True):
                     break
-        return self.written(n, errors)
+        return self._written(n, errors)
 
-    def written(self, n, errors, **more):
+    def _written(self, n, errors, **more):
         out = {"n": n, **more}
         if errors:
             out["writeErrors"] = errors
         return out
 
     def update(self):
-        coll, n, modified, upserted, errors = self.coll(), 0, 0, [], []
+        coll, n, modified, upserted, errors = self._coll(), 0, 0, [], []
         for i, u in enumerate(self.doc.get("updates", [])):
             try:
-                m, mod, up, _ = self.write_one(coll, u["q"], u["u"], u.get("upsert", False), multi=u.get("multi", False))
+                m, mod, up, _ = self._write_one(coll, u["q"], u["u"], u.get("upsert", False), multi=u.get("multi", False))
             except mongomock.DuplicateKeyError as e:
                 errors.append({"index": i, "code": 11000, "errmsg": "E11000 duplicate key error: " + str(e)})
                 if self.doc.get("ordered", True):
@@ -396,28 +382,28 @@ class Command:
         more = {"nModified": modified}
         if upserted:
             more["upserted"] = upserted
-        return self.written(n, errors, **more)
+        return self._written(n, errors, **more)
 
     def delete(self):
-        coll, n = self.coll(), 0
+        coll, n = self._coll(), 0
         for d in self.doc.get("deletes", []):
-            docs = self.matching(coll, d["q"], one=d.get("limit", 0) == 1)
-            self.touch(coll, [x["_id"] for x in docs])
+            docs = self._matching(coll, d["q"], one=d.get("limit", 0) == 1)
+            self._touch(coll, [x["_id"] for x in docs])
             for x in docs:
                 coll.delete_one({"_id": x["_id"]})
             n += len(docs)
         return {"n": n}
 
     def findAndModify(self):
-        coll, q, fields = self.coll(), self.doc.get("query") or {}, self.doc.get("fields")
+        coll, q, fields = self._coll(), self.doc.get("query") or {}, self.doc.get("fields")
         if self.doc.get("remove"):
-            docs = self.matching(coll, q, self.doc.get("sort"), one=True)
-            self.touch(coll, [d["_id"] for d in docs])
+            docs = self._matching(coll, q, self.doc.get("sort"), one=True)
+            self._touch(coll, [d["_id"] for d in docs])
             for d in docs:
                 coll.delete_one({"_id": d["_id"]})
             return {"value": project(docs[0], fields) if docs else None, "lastErrorObject": {"n": len(docs)}}
         try:
-            m, _, up, changes = self.write_one(coll, q, self.doc["update"], self.doc.get("upsert", False), self.doc.get("sort"))
+            m, _, up, changes = self._write_one(coll, q, self.doc["update"], self.doc.get("upsert", False), self.doc.get("sort"))
         except mongomock.DuplicateKeyError as e:
             raise CommandError(11000, "DuplicateKey", "E11000 duplicate key error: " + str(e))
         value = None
@@ -436,16 +422,16 @@ class Command:
         return {}
 
     def createIndexes(self):
-        coll = self.coll()
+        coll = self._coll()
         for ix in self.doc["indexes"]:
             opts = {k: ix[k] for k in ("unique", "partialFilterExpression", "expireAfterSeconds", "sparse") if k in ix}
             coll.create_index(list(ix["key"].items()), name=ix["name"], **opts)
         return {"numIndexesBefore": 1, "numIndexesAfter": 1 + len(self.doc["indexes"])}
 
     def listIndexes(self):
-        info = self.coll().index_information()
+        info = self._coll().index_information()
         docs = [dict({k: v for k, v in i.items() if k != "key"}, v=2, name=name, key=dict(i["key"])) for name, i in info.items()]
-        return self.cursor(docs)
+        return self._cursor(docs)
 
     def listCollections(self):
         want = (self.doc.get("filter") or {}).get("name")
@@ -536,7 +522,7 @@ def serve(r):
     if name == "getMore":
         return get_more(r)
     fn = getattr(Command, name, None)
-    if fn is None or name.startswith("_") or name in ("coll", "touch", "theirs", "view", "watch", "matching", "apply", "write_one", "cursor", "written"):
+    if fn is None or name.startswith("_"):
         print("fakemongo: no command %r: %.2000r" % (name, dict(r.doc)), file=sys.stderr, flush=True)
         return r.command_err(59, "no such command: '%s' (fakemongo)" % name, codeName="CommandNotFound")
     deadline = time.monotonic() + 30
