@@ -31,9 +31,9 @@ func (d *Driver) Savepoint(ctx context.Context, tx *sql.Tx, fn func(ctx context.
 
 // FinishInboxTx implements ferrydriver.InboxBatcher. SQLite runs in
 // process, so one statement per row costs no round trip: each row is
-// marked as CompleteInboxTx and FailInbox mark it; then, once per run, the
-// rows the batch did not report (after the key's last reported row) are
-// given back and the key's head recomputed.
+// marked as CompleteInboxTx and FailInbox mark it; then, once per run, its
+// claim ends (the rows the batch did not report run again) and the key is
+// recomputed.
 func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.FinishInboxParams) ([]uuid.UUID, error) {
 	type run struct{ key, claim string }
 	var lost []uuid.UUID
@@ -58,12 +58,8 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		}
 		last[k] = max(last[k], pos)
 	}
-	t := micros(now())
 	for _, k := range runs {
-		if err := d.giveBack(ctx, tx, p.Group, k.key, last[k], k.claim); err != nil {
-			return nil, err
-		}
-		if err := d.refreshKey(ctx, tx, p.Group, k.key, t); err != nil {
+		if err := d.release(ctx, tx, p.Group, k.key, k.claim, last[k], false); err != nil {
 			return nil, err
 		}
 	}

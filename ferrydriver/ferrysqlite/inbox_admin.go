@@ -87,21 +87,33 @@ func listInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) {
 		limit = 100
 	}
 	// The states are literals (checked), so that the partial indexes of
-	// the states apply.
-	lits := make([]string, len(states))
-	for i, s := range states {
+	// the states apply. PROCESSING is not stored: a row inside its key's
+	// claim (inClaim) is stored PENDING or FAILED, and reads as PROCESSING.
+	var stored, lits []string
+	processing, claimable := false, false
+	for _, s := range states {
 		if !s.Valid() {
 			return "", nil, fmt.Errorf("ferrysqlite: list inbox of group %s: %q is not an inbox state", p.Group, s)
 		}
-		lits[i] = "'" + string(s) + "'"
+		switch s {
+		case ferrydriver.InboxProcessing:
+			processing = true
+			stored = append(stored, "'pending'", "'failed'")
+			continue
+		case ferrydriver.InboxPending, ferrydriver.InboxFailed:
+			claimable = true
+		}
+		stored, lits = append(stored, "'"+string(s)+"'"), append(lits, "'"+string(s)+"'")
 	}
-	where := `state IN (` + strings.Join(lits, ", ") + `)`
+	slices.Sort(stored)
+	stored = slices.Compact(stored)
+	where := `state IN (` + strings.Join(stored, ", ") + `)`
 	// SQLite uses a partial index only when the WHERE clause contains the
 	// index's own condition, or the same term: each index that may serve
 	// the list gets its condition written out.
-	if len(states) == 1 {
-		where = `state = ` + lits[0] // the PROCESSED pages' index
-		if states[0] != ferrydriver.InboxProcessed {
+	if len(stored) == 1 {
+		where = `state = ` + stored[0] // the PROCESSED pages' index
+		if stored[0] != "'processed'" {
 			where += ` AND state <> 'processed'` // ferry_inbox_state_pages_idx
 		}
 	}
@@ -113,7 +125,15 @@ func listInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) {
 	if allUnfinished {
 		where += ` AND ` + unfinished // a key's rows: ferry_inbox_unfinished_idx
 	}
-	q := `SELECT ` + inboxRowColumns + ` FROM ferry_inbox WHERE group_name = ? AND ` + where
+	switch {
+	case processing && len(lits) == 0:
+		where += ` AND ` + inClaim
+	case processing:
+		where += ` AND (` + inClaim + ` OR state IN (` + strings.Join(lits, ", ") + `))`
+	case claimable:
+		where += ` AND NOT ` + inClaim
+	}
+	q := `SELECT ` + inboxRowColumns + ` FROM ferry_inbox i WHERE group_name = ? AND ` + where
 	args := []any{p.Group}
 	if p.Key != "" {
 		q += ` AND key = ?`
@@ -215,13 +235,31 @@ RETURNING key`, string(state), t, p.Group, id.String()).Scan(&key)
 // sqlInboxCounts counts each unfinished state of group ?1 up to ?2, through
 // ferry_inbox_state_pages_idx (migration 12): O(cap). The states are
 // literals, and the index's condition is repeated, so that the partial
-// index applies.
+// index applies. Rows inside claims (found through the claimed keys,
+// ferry_inbox_keys_rescue_idx) count as PROCESSING, not as what they are
+// stored as.
 var sqlInboxCounts = func() string {
 	var q []string
 	for _, st := range []string{"pending", "processing", "failed", "dead"} {
-		q = append(q, `SELECT '`+st+`', (SELECT count(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ?1 AND state = '`+st+`' AND state <> 'processed' LIMIT ?2))`)
+		stored := `(SELECT count(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ?1 AND state = '` + st + `' AND state <> 'processed' LIMIT ?2))`
+		switch st {
+		case "processing":
+			stored = `(SELECT count(*) FROM claimed)`
+		case "pending", "failed":
+			// At the cap it stays the cap: the count is "at least".
+			stored = `(SELECT CASE WHEN n >= ?2 THEN n ELSE max(n - (SELECT count(*) FROM claimed WHERE state = '` + st + `'), 0) END FROM (SELECT ` + stored + ` AS n))`
+		}
+		q = append(q, `SELECT '`+st+`', `+stored)
 	}
-	return strings.Join(q, " UNION ALL ")
+	return `
+WITH claimed AS MATERIALIZED (
+    SELECT i.state FROM ferry_inbox_keys c JOIN ferry_inbox i
+        ON i.group_name = c.group_name AND i.key = c.key AND i.pos > c.claim_from AND i.pos <= c.claim_through
+       AND i.` + unfinished + ` AND i.state IN ('pending', 'failed')
+     WHERE c.group_name = ?1 AND c.rescue_at IS NOT NULL AND c.claim_token IS NOT NULL
+     LIMIT ?2
+)
+` + strings.Join(q, " UNION ALL ")
 }()
 
 // sqlInboxGroups lists the groups whose policy is stored and those with
@@ -302,7 +340,7 @@ DELETE FROM ferry_inbox WHERE pos IN (
 		_, err = tx.ExecContext(ctx, `
 DELETE FROM ferry_inbox_keys WHERE group_name = ?1 AND key IN (
     SELECT k.key FROM ferry_inbox_keys k
-     WHERE k.group_name = ?1 AND k.runnable_at IS NULL AND k.held_by IS NULL
+     WHERE k.group_name = ?1 AND k.runnable_at IS NULL AND k.held_by IS NULL AND k.claim_token IS NULL AND k.rescue_at IS NULL
        AND NOT EXISTS (SELECT 1 FROM ferry_inbox i WHERE i.group_name = k.group_name AND i.key = k.key AND i.`+unfinished+`)
      LIMIT ?2)`, p.Group, limit)
 		return d.wrapErr("delete idle inbox keys of group "+p.Group, err)

@@ -115,6 +115,47 @@ func TestMigrateDownAndUp(t *testing.T) {
 	appendOne(ctx, t, drv, "k", "works")
 }
 
+// A database of release 0.1 whose consumer stopped with a row claimed
+// (stored PROCESSING then; claims live on the key's row since schema 14)
+// runs the row again after the upgrade, its counted attempt kept, and the
+// key's later row after it.
+func TestUpgradeRunsRowsClaimedUnderTheOldSchema(t *testing.T) {
+	ctx := context.Background()
+	drv := newDriver(t)
+	_, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
+	require.NoError(t, err)
+	a, b := ferrydrivertest.Event("t", "k", "a"), ferrydrivertest.Event("t", "k", "b")
+	// Written as 0.1 wrote them: a's claim live for an hour, the key
+	// waiting for its expiry.
+	later := time.Now().Add(time.Hour).UnixMicro()
+	for i, ev := range []*ferryevent.Event{a, b} {
+		_, err = drv.DB().ExecContext(ctx, `INSERT INTO ferry_inbox (group_name, event_id, key, topic, type, payload, created_at, next_attempt_at, received_at)
+			VALUES ('g', ?, 'k', 't', ?, ?, 0, 0, ?)`, ev.ID.String(), ev.Type, ev.Payload, i)
+		require.NoError(t, err)
+	}
+	_, err = drv.DB().ExecContext(ctx, `UPDATE ferry_inbox SET state = 'processing', attempts = 1, claimed_by = 'old', claim_token = 'x',
+		claim_expires_at = ? WHERE event_id = ?`, later, a.ID.String())
+	require.NoError(t, err)
+	_, err = drv.DB().ExecContext(ctx, `INSERT INTO ferry_inbox_keys (group_name, key, runnable_at) VALUES ('g', 'k', ?)`, later)
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+
+	for _, want := range []*ferryevent.Event{a, b} {
+		rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		require.Equal(t, want.ID, rows[0].Event.ID)
+		require.Equal(t, ferrydriver.InboxProcessing, rows[0].State)
+		if want == a {
+			require.Equal(t, 2, rows[0].Attempts, "the attempt of the old claim stays counted")
+		}
+		require.NoError(t, drv.RunInTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: want.ID, Claim: rows[0].Claim})
+		}))
+	}
+}
+
 func TestOpenRejectsBadInput(t *testing.T) {
 	_, err := ferrysqlite.Open(filepath.Join(t.TempDir(), "no", "such", "dir", "x.db"), nil)
 	require.ErrorContains(t, err, "create it first")

@@ -1,0 +1,527 @@
+package ferrysqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
+	"github.com/google/uuid"
+)
+
+// Claims live on the key's row (migration 14), as ferrypg's: a claim takes
+// a run of a key's next rows in order, with one token and one expiry, and
+// stores the range of positions it covers (claim_from < pos <=
+// claim_through); the rows are not written until their outcomes are
+// known. A finish records its rows' outcomes and then ends the claim, or
+// keeps it on the rest of the run (CompleteInboxParams.Keep). A claim that
+// expired is rescued: every row it covered counts the attempt, and they
+// run one at a time (suspect_through), each under a claim of its own.
+//
+// SQLite has one writer, and a key's queue is read through
+// ferry_inbox_unfinished_idx in microseconds: after every change of a key,
+// refreshKey recomputes when it may run from its rows, instead of keeping
+// the bounds ferrypg keeps for its concurrent writers (done_pos, tail_pos,
+// claim_dirty).
+
+// queued is one of a key's unfinished rows, as a claim reads it.
+type queued struct {
+	id, state   string
+	pos         int64
+	attempts    int
+	nextAttempt int64
+}
+
+// due says whether the row may run at t: PENDING, or FAILED and due.
+func (q *queued) due(t int64) bool {
+	return q.state == string(ferrydriver.InboxPending) || (q.state == string(ferrydriver.InboxFailed) && q.nextAttempt <= t)
+}
+
+// spent says whether the row's attempts reached max (0: no limit).
+func (q *queued) spent(max int) bool { return max > 0 && q.attempts >= max }
+
+// queue reads a key's first n unfinished rows, in order: DEAD rows count
+// when the group's stored policy holds keys behind dead rows, or when none
+// is stored.
+func (d *Driver) queue(ctx context.Context, tx *sql.Tx, group, key string, n int) ([]queued, error) {
+	rows, err := tx.QueryContext(ctx, `
+SELECT event_id, state, pos, attempts, next_attempt_at FROM ferry_inbox
+ WHERE group_name = ?1 AND key = ?2 AND `+unfinished+` AND `+holdsOrNotDead+`
+ ORDER BY pos LIMIT ?3`, group, key, n)
+	if err != nil {
+		return nil, d.wrapErr("read the queue of inbox key "+key, err)
+	}
+	defer rows.Close()
+	var out []queued
+	for rows.Next() {
+		var q queued
+		if err := rows.Scan(&q.id, &q.state, &q.pos, &q.attempts, &q.nextAttempt); err != nil {
+			return nil, d.wrapErr("read the queue of inbox key "+key, err)
+		}
+		out = append(out, q)
+	}
+	return out, d.wrapErr("read the queue of inbox key "+key, rows.Err())
+}
+
+// refreshKey recomputes when a key may run, from its head (its first
+// unfinished row), after its queue changed. A claimed key keeps its claim:
+// its finish, or the rescue of its expiry, recomputes it. Any other key is
+// held by a DEAD head under Hold, due for a rescue while its head is
+// suspect, and otherwise runnable when inboxmodel.Schedule says.
+func (d *Driver) refreshKey(ctx context.Context, tx *sql.Tx, group, key string, t int64) error {
+	var claimed bool
+	var suspects int64
+	err := tx.QueryRowContext(ctx, `SELECT claim_token IS NOT NULL, suspect_through FROM ferry_inbox_keys WHERE group_name = ? AND key = ?`,
+		group, key).Scan(&claimed, &suspects)
+	if errors.Is(err, sql.ErrNoRows) || claimed {
+		return nil
+	}
+	if err != nil {
+		return d.wrapErr("refresh inbox key "+key, err)
+	}
+	head, err := d.queue(ctx, tx, group, key, 1)
+	if err != nil {
+		return err
+	}
+	var runnable, rescue, heldBy any
+	if len(head) == 1 {
+		h := head[0]
+		at, held := inboxmodel.Schedule(inboxmodel.KeyHead{State: ferrydriver.InboxState(h.state), RetryAt: time.UnixMicro(h.nextAttempt)}, time.UnixMicro(t))
+		switch {
+		case held:
+			heldBy = h.id
+		case h.pos <= suspects:
+			rescue = at.UnixMicro()
+		default:
+			runnable = at.UnixMicro()
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ?, rescue_at = ?, held_by = ? WHERE group_name = ? AND key = ?`,
+		runnable, rescue, heldBy, group, key); err != nil {
+		return d.wrapErr("refresh inbox key "+key, err)
+	}
+	return nil
+}
+
+// ClaimInbox implements ferrydriver.Inbox: a claim takes runs of keys'
+// rows (claimRuns); a rescue, one row of a key whose claim expired
+// (rescue).
+func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	op := "claim inbox rows of group " + p.Group
+	if p.Rescue {
+		op = "rescue inbox rows of group " + p.Group
+	}
+	var out []*ferrydriver.InboxRow
+	err := d.write(ctx, op, func(tx *sql.Tx) error {
+		var err error
+		if p.Rescue {
+			out, err = d.rescue(ctx, tx, p, micros(now()))
+		} else {
+			out, err = d.claimRuns(ctx, tx, p, micros(now()))
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// claimRuns claims, of each key whose runnable_at has come (oldest first,
+// up to p.Keys and p.Limit keys), its head and, with p.PerKey, the PENDING
+// rows after it (inboxmodel.RunRows), p.Limit rows in all. A head whose
+// attempts are spent goes DEAD instead; a key with nothing to run now is
+// recomputed.
+func (d *Driver) claimRuns(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams, t int64) ([]*ferrydriver.InboxRow, error) {
+	op := "claim inbox rows of group " + p.Group
+	var hold bool
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?), 1)`, p.Group).Scan(&hold); err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	keys, err := d.keysDue(ctx, tx, `
+SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at <= ? ORDER BY runnable_at LIMIT ?`,
+		p.Group, t, inboxmodel.ClaimLimit(inboxmodel.ClaimParams{Limit: p.Limit, Keys: p.Keys}))
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	var out []*ferrydriver.InboxRow
+	token := uuid.NewString() // one per call: each key is claimed once in it
+	limit := max(p.Limit, 1)
+	for _, k := range keys {
+		if len(out) >= limit {
+			break
+		}
+		n := 1
+		if p.PerKey > 1 {
+			n = min(p.PerKey, limit-len(out))
+		}
+		q, err := d.queue(ctx, tx, p.Group, k, n)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case len(q) == 0 || !q[0].due(t):
+			// Due with nothing to run now (its rows were retracted, say):
+			// put the key at its real time.
+			if err := d.refreshKey(ctx, tx, p.Group, k, t); err != nil {
+				return nil, err
+			}
+			continue
+		case q[0].spent(p.MaxAttempts):
+			dead, err := d.kill(ctx, tx, p.Group, k, q[0].id, t)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, dead)
+			continue
+		}
+		run := q[:1]
+		if q[0].state == string(ferrydriver.InboxPending) {
+			states := make([]ferrydriver.InboxState, len(q)-1)
+			for i, r := range q[1:] {
+				states[i] = ferrydriver.InboxState(r.state)
+			}
+			for _, i := range inboxmodel.RunRows(states, hold, n-1) {
+				run = append(run, q[1+i])
+			}
+		}
+		rows, err := d.claimKey(ctx, tx, p, k, run[0].pos, run[len(run)-1].pos, token, t, 0)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...)
+	}
+	return out, nil
+}
+
+// rescue claims, for each of up to p.Limit keys due for a rescue, the
+// key's next row alone. A key is due when its claim expired (the process
+// that held it crashed, or its handler outlived the claim: every row the
+// claim covered counts an attempt, and those rows are suspect) or when it
+// has suspect rows left: they run one at a time, so that the one that
+// crashes its process is found and spends only its own attempts. A row
+// whose attempts are spent goes DEAD instead.
+func (d *Driver) rescue(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams, t int64) ([]*ferrydriver.InboxRow, error) {
+	op := "rescue inbox rows of group " + p.Group
+	keys, err := d.keysDue(ctx, tx, `
+SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND rescue_at <= ? ORDER BY rescue_at LIMIT ?`, p.Group, t, max(p.Limit, 1))
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	var out []*ferrydriver.InboxRow
+	token := uuid.NewString()
+	for _, k := range keys {
+		var expired bool
+		var from, through, suspects int64
+		if err := tx.QueryRowContext(ctx, `
+SELECT claim_token IS NOT NULL, COALESCE(claim_from, 0), COALESCE(claim_through, 0), suspect_through
+  FROM ferry_inbox_keys WHERE group_name = ? AND key = ?`, p.Group, k).Scan(&expired, &from, &through, &suspects); err != nil {
+			return nil, d.wrapErr(op, err)
+		}
+		if expired {
+			// Its rows count the attempt the claim was making.
+			if _, err := tx.ExecContext(ctx, `
+UPDATE ferry_inbox SET attempts = attempts + 1
+ WHERE group_name = ? AND key = ? AND pos > ? AND pos <= ? AND `+unfinished+` AND state IN ('pending', 'failed')`,
+				p.Group, k, from, through); err != nil {
+				return nil, d.wrapErr(op, err)
+			}
+			suspects = max(suspects, through)
+		}
+		q, err := d.queue(ctx, tx, p.Group, k, 1)
+		if err != nil {
+			return nil, err
+		}
+		if len(q) == 1 && q[0].pos <= suspects && q[0].due(t) {
+			h := q[0]
+			if !h.spent(p.MaxAttempts) {
+				rows, err := d.claimKey(ctx, tx, p, k, h.pos, h.pos, token, t, suspects)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, rows...)
+				continue
+			}
+			if h.pos >= suspects {
+				// Nothing after it is suspect: redriven, it runs as any
+				// other row, through ordinary claims.
+				suspects = h.pos - 1
+			}
+			if err := d.endClaim(ctx, tx, p.Group, k, suspects); err != nil {
+				return nil, err
+			}
+			dead, err := d.kill(ctx, tx, p.Group, k, h.id, t)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, dead)
+			continue
+		}
+		// Nothing suspect runs now (the head waits for its retry, is
+		// held, or is not suspect): the key is recomputed.
+		if err := d.endClaim(ctx, tx, p.Group, k, suspects); err != nil {
+			return nil, err
+		}
+		if err := d.refreshKey(ctx, tx, p.Group, k, t); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// keysDue runs a query of keys (q, with args).
+func (d *Driver) keysDue(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
+}
+
+// claimKey claims key's unfinished rows from position first through
+// last for p.Worker under token, and returns them PROCESSING, their
+// attempt counted. suspects is the key's suspect_through (a rescue's: the
+// rows after last still to run alone).
+func (d *Driver) claimKey(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams, key string, first, last int64, token string, t, suspects int64) ([]*ferrydriver.InboxRow, error) {
+	op := "claim inbox key " + key
+	expires := t + p.TTL.Microseconds()
+	if _, err := tx.ExecContext(ctx, `
+UPDATE ferry_inbox_keys
+   SET claim_token = ?, claimed_by = ?, claim_from = ?, claim_through = ?, claim_expires_at = ?, rescue_at = ?,
+       runnable_at = NULL, held_by = NULL, suspect_through = ?
+ WHERE group_name = ? AND key = ?`, token, p.Worker, first-1, last, expires, expires, suspects, p.Group, key); err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	rows, err := tx.QueryContext(ctx, `
+SELECT `+inboxRowColumns+` FROM ferry_inbox i
+ WHERE i.group_name = ? AND i.key = ? AND i.pos >= ? AND i.pos <= ? AND i.`+unfinished+` AND i.state IN ('pending', 'failed')
+ ORDER BY i.pos`, p.Group, key, first, last)
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	out, err := scanInboxRows(rows, p.Group)
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	for _, r := range out {
+		r.Claim = token
+	}
+	return out, nil
+}
+
+// kill makes key's row id DEAD, its attempts spent, and recomputes the
+// key (held, or past the row, by the group's policy).
+func (d *Driver) kill(ctx context.Context, tx *sql.Tx, group, key, id string, t int64) (*ferrydriver.InboxRow, error) {
+	op := "give up inbox row " + id
+	rows, err := tx.QueryContext(ctx, `
+UPDATE ferry_inbox AS i
+   SET state = 'dead', finished_at = ?1,
+       last_error = ?2 || COALESCE(' (last recorded error: ' || NULLIF(last_error, '') || ')', ''),
+       attempt_log = `+logAttempt("attempts", "'dead'", "?2", "?1")+`
+ WHERE group_name = ?3 AND event_id = ?4
+RETURNING `+deadRowColumns, t, ferrydriver.ReasonAttemptsExhausted, group, id)
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	dead, err := scanInboxRows(rows, group)
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	if len(dead) != 1 {
+		return nil, fmt.Errorf("ferrysqlite: %s: the row is gone", op)
+	}
+	if err := d.refreshKey(ctx, tx, group, key, t); err != nil {
+		return nil, err
+	}
+	d.events.note(settledNote{group: group, id: dead[0].Event.ID, state: ferrydriver.InboxDead})
+	return dead[0], nil
+}
+
+// deadRowColumns are inboxRowColumns of a row that a statement's
+// RETURNING made DEAD: no claim covers it.
+const deadRowColumns = `event_id, key, seq, topic, type, source, content_type, headers, payload, created_at,
+       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, finished_at, false`
+
+// endClaim ends key's claim, if any, and stores how far its rows are
+// suspect.
+func (d *Driver) endClaim(ctx context.Context, tx *sql.Tx, group, key string, suspects int64) error {
+	if _, err := tx.ExecContext(ctx, `
+UPDATE ferry_inbox_keys
+   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL,
+       rescue_at = NULL, suspect_through = ?
+ WHERE group_name = ? AND key = ?`, suspects, group, key); err != nil {
+		return d.wrapErr("end the claim of inbox key "+key, err)
+	}
+	return nil
+}
+
+// RescueDue implements ferrydriver.Inbox: a key's claim expired, or its
+// next suspect row may run.
+func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
+	var due bool
+	err := d.r.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ferry_inbox_keys WHERE group_name = ? AND rescue_at <= ?)`,
+		group, micros(now())).Scan(&due)
+	if err != nil {
+		return false, d.wrapErr("look for expired claims in group "+group, err)
+	}
+	return due, nil
+}
+
+// MaxConns implements ferrydriver.Inbox: 0, as SQLite has one writer by
+// design: handlers' transactions take turns on it however many workers a
+// consumer runs, and a bigger pool would not change that.
+func (d *Driver) MaxConns() int { return 0 }
+
+// ClaimHolders implements ferrydriver.Inbox.
+func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
+	rows, err := d.r.QueryContext(ctx, `
+SELECT DISTINCT claimed_by FROM ferry_inbox_keys
+ WHERE group_name = ? AND rescue_at > ? AND claim_token IS NOT NULL AND claim_expires_at > ?`, group, micros(now()), micros(now()))
+	if err != nil {
+		return nil, d.wrapErr("list the claim holders of group "+group, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var w string
+		if err := rows.Scan(&w); err != nil {
+			return nil, d.wrapErr("list the claim holders of group "+group, err)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrapErr("list the claim holders of group "+group, err)
+	}
+	return out, nil
+}
+
+// ExpireClaims implements ferrydriver.Inbox: the claims it ends are
+// expired claims, which a rescue takes (and every finish refuses).
+func (d *Driver) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsParams) (int, error) {
+	op := "expire the claims of " + p.Worker + " in group " + p.Group
+	var n int64
+	err := d.write(ctx, op, func(tx *sql.Tx) error {
+		t := micros(now())
+		res, err := tx.ExecContext(ctx, `
+UPDATE ferry_inbox_keys SET claim_expires_at = ?1, rescue_at = ?1
+ WHERE group_name = ?2 AND rescue_at > ?1 AND claim_token IS NOT NULL AND claimed_by = ?3 AND claim_expires_at > ?1`, t, p.Group, p.Worker)
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return int(n), err
+}
+
+// RunInTx implements ferrydriver.Inbox: fn runs in a transaction of DB().
+func (d *Driver) RunInTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	return d.write(ctx, "run a transaction", func(tx *sql.Tx) error {
+		return fn(context.WithValue(ctx, holdsWriter{}, true), tx)
+	})
+}
+
+// CompleteInboxTx implements ferrydriver.Inbox. tx must be a transaction
+// of DB().
+func (d *Driver) CompleteInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.CompleteInboxParams) error {
+	return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, ferrydriver.InboxProcessed, "", nil, false, p.Keep)
+}
+
+// FailInbox implements ferrydriver.Inbox.
+func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) error {
+	state := ferrydriver.InboxFailed
+	var retry any
+	if p.Dead {
+		state = ferrydriver.InboxDead
+	} else {
+		retry = micros(p.RetryAt)
+	}
+	return d.write(ctx, "record a failed attempt", func(tx *sql.Tx) error {
+		return d.finish(ctx, tx, p.Group, p.EventID, p.Claim, state, p.Error, retry, p.Uncounted, false)
+	})
+}
+
+// finish records a claimed row's outcome (mark) and then ends its key's
+// claim, giving the rest of its run back, or, with keep, keeps the claim
+// on the rest (release).
+func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) error {
+	key, pos, err := d.mark(ctx, tx, group, id, claim, state, lastErr, retry, uncounted)
+	if err != nil {
+		return err
+	}
+	return d.release(ctx, tx, group, key, claim, pos, keep && state == ferrydriver.InboxProcessed)
+}
+
+// mark records the outcome of a claimed row, under its key's unexpired
+// claim (ErrClaimLost otherwise), and, if the row finished, notes it for
+// the callers awaiting it (told at commit). It returns the row's key and
+// position; the caller releases the claim (release).
+func (d *Driver) mark(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted bool) (key string, pos int64, err error) {
+	t := micros(now())
+	var finishedAt any
+	if state == ferrydriver.InboxProcessed || state == ferrydriver.InboxDead {
+		finishedAt = t
+	}
+	err = tx.QueryRowContext(ctx, `
+UPDATE ferry_inbox AS i
+   SET state = ?1,
+       attempts = attempts + NOT ?9,
+       last_error = CASE WHEN ?1 = 'processed' THEN last_error ELSE ?2 END,
+       attempt_log = CASE WHEN NOT ?9 AND ?1 IN ('failed', 'dead') THEN `+logAttempt("attempts + 1", "?1", "?2", "?8")+` ELSE attempt_log END,
+       next_attempt_at = COALESCE(?3, next_attempt_at), finished_at = ?4
+ WHERE group_name = ?5 AND event_id = ?6 AND state IN ('pending', 'failed')
+   AND EXISTS (SELECT 1 FROM ferry_inbox_keys c
+                WHERE c.group_name = ?5 AND c.key = i.key AND c.claim_token = ?7 AND c.claim_expires_at > ?8
+                  AND i.pos > c.claim_from AND i.pos <= c.claim_through)
+RETURNING key, pos`, string(state), lastErr, retry, finishedAt, group, id.String(), claim, t, uncounted).Scan(&key, &pos)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", 0, fmt.Errorf("ferrysqlite: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	}
+	if err != nil {
+		return "", 0, d.wrapErr("mark inbox row "+string(state), err)
+	}
+	if state.Finished() {
+		d.events.note(settledNote{group: group, id: id, state: state})
+	}
+	return key, pos, nil
+}
+
+// release follows the outcomes of key's rows up to pos under claim: with
+// keep, the claim goes on over the rest of its run, if any is left;
+// otherwise it ends, and the rows it covered that were not reported run
+// again under a later claim, uncounted. The key is then recomputed.
+func (d *Driver) release(ctx context.Context, tx *sql.Tx, group, key, claim string, pos int64, keep bool) error {
+	op := "release the claim of inbox key " + key
+	if keep {
+		res, err := tx.ExecContext(ctx, `
+UPDATE ferry_inbox_keys SET claim_from = ?1
+ WHERE group_name = ?2 AND key = ?3 AND claim_token = ?4 AND EXISTS (
+       SELECT 1 FROM ferry_inbox i WHERE i.group_name = ?2 AND i.key = ?3 AND i.pos > ?1 AND i.pos <= claim_through
+          AND i.`+unfinished+` AND i.state IN ('pending', 'failed'))`, pos, group, key, claim)
+		if err != nil {
+			return d.wrapErr(op, err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			return nil
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `
+UPDATE ferry_inbox_keys
+   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL, rescue_at = NULL
+ WHERE group_name = ? AND key = ? AND claim_token = ?`, group, key, claim); err != nil {
+		return d.wrapErr(op, err)
+	}
+	return d.refreshKey(ctx, tx, group, key, micros(now()))
+}
