@@ -27,50 +27,37 @@ import (
 // the bounds ferrypg keeps for its concurrent writers (done_pos, tail_pos,
 // claim_dirty).
 
-// queued is one of a key's unfinished rows, as a claim reads it.
-type queued struct {
-	id, state   string
-	pos         int64
-	attempts    int
-	nextAttempt int64
-}
-
-// due says whether the row may run at t: PENDING, or FAILED and due.
-func (q *queued) due(t int64) bool {
-	return q.state == string(ferrydriver.InboxPending) || (q.state == string(ferrydriver.InboxFailed) && q.nextAttempt <= t)
-}
-
-// spent says whether the row's attempts reached max (0: no limit).
-func (q *queued) spent(max int) bool { return max > 0 && q.attempts >= max }
-
-// queue reads a key's first n unfinished rows, in order: DEAD rows count
-// when the group's stored policy holds keys behind dead rows, or when none
-// is stored.
-func (d *Driver) queue(ctx context.Context, tx *sql.Tx, group, key string, n int) ([]queued, error) {
+// queue reads a key's first n unfinished rows, in order, and their event
+// IDs: DEAD rows count when the group's stored policy holds keys behind
+// dead rows, or when none is stored.
+func (d *Driver) queue(ctx context.Context, tx *sql.Tx, group, key string, n int) ([]inboxmodel.Queued, []string, error) {
 	rows, err := tx.QueryContext(ctx, `
 SELECT event_id, state, pos, attempts, next_attempt_at FROM ferry_inbox
  WHERE group_name = ?1 AND key = ?2 AND `+unfinished+` AND `+holdsOrNotDead+`
  ORDER BY pos LIMIT ?3`, group, key, n)
 	if err != nil {
-		return nil, d.wrapErr("read the queue of inbox key "+key, err)
+		return nil, nil, d.wrapErr("read the queue of inbox key "+key, err)
 	}
 	defer rows.Close()
-	var out []queued
+	var out []inboxmodel.Queued
+	var ids []string
 	for rows.Next() {
-		var q queued
-		if err := rows.Scan(&q.id, &q.state, &q.pos, &q.attempts, &q.nextAttempt); err != nil {
-			return nil, d.wrapErr("read the queue of inbox key "+key, err)
+		var q inboxmodel.Queued
+		var id, state string
+		var next int64
+		if err := rows.Scan(&id, &state, &q.Pos, &q.Attempts, &next); err != nil {
+			return nil, nil, d.wrapErr("read the queue of inbox key "+key, err)
 		}
-		out = append(out, q)
+		q.State, q.RetryAt = ferrydriver.InboxState(state), time.UnixMicro(next)
+		out, ids = append(out, q), append(ids, id)
 	}
-	return out, d.wrapErr("read the queue of inbox key "+key, rows.Err())
+	return out, ids, d.wrapErr("read the queue of inbox key "+key, rows.Err())
 }
 
 // refreshKey recomputes when a key may run, from its head (its first
 // unfinished row), after its queue changed. A claimed key keeps its claim:
 // its finish, or the rescue of its expiry, recomputes it. Any other key is
-// held by a DEAD head under Hold, due for a rescue while its head is
-// suspect, and otherwise runnable when inboxmodel.Schedule says.
+// left as inboxmodel.NextUnclaimed says.
 func (d *Driver) refreshKey(ctx context.Context, tx *sql.Tx, group, key string, t int64) error {
 	var claimed bool
 	var suspects int64
@@ -82,22 +69,18 @@ func (d *Driver) refreshKey(ctx context.Context, tx *sql.Tx, group, key string, 
 	if err != nil {
 		return d.wrapErr("refresh inbox key "+key, err)
 	}
-	head, err := d.queue(ctx, tx, group, key, 1)
+	head, ids, err := d.queue(ctx, tx, group, key, 1)
 	if err != nil {
 		return err
 	}
 	var runnable, rescue, heldBy any
-	if len(head) == 1 {
-		h := head[0]
-		at, held := inboxmodel.Schedule(inboxmodel.KeyHead{State: ferrydriver.InboxState(h.state), RetryAt: time.UnixMicro(h.nextAttempt)}, time.UnixMicro(t))
-		switch {
-		case held:
-			heldBy = h.id
-		case h.pos <= suspects:
-			rescue = at.UnixMicro()
-		default:
-			runnable = at.UnixMicro()
-		}
+	switch at, rescueAt, held := inboxmodel.NextUnclaimed(head, suspects, time.UnixMicro(t)); {
+	case held:
+		heldBy = ids[0]
+	case !rescueAt.IsZero():
+		rescue = rescueAt.UnixMicro()
+	case !at.IsZero():
+		runnable = at.UnixMicro()
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET runnable_at = ?, rescue_at = ?, held_by = ? WHERE group_name = ? AND key = ?`,
 		runnable, rescue, heldBy, group, key); err != nil {
@@ -158,37 +141,28 @@ SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at <= ? ORDER
 		if p.PerKey > 1 {
 			n = min(p.PerKey, limit-len(out))
 		}
-		q, err := d.queue(ctx, tx, p.Group, k, n)
+		q, ids, err := d.queue(ctx, tx, p.Group, k, n)
 		if err != nil {
 			return nil, err
 		}
-		switch {
-		case len(q) == 0 || !q[0].due(t):
+		act, run := inboxmodel.ClaimKey(q, hold, n, time.UnixMicro(t), p.MaxAttempts)
+		switch act {
+		case inboxmodel.Recompute:
 			// Due with nothing to run now (its rows were retracted, say):
 			// put the key at its real time.
 			if err := d.refreshKey(ctx, tx, p.Group, k, t); err != nil {
 				return nil, err
 			}
 			continue
-		case q[0].spent(p.MaxAttempts):
-			dead, err := d.kill(ctx, tx, p.Group, k, q[0].id, t)
+		case inboxmodel.GiveUp:
+			dead, err := d.kill(ctx, tx, p.Group, k, ids[0], t)
 			if err != nil {
 				return nil, err
 			}
 			out = append(out, dead)
 			continue
 		}
-		run := q[:1]
-		if q[0].state == string(ferrydriver.InboxPending) {
-			states := make([]ferrydriver.InboxState, len(q)-1)
-			for i, r := range q[1:] {
-				states[i] = ferrydriver.InboxState(r.state)
-			}
-			for _, i := range inboxmodel.RunRows(states, hold, n-1) {
-				run = append(run, q[1+i])
-			}
-		}
-		rows, err := d.claimKey(ctx, tx, p, k, run[0].pos, run[len(run)-1].pos, token, t, 0)
+		rows, err := d.claimKey(ctx, tx, p, k, q[0].Pos, q[run[len(run)-1]].Pos, token, t, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -231,29 +205,24 @@ UPDATE ferry_inbox SET attempts = attempts + 1
 			}
 			suspects = max(suspects, through)
 		}
-		q, err := d.queue(ctx, tx, p.Group, k, 1)
+		q, ids, err := d.queue(ctx, tx, p.Group, k, 1)
 		if err != nil {
 			return nil, err
 		}
-		if len(q) == 1 && q[0].pos <= suspects && q[0].due(t) {
-			h := q[0]
-			if !h.spent(p.MaxAttempts) {
-				rows, err := d.claimKey(ctx, tx, p, k, h.pos, h.pos, token, t, suspects)
-				if err != nil {
-					return nil, err
-				}
-				out = append(out, rows...)
-				continue
-			}
-			if h.pos >= suspects {
-				// Nothing after it is suspect: redriven, it runs as any
-				// other row, through ordinary claims.
-				suspects = h.pos - 1
-			}
-			if err := d.endClaim(ctx, tx, p.Group, k, suspects); err != nil {
+		act, suspects := inboxmodel.RescueKey(q, suspects, time.UnixMicro(t), p.MaxAttempts)
+		if act == inboxmodel.ClaimRows {
+			rows, err := d.claimKey(ctx, tx, p, k, q[0].Pos, q[0].Pos, token, t, suspects)
+			if err != nil {
 				return nil, err
 			}
-			dead, err := d.kill(ctx, tx, p.Group, k, h.id, t)
+			out = append(out, rows...)
+			continue
+		}
+		if err := d.endClaim(ctx, tx, p.Group, k, suspects); err != nil {
+			return nil, err
+		}
+		if act == inboxmodel.GiveUp {
+			dead, err := d.kill(ctx, tx, p.Group, k, ids[0], t)
 			if err != nil {
 				return nil, err
 			}
@@ -262,9 +231,6 @@ UPDATE ferry_inbox SET attempts = attempts + 1
 		}
 		// Nothing suspect runs now (the head waits for its retry, is
 		// held, or is not suspect): the key is recomputed.
-		if err := d.endClaim(ctx, tx, p.Group, k, suspects); err != nil {
-			return nil, err
-		}
 		if err := d.refreshKey(ctx, tx, p.Group, k, t); err != nil {
 			return nil, err
 		}
