@@ -356,7 +356,7 @@ func (d *Driver) append(ctx, tx context.Context, events []*ferryevent.Event) err
 
 // droppedIndexes are indexes of the inbox that earlier versions created
 // and that an index of indexes() replaced: Migrate drops them.
-var droppedIndexes = []string{"g_1_state_1_finished_at_1"}
+var droppedIndexes = []string{"g_1_state_1_finished_at_1", "g_1_claim_expires_at_1"}
 
 // index is one index Migrate ensures.
 type index struct {
@@ -390,9 +390,11 @@ func (d *Driver) indexes() []index {
 		// A group's keys in key order: a policy change's sweep, a chunk
 		// at a time after the last key it reached.
 		{d.inboxKeys(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "k", Value: 1}}}},
-		// Rows being processed, by claim expiry: rescues of expired claims.
-		{d.inbox(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "claim_expires_at", Value: 1}},
-			Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}})}},
+		// Keys due for a rescue (an expired claim, suspect rows), and the
+		// claimed keys (a claim's rescue is due at its expiry). It
+		// replaces one of the rows being processed by claim expiry
+		// (droppedIndexes), from before claims moved to the keys.
+		{d.inboxKeys(), mongo.IndexModel{Keys: bson.D{{Key: "g", Value: 1}, {Key: "rescue_at", Value: 1}}}},
 		// A parked key's head: its first document by pos.
 		{d.parked(), mongo.IndexModel{Keys: bson.D{{Key: "feed", Value: 1}, {Key: "key", Value: 1}, {Key: "pos", Value: 1}}}},
 		// The keys with redriven events waiting (RedriveDeadLetters),
@@ -420,6 +422,9 @@ func (d *Driver) Migrations() []ferrydriver.Migration {
 		Down: "dropped with the collections"}, {Version: 5, Name: "inbox_sweep",
 		Up: "index " + d.cfg.Prefix + "inbox_keys by group and key (a dead-policy change sweeps a group's keys in key order, " +
 			"its progress stored with the policy in " + d.cfg.Prefix + "inbox_groups, so that an interrupted change resumes)",
+		Down: "dropped with the collections"}, {Version: 6, Name: "claims_by_key",
+		Up: "index " + d.cfg.Prefix + "inbox_keys by group and rescue time, drop the index of " + d.cfg.Prefix + "inbox by claim expiry, " +
+			"and make the rows claimed under version 5 (PROCESSING) PENDING again, their keys due: claims live on the keys now",
 		Down: "dropped with the collections"}}
 }
 
@@ -466,6 +471,9 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 			return nil, fmt.Errorf("ferrymongo: drop the replaced index %s of %s: %w", name, d.inbox().Name(), err)
 		}
 	}
+	if err := d.migrateClaims(ctx); err != nil {
+		return nil, err
+	}
 	if err := d.reconcileTTL(ctx); err != nil {
 		return nil, err
 	}
@@ -483,6 +491,47 @@ func (d *Driver) Migrate(ctx context.Context, p *ferrydriver.MigrateParams) (*fe
 		return nil, err
 	}
 	return &ferrydriver.MigrateResult{Applied: ms, Current: len(ms)}, nil
+}
+
+// migrateClaims makes the rows a consumer of version 5 left claimed
+// (stored PROCESSING, their claims on the rows) PENDING again, and their
+// keys due now: they run again, their counted attempt kept.
+func (d *Driver) migrateClaims(ctx context.Context) error {
+	res, err := d.inbox().UpdateMany(ctx, bson.D{{Key: "state", Value: string(ferrydriver.InboxProcessing)}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: string(ferrydriver.InboxPending)}, {Key: "reclaimed", Value: true}}},
+			{Key: "$unset", Value: bson.D{{Key: "claimed_by", Value: ""}, {Key: "claim_token", Value: ""}, {Key: "claim_expires_at", Value: ""}}}})
+	if err != nil {
+		return fmt.Errorf("ferrymongo: release the rows claimed under version 5: %w", err)
+	}
+	if res.ModifiedCount == 0 {
+		return nil
+	}
+	cur, err := d.inbox().Aggregate(ctx, mongo.Pipeline{{{Key: "$match", Value: bson.D{{Key: "reclaimed", Value: true}}}},
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: bson.D{{Key: "g", Value: "$g"}, {Key: "k", Value: "$key"}}}}}}})
+	if err != nil {
+		return fmt.Errorf("ferrymongo: release the rows claimed under version 5: %w", err)
+	}
+	var keys []struct {
+		ID struct {
+			G string `bson:"g"`
+			K string `bson:"k"`
+		} `bson:"_id"`
+	}
+	if err := cur.All(ctx, &keys); err != nil {
+		return fmt.Errorf("ferrymongo: release the rows claimed under version 5: %w", err)
+	}
+	now := time.Now().UTC()
+	for _, k := range keys {
+		if _, err := d.inboxKeys().UpdateOne(ctx, bson.D{{Key: "_id", Value: keyID(k.ID.G, k.ID.K)}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: "g", Value: k.ID.G}, {Key: "k", Value: k.ID.K}, {Key: "runnable_at", Value: now}, {Key: "held_by", Value: nil}}}, bump},
+			options.UpdateOne().SetUpsert(true)); err != nil {
+			return fmt.Errorf("ferrymongo: make the key %s of group %s due: %w", k.ID.K, k.ID.G, err)
+		}
+	}
+	if _, err := d.inbox().UpdateMany(ctx, bson.D{{Key: "reclaimed", Value: true}}, bson.D{{Key: "$unset", Value: bson.D{{Key: "reclaimed", Value: ""}}}}); err != nil {
+		return fmt.Errorf("ferrymongo: release the rows claimed under version 5: %w", err)
+	}
+	return nil
 }
 
 // ttlIndexName names the outbox's TTL index (Config.RetentionTTL).

@@ -8,7 +8,9 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrymongo"
+	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // fakeDriver returns a driver, migrated, on a server of its own:
@@ -51,4 +53,49 @@ func TestFakeServerInbox(t *testing.T) {
 // fake server.
 func TestFakeServerTransactor(t *testing.T) {
 	ferrydrivertest.ExerciseTransactor(t, func(t *testing.T) ferrydrivertest.TransactorDriver[context.Context] { return fakeDriver(t) })
+}
+
+// TestFakeServerUpgradeRunsRowsClaimedUnderVersion5: a row that a
+// consumer of version 5 left claimed (stored PROCESSING, its claim on the
+// row) runs again after Migrate, its counted attempt kept, and the key's
+// later row after it.
+func TestFakeServerUpgradeRunsRowsClaimedUnderVersion5(t *testing.T) {
+	ctx := context.Background()
+	uri, _ := pythonServer(t, "mockupdb, mongomock", "testdata/fakemongo.py")
+	client := mockClient(t, uri)
+	drv, err := ferrymongo.New(ctx, client, "ferrytest", nil)
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	a, b := ferrydrivertest.Event("t", "k", "a"), ferrydrivertest.Event("t", "k", "b")
+	inserted, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{a, b}})
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, true}, inserted)
+	// As version 5 left them: a claimed for an hour, the key waiting for
+	// the claim's expiry.
+	later := time.Now().Add(time.Hour).UTC()
+	db := client.Database("ferrytest")
+	_, err = db.Collection("ferry_inbox").UpdateOne(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "g", Value: "g"}, {Key: "e", Value: a.ID.String()}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: "processing"}, {Key: "attempts", Value: 1}, {Key: "claimed_by", Value: "old"},
+			{Key: "claim_token", Value: "x"}, {Key: "claim_expires_at", Value: later}}}})
+	require.NoError(t, err)
+	_, err = db.Collection("ferry_inbox_keys").UpdateOne(ctx, bson.D{{Key: "g", Value: "g"}, {Key: "k", Value: "k"}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "runnable_at", Value: later}}}})
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+
+	for _, want := range []*ferryevent.Event{a, b} {
+		rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		require.Equal(t, want.ID, rows[0].Event.ID)
+		require.Equal(t, ferrydriver.InboxProcessing, rows[0].State)
+		if want == a {
+			require.Equal(t, 2, rows[0].Attempts, "the attempt of the old claim stays counted")
+		}
+		require.NoError(t, drv.RunInTx(ctx, func(ctx context.Context, tx context.Context) error {
+			return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: want.ID, Claim: rows[0].Claim})
+		}))
+	}
 }

@@ -135,14 +135,37 @@ func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyP
 
 // ListInbox implements ferrydriver.Inbox.
 func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) ([]*ferrydriver.InboxRow, error) {
+	want := p.States
+	if len(want) == 0 {
+		want = []ferrydriver.InboxState{ferrydriver.InboxDead}
+	}
+	// PROCESSING is not stored: a row inside its key's claim is stored
+	// PENDING or FAILED, and reads as PROCESSING.
 	states := bson.A{}
-	for _, s := range p.States {
+	processing, claimable := false, false
+	for _, s := range want {
+		switch s {
+		case ferrydriver.InboxProcessing:
+			processing = true
+			continue
+		case ferrydriver.InboxPending, ferrydriver.InboxFailed:
+			claimable = true
+		}
 		states = append(states, string(s))
 	}
-	if len(states) == 0 {
-		states = bson.A{string(ferrydriver.InboxDead)}
-	}
 	filter := bson.D{{Key: "g", Value: p.Group}, {Key: "state", Value: bson.D{{Key: "$in", Value: states}}}}
+	if processing || claimable {
+		claimed, err := d.claimRanges(ctx, p.Group)
+		if err != nil {
+			return nil, fmt.Errorf("ferrymongo: list inbox of group %s: %w", p.Group, err)
+		}
+		switch {
+		case processing && len(claimed) > 0:
+			filter = bson.D{{Key: "g", Value: p.Group}, {Key: "$or", Value: append(bson.A{bson.D{{Key: "state", Value: bson.D{{Key: "$in", Value: states}}}}}, claimed...)}}
+		case claimable && len(claimed) > 0:
+			filter = append(filter, bson.E{Key: "$nor", Value: claimed})
+		}
+	}
 	if p.Key != "" {
 		filter = append(filter, bson.E{Key: "key", Value: p.Key})
 	}
@@ -177,7 +200,7 @@ func (d *Driver) ListInbox(ctx context.Context, p *ferrydriver.ListInboxParams) 
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: list inbox of group %s: %w", p.Group, err)
 	}
-	out, err := decodeRows(ctx, cur)
+	out, err := d.rows(ctx, p.Group, cur)
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: list inbox of group %s: %w", p.Group, err)
 	}
@@ -280,19 +303,70 @@ func (d *Driver) InboxGroups(ctx context.Context) ([]ferrydriver.GroupPolicy, er
 	return out[:min(len(out), driverkit.MaxListedGroups)], nil
 }
 
-// InboxCounts implements ferrydriver.Inbox: each state counted up to the
-// cap, through the (g, state, finished_at) index.
+// claimRanges returns, for each key of the group under a claim, a filter
+// of its rows inside the claim (PENDING or FAILED rows in its range),
+// found through the (g, rescue_at) index: a claim's rescue is due at its
+// expiry.
+func (d *Driver) claimRanges(ctx context.Context, group string) (bson.A, error) {
+	cur, err := d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: group}, {Key: "rescue_at", Value: bson.D{{Key: "$ne", Value: nil}}},
+		{Key: "claim_token", Value: bson.D{{Key: "$ne", Value: nil}}}})
+	if err != nil {
+		return nil, err
+	}
+	var keys []keyDoc
+	if err := cur.All(ctx, &keys); err != nil {
+		return nil, err
+	}
+	out := bson.A{}
+	for _, k := range keys {
+		out = append(out, bson.D{{Key: "key", Value: k.Key}, {Key: "pos", Value: bson.D{{Key: "$gt", Value: k.ClaimFrom}, {Key: "$lte", Value: k.ClaimThrough}}},
+			{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxFailed)}}}}})
+	}
+	return out, nil
+}
 
+// InboxCounts implements ferrydriver.Inbox: each state counted up to the
+// cap, through the (g, state, finished_at) index; rows inside claims count
+// as PROCESSING, not as what they are stored as.
 func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
+	fail := func(err error) (map[ferrydriver.InboxState]int64, error) {
+		return nil, fmt.Errorf("ferrymongo: count inbox rows of group %s: %w", group, err)
+	}
 	out := map[ferrydriver.InboxState]int64{}
-	for _, st := range unfinishedStates {
-		n, err := d.inbox().CountDocuments(ctx, bson.D{{Key: "g", Value: group}, {Key: "state", Value: st}},
+	for _, st := range []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxFailed, ferrydriver.InboxDead} {
+		n, err := d.inbox().CountDocuments(ctx, bson.D{{Key: "g", Value: group}, {Key: "state", Value: string(st)}},
 			options.Count().SetLimit(ferrydriver.InboxCountCap))
 		if err != nil {
-			return nil, fmt.Errorf("ferrymongo: count inbox rows of group %s: %w", group, err)
+			return fail(err)
 		}
-		out[ferrydriver.InboxState(st.(string))] = n
+		out[st] = n
 	}
+	claimed, err := d.claimRanges(ctx, group)
+	if err != nil || len(claimed) == 0 {
+		out[ferrydriver.InboxProcessing] = 0
+		return out, err
+	}
+	cur, err := d.inbox().Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "g", Value: group}, {Key: "$or", Value: claimed}}}},
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$state"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}}})
+	if err != nil {
+		return fail(err)
+	}
+	var byState []struct {
+		State string `bson:"_id"`
+		N     int64  `bson:"n"`
+	}
+	if err := cur.All(ctx, &byState); err != nil {
+		return fail(err)
+	}
+	for _, c := range byState {
+		out[ferrydriver.InboxProcessing] += c.N
+		if st := ferrydriver.InboxState(c.State); out[st] < ferrydriver.InboxCountCap {
+			// At the cap it stays the cap: the count is "at least".
+			out[st] = max(out[st]-c.N, 0)
+		}
+	}
+	out[ferrydriver.InboxProcessing] = min(out[ferrydriver.InboxProcessing], ferrydriver.InboxCountCap)
 	return out, nil
 }
 
@@ -309,7 +383,9 @@ func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.Delete
 	}
 	// Forget idle keys, each in a transaction that re-checks it has no
 	// unfinished row (an ingestion of the key conflicts with it).
-	kc, err := d.inboxKeys().Find(ctx, bson.D{{Key: "g", Value: p.Group}, {Key: "runnable_at", Value: nil}, {Key: "held_by", Value: nil}},
+	idleKey := bson.D{{Key: "g", Value: p.Group}, {Key: "runnable_at", Value: nil}, {Key: "held_by", Value: nil},
+		{Key: "claim_token", Value: nil}, {Key: "rescue_at", Value: nil}}
+	kc, err := d.inboxKeys().Find(ctx, idleKey,
 		options.Find().SetProjection(bson.D{{Key: "k", Value: 1}}).SetLimit(limit))
 	if err != nil {
 		return n, fmt.Errorf("ferrymongo: find idle inbox keys: %w", err)
@@ -326,7 +402,7 @@ func (d *Driver) DeleteProcessedInbox(ctx context.Context, p *ferrydriver.Delete
 			if err != nil || left > 0 {
 				return err
 			}
-			_, err = d.inboxKeys().DeleteOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, k.K)}, {Key: "runnable_at", Value: nil}, {Key: "held_by", Value: nil}})
+			_, err = d.inboxKeys().DeleteOne(tx, append(bson.D{{Key: "_id", Value: keyID(p.Group, k.K)}}, idleKey[1:]...))
 			return err
 		})
 	}

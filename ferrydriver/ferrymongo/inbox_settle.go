@@ -26,7 +26,7 @@ func (d *Driver) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams)
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: read inbox states of group %s: %w", p.Group, err)
 	}
-	rows, err := decodeRows(ctx, cur)
+	rows, err := d.rows(ctx, p.Group, cur)
 	if err != nil {
 		return nil, fmt.Errorf("ferrymongo: read inbox states of group %s: %w", p.Group, err)
 	}

@@ -473,8 +473,9 @@ func TestMockPruneKeysForgetsOnlyKeysWithNothingLeft(t *testing.T) {
 }
 
 // TestMockClaimReaping: ClaimHolders reads the workers of the group's live
-// claims (the partial index of claims by expiry), and ExpireClaims ends
-// one worker's live claims now, in one update of every such document.
+// claims (on the keys' documents, through their index by rescue time), and
+// ExpireClaims ends one worker's live claims now, due for a rescue, in one
+// update of every such document.
 func TestMockClaimReaping(t *testing.T) {
 	uri, lines := mockServerLines(t, "reaper")
 	client := mockClient(t, uri)
@@ -493,10 +494,11 @@ func TestMockClaimReaping(t *testing.T) {
 	require.Contains(t, reports[0], `"key": "claimed_by"`)
 	require.Contains(t, reports[0], `"g": "billing"`)
 	require.Contains(t, reports[0], `"claim_expires_at": {"$gt": `)
-	require.Contains(t, reports[0], `"state": "processing"`)
+	require.Contains(t, reports[0], `"rescue_at": {"$gt": `)
 	require.Contains(t, reports[1], `"claimed_by": "w1"`)
 	require.Contains(t, reports[1], `"claim_expires_at": {"$gt": `, "live claims only")
 	require.Contains(t, reports[1], `"$set": {"claim_expires_at": `)
+	require.Contains(t, reports[1], `"rescue_at": `)
 	require.Contains(t, reports[1], `"multi": true`)
 }
 

@@ -39,10 +39,10 @@
 // The rules of one key are shared code, which the model's operations and
 // the backends that decide in Go call on what they read of the key:
 // Decide (what a claim does with it), RunRows (which rows join a run) and
-// Schedule (when it may run next). MongoDB calls all three, MariaDB
-// Decide and Schedule, SQLite RunRows and Schedule (its claims live on the
-// key's row, as PostgreSQL's: a key is claimable when its runnable time
-// has come, and due for a rescue when its claim expired). This package is internal to Ferry's
+// Schedule (when it may run next): MariaDB calls Decide and Schedule.
+// SQLite and MongoDB store claims on the key's row, as PostgreSQL does,
+// and call the rules of such claims (keyclaim.go), which call RunRows and
+// Schedule. This package is internal to Ferry's
 // backends and test suites in all but name: its API may change with any
 // release.
 package inboxmodel

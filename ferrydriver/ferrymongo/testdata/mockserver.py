@@ -419,10 +419,10 @@ if scenario == "policysweep":
 
 if scenario == "reaper":
     # ClaimHolders, then ExpireClaims of one worker (three claims).
-    r = server.receives(OpMsg("distinct", "ferry_inbox"), timeout=30)
+    r = server.receives(OpMsg("distinct", "ferry_inbox_keys"), timeout=30)
     report("distinct", {"key": r.doc.get("key"), "query": r.doc.get("query")})
     r.ok(values=["w1", "w2"])
-    r = server.receives(OpMsg("update", "ferry_inbox"), timeout=30)
+    r = server.receives(OpMsg("update", "ferry_inbox_keys"), timeout=30)
     report("update", {"updates": r.doc.get("updates")})
     r.ok(n=3, nModified=3)
 
