@@ -222,7 +222,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		if err != nil {
 			return nil, err
 		}
-		act, run := inboxmodel.ClaimKey(q, hold, n, now, p.MaxAttempts)
+		act, run := inboxmodel.ClaimKey(q, k.SuspectThrough, hold, n, now, p.MaxAttempts)
 		switch act {
 		case inboxmodel.Recompute:
 			return nil, d.refreshKey(tx, p.Group, key, now)

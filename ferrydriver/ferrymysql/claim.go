@@ -15,52 +15,58 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
 )
 
+// Claims live on the key's row (migration 004), as PostgreSQL's and
+// SQLite's: a claim takes a run of a key's next rows in order (its head
+// and, after a PENDING head, the PENDING rows after it), with one token
+// and one expiry, and stores the range of positions it covers
+// (claim_from < pos <= claim_through) on ferry_inbox_keys; the rows are
+// not written until their outcomes are known, and a PENDING or FAILED row
+// inside its key's claim reads as PROCESSING, its attempt counted. A
+// claim that expired is rescued: every row it covered counts the attempt,
+// and they run one at a time (suspect_through), each under a claim of its
+// own. What a claim does with a key is inboxmodel's (ClaimKey,
+// RescueKey, NextUnclaimed).
+//
 // A claim is one READ COMMITTED transaction of a few statements, whatever
 // it claims:
 //
-//  1. the due keys, locked with FOR UPDATE SKIP LOCKED on
-//     ferry_inbox_keys_runnable_idx, oldest due first (a rescue: the keys
-//     of rows whose claims expired, locked the same way by primary key);
-//  2. each key's head, read afresh (no lock): the least position of its
-//     oldest pending, failed and processing rows (and dead ones, under the
-//     hold policy), each the first entry of a range of
-//     ferry_inbox_head_idx, and whether another of its rows runs (a
-//     range of the same index); the index is forced: on a table whose
-//     statistics predate its rows (a backlog just ingested) the optimizer
-//     picked plans that read the whole table for each key (20,000 rows a
-//     claim in ferry bench consume, TestClaimReadsHeadsFromTheirIndex);
-//  3. with PerKey > 1, the runs: after each PENDING head, its key's
-//     PENDING rows before the first FAILED or PROCESSING one (or DEAD,
-//     under the hold policy), a range of ferry_inbox_head_idx each, all
-//     in one statement (no lock);
-//  4. the heads and runs to claim, locked with FOR UPDATE SKIP LOCKED by
-//     primary key and checked again (a row a finisher or a retraction
-//     holds is left to the next claim, and a run ends before it; a claim
-//     never waits, so no cycle of waits includes it);
-//  5. the claimed rows made PROCESSING with the claim's token (or DEAD,
-//     when a head's attempts are spent), read back whole;
-//  6. each key's next due time (its claim's expiry, its head's retry, none)
-//     in one statement.
+//  1. the due keys (runnable_at, or rescue_at for a rescue), locked with
+//     FOR UPDATE SKIP LOCKED, oldest due first, with their claims;
+//  2. a rescue charges the rows of each expired claim their attempt
+//     (locked with SKIP LOCKED: a row another transaction holds is one it
+//     is finishing or retracting);
+//  3. each key's head, read afresh (no lock): the least position of its
+//     oldest pending and failed rows (and dead ones, under the hold
+//     policy), each the first entry of a range of ferry_inbox_head_idx;
+//     the index is forced: on a table whose statistics predate its rows
+//     (a backlog just ingested) the optimizer picked plans that read the
+//     whole table for each key (TestClaimReadsHeadsFromTheirIndex);
+//  4. with PerKey > 1, the runs: after each PENDING head, its key's
+//     PENDING rows before the first FAILED one (or DEAD, under the hold
+//     policy), a range of ferry_inbox_head_idx each, all in one statement;
+//  5. the claims written on their keys in one statement, and what every
+//     other key is left saying in one more;
+//  6. the claimed rows read back. A head whose attempts are spent is made
+//     DEAD instead, its row locked with SKIP LOCKED (a row another
+//     transaction holds waits a moment).
+//
+// A claim locks keys, then (SKIP LOCKED) rows; every other writer locks
+// rows, then keys: a claim never waits, so no cycle of waits includes it.
 
 // noHead is a position no row has.
 const noHead = int64(1<<63 - 1)
 
 // heldHeadPause is how long a key waits whose head another transaction
-// held when a claim wanted it.
+// held when a claim wanted to give it up.
 const heldHeadPause = 50 * time.Millisecond
 
 // sqlClaimHeads reads the heads of keys of group (its arguments: group,
-// group, group, the keys; {keys} is their marks), with the group's policy
-// and the server's time.
+// group, the keys; {keys} is their marks), with the group's policy and the
+// server's time.
 const sqlClaimHeads = `
-SELECT h.k, h.hold, ` + sqlNow + `, i.pos, i.event_id, i.state, i.attempts, i.next_attempt_at, i.claim_expires_at,
-       (SELECT MAX(b.claim_expires_at) FROM ferry_inbox b FORCE INDEX (ferry_inbox_head_idx)
-         WHERE b.group_name = h.group_name AND b.k = h.k AND b.state = 'processing' AND b.pos <> h.head AND b.claim_expires_at > ` + sqlNow + `),
-       EXISTS (SELECT 1 FROM ferry_inbox b FORCE INDEX (ferry_inbox_head_idx)
-         WHERE b.group_name = h.group_name AND b.k = h.k AND b.state = 'processing' AND b.pos <> h.head AND b.claim_expires_at <= ` + sqlNow + `),
-       h.blocker
-  FROM (SELECT f.group_name, f.k, f.hold, LEAST(f.p, f.f, f.r, f.d) AS head, LEAST(f.f, f.r, f.d) AS blocker
-          FROM (SELECT kk.group_name, kk.k, pol.hold, {first:pending} AS p, {first:failed} AS f, {first:processing} AS r,
+SELECT h.k, h.hold, ` + sqlNow + `, i.pos, i.event_id, i.state, i.attempts, i.next_attempt_at, h.blocker
+  FROM (SELECT f.group_name, f.k, f.hold, LEAST(f.p, f.f, f.d) AS head, LEAST(f.f, f.d) AS blocker
+          FROM (SELECT kk.group_name, kk.k, pol.hold, {first:pending} AS p, {first:failed} AS f,
                        IF(pol.hold, {first:dead}, {none}) AS d
                   FROM ferry_inbox_keys kk
                  CROSS JOIN (SELECT ` + holdPolicy + ` AS hold) pol
@@ -70,44 +76,48 @@ SELECT h.k, h.hold, ` + sqlNow + `, i.pos, i.event_id, i.state, i.attempts, i.ne
 
 var claimHeadsReplacer = func() *strings.Replacer {
 	var pairs []string
-	for _, st := range []string{"pending", "failed", "processing", "dead"} {
+	for _, st := range []string{"pending", "failed", "dead"} {
 		pairs = append(pairs, "{first:"+st+"}",
 			`COALESCE((SELECT x.pos FROM ferry_inbox x FORCE INDEX (ferry_inbox_head_idx) WHERE x.group_name = kk.group_name AND x.k = kk.k AND x.state = '`+st+`' ORDER BY x.pos LIMIT 1), {none})`)
 	}
 	return strings.NewReplacer(pairs...)
 }()
 
+// dueKey is a key a claim locked, with its claim (an expired one, for a
+// rescue).
+type dueKey struct {
+	key           string
+	claimed       bool
+	from, through int64
+	suspects      int64
+	head          *claimHead
+	run           []inboxmodel.Queued // the rows to claim, the head first
+}
+
 // claimHead is a key's head as a claim read it.
 type claimHead struct {
-	key         string
-	hold        bool
-	now         int64
-	pos         int64 // 0: no head
-	id          uuid.UUID
-	state       ferrydriver.InboxState
-	attempts    int
-	nextAttempt int64
-	expires     sql.NullInt64
-	busyUntil   sql.NullInt64 // another row of the key runs until then
-	// stale: another row of the key is PROCESSING under a claim that
-	// expired (a row redriven ahead of it is the head): the key waits for
-	// a rescue, which takes the head.
-	stale bool
-	// blocker is the position of the key's first FAILED or PROCESSING row
-	// (or DEAD, under the hold policy): a run that starts at a PENDING
-	// head ends before it.
+	key  string
+	hold bool
+	now  int64
+	pos  int64 // 0: no head
+	id   uuid.UUID
+	row  inboxmodel.Queued
+	// blocker is the position of the key's first FAILED row (or DEAD,
+	// under the hold policy): a run that starts at a PENDING head ends
+	// before it.
 	blocker int64
 }
 
-// keyOutcome is what a claim leaves a key's row saying.
+// keyOutcome is what a claim leaves a key's row saying that it did not
+// claim: when an ordinary claim may take it, when a rescue may, or which
+// DEAD row holds it.
 type keyOutcome struct {
-	runnable sql.NullInt64
-	held     []byte
+	runnable, rescue sql.NullInt64
+	held             []byte
+	suspects         int64
 }
 
-// ClaimInbox implements ferrydriver.Inbox: of each key, its head, and with
-// p.PerKey > 1 a run of the PENDING rows after a PENDING head (see
-// runs.go).
+// ClaimInbox implements ferrydriver.Inbox.
 func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
 	op := "claim inbox rows of group " + p.Group
 	var out []*ferrydriver.InboxRow
@@ -125,65 +135,81 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 	return out, nil
 }
 
-// claimLimit is how many heads a claim takes: one per key, so as many as
-// both Limit and Keys allow.
-func claimLimit(p *ferrydriver.ClaimInboxParams) int {
-	n := max(p.Limit, 1)
-	if p.Keys > 0 {
-		n = min(n, p.Keys)
+// claimKeys locks the keys a claim looks at (step 1).
+func claimKeys(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams) ([]*dueKey, error) {
+	q := `SELECT k, FALSE, 0, 0, suspect_through FROM ferry_inbox_keys
+ WHERE group_name = ? AND runnable_at <= ` + sqlNow + ` AND claim_token IS NULL ORDER BY runnable_at LIMIT ? FOR UPDATE SKIP LOCKED`
+	limit := inboxmodel.ClaimLimit(inboxmodel.ClaimParams{Limit: p.Limit, Keys: p.Keys})
+	if p.Rescue {
+		q = `SELECT k, claim_token IS NOT NULL, COALESCE(claim_from, 0), COALESCE(claim_through, 0), suspect_through FROM ferry_inbox_keys
+ WHERE group_name = ? AND rescue_at <= ` + sqlNow + ` ORDER BY rescue_at LIMIT ? FOR UPDATE SKIP LOCKED`
+		limit = max(p.Limit, 1)
 	}
-	return n
-}
-
-func scanKeys(rows *sql.Rows) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, q, p.Group, limit)
+	if err != nil {
+		return nil, err
+	}
 	defer rows.Close()
-	var keys []string
+	var keys []*dueKey
 	for rows.Next() {
-		var k []byte
-		if err := rows.Scan(&k); err != nil {
+		k := &dueKey{}
+		var key []byte
+		if err := rows.Scan(&key, &k.claimed, &k.from, &k.through, &k.suspects); err != nil {
 			return nil, err
 		}
-		keys = append(keys, string(k))
+		k.key = string(key)
+		keys = append(keys, k)
 	}
 	return keys, rows.Err()
 }
 
-// claimKeys locks the keys a claim looks at (step 1).
-func (d *Driver) claimKeys(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams) ([]string, error) {
-	if !p.Rescue {
-		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at <= `+sqlNow+`
- ORDER BY runnable_at LIMIT ? FOR UPDATE SKIP LOCKED`, p.Group, claimLimit(p))
-		if err != nil {
-			return nil, err
-		}
-		return scanKeys(rows)
-	}
-	// A run's rows share the claim's expiry: a key once.
-	rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox WHERE group_name = ? AND state = 'processing' AND claim_expires_at <= `+sqlNow+`
- GROUP BY k ORDER BY MIN(claim_expires_at) LIMIT ?`, p.Group, claimLimit(p))
-	if err != nil {
-		return nil, err
-	}
-	expired, err := scanKeys(rows)
-	if err != nil || len(expired) == 0 {
-		return nil, err
-	}
-	args := []any{p.Group}
-	seen := map[string]bool{}
-	for _, k := range expired {
-		if !seen[k] {
-			seen[k] = true
-			args = append(args, k)
+// chargeExpired counts an attempt for every unfinished row that the
+// expired claims of keys covered (step 2): its process crashed, or its
+// handler outlived the claim, while it ran them. A rescue holds the keys'
+// rows already, so it must not wait for an inbox row (the lock order is
+// rows, then keys): a row another transaction holds (a retraction, a late
+// finish of the expired claim, both of which wait for the key) is left
+// uncharged.
+func chargeExpired(ctx context.Context, tx *sql.Tx, group string, keys []*dueKey) error {
+	var q []string
+	var args []any
+	for _, k := range keys {
+		if k.claimed {
+			q = append(q, `(k = ? AND pos > ? AND pos <= ?)`)
+			args = append(args, k.key, k.from, k.through)
+			k.suspects = max(k.suspects, k.through)
 		}
 	}
-	rows, err = tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) FOR UPDATE SKIP LOCKED`, args...)
-	if err != nil {
-		return nil, err
+	if len(q) == 0 {
+		return nil
 	}
-	return scanKeys(rows)
+	rows, err := tx.QueryContext(ctx, `SELECT pos FROM ferry_inbox FORCE INDEX (ferry_inbox_head_idx)
+ WHERE group_name = ? AND state IN ('pending', 'failed') AND (`+strings.Join(q, " OR ")+`) FOR UPDATE SKIP LOCKED`, append([]any{group}, args...)...)
+	if err != nil {
+		return err
+	}
+	positions, err := scanPositions(rows)
+	if err != nil || len(positions) == 0 {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE ferry_inbox SET attempts = attempts + 1 WHERE pos IN (`+marks(len(positions))+`)`, positions...)
+	return err
 }
 
-// claimHeads reads the locked keys' heads (step 2).
+func scanPositions(rows *sql.Rows) ([]any, error) {
+	defer rows.Close()
+	var out []any
+	for rows.Next() {
+		var pos int64
+		if err := rows.Scan(&pos); err != nil {
+			return nil, err
+		}
+		out = append(out, pos)
+	}
+	return out, rows.Err()
+}
+
+// claimHeads reads the locked keys' heads (step 3).
 func claimHeads(ctx context.Context, tx *sql.Tx, group string, keys []string) (map[string]*claimHead, error) {
 	q := strings.NewReplacer("{none}", strconv.FormatInt(noHead, 10), "{keys}", marks(len(keys))).Replace(claimHeadsReplacer.Replace(sqlClaimHeads))
 	args := []any{group, group}
@@ -201,7 +227,7 @@ func claimHeads(ctx context.Context, tx *sql.Tx, group string, keys []string) (m
 		var key, id []byte
 		var pos, attempts, next sql.NullInt64
 		var state sql.NullString
-		if err := rows.Scan(&key, &h.hold, &h.now, &pos, &id, &state, &attempts, &next, &h.expires, &h.busyUntil, &h.stale, &h.blocker); err != nil {
+		if err := rows.Scan(&key, &h.hold, &h.now, &pos, &id, &state, &attempts, &next, &h.blocker); err != nil {
 			return nil, err
 		}
 		h.key = string(key)
@@ -210,48 +236,28 @@ func claimHeads(ctx context.Context, tx *sql.Tx, group string, keys []string) (m
 			if err != nil {
 				return nil, err
 			}
-			h.pos, h.id, h.state, h.attempts, h.nextAttempt = pos.Int64, u, ferrydriver.InboxState(state.String), int(attempts.Int64), next.Int64
+			h.pos, h.id = pos.Int64, u
+			h.row = inboxmodel.Queued{State: ferrydriver.InboxState(state.String), Pos: pos.Int64, Attempts: int(attempts.Int64), RetryAt: fromMicros(next.Int64)}
 		}
 		out[h.key] = h
 	}
 	return out, rows.Err()
 }
 
-// lockHeads locks the rows at positions with FOR UPDATE SKIP LOCKED and
-// returns their states now (step 3): a row another transaction holds is
-// absent.
-func lockHeads(ctx context.Context, tx *sql.Tx, positions []any) (map[int64]ferrydriver.InboxState, error) {
-	out := map[int64]ferrydriver.InboxState{}
-	if len(positions) == 0 {
-		return out, nil
+// queue is the head as inboxmodel reads a key's queue: none, or the head.
+func (h *claimHead) queue() []inboxmodel.Queued {
+	if h == nil || h.pos == 0 {
+		return nil
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT pos, state FROM ferry_inbox WHERE pos IN (`+marks(len(positions))+`) FOR UPDATE SKIP LOCKED`, positions...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var pos int64
-		var state string
-		if err := rows.Scan(&pos, &state); err != nil {
-			return nil, err
-		}
-		out[pos] = ferrydriver.InboxState(state)
-	}
-	return out, rows.Err()
-}
-
-// runRow is a row of a run as claimRuns read it.
-type runRow struct {
-	pos      int64
-	attempts int
+	return []inboxmodel.Queued{h.row}
 }
 
 // claimRuns reads, for each of heads (PENDING), up to n PENDING rows of
-// its key after it and before its blocker, in order: one range of
-// ferry_inbox_head_idx each, in one statement. They are not locked yet.
-func claimRuns(ctx context.Context, tx *sql.Tx, group string, heads []*claimHead, n int) (map[string][]runRow, error) {
-	out := map[string][]runRow{}
+// its key after it and before its blocker, in order (step 4): one range of
+// ferry_inbox_head_idx each, in one statement. They are not locked: a
+// claim writes nothing of them.
+func claimRuns(ctx context.Context, tx *sql.Tx, group string, heads []*claimHead, n int) (map[string][]inboxmodel.Queued, error) {
+	out := map[string][]inboxmodel.Queued{}
 	if len(heads) == 0 || n <= 0 {
 		return out, nil
 	}
@@ -263,8 +269,8 @@ func claimRuns(ctx context.Context, tx *sql.Tx, group string, heads []*claimHead
 	defer rows.Close()
 	for rows.Next() {
 		var k []byte
-		var r runRow
-		if err := rows.Scan(&k, &r.pos, &r.attempts); err != nil {
+		r := inboxmodel.Queued{State: ferrydriver.InboxPending}
+		if err := rows.Scan(&k, &r.Pos, &r.Attempts); err != nil {
 			return nil, err
 		}
 		out[string(k)] = append(out[string(k)], r)
@@ -274,7 +280,7 @@ func claimRuns(ctx context.Context, tx *sql.Tx, group string, heads []*claimHead
 	}
 	for _, rs := range out {
 		// UNION ALL keeps no order across its parts; each key's is sorted.
-		slices.SortFunc(rs, func(a, b runRow) int { return cmp.Compare(a.pos, b.pos) })
+		slices.SortFunc(rs, func(a, b inboxmodel.Queued) int { return cmp.Compare(a.Pos, b.Pos) })
 	}
 	return out, nil
 }
@@ -295,22 +301,29 @@ func claimRunsQuery(group string, heads []*claimHead, n int) (string, []any) {
 }
 
 func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
-	keys, err := d.claimKeys(ctx, tx, p)
+	keys, err := claimKeys(ctx, tx, p)
 	if err != nil || len(keys) == 0 {
 		return nil, err
 	}
-	heads, err := claimHeads(ctx, tx, p.Group, keys)
+	if p.Rescue {
+		if err := chargeExpired(ctx, tx, p.Group, keys); err != nil {
+			return nil, err
+		}
+	}
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.key
+	}
+	heads, err := claimHeads(ctx, tx, p.Group, names)
 	if err != nil {
 		return nil, err
 	}
-	outcomes, want := decideKeys(keys, heads, p.Rescue)
-	// Runs: the PENDING rows after each PENDING head, read here.
 	limit := max(p.Limit, 1)
-	var runs map[string][]runRow
+	var runs map[string][]inboxmodel.Queued
 	if n := min(max(p.PerKey, 1)-1, limit-1); n > 0 && !p.Rescue {
 		var from []*claimHead
-		for _, k := range want {
-			if h := heads[k]; h.state == ferrydriver.InboxPending {
+		for _, k := range keys {
+			if h := heads[k.key]; h != nil && h.pos != 0 && h.row.State == ferrydriver.InboxPending {
 				from = append(from, h)
 			}
 		}
@@ -318,188 +331,109 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 			return nil, err
 		}
 	}
-	plans, lock := planClaim(want, heads, runs, limit)
-	locked, err := lockHeads(ctx, tx, lock)
+	outcomes := map[string]keyOutcome{}
+	var claimed, spent []*dueKey
+	room := limit
+	for _, k := range keys {
+		h := heads[k.key]
+		if room <= 0 {
+			if k.claimed {
+				// An expired claim this rescue had no room for: its rows
+				// were charged, and are suspect now.
+				outcomes[k.key] = keyOutcome{rescue: sql.NullInt64{Int64: h.now, Valid: true}, suspects: k.suspects}
+			}
+			continue
+		}
+		q := h.queue()
+		var act inboxmodel.Action
+		var take []int
+		now := fromMicros(h.now)
+		if p.Rescue {
+			act, k.suspects = inboxmodel.RescueKey(q, k.suspects, now, p.MaxAttempts)
+			take = []int{0}
+		} else {
+			n := 1
+			if p.PerKey > 1 {
+				n = min(p.PerKey, room)
+				q = append(q, runs[k.key]...)
+			}
+			act, take = inboxmodel.ClaimKey(q, k.suspects, h.hold, n, now, p.MaxAttempts)
+		}
+		switch act {
+		case inboxmodel.ClaimRows:
+			k.head = h
+			for _, i := range take {
+				k.run = append(k.run, q[i])
+			}
+			claimed = append(claimed, k)
+			room -= len(k.run)
+		case inboxmodel.GiveUp:
+			k.head = h
+			spent = append(spent, k)
+			room--
+		default:
+			outcomes[k.key] = next(h, k.suspects)
+		}
+	}
+	token := uuid.New()
+	out, err := d.writeClaims(ctx, tx, p, claimed, token)
 	if err != nil {
 		return nil, err
 	}
-	c := takePlans(p, plans, locked, outcomes)
-	out, err := c.write(ctx, tx, p)
+	dead, err := giveUp(ctx, tx, p.Group, spent, outcomes)
 	if err != nil {
 		return nil, err
 	}
-	return out, setKeyOutcomes(ctx, tx, p.Group, keys, outcomes)
+	out = append(out, dead...)
+	return out, setKeyOutcomes(ctx, tx, p.Group, names, outcomes)
 }
 
-// view is the head as inboxmodel.Decide reads it.
-func (h *claimHead) view() inboxmodel.KeyHead {
-	if h.pos == 0 {
-		return inboxmodel.KeyHead{}
-	}
-	v := inboxmodel.KeyHead{State: h.state, RetryAt: time.UnixMicro(h.nextAttempt), Stale: h.stale}
-	if h.expires.Valid {
-		v.ClaimExpires = time.UnixMicro(h.expires.Int64)
-	}
-	if h.busyUntil.Valid {
-		v.BusyUntil = time.UnixMicro(h.busyUntil.Int64)
-	}
-	return v
-}
-
-// next is what a key whose head cannot run now is left saying
-// (inboxmodel.Schedule): when it may, or which DEAD row holds it.
-func (h *claimHead) next() keyOutcome {
-	at, held := inboxmodel.Schedule(h.view(), time.UnixMicro(h.now))
+// next is what a key that nothing was claimed of is left saying
+// (inboxmodel.NextUnclaimed), at the server's time.
+func next(h *claimHead, suspects int64) keyOutcome {
+	runnable, rescue, held := inboxmodel.NextUnclaimed(h.queue(), suspects, fromMicros(h.now))
+	o := keyOutcome{suspects: suspects}
 	switch {
 	case held:
-		return keyOutcome{held: h.id[:]}
-	case at.IsZero():
-		return keyOutcome{} // nothing to run
+		o.held = h.id[:]
+	case !rescue.IsZero():
+		o.rescue = sql.NullInt64{Int64: micros(rescue), Valid: true}
+	case !runnable.IsZero():
+		o.runnable = sql.NullInt64{Int64: micros(runnable), Valid: true}
 	}
-	return keyOutcome{runnable: sql.NullInt64{Int64: at.UnixMicro(), Valid: true}}
+	return o
 }
 
-// decideKeys applies the rule of a key's head (inboxmodel.Decide, at the
-// server's time) to each key read: it returns the keys whose heads the
-// claim takes (or gives up, their attempts spent), in key order, and what
-// the claim leaves each other key saying.
-func decideKeys(keys []string, heads map[string]*claimHead, rescue bool) (map[string]keyOutcome, []string) {
-	outcomes := map[string]keyOutcome{}
-	var want []string
-	for _, k := range keys {
-		h := heads[k]
-		if h == nil {
-			continue
-		}
-		switch inboxmodel.Decide(h.view(), time.UnixMicro(h.now), rescue) {
-		case inboxmodel.Take:
-			want = append(want, k)
-		case inboxmodel.Wait:
-			outcomes[k] = h.next()
-		case inboxmodel.LeaveToRescue:
-			// To the back for a second, so that it cannot crowd out the
-			// others.
-			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now + time.Second.Microseconds(), Valid: true}}
-		case inboxmodel.LeaveToClaim:
-		}
-	}
-	return outcomes, want
-}
-
-// plan is what a claim means to take of one key: its head, then its run.
-type plan struct {
-	h   *claimHead
-	run []runRow
-}
-
-// planClaim plans a claim key by key, the head then its run, until the
-// claim's limit; the keys left over stay due for the next claim. It
-// returns the plans and the positions to lock (only the planned rows).
-func planClaim(want []string, heads map[string]*claimHead, runs map[string][]runRow, limit int) ([]plan, []any) {
-	var plans []plan
-	var lock []any
-	for _, k := range want {
-		if len(lock) >= limit {
-			break
-		}
-		pl := plan{h: heads[k]}
-		lock = append(lock, pl.h.pos)
-		for _, r := range runs[k] {
-			if len(lock) >= limit {
-				break
-			}
-			pl.run = append(pl.run, r)
-			lock = append(lock, r.pos)
-		}
-		plans = append(plans, pl)
-	}
-	return plans, lock
-}
-
-// taken is what a claim takes of its plans once their rows are locked.
-type taken struct {
-	token   uuid.UUID // one per call: each row is claimed once in it
-	claimed []any     // positions made PROCESSING
-	dead    []any     // heads whose attempts are spent
-	order   []int64   // the rows returned, in order
-	more    map[int64]bool
-	expires int64
-}
-
-// takePlans takes, of each plan, the head still in the state it was read
-// in (a head another transaction holds waits a moment), and its run while
-// the run's rows are still PENDING, locked and not out of attempts; a head
-// whose attempts are spent is given up under the group's policy. It
-// records in outcomes what each key is left saying.
-func takePlans(p *ferrydriver.ClaimInboxParams, plans []plan, locked map[int64]ferrydriver.InboxState, outcomes map[string]keyOutcome) *taken {
-	c := &taken{token: uuid.New(), more: map[int64]bool{}}
-	for _, pl := range plans {
-		h, k := pl.h, pl.h.key
-		st, ok := locked[h.pos]
-		switch {
-		case !ok:
-			// Another transaction holds the head (a retraction, a stale
-			// attempt's completion): a moment later, so that it cannot
-			// crowd the claims out.
-			outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now + heldHeadPause.Microseconds(), Valid: true}}
-			continue
-		case st != h.state:
-			continue // changed since it was read: the next claim reads it again
-		}
-		c.expires = h.now + p.TTL.Microseconds()
-		c.order = append(c.order, h.pos)
-		if p.MaxAttempts > 0 && h.attempts >= p.MaxAttempts {
-			// Its last attempts lost their claims: give it up, under the
-			// group's policy.
-			c.dead = append(c.dead, h.pos)
-			if h.hold {
-				outcomes[k] = keyOutcome{held: h.id[:]}
-			} else {
-				outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: h.now, Valid: true}}
-			}
-			continue
-		}
-		c.claimed = append(c.claimed, h.pos)
-		outcomes[k] = keyOutcome{runnable: sql.NullInt64{Int64: c.expires, Valid: true}}
-		for _, r := range pl.run {
-			if locked[r.pos] != ferrydriver.InboxPending || (p.MaxAttempts > 0 && r.attempts >= p.MaxAttempts) {
-				break
-			}
-			c.more[c.claimed[len(c.claimed)-1].(int64)] = true
-			c.claimed = append(c.claimed, r.pos)
-			c.order = append(c.order, r.pos)
-		}
-	}
-	return c
-}
-
-// write makes the taken rows PROCESSING under the claim's token, the
-// spent heads DEAD, and reads them back, in order, each claimed row with
-// its claim string (runMark when later rows of its run follow).
-func (c *taken) write(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
-	if len(c.claimed) > 0 {
-		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox SET state = 'processing', attempts = attempts + 1, claimed_by = ?, claim_token = ?, claim_expires_at = ?
- WHERE pos IN (`+marks(len(c.claimed))+`)`, append([]any{p.Worker, c.token[:], c.expires}, c.claimed...)...); err != nil {
-			return nil, err
-		}
-	}
-	if len(c.dead) > 0 {
-		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox
-   SET attempt_log = `+logAttempt("attempts", "'dead'", "?")+`,
-       last_error = CONCAT(?, IF(COALESCE(last_error, '') = '', '', CONCAT(' (last recorded error: ', last_error, ')'))),
-       state = 'dead', claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL, finished_at = `+sqlNow+`
- WHERE pos IN (`+marks(len(c.dead))+`)`, append([]any{ferrydriver.ReasonAttemptsExhausted, ferrydriver.ReasonAttemptsExhausted}, c.dead...)...); err != nil {
-			return nil, err
-		}
-	}
-	if len(c.order) == 0 {
+// writeClaims records the claims on their keys, in one statement, and
+// reads their rows back, PROCESSING, their attempt counted, key by key in
+// order (step 5).
+func (d *Driver) writeClaims(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams, claimed []*dueKey, token uuid.UUID) ([]*ferrydriver.InboxRow, error) {
+	if len(claimed) == 0 {
 		return nil, nil
 	}
-	args := make([]any, len(c.order))
-	for i, pos := range c.order {
-		args[i] = pos
+	var from, through, suspects strings.Builder
+	var fArgs, tArgs, sArgs, kArgs, positions []any
+	expires := claimed[0].head.now + p.TTL.Microseconds()
+	for _, k := range claimed {
+		first, last := k.run[0].Pos, k.run[len(k.run)-1].Pos
+		from.WriteString(" WHEN ? THEN ?")
+		through.WriteString(" WHEN ? THEN ?")
+		suspects.WriteString(" WHEN ? THEN ?")
+		fArgs, tArgs, sArgs, kArgs = append(fArgs, k.key, first-1), append(tArgs, k.key, last), append(sArgs, k.key, k.suspects), append(kArgs, k.key)
+		for _, r := range k.run {
+			positions = append(positions, r.Pos)
+		}
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT `+inboxRowColumns+`, pos FROM ferry_inbox WHERE pos IN (`+marks(len(args))+`)`, args...)
+	args := append([]any{token[:], p.Worker, expires, expires}, fArgs...)
+	args = append(append(append(append(args, tArgs...), sArgs...), p.Group), kArgs...)
+	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY)
+   SET claim_token = ?, claimed_by = ?, claim_expires_at = ?, rescue_at = ?, runnable_at = NULL, held_by = NULL,
+       claim_from = CASE k`+from.String()+` END, claim_through = CASE k`+through.String()+` END,
+       suspect_through = CASE k`+suspects.String()+` END
+ WHERE group_name = ? AND k IN (`+marks(len(kArgs))+`)`, args...); err != nil {
+		return nil, err
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT `+inboxRowColumns+`, i.pos FROM ferry_inbox i WHERE i.pos IN (`+marks(len(positions))+`)`, positions...)
 	if err != nil {
 		return nil, err
 	}
@@ -518,49 +452,107 @@ func (c *taken) write(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInbox
 		return nil, err
 	}
 	var out []*ferrydriver.InboxRow
-	for _, pos := range c.order {
-		if row := byPos[pos]; row != nil {
-			if row.State == ferrydriver.InboxProcessing {
-				row.Claim = c.token.String()
-				if c.more[pos] {
-					row.Claim += runMark
-				}
-			}
+	for _, pos := range positions {
+		// Read inside the claim that this transaction wrote: PROCESSING.
+		if row := byPos[pos.(int64)]; row != nil {
+			row.Claim = claimString(token, pos.(int64))
 			out = append(out, row)
 		}
 	}
 	return out, nil
 }
 
-// setKeyOutcomes writes what the claim decided of each key (step 5), in
-// one statement.
+// giveUp makes the spent heads DEAD, their attempts exhausted, each row
+// locked with SKIP LOCKED (a head another transaction holds, a retraction
+// or a stale attempt's finish, waits a moment), and records what their
+// keys are left saying: held, or due at once (for a rescue while rows
+// after it are suspect), by the group's policy.
+func giveUp(ctx context.Context, tx *sql.Tx, group string, spent []*dueKey, outcomes map[string]keyOutcome) ([]*ferrydriver.InboxRow, error) {
+	if len(spent) == 0 {
+		return nil, nil
+	}
+	positions := make([]any, len(spent))
+	for i, k := range spent {
+		positions[i] = k.head.pos
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT pos FROM ferry_inbox WHERE pos IN (`+marks(len(positions))+`) AND state IN ('pending', 'failed') FOR UPDATE SKIP LOCKED`, positions...)
+	if err != nil {
+		return nil, err
+	}
+	locked, err := scanPositions(rows)
+	if err != nil {
+		return nil, err
+	}
+	var dead []any
+	for _, k := range spent {
+		h := k.head
+		if !slices.Contains(locked, any(h.pos)) {
+			outcomes[k.key] = keyOutcome{runnable: sql.NullInt64{Int64: h.now + heldHeadPause.Microseconds(), Valid: true}, suspects: k.suspects}
+			continue
+		}
+		dead = append(dead, h.pos)
+		now := sql.NullInt64{Int64: h.now, Valid: true}
+		switch {
+		case h.hold:
+			outcomes[k.key] = keyOutcome{held: h.id[:], suspects: k.suspects}
+		case k.suspects > h.pos:
+			outcomes[k.key] = keyOutcome{rescue: now, suspects: k.suspects} // the next suspect row, alone
+		default:
+			outcomes[k.key] = keyOutcome{runnable: now, suspects: k.suspects}
+		}
+	}
+	if len(dead) == 0 {
+		return nil, nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox
+   SET attempt_log = `+logAttempt("attempts", "'dead'", "?")+`,
+       last_error = CONCAT(?, IF(COALESCE(last_error, '') = '', '', CONCAT(' (last recorded error: ', last_error, ')'))),
+       state = 'dead', finished_at = `+sqlNow+`
+ WHERE pos IN (`+marks(len(dead))+`)`, append([]any{ferrydriver.ReasonAttemptsExhausted, ferrydriver.ReasonAttemptsExhausted}, dead...)...); err != nil {
+		return nil, err
+	}
+	rows, err = tx.QueryContext(ctx, `SELECT `+inboxRowColumns+` FROM ferry_inbox i WHERE i.pos IN (`+marks(len(dead))+`) ORDER BY i.pos`, dead...)
+	if err != nil {
+		return nil, err
+	}
+	return scanInboxRows(rows, group)
+}
+
+// setKeyOutcomes writes what the claim decided of each key it did not
+// claim, in one statement: the keys it gave up a head of, and those with
+// nothing to run now.
 func setKeyOutcomes(ctx context.Context, tx *sql.Tx, group string, keys []string, outcomes map[string]keyOutcome) error {
 	if len(outcomes) == 0 {
 		return nil
 	}
-	var runnable, held strings.Builder
-	var rArgs, hArgs, kArgs []any
+	var runnable, rescue, held, suspects strings.Builder
+	var rArgs, cArgs, hArgs, sArgs, kArgs []any
 	for _, k := range keys {
 		o, ok := outcomes[k]
 		if !ok {
 			continue
 		}
-		runnable.WriteString(" WHEN ? THEN ?")
-		held.WriteString(" WHEN ? THEN ?")
-		var r any
+		for _, b := range []*strings.Builder{&runnable, &rescue, &held, &suspects} {
+			b.WriteString(" WHEN ? THEN ?")
+		}
+		var r, c, h any
 		if o.runnable.Valid {
 			r = o.runnable.Int64
 		}
-		var h any
+		if o.rescue.Valid {
+			c = o.rescue.Int64
+		}
 		if o.held != nil {
 			h = o.held
 		}
-		rArgs = append(rArgs, k, r)
-		hArgs = append(hArgs, k, h)
+		rArgs, cArgs, hArgs, sArgs = append(rArgs, k, r), append(cArgs, k, c), append(hArgs, k, h), append(sArgs, k, o.suspects)
 		kArgs = append(kArgs, k)
 	}
-	args := append(append(append(rArgs, hArgs...), group), kArgs...)
-	_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = CASE k`+runnable.String()+` END, held_by = CASE k`+held.String()+` END
+	args := append(append(append(append(append(rArgs, cArgs...), hArgs...), sArgs...), group), kArgs...)
+	_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY)
+   SET runnable_at = CASE k`+runnable.String()+` END, rescue_at = CASE k`+rescue.String()+` END,
+       held_by = CASE k`+held.String()+` END, suspect_through = CASE k`+suspects.String()+` END,
+       claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL
  WHERE group_name = ? AND k IN (`+marks(len(kArgs))+`)`, args...)
 	return err
 }

@@ -7,11 +7,12 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-// ClaimHolders implements ferrydriver.Inbox: the group's PROCESSING
-// range of ferry_inbox_pages_idx.
+// ClaimHolders implements ferrydriver.Inbox: the group's claimed keys, a
+// range of ferry_inbox_keys_rescue_idx (a claim's rescue is due at its
+// expiry).
 func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT DISTINCT claimed_by FROM ferry_inbox
- WHERE group_name = ? AND state = 'processing' AND claim_expires_at > `+sqlNow+` AND claimed_by IS NOT NULL`, group)
+	rows, err := d.db.QueryContext(ctx, `SELECT DISTINCT claimed_by FROM ferry_inbox_keys
+ WHERE group_name = ? AND rescue_at > `+sqlNow+` AND claim_token IS NOT NULL AND claim_expires_at > `+sqlNow+` AND claimed_by IS NOT NULL`, group)
 	if err != nil {
 		return nil, d.wrapErr("list the claim holders of group "+group, err)
 	}
@@ -30,15 +31,16 @@ func (d *Driver) ClaimHolders(ctx context.Context, group string) ([]string, erro
 	return out, nil
 }
 
-// ExpireClaims implements ferrydriver.Inbox: the rows it ends are
-// expired claims, which a rescue takes (and every finish refuses).
+// ExpireClaims implements ferrydriver.Inbox: the claims it ends are
+// expired claims, due for a rescue (and every finish refuses them).
 func (d *Driver) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsParams) (int, error) {
 	group, worker := p.Group, p.Worker
 	op := "expire the claims of " + worker + " in group " + group
 	var n int64
 	err := d.writeRC(ctx, op, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE ferry_inbox SET claim_expires_at = `+sqlNow+`
- WHERE group_name = ? AND state = 'processing' AND claimed_by = ? AND claim_expires_at > `+sqlNow, group, worker)
+		res, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET claim_expires_at = `+sqlNow+`, rescue_at = `+sqlNow+`
+ WHERE group_name = ? AND rescue_at > `+sqlNow+` AND claim_token IS NOT NULL AND claimed_by = ? AND claim_expires_at > `+sqlNow+`
+ ORDER BY k`, group, worker)
 		if err != nil {
 			return err
 		}
@@ -51,27 +53,11 @@ func (d *Driver) ExpireClaims(ctx context.Context, p *ferrydriver.ExpireClaimsPa
 	return int(n), nil
 }
 
-// RescueDue implements ferrydriver.Inbox: a rescue would take a key's
-// head (inboxmodel.Decide): a key with a row under an expired claim and
-// none under a live one, whose head runs now (PENDING, FAILED and due, or
-// the expired claim's own row). A head that a rescue took and that failed
-// (its retry later, or DEAD holding the key) leaves the rest of its run
-// under the expired claim, and no rescue due until it may run again.
+// RescueDue implements ferrydriver.Inbox: a key's claim expired, or its
+// next suspect row may run (a range of ferry_inbox_keys_rescue_idx).
 func (d *Driver) RescueDue(ctx context.Context, group string) (bool, error) {
 	var due bool
-	err := d.db.QueryRowContext(ctx, `SELECT EXISTS (
-SELECT 1 FROM (SELECT DISTINCT p.group_name, p.k FROM ferry_inbox p
-                WHERE p.group_name = ? AND p.state = 'processing' AND p.claim_expires_at <= `+sqlNow+`) x
-  JOIN ferry_inbox i ON i.pos = (
-       SELECT h.pos FROM ferry_inbox h FORCE INDEX (ferry_inbox_head_idx)
-        WHERE h.group_name = x.group_name AND h.k = x.k AND h.state IN ('pending', 'processing', 'failed', 'dead')
-          AND (h.state <> 'dead' OR `+holdPolicy+`)
-        ORDER BY h.pos LIMIT 1)
- WHERE NOT EXISTS (SELECT 1 FROM ferry_inbox q FORCE INDEX (ferry_inbox_head_idx)
-                    WHERE q.group_name = x.group_name AND q.k = x.k AND q.state = 'processing' AND q.claim_expires_at > `+sqlNow+`)
-   AND (i.state = 'pending' OR (i.state = 'failed' AND i.next_attempt_at <= `+sqlNow+`)
-        OR (i.state = 'processing' AND i.claim_expires_at <= `+sqlNow+`)))`,
-		group, group).Scan(&due)
+	err := d.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM ferry_inbox_keys WHERE group_name = ? AND rescue_at <= `+sqlNow+`)`, group).Scan(&due)
 	if err != nil {
 		return false, d.wrapErr("look for expired claims in group "+group, err)
 	}

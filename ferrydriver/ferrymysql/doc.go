@@ -148,30 +148,30 @@
 // ferry.Consumer runs over it as over PostgreSQL or SQLite.
 // A group's events are rows of ferry_inbox, unique on (group, event ID);
 // each (group, key) has a row in ferry_inbox_keys saying when its head
-// (its oldest unfinished row) may run. A claim takes each due key's head,
-// and a run of the PENDING rows after it, so keys run in parallel and each
-// key in order:
+// (its oldest unfinished row) may run, and holding its claim, as
+// PostgreSQL's and SQLite's: a claim takes each due key's head, and a run
+// of the PENDING rows after it, so keys run in parallel and each key in
+// order:
 //
 //   - A claim is one READ COMMITTED transaction. It locks due keys with
 //     SELECT … FOR UPDATE SKIP LOCKED, reads their heads afresh, and after
 //     each PENDING head its key's next PENDING rows up to the first FAILED
-//     or PROCESSING one (up to ClaimInboxParams.PerKey: the consumer asks
-//     for 32 a worker, or a batch), locks them the same way and marks them
-//     PROCESSING with a token of its own and an expiry (ClaimTTL). Workers
-//     never wait for each other; a row another transaction holds is left
-//     to the next claim, and a run ends before it. The key stays claimed
+//     one (up to ClaimInboxParams.PerKey: the consumer asks for 32 a
+//     worker, or a batch), and records on each key a token of its own, an
+//     expiry (ClaimTTL) and the range of positions it covers; the rows are
+//     not written (a PENDING or FAILED row inside its key's claim reads as
+//     PROCESSING). Workers never wait for each other. The key stays claimed
 //     while its worker runs the run, an event a transaction: a finish with
-//     CompleteInboxParams.Keep leaves the key alone, the run's last makes
-//     it due, and a failure before the run's end gives the rest back,
-//     uncounted. A key's 20 waiting events cost one claim's share and 21
-//     finishing statements, where heads claimed one by one cost 20
-//     claims' shares and 40.
+//     CompleteInboxParams.Keep is one statement, the run's last ends the
+//     claim and makes the key due, and a failure before the run's end gives
+//     the rest back, uncounted. An expired claim's rows count the attempt
+//     and run one at a time through rescues.
 //   - The handler's writes and the row's PROCESSED commit together:
 //     CompleteInboxTx runs in the handler's transaction (RunInTx), changes
-//     the row only if the claim's token is still the row's and has not
-//     expired, then makes the key due (two single-table UPDATEs: MariaDB
-//     runs a multi-table one through an on-disk temporary table, and it
-//     cost more than the rest of the finish). A stale attempt
+//     the row, then ends its key's claim only if the claim is still the
+//     key's, unexpired and covering the row (two single-table UPDATEs:
+//     MariaDB runs a multi-table one through an on-disk temporary table,
+//     and it cost more than the rest of the finish). A stale attempt
 //     changes nothing (ferrydriver.ErrClaimLost, and its transaction rolls
 //     back). Batches (ConsumerConfig.BatchSize) run each handler in a
 //     SAVEPOINT of one transaction and record the outcomes before its

@@ -14,11 +14,7 @@ func ListInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) { ret
 
 // InboxCountsQuery is InboxCounts' statement and arguments.
 func InboxCountsQuery(group string) (string, []any) {
-	var args []any
-	for range unfinishedStates {
-		args = append(args, group, ferrydriver.InboxCountCap)
-	}
-	return sqlInboxCounts, args
+	return sqlInboxCounts, inboxCountsArgs(group)
 }
 
 // ClaimHeadsQuery is a claim's reading of the heads of keys.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -12,72 +13,123 @@ import (
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-// A finish changes its row only if the claim presented is the row's
-// current one and has not expired (its token, PROCESSING, the expiry after
-// the server's now), found by the unique (group, event) index, then makes
-// the row's key due now by the key's primary key: two single-table
-// UPDATEs, record locking the row and then its key, the order every
-// writer of both takes. (One multi-table UPDATE did both, but MariaDB runs
-// it through a temporary table on disk: it cost 2.4 ms of the server's CPU
-// per finish, a third of the consumer's.) It does not compute the key's
-// next head: in the handler's transaction (REPEATABLE READ by default) a
-// read may be older than the locks taken, and would miss an event ingested
-// since; the next claim reads the head afresh. Single-table assignments
-// run left to right: the attempt log reads the attempts before they
-// change. @@in_transaction fences a completion whose transaction InnoDB
-// already rolled back (a deadlock that the handler did not return): it
-// would otherwise commit on its own.
+// A finish records its row's outcome and then checks and ends the claim
+// on its key's row (with Keep, one statement: sqlFinishKept): two statements,
+// record locking the row (found by the unique (group, event) index) and
+// then its key (by its primary key), the order every writer of both takes.
+// (One multi-table UPDATE did both, but MariaDB runs it through a
+// temporary table on disk: it cost 2.4 ms of the server's CPU per finish,
+// a third of the consumer's.) The second finds the claim only if it is the
+// key's current one, unexpired, and covers the row's position (carried in
+// the claim string: claimString); otherwise the claim was lost and the
+// caller rolls both back. It does not compute the key's next head: in the
+// handler's transaction (REPEATABLE READ by default) a read may be older
+// than the locks taken, and would miss an event ingested since; it makes
+// the key due now (for a rescue while rows after the claim are suspect),
+// and the next claim reads the head afresh. Single-table assignments run
+// left to right: the attempt log reads the attempts before they change,
+// and the claim's columns are read before they are cleared.
+// @@in_transaction fences a completion whose transaction InnoDB already
+// rolled back (a deadlock that the handler did not return): it would
+// otherwise commit on its own.
 var sqlFinish = `
 UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
-   SET attempt_log = IF(?, ` + logAttempt("attempts", "?", "?") + `, attempt_log),
-       attempts = IF(?, GREATEST(attempts - 1, 0), attempts),
+   SET attempt_log = IF(?, ` + logAttempt("attempts + 1", "?", "?") + `, attempt_log),
+       attempts = IF(?, attempts, attempts + 1),
        last_error = IF(? = 'processed', last_error, ?),
        next_attempt_at = COALESCE(?, next_attempt_at),
        finished_at = IF(? IN ('processed', 'dead'), ` + sqlNow + `, NULL),
-       state = ?, claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL
- WHERE group_name = ? AND event_id = ? AND claim_token = ? AND state = 'processing' AND claim_expires_at > ` + sqlNow + `
-   AND @@in_transaction = 1`
+       state = ?
+ WHERE group_name = ? AND event_id = ? AND state IN ('pending', 'failed') AND @@in_transaction = 1`
 
-// sqlFinishKey makes a finished row's key due now (the row's key never
-// changes, so a plain read of it is current).
-const sqlFinishKey = `
-UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = ` + sqlNow + `, held_by = NULL
- WHERE group_name = ? AND k = (SELECT i.k FROM ferry_inbox i FORCE INDEX (ferry_inbox_event_idx) WHERE i.group_name = ? AND i.event_id = ?)`
+// sqlFinishKept is sqlFinish for a row that processed under a claim that
+// goes on (Keep: its key's row is not written), in one statement: only if
+// the row's key holds the claim ? unexpired, with rows of it after the
+// row. The subquery of an UPDATE reads the key's row as it is now, with a
+// shared lock held to the commit (InnoDB's locking read of a subquery's
+// table, which a snapshot never serves): an attempt that outlived its
+// claim finds the claim gone, however old its transaction's snapshot.
+var sqlFinishKept = `
+UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
+   SET attempts = attempts + 1, finished_at = ` + sqlNow + `, state = 'processed'
+ WHERE group_name = ? AND event_id = ? AND state IN ('pending', 'failed') AND @@in_transaction = 1
+   AND EXISTS (SELECT 1 FROM ferry_inbox_keys c FORCE INDEX (PRIMARY)
+                WHERE c.group_name = ferry_inbox.group_name AND c.k = ferry_inbox.k AND c.claim_token = ?
+                  AND c.claim_expires_at > ` + sqlNow + ` AND c.claim_from < ferry_inbox.pos AND c.claim_through > ferry_inbox.pos)`
+
+// finishedKey is the key of the finished row (group ?, event ?), a plain
+// read: a row's key never changes.
+const finishedKey = `(SELECT i.k FROM ferry_inbox i FORCE INDEX (ferry_inbox_event_idx) WHERE i.group_name = ? AND i.event_id = ?)`
+
+// heldClaim is the condition that the finished row's key (group ?, the
+// row's group and event ?, ?) holds the claim ? unexpired, covering the
+// row's position (?, ?).
+const heldClaim = `group_name = ? AND k = ` + finishedKey + `
+   AND claim_token = ? AND claim_expires_at > ` + sqlNow + ` AND claim_from < ? AND claim_through >= ?`
+
+// sqlFinishKey ends the claim of a finished row's key, due now.
+const sqlFinishKey = `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) ` + endClaim + ` WHERE ` + heldClaim
+
+// claimString is the claim of the row at pos under token: the token and
+// the position, so that a finish finds the row's place in its key's claim
+// without reading the row.
+func claimString(token uuid.UUID, pos int64) string {
+	return token.String() + ":" + strconv.FormatInt(pos, 10)
+}
+
+// parseClaim reads a claim string (claimString).
+func parseClaim(claim string) (token uuid.UUID, pos int64, err error) {
+	t, p, ok := strings.Cut(claim, ":")
+	if !ok {
+		return uuid.UUID{}, 0, fmt.Errorf("claim %q: no position", claim)
+	}
+	if token, err = uuid.Parse(t); err != nil {
+		return uuid.UUID{}, 0, err
+	}
+	pos, err = strconv.ParseInt(p, 10, 64)
+	return token, pos, err
+}
 
 // finish records the outcome of a claimed row inside tx; ErrClaimLost when
-// the claim is not the row's current one.
+// the claim is not the row's key's current one.
 func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) error {
-	token, more, err := parseClaim(claim)
+	lost := fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	token, pos, err := parseClaim(claim)
 	if err != nil {
-		return fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+		return lost
+	}
+	if keep && state == ferrydriver.InboxProcessed {
+		res, err := tx.ExecContext(ctx, sqlFinishKept, group, id[:], token[:])
+		if err != nil {
+			return d.wrapErr("mark inbox row "+string(state), err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			return nil
+		}
+		// No rows of the claim after this one (a retraction cut it), or
+		// the claim is lost: the claim ends, if it holds.
 	}
 	logged := !uncounted && (state == ferrydriver.InboxFailed || state == ferrydriver.InboxDead)
 	res, err := tx.ExecContext(ctx, sqlFinish, logged, string(state), attemptError(lastErr),
-		uncounted, string(state), lastErr, retry, string(state), string(state), group, id[:], token[:])
+		uncounted, string(state), lastErr, retry, string(state), string(state), group, id[:])
 	if err != nil {
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
-	if n, _ := res.RowsAffected(); n > 0 {
-		// The row's run (runs.go): with Keep, its later rows stay claimed,
-		// and the key with them; otherwise they are given back.
-		if more {
-			if keep && state == ferrydriver.InboxProcessed {
-				return nil
-			}
-			if err := giveBack(ctx, tx, sqlRunRest, group, group, id[:], token[:]); err != nil {
-				return d.wrapErr("give back the rest of a run", err)
-			}
+	if n, _ := res.RowsAffected(); n == 0 {
+		var open bool
+		if err := tx.QueryRowContext(ctx, `SELECT @@in_transaction`).Scan(&open); err == nil && !open {
+			return fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, errTxGone)
 		}
-		if _, err := tx.ExecContext(ctx, sqlFinishKey, group, group, id[:]); err != nil {
-			return d.wrapErr("mark inbox row "+string(state), err)
-		}
-		return nil
+		return lost
 	}
-	var open bool
-	if err := tx.QueryRowContext(ctx, `SELECT @@in_transaction`).Scan(&open); err == nil && !open {
-		return fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, errTxGone)
+	res, err = tx.ExecContext(ctx, sqlFinishKey, group, group, id[:], token[:], pos, pos)
+	if err != nil {
+		return d.wrapErr("mark inbox row "+string(state), err)
 	}
-	return fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	if n, _ := res.RowsAffected(); n == 0 {
+		return lost // the caller rolls the row's change back
+	}
+	return nil
 }
 
 // CompleteInboxTx implements ferrydriver.Inbox: tx must be a transaction
@@ -137,10 +189,12 @@ func (d *Driver) Savepoint(ctx context.Context, tx *sql.Tx, fn func(ctx context.
 }
 
 // FinishInboxTx implements ferrydriver.InboxBatcher: the rows are locked
-// (by the unique index, in event ID order) and checked against their
-// claims in one statement, the processed ones finished in one more, each
-// other outcome in one of its own, and their keys made due in a last one,
-// locked in key order.
+// (by the unique index, in event ID order), then their keys (in key
+// order), and each row checked against its key's claim; the processed
+// rows are finished in one statement, each other outcome in one of its
+// own, and the claims ended in a last one (a batch keeps none: the rows
+// of its runs that it did not report run again, uncounted), their keys
+// due now.
 func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.FinishInboxParams) ([]uuid.UUID, error) {
 	if len(p.Rows) == 0 {
 		return nil, nil
@@ -151,29 +205,65 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		ids[i] = r.EventID
 	}
 	slices.SortFunc(ids, func(a, b uuid.UUID) int { return strings.Compare(string(a[:]), string(b[:])) })
-	type held struct {
-		token []byte
-		key   string
+	type row struct {
+		key string
+		pos int64
 	}
-	current := map[uuid.UUID]held{}
+	current := map[uuid.UUID]row{}
+	var keys []string
 	err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
-		rows, err := tx.QueryContext(ctx, `SELECT event_id, claim_token, k FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
- WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state = 'processing' AND claim_expires_at > `+sqlNow+` AND @@in_transaction = 1
+		rows, err := tx.QueryContext(ctx, `SELECT event_id, k, pos FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
+ WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state IN ('pending', 'failed') AND @@in_transaction = 1
  ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var id, token, k []byte
-			if err := rows.Scan(&id, &token, &k); err != nil {
+			var id, k []byte
+			var r row
+			if err := rows.Scan(&id, &k, &r.pos); err != nil {
 				return err
 			}
 			u, err := uuid.FromBytes(id)
 			if err != nil {
 				return err
 			}
-			current[u] = held{token: token, key: string(k)}
+			r.key = string(k)
+			current[u] = r
+			keys = append(keys, r.key)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	type claim struct {
+		token         []byte
+		from, through int64
+	}
+	claims := map[string]claim{}
+	err = chunks(keys, inListChunk, func(keys []string) error {
+		args := []any{p.Group}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT k, claim_token, claim_from, claim_through FROM ferry_inbox_keys FORCE INDEX (PRIMARY)
+ WHERE group_name = ? AND k IN (`+marks(len(keys))+`) AND claim_token IS NOT NULL AND claim_expires_at > `+sqlNow+`
+ ORDER BY k FOR UPDATE`, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k []byte
+			var c claim
+			if err := rows.Scan(&k, &c.token, &c.from, &c.through); err != nil {
+				return err
+			}
+			claims[string(k)] = c
 		}
 		return rows.Err()
 	})
@@ -182,23 +272,17 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 	}
 	var lost, processed []uuid.UUID
 	var others []ferrydriver.FinishedRow
-	var keys []string
-	// The keys and tokens of the rows with later rows in their run.
-	var runKeys []string
-	var runTokens []any
+	var tokens []any
 	for _, r := range p.Rows {
-		h, ok := current[r.EventID]
-		token, more, perr := parseClaim(r.Claim)
-		if !ok || perr != nil || string(h.token) != string(token[:]) {
+		cur, ok := current[r.EventID]
+		token, _, perr := parseClaim(r.Claim)
+		c, held := claims[cur.key]
+		if !ok || perr != nil || !held || string(c.token) != string(token[:]) || cur.pos <= c.from || cur.pos > c.through {
 			lost = append(lost, r.EventID)
 			continue
 		}
-		keys = append(keys, h.key)
-		if more {
-			runKeys = append(runKeys, h.key)
-			if !slices.ContainsFunc(runTokens, func(t any) bool { return string(t.([]byte)) == string(h.token) }) {
-				runTokens = append(runTokens, h.token)
-			}
+		if !slices.ContainsFunc(tokens, func(t any) bool { return string(t.([]byte)) == string(c.token) }) {
+			tokens = append(tokens, c.token)
 		}
 		if r.State == ferrydriver.InboxProcessed {
 			processed = append(processed, r.EventID)
@@ -214,7 +298,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		return lost, nil // the caller rolls back
 	}
 	if len(processed) > 0 {
-		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET state = 'processed', claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL, finished_at = `+sqlNow+`
+		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET state = 'processed', attempts = attempts + 1, finished_at = `+sqlNow+`
  WHERE group_name = ? AND event_id IN (`+marks(len(processed))+`)`, idArgs([]any{p.Group}, processed)...); err != nil {
 			return nil, d.wrapErr(op, err)
 		}
@@ -226,41 +310,23 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		}
 		logged := !r.Uncounted
 		if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
-   SET attempt_log = IF(?, `+logAttempt("attempts", "?", "?")+`, attempt_log),
-       attempts = IF(?, GREATEST(attempts - 1, 0), attempts),
+   SET attempt_log = IF(?, `+logAttempt("attempts + 1", "?", "?")+`, attempt_log),
+       attempts = IF(?, attempts, attempts + 1),
        last_error = ?, next_attempt_at = COALESCE(?, next_attempt_at),
        finished_at = IF(? = 'dead', `+sqlNow+`, NULL),
-       state = ?, claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL
+       state = ?
  WHERE group_name = ? AND event_id = ?`, logged, string(r.State), attemptError(r.Error), r.Uncounted, r.Error, retry,
 			string(r.State), string(r.State), p.Group, r.EventID[:]); err != nil {
 			return nil, d.wrapErr(op, err)
 		}
 	}
-	// The rows of the runs of the reported rows that had later rows in
-	// theirs, not reported themselves, are given back (current holds every
-	// reported row: none was lost).
-	if len(runTokens) > 0 {
-		slices.Sort(runKeys)
-		runKeys = slices.Compact(runKeys)
-		err = chunks(runKeys, inListChunk, func(keys []string) error {
-			args := []any{p.Group}
-			for _, k := range keys {
-				args = append(args, k)
-			}
-			return giveBack(ctx, tx, runsRest(len(keys), len(runTokens)), append(args, runTokens...)...)
-		})
-		if err != nil {
-			return nil, d.wrapErr(op, err)
-		}
-	}
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
 	err = chunks(keys, inListChunk, func(keys []string) error {
 		args := []any{p.Group}
 		for _, k := range keys {
 			args = append(args, k)
 		}
-		_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL WHERE group_name = ? AND k IN (`+marks(len(keys))+`)`, args...)
+		_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) `+endClaim+`
+ WHERE group_name = ? AND k IN (`+marks(len(keys))+`) AND claim_token IN (`+marks(len(tokens))+`)`, append(args, tokens...)...)
 		return err
 	})
 	if err != nil {
@@ -268,3 +334,11 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 	}
 	return nil, nil
 }
+
+// endClaim is the SET clause that ends a key's claim after its finish:
+// due now, for an ordinary claim, or for a rescue while rows after the
+// claim are suspect. (Assigned left to right: the claim is read before it
+// is cleared.)
+const endClaim = `SET runnable_at = IF(suspect_through > claim_through, NULL, ` + sqlNow + `),
+       rescue_at = IF(suspect_through > claim_through, ` + sqlNow + `, NULL), held_by = NULL,
+       claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL`

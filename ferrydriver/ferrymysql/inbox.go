@@ -33,12 +33,24 @@ import (
 //     changes, and a claim, which locks them the other way round, never
 //     waits: no cycle of waits, so no deadlock among them.
 
-// unfinishedStates are the states of rows that will run (or hold their
-// key) again.
-var unfinishedStates = []ferrydriver.InboxState{ferrydriver.InboxPending, ferrydriver.InboxProcessing, ferrydriver.InboxFailed, ferrydriver.InboxDead}
+// inboxRowColumns are the columns scanInboxRow reads, of an inbox row i,
+// the last saying whether the row is inside its key's claim (inClaim).
+const inboxRowColumns = rowColumns + `, ` + inClaim
 
-const inboxRowColumns = `event_id, k, seq, topic, type, source, content_type, headers, payload, created_at,
-       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, finished_at`
+// rowColumns are inboxRowColumns but the last, for a statement that knows
+// whether its rows are claimed.
+const rowColumns = `i.event_id, i.k, i.seq, i.topic, i.type, i.source, i.content_type, i.headers, i.payload, i.created_at,
+       i.state, i.attempts, COALESCE(i.last_error, ''), i.next_attempt_at, i.received_at, i.finished_at`
+
+// inClaim says whether inbox row i is inside its key's claim (one that
+// expired included: its rows are PROCESSING until a rescue takes them).
+// Only a PENDING or FAILED row can be: such a row reads as PROCESSING, its
+// attempt counted (its finish stores it). The key is read by its primary
+// key.
+const inClaim = `(i.state IN ('pending', 'failed') AND EXISTS (
+        SELECT 1 FROM ferry_inbox_keys c FORCE INDEX (PRIMARY)
+         WHERE c.group_name = i.group_name AND c.k = i.k AND c.claim_token IS NOT NULL
+           AND i.pos > c.claim_from AND i.pos <= c.claim_through))`
 
 func scanInboxRows(rows *sql.Rows, group string) ([]*ferrydriver.InboxRow, error) {
 	defer rows.Close()
@@ -60,10 +72,14 @@ func scanInboxRow(rows *sql.Rows, group string, extra ...any) (*ferrydriver.Inbo
 	var state string
 	var created, next, received int64
 	var finished sql.NullInt64
+	var claimed bool
 	dest := append([]any{&id, &key, &ev.Seq, &ev.Topic, &ev.Type, &ev.Source, &ev.ContentType, &headers, &ev.Payload, &created,
-		&state, &row.Attempts, &lastError, &next, &received, &finished}, extra...)
+		&state, &row.Attempts, &lastError, &next, &received, &finished, &claimed}, extra...)
 	if err := rows.Scan(dest...); err != nil {
 		return nil, err
+	}
+	if claimed {
+		state, row.Attempts = string(ferrydriver.InboxProcessing), row.Attempts+1
 	}
 	u, err := uuid.FromBytes(id)
 	if err != nil {
@@ -245,9 +261,9 @@ func (d *Driver) insertInboxRows(ctx context.Context, tx *sql.Tx, group string, 
 }
 
 // touchKeys makes keys of group due now, in a READ COMMITTED transaction:
-// those with nothing to do (release: all of them, and the DEAD rows they
-// were held by no longer hold them), creating the rows of keys that have
-// none. The rows are locked in key order (the primary key's), as every
+// those with nothing to do (release: all that are not claimed, and the
+// DEAD rows they were held by no longer hold them), creating the rows of
+// keys that have none. The rows are locked in key order (the primary key's), as every
 // writer of several keys does.
 func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys []string, release bool) error {
 	if len(keys) == 0 {
@@ -285,12 +301,19 @@ func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys [
 			}
 		}
 		if len(exists) > 0 {
-			cond := ` AND runnable_at IS NULL AND held_by IS NULL`
+			// A claimed key is left to its claim's finish, or to the rescue
+			// of its expiry, which make it due; a key whose head is suspect
+			// is due for a rescue (released) or keeps its time.
+			q := `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = ` + sqlNow + `
+ WHERE group_name = ? AND k IN (` + marks(len(keys)) + `) AND runnable_at IS NULL AND held_by IS NULL AND claim_token IS NULL AND rescue_at IS NULL`
 			if release {
-				cond = ``
+				// Assigned left to right: runnable_at reads rescue_at
+				// before its own assignment.
+				q = `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY)
+   SET runnable_at = IF(rescue_at IS NULL, ` + sqlNow + `, NULL), rescue_at = IF(rescue_at IS NULL, NULL, ` + sqlNow + `), held_by = NULL
+ WHERE group_name = ? AND k IN (` + marks(len(keys)) + `) AND claim_token IS NULL`
 			}
-			if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL
- WHERE group_name = ? AND k IN (`+marks(len(keys))+`)`+cond, args...); err != nil {
+			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 				return d.wrapErr(op, err)
 			}
 		}
@@ -316,7 +339,7 @@ const holdPolicy = `COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE gro
 func (d *Driver) InboxStates(ctx context.Context, p *ferrydriver.InboxIDsParams) (map[uuid.UUID]*ferrydriver.InboxRow, error) {
 	out := make(map[uuid.UUID]*ferrydriver.InboxRow, len(p.EventIDs))
 	err := chunks(p.EventIDs, 500, func(ids []uuid.UUID) error {
-		rows, err := d.db.QueryContext(ctx, `SELECT `+inboxRowColumns+` FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`,
+		rows, err := d.db.QueryContext(ctx, `SELECT `+inboxRowColumns+` FROM ferry_inbox i FORCE INDEX (ferry_inbox_event_idx) WHERE i.group_name = ? AND i.event_id IN (`+marks(len(ids))+`)`,
 			idArgs([]any{p.Group}, ids)...)
 		if err != nil {
 			return err

@@ -76,7 +76,8 @@ func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyP
 			if from == nil {
 				from = []byte{}
 			}
-			rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k > ? AND runnable_at IS NULL ORDER BY k LIMIT ?`,
+			rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k > ? AND runnable_at IS NULL
+   AND claim_token IS NULL AND rescue_at IS NULL ORDER BY k LIMIT ?`,
 				p.Group, from, policySweepChunk)
 			if err != nil {
 				return d.wrapErr(op, err)
@@ -97,7 +98,7 @@ func (d *Driver) SetInboxPolicy(ctx context.Context, p *ferrydriver.InboxPolicyP
 			}
 			if len(args) > 1 {
 				if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET runnable_at = `+sqlNow+`, held_by = NULL
- WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) AND runnable_at IS NULL`, args...); err != nil {
+ WHERE group_name = ? AND k IN (`+marks(len(args)-1)+`) AND runnable_at IS NULL AND claim_token IS NULL AND rescue_at IS NULL`, args...); err != nil {
 					return d.wrapErr(op, err)
 				}
 			}
@@ -174,40 +175,59 @@ func listInboxQuery(p *ferrydriver.ListInboxParams) (string, []any, error) {
 			continue
 		}
 		seen[st] = true
-		q := `SELECT ` + inboxRowColumns + ` FROM ferry_inbox FORCE INDEX (` + index + `) WHERE group_name = ? AND state = ?`
-		args = append(args, p.Group, string(st))
+		var q string
+		switch st {
+		case ferrydriver.InboxProcessing:
+			// Not stored: the rows inside the group's claims, found
+			// through its claimed keys (a range of
+			// ferry_inbox_keys_rescue_idx: a claim's rescue is due at its
+			// expiry), each a range of ferry_inbox_head_idx.
+			q = `SELECT ` + rowColumns + `, TRUE FROM ferry_inbox_keys c FORCE INDEX (ferry_inbox_keys_rescue_idx)
+  JOIN ferry_inbox i FORCE INDEX (ferry_inbox_head_idx)
+    ON i.group_name = c.group_name AND i.k = c.k AND i.state IN ('pending', 'failed') AND i.pos > c.claim_from AND i.pos <= c.claim_through
+ WHERE c.group_name = ? AND c.rescue_at IS NOT NULL AND c.claim_token IS NOT NULL`
+			args = append(args, p.Group)
+		default:
+			// A PENDING or FAILED row inside a claim reads as PROCESSING:
+			// each looks its key up (by primary key).
+			q = `SELECT ` + rowColumns + `, FALSE FROM ferry_inbox i FORCE INDEX (` + index + `) WHERE i.group_name = ? AND i.state = ?`
+			args = append(args, p.Group, string(st))
+			if st == ferrydriver.InboxPending || st == ferrydriver.InboxFailed {
+				q += ` AND NOT ` + inClaim
+			}
+		}
 		if p.Key != "" {
-			q += ` AND k = ?`
+			q += ` AND i.k = ?`
 			args = append(args, p.Key)
 		}
 		if p.Type != "" {
-			q += ` AND type = ?`
+			q += ` AND i.type = ?`
 			args = append(args, p.Type)
 		}
 		if len(p.EventIDs) > 0 {
-			q += ` AND event_id IN (` + marks(len(p.EventIDs)) + `)`
+			q += ` AND i.event_id IN (` + marks(len(p.EventIDs)) + `)`
 			args = idArgs(args, p.EventIDs)
 		}
 		if !p.Since.IsZero() {
-			q += ` AND finished_at >= ?`
+			q += ` AND i.finished_at >= ?`
 			args = append(args, micros(p.Since))
 		}
 		if !p.Until.IsZero() {
-			q += ` AND finished_at < ?`
+			q += ` AND i.finished_at < ?`
 			args = append(args, micros(p.Until))
 		}
 		if c := p.After; c != nil {
 			f, r := micros(c.FinishedAt), micros(c.ReceivedAt)
-			q += ` AND finished_at <= ? AND (finished_at < ? OR received_at < ? OR (received_at = ? AND event_id < ?))`
+			q += ` AND i.finished_at <= ? AND (i.finished_at < ? OR i.received_at < ? OR (i.received_at = ? AND i.event_id < ?))`
 			args = append(args, f, f, r, r, c.EventID[:])
 		}
-		parts = append(parts, `(`+q+` ORDER BY finished_at DESC, received_at DESC, event_id DESC LIMIT ?)`)
+		parts = append(parts, `(`+q+` ORDER BY i.finished_at DESC, i.received_at DESC, i.event_id DESC LIMIT ?)`)
 		args = append(args, limit)
 	}
 	if len(parts) == 1 {
 		return strings.TrimSuffix(strings.TrimPrefix(parts[0], "("), ")"), args, nil
 	}
-	q := strings.Join(parts, " UNION ALL ") + ` ORDER BY finished_at IS NOT NULL, finished_at DESC, received_at DESC, event_id DESC LIMIT ?`
+	q := strings.Join(parts, " UNION ALL ") + ` ORDER BY 16 IS NOT NULL, 16 DESC, 15 DESC, 1 DESC LIMIT ?`
 	return q, append(args, limit), nil
 }
 
@@ -286,22 +306,37 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 }
 
 // sqlInboxCounts counts each unfinished state of group ? up to ?, each a
-// range of ferry_inbox_pages_idx read from the index alone: O(cap).
+// range of ferry_inbox_pages_idx read from the index alone: O(cap). Rows
+// inside claims (found through the claimed keys, a range of
+// ferry_inbox_keys_rescue_idx) count as PROCESSING, not as what they are
+// stored as; a count at the cap stays the cap ("at least").
 var sqlInboxCounts = func() string {
-	var q []string
-	for _, st := range unfinishedStates {
-		q = append(q, `SELECT '`+string(st)+`', (SELECT COUNT(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = '`+string(st)+`' LIMIT ?) s)`)
+	stored := func(st string) string {
+		return `(SELECT COUNT(*) FROM (SELECT 1 FROM ferry_inbox WHERE group_name = ? AND state = '` + st + `' LIMIT ?) s)`
 	}
+	claimed := func(st string) string {
+		return `(SELECT COUNT(*) FROM (SELECT 1 FROM ferry_inbox_keys c FORCE INDEX (ferry_inbox_keys_rescue_idx)
+  JOIN ferry_inbox i FORCE INDEX (ferry_inbox_head_idx)
+    ON i.group_name = c.group_name AND i.k = c.k AND i.state IN (` + st + `) AND i.pos > c.claim_from AND i.pos <= c.claim_through
+ WHERE c.group_name = ? AND c.rescue_at IS NOT NULL AND c.claim_token IS NOT NULL LIMIT ?) s)`
+	}
+	var q []string
+	for _, st := range []string{"pending", "failed"} {
+		q = append(q, `SELECT '`+st+`', IF(n >= ?, n, GREATEST(n - `+claimed("'"+st+"'")+`, 0)) FROM (SELECT `+stored(st)+` AS n) x`)
+	}
+	q = append(q, `SELECT 'processing', `+claimed("'pending', 'failed'"), `SELECT 'dead', `+stored("dead"))
 	return strings.Join(q, " UNION ALL ")
 }()
 
+// inboxCountsArgs are sqlInboxCounts' arguments.
+func inboxCountsArgs(group string) []any {
+	c := ferrydriver.InboxCountCap
+	return []any{c, group, c, group, c, c, group, c, group, c, group, c, group, c}
+}
+
 // InboxCounts implements ferrydriver.Inbox.
 func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver.InboxState]int64, error) {
-	var args []any
-	for range unfinishedStates {
-		args = append(args, group, ferrydriver.InboxCountCap)
-	}
-	rows, err := d.db.QueryContext(ctx, sqlInboxCounts, args...)
+	rows, err := d.db.QueryContext(ctx, sqlInboxCounts, inboxCountsArgs(group)...)
 	if err != nil {
 		return nil, d.wrapErr("count inbox rows of group "+group, err)
 	}
@@ -324,7 +359,8 @@ func (d *Driver) InboxCounts(ctx context.Context, group string) (map[ferrydriver
 const (
 	sqlDeleteProcessed = `DELETE FROM ferry_inbox WHERE group_name = ? AND state = 'processed' AND finished_at < ` + sqlNow + ` - ?
  ORDER BY finished_at LIMIT ?`
-	sqlForgetKeys = `DELETE FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NULL AND held_by IS NULL LIMIT ?`
+	sqlForgetKeys = `DELETE FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at IS NULL AND held_by IS NULL
+   AND claim_token IS NULL AND rescue_at IS NULL LIMIT ?`
 )
 
 // DeleteProcessedInbox implements ferrydriver.Inbox: the group's oldest

@@ -3,6 +3,7 @@ package ferrymysql_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -145,6 +146,14 @@ func TestInboxListsReadTheirPageOnly(t *testing.T) {
 		// table written and read back: about the page, whatever the group
 		// holds (a quarter of it is 2,000 rows of a state).
 		bound := int64(c.want + 2)
+		if slices.ContainsFunc(c.p.States, func(s ferrydriver.InboxState) bool {
+			return s == ferrydriver.InboxPending || s == ferrydriver.InboxFailed
+		}) {
+			// A PENDING or FAILED row inside its key's claim reads as
+			// PROCESSING: each such row read looks its key up (two reads
+			// of the keys' primary key: the entry, and the next).
+			bound = 3*int64(c.want) + 2
+		}
 		if len(c.p.States) > 1 {
 			bound = 3 * int64(len(c.p.States)) * bound
 		}

@@ -3,6 +3,7 @@ package ferrymysql
 import (
 	"context"
 	"database/sql"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -55,45 +56,61 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	type found struct {
 		state ferrydriver.InboxState
 		key   string
-		claim []byte // a PROCESSING row's claim token
+		pos   int64
 	}
 	prior := map[uuid.UUID]found{}
 	err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
-		rows, err := tx.QueryContext(ctx, `SELECT event_id, state, k, claim_token FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)
+		rows, err := tx.QueryContext(ctx, `SELECT event_id, state, k, pos FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)
  ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var id, k, claim []byte
+			var id, k []byte
+			var f found
 			var st string
-			if err := rows.Scan(&id, &st, &k, &claim); err != nil {
+			if err := rows.Scan(&id, &st, &k, &f.pos); err != nil {
 				return err
 			}
 			u, err := uuid.FromBytes(id)
 			if err != nil {
 				return err
 			}
-			prior[u] = found{state: ferrydriver.InboxState(st), key: string(k), claim: claim}
+			f.state, f.key = ferrydriver.InboxState(st), string(k)
+			prior[u] = f
 		}
 		return rows.Err()
 	})
 	if err != nil {
 		return d.wrapErr(op, err)
 	}
+	// The claims of the rows' keys, read (not locked: the keys are locked
+	// after the rows, below): a PENDING or FAILED row inside one reads as
+	// PROCESSING.
+	var rowKeys []string
+	for _, f := range prior {
+		if f.state == ferrydriver.InboxPending || f.state == ferrydriver.InboxFailed {
+			rowKeys = append(rowKeys, f.key)
+		}
+	}
+	claims, err := keyClaims(ctx, tx, p.Group, rowKeys)
+	if err != nil {
+		return d.wrapErr(op, err)
+	}
 	var ghosts, compensations []*ferryevent.Event
 	var keys []string
-	var retract []uuid.UUID
-	type claimOf struct {
-		key   string
-		token uuid.UUID
-	}
-	var claims []claimOf // of the rows retracted while PROCESSING
+	var retract, charged []uuid.UUID
+	cuts := map[string]int64{} // of each claimed key, its first retracted row
 	done := map[uuid.UUID]bool{}
 	for i, r := range p.Retractions {
 		f, ok := prior[r.Event.ID]
+		c, claimed := claims[f.key]
+		claimed = claimed && (f.state == ferrydriver.InboxPending || f.state == ferrydriver.InboxFailed) && f.pos > c.from && f.pos <= c.through
 		res[i] = f.state
+		if claimed {
+			res[i] = ferrydriver.InboxProcessing
+		}
 		if done[r.Event.ID] {
 			continue
 		}
@@ -105,8 +122,14 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 		case f.state != ferrydriver.InboxRetracted:
 			retract = append(retract, r.Event.ID)
 			keys = append(keys, f.key)
-			if token, err := uuid.FromBytes(f.claim); f.state == ferrydriver.InboxProcessing && err == nil {
-				claims = append(claims, claimOf{f.key, token})
+			if claimed {
+				// It keeps the claim's attempt, which only its finish or
+				// a rescue would have stored: InboxRow.Attempts counts the
+				// row's claims.
+				charged = append(charged, r.Event.ID)
+				if first, ok := cuts[f.key]; !ok || f.pos < first {
+					cuts[f.key] = f.pos
+				}
 			}
 		}
 		if f.state == ferrydriver.InboxProcessed && r.Compensation != nil {
@@ -121,22 +144,21 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	}
 	if len(retract) > 0 {
 		err := chunks(retract, inListChunk, func(ids []uuid.UUID) error {
-			_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET state = 'retracted', claimed_by = NULL, claim_token = NULL, claim_expires_at = NULL,
-       finished_at = `+sqlNow+` WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`, idArgs([]any{p.Group}, ids)...)
+			_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET state = 'retracted', finished_at = `+sqlNow+`
+ WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`, idArgs([]any{p.Group}, ids)...)
 			return err
 		})
 		if err != nil {
 			return d.wrapErr(op, err)
 		}
 	}
-	// A row retracted while PROCESSING ends its claim: the rows of its
-	// key's run that the claim still holds are given back, to run at once
-	// rather than after the claim expires. Its worker stops at the first
-	// row whose claim is gone (the one it runs, unless that one's finish
-	// holds it already and commits).
-	slices.SortFunc(claims, func(a, b claimOf) int { return strings.Compare(a.key, b.key) })
-	for _, c := range slices.Compact(claims) {
-		if err := giveBack(ctx, tx, runsRest(1, 1), p.Group, c.key, c.token[:]); err != nil {
+	if len(charged) > 0 {
+		err := chunks(charged, inListChunk, func(ids []uuid.UUID) error {
+			_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox FORCE INDEX (ferry_inbox_event_idx) SET attempts = attempts + 1
+ WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)`, idArgs([]any{p.Group}, ids)...)
+			return err
+		})
+		if err != nil {
 			return d.wrapErr(op, err)
 		}
 	}
@@ -147,7 +169,73 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 		}
 		keys = append(keys, more...)
 	}
-	// The retracted rows' keys (their heads may have gone, or a worker's
-	// row) and the compensations', in one pass in key order.
-	return d.touchKeys(ctx, tx, p.Group, keys, true)
+	// The retracted rows' keys (their heads may have gone) and the
+	// compensations', in one pass in key order; then the claims that
+	// covered a retracted row, cut short.
+	if err := d.touchKeys(ctx, tx, p.Group, keys, true); err != nil {
+		return err
+	}
+	cut := slices.Sorted(maps.Keys(cuts))
+	for _, k := range cut {
+		if err := cutClaim(ctx, tx, p.Group, k, claims[k].token, cuts[k]); err != nil {
+			return d.wrapErr(op, err)
+		}
+	}
+	return nil
+}
+
+// keyClaim is a key's claim: its token and the range of positions it
+// covers.
+type keyClaim struct {
+	token         []byte
+	from, through int64
+}
+
+// keyClaims reads the claims of keys of group (a plain read).
+func keyClaims(ctx context.Context, q querier, group string, keys []string) (map[string]keyClaim, error) {
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	out := map[string]keyClaim{}
+	err := chunks(keys, inListChunk, func(keys []string) error {
+		args := []any{group}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		rows, err := q.QueryContext(ctx, `SELECT k, claim_token, claim_from, claim_through FROM ferry_inbox_keys FORCE INDEX (PRIMARY)
+ WHERE group_name = ? AND k IN (`+marks(len(keys))+`) AND claim_token IS NOT NULL`, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k []byte
+			var c keyClaim
+			if err := rows.Scan(&k, &c.token, &c.from, &c.through); err != nil {
+				return err
+			}
+			out[string(k)] = c
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// cutClaim cuts key's claim (token) short, to end just before its
+// retracted row at position first: the worker running that row finds its
+// claim lost there, and the rows before stay its own (no other worker
+// claims them while it may be running them). A claim with nothing left to
+// run (every row of it finished or retracted) ends instead, its key due
+// now; one cut to nothing with rows after the cut (a batch may be running
+// them) stays the worker's until it expires.
+func cutClaim(ctx context.Context, tx *sql.Tx, group, key string, token []byte, first int64) error {
+	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) SET claim_through = ?
+ WHERE group_name = ? AND k = ? AND claim_token = ? AND EXISTS (
+       SELECT 1 FROM ferry_inbox i FORCE INDEX (ferry_inbox_head_idx)
+        WHERE i.group_name = ? AND i.k = ? AND i.state IN ('pending', 'failed') AND i.pos > claim_from AND i.pos <= claim_through)`,
+		first-1, group, key, token, group, key); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY) `+endClaim+`
+ WHERE group_name = ? AND k = ? AND claim_token = ? AND claim_through >= ?`, group, key, token, first)
+	return err
 }

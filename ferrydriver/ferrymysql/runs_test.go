@@ -123,14 +123,15 @@ func TestClaimsTakeRuns(t *testing.T) {
 		require.False(t, done[p[:1]], "rows grouped by key: %v", order)
 	}
 
-	// a: Keep keeps the key claimed (its row untouched: due when the
-	// claim expires); the run's last row frees it.
+	// a: Keep keeps the key claimed (not due for an ordinary claim; for
+	// a rescue at the claim's expiry); the run's last row frees it.
 	f.complete(rows["a1"], true)
 	f.complete(rows["a2"], true)
-	var future bool
-	require.NoError(t, f.drv.DB().QueryRowContext(f.ctx, `SELECT runnable_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) + 30000000
- FROM ferry_inbox_keys WHERE group_name = 'g' AND k = 'a'`).Scan(&future))
-	require.True(t, future, "a finish with Keep leaves the key due at the claim's expiry")
+	var claimed bool
+	require.NoError(t, f.drv.DB().QueryRowContext(f.ctx, `SELECT runnable_at IS NULL AND claim_token IS NOT NULL
+       AND rescue_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) + 30000000
+ FROM ferry_inbox_keys WHERE group_name = 'g' AND k = 'a'`).Scan(&claimed))
+	require.True(t, claimed, "a finish with Keep leaves the key claimed, due for a rescue at the claim's expiry")
 	next, _ := f.claim(3, time.Minute)
 	require.Empty(t, keyOf("a", next), "the key stays claimed while its run goes on")
 	f.complete(rows["a3"], false)
@@ -217,11 +218,12 @@ func TestRunsStopAtBlockers(t *testing.T) {
 	require.Equal(t, 2, rescued[0].Attempts, "the run's claim and the rescue")
 }
 
-// TestRetractionEndsARun: retracting a row of a run being run gives the
-// run's other rows back at once (the worker's current row with them: its
-// finish finds its claim gone), so the key does not wait for the claim to
-// expire.
-func TestRetractionEndsARun(t *testing.T) {
+// TestRetractionCutsARun: retracting a row of a run being run cuts the
+// run's claim short before that row: the worker's rows before it stay its
+// own (its finish holds), the rows after it are given back, and the key is
+// due when the worker's last row before the cut finishes, not when the
+// claim expires.
+func TestRetractionCutsARun(t *testing.T) {
 	t.Parallel()
 	f := newRunsFixture(t, map[string]int{"e": 4})
 	order, rows := f.claim(4, time.Minute)
@@ -230,19 +232,22 @@ func TestRetractionEndsARun(t *testing.T) {
 	res, err := f.drv.RetractInbox(f.ctx, &ferrydriver.RetractInboxParams{Group: "g", Retractions: []ferrydriver.Retraction{{Event: f.evs["e3"]}}})
 	require.NoError(t, err)
 	require.Equal(t, []ferrydriver.InboxState{ferrydriver.InboxProcessing}, res)
-	err = f.drv.RunInTx(f.ctx, func(ctx context.Context, tx *sql.Tx) error {
-		return f.drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: rows["e2"].Event.ID, Claim: rows["e2"].Claim, Keep: true})
-	})
-	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "the worker's row was given back")
-	for p, want := range map[string]ferrydriver.InboxState{"e1": ferrydriver.InboxProcessed, "e2": ferrydriver.InboxPending, "e3": ferrydriver.InboxRetracted, "e4": ferrydriver.InboxPending} {
+	for p, want := range map[string]ferrydriver.InboxState{"e2": ferrydriver.InboxProcessing, "e3": ferrydriver.InboxRetracted, "e4": ferrydriver.InboxPending} {
 		st, attempts := f.state(p)
 		require.Equal(t, want, st, p)
 		if want == ferrydriver.InboxPending {
 			require.Zero(t, attempts, p)
 		}
 	}
+	next, _ := f.claim(4, time.Minute)
+	require.Empty(t, next, "the key stays the worker's while it runs e2")
+	f.complete(rows["e2"], true) // its run goes on, as far as the worker knows
+	err = f.drv.RunInTx(f.ctx, func(ctx context.Context, tx *sql.Tx) error {
+		return f.drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: rows["e4"].Event.ID, Claim: rows["e4"].Claim})
+	})
+	require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "e4 was given back")
 	order, _ = f.claim(4, time.Minute)
-	require.Equal(t, []string{"e2", "e4"}, order, "at once, in order, past the retracted row")
+	require.Equal(t, []string{"e4"}, order, "at once, past the retracted row")
 }
 
 // TestRunStopsBeforeAFailedRow: a PENDING head before a FAILED row that
@@ -339,4 +344,33 @@ func TestARunEndsInAnyProcess(t *testing.T) {
 	st, attempts := f.state("a4")
 	require.Equal(t, ferrydriver.InboxPending, st)
 	require.Zero(t, attempts)
+}
+
+// TestFinishReadsTheClaimAsItIsNow: a handler's transaction (REPEATABLE
+// READ) whose snapshot predates its claim's expiry and a rescue's new
+// claim cannot finish its row, with Keep or without: the claim is read as
+// it is now, not as the snapshot saw it.
+func TestFinishReadsTheClaimAsItIsNow(t *testing.T) {
+	t.Parallel()
+	for _, keep := range []bool{true, false} {
+		f := newRunsFixture(t, map[string]int{"s": 2})
+		_, rows := f.claim(2, time.Minute)
+		tx, err := f.drv.DB().BeginTx(f.ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+		require.NoError(t, err)
+		var n int
+		require.NoError(t, tx.QueryRowContext(f.ctx, `SELECT COUNT(*) FROM ferry_inbox_keys WHERE claim_token IS NOT NULL`).Scan(&n))
+		require.Equal(t, 1, n, "the snapshot sees the claim")
+		expired, err := f.drv.ExpireClaims(f.ctx, &ferrydriver.ExpireClaimsParams{Group: "g", Worker: "w"})
+		require.NoError(t, err)
+		require.Equal(t, 1, expired)
+		rescued, err := f.drv.ClaimInbox(f.ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w2", Limit: 1, Rescue: true, TTL: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, rescued, 1)
+		err = f.drv.CompleteInboxTx(f.ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: rows["s1"].Event.ID, Claim: rows["s1"].Claim, Keep: keep})
+		require.ErrorIs(t, err, ferrydriver.ErrClaimLost, "keep %v", keep)
+		require.NoError(t, tx.Rollback())
+		st, attempts := f.state("s1")
+		require.Equal(t, ferrydriver.InboxProcessing, st, "the rescue's")
+		require.Equal(t, 2, attempts)
+	}
 }

@@ -71,7 +71,7 @@ func TestAwaitSettledThroughACallersSnapshot(t *testing.T) {
 		require.NoError(t, caller.QueryRowContext(ctx, `SELECT state FROM ferry_inbox WHERE event_id = ?`, row.Event.ID[:]).Scan(&st))
 		return st
 	}
-	require.Equal(t, "processing", seen(), "the caller's snapshot is taken while the event runs")
+	require.Equal(t, "pending", seen(), "the caller's snapshot is taken while the event runs (claimed on its key, the row unfinished)")
 
 	type result struct {
 		st  map[uuid.UUID]*ferrydriver.InboxRow
@@ -89,7 +89,7 @@ func TestAwaitSettledThroughACallersSnapshot(t *testing.T) {
 	require.NoError(t, got.err)
 	require.Equal(t, ferrydriver.InboxProcessed, got.st[row.Event.ID].State, "settled, although the caller's snapshot predates the commit")
 	require.Greater(t, drv.SettleNotes(), notes, "woken by the binlog reader")
-	require.Equal(t, "processing", seen(), "the caller's own snapshot still shows the event running: AwaitSettled did not read through it")
+	require.Equal(t, "pending", seen(), "the caller's own snapshot still shows the event unfinished: AwaitSettled did not read through it")
 
 	// The gate asked again inside the same transaction, after the commit.
 	st, err := drv.AwaitSettled(ctx, &ferrydriver.AwaitSettledParams{Group: "g", EventIDs: []uuid.UUID{row.Event.ID}, Deadline: time.Now().Add(30 * time.Second)})

@@ -124,16 +124,34 @@ func (d *Driver) claimRuns(ctx context.Context, tx *sql.Tx, p *ferrydriver.Claim
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?), 1)`, p.Group).Scan(&hold); err != nil {
 		return nil, d.wrapErr(op, err)
 	}
-	keys, err := d.keysDue(ctx, tx, `
-SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at <= ? ORDER BY runnable_at LIMIT ?`,
+	rows, err := tx.QueryContext(ctx, `
+SELECT key, suspect_through FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at <= ? ORDER BY runnable_at LIMIT ?`,
 		p.Group, t, inboxmodel.ClaimLimit(inboxmodel.ClaimParams{Limit: p.Limit, Keys: p.Keys}))
 	if err != nil {
+		return nil, d.wrapErr(op, err)
+	}
+	type due struct {
+		key      string
+		suspects int64
+	}
+	var keys []due
+	for rows.Next() {
+		var k due
+		if err := rows.Scan(&k.key, &k.suspects); err != nil {
+			rows.Close()
+			return nil, d.wrapErr(op, err)
+		}
+		keys = append(keys, k)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
 		return nil, d.wrapErr(op, err)
 	}
 	var out []*ferrydriver.InboxRow
 	token := uuid.NewString() // one per call: each key is claimed once in it
 	limit := max(p.Limit, 1)
-	for _, k := range keys {
+	for _, due := range keys {
+		k, suspects := due.key, due.suspects
 		if len(out) >= limit {
 			break
 		}
@@ -145,7 +163,7 @@ SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at <= ? ORDER
 		if err != nil {
 			return nil, err
 		}
-		act, run := inboxmodel.ClaimKey(q, hold, n, time.UnixMicro(t), p.MaxAttempts)
+		act, run := inboxmodel.ClaimKey(q, suspects, hold, n, time.UnixMicro(t), p.MaxAttempts)
 		switch act {
 		case inboxmodel.Recompute:
 			// Due with nothing to run now (its rows were retracted, say):

@@ -51,12 +51,14 @@ const (
 
 // ClaimKey is what an ordinary claim does with a key that was due and is
 // not claimed, whose first unfinished rows are queue (at most n, the
-// claim's room for the key): claim its head if due and, after a PENDING
-// head, the rows RunRows takes (their indexes in queue are returned); give
-// the head up when its attempts are spent; otherwise recompute the key.
-func ClaimKey(queue []Queued, hold bool, n int, now time.Time, maxAttempts int) (Action, []int) {
+// claim's room for the key) and whose rows are suspect through suspects:
+// claim its head if due and, after a PENDING head, the rows RunRows takes
+// (their indexes in queue are returned); give the head up when its
+// attempts are spent; otherwise (a suspect head too: only a rescue runs
+// it) recompute the key.
+func ClaimKey(queue []Queued, suspects int64, hold bool, n int, now time.Time, maxAttempts int) (Action, []int) {
 	switch {
-	case len(queue) == 0 || !queue[0].Due(now):
+	case len(queue) == 0 || !queue[0].Due(now) || queue[0].Pos <= suspects:
 		return Recompute, nil
 	case queue[0].Spent(maxAttempts):
 		return GiveUp, []int{0}

@@ -19,24 +19,26 @@ func TestKeyClaimDecisions(t *testing.T) {
 	spent := func(q inboxmodel.Queued) inboxmodel.Queued { q.Attempts = 2; return q }
 
 	for _, c := range []struct {
-		name  string
-		queue []inboxmodel.Queued
-		hold  bool
-		n     int
-		act   inboxmodel.Action
-		run   []int
+		name     string
+		queue    []inboxmodel.Queued
+		suspects int64
+		hold     bool
+		n        int
+		act      inboxmodel.Action
+		run      []int
 	}{
-		{"nothing queued", nil, true, 4, inboxmodel.Recompute, nil},
-		{"FAILED head before its retry", []inboxmodel.Queued{f(1, retry), p(2)}, true, 4, inboxmodel.Recompute, nil},
-		{"DEAD head holding", []inboxmodel.Queued{d(1), p(2)}, true, 4, inboxmodel.Recompute, nil},
-		{"spent head", []inboxmodel.Queued{spent(p(1)), p(2)}, true, 4, inboxmodel.GiveUp, []int{0}},
-		{"PENDING head and its run, up to n", []inboxmodel.Queued{p(1), p(2), p(3)}, true, 2, inboxmodel.ClaimRows, []int{0, 1}},
-		{"the run stops at a FAILED row", []inboxmodel.Queued{p(1), f(2, t0), p(3)}, true, 4, inboxmodel.ClaimRows, []int{0}},
-		{"a due FAILED head runs alone", []inboxmodel.Queued{f(1, t0), p(2)}, true, 4, inboxmodel.ClaimRows, []int{0}},
-		{"the run passes DEAD rows under Continue", []inboxmodel.Queued{p(1), d(2), p(3)}, false, 4, inboxmodel.ClaimRows, []int{0, 2}},
-		{"and stops at them under Hold", []inboxmodel.Queued{p(1), d(2), p(3)}, true, 4, inboxmodel.ClaimRows, []int{0}},
+		{"nothing queued", nil, 0, true, 4, inboxmodel.Recompute, nil},
+		{"FAILED head before its retry", []inboxmodel.Queued{f(1, retry), p(2)}, 0, true, 4, inboxmodel.Recompute, nil},
+		{"DEAD head holding", []inboxmodel.Queued{d(1), p(2)}, 0, true, 4, inboxmodel.Recompute, nil},
+		{"spent head", []inboxmodel.Queued{spent(p(1)), p(2)}, 0, true, 4, inboxmodel.GiveUp, []int{0}},
+		{"PENDING head and its run, up to n", []inboxmodel.Queued{p(1), p(2), p(3)}, 0, true, 2, inboxmodel.ClaimRows, []int{0, 1}},
+		{"the run stops at a FAILED row", []inboxmodel.Queued{p(1), f(2, t0), p(3)}, 0, true, 4, inboxmodel.ClaimRows, []int{0}},
+		{"a due FAILED head runs alone", []inboxmodel.Queued{f(1, t0), p(2)}, 0, true, 4, inboxmodel.ClaimRows, []int{0}},
+		{"the run passes DEAD rows under Continue", []inboxmodel.Queued{p(1), d(2), p(3)}, 0, false, 4, inboxmodel.ClaimRows, []int{0, 2}},
+		{"and stops at them under Hold", []inboxmodel.Queued{p(1), d(2), p(3)}, 0, true, 4, inboxmodel.ClaimRows, []int{0}},
+		{"a suspect head is left to a rescue", []inboxmodel.Queued{p(1), p(2)}, 1, true, 4, inboxmodel.Recompute, nil},
 	} {
-		act, run := inboxmodel.ClaimKey(c.queue, c.hold, c.n, t0, 2)
+		act, run := inboxmodel.ClaimKey(c.queue, c.suspects, c.hold, c.n, t0, 2)
 		if act != c.act || !slices.Equal(run, c.run) {
 			t.Errorf("ClaimKey, %s: %v %v; want %v %v", c.name, act, run, c.act, c.run)
 		}

@@ -36,15 +36,14 @@
 //
 // The model is not safe for concurrent use.
 //
-// The rules of one key are shared code, which the model's operations and
-// the backends that decide in Go call on what they read of the key:
-// Decide (what a claim does with it), RunRows (which rows join a run) and
-// Schedule (when it may run next): MariaDB calls Decide and Schedule.
-// SQLite and MongoDB store claims on the key's row, as PostgreSQL does,
-// and call the rules of such claims (keyclaim.go), which call RunRows and
-// Schedule. This package is internal to Ferry's
-// backends and test suites in all but name: its API may change with any
-// release.
+// The model keeps its claims on the rows; the backends keep them on the
+// key's row (PostgreSQL in SQL; SQLite, MariaDB and MongoDB call the rules
+// of such claims, keyclaim.go), and the conformance suite holds both to
+// the same states. The rules of one key are shared code: Decide (what the
+// model's claim does with a key), RunRows (which rows join a run) and
+// Schedule (when a key may run next), the last two called by the
+// backends' rules too. This package is internal to Ferry's backends and
+// test suites in all but name: its API may change with any release.
 package inboxmodel
 
 import (

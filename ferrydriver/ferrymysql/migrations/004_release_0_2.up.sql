@@ -21,3 +21,34 @@ ALTER TABLE ferry_inbox_groups
 ALTER TABLE ferry_parked
     ADD COLUMN attempts      INT    NOT NULL DEFAULT 0,
     ADD COLUMN first_failure BIGINT NOT NULL DEFAULT 0;
+
+-- (3) for MySQL: claims by key, as PostgreSQL's and SQLite's. A consumer
+-- claims a run of a key's rows (its next rows in order) on the key's row,
+-- with one token, one expiry and the range of positions it covers,
+-- instead of marking each inbox row PROCESSING: an event then costs one
+-- write of its inbox row after ingestion (its outcome). PROCESSING is no
+-- longer stored: a PENDING or FAILED row inside its key's claim
+-- (claim_from < pos <= claim_through) reads as PROCESSING.
+-- suspect_through: after a claim expired (its process crashed, or its
+-- handler outlived it), the rows it covered run one at a time, each alone,
+-- through rescues, up to this position.
+-- rescue_at: when a rescue may take the key (a claim's expiry, or the
+-- next suspect row's time); NULL otherwise. runnable_at is when an
+-- ordinary claim may take the key, NULL while it is claimed or suspect.
+ALTER TABLE ferry_inbox_keys
+    ADD COLUMN claim_token      BINARY(16)     NULL,
+    ADD COLUMN claimed_by       VARBINARY(255) NULL,
+    ADD COLUMN claim_from       BIGINT         NULL,
+    ADD COLUMN claim_through    BIGINT         NULL,
+    ADD COLUMN claim_expires_at BIGINT         NULL,
+    ADD COLUMN suspect_through  BIGINT         NOT NULL DEFAULT 0,
+    ADD COLUMN rescue_at        BIGINT         NULL,
+    ADD KEY ferry_inbox_keys_rescue_idx (group_name, rescue_at);
+
+-- Rows claimed under schema 3 run again (their attempt was counted when
+-- they were claimed); their keys are due now.
+UPDATE ferry_inbox_keys k JOIN (SELECT DISTINCT group_name, k FROM ferry_inbox WHERE state = 'processing') p
+    ON p.group_name = k.group_name AND p.k = k.k
+   SET k.runnable_at = 0, k.held_by = NULL;
+UPDATE ferry_inbox SET state = 'pending' WHERE state = 'processing';
+ALTER TABLE ferry_inbox DROP COLUMN claimed_by, DROP COLUMN claim_token, DROP COLUMN claim_expires_at;
