@@ -23,6 +23,28 @@ type InboxDriver[TTx any] interface {
 	ferrydriver.Inbox[TTx]
 }
 
+// RunsClaimedRowsAgain checks an upgrade of a database whose consumer
+// stopped with first claimed under the old schema (its attempt counted)
+// and second queued behind it on the same key: claimed one at a time,
+// first comes again, PROCESSING with its old attempt counted and the new
+// one, then second; each completes.
+func RunsClaimedRowsAgain[TTx any](ctx context.Context, t *testing.T, drv InboxDriver[TTx], group string, first, second *ferryevent.Event) {
+	t.Helper()
+	for _, want := range []*ferryevent.Event{first, second} {
+		rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: group, Worker: "w", Limit: 1, TTL: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		require.Equal(t, want.ID, rows[0].Event.ID)
+		require.Equal(t, ferrydriver.InboxProcessing, rows[0].State)
+		if want == first {
+			require.Equal(t, 2, rows[0].Attempts, "the attempt of the old claim stays counted")
+		}
+		require.NoError(t, drv.RunInTx(ctx, func(ctx context.Context, tx TTx) error {
+			return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: group, EventID: want.ID, Claim: rows[0].Claim})
+		}))
+	}
+}
+
 // ExerciseInbox runs the inbox part of the suite. newDriver returns a
 // driver over a fresh, migrated, isolated namespace.
 func ExerciseInbox[TTx any](t *testing.T, newDriver func(t *testing.T) InboxDriver[TTx]) {

@@ -248,19 +248,7 @@ func TestUpgradeRunsRowsClaimedUnderTheOldSchema(t *testing.T) {
 	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
 	require.NoError(t, err)
 
-	for _, want := range []*ferryevent.Event{a, b} {
-		rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Minute})
-		require.NoError(t, err)
-		require.Len(t, rows, 1)
-		require.Equal(t, want.ID, rows[0].Event.ID)
-		require.Equal(t, ferrydriver.InboxProcessing, rows[0].State)
-		if want == a {
-			require.Equal(t, 2, rows[0].Attempts, "the attempt of the old claim stays counted")
-		}
-		require.NoError(t, drv.RunInTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-			return drv.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{Group: "g", EventID: want.ID, Claim: rows[0].Claim})
-		}))
-	}
+	ferrydrivertest.RunsClaimedRowsAgain(ctx, t, drv, "g", a, b)
 }
 
 // TestInboxSuiteOnTheApplicationsPool runs the inbox and transactor
