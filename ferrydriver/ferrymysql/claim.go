@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -61,27 +60,32 @@ const noHead = int64(1<<63 - 1)
 const heldHeadPause = 50 * time.Millisecond
 
 // sqlClaimHeads reads the heads of keys of group (its arguments: group,
-// group, the keys; {keys} is their marks), with the group's policy and the
-// server's time.
+// group, then the keys, an IN list of marks: claimHeadsQuery), with the
+// group's policy and the server's time: each key's first pending, failed
+// and (under the hold policy) dead row, each the first entry of a range of
+// ferry_inbox_head_idx, the least of them its head and the least of the
+// last two the first row a run stops at.
 const sqlClaimHeads = `
 SELECT h.k, h.hold, ` + sqlNow + `, i.pos, i.event_id, i.state, i.attempts, i.next_attempt_at, h.blocker
   FROM (SELECT f.group_name, f.k, f.hold, LEAST(f.p, f.f, f.d) AS head, LEAST(f.f, f.d) AS blocker
-          FROM (SELECT kk.group_name, kk.k, pol.hold, {first:pending} AS p, {first:failed} AS f,
-                       IF(pol.hold, {first:dead}, {none}) AS d
+          FROM (SELECT kk.group_name, kk.k, pol.hold,
+                       COALESCE((SELECT x.pos FROM ferry_inbox x FORCE INDEX (ferry_inbox_head_idx)
+                                  WHERE x.group_name = kk.group_name AND x.k = kk.k AND x.state = 'pending' ORDER BY x.pos LIMIT 1), ` + noHeadSQL + `) AS p,
+                       COALESCE((SELECT x.pos FROM ferry_inbox x FORCE INDEX (ferry_inbox_head_idx)
+                                  WHERE x.group_name = kk.group_name AND x.k = kk.k AND x.state = 'failed' ORDER BY x.pos LIMIT 1), ` + noHeadSQL + `) AS f,
+                       IF(pol.hold, COALESCE((SELECT x.pos FROM ferry_inbox x FORCE INDEX (ferry_inbox_head_idx)
+                                  WHERE x.group_name = kk.group_name AND x.k = kk.k AND x.state = 'dead' ORDER BY x.pos LIMIT 1), ` + noHeadSQL + `), ` + noHeadSQL + `) AS d
                   FROM ferry_inbox_keys kk
                  CROSS JOIN (SELECT ` + holdPolicy + ` AS hold) pol
                  WHERE kk.group_name = ? AND kk.k IN ({keys})
                  LIMIT 1000000) f) h
   LEFT JOIN ferry_inbox i ON i.pos = h.head`
 
-var claimHeadsReplacer = func() *strings.Replacer {
-	var pairs []string
-	for _, st := range []string{"pending", "failed", "dead"} {
-		pairs = append(pairs, "{first:"+st+"}",
-			`COALESCE((SELECT x.pos FROM ferry_inbox x FORCE INDEX (ferry_inbox_head_idx) WHERE x.group_name = kk.group_name AND x.k = kk.k AND x.state = '`+st+`' ORDER BY x.pos LIMIT 1), {none})`)
-	}
-	return strings.NewReplacer(pairs...)
-}()
+// claimHeadsQuery is sqlClaimHeads for n keys.
+func claimHeadsQuery(n int) string { return strings.Replace(sqlClaimHeads, "{keys}", marks(n), 1) }
+
+// noHeadSQL is noHead as SQL text.
+const noHeadSQL = "9223372036854775807"
 
 // dueKey is a key a claim locked, with its claim (an expired one, for a
 // rescue).
@@ -211,12 +215,11 @@ func scanPositions(rows *sql.Rows) ([]any, error) {
 
 // claimHeads reads the locked keys' heads (step 3).
 func claimHeads(ctx context.Context, tx *sql.Tx, group string, keys []string) (map[string]*claimHead, error) {
-	q := strings.NewReplacer("{none}", strconv.FormatInt(noHead, 10), "{keys}", marks(len(keys))).Replace(claimHeadsReplacer.Replace(sqlClaimHeads))
 	args := []any{group, group}
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	rows, err := tx.QueryContext(ctx, q, args...)
+	rows, err := tx.QueryContext(ctx, claimHeadsQuery(len(keys)), args...)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package ferrymysql
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,12 +18,11 @@ func InboxCountsQuery(group string) (string, []any) {
 
 // ClaimHeadsQuery is a claim's reading of the heads of keys.
 func ClaimHeadsQuery(group string, keys []string) (string, []any) {
-	q := strings.NewReplacer("{none}", strconv.FormatInt(noHead, 10), "{keys}", marks(len(keys))).Replace(claimHeadsReplacer.Replace(sqlClaimHeads))
 	args := []any{group, group}
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	return q, args
+	return claimHeadsQuery(len(keys)), args
 }
 
 // InboxGroupsQuery is InboxGroups' statement.
