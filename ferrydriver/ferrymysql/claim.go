@@ -559,3 +559,94 @@ func setKeyOutcomes(ctx context.Context, tx *sql.Tx, group string, keys []string
  WHERE group_name = ? AND k IN (`+marks(len(kArgs))+`)`, args...)
 	return err
 }
+
+// lockedRow is an inbox row as lockRows read it.
+type lockedRow struct {
+	state ferrydriver.InboxState
+	key   string
+	pos   int64
+}
+
+// lockRows locks group's rows of the events ids (sorted: the unique
+// index's order, as every writer of several rows locks them), and returns
+// them by event. @@in_transaction fences a transaction that InnoDB already
+// rolled back (a deadlock the caller did not see): it finds no row.
+func lockRows(ctx context.Context, tx *sql.Tx, group string, ids []uuid.UUID) (map[uuid.UUID]lockedRow, error) {
+	ids = slices.Clone(ids)
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return strings.Compare(string(a[:]), string(b[:])) })
+	ids = slices.Compact(ids)
+	out := map[uuid.UUID]lockedRow{}
+	err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
+		rows, err := tx.QueryContext(ctx, `SELECT event_id, state, k, pos FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
+ WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND @@in_transaction = 1 ORDER BY event_id FOR UPDATE`, idArgs([]any{group}, ids)...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id, k []byte
+			var st string
+			var r lockedRow
+			if err := rows.Scan(&id, &st, &k, &r.pos); err != nil {
+				return err
+			}
+			u, err := uuid.FromBytes(id)
+			if err != nil {
+				return err
+			}
+			r.state, r.key = ferrydriver.InboxState(st), string(k)
+			out[u] = r
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// keyClaim is a key's claim: its token and the range of positions it
+// covers.
+type keyClaim struct {
+	token         []byte
+	from, through int64
+}
+
+// covers says whether the claim covers r: a PENDING or FAILED row inside
+// its range.
+func (c keyClaim) covers(r lockedRow) bool {
+	return (r.state == ferrydriver.InboxPending || r.state == ferrydriver.InboxFailed) && r.pos > c.from && r.pos <= c.through
+}
+
+// keyClaims reads the claims of keys of group: with live, the unexpired
+// ones, locked in key order (the keys are locked after their rows);
+// otherwise every claim, expired ones included, in a plain read.
+func keyClaims(ctx context.Context, q querier, group string, keys []string, live bool) (map[string]keyClaim, error) {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	cond := ``
+	if live {
+		cond = ` AND claim_expires_at > ` + sqlNow + ` ORDER BY k FOR UPDATE`
+	}
+	out := map[string]keyClaim{}
+	err := chunks(keys, inListChunk, func(keys []string) error {
+		args := []any{group}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		rows, err := q.QueryContext(ctx, `SELECT k, claim_token, claim_from, claim_through FROM ferry_inbox_keys FORCE INDEX (PRIMARY)
+ WHERE group_name = ? AND k IN (`+marks(len(keys))+`) AND claim_token IS NOT NULL`+cond, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k []byte
+			var c keyClaim
+			if err := rows.Scan(&k, &c.token, &c.from, &c.through); err != nil {
+				return err
+			}
+			out[string(k)] = c
+		}
+		return rows.Err()
+	})
+	return out, err
+}

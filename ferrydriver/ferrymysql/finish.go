@@ -204,72 +204,20 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 	for i, r := range p.Rows {
 		ids[i] = r.EventID
 	}
-	slices.SortFunc(ids, func(a, b uuid.UUID) int { return strings.Compare(string(a[:]), string(b[:])) })
-	type row struct {
-		key string
-		pos int64
+	current, err := lockRows(ctx, tx, p.Group, ids)
+	if err != nil {
+		return nil, d.wrapErr(op, err)
 	}
-	current := map[uuid.UUID]row{}
 	var keys []string
-	err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
-		rows, err := tx.QueryContext(ctx, `SELECT event_id, k, pos FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx)
- WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`) AND state IN ('pending', 'failed') AND @@in_transaction = 1
- ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id, k []byte
-			var r row
-			if err := rows.Scan(&id, &k, &r.pos); err != nil {
-				return err
-			}
-			u, err := uuid.FromBytes(id)
-			if err != nil {
-				return err
-			}
-			r.key = string(k)
-			current[u] = r
-			keys = append(keys, r.key)
-		}
-		return rows.Err()
-	})
+	for _, r := range current {
+		keys = append(keys, r.key)
+	}
+	claims, err := keyClaims(ctx, tx, p.Group, keys, true)
 	if err != nil {
 		return nil, d.wrapErr(op, err)
 	}
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
-	type claim struct {
-		token         []byte
-		from, through int64
-	}
-	claims := map[string]claim{}
-	err = chunks(keys, inListChunk, func(keys []string) error {
-		args := []any{p.Group}
-		for _, k := range keys {
-			args = append(args, k)
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT k, claim_token, claim_from, claim_through FROM ferry_inbox_keys FORCE INDEX (PRIMARY)
- WHERE group_name = ? AND k IN (`+marks(len(keys))+`) AND claim_token IS NOT NULL AND claim_expires_at > `+sqlNow+`
- ORDER BY k FOR UPDATE`, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k []byte
-			var c claim
-			if err := rows.Scan(&k, &c.token, &c.from, &c.through); err != nil {
-				return err
-			}
-			claims[string(k)] = c
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, d.wrapErr(op, err)
-	}
 	var lost, processed []uuid.UUID
 	var others []ferrydriver.FinishedRow
 	var tokens []any
@@ -277,7 +225,7 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 		cur, ok := current[r.EventID]
 		token, _, perr := parseClaim(r.Claim)
 		c, held := claims[cur.key]
-		if !ok || perr != nil || !held || string(c.token) != string(token[:]) || cur.pos <= c.from || cur.pos > c.through {
+		if !ok || perr != nil || !held || string(c.token) != string(token[:]) || !c.covers(cur) {
 			lost = append(lost, r.EventID)
 			continue
 		}

@@ -53,35 +53,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	}
 	slices.SortFunc(ids, func(a, b uuid.UUID) int { return strings.Compare(string(a[:]), string(b[:])) })
 	ids = slices.Compact(ids)
-	type found struct {
-		state ferrydriver.InboxState
-		key   string
-		pos   int64
-	}
-	prior := map[uuid.UUID]found{}
-	err := chunks(ids, inListChunk, func(ids []uuid.UUID) error {
-		rows, err := tx.QueryContext(ctx, `SELECT event_id, state, k, pos FROM ferry_inbox FORCE INDEX (ferry_inbox_event_idx) WHERE group_name = ? AND event_id IN (`+marks(len(ids))+`)
- ORDER BY event_id FOR UPDATE`, idArgs([]any{p.Group}, ids)...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id, k []byte
-			var f found
-			var st string
-			if err := rows.Scan(&id, &st, &k, &f.pos); err != nil {
-				return err
-			}
-			u, err := uuid.FromBytes(id)
-			if err != nil {
-				return err
-			}
-			f.state, f.key = ferrydriver.InboxState(st), string(k)
-			prior[u] = f
-		}
-		return rows.Err()
-	})
+	prior, err := lockRows(ctx, tx, p.Group, ids)
 	if err != nil {
 		return d.wrapErr(op, err)
 	}
@@ -94,7 +66,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 			rowKeys = append(rowKeys, f.key)
 		}
 	}
-	claims, err := keyClaims(ctx, tx, p.Group, rowKeys)
+	claims, err := keyClaims(ctx, tx, p.Group, rowKeys, false)
 	if err != nil {
 		return d.wrapErr(op, err)
 	}
@@ -106,7 +78,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	for i, r := range p.Retractions {
 		f, ok := prior[r.Event.ID]
 		c, claimed := claims[f.key]
-		claimed = claimed && (f.state == ferrydriver.InboxPending || f.state == ferrydriver.InboxFailed) && f.pos > c.from && f.pos <= c.through
+		claimed = claimed && c.covers(f)
 		res[i] = f.state
 		if claimed {
 			res[i] = ferrydriver.InboxProcessing
@@ -182,42 +154,6 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 		}
 	}
 	return nil
-}
-
-// keyClaim is a key's claim: its token and the range of positions it
-// covers.
-type keyClaim struct {
-	token         []byte
-	from, through int64
-}
-
-// keyClaims reads the claims of keys of group (a plain read).
-func keyClaims(ctx context.Context, q querier, group string, keys []string) (map[string]keyClaim, error) {
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
-	out := map[string]keyClaim{}
-	err := chunks(keys, inListChunk, func(keys []string) error {
-		args := []any{group}
-		for _, k := range keys {
-			args = append(args, k)
-		}
-		rows, err := q.QueryContext(ctx, `SELECT k, claim_token, claim_from, claim_through FROM ferry_inbox_keys FORCE INDEX (PRIMARY)
- WHERE group_name = ? AND k IN (`+marks(len(keys))+`) AND claim_token IS NOT NULL`, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k []byte
-			var c keyClaim
-			if err := rows.Scan(&k, &c.token, &c.from, &c.through); err != nil {
-				return err
-			}
-			out[string(k)] = c
-		}
-		return rows.Err()
-	})
-	return out, err
 }
 
 // cutClaim cuts key's claim (token) short, to end just before its
