@@ -356,7 +356,7 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 	if err != nil {
 		return fmt.Errorf("ferrymongo: mark inbox row %s: %w", state, err)
 	}
-	if k == nil || k.ClaimToken == nil || *k.ClaimToken != claim || !k.ClaimExpiresAt.After(now) || !k.covers(doc.Pos) ||
+	if k == nil || k.ClaimToken == nil || *k.ClaimToken != claim || k.ClaimExpiresAt == nil || !k.ClaimExpiresAt.After(now) || !k.covers(doc.Pos) ||
 		(doc.State != string(ferrydriver.InboxPending) && doc.State != string(ferrydriver.InboxFailed)) {
 		return lost
 	}

@@ -130,13 +130,13 @@ SELECT key, suspect_through FROM ferry_inbox_keys WHERE group_name = ? AND runna
 	if err != nil {
 		return nil, d.wrapErr(op, err)
 	}
-	type due struct {
+	type dueKey struct {
 		key      string
 		suspects int64
 	}
-	var keys []due
+	var keys []dueKey
 	for rows.Next() {
-		var k due
+		var k dueKey
 		if err := rows.Scan(&k.key, &k.suspects); err != nil {
 			rows.Close()
 			return nil, d.wrapErr(op, err)
@@ -180,7 +180,7 @@ SELECT key, suspect_through FROM ferry_inbox_keys WHERE group_name = ? AND runna
 			out = append(out, dead)
 			continue
 		}
-		rows, err := d.claimKey(ctx, tx, p, k, q[0].Pos, q[run[len(run)-1]].Pos, token, t, 0)
+		rows, err := d.claimKey(ctx, tx, p, k, q[0].Pos, q[run[len(run)-1]].Pos, token, t, suspects)
 		if err != nil {
 			return nil, err
 		}
