@@ -257,19 +257,19 @@ var modelSituations = []situation{
 		claimP(mclaim{Worker: "w", Limit: 100, PerKey: 5}), doneKeep("a2"), done("a3"),
 	}},
 	// Not here, for runs: what the rest of a run whose claim expired reads
-	// while a rescue runs its head. PostgreSQL keeps a claim on the key's
+	// while a rescue runs its head. The backends keep a claim on the key's
 	// row as a range of positions, and a rescue narrows it to the head: the
-	// rest read PENDING (their attempts counted), where the backends that
-	// claim row by row, and the model, read them PROCESSING under the
-	// expired claim. Both run them the same way, each through a rescue of
-	// its own once the head finished.
+	// rest read PENDING (their attempts counted, suspect), where the model,
+	// which claims row by row, reads them PROCESSING under the expired
+	// claim. Both run them the same way, each through a rescue of its own
+	// once the head finished.
 	// Under Continue, a row redriven ahead of a row whose claim expired:
 	// an ordinary claim does not take the key (the expired claim's row may
 	// still be running somewhere), a rescue is due, and it takes the key's
 	// head, the redriven row, first. Not here, what the row whose claim
-	// expired reads while the rescue runs: PostgreSQL PENDING (its attempt
-	// counted), SQLite, MariaDB and the model PROCESSING under the expired
-	// claim, as for a run whose claim expired above.
+	// expired reads while the rescue runs: PENDING on the backends (its
+	// attempt counted), PROCESSING under the expired claim in the model, as
+	// for a run whose claim expired above.
 	{"RedrivenAheadOfAnExpiredClaim", []mstep{
 		policy(false), ins("a", "a1", "a2"), ins("b", "b1"), claimLive(), failDead("a1"), done("b1"),
 		claimP(mclaim{Worker: "w", Limit: 100, Short: true}), expire(), redrive("a1"), claimLive(),
