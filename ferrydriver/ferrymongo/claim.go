@@ -239,7 +239,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		// Its rows count the attempt the expired claim was making.
 		if _, err := d.inbox().UpdateMany(tx, bson.D{{Key: "g", Value: p.Group}, {Key: "key", Value: key},
 			{Key: "pos", Value: bson.D{{Key: "$gt", Value: k.ClaimFrom}, {Key: "$lte", Value: k.ClaimThrough}}},
-			{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxFailed)}}}}},
+			{Key: "state", Value: bson.D{{Key: "$in", Value: claimableStates}}}},
 			bson.D{{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}}}); err != nil {
 			return nil, err
 		}
@@ -278,7 +278,7 @@ func (d *Driver) claimRows(tx context.Context, p *ferrydriver.ClaimInboxParams, 
 		return nil, err
 	}
 	cur, err := d.inbox().Find(tx, bson.D{{Key: "g", Value: p.Group}, {Key: "key", Value: key},
-		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxFailed)}}}},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: claimableStates}}},
 		{Key: "pos", Value: bson.D{{Key: "$gte", Value: first}, {Key: "$lte", Value: last}}}}, options.Find().SetSort(bson.D{{Key: "pos", Value: 1}}))
 	if err != nil {
 		return nil, err
@@ -338,16 +338,18 @@ func (d *Driver) endClaim(tx context.Context, group, key string, suspects int64)
 // giving the rest of its run back (they run again under a later claim,
 // uncounted), or, with keep, keeps it on the rest, if any is left.
 func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry *time.Time, uncounted, keep bool) error {
-	lost := fmt.Errorf("ferrymongo: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	lost := func() error {
+		return fmt.Errorf("ferrymongo: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	}
 	if claim == "" {
-		return lost
+		return lost()
 	}
 	now := time.Now().UTC()
 	var doc inboxDoc
 	err := d.inbox().FindOne(tx, bson.D{{Key: "_id", Value: rowID(group, id)}},
 		options.FindOne().SetProjection(bson.D{{Key: "key", Value: 1}, {Key: "pos", Value: 1}, {Key: "state", Value: 1}, {Key: "attempts", Value: 1}})).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
-		return lost
+		return lost()
 	}
 	if err != nil {
 		return fmt.Errorf("ferrymongo: mark inbox row %s: %w", state, err)
@@ -358,7 +360,7 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 	}
 	if k == nil || k.ClaimToken == nil || *k.ClaimToken != claim || k.ClaimExpiresAt == nil || !k.ClaimExpiresAt.After(now) || !k.covers(doc.Pos) ||
 		(doc.State != string(ferrydriver.InboxPending) && doc.State != string(ferrydriver.InboxFailed)) {
-		return lost
+		return lost()
 	}
 	set := bson.D{{Key: "state", Value: string(state)}}
 	if state != ferrydriver.InboxProcessed {
@@ -383,7 +385,7 @@ func (d *Driver) finish(tx context.Context, group string, id uuid.UUID, claim st
 	if keep && state == ferrydriver.InboxProcessed {
 		left, err := d.inbox().CountDocuments(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: doc.Key},
 			{Key: "pos", Value: bson.D{{Key: "$gt", Value: doc.Pos}, {Key: "$lte", Value: k.ClaimThrough}}},
-			{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxFailed)}}}}},
+			{Key: "state", Value: bson.D{{Key: "$in", Value: claimableStates}}}},
 			options.Count().SetLimit(1))
 		if err != nil {
 			return fmt.Errorf("ferrymongo: keep the claim of inbox key %s: %w", doc.Key, err)

@@ -26,14 +26,18 @@ import (
 
 var unfinishedStates = bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxFailed), string(ferrydriver.InboxDead)}
 
+// claimableStates are the states of the rows a claim covers (a PENDING or
+// FAILED row inside its key's claim reads as PROCESSING: see claim.go).
+var claimableStates = unfinishedStates[:2]
+
 // unfinishedUnder is the states of a key's rows that a head is read from
 // under the group's dead policy: a DEAD row holds the key (hold) or is
-// passed over. (PROCESSING is not stored: see claim.go.)
+// passed over.
 func unfinishedUnder(hold bool) bson.A {
 	if hold {
 		return unfinishedStates
 	}
-	return unfinishedStates[:2]
+	return claimableStates
 }
 
 type inboxID struct {

@@ -320,7 +320,7 @@ func (d *Driver) claimRanges(ctx context.Context, group string) (bson.A, error) 
 	out := bson.A{}
 	for _, k := range keys {
 		out = append(out, bson.D{{Key: "key", Value: k.Key}, {Key: "pos", Value: bson.D{{Key: "$gt", Value: k.ClaimFrom}, {Key: "$lte", Value: k.ClaimThrough}}},
-			{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxFailed)}}}}})
+			{Key: "state", Value: bson.D{{Key: "$in", Value: claimableStates}}}})
 	}
 	return out, nil
 }

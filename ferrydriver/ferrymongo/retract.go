@@ -131,7 +131,7 @@ func (d *Driver) cutClaim(tx context.Context, group, key string, first int64) er
 	}
 	live, err := d.inbox().CountDocuments(tx, bson.D{{Key: "g", Value: group}, {Key: "key", Value: key},
 		{Key: "pos", Value: bson.D{{Key: "$gt", Value: k.ClaimFrom}, {Key: "$lte", Value: k.ClaimThrough}}},
-		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{string(ferrydriver.InboxPending), string(ferrydriver.InboxFailed)}}}}},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: claimableStates}}}},
 		options.Count().SetLimit(1))
 	if err != nil {
 		return err

@@ -436,7 +436,7 @@ func (d *Driver) writeClaims(ctx context.Context, tx *sql.Tx, p *ferrydriver.Cla
  WHERE group_name = ? AND k IN (`+marks(len(kArgs))+`)`, args...); err != nil {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT `+inboxRowColumns+`, i.pos FROM ferry_inbox i WHERE i.pos IN (`+marks(len(positions))+`)`, positions...)
+	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+`, TRUE, i.pos FROM ferry_inbox i WHERE i.pos IN (`+marks(len(positions))+`)`, positions...)
 	if err != nil {
 		return nil, err
 	}
@@ -456,7 +456,7 @@ func (d *Driver) writeClaims(ctx context.Context, tx *sql.Tx, p *ferrydriver.Cla
 	}
 	var out []*ferrydriver.InboxRow
 	for _, pos := range positions {
-		// Read inside the claim that this transaction wrote: PROCESSING.
+		// Inside the claim this transaction wrote: PROCESSING.
 		if row := byPos[pos.(int64)]; row != nil {
 			row.Claim = claimString(token, pos.(int64))
 			out = append(out, row)
@@ -514,7 +514,7 @@ func giveUp(ctx context.Context, tx *sql.Tx, group string, spent []*dueKey, outc
  WHERE pos IN (`+marks(len(dead))+`)`, append([]any{ferrydriver.ReasonAttemptsExhausted, ferrydriver.ReasonAttemptsExhausted}, dead...)...); err != nil {
 		return nil, err
 	}
-	rows, err = tx.QueryContext(ctx, `SELECT `+inboxRowColumns+` FROM ferry_inbox i WHERE i.pos IN (`+marks(len(dead))+`) ORDER BY i.pos`, dead...)
+	rows, err = tx.QueryContext(ctx, `SELECT `+rowColumns+`, FALSE FROM ferry_inbox i WHERE i.pos IN (`+marks(len(dead))+`) ORDER BY i.pos`, dead...)
 	if err != nil {
 		return nil, err
 	}
@@ -554,8 +554,7 @@ func setKeyOutcomes(ctx context.Context, tx *sql.Tx, group string, keys []string
 	args := append(append(append(append(append(rArgs, cArgs...), hArgs...), sArgs...), group), kArgs...)
 	_, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys FORCE INDEX (PRIMARY)
    SET runnable_at = CASE k`+runnable.String()+` END, rescue_at = CASE k`+rescue.String()+` END,
-       held_by = CASE k`+held.String()+` END, suspect_through = CASE k`+suspects.String()+` END,
-       claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL
+       held_by = CASE k`+held.String()+` END, suspect_through = CASE k`+suspects.String()+` END, `+noClaim+`
  WHERE group_name = ? AND k IN (`+marks(len(kArgs))+`)`, args...)
 	return err
 }

@@ -93,10 +93,12 @@ func parseClaim(claim string) (token uuid.UUID, pos int64, err error) {
 // finish records the outcome of a claimed row inside tx; ErrClaimLost when
 // the claim is not the row's key's current one.
 func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.UUID, claim string, state ferrydriver.InboxState, lastErr string, retry any, uncounted, keep bool) error {
-	lost := fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	lost := func() error {
+		return fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, ferrydriver.ErrClaimLost)
+	}
 	token, pos, err := parseClaim(claim)
 	if err != nil {
-		return lost
+		return lost()
 	}
 	if keep && state == ferrydriver.InboxProcessed {
 		res, err := tx.ExecContext(ctx, sqlFinishKept, group, id[:], token[:])
@@ -120,14 +122,14 @@ func (d *Driver) finish(ctx context.Context, tx *sql.Tx, group string, id uuid.U
 		if err := tx.QueryRowContext(ctx, `SELECT @@in_transaction`).Scan(&open); err == nil && !open {
 			return fmt.Errorf("ferrymysql: mark event %s %s for group %s: %w", id, state, group, errTxGone)
 		}
-		return lost
+		return lost()
 	}
 	res, err = tx.ExecContext(ctx, sqlFinishKey, group, group, id[:], token[:], pos, pos)
 	if err != nil {
 		return d.wrapErr("mark inbox row "+string(state), err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return lost // the caller rolls the row's change back
+		return lost() // the caller rolls the row's change back
 	}
 	return nil
 }
@@ -288,5 +290,4 @@ func (d *Driver) FinishInboxTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.F
 // claim are suspect. (Assigned left to right: the claim is read before it
 // is cleared.)
 const endClaim = `SET runnable_at = IF(suspect_through > claim_through, NULL, ` + sqlNow + `),
-       rescue_at = IF(suspect_through > claim_through, ` + sqlNow + `, NULL), held_by = NULL,
-       claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL`
+       rescue_at = IF(suspect_through > claim_through, ` + sqlNow + `, NULL), held_by = NULL, ` + noClaim

@@ -42,6 +42,10 @@ const inboxRowColumns = rowColumns + `, ` + inClaim
 const rowColumns = `i.event_id, i.k, i.seq, i.topic, i.type, i.source, i.content_type, i.headers, i.payload, i.created_at,
        i.state, i.attempts, COALESCE(i.last_error, ''), i.next_attempt_at, i.received_at, i.finished_at`
 
+// noClaim is the SET of a key whose claim ends (after the columns that
+// read it: MySQL assigns left to right).
+const noClaim = `claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL`
+
 // inClaim says whether inbox row i is inside its key's claim (one that
 // expired included: its rows are PROCESSING until a rescue takes them).
 // Only a PENDING or FAILED row can be: such a row reads as PROCESSING, its

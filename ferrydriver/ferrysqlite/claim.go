@@ -124,27 +124,8 @@ func (d *Driver) claimRuns(ctx context.Context, tx *sql.Tx, p *ferrydriver.Claim
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?), 1)`, p.Group).Scan(&hold); err != nil {
 		return nil, d.wrapErr(op, err)
 	}
-	rows, err := tx.QueryContext(ctx, `
-SELECT key, suspect_through FROM ferry_inbox_keys WHERE group_name = ? AND runnable_at <= ? ORDER BY runnable_at LIMIT ?`,
-		p.Group, t, inboxmodel.ClaimLimit(inboxmodel.ClaimParams{Limit: p.Limit, Keys: p.Keys}))
+	keys, err := d.keysDue(ctx, tx, sqlRunnableKeys, p.Group, t, inboxmodel.ClaimLimit(inboxmodel.ClaimParams{Limit: p.Limit, Keys: p.Keys}))
 	if err != nil {
-		return nil, d.wrapErr(op, err)
-	}
-	type dueKey struct {
-		key      string
-		suspects int64
-	}
-	var keys []dueKey
-	for rows.Next() {
-		var k dueKey
-		if err := rows.Scan(&k.key, &k.suspects); err != nil {
-			rows.Close()
-			return nil, d.wrapErr(op, err)
-		}
-		keys = append(keys, k)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return nil, d.wrapErr(op, err)
 	}
 	var out []*ferrydriver.InboxRow
@@ -198,30 +179,23 @@ SELECT key, suspect_through FROM ferry_inbox_keys WHERE group_name = ? AND runna
 // whose attempts are spent goes DEAD instead.
 func (d *Driver) rescue(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams, t int64) ([]*ferrydriver.InboxRow, error) {
 	op := "rescue inbox rows of group " + p.Group
-	keys, err := d.keysDue(ctx, tx, `
-SELECT key FROM ferry_inbox_keys WHERE group_name = ? AND rescue_at <= ? ORDER BY rescue_at LIMIT ?`, p.Group, t, max(p.Limit, 1))
+	keys, err := d.keysDue(ctx, tx, sqlRescueKeys, p.Group, t, max(p.Limit, 1))
 	if err != nil {
 		return nil, d.wrapErr(op, err)
 	}
 	var out []*ferrydriver.InboxRow
 	token := uuid.NewString()
-	for _, k := range keys {
-		var expired bool
-		var from, through, suspects int64
-		if err := tx.QueryRowContext(ctx, `
-SELECT claim_token IS NOT NULL, COALESCE(claim_from, 0), COALESCE(claim_through, 0), suspect_through
-  FROM ferry_inbox_keys WHERE group_name = ? AND key = ?`, p.Group, k).Scan(&expired, &from, &through, &suspects); err != nil {
-			return nil, d.wrapErr(op, err)
-		}
-		if expired {
-			// Its rows count the attempt the claim was making.
+	for _, due := range keys {
+		k, suspects := due.key, due.suspects
+		if due.claimed {
+			// Its rows count the attempt the expired claim was making.
 			if _, err := tx.ExecContext(ctx, `
 UPDATE ferry_inbox SET attempts = attempts + 1
  WHERE group_name = ? AND key = ? AND pos > ? AND pos <= ? AND `+unfinished+` AND state IN ('pending', 'failed')`,
-				p.Group, k, from, through); err != nil {
+				p.Group, k, due.from, due.through); err != nil {
 				return nil, d.wrapErr(op, err)
 			}
-			suspects = max(suspects, through)
+			suspects = max(suspects, due.through)
 		}
 		q, ids, err := d.queue(ctx, tx, p.Group, k, 1)
 		if err != nil {
@@ -256,17 +230,36 @@ UPDATE ferry_inbox SET attempts = attempts + 1
 	return out, nil
 }
 
-// keysDue runs a query of keys (q, with args).
-func (d *Driver) keysDue(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]string, error) {
+// dueKey is a key a claim or a rescue found due, with its claim (an
+// expired one, for a rescue) and how far its rows are suspect.
+type dueKey struct {
+	key           string
+	claimed       bool
+	from, through int64
+	suspects      int64
+}
+
+// The keys due for an ordinary claim (none is claimed) and for a rescue,
+// oldest first: group ?1, now ?2, at most ?3.
+const (
+	sqlRunnableKeys = `
+SELECT key, FALSE, 0, 0, suspect_through FROM ferry_inbox_keys WHERE group_name = ?1 AND runnable_at <= ?2 ORDER BY runnable_at LIMIT ?3`
+	sqlRescueKeys = `
+SELECT key, claim_token IS NOT NULL, COALESCE(claim_from, 0), COALESCE(claim_through, 0), suspect_through
+  FROM ferry_inbox_keys WHERE group_name = ?1 AND rescue_at <= ?2 ORDER BY rescue_at LIMIT ?3`
+)
+
+// keysDue reads the keys of q (sqlRunnableKeys or sqlRescueKeys).
+func (d *Driver) keysDue(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]dueKey, error) {
 	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var keys []string
+	var keys []dueKey
 	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
+		var k dueKey
+		if err := rows.Scan(&k.key, &k.claimed, &k.from, &k.through, &k.suspects); err != nil {
 			return nil, err
 		}
 		keys = append(keys, k)
@@ -289,9 +282,9 @@ UPDATE ferry_inbox_keys
 		return nil, d.wrapErr(op, err)
 	}
 	rows, err := tx.QueryContext(ctx, `
-SELECT `+inboxRowColumns+` FROM ferry_inbox i
- WHERE i.group_name = ? AND i.key = ? AND i.pos >= ? AND i.pos <= ? AND i.`+unfinished+` AND i.state IN ('pending', 'failed')
- ORDER BY i.pos`, p.Group, key, first, last)
+SELECT `+rowColumns+`, TRUE FROM ferry_inbox
+ WHERE group_name = ? AND key = ? AND pos >= ? AND pos <= ? AND `+unfinished+` AND state IN ('pending', 'failed')
+ ORDER BY pos`, p.Group, key, first, last)
 	if err != nil {
 		return nil, d.wrapErr(op, err)
 	}
@@ -315,7 +308,7 @@ UPDATE ferry_inbox AS i
        last_error = ?2 || COALESCE(' (last recorded error: ' || NULLIF(last_error, '') || ')', ''),
        attempt_log = `+logAttempt("attempts", "'dead'", "?2", "?1")+`
  WHERE group_name = ?3 AND event_id = ?4
-RETURNING `+deadRowColumns, t, ferrydriver.ReasonAttemptsExhausted, group, id)
+RETURNING `+rowColumns+`, FALSE`, t, ferrydriver.ReasonAttemptsExhausted, group, id)
 	if err != nil {
 		return nil, d.wrapErr(op, err)
 	}
@@ -333,19 +326,11 @@ RETURNING `+deadRowColumns, t, ferrydriver.ReasonAttemptsExhausted, group, id)
 	return dead[0], nil
 }
 
-// deadRowColumns are inboxRowColumns of a row that a statement's
-// RETURNING made DEAD: no claim covers it.
-const deadRowColumns = `event_id, key, seq, topic, type, source, content_type, headers, payload, created_at,
-       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, finished_at, false`
-
 // endClaim ends key's claim, if any, and stores how far its rows are
 // suspect.
 func (d *Driver) endClaim(ctx context.Context, tx *sql.Tx, group, key string, suspects int64) error {
 	if _, err := tx.ExecContext(ctx, `
-UPDATE ferry_inbox_keys
-   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL,
-       rescue_at = NULL, suspect_through = ?
- WHERE group_name = ? AND key = ?`, suspects, group, key); err != nil {
+UPDATE ferry_inbox_keys SET `+noClaim+`, suspect_through = ? WHERE group_name = ? AND key = ?`, suspects, group, key); err != nil {
 		return d.wrapErr("end the claim of inbox key "+key, err)
 	}
 	return nil
@@ -501,10 +486,8 @@ UPDATE ferry_inbox_keys SET claim_from = ?1
 			return nil
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `
-UPDATE ferry_inbox_keys
-   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL, rescue_at = NULL
- WHERE group_name = ? AND key = ? AND claim_token = ?`, group, key, claim); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET `+noClaim+` WHERE group_name = ? AND key = ? AND claim_token = ?`,
+		group, key, claim); err != nil {
 		return d.wrapErr(op, err)
 	}
 	return d.refreshKey(ctx, tx, group, key, micros(now()))

@@ -32,8 +32,15 @@ const settleFallback = time.Second
 
 // inboxRowColumns are the columns scanInboxRows reads, of an inbox row i,
 // the last saying whether the row is inside its key's claim (inClaim).
-const inboxRowColumns = `i.event_id, i.key, i.seq, i.topic, i.type, i.source, i.content_type, i.headers, i.payload, i.created_at,
-       i.state, i.attempts, COALESCE(i.last_error, ''), i.next_attempt_at, i.received_at, i.finished_at, ` + inClaim
+const inboxRowColumns = rowColumns + `, ` + inClaim
+
+// rowColumns are inboxRowColumns but the last, for a statement that knows
+// whether its rows are claimed (and for RETURNING, which takes no alias).
+const rowColumns = `event_id, key, seq, topic, type, source, content_type, headers, payload, created_at,
+       state, attempts, COALESCE(last_error, ''), next_attempt_at, received_at, finished_at`
+
+// noClaim is the SET of a key whose claim ends.
+const noClaim = `claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL, rescue_at = NULL`
 
 // inClaim says whether inbox row i is inside its key's claim (one that
 // expired included: its rows are PROCESSING until a rescue takes them).

@@ -124,10 +124,8 @@ UPDATE ferry_inbox_keys
           AND i.`+unfinished+` AND i.state IN ('pending', 'failed'))`, first-1, group, key); err != nil {
 		return d.wrapErr("cut the claim of inbox key "+key, err)
 	}
-	if _, err := tx.ExecContext(ctx, `
-UPDATE ferry_inbox_keys
-   SET claim_token = NULL, claimed_by = NULL, claim_from = NULL, claim_through = NULL, claim_expires_at = NULL, rescue_at = NULL
- WHERE group_name = ? AND key = ? AND claim_through >= ?`, group, key, first); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE ferry_inbox_keys SET `+noClaim+` WHERE group_name = ? AND key = ? AND claim_through >= ?`,
+		group, key, first); err != nil {
 		return d.wrapErr("cut the claim of inbox key "+key, err)
 	}
 	return nil
