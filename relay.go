@@ -266,19 +266,31 @@ func (s *shutdown) begin() time.Time {
 
 type readResult struct {
 	batch *ferrydriver.Batch
-	err   error
+	// n numbers the batch among those whose Seqs the relay gave; seqs is
+	// the last Seq it gave each key in the batch.
+	n    uint64
+	seqs map[string]int64
+	err  error
 }
 
 // readAhead reads batches in order into out until ctx ends or a read fails
 // (the failure is sent as the last result).
-func (r *Relay) readAhead(ctx context.Context, feed ferrydriver.Feed, out chan<- readResult) {
+func (r *Relay) readAhead(ctx context.Context, feed ferrydriver.Feed, seqs *keySeqs, out chan<- readResult) {
 	for {
-		b, err := feed.Read(ctx, &ferrydriver.ReadParams{Max: r.cfg.BatchSize, Wait: r.cfg.PollInterval})
+		res := readResult{}
+		res.batch, res.err = feed.Read(ctx, &ferrydriver.ReadParams{Max: r.cfg.BatchSize, Wait: r.cfg.PollInterval})
+		if res.err == nil {
+			res.n, res.seqs, res.err = seqs.number(ctx, res.batch)
+			if res.err != nil {
+				res.batch = nil
+			}
+		}
+		err := res.err
 		if err != nil && ctx.Err() != nil {
 			return
 		}
 		select {
-		case out <- readResult{batch: b, err: err}:
+		case out <- res:
 		case <-ctx.Done():
 			return
 		}

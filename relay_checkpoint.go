@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -23,8 +24,15 @@ type checkpointer struct {
 	// up to it; saved and savedEvents what the store has.
 	latest, saved        []byte
 	offered, savedEvents int64
+	// seqs are the keys' last Seqs the relay gave up to latest and not yet
+	// saved; latestBatch numbers latest's batch (readResult.n).
+	seqs        map[string]int64
+	latestBatch uint64
 	// progress is closed and replaced after every save.
 	progress chan struct{}
+
+	// savedBatch is the last batch whose Seqs the store has (keySeqs).
+	savedBatch atomic.Uint64
 }
 
 func newCheckpointer(r *Relay, term int64, saved []byte, lose context.CancelCauseFunc) *checkpointer {
@@ -32,12 +40,15 @@ func newCheckpointer(r *Relay, term int64, saved []byte, lose context.CancelCaus
 }
 
 // offer records the cursor up to which every event was delivered, events
-// more than the previous one. Delivered events wake the saver; an empty
-// stretch's cursor waits for the next heartbeat.
-func (c *checkpointer) offer(cursor []byte, events int) {
+// more than the previous one, with the batch it ends (n) and the Seqs the
+// relay gave since the previous offer. Delivered events wake the saver; an
+// empty stretch's cursor waits for the next heartbeat.
+func (c *checkpointer) offer(cursor []byte, events int, n uint64, seqs map[string]int64) {
 	c.mu.Lock()
 	c.latest = cursor
 	c.offered += int64(events)
+	c.latestBatch = max(c.latestBatch, n)
+	keepSeqs(&c.seqs, seqs)
 	c.mu.Unlock()
 	if events == 0 {
 		return
@@ -100,20 +111,27 @@ func (c *checkpointer) run(ctx context.Context) {
 // which also shows operators that the relay is alive).
 func (c *checkpointer) save(ctx context.Context, heartbeat bool) error {
 	c.mu.Lock()
-	cur, seq, saved := c.latest, c.offered, c.saved
+	cur, seq, saved, seqs, batch := c.latest, c.offered, c.saved, c.seqs, c.latestBatch
+	c.seqs = nil
 	c.mu.Unlock()
-	if cur == nil || (!heartbeat && bytes.Equal(cur, saved)) {
+	if cur == nil || (!heartbeat && len(seqs) == 0 && bytes.Equal(cur, saved)) {
 		c.markSaved(cur, seq)
 		return nil
 	}
-	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Partition: c.r.cfg.Partition, Cursor: cur, Holder: c.r.holder, Term: c.term})
+	err := c.r.store.SaveCheckpoint(ctx, &ferrydriver.SaveCheckpointParams{Feed: c.r.name, Partition: c.r.cfg.Partition, Cursor: cur, Holder: c.r.holder, Term: c.term, Seqs: seqs})
 	if errors.Is(err, ferrydriver.ErrLeaseLost) {
 		c.lose(err)
 		return nil
 	}
 	if err != nil {
+		// They go with the next save, merged with what was offered meanwhile.
+		c.mu.Lock()
+		keepSeqs(&seqs, c.seqs)
+		c.seqs = seqs
+		c.mu.Unlock()
 		return err
 	}
+	c.savedBatch.Store(batch)
 	c.r.m.checkpoints.Inc()
 	c.r.progress.Add(1)
 	c.markSaved(cur, seq)

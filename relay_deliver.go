@@ -69,7 +69,11 @@ type pipeline struct {
 }
 
 type batchState struct {
-	cursor  []byte
+	cursor []byte
+	// n and seqs: the batch's number and the Seqs the relay gave in it
+	// (readResult), saved with its cursor.
+	n       uint64
+	seqs    map[string]int64
 	left    int // events neither acknowledged, dead-lettered nor parked
 	size    int
 	invalid int
@@ -221,7 +225,7 @@ func (p *pipeline) deliver(stop context.Context, reads <-chan readResult, heartb
 			if res.batch == nil {
 				return &res, nil
 			}
-			if err := p.add(res.batch); err != nil {
+			if err := p.add(&res); err != nil {
 				return nil, err
 			}
 		case <-p.outcomes.signal:
@@ -354,8 +358,9 @@ func (p *pipeline) nextWake() (time.Time, bool) {
 }
 
 // add takes a batch into the pipeline.
-func (p *pipeline) add(b *ferrydriver.Batch) error {
-	bs := &batchState{cursor: b.Cursor, size: len(b.Events), invalid: len(b.Invalid), read: time.Now()}
+func (p *pipeline) add(res *readResult) error {
+	b := res.batch
+	bs := &batchState{cursor: b.Cursor, n: res.n, seqs: res.seqs, size: len(b.Events), invalid: len(b.Invalid), read: time.Now()}
 	if len(b.Invalid) > 0 {
 		dead := make([]*ferrydriver.DeadLetter, 0, len(b.Invalid))
 		for _, inv := range b.Invalid {
@@ -516,6 +521,8 @@ func (r *Relay) publishEach(ctx context.Context, events []*ferryevent.Event, don
 // checkpointer.
 func (p *pipeline) advance() {
 	var cursor []byte
+	var n uint64
+	var seqs map[string]int64
 	events := 0
 	now := time.Now()
 	for len(p.batches) > 0 && p.batches[0].left == 0 {
@@ -523,7 +530,8 @@ func (p *pipeline) advance() {
 		p.batches[0] = nil
 		p.batches = p.batches[1:]
 		p.behind -= b.size
-		cursor = b.cursor
+		cursor, n = b.cursor, max(n, b.n)
+		keepSeqs(&seqs, b.seqs)
 		events += b.size + b.invalid
 		if b.size+b.invalid > 0 {
 			p.r.progress.Add(1)
@@ -532,7 +540,7 @@ func (p *pipeline) advance() {
 		}
 	}
 	if cursor != nil {
-		p.ck.offer(cursor, events)
+		p.ck.offer(cursor, events, n, seqs)
 	}
 	p.r.health.delivered(p.behind, events > 0, now)
 }

@@ -78,6 +78,26 @@ type SaveCheckpointParams struct {
 	Cursor    []byte
 	Holder    string
 	Term      int64
+	// Seqs are the keys' last sequence numbers the relay gave events up to
+	// Cursor, for the keys it numbered since the last save (see
+	// KeySeqStore). A store that keeps key sequences writes them in the
+	// same transaction as the cursor, so that the two never disagree; other
+	// stores get none.
+	Seqs map[string]int64
+}
+
+// KeySeqStore is implemented by stores whose feeds leave Seq to the relay:
+// their events arrive with Seq zero, and the relay numbers each key's
+// events in the order the feed returns them, which is the key's commit
+// order. The numbers given up to a checkpoint are saved with it
+// (SaveCheckpointParams.Seqs), so that a new leader, reading again from
+// the checkpoint, gives every event it delivers again the number it had.
+// An event that arrives with a Seq (written before the store left numbering
+// to the relay) keeps it.
+type KeySeqStore interface {
+	// LoadKeySeqs returns the last Seq saved with feed's checkpoint for
+	// each of keys that has one; a key without is absent.
+	LoadKeySeqs(ctx context.Context, feed string, keys []string) (map[string]int64, error)
 }
 
 // Lease gives one holder a name for a while; Term increases every time the

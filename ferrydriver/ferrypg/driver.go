@@ -453,7 +453,7 @@ const statementCacheAdvice = "pgx's statement cache needs every transaction of a
 type queries struct {
 	append, appendNotify, tickRead, readBatch                                                   string
 	appendOne, appendOneNotify                                                                  string
-	loadCheckpoint, saveCheckpoint                                                              string
+	loadCheckpoint, saveCheckpoint, saveCheckpointSeqs, loadKeySeqs                             string
 	acquireLease, renewLease, releaseLease, getLease                                            string
 	insertDeadLetters, countDeadLetter                                                          string
 	listDeadLetters, getDeadLetter, countMatchingDeadLetters, deadLetterReasons                 byFeed
@@ -487,6 +487,7 @@ func newQueries(schema string) queries {
 		outboxEvents: r(sqlOutboxEvents),
 		append:       r(sqlAppend), appendNotify: r(sqlAppendNotify), appendOne: r(sqlAppendOne), appendOneNotify: r(sqlAppendOneNotify), tickRead: r(sqlTickRead), readBatch: r(sqlReadBatch),
 		loadCheckpoint: r(sqlLoadCheckpoint), saveCheckpoint: r(sqlSaveCheckpoint),
+		saveCheckpointSeqs: r(sqlSaveCheckpointSeqs), loadKeySeqs: r(sqlLoadKeySeqs),
 		acquireLease: r(sqlAcquireLease), renewLease: r(sqlRenewLease), releaseLease: r(sqlReleaseLease), getLease: r(sqlGetLease),
 		insertDeadLetters: r(sqlInsertDeadLetters), listDeadLetters: feedQueries(r(sqlListDeadLetters)), getDeadLetter: feedQueries(r(sqlGetDeadLetter)),
 		countDeadLetter: r(sqlCountDeadLetters),

@@ -215,6 +215,26 @@ SELECT $1, $2, $4, now(), $5
                 FOR SHARE)
 ON CONFLICT (feed) DO UPDATE SET cursor = excluded.cursor, term = excluded.term, updated_at = now()`
 
+// sqlSaveCheckpointSeqs is sqlSaveCheckpoint with the keys' last Seqs the
+// relay gave up to the cursor ($6 keys, $7 numbers), written only if the
+// checkpoint is: both or neither, in one statement.
+const sqlSaveCheckpointSeqs = `
+WITH c AS (` + sqlSaveCheckpoint + `
+    RETURNING 1
+),
+s AS (
+    INSERT INTO {schema}.feed_seqs AS s (feed, key, seq, touched_at)
+    SELECT $1, u.key, u.seq, now() FROM unnest($6::text[], $7::bigint[]) AS u(key, seq)
+     WHERE EXISTS (SELECT FROM c)
+    ON CONFLICT (feed, key) DO UPDATE SET seq = excluded.seq, touched_at = excluded.touched_at
+)
+SELECT count(*) FROM c`
+
+// sqlLoadKeySeqs reads the last Seqs of keys $2 saved with feed $1's
+// checkpoint: one probe of the primary key per key.
+const sqlLoadKeySeqs = `
+SELECT key, seq FROM {schema}.feed_seqs WHERE feed = $1 AND key = ANY($2::text[])`
+
 const leaseColumns = `name, holder, term, expires_at, now()`
 
 const sqlAcquireLease = `

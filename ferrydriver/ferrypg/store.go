@@ -28,9 +28,25 @@ func (d *Driver[TTx]) LoadCheckpoint(ctx context.Context, feed string) (*ferrydr
 	return cp, nil
 }
 
-// SaveCheckpoint implements ferrydriver.Store.
+// SaveCheckpoint implements ferrydriver.Store; p.Seqs go in the same
+// statement (ferrydriver.KeySeqStore).
 func (d *Driver[TTx]) SaveCheckpoint(ctx context.Context, p *ferrydriver.SaveCheckpointParams) error {
-	n, err := d.db.exec(ctx, d.queries.saveCheckpoint, p.Feed, p.Cursor, p.Holder, p.Term, p.Partition)
+	var n int64
+	var err error
+	if len(p.Seqs) == 0 {
+		n, err = d.db.exec(ctx, d.queries.saveCheckpoint, p.Feed, p.Cursor, p.Holder, p.Term, p.Partition)
+	} else {
+		keys := make([]string, 0, len(p.Seqs))
+		for k := range p.Seqs {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys) // rows locked in key order
+		seqs := make([]int64, len(keys))
+		for i, k := range keys {
+			seqs[i] = p.Seqs[k]
+		}
+		err = queryRow(ctx, d.db, []any{&n}, d.queries.saveCheckpointSeqs, p.Feed, p.Cursor, p.Holder, p.Term, p.Partition, keys, seqs)
+	}
 	if err != nil {
 		return d.wrapErr("save checkpoint of "+p.Feed, err)
 	}
@@ -38,6 +54,28 @@ func (d *Driver[TTx]) SaveCheckpoint(ctx context.Context, p *ferrydriver.SaveChe
 		return fmt.Errorf("ferrypg: save checkpoint of %s at term %d: %w", p.Feed, p.Term, ferrydriver.ErrLeaseLost)
 	}
 	return nil
+}
+
+// LoadKeySeqs implements ferrydriver.KeySeqStore.
+func (d *Driver[TTx]) LoadKeySeqs(ctx context.Context, feed string, keys []string) (map[string]int64, error) {
+	rows, err := d.db.query(ctx, d.queries.loadKeySeqs, feed, keys)
+	if err != nil {
+		return nil, d.wrapErr("load key sequences of "+feed, err)
+	}
+	defer rows.Close()
+	out := make(map[string]int64, len(keys))
+	for rows.Next() {
+		var k string
+		var n int64
+		if err := rows.Scan(&k, &n); err != nil {
+			return nil, d.wrapErr("load key sequences of "+feed, err)
+		}
+		out[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrapErr("load key sequences of "+feed, err)
+	}
+	return out, nil
 }
 
 func scanLease(r []any, l *ferrydriver.Lease) []any {

@@ -22,3 +22,15 @@ ALTER TABLE {schema}.inbox_groups
 ALTER TABLE {schema}.parked
     ADD COLUMN attempts      integer NOT NULL DEFAULT 0,
     ADD COLUMN first_failure timestamptz;
+
+-- (3): the keys' sequence numbers a relay gave, per feed, saved with its
+-- checkpoint (in the same transaction) when the outbox leaves Seq to the
+-- relay (ferrydriver.KeySeqStore): a new leader reading again from the
+-- checkpoint gives each event the number it had.
+CREATE TABLE {schema}.feed_seqs (
+    feed       text        NOT NULL,
+    key        text        NOT NULL,
+    seq        bigint      NOT NULL,
+    touched_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (feed, key)
+) WITH (fillfactor = 80);
