@@ -274,7 +274,8 @@ type readResult struct {
 }
 
 // readAhead reads batches in order into out until ctx ends or a read fails
-// (the failure is sent as the last result).
+// (the failure is sent as the last result), numbering their events
+// (keySeqs) and, between two reads, forgetting idle keys.
 func (r *Relay) readAhead(ctx context.Context, feed ferrydriver.Feed, seqs *keySeqs, out chan<- readResult) {
 	for {
 		res := readResult{}
@@ -297,6 +298,7 @@ func (r *Relay) readAhead(ctx context.Context, feed ferrydriver.Feed, seqs *keyS
 		if err != nil {
 			return
 		}
+		seqs.prune(ctx) // while the pipeline publishes the batch
 	}
 }
 

@@ -68,7 +68,9 @@ type RelayConfig struct {
 	// KeyRetention is how long a key must have had no new event, with
 	// every event of it delivered, before the retention pass forgets its
 	// sequence: the key's next event starts Seq at 1 again (see
-	// ferryevent.Event.Seq), and the outbox's keys table stays bounded.
+	// ferryevent.Event.Seq), and the table of key sequences stays bounded
+	// (where the relay numbers events, ferrydriver.KeySeqStore: how long
+	// the relay has numbered none of the key's events).
 	// Default: Retention, so that a key is forgotten about when its events
 	// have left the outbox; a negative value never forgets a key (Seq
 	// never restarts, and the table keeps a row for every key ever used).

@@ -163,7 +163,7 @@ func (l *leadership) startReading(feed ferrydriver.Feed) <-chan readResult {
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
-		l.r.readAhead(readCtx, feed, newKeySeqs(l.r.store, l.r.name, &l.ck.savedBatch), reads)
+		l.r.readAhead(readCtx, feed, l.r.keySeqs(&l.ck.savedBatch), reads)
 	}()
 	l.stopRead = func() { cancelRead(); <-readerDone }
 	l.onClose(l.stopRead)

@@ -106,6 +106,7 @@ func TestRelayStopsOnAPartitionTheSchemaLacks(t *testing.T) {
 // openFailingStore fails every OpenFeed with a transient error.
 type openFailingStore struct {
 	ferrydriver.Store
+	ferrydriver.KeySeqStore
 	opens atomic.Int64
 }
 
@@ -154,7 +155,8 @@ func (h *logRecorder) attrs(msg, key string) []string {
 // first step on every lease acquisition: ~26 errors a second).
 func TestRelayBacksOffAcrossLeaderships(t *testing.T) {
 	t.Parallel()
-	store := &openFailingStore{Store: newPG(t)}
+	drv := newPG(t)
+	store := &openFailingStore{Store: drv, KeySeqStore: drv}
 	rec := &logRecorder{}
 	r, err := ferry.NewRelay(store, &memsink.Sink{}, &ferry.RelayConfig{
 		LeaseTTL: 2 * time.Second, RetryBase: time.Millisecond, RetryMax: time.Hour, Logger: slog.New(rec),
@@ -192,6 +194,7 @@ func TestRelayRunsOnceAtATime(t *testing.T) {
 // checkpoint saves slow, so that a delivered batch is still unsaved then.
 type readFailingStore struct {
 	ferrydriver.Store
+	ferrydriver.KeySeqStore
 	failOn int64
 	reads  atomic.Int64
 }
@@ -240,7 +243,7 @@ func TestRelayFlushesTheCheckpointWhenAReadFails(t *testing.T) {
 		require.NoError(t, c.Emit(ctx, ev))
 		first = append(first, ev)
 	}
-	store := &readFailingStore{Store: drv, failOn: 4}
+	store := &readFailingStore{Store: drv, KeySeqStore: drv, failOn: 4}
 	sink := &memsink.Sink{}
 	r, err := ferry.NewRelay(store, sink, &ferry.RelayConfig{
 		HolderID: "r", BatchSize: 1, PollInterval: 20 * time.Millisecond, LeaseTTL: 5 * time.Second,

@@ -2,9 +2,11 @@ package ferry
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferryevent"
@@ -27,6 +29,18 @@ func (s *savedSeqs) LoadKeySeqs(_ context.Context, _ string, keys []string) (map
 		}
 	}
 	return out, nil
+}
+
+// PruneKeySeqs forgets every saved key but those kept, in one chunk.
+func (s *savedSeqs) PruneKeySeqs(_ context.Context, p *ferrydriver.PruneKeySeqsParams) (*ferrydriver.PruneKeySeqsResult, error) {
+	res := &ferrydriver.PruneKeySeqsResult{}
+	for k := range s.saved {
+		if !slices.Contains(p.Keep, k) {
+			delete(s.saved, k)
+			res.Pruned = append(res.Pruned, k)
+		}
+	}
+	return res, nil
 }
 
 func unnumbered(keys ...string) *ferrydriver.Batch {
@@ -56,12 +70,12 @@ func TestKeySeqsAskTheStoreOnceAKey(t *testing.T) {
 	require.Equal(t, 2, store.asked)
 
 	b = unnumbered("a", "b")
-	b.Events = append(b.Events, &ferryevent.Event{Key: "c", Seq: 9}) // numbered by its producer: kept, not asked
+	b.Events = append(b.Events, &ferryevent.Event{Key: "c", Seq: 9}, &ferryevent.Event{Key: "c"}) // numbered by its producer: kept, and c goes on from it
 	_, given, err = s.number(ctx, b)
 	require.NoError(t, err)
-	require.Equal(t, []int64{44, 2, 9}, []int64{b.Events[0].Seq, b.Events[1].Seq, b.Events[2].Seq})
-	require.Equal(t, map[string]int64{"a": 44, "b": 2}, given)
-	require.Equal(t, 2, store.asked, "known keys are not asked again")
+	require.Equal(t, []int64{44, 2, 9, 10}, []int64{b.Events[0].Seq, b.Events[1].Seq, b.Events[2].Seq, b.Events[3].Seq})
+	require.Equal(t, map[string]int64{"a": 44, "b": 2, "c": 10}, given)
+	require.Equal(t, 3, store.asked, "known keys are not asked again")
 
 	// Fill the memory past its bound with keys of batch 3, not yet saved.
 	many := make([]string, maxCachedSeqs)
@@ -86,13 +100,43 @@ func TestKeySeqsAskTheStoreOnceAKey(t *testing.T) {
 	require.Equal(t, asked+1, store.asked)
 }
 
+// TestKeySeqsForgetOnlySavedKeys: a pass forgets idle keys in the store and
+// in memory, but never a key whose number is not saved yet; the next pass
+// waits for its interval.
+func TestKeySeqsForgetOnlySavedKeys(t *testing.T) {
+	ctx := context.Background()
+	store := &savedSeqs{saved: map[string]int64{"a": 5, "b": 7}}
+	var saved atomic.Uint64
+	s := newKeySeqs(store, "default/0", &saved)
+	s.idle, s.every = time.Hour, time.Hour
+	var forgotten int
+	s.pruned = func(n int, err error) { require.NoError(t, err); forgotten += n }
+	_, _, err := s.number(ctx, unnumbered("a"))
+	require.NoError(t, err)
+	_, _, err = s.number(ctx, unnumbered("b"))
+	require.NoError(t, err)
+	saved.Store(1) // a's 6 is saved, b's 8 is not
+	store.saved["a"] = 6
+	s.prune(ctx)
+	require.Equal(t, 1, forgotten)
+	require.Equal(t, map[string]int64{"b": 7}, store.saved, "b's unsaved number keeps its key")
+	require.NotContains(t, s.last, "a", "a forgotten here too")
+	b := unnumbered("a", "b")
+	_, _, err = s.number(ctx, b)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 9}, []int64{b.Events[0].Seq, b.Events[1].Seq}, "a starts again at 1, b goes on")
+	store.saved = map[string]int64{}
+	s.prune(ctx)
+	require.Equal(t, 1, forgotten, "the next pass waits for its interval")
+}
+
 // TestKeySeqsNeedAStoreThatKeepsThem: an unnumbered event from a store that
 // keeps no key sequences is a driver's bug, said as such.
 func TestKeySeqsNeedAStoreThatKeepsThem(t *testing.T) {
 	var saved atomic.Uint64
 	s := newKeySeqs(struct{ ferrydriver.Store }{}, "default/0", &saved)
 	_, _, err := s.number(context.Background(), unnumbered("a"))
-	require.ErrorContains(t, err, "keeps no key sequences")
+	require.ErrorContains(t, err, "does not keep key sequences")
 	b := &ferrydriver.Batch{Events: []*ferryevent.Event{{Key: "a", Seq: 3}}}
 	_, given, err := s.number(context.Background(), b)
 	require.NoError(t, err)

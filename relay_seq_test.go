@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrypg/ferrypgtest"
@@ -105,4 +106,57 @@ func TestRelayNumbersWhatTheOutboxLeftUnnumbered(t *testing.T) {
 	saved, err := drv.LoadKeySeqs(context.Background(), "default/0", []string{"a", "b", "never"})
 	require.NoError(t, err)
 	require.Equal(t, map[string]int64{"a": 8, "b": 1}, saved, "the numbers saved with the checkpoint")
+}
+
+// TestUpgradeGoesOnFromTheKeysNumbers: a schema of 0.1, whose producers
+// numbered events in the keys table, upgraded: every feed with a
+// checkpoint goes on from the keys' numbers, an event a 0.1 producer wrote
+// and no relay delivered yet keeps its Seq, and the keys table is gone (a
+// 0.1 producer fails instead of writing out of order). Going down again
+// gives 0.1 producers the highest numbers back.
+func TestUpgradeGoesOnFromTheKeysNumbers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drv := newPG(t)
+	pool := ferrypgtest.Pool(t)
+	s := drv.Schema()
+	res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
+	require.NoError(t, err)
+	require.Equal(t, 18, res.Applied[0].Version)
+	for _, q := range []string{
+		`INSERT INTO ` + s + `.keys (key, seq) VALUES ('done', 5), ('pending', 3)`,
+		`INSERT INTO ` + s + `.checkpoints (feed, partition, cursor, term) VALUES ('default/0', 0, NULL, 0)`,
+	} {
+		_, err := pool.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	old := writeUnnumbered(t, drv, "pending", 3, "pending3") // written by a 0.1 producer, not delivered
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	var gone bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NULL`, s+".keys").Scan(&gone))
+	require.True(t, gone, "the keys table is dropped")
+
+	c, err := ferry.NewClient(drv, nil)
+	require.NoError(t, err)
+	var done, pending *ferry.Event
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		done = &ferry.Event{Topic: "orders", Key: "done", Type: "T", Payload: []byte("done6")}
+		pending = &ferry.Event{Topic: "orders", Key: "pending", Type: "T", Payload: []byte("pending4")}
+		return c.EmitTx(ctx, tx, done, pending)
+	}))
+	sink := &memsink.Sink{}
+	stop := run(t, quickRelay(t, drv, sink, "r"))
+	require.Eventually(t, func() bool { return sink.Len() >= 3 }, 30*time.Second, 10*time.Millisecond)
+	stop()
+	got := seqsOf(sink)
+	require.EqualValues(t, 3, got[old[0]], "a 0.1 producer's event keeps its Seq")
+	require.EqualValues(t, 4, got[pending.ID.String()], "and its key goes on after it")
+	require.EqualValues(t, 6, got[done.ID.String()], "a delivered key goes on from the keys table's number")
+
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
+	require.NoError(t, err)
+	var doneSeq int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT seq FROM `+s+`.keys WHERE key = 'done'`).Scan(&doneSeq))
+	require.EqualValues(t, 6, doneSeq, "down again, 0.1 producers go on from the relay's numbers")
 }

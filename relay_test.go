@@ -248,6 +248,7 @@ func TestRolledBackEmitIsNotPublished(t *testing.T) {
 // failingStore fails chosen calls once, to check that the relay recovers.
 type failingStore struct {
 	ferrydriver.Store
+	ferrydriver.KeySeqStore
 	failLoad atomic.Bool
 }
 
@@ -263,7 +264,7 @@ func TestRelayRecoversFromStoreErrors(t *testing.T) {
 	drv := newPG(t)
 	c, err := ferry.NewClient(drv, nil)
 	require.NoError(t, err)
-	store := &failingStore{Store: drv}
+	store := &failingStore{Store: drv, KeySeqStore: drv}
 	store.failLoad.Store(true)
 	sink := &memsink.Sink{}
 	stop := run(t, quickRelay(t, store, sink, "r1"))

@@ -26,9 +26,11 @@ type keySweep struct{ after string }
 // pruneKeys goes on sweeping the keys table from where the last pass
 // stopped, forgetting keys idle for KeyRetention whose events were all
 // delivered (Store.PruneKeys), until the sweep reaches the end or the pass
-// has looked at keyChunksPerPass chunks.
+// has looked at keyChunksPerPass chunks. A store whose producers leave
+// Seq to the relay has no such table: the relay forgets its own numbers
+// (keySeqs.prune).
 func (r *Relay) pruneKeys(ctx context.Context, cursor []byte, sweep *keySweep) {
-	if cursor == nil || r.cfg.KeyRetention < 0 {
+	if _, ok := r.store.(ferrydriver.KeySeqStore); ok || cursor == nil || r.cfg.KeyRetention < 0 {
 		return
 	}
 	total := int64(0)

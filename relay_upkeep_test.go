@@ -59,6 +59,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name, kind string) float64 
 // statusSpy counts the relay's status reads.
 type statusSpy struct {
 	ferrydriver.Store
+	ferrydriver.KeySeqStore
 	status, lag atomic.Int64
 }
 
@@ -77,7 +78,8 @@ func (s *statusSpy) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParams) (
 // counts dead letters (and, with Exact, the whole lag).
 func TestRelayHeartbeatDoesNotCount(t *testing.T) {
 	t.Parallel()
-	spy := &statusSpy{Store: newPG(t)}
+	drv := newPG(t)
+	spy := &statusSpy{Store: drv, KeySeqStore: drv}
 	run(t, quickRelay(t, spy, &memsink.Sink{}, "r1"))
 	require.Eventually(t, func() bool { return spy.lag.Load() >= 3 }, 10*time.Second, 10*time.Millisecond, "the heartbeat measures the lag")
 	require.Zero(t, spy.status.Load(), "the heartbeat must not call FeedStatus")
@@ -104,11 +106,10 @@ func TestRelayRemovesExpiredDeadLetters(t *testing.T) {
 	require.Empty(t, dls)
 }
 
-// TestRelayForgetsIdleDeliveredKeys: the retention pass forgets the keys
-// whose events were all delivered and that were idle for KeyRetention
-// (Retention by default); the outbox's keys table does not keep a row per
-// key forever, and a forgotten key's next event starts at Seq 1, after its
-// earlier ones. Before, every key ever used kept its row.
+// TestRelayForgetsIdleDeliveredKeys: the relay forgets the numbers of the
+// keys it numbered nothing of for KeyRetention (Retention by default), once
+// saved; feed_seqs does not keep a row per key forever, and a forgotten
+// key's next event starts at Seq 1, after its earlier ones.
 func TestRelayForgetsIdleDeliveredKeys(t *testing.T) {
 	t.Parallel()
 	drv := newPG(t)
@@ -120,7 +121,7 @@ func TestRelayForgetsIdleDeliveredKeys(t *testing.T) {
 	first := emitMany(t, c, 60, 6, 2, strconv.Itoa)
 	run(t, r)
 	keys := func() (n int) {
-		require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{drv.Schema()}.Sanitize()+`.keys`).Scan(&n))
+		require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{drv.Schema()}.Sanitize()+`.feed_seqs`).Scan(&n))
 		return n
 	}
 	require.Eventually(t, func() bool { return sink.Len() == len(first) && keys() == 0 }, 20*time.Second, 10*time.Millisecond,
@@ -154,6 +155,7 @@ func TestKeyRetentionDefaultsToRetention(t *testing.T) {
 // stops during it.
 type upkeepBlocker struct {
 	ferrydriver.Store
+	ferrydriver.KeySeqStore
 	which   string
 	entered chan struct{}
 	once    sync.Once
@@ -175,11 +177,11 @@ func (b *upkeepBlocker) DeleteDelivered(ctx context.Context, p *ferrydriver.Dele
 	return b.Store.DeleteDelivered(ctx, p)
 }
 
-func (b *upkeepBlocker) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
-	if err := b.block(ctx, "PruneKeys"); err != nil {
+func (b *upkeepBlocker) PruneKeySeqs(ctx context.Context, p *ferrydriver.PruneKeySeqsParams) (*ferrydriver.PruneKeySeqsResult, error) {
+	if err := b.block(ctx, "PruneKeySeqs"); err != nil {
 		return nil, err
 	}
-	return b.Store.PruneKeys(ctx, p)
+	return b.KeySeqStore.PruneKeySeqs(ctx, p)
 }
 
 func (b *upkeepBlocker) DeleteDeadLetters(ctx context.Context, p *ferrydriver.DeleteDeadLettersParams) (int64, error) {
@@ -201,11 +203,11 @@ func (b *upkeepBlocker) FeedLag(ctx context.Context, p *ferrydriver.FeedLagParam
 // logged "retention failed … context canceled").
 func TestRelayStoppedDuringUpkeepWarnsOfNothing(t *testing.T) {
 	t.Parallel()
-	for _, which := range []string{"DeleteDelivered", "PruneKeys", "DeleteDeadLetters", "FeedLag"} {
+	for _, which := range []string{"DeleteDelivered", "PruneKeySeqs", "DeleteDeadLetters", "FeedLag"} {
 		t.Run(which, func(t *testing.T) {
 			t.Parallel()
 			drv := newPG(t)
-			store := &upkeepBlocker{Store: drv, which: which, entered: make(chan struct{})}
+			store := &upkeepBlocker{Store: drv, KeySeqStore: drv, which: which, entered: make(chan struct{})}
 			var logs syncbuf.Buffer
 			r, _ := upkeepRelay(t, store, &memsink.Sink{}, ferry.RelayConfig{
 				Retention: time.Nanosecond, KeyRetention: time.Nanosecond, DeadLetterRetention: time.Nanosecond,

@@ -191,7 +191,10 @@ type Store interface {
 	// removes an event a feed has not delivered.
 	DeleteDelivered(ctx context.Context, p *DeleteDeliveredParams) (int64, error)
 
-	// PruneKeys bounds the per-key sequences: it forgets the keys of
+	// PruneKeys bounds the producers' per-key sequences, where producers
+	// number events (a KeySeqStore's have none: the relay forgets its own
+	// numbers with PruneKeySeqs, and PruneKeys has nothing to do): it
+	// forgets the keys of
 	// p.Partition that have had no new event for longer than p.IdleFor and
 	// whose every event every feed of the partition has delivered (the
 	// saved checkpoints, and p.Cursor), so that their next event starts

@@ -98,6 +98,33 @@ type KeySeqStore interface {
 	// LoadKeySeqs returns the last Seq saved with feed's checkpoint for
 	// each of keys that has one; a key without is absent.
 	LoadKeySeqs(ctx context.Context, feed string, keys []string) (map[string]int64, error)
+	// PruneKeySeqs forgets the saved numbers of p.Feed's keys that no
+	// save has touched for p.IdleFor, but those of p.Keep: their next event
+	// starts Seq at 1 again. It looks at p.Limit keys after p.After in key
+	// order, by index: O(p.Limit) per call, however many keys there are.
+	// The relay calls it from the goroutine that numbers events, and keeps
+	// the keys whose numbers it has not saved yet, so that no key is
+	// forgotten under an event the relay numbered.
+	PruneKeySeqs(ctx context.Context, p *PruneKeySeqsParams) (*PruneKeySeqsResult, error)
+}
+
+// PruneKeySeqsParams bound one PruneKeySeqs call.
+type PruneKeySeqsParams struct {
+	Feed    string
+	IdleFor time.Duration
+	// After is where the sweep goes on ("" from the first key); Limit caps
+	// the keys looked at.
+	After string
+	Limit int
+	// Keep are keys not to forget, idle or not.
+	Keep []string
+}
+
+// PruneKeySeqsResult says what PruneKeySeqs forgot and where the sweep goes
+// on ("" once it reached the last key).
+type PruneKeySeqsResult struct {
+	Pruned []string
+	Next   string
 }
 
 // Lease gives one holder a name for a while; Term increases every time the

@@ -64,8 +64,12 @@ type Event struct {
 
 	// Seq is the event's position among the events of its Key: 1 for the
 	// key's first event, then one more for each committed event (a
-	// rolled-back append uses no number). It is assigned by the outbox
-	// when the event is written; producers leave it zero.
+	// rolled-back append uses no number), in the key's commit order.
+	// Producers leave it zero. On PostgreSQL the relay assigns it as it
+	// reads the key's events, per feed, and saves it with its checkpoint,
+	// so an event delivered again carries the same Seq; on MariaDB, SQLite
+	// and MongoDB the outbox assigns it when the event is written. Either
+	// way it is not known when Emit returns.
 	//
 	// The outbox does not remember a key forever: once a key has had no
 	// new event for the relay's KeyRetention (by default its Retention,

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -334,13 +335,19 @@ func testOpenProducer[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, ids(want), ids(sortByKeyOrder(want, got)))
 }
 
+// commitSpan is when, on a clock the writers share, a transaction's
+// commit was asked for and when it returned: a transaction whose commit
+// returned before another's was asked for committed first.
+type commitSpan struct{ asked, returned int64 }
+
 func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 60*time.Second)
 	drv := h.New(t)
 	const writers, perWriter, keys = 8, 60, 11
 	r := OpenReader(ctx, t, drv, nil)
 	var mu sync.Mutex
-	committed := map[string]bool{}
+	var clock atomic.Int64
+	committed := map[string]commitSpan{}
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Add(1)
@@ -355,6 +362,7 @@ func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {
 				rollback := rng.IntN(5) == 0
 				takeXID := rng.IntN(3) == 0
 				var err error
+				var span commitSpan
 				for attempt := 0; attempt < 100; attempt++ {
 					tx := h.Begin(ctx, t, drv)
 					if tx.TakeXID != nil && takeXID {
@@ -368,7 +376,9 @@ func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {
 							err = tx.Rollback()
 							break
 						}
+						span.asked = clock.Add(1)
 						err = tx.Commit()
+						span.returned = clock.Add(1)
 					} else {
 						_ = tx.Rollback()
 					}
@@ -385,7 +395,7 @@ func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {
 				}
 				mu.Lock()
 				for _, e := range evs {
-					committed[e.ID.String()] = true
+					committed[e.ID.String()] = span
 				}
 				mu.Unlock()
 			}
@@ -395,7 +405,7 @@ func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	for {
-		b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 37, Wait: 10 * time.Millisecond})
+		b, err := r.Read(ctx, &ferrydriver.ReadParams{Max: 37, Wait: 10 * time.Millisecond})
 		require.NoError(t, err)
 		got = append(got, b.Events...)
 		select {
@@ -408,10 +418,23 @@ func testConcurrentProducers[TTx any](t *testing.T, h Harness[TTx]) {
 check:
 	seen := map[string]bool{}
 	lastSeq := map[string]int64{}
+	byKey := map[string][]*ferryevent.Event{}
 	for _, e := range got {
 		require.False(t, seen[e.ID.String()], "event %s delivered twice", e.ID)
 		seen[e.ID.String()] = true
-		require.True(t, committed[e.ID.String()], "event %s was not committed", e.ID)
+		_, ok := committed[e.ID.String()]
+		require.True(t, ok, "event %s was not committed", e.ID)
+		// Commit order, witnessed by the writers: no event of a key comes
+		// after one whose transaction's commit was asked for only once the
+		// first's had returned.
+		for _, before := range byKey[e.Key] {
+			if committed[e.ID.String()].returned >= committed[before.ID.String()].asked {
+				continue
+			}
+			require.Failf(t, "a key's events out of commit order", "key %s: %s (payload %s) committed before %s (payload %s) but was delivered after it",
+				e.Key, e.ID, e.Payload, before.ID, before.Payload)
+		}
+		byKey[e.Key] = append(byKey[e.Key], e)
 		if lastSeq[e.Key]+1 != e.Seq {
 			for _, x := range got {
 				if x.Key == e.Key {
@@ -434,12 +457,12 @@ func testResume[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	emit(ctx, t, h, drv, all[:10]...)
 	r := OpenReader(ctx, t, drv, nil)
-	b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 4, Wait: time.Second})
+	b, err := r.Read(ctx, &ferrydriver.ReadParams{Max: 4, Wait: time.Second})
 	require.NoError(t, err)
 	require.Len(t, b.Events, 4)
 	cursor := b.Cursor
 	// Events read after the saved cursor are "in flight" and get re-read.
-	_, err = r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 3, Wait: time.Second})
+	_, err = r.Read(ctx, &ferrydriver.ReadParams{Max: 3, Wait: time.Second})
 	require.NoError(t, err)
 	emit(ctx, t, h, drv, all[10:]...)
 

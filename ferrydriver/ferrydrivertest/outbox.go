@@ -34,7 +34,11 @@ func testOutboxReader[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, map[string]string{"trace": "t-1"}, got[0].Headers)
 	require.Equal(t, []byte(`{"total":12}`), got[0].Payload)
 	require.Equal(t, "OrderPaid", got[0].Type)
-	require.Equal(t, []int64{1, 2, 1}, []int64{got[0].Seq, got[1].Seq, got[2].Seq}, "per-key sequence numbers")
+	if _, ok := drv.(ferrydriver.KeySeqStore); ok {
+		require.Equal(t, []int64{0, 0, 0}, []int64{got[0].Seq, got[1].Seq, got[2].Seq}, "no Seq yet: the relay numbers events as it reads them")
+	} else {
+		require.Equal(t, []int64{1, 2, 1}, []int64{got[0].Seq, got[1].Seq, got[2].Seq}, "per-key sequence numbers")
+	}
 
 	for _, c := range []struct {
 		p    ferrydriver.OutboxEventsParams

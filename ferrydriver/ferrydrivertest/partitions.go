@@ -224,8 +224,5 @@ func emitRetrying[TTx any](ctx context.Context, t *testing.T, h Harness[TTx], dr
 // openPartition opens feed "test/<p>" of partition p from cursor.
 func openPartition(ctx context.Context, t *testing.T, s ferrydriver.Store, p int, cursor []byte) *Reader {
 	t.Helper()
-	f, err := s.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "test/" + strconv.Itoa(p), Partition: p, Cursor: cursor})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = f.Close() })
-	return &Reader{t: t, Feed: f, Last: cursor}
+	return openReader(ctx, t, s, &ferrydriver.OpenFeedParams{Feed: "test/" + strconv.Itoa(p), Partition: p, Cursor: cursor})
 }

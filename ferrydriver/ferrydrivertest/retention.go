@@ -183,6 +183,10 @@ func seqOf(t *testing.T, evs []*ferryevent.Event, key, payload string) int64 {
 func testPruneKeys[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
+	if _, ok := drv.(ferrydriver.KeySeqStore); ok {
+		t.Logf("%s's producers keep no key sequences: the relay forgets its own (KeySeqsGoWithTheCheckpoint)", drv.Name())
+		return
+	}
 	emit(ctx, t, h, drv, Event("t", "idle", "1"), Event("t", "idle", "2"), Event("t", "busy", "1"))
 	time.Sleep(h.ClockGrain)
 	r := OpenReader(ctx, t, drv, nil)
@@ -247,6 +251,10 @@ func testPruneKeys[TTx any](t *testing.T, h Harness[TTx]) {
 func testPruneKeysSweep[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := ctxT(t, 30*time.Second)
 	drv := h.New(t)
+	if _, ok := drv.(ferrydriver.KeySeqStore); ok {
+		t.Logf("%s's producers keep no key sequences: the relay forgets its own (KeySeqsGoWithTheCheckpoint)", drv.Name())
+		return
+	}
 	var evs []*ferryevent.Event
 	for i := range 7 {
 		evs = append(evs, Event("t", "k"+strconv.Itoa(i), ""))

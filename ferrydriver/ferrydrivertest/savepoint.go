@@ -77,13 +77,13 @@ func RequireEveryStop(ctx context.Context, t *testing.T, s ferrydriver.Store, wa
 		r := OpenReader(ctx, t, s, nil)
 		var got []*ferryevent.Event
 		for len(got) < stop {
-			b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 1, Wait: 50 * time.Millisecond})
+			b, err := r.Read(ctx, &ferrydriver.ReadParams{Max: 1, Wait: 50 * time.Millisecond})
 			require.NoError(t, err, "stop after %d: read", stop)
 			got = append(got, b.Events...)
 			r.Last = b.Cursor
 		}
 		require.NoError(t, r.Feed.Close())
-		rest := OpenReader(ctx, t, s, r.Last)
+		rest := r.Resume(ctx, s)
 		got = append(got, rest.ReadQuiet(ctx)...)
 		require.NoError(t, rest.Feed.Close())
 		require.Equal(t, ids(want), ids(sortByKeyOrder(want, got)), "stop after %d of %d events: every committed event once, each key in order, nothing rolled back", stop, len(want))

@@ -8,6 +8,7 @@ package ferrydrivertest
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -87,6 +88,7 @@ func Exercise[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("RetentionKeepsWhatASlowFeedNeeds", func(t *testing.T) { t.Parallel(); testRetentionSlowestFeed(t, h) })
 	t.Run("IdleDeliveredKeysArePruned", func(t *testing.T) { t.Parallel(); testPruneKeys(t, h) })
 	t.Run("PruneKeysSweepsInChunks", func(t *testing.T) { t.Parallel(); testPruneKeysSweep(t, h) })
+	t.Run("KeySeqsGoWithTheCheckpoint", func(t *testing.T) { t.Parallel(); testKeySeqs(t, h) })
 	t.Run("Status", func(t *testing.T) { t.Parallel(); testStatus(t, h) })
 	t.Run("EveryFeedIsListed", func(t *testing.T) { t.Parallel(); testListFeeds(t, h) })
 	t.Run("Parking", func(t *testing.T) { t.Parallel(); testParking(t, h) })
@@ -122,20 +124,66 @@ func emit[TTx any](ctx context.Context, t *testing.T, h Harness[TTx], drv ferryd
 	require.NoError(t, tx.Commit())
 }
 
-// Reader drains a feed for tests.
+// Reader drains a feed for tests. Where the store leaves Seq to the relay
+// (ferrydriver.KeySeqStore), the Reader stands in for it: it checks that
+// every event arrives without a Seq and numbers each key's events in the
+// order the feed returns them, going on from where the reader it resumes
+// left off; elsewhere it checks that every event arrives numbered.
 type Reader struct {
 	t    *testing.T
 	Feed ferrydriver.Feed
 	Last []byte
+	// seqs is each key's last Seq, where the Reader numbers.
+	seqs map[string]int64
 }
 
 // OpenReader opens partition 0 of a store from cursor.
 func OpenReader(ctx context.Context, t *testing.T, s ferrydriver.Store, cursor []byte) *Reader {
 	t.Helper()
-	f, err := s.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "test/0", Cursor: cursor})
+	return openReader(ctx, t, s, &ferrydriver.OpenFeedParams{Feed: "test/0", Cursor: cursor})
+}
+
+func openReader(ctx context.Context, t *testing.T, s ferrydriver.Store, p *ferrydriver.OpenFeedParams) *Reader {
+	t.Helper()
+	f, err := s.OpenFeed(ctx, p)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.Close() })
-	return &Reader{t: t, Feed: f, Last: cursor}
+	r := &Reader{t: t, Feed: f, Last: p.Cursor}
+	if _, ok := s.(ferrydriver.KeySeqStore); ok {
+		r.seqs = map[string]int64{}
+	}
+	return r
+}
+
+// Resume opens partition 0 of s from where r stopped (its Last cursor and,
+// where it numbers, its keys' numbers), as a new leader does from a
+// checkpoint.
+func (r *Reader) Resume(ctx context.Context, s ferrydriver.Store) *Reader {
+	r.t.Helper()
+	next := OpenReader(ctx, r.t, s, r.Last)
+	if r.seqs != nil {
+		next.seqs = maps.Clone(r.seqs)
+	}
+	return next
+}
+
+// Read reads one batch, numbered as described at Reader.
+func (r *Reader) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferrydriver.Batch, error) {
+	b, err := r.Feed.Read(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	for _, ev := range b.Events {
+		if r.seqs == nil {
+			require.NotZero(r.t, ev.Seq, "event %s (key %q) arrived without a Seq from a store that numbers events itself", ev.ID, ev.Key)
+			continue
+		}
+		require.Zero(r.t, ev.Seq, "event %s (key %q) arrived with a Seq from a store that leaves Seq to the relay", ev.ID, ev.Key)
+		r.seqs[ev.Key]++
+		ev.Seq = r.seqs[ev.Key]
+	}
+	r.Last = b.Cursor
+	return b, nil
 }
 
 // ReadN reads until n events arrived or ctx ends.
@@ -143,10 +191,9 @@ func (r *Reader) ReadN(ctx context.Context, n int) []*ferryevent.Event {
 	r.t.Helper()
 	var out []*ferryevent.Event
 	for len(out) < n {
-		b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 100, Wait: 50 * time.Millisecond})
+		b, err := r.Read(ctx, &ferrydriver.ReadParams{Max: 100, Wait: 50 * time.Millisecond})
 		require.NoError(r.t, err, "read feed after %d of %d events", len(out), n)
 		out = append(out, b.Events...)
-		r.Last = b.Cursor
 	}
 	return out
 }
@@ -157,9 +204,8 @@ func (r *Reader) ReadQuiet(ctx context.Context) []*ferryevent.Event {
 	var out []*ferryevent.Event
 	empty := 0
 	for empty < 2 {
-		b, err := r.Feed.Read(ctx, &ferrydriver.ReadParams{Max: 100, Wait: 20 * time.Millisecond})
+		b, err := r.Read(ctx, &ferrydriver.ReadParams{Max: 100, Wait: 20 * time.Millisecond})
 		require.NoError(r.t, err)
-		r.Last = b.Cursor
 		if len(b.Events) == 0 {
 			empty++
 			continue

@@ -19,12 +19,14 @@
 // the previous batch's highest id are read by a range scan of the primary
 // key; rows below it can only come from transactions that were running at
 // the previous snapshot, and are read by an index probe per such
-// transaction. Both are O(batch). Per-key order comes from the keys table:
-// appending an event row-locks its key until commit, so for one key, id order
-// is commit order, and the feed returns every batch in id order. The relay
-// keeps that table bounded (PruneKeys): a key idle for its KeyRetention whose
-// last appending transaction every feed's previous snapshot saw is deleted
-// under the same row lock, and its next append inserts it afresh.
+// transaction. Both are O(batch). Per-key order comes from a
+// transaction-scoped advisory lock per key, taken before the event's id is
+// drawn: a key's next writer draws its id only once the previous one
+// committed, so for one key, id order is commit order, and the feed returns
+// every batch in id order. An emit writes the outbox row and nothing else:
+// the relay numbers each key's events (Seq) as the feed returns them and
+// saves the keys' last numbers with its checkpoint, in feed_seqs (the
+// driver is a ferrydriver.KeySeqStore).
 //
 // # Partitions
 //
@@ -352,11 +354,11 @@ func (d *Driver[TTx]) append(ctx context.Context, e executor, events []*ferryeve
 	}
 	parts := make([]int32, n)
 	// The statement writes only if the schema's stored partition count is
-	// the one the partitions were computed with, and returns the stored
-	// count (see appendGuard). A driver that follows the schema computes
-	// them again with the count returned and runs the statement again, in
-	// the same transaction: a statement that wrote nothing raised no
-	// error, so the caller's transaction is intact.
+	// the one the partitions were computed with (see sqlAppend). When it
+	// wrote nothing, the stored count is read: a driver that follows the
+	// schema computes the partitions again with it and runs the statement
+	// again, in the same transaction, which a statement that wrote nothing
+	// left intact.
 	for attempt := 0; ; attempt++ {
 		count := d.writeCount()
 		for i, ev := range events {
@@ -370,21 +372,24 @@ func (d *Driver[TTx]) append(ctx context.Context, e executor, events []*ferryeve
 		if !d.cfg.DisableNotify {
 			args = append(args, d.channel)
 		}
-		var written, notified int64
-		var stored *int32
-		dest := []any{&written, &stored}
-		if !d.cfg.DisableNotify {
-			dest = append(dest, &notified)
-		}
-		if err := queryRow(ctx, e, dest, q, args...); err != nil {
+		written, err := e.exec(ctx, q, args...)
+		if err != nil {
 			return d.wrapErr("append events to outbox", err)
+		}
+		if written == int64(n) {
+			return nil
+		}
+		if written != 0 {
+			return fmt.Errorf("ferrypg: append events to outbox: %d of %d events written", written, n)
+		}
+		var stored *int32
+		if err := queryRow(ctx, e, []any{&stored}, d.queries.storedPartitions); err != nil && !isNoRows(err) {
+			return d.wrapErr("append events to outbox: read the stored partition count", err)
 		}
 		switch {
 		case stored != nil && int(*stored) == count:
-			if written != int64(n) {
-				return fmt.Errorf("ferrypg: append events to outbox: %d of %d events written", written, n)
-			}
-			return nil
+			// The count was changed and changed back since the statement's
+			// snapshot: write again.
 		case stored != nil && d.cfg.Partitions > 0:
 			return d.mismatch("append events to outbox", int(*stored))
 		case stored != nil:
@@ -459,7 +464,7 @@ type queries struct {
 	listDeadLetters, getDeadLetter, countMatchingDeadLetters, deadLetterReasons                 byFeed
 	deleteDelivered, feedLag, armListener, disarmListener, seqCache                             string
 	partitionCursors, feedLagExact, countDeadLetterExact                                        string
-	deleteDeadLetters, keysChunk, pruneKeys                                                     string
+	deleteDeadLetters, pruneKeySeqs                                                             string
 	selectRedrive, deleteDeadLetterRefs, redriveToParked                                        string
 	inboxInsert, inboxClaim, inboxRescueKeys, inboxCharge, inboxHead, inboxClaimOne, inboxKill  string
 	inboxUnclaim, inboxRescueDue, inboxFinishRows, inboxLockKeys, inboxRefreshKeys, inboxGroups string
@@ -493,7 +498,7 @@ func newQueries(schema string) queries {
 		countDeadLetter: r(sqlCountDeadLetters),
 		deleteDelivered: r(sqlDeleteDelivered), feedLag: r(sqlFeedLag), armListener: r(sqlArmListener), disarmListener: r(sqlDisarmListener), seqCache: r(sqlSeqCache),
 		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
-		deleteDeadLetters: r(sqlDeleteDeadLetters), keysChunk: r(sqlKeysChunk), pruneKeys: r(sqlPruneKeys),
+		deleteDeadLetters: r(sqlDeleteDeadLetters), pruneKeySeqs: r(sqlPruneKeySeqs),
 		selectRedrive: r(sqlSelectRedrive), deleteDeadLetterRefs: r(sqlDeleteDeadLetterRefs), redriveToParked: r(sqlRedriveToParked), countMatchingDeadLetters: feedQueries(r(sqlCountMatchingDeadLetters)),
 		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescueKeys: r(sqlInboxRescueKeys),
 		inboxCharge: r(sqlInboxCharge), inboxHead: r(sqlInboxHead), inboxClaimOne: r(sqlInboxClaimOne), inboxKill: r(sqlInboxKill),

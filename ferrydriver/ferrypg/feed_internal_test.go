@@ -434,142 +434,56 @@ func TestDeadLetterRetentionIsBounded(t *testing.T) {
 	require.EqualValues(t, 100, n)
 }
 
-// TestPrunedKeyRecreatedConcurrently: writers that reach a key's row while
-// the pruner has it locked wait for the pruner, then re-create the key:
-// the first inserts it afresh (Seq 1), the second waits for the first (Seq
-// 2). Same-key writers stay serialised, and the feed delivers the key's
-// events in commit order, the old one first.
-func TestPrunedKeyRecreatedConcurrently(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	drv := newTestDriver(t)
-	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("t", "k", "old")}))
-	var xid string
-	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT xid::text FROM `+s+`.keys WHERE key = 'k'`).Scan(&xid))
-
-	pruner, commit, rollback, err := drv.begin.begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = rollback(context.Background()) }()
-	n, err := pruner.exec(ctx, drv.queries.pruneKeys, []string{"k"}, []string{xid})
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-
-	done := make(chan error, 2)
-	for _, payload := range []string{"a", "b"} {
-		go func() {
-			done <- drv.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("t", "k", payload)})
-		}()
-	}
-	select {
-	case err := <-done:
-		t.Fatalf("a writer of k finished (%v) while the pruner held the key", err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	require.NoError(t, commit(ctx))
-	require.NoError(t, <-done)
-	require.NoError(t, <-done)
-
-	got := ferrydrivertest.OpenReader(ctx, t, drv, nil).ReadQuiet(ctx)
-	require.Len(t, got, 3)
-	require.Equal(t, "old", string(got[0].Payload))
-	require.EqualValues(t, []int64{1, 1, 2}, []int64{got[0].Seq, got[1].Seq, got[2].Seq}, "re-created at 1, then serialised")
-}
-
-// TestKeySweepIsBounded: the retention pass sweeps the keys table a chunk
-// at a time in primary-key order. Over 100,000 keys, with statistics taken
-// on an empty table, reading a chunk of 100 and deleting what can go both
-// touch O(chunk) pages, wherever the sweep stands.
-func TestKeySweepIsBounded(t *testing.T) {
+// TestKeySeqPruneIsBounded: the relay forgets idle keys' numbers a chunk
+// at a time in primary-key order. Over 100,000 keys of a feed, with
+// statistics taken on an empty table, a chunk of 100 touches O(chunk)
+// pages, wherever the sweep stands; kept keys stay, and the sweep says
+// where it goes on.
+func TestKeySeqPruneIsBounded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
 	pool := ferrypgtest.Pool(t)
-	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.keys`)
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE `+s+`.feed_seqs`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.keys (key, seq, xid, touched_at)
-		SELECT 'k' || lpad(g::text, 6, '0'), 1, pg_current_xact_id(), now() - interval '2 days' FROM generate_series(1, 100000) g`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.feed_seqs (feed, key, seq, touched_at)
+		SELECT f, 'k' || lpad(g::text, 6, '0'), 1, now() - interval '2 days'
+		  FROM generate_series(1, 100000) g, (VALUES ('f/0'), ('other/0')) v(f)`)
 	require.NoError(t, err)
-	var keys, xids []string
-	measure := func(after string) (int, int) {
+	measure := func(after string) int {
 		t.Helper()
-		var chunkRaw, pruneRaw []byte
+		var raw []byte
 		errMeasured := errors.New("measured") // rolls the delete back
 		err := drv.inIndexPlanTx(ctx, func(e executor) error {
-			if err := queryRow(ctx, e, []any{&chunkRaw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.keysChunk, after, 100, (24 * time.Hour).Milliseconds()); err != nil {
-				return err
-			}
-			r, err := e.query(ctx, drv.queries.keysChunk, after, 100, (24 * time.Hour).Milliseconds())
-			if err != nil {
-				return err
-			}
-			keys, xids = keys[:0], xids[:0]
-			for r.Next() {
-				var k, x string
-				var idle bool
-				if err := r.Scan(&k, &x, &idle); err != nil {
-					return err
-				}
-				require.True(t, idle)
-				keys, xids = append(keys, k), append(xids, x)
-			}
-			r.Close()
-			if err := queryRow(ctx, e, []any{&pruneRaw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.pruneKeys, keys, xids); err != nil {
+			if err := queryRow(ctx, e, []any{&raw}, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+drv.queries.pruneKeySeqs,
+				"f/0", after, 100, (24 * time.Hour).Milliseconds(), []string{}); err != nil {
 				return err
 			}
 			return errMeasured
 		})
 		require.ErrorIs(t, err, errMeasured)
-		chunk, _ := planBuffers(t, chunkRaw)
-		prune, _ := planBuffers(t, pruneRaw)
-		require.Len(t, keys, 100)
-		return chunk, prune
+		n, _ := planBuffers(t, raw)
+		return n
 	}
-	startChunk, startPrune := measure("")
-	endChunk, endPrune := measure("k099800")
-	t.Logf("key sweep over 100,000 keys, chunk 100: read %d / %d buffers, prune %d / %d buffers (start / end of the table)", startChunk, endChunk, startPrune, endPrune)
-	require.Less(t, max(startChunk, endChunk), 20, "reading a chunk touches O(chunk) pages")
-	// Per key: two probes of keys_pkey (the locking subquery, then the
-	// delete's join), the lock and the delete: 8 pages.
-	require.Less(t, max(startPrune, endPrune), 1000, "pruning a chunk of 100 touches O(chunk) pages")
-}
+	start, end := measure(""), measure("k099800")
+	t.Logf("forgetting idle keys over 100,000 keys of a feed, chunk 100: %d / %d buffers (start / end of the table)", start, end)
+	// Per key: a probe of the primary key for the delete's join, and the delete.
+	require.Less(t, max(start, end), 1000, "a chunk of 100 touches O(chunk) pages")
 
-// TestMigration005KeepsExistingKeys: keys written before migration 005
-// keep their sequence and get the migration's transaction and time, so
-// that they are pruned only once a feed's snapshot has seen the migration
-// commit and KeyRetention has passed since.
-func TestMigration005KeepsExistingKeys(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	drv := newTestDriver(t)
-	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
-	pool := ferrypgtest.Pool(t)
-	// Revert down to before 005, whatever came after it.
-	for {
-		res, err := drv.Migrate(ctx, &ferrydriver.MigrateParams{Down: true})
-		require.NoError(t, err)
-		require.NotEmpty(t, res.Applied)
-		if res.Applied[0].Version <= 5 {
-			require.Equal(t, 5, res.Applied[0].Version)
-			break
-		}
-	}
-	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.keys (key, seq) VALUES ('old', 7)`)
+	res, err := drv.PruneKeySeqs(ctx, &ferrydriver.PruneKeySeqsParams{Feed: "f/0", IdleFor: 24 * time.Hour, After: "k000100", Limit: 100, Keep: []string{"k000150"}})
 	require.NoError(t, err)
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.Len(t, res.Pruned, 99, "the chunk's idle keys, but the kept one")
+	require.NotContains(t, res.Pruned, "k000150")
+	require.Equal(t, "k000200", res.Next)
+	left, err := drv.LoadKeySeqs(ctx, "f/0", []string{"k000100", "k000101", "k000150", "k000201"})
 	require.NoError(t, err)
-	var xid string
-	var age time.Duration
-	require.NoError(t, pool.QueryRow(ctx, `SELECT xid::text, (extract(epoch FROM now() - touched_at) * 1e9)::bigint FROM `+s+`.keys WHERE key = 'old'`).Scan(&xid, &age))
-	require.Less(t, age, time.Minute, "touched at the migration")
-	var visible bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_visible_in_snapshot($1::xid8, pg_current_snapshot())`, xid).Scan(&visible))
-	require.True(t, visible, "the migration's own, committed, transaction")
-
-	require.NoError(t, drv.Append(ctx, []*ferryevent.Event{ferrydrivertest.Event("t", "old", "after")}))
-	got := ferrydrivertest.OpenReader(ctx, t, drv, nil).ReadQuiet(ctx)
-	require.Len(t, got, 1)
-	require.EqualValues(t, 8, got[0].Seq, "the sequence goes on")
+	require.Equal(t, map[string]int64{"k000100": 1, "k000150": 1, "k000201": 1}, left)
+	left, err = drv.LoadKeySeqs(ctx, "other/0", []string{"k000101"})
+	require.NoError(t, err)
+	require.Len(t, left, 1, "another feed's keys stay")
+	res, err = drv.PruneKeySeqs(ctx, &ferrydriver.PruneKeySeqsParams{Feed: "f/0", IdleFor: 3 * 24 * time.Hour, After: "k099950", Limit: 100})
+	require.NoError(t, err)
+	require.Empty(t, res.Pruned, "not idle for long enough")
+	require.Empty(t, res.Next, "the end of the feed's keys")
 }

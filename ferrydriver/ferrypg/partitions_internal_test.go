@@ -23,7 +23,7 @@ func TestPartitionsUndeliveredIsCountedByIndex(t *testing.T) {
 	pool := ferrypgtest.Pool(t)
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
 	_, err := pool.Exec(ctx, `INSERT INTO `+s+`.outbox (event_id, topic, key, seq, type, payload, created_at)
-		SELECT gen_random_uuid(), 't', 'k' || g, 1, 'T', '', now() FROM generate_series(1, 20000) g`)
+		SELECT gen_random_uuid(), 't', 'k' || g, 0, 'T', '', now() FROM generate_series(1, 20000) g`)
 	require.NoError(t, err)
 	r := ferrydrivertest.OpenReader(ctx, t, drv, nil)
 	r.ReadQuiet(ctx)

@@ -8,96 +8,92 @@ package ferrypg
 
 // The append statements are guarded by the schema's stored partition
 // count: $11 is the count the producer computed the partitions with, and
-// the statement writes nothing (not even the keys row, so no sequence
-// number is used up) unless settings holds the same count. It returns the
-// stored count, which the driver compares with its own: a misconfigured
-// producer is refused and one that follows the schema computes the
-// partitions again, without a round trip of its own and without an error
-// that would abort the caller's transaction. Reading the one-row settings
-// table costs a producer statement about nothing; the ACCESS SHARE lock it
-// takes, held to commit, is what SetPartitions' TRUNCATE waits for.
-const appendGuard = `
-s AS (SELECT partitions FROM {schema}.settings),
-ok AS (SELECT 1 FROM s WHERE partitions = $11::int)`
+// the statement writes nothing (and takes no lock) unless settings holds
+// the same count. A statement that wrote nothing raised no error that
+// would abort the caller's transaction: the driver then reads the stored
+// count (sqlStoredPartitions) and refuses a misconfigured producer, or
+// computes the partitions again for one that follows the schema. Reading
+// the one-row settings table costs a producer statement about nothing; the
+// ACCESS SHARE lock it takes, held to commit, is what SetPartitions'
+// TRUNCATE waits for.
+//
+// Each key's transaction-scoped advisory lock is taken first, held to
+// commit, in hash order (so multi-key appends cannot deadlock each other),
+// with the transaction's xid; only then are outbox ids drawn. Hence, for
+// one key, a writer draws its ids only after the key's previous writer
+// committed: id order is commit order, and every row's xid was assigned
+// before its id was drawn; the feed depends on both. The lock's class is
+// the schema's (hashtext of its quoted name, a constant once planned), its
+// object the key's hash: keys whose hashes collide share a lock, which only
+// makes their writers wait for each other, and an application's own
+// two-argument advisory locks meet these only if it picks the same class.
+// No row is written but the outbox's: the relay numbers each key's events
+// as it reads them (Seq; ferrydriver.KeySeqStore), so an emit costs about
+// what a plain insert costs (docs/benchmarks.md, "Producer cost"). Each
+// statement is an INSERT, whose row count says what it wrote.
 
-// appendCTE writes a batch of events in one statement. The upsert into keys
-// comes first and takes each key's row lock (in key order, so multi-key
-// appends cannot deadlock each other) and gives the transaction its xid;
-// only then are outbox ids drawn. Hence, for one key, id order is commit
-// order, and every row's xid was assigned before its id was drawn; the feed
-// depends on both. ORDER BY ord makes ids follow the caller's order. The
-// key's row also records the appending transaction and the time, for
-// PruneKeys; a key forgotten by PruneKeys is inserted afresh, Seq from 1.
-const appendCTE = `
-WITH ` + appendGuard + `,
-input AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::text[], $7::text[], $8::bytea[], $9::timestamptz[], $10::int[])
-        WITH ORDINALITY AS t(event_id, topic, key, type, source, content_type, headers,
-                             payload, created_at, partition, ord)
-),
-counts AS (
-    SELECT key, count(*) AS n FROM input GROUP BY key
-),
-k AS (
-    INSERT INTO {schema}.keys AS k (key, seq, xid, touched_at)
-    SELECT key, n, pg_current_xact_id(), statement_timestamp() FROM counts WHERE EXISTS (SELECT FROM ok) ORDER BY key
-    ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq, xid = excluded.xid, touched_at = excluded.touched_at
-    RETURNING k.key, k.seq
-),
-ins AS (
-    INSERT INTO {schema}.outbox (partition, event_id, topic, key, seq, type, source,
-                                 content_type, headers, payload, created_at)
-    SELECT i.partition, i.event_id, i.topic, i.key,
-           k.seq - c.n + row_number() OVER (PARTITION BY i.key ORDER BY i.ord),
-           i.type, i.source, i.content_type, NULLIF(i.headers, '')::jsonb, i.payload, i.created_at
-    FROM input i JOIN k USING (key) JOIN counts c USING (key)
-    ORDER BY i.ord
-    RETURNING partition
-)`
-
-// appendResult is what every append statement returns: the events written
-// and the stored partition count (NULL when the statement's snapshot shows
-// no settings row: see SetPartitions).
-const appendResult = `
-SELECT (SELECT count(*) FROM ins), (SELECT partitions FROM s)`
-
-const sqlAppend = appendCTE + appendResult
-
-// appendOneCTE is appendCTE for the common case of one event: no arrays
-// to unnest, group and number. It costs PostgreSQL noticeably less CPU per
-// producer transaction.
-const appendOneCTE = `
-WITH ` + appendGuard + `,
-k AS (
-    INSERT INTO {schema}.keys AS k (key, seq, xid, touched_at)
-    SELECT $3::text, 1, pg_current_xact_id(), statement_timestamp() WHERE EXISTS (SELECT FROM ok)
-    ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1, xid = excluded.xid, touched_at = excluded.touched_at
-    RETURNING k.seq
-),
-ins AS (
-    INSERT INTO {schema}.outbox (partition, event_id, topic, key, seq, type, source,
-                                 content_type, headers, payload, created_at)
-    SELECT $10::int, $1::uuid, $2::text, $3::text, k.seq, $4::text, $5::text,
-           $6::text, NULLIF($7::text, '')::jsonb, $8::bytea, $9::timestamptz
-      FROM k
-    RETURNING partition
-)`
-
-const sqlAppendOne = appendOneCTE + appendResult
-
-const sqlAppendOneNotify = appendOneCTE + appendResult + `,
-       (SELECT count(pg_notify($12 || '.' || l.partition, ''))
-          FROM {schema}.listeners l
-         WHERE l.until > now() AND l.partition IN (SELECT partition FROM ins))`
+// sqlAppend writes a batch of events; ORDER BY ord makes ids follow the
+// caller's order.
+const sqlAppend = appendInput + `,
+locked AS MATERIALIZED (
+    SELECT count(pg_advisory_xact_lock(hashtext('{schema}'), h)) AS n, pg_current_xact_id()
+      FROM (SELECT DISTINCT hashtext(key) AS h FROM input
+             WHERE EXISTS (SELECT FROM {schema}.settings WHERE partitions = $11::int) ORDER BY 1) hs
+)` + appendRows + `
+  FROM input i, locked
+ WHERE locked.n > 0
+ ORDER BY i.ord`
 
 // sqlAppendNotify also wakes the relay of each written partition that is
 // idle (see the listeners table), on the channel "$12.<partition>". NOTIFY
 // is delivered at commit, never for a rolled-back transaction.
-const sqlAppendNotify = appendCTE + appendResult + `,
-       (SELECT count(pg_notify($12 || '.' || l.partition, ''))
-          FROM {schema}.listeners l
-         WHERE l.until > now() AND l.partition IN (SELECT DISTINCT partition FROM ins))`
+const sqlAppendNotify = appendInput + `,
+locked AS MATERIALIZED (
+    SELECT count(pg_advisory_xact_lock(hashtext('{schema}'), h)) AS n, pg_current_xact_id()
+      FROM (SELECT DISTINCT hashtext(key) AS h FROM input
+             WHERE EXISTS (SELECT FROM {schema}.settings WHERE partitions = $11::int) ORDER BY 1) hs
+),
+woken AS MATERIALIZED (
+    SELECT count(pg_notify($12 || '.' || l.partition, '')) FROM {schema}.listeners l
+     WHERE l.until > now() AND l.partition IN (SELECT partition FROM input)
+)` + appendRows + `
+  FROM input i, locked, woken
+ WHERE locked.n > 0
+ ORDER BY i.ord`
+
+const appendInput = `
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::text[], $8::bytea[], $9::timestamptz[], $10::int[])
+        WITH ORDINALITY AS t(event_id, topic, key, type, source, content_type, headers,
+                             payload, created_at, partition, ord)
+)`
+
+const appendRows = `
+INSERT INTO {schema}.outbox (partition, event_id, topic, key, seq, type, source,
+                             content_type, headers, payload, created_at)
+SELECT i.partition, i.event_id, i.topic, i.key, 0,
+       i.type, i.source, i.content_type, NULLIF(i.headers, '')::jsonb, i.payload, i.created_at`
+
+// sqlAppendOne is sqlAppend for the common case of one event: no arrays to
+// unnest, group and order. It costs PostgreSQL noticeably less CPU per
+// producer transaction.
+const sqlAppendOne = `
+WITH locked AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtext('{schema}'), hashtext($3::text)), pg_current_xact_id()
+      FROM {schema}.settings WHERE partitions = $11::int
+)
+INSERT INTO {schema}.outbox (partition, event_id, topic, key, seq, type, source,
+                             content_type, headers, payload, created_at)
+SELECT $10::int, $1::uuid, $2::text, $3::text, 0, $4::text, $5::text,
+       $6::text, NULLIF($7::text, '')::jsonb, $8::bytea, $9::timestamptz
+  FROM locked`
+
+// sqlAppendOneNotify is sqlAppendOne waking the event's partition's relay
+// if it is idle, as sqlAppendNotify does.
+const sqlAppendOneNotify = sqlAppendOne + `
+RETURNING (SELECT count(pg_notify($12 || '.' || l.partition, '')) FROM {schema}.listeners l
+            WHERE l.until > now() AND l.partition = $10::int)`
 
 // sqlArmListener tells producers that a relay is idle until now() + $2 ms.
 const sqlArmListener = `
@@ -283,40 +279,23 @@ DELETE FROM {schema}.outbox o USING (
        AND h.xid < $6::text::xid8 AND h.xid <> ALL ($3::text[]::xid8[])) s
  WHERE o.partition = $1 AND o.id = s.id`
 
-// sqlKeysChunk reads the next $2 keys of the sweep after $1, in primary
-// key order (O($2), in an index-plan transaction), with the transaction
-// that last appended to each and whether that was longer than $3 ms ago.
-// Over 100,000 keys (TestKeySweepIsBounded):
-//
-//	Limit -> Index Scan using keys_pkey on keys  Index Cond: (key > 'k000500'::text)
-//
-// 3 buffers for a chunk of 100, at the start of the table as at its end.
-const sqlKeysChunk = `
-SELECT key, xid::text, touched_at < now() - $3 * interval '1 millisecond'
-  FROM {schema}.keys WHERE key > $1 ORDER BY key LIMIT $2`
-
-// sqlPruneKeys forgets the keys $1 whose row still names the transaction
-// $2 the sweep read: a row locked by a writer in flight is skipped (SKIP
-// LOCKED), and one a writer changed since is dropped when FOR UPDATE
-// re-checks it against its newest version. A writer that reaches a row
-// while it is locked here waits for this transaction, then finds it
-// deleted and inserts the key afresh (ON CONFLICT retries the insert): it
-// is serialised with the other writers of the key as before, and draws its
-// outbox ids after every earlier event of the key committed. Two probes
-// of keys_pkey per key (TestKeySweepIsBounded: 800 buffers for 100 keys):
-//
-//	Delete on keys k
-//	  -> Nested Loop
-//	       -> Subquery Scan on s -> LockRows -> Nested Loop
-//	            -> Function Scan on c
-//	            -> Index Scan using keys_pkey on keys  Index Cond: (key = c.key)  Filter: ((c.xid)::xid8 = xid)
-//	       -> Index Scan using keys_pkey on keys k  Index Cond: (key = s.key)
-const sqlPruneKeys = `
-DELETE FROM {schema}.keys k USING (
-    SELECT keys.key FROM {schema}.keys
-      JOIN unnest($1::text[], $2::text[]) AS c(key, xid) ON keys.key = c.key AND keys.xid = c.xid::xid8
-     FOR UPDATE OF keys SKIP LOCKED) s
- WHERE k.key = s.key`
+// sqlPruneKeySeqs forgets the saved numbers of feed $1's keys that no save
+// touched for $4 ms, but those of $5, among the next $3 keys after $2 in
+// primary-key order: O($3), however many keys there are. The DELETE
+// re-checks touched_at on the row's newest version, so a key saved while
+// it runs stays. It returns the chunk's last key and size, and the keys
+// forgotten.
+const sqlPruneKeySeqs = `
+WITH chunk AS (
+    SELECT key FROM {schema}.feed_seqs WHERE feed = $1 AND key > $2 ORDER BY key LIMIT $3
+),
+gone AS (
+    DELETE FROM {schema}.feed_seqs s USING chunk c
+     WHERE s.feed = $1 AND s.key = c.key
+       AND s.touched_at < now() - $4 * interval '1 millisecond' AND s.key <> ALL ($5::text[])
+    RETURNING s.key
+)
+SELECT (SELECT max(key) FROM chunk), (SELECT count(*) FROM chunk), (SELECT coalesce(json_agg(key), '[]')::text FROM gone)`
 
 // sqlFeedLag measures the lag of a feed position for the relay's
 // heartbeat, O($3) whatever the backlog: it counts the first $3 events

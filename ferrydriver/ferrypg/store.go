@@ -2,6 +2,7 @@ package ferrypg
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -327,13 +328,6 @@ type horizon struct {
 	xip  []uint64
 }
 
-// delivered reports whether every event of transaction xid was delivered
-// by every feed: it committed (or aborted) before every feed's previous
-// snapshot, so its rows, if any, were visible to it and are at or below Low.
-func (h *horizon) delivered(xid uint64) bool {
-	return h.low > 0 && xid < h.xmax && !slices.Contains(h.xip, xid)
-}
-
 // partitionHorizon reads the saved checkpoints of partition and combines
 // them with cursor (the caller's own, possibly newer than its saved one).
 func (d *Driver[TTx]) partitionHorizon(ctx context.Context, partition int, cursor []byte) (*horizon, error) {
@@ -398,61 +392,35 @@ func (d *Driver[TTx]) DeleteDelivered(ctx context.Context, p *ferrydriver.Delete
 	return n, nil
 }
 
-// PruneKeys implements ferrydriver.Store: a chunk of the keys table in
-// primary-key order (sqlKeysChunk), filtered here (the key's partition is
-// a hash computed in Go, its last transaction is compared with the
-// partition's horizon), then a compare-and-delete of the keys that can go
-// (sqlPruneKeys), in one index-plan transaction.
-func (d *Driver[TTx]) PruneKeys(ctx context.Context, p *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
-	res := &ferrydriver.PruneKeysResult{Next: p.After}
-	h, err := d.partitionHorizon(ctx, p.Partition, p.Cursor)
-	if err != nil || h.low <= 0 {
-		return res, err
-	}
+// PruneKeys implements ferrydriver.Store. PostgreSQL's producers keep no
+// row per key (the relay numbers events: KeySeqStore), so there is nothing
+// of theirs to forget; the relay forgets its own numbers with PruneKeySeqs.
+func (d *Driver[TTx]) PruneKeys(context.Context, *ferrydriver.PruneKeysParams) (*ferrydriver.PruneKeysResult, error) {
+	return &ferrydriver.PruneKeysResult{}, nil
+}
+
+// PruneKeySeqs implements ferrydriver.KeySeqStore (sqlPruneKeySeqs).
+func (d *Driver[TTx]) PruneKeySeqs(ctx context.Context, p *ferrydriver.PruneKeySeqsParams) (*ferrydriver.PruneKeySeqsResult, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = ferrydriver.RetentionChunk
 	}
-	err = d.inIndexPlanTx(ctx, func(e executor) error {
-		r, err := e.query(ctx, d.queries.keysChunk, p.After, limit, p.IdleFor.Milliseconds())
-		if err != nil {
-			return err
-		}
-		var keys, xids []string
-		read, last := 0, ""
-		for r.Next() {
-			var key, xid string
-			var idle bool
-			if err := r.Scan(&key, &xid, &idle); err != nil {
-				r.Close()
-				return err
-			}
-			read, last = read+1, key
-			if !idle || d.PartitionOf(key) != p.Partition {
-				continue
-			}
-			x, err := strconv.ParseUint(xid, 10, 64)
-			if err != nil || !h.delivered(x) {
-				continue
-			}
-			keys, xids = append(keys, key), append(xids, xid)
-		}
-		r.Close()
-		if err := r.Err(); err != nil {
-			return err
-		}
-		res.Next = last
-		if read < limit {
-			res.Next = ""
-		}
-		if len(keys) == 0 {
-			return nil
-		}
-		res.Pruned, err = e.exec(ctx, d.queries.pruneKeys, keys, xids)
-		return err
-	})
-	if err != nil {
-		return nil, d.wrapErr("prune idle keys of partition "+strconv.Itoa(p.Partition), err)
+	var last *string
+	var read int
+	var pruned string // a JSON array: database/sql scans no text[]
+	res := &ferrydriver.PruneKeySeqsResult{}
+	keep := p.Keep
+	if keep == nil {
+		keep = []string{}
+	}
+	if err := queryRow(ctx, d.db, []any{&last, &read, &pruned}, d.queries.pruneKeySeqs, p.Feed, p.After, limit, p.IdleFor.Milliseconds(), keep); err != nil {
+		return nil, d.wrapErr("forget idle keys of "+p.Feed, err)
+	}
+	if err := json.Unmarshal([]byte(pruned), &res.Pruned); err != nil {
+		return nil, fmt.Errorf("ferrypg: forget idle keys of %s: %w", p.Feed, err)
+	}
+	if last != nil && read >= limit {
+		res.Next = *last
 	}
 	return res, nil
 }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # PostgreSQL CPU and WAL per 10,000 producer transactions of one event,
 # for each pgbench script here: Ferry's emit statement (emit.sql, as
-# ferrypg's appendOne), the same with the key's row updated before it is
-# inserted (emit-update-first.sql), the outbox insert alone
+# ferrypg's sqlAppendOneNotify, the default: the key's advisory lock, the
+# outbox row, the idle relays' wake-up), 0.1's (emit-0.1.sql: the key's row
+# in a keys table upserted first, which handed out Seq; same wake-up), the
+# key's row updated before it is inserted, without wake-ups
+# (emit-update-first.sql), the outbox insert alone
 # (outbox-only.sql), the outbox insert behind a per-key transaction-scoped
 # advisory lock and the transaction's xid taken first, as the feed needs, in
 # place of the key's row (outbox-advisory.sql: no Seq), and a Watermill-like
@@ -15,12 +18,14 @@ set -euo pipefail
 cd "$(dirname "$0")"
 db=${DB:-test}
 P="psql -h 127.0.0.1 -U postgres -d $db -Atq"
+$P -c 'CREATE TABLE IF NOT EXISTS walexp.keys01 (key text PRIMARY KEY, seq bigint NOT NULL,
+  xid xid8 NOT NULL, touched_at timestamptz NOT NULL) WITH (fillfactor = 80)'
 $P -c 'CREATE TABLE IF NOT EXISTS walexp.plain ("offset" bigserial PRIMARY KEY, uuid varchar(36) NOT NULL,
   created_at timestamptz NOT NULL DEFAULT now(), payload bytea, metadata json, transaction_id xid8 NOT NULL)'
 pm=$(pgrep -o -x postgres)
 cpu() { awk '{print $14+$15+$16+$17}' /proc/"$pm"/stat; }
 for round in 1 2 3; do
-	for s in ${SCRIPTS:-emit emit-update-first outbox-advisory outbox-only plain-insert}; do
+	for s in ${SCRIPTS:-emit emit-0.1 emit-update-first outbox-advisory outbox-only plain-insert}; do
 		$P -c checkpoint
 		$P -c "select pg_stat_reset_shared('wal')" >/dev/null
 		before=$(cpu)

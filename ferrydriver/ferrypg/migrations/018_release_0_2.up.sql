@@ -23,10 +23,15 @@ ALTER TABLE {schema}.parked
     ADD COLUMN attempts      integer NOT NULL DEFAULT 0,
     ADD COLUMN first_failure timestamptz;
 
--- (3): the keys' sequence numbers a relay gave, per feed, saved with its
--- checkpoint (in the same transaction) when the outbox leaves Seq to the
--- relay (ferrydriver.KeySeqStore): a new leader reading again from the
--- checkpoint gives each event the number it had.
+-- (3): producers no longer number a key's events: a transaction-scoped
+-- advisory lock per key keeps same-key writers in commit order, and the
+-- relay numbers each key's events as it reads them (Seq), saving the keys'
+-- last numbers per feed with its checkpoint, in the same transaction
+-- (ferrydriver.KeySeqStore): a new leader reading again from the checkpoint
+-- gives each event the number it had. Every feed with a checkpoint starts
+-- from the keys' numbers so far; the keys table, which every emit updated,
+-- goes (a 0.1 producer fails on its absence instead of writing out of
+-- order beside 0.2 ones: upgrade producers and relays together).
 CREATE TABLE {schema}.feed_seqs (
     feed       text        NOT NULL,
     key        text        NOT NULL,
@@ -34,3 +39,6 @@ CREATE TABLE {schema}.feed_seqs (
     touched_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (feed, key)
 ) WITH (fillfactor = 80);
+INSERT INTO {schema}.feed_seqs (feed, key, seq, touched_at)
+SELECT c.feed, k.key, k.seq, k.touched_at FROM {schema}.checkpoints c CROSS JOIN {schema}.keys k;
+DROP TABLE {schema}.keys;
