@@ -84,7 +84,7 @@ func TestPartitionsChangeUnderARepeatableReadProducer(t *testing.T) {
 	tx, err := ferrypgtest.Pool(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT count(*) FROM `+drv.Schema()+`.listeners`) // the snapshot
+	_, err = tx.Exec(ctx, `SELECT count(*) FROM `+drv.Schema()+`.checkpoints`) // the snapshot
 	require.NoError(t, err)
 
 	_, err = drv.SetPartitions(ctx, &ferrydriver.SetPartitionsParams{Partitions: 3})

@@ -45,8 +45,8 @@ locked AS MATERIALIZED (
  ORDER BY i.ord`
 
 // sqlAppendNotify also wakes the relay of each written partition that is
-// idle (see the listeners table), on the channel "$12.<partition>". NOTIFY
-// is delivered at commit, never for a rolled-back transaction.
+// idle (settings.listening), on the channel "$12.<partition>". NOTIFY is
+// delivered at commit, never for a rolled-back transaction.
 const sqlAppendNotify = appendInput + `,
 locked AS MATERIALIZED (
     SELECT count(pg_advisory_xact_lock(hashtext('{schema}'), h)) AS n, pg_current_xact_id()
@@ -54,8 +54,9 @@ locked AS MATERIALIZED (
              WHERE EXISTS (SELECT FROM {schema}.settings WHERE partitions = $11::int) ORDER BY 1) hs
 ),
 woken AS MATERIALIZED (
-    SELECT count(pg_notify($12 || '.' || l.partition, '')) FROM {schema}.listeners l
-     WHERE l.until > now() AND l.partition IN (SELECT partition FROM input)
+    SELECT count(pg_notify($12 || '.' || p.partition, ''))
+      FROM (SELECT DISTINCT partition FROM input) p, {schema}.settings s
+     WHERE s.listening[p.partition + 1] > now()
 )` + appendRows + `
   FROM input i, locked, woken
  WHERE locked.n > 0
@@ -82,7 +83,9 @@ const sqlAppendOne = `
 WITH locked AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtext('{schema}'), hashtext($3::text)), pg_current_xact_id()
       FROM {schema}.settings WHERE partitions = $11::int
-)
+)` + appendOneRow
+
+const appendOneRow = `
 INSERT INTO {schema}.outbox (partition, event_id, topic, key, seq, type, source,
                              content_type, headers, payload, created_at)
 SELECT $10::int, $1::uuid, $2::text, $3::text, 0, $4::text, $5::text,
@@ -90,23 +93,29 @@ SELECT $10::int, $1::uuid, $2::text, $3::text, 0, $4::text, $5::text,
   FROM locked`
 
 // sqlAppendOneNotify is sqlAppendOne waking the event's partition's relay
-// if it is idle, as sqlAppendNotify does.
-const sqlAppendOneNotify = sqlAppendOne + `
-RETURNING (SELECT count(pg_notify($12 || '.' || l.partition, '')) FROM {schema}.listeners l
-            WHERE l.until > now() AND l.partition = $10::int)`
+// if it is idle, as sqlAppendNotify does, from the settings row the guard
+// reads anyway (a table of its own cost an emit 0.15-0.2 PostgreSQL CPU-s
+// per 10k: docs/benchmarks.md).
+const sqlAppendOneNotify = `
+WITH locked AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtext('{schema}'), hashtext($3::text)), pg_current_xact_id(),
+           (SELECT pg_notify($12 || '.' || $10::int, '') WHERE listening[$10::int + 1] > now())
+      FROM {schema}.settings WHERE partitions = $11::int
+)` + appendOneRow
 
-// sqlArmListener tells producers that a relay is idle until now() + $2 ms.
+// sqlArmListener tells producers that partition $1's relay is idle until
+// now() + $2 ms (settings.listening, which producers read with the
+// partition count).
 const sqlArmListener = `
-INSERT INTO {schema}.listeners (partition, until)
-SELECT $1, now() + $2 * interval '1 millisecond'
- WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
-ON CONFLICT (partition) DO UPDATE SET until = GREATEST(listeners.until, excluded.until)`
+UPDATE {schema}.settings
+   SET listening[$1::int + 1] = GREATEST(listening[$1::int + 1], now() + $2 * interval '1 millisecond')
+ WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL`
 
 // sqlDisarmListener tells producers that the relay is busy again: they
 // stop notifying.
 const sqlDisarmListener = `
-UPDATE {schema}.listeners SET until = now()
- WHERE partition = $1 AND until > now() AND set_config('synchronous_commit', 'off', true) IS NOT NULL`
+UPDATE {schema}.settings SET listening[$1::int + 1] = now()
+ WHERE listening[$1::int + 1] > now() AND set_config('synchronous_commit', 'off', true) IS NOT NULL`
 
 const eventColumns = `id, event_id, topic, key, seq, type, source, content_type, headers::text, payload, created_at`
 

@@ -15,5 +15,5 @@ ins AS (
 )
 SELECT (SELECT count(*) FROM ins), (SELECT partitions FROM s),
        (SELECT count(pg_notify('ferry.' || l.partition, ''))
-          FROM walexp.listeners l
+          FROM walexp.listeners01 l
          WHERE l.until > now() AND l.partition IN (SELECT partition FROM ins));

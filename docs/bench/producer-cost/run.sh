@@ -2,8 +2,9 @@
 # PostgreSQL CPU and WAL per 10,000 producer transactions of one event,
 # for each pgbench script here: Ferry's emit statement (emit.sql, as
 # ferrypg's sqlAppendOneNotify, the default: the key's advisory lock, the
-# outbox row, the idle relays' wake-up), 0.1's (emit-0.1.sql: the key's row
-# in a keys table upserted first, which handed out Seq; same wake-up), the
+# outbox row, the idle relay's wake-up read from the settings row), 0.1's
+# (emit-0.1.sql: the key's row in a keys table upserted first, which handed
+# out Seq, and the wake-up read from a listeners table), the
 # key's row updated before it is inserted, without wake-ups
 # (emit-update-first.sql), the outbox insert alone
 # (outbox-only.sql), the outbox insert behind a per-key transaction-scoped
@@ -18,8 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 db=${DB:-test}
 P="psql -h 127.0.0.1 -U postgres -d $db -Atq"
+# 0.1's tables, for emit-0.1.sql and emit-update-first.sql
 $P -c 'CREATE TABLE IF NOT EXISTS walexp.keys01 (key text PRIMARY KEY, seq bigint NOT NULL,
   xid xid8 NOT NULL, touched_at timestamptz NOT NULL) WITH (fillfactor = 80)'
+$P -c 'CREATE TABLE IF NOT EXISTS walexp.listeners01 (partition integer PRIMARY KEY, until timestamptz NOT NULL)'
 $P -c 'CREATE TABLE IF NOT EXISTS walexp.plain ("offset" bigserial PRIMARY KEY, uuid varchar(36) NOT NULL,
   created_at timestamptz NOT NULL DEFAULT now(), payload bytea, metadata json, transaction_id xid8 NOT NULL)'
 pm=$(pgrep -o -x postgres)

@@ -1,3 +1,8 @@
+CREATE TABLE {schema}.listeners (
+    partition integer     PRIMARY KEY,
+    until     timestamptz NOT NULL
+);
+ALTER TABLE {schema}.settings DROP COLUMN listening;
 -- Producers of 0.1 number events again from the keys' highest numbers; a
 -- 0.1 relay delivers what 0.2 producers left unnumbered with Seq 0, so
 -- let the relays deliver everything before going down.
