@@ -104,6 +104,7 @@ func (s *keySeqs) number(ctx context.Context, b *ferrydriver.Batch) (uint64, map
 		}
 		given[ev.Key] = ev.Seq
 	}
+	s.dropSaved()
 	if len(given) > 0 {
 		keys := make([]string, 0, len(given))
 		for k := range given {
@@ -141,13 +142,19 @@ func (s *keySeqs) load(ctx context.Context, events []*ferryevent.Event) error {
 	return nil
 }
 
-// keep returns the keys whose numbers are not saved yet, forgetting the
-// lists of the batches that are.
-func (s *keySeqs) keep() []string {
+// dropSaved forgets the key lists of the batches whose numbers are saved.
+func (s *keySeqs) dropSaved() {
 	saved := s.saved.Load()
-	for len(s.unsaved) > 0 && s.unsaved[0].n <= saved {
-		s.unsaved = s.unsaved[1:]
+	i := 0
+	for i < len(s.unsaved) && s.unsaved[i].n <= saved {
+		i++
 	}
+	s.unsaved = append(s.unsaved[:0], s.unsaved[i:]...)
+}
+
+// keep returns the keys whose numbers are not saved yet.
+func (s *keySeqs) keep() []string {
+	s.dropSaved()
 	var keep []string
 	for _, b := range s.unsaved {
 		keep = append(keep, b.keys...)

@@ -86,12 +86,15 @@ func TestKeySeqsAskTheStoreOnceAKey(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, len(s.last), maxCachedSeqs, "numbers not saved yet are never forgotten")
 
+	require.Len(t, s.unsaved, 3, "each batch's keys, until saved")
+
 	// Once batches 1 to 3 are saved, the next batch forgets them.
 	saved.Store(3)
 	store.saved["a"] = 44
 	_, _, err = s.number(ctx, unnumbered("d"))
 	require.NoError(t, err)
 	require.Len(t, s.last, 1, "saved numbers are forgotten past the bound")
+	require.Len(t, s.unsaved, 1, "and the lists of saved batches")
 	asked := store.asked
 	b = unnumbered("a")
 	_, _, err = s.number(ctx, b)
@@ -117,6 +120,7 @@ func TestKeySeqsForgetOnlySavedKeys(t *testing.T) {
 	require.NoError(t, err)
 	saved.Store(1) // a's 6 is saved, b's 8 is not
 	store.saved["a"] = 6
+	require.Equal(t, []string{"b"}, s.keep(), "the keys whose numbers are unsaved")
 	s.prune(ctx)
 	require.Equal(t, 1, forgotten)
 	require.Equal(t, map[string]int64{"b": 7}, store.saved, "b's unsaved number keeps its key")
