@@ -499,7 +499,7 @@ async function eventPage(main, id) {
   const t = await get('events/' + encodeURIComponent(id));
   const ev = (t.dead_letters[0] && t.dead_letters[0].event) || (t.groups[0] && t.groups[0].event) || t.outbox.event;
   const out = [el('h1', {}, 'Event ', el('span', { class: 'mono' }, t.id))];
-  out.push(fields([['Topic', ev.topic], ['Key', link('#/keys/' + encodeURIComponent(ev.key), el('span', { class: 'mono', id: 'event-key' }, ev.key))], ['Seq', String(ev.seq)], ['Type', ev.type],
+  out.push(fields([['Topic', ev.topic], ['Key', link('#/keys/' + encodeURIComponent(ev.key), el('span', { class: 'mono', id: 'event-key' }, ev.key))], ['Seq', ev.seq ? String(ev.seq) : 'given by the relay as it publishes'], ['Type', ev.type],
     ['Source', ev.source], ['Content type', ev.content_type], ['Committed', fmtTime(ev.created_at)]]));
   const steps = [el('li', { class: 'good' }, el('b', {}, 'Committed to the outbox'), ' ', el('span', { class: 'muted' }, fmtTime(ev.created_at)))];
   // One dead letter per feed partition that dead-lettered it: an action

@@ -172,7 +172,11 @@ func (s *suite) eventTimeline(t *testing.T) {
 	require.Equal(t, "default/0", last.Outbox.Feed)
 	require.Equal(t, first.Outbox.Ahead+2, last.Outbox.Ahead, "the key's events in order")
 	require.Equal(t, Hostile, *last.Outbox.Event.PayloadText)
-	require.Equal(t, first.Outbox.Event.Seq+2, last.Outbox.Event.Seq)
+	if _, ok := store.(ferrydriver.KeySeqStore); ok {
+		require.Zero(t, last.Outbox.Event.Seq, "the relay numbers an event as it reads it")
+	} else {
+		require.Equal(t, first.Outbox.Event.Seq+2, last.Outbox.Event.Seq)
+	}
 	var e struct{ Error string }
 	c.get("/api/v1/events/"+waiting[2].ID.String()+"?scan="+fmt.Sprint(first.Outbox.Ahead+2), http.StatusNotFound, &e)
 	require.Contains(t, e.Error, "not among the first")
