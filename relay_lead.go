@@ -193,10 +193,14 @@ func (l *leadership) publish(reads <-chan readResult) (readErr, err error) {
 	return nil, nil
 }
 
-// handOver stops reading, saves the last cursor and, for a stopping
-// relay, releases the lease at once for a standby to take over; after a
-// feed's failure (readErr) the lease is kept for the next leadership of
-// this Run.
+// handOver stops reading, saves the last cursor and releases the lease at
+// once: for a stopping relay, so that a standby takes over; after a feed's
+// failure (readErr), so that the next leadership, this Run's or a
+// standby's, has a new term. A save of this term that its caller gave up
+// on (the checkpointer is cancelled, the flush has a deadline) may still
+// commit on the server; the new term's fence refuses it, or the lease's
+// release waits for it, so the next leadership never loads a checkpoint
+// older than the key numbers it then reads (keySeqs).
 func (l *leadership) handOver(readErr error) error {
 	r := l.r
 	l.stopRead()
@@ -206,14 +210,11 @@ func (l *leadership) handOver(readErr error) error {
 		deadline = l.sd.begin().Add(r.cfg.ShutdownTimeout)
 	}
 	l.ck.flush(l.stop, time.Until(deadline.Add(-l.sd.reserve/2)))
-	if readErr != nil {
-		return readErr
-	}
 	relCtx, cancel := context.WithDeadline(context.WithoutCancel(l.stop), deadline)
 	defer cancel()
 	l.loseLease(errStopping)
 	if err := r.store.ReleaseLease(relCtx, &ferrydriver.LeaseParams{Name: r.name, Holder: r.holder, Term: l.lease.Term}); err != nil {
 		r.log.Warn("ferry: could not release the lease; a standby takes over when it expires", "err", err)
 	}
-	return nil
+	return readErr
 }
