@@ -34,12 +34,7 @@ package ferrypg
 
 // sqlAppend writes a batch of events; ORDER BY ord makes ids follow the
 // caller's order.
-const sqlAppend = appendInput + `,
-locked AS MATERIALIZED (
-    SELECT count(pg_advisory_xact_lock(hashtext('{schema}'), h)) AS n, pg_current_xact_id()
-      FROM (SELECT DISTINCT hashtext(key) AS h FROM input
-             WHERE EXISTS (SELECT FROM {schema}.settings WHERE partitions = $11::int) ORDER BY 1) hs
-)` + appendRows + `
+const sqlAppend = appendInput + appendLocks + appendRows + `
   FROM input i, locked
  WHERE locked.n > 0
  ORDER BY i.ord`
@@ -47,12 +42,7 @@ locked AS MATERIALIZED (
 // sqlAppendNotify also wakes the relay of each written partition that is
 // idle (settings.listening), on the channel "$12.<partition>". NOTIFY is
 // delivered at commit, never for a rolled-back transaction.
-const sqlAppendNotify = appendInput + `,
-locked AS MATERIALIZED (
-    SELECT count(pg_advisory_xact_lock(hashtext('{schema}'), h)) AS n, pg_current_xact_id()
-      FROM (SELECT DISTINCT hashtext(key) AS h FROM input
-             WHERE EXISTS (SELECT FROM {schema}.settings WHERE partitions = $11::int) ORDER BY 1) hs
-),
+const sqlAppendNotify = appendInput + appendLocks + `,
 woken AS MATERIALIZED (
     SELECT count(pg_notify($12 || '.' || p.partition, ''))
       FROM (SELECT DISTINCT partition FROM input) p, {schema}.settings s
@@ -68,6 +58,15 @@ WITH input AS (
                          $6::text[], $7::text[], $8::bytea[], $9::timestamptz[], $10::int[])
         WITH ORDINALITY AS t(event_id, topic, key, type, source, content_type, headers,
                              payload, created_at, partition, ord)
+)`
+
+// appendLocks takes the keys' locks of a batch, in hash order, and the
+// transaction's xid, once the partition guard holds.
+const appendLocks = `,
+locked AS MATERIALIZED (
+    SELECT count(pg_advisory_xact_lock(hashtext('{schema}'), h)) AS n, pg_current_xact_id()
+      FROM (SELECT DISTINCT hashtext(key) AS h FROM input
+             WHERE EXISTS (SELECT FROM {schema}.settings WHERE partitions = $11::int) ORDER BY 1) hs
 )`
 
 const appendRows = `
