@@ -22,6 +22,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrysink"
 	"github.com/ferry-dev/ferry/ferrysink/ferrynats"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -124,13 +125,19 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	relay, err := ferry.NewRelay(drv, sink, &ferry.RelayConfig{BatchSize: batch, PollInterval: poll, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	// e2e's sink stamps the events it publishes (its breakdown by stage).
+	var relaySink ferrysink.Sink = sink
+	stamps := &stageStamps{}
+	if mode == "e2e" {
+		relaySink = &stampedSink{Sink: sink, stamps: stamps}
+	}
+	relay, err := ferry.NewRelay(drv, relaySink, &ferry.RelayConfig{BatchSize: batch, PollInterval: poll, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "ferry bench %s: PostgreSQL %s, NATS %s, GOMAXPROCS %d, batch %d, keys %d\n", mode, serverVersion(ctx, pool), nc.ConnectedServerVersion(), runtime.GOMAXPROCS(0), batch, keys)
 	if mode == "e2e" {
-		return benchE2E(ctx, stdout, pool, drv, client, relay, js, stream, prefix, rate, duration, keys, producers, workers, consumerBatch, findMax)
+		return benchE2E(ctx, stdout, pool, drv, client, relay, stamps, js, stream, prefix, rate, duration, keys, producers, workers, consumerBatch, findMax)
 	}
 	if mode == "ingest" {
 		return benchIngest(ctx, stdout, drv, sink, js, stream, prefix, events, keys)

@@ -173,13 +173,12 @@ func benchIngest(ctx context.Context, w io.Writer, drv *ferrypg.Driver[pgx.Tx], 
 // it first looks for the highest rate the pipeline sustains (findMaxRate),
 // then measures at rate and at half that maximum, through one pipeline.
 func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg.Driver[pgx.Tx], client *ferry.Client[pgx.Tx], relay *ferry.Relay,
-	js jetstream.JetStream, stream, prefix string, rate int, d time.Duration, keys, producers, workers, batch int, findMax bool) error {
+	stamps *stageStamps, js jetstream.JetStream, stream, prefix string, rate int, d time.Duration, keys, producers, workers, batch int, findMax bool) error {
 	table, err := projection(ctx, pool, drv.Schema(), "projection_e2e")
 	if err != nil {
 		return err
 	}
-	stamped := &commitStamper{Driver: drv}
-	stamped.arrivals.Store(newBenchArrivals(0))
+	stamped := &commitStamper{Driver: drv, stamps: stamps}
 	c, err := ferry.NewConsumer(stamped, &ferry.ConsumerConfig{Group: "e2e", Workers: workers, BatchSize: batch, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
@@ -189,12 +188,14 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 			return err
 		}
 		stamped.note(ctx, ev)
+		stamps.stamp(func(st *stages) *benchArrivals { return st.handled }, ev)
 		return nil
 	})
-	src, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{Stream: stream, Durable: "e2e", SubjectPrefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+	nsrc, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{Stream: stream, Durable: "e2e", SubjectPrefix: prefix, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}
+	src := &stampedSource{Source: nsrc, stamps: stamps}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var g sync.WaitGroup
@@ -210,8 +211,9 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 	run := func(r int, dur, settle time.Duration, report bool) (time.Duration, bool) {
 		phase++
 		n := max(1, int(dur.Seconds()*float64(r)))
-		applied := newPhaseArrivals(fmt.Sprintf("Bench%d.", phase), n)
-		stamped.arrivals.Store(applied)
+		st := newStages(fmt.Sprintf("Bench%d.", phase), n)
+		stamps.cur.Store(st)
+		applied := st.applied
 		p := producePhase(ctx, w, pgEmitTx(pool, client), applied.prefix, n, r, keys, producers)
 		applied.await(n, settle)
 		fromCommit, fromIntent := p.latencies(applied)
@@ -228,6 +230,7 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 			fmt.Fprintf(w, "end to end at %d events/s for %v (consumer: %d workers, batch size %d): %d of %d applied\n", r, dur, workers, batch, len(fromCommit), n)
 			fmt.Fprintf(w, "  commit -> applied:   %s\n", percentiles(fromCommit))
 			fmt.Fprintf(w, "  intended -> applied: %s\n", percentiles(fromIntent))
+			reportStages(w, p, st)
 		}
 		return p99, all
 	}
@@ -282,7 +285,7 @@ func findMaxRate(w io.Writer, sustained func(rate int) bool) int {
 // consumer transaction that applied it committed.
 type commitStamper struct {
 	*ferrypg.Driver[pgx.Tx]
-	arrivals atomic.Pointer[benchArrivals]
+	stamps *stageStamps
 }
 
 type stampKey struct{}
@@ -301,11 +304,7 @@ func (s *commitStamper) RunInTx(ctx context.Context, fn func(ctx context.Context
 		return fn(ctx, tx)
 	})
 	if err == nil {
-		now := time.Now().UnixNano()
-		a := s.arrivals.Load()
-		for _, ev := range evs {
-			a.record(ev, now)
-		}
+		s.stamps.stamp(func(st *stages) *benchArrivals { return st.applied }, evs...)
 	}
 	return err
 }

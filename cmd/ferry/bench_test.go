@@ -48,3 +48,21 @@ func TestBenchConsumeAndSettle(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchE2EBreaksTheTimeDownByStage runs ferry bench e2e briefly: every
+// event is applied, and the breakdown names each stage, every event
+// having passed all of them.
+func TestBenchE2EBreaksTheTimeDownByStage(t *testing.T) {
+	ferrypgtest.Pool(t)
+	testNATS(t)
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"bench", "e2e", "--database-url", ferrypgtest.URL(), "--nats-url", natsURL(),
+		"--rate", "200", "--duration", "1s", "--keys", "20", "--workers", "2"}, &out, &errOut)
+	require.Equal(t, 0, code, "stdout: %s\nstderr: %s", out.String(), errOut.String())
+	require.Contains(t, out.String(), "200 of 200 applied")
+	require.Contains(t, out.String(), "by stage (200 events that passed every stage):")
+	for _, stage := range []string{"commit -> relay read:", "read -> JetStream ack:", "ack -> source received:", "received -> ingested:",
+		"ingested -> handler:", "handler -> applied:"} {
+		require.Regexp(t, regexp.QuoteMeta(stage)+` +p50 \S+  p90 \S+  p99 \S+  max \S+\n`, out.String())
+	}
+}
