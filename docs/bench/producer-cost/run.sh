@@ -10,7 +10,8 @@
 # (outbox-only.sql), the outbox insert behind a per-key transaction-scoped
 # advisory lock and the transaction's xid taken first, as the feed needs, in
 # place of the key's row (outbox-advisory.sql: no Seq), and a Watermill-like
-# plain insert (plain-insert.sql).
+# plain insert (plain-insert.sql). stats.sh gives the same statements' figures
+# from pg_stat_statements and EXPLAIN (ANALYZE, BUFFERS, WAL).
 # Needs a schema "walexp" made by `ferry migrate up --schema walexp` and the
 # table made below; run it on the machine PostgreSQL runs on (it reads the
 # postmaster's children's CPU from /proc). CPU time, WAL records and bytes
