@@ -65,10 +65,7 @@ WITH x AS MATERIALIZED (
      WHERE i.group_name = $1 AND i.event_id = ANY ($2::uuid[]) AND i.ctid = w.tid AND i.event_id = w.event_id
        AND (w.run OR w.stop OR (NOT w.uncounted AND w.state IN ('failed', 'dead')))
     RETURNING 1
-), locked AS MATERIALIZED (
-    SELECT ik.key FROM {schema}.inbox_keys ik
-     WHERE ik.group_name = $1 AND ik.key = ANY ((SELECT array_agg(kx.key) FROM kx)::text[]) AND (SELECT count(*) FROM upd) >= 0
-     ORDER BY ik.key FOR UPDATE
+), locked AS MATERIALIZED (` + lockKeys("(SELECT count(*) FROM upd) >= 0") + `
 ), held AS (
     UPDATE {schema}.inbox_keys k
        SET claim_token = CASE WHEN ` + finishKeeps + ` THEN k.claim_token END, claim_dirty = false,
@@ -92,6 +89,21 @@ WITH x AS MATERIALIZED (
 )
 {tail}`
 
+// lockKeys locks the rows of kx's keys in key order (the lock order; OFFSET
+// 0 keeps the sorted keys a subquery of their own, which the locking loop
+// follows), once after holds (an expression that makes the locks wait for
+// what must come first). Each
+// key's row is looked up alone (a LATERAL with LIMIT): a plan made while
+// the statistics said the group was small cannot scan the group's keys
+// instead, as = ANY let it (a filter over every key of the group:
+// thousands of buffers at 30,000 keys).
+func lockKeys(after string) string {
+	return `
+    SELECT l.key FROM (SELECT kx.key FROM kx WHERE ` + after + ` ORDER BY kx.key OFFSET 0) o
+     CROSS JOIN LATERAL (
+        SELECT ik.key FROM {schema}.inbox_keys ik WHERE ik.group_name = $1 AND ik.key = o.key LIMIT 1 FOR UPDATE) l`
+}
+
 // The tails of the finish statements: one returns the rows whose key's
 // claim held (the caller rolls back when some were lost); the other, for a
 // finish sent with its transaction's COMMIT, raises when a claim was lost
@@ -110,7 +122,10 @@ const (
 // general statement's windows and sorts cost more to start than one row
 // costs to finish. It returns the row if its key's claim held. The row's
 // state is tested with NOT IN, which no partial index's predicate follows
-// from: the only way to the row is its primary key, whatever the plan.
+// from: the only way to the row is its primary key, whatever the plan; the
+// key's row is reached by its primary key too (x holds one row: its key is
+// a value, not a join that a plan made on a small group could turn into a
+// scan of the group's keys).
 var sqlInboxCompleteOne = `
 WITH x AS MATERIALIZED (
     UPDATE {schema}.inbox i SET state = 'processed', attempts = i.attempts + 1, finished_at = now()
@@ -135,7 +150,7 @@ WITH x AS MATERIALIZED (
                             WHEN k.suspect_through > ` + finishDone("kx.passed") + `
                             THEN ` + finishNext + ` END
       FROM kx
-     WHERE k.group_name = $1 AND k.key = kx.key AND k.claim_token = $3::uuid AND k.claim_expires_at > clock_timestamp()
+     WHERE k.group_name = $1 AND k.key = (SELECT x.key FROM x) AND k.key = kx.key AND k.claim_token = $3::uuid AND k.claim_expires_at > clock_timestamp()
        AND kx.passed > k.claim_from AND kx.passed <= k.claim_through
     RETURNING k.key
 )
@@ -155,10 +170,7 @@ WITH x AS MATERIALIZED (
     SELECT x.key, min(x.pos) AS first, max(x.pos) AS passed, max(x.pos) AS reported,
            NULL::text AS st_state, NULL::timestamptz AS st_retry, NULL::text AS st_id, $4::bool AS keep
       FROM x GROUP BY x.key
-), locked AS MATERIALIZED (
-    SELECT ik.key FROM {schema}.inbox_keys ik
-     WHERE ik.group_name = $1 AND ik.key = ANY ((SELECT array_agg(kx.key) FROM kx)::text[])
-     ORDER BY ik.key FOR UPDATE
+), locked AS MATERIALIZED (` + lockKeys("true") + `
 ), held AS (
     UPDATE {schema}.inbox_keys k
        SET claim_token = CASE WHEN ` + finishKeeps + ` THEN k.claim_token END, claim_dirty = false,

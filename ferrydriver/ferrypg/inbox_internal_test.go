@@ -236,6 +236,80 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 	explain("rescue's charge", 800, drv.queries.inboxCharge, "g", "hot", 0, 32)
 	explain("rescue's head", 60, drv.queries.inboxHead, "g", "hot", 0)
 	explain("lost claims", 400, drv.queries.inboxLostClaims, "g", ids, tokens)
+
+	// A group that has seen 30,000 keys: a completion of one event reads
+	// its key's row only, and a finish locks the keys it finishes without
+	// reading the others. (The key updates of a finish and a completion of
+	// a run still join the group's keys under these plans: issue 36's
+	// notes.)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.inbox_keys (group_name, key, done_pos, tail_pos)
+		SELECT 'g', 'done' || i, 1, 1 FROM generate_series(1, 30000) i`)
+	require.NoError(t, err)
+	explain("completion of one, 30,000 keys in the group", 60, drv.queries.inboxCompleteOne, "g", ids[1], token, true)
+	for _, st := range []struct {
+		what  string
+		query string
+		args  []any
+	}{
+		{"finish", drv.queries.inboxFinishRows, finishArgs("g", token, ids[2:])},
+		{"completion of a run", drv.queries.inboxCompleteRows, []any{"g", ids[2:], token, false}},
+	} {
+		raw := explainGeneric(t, pool, st.query, st.args...)
+		locked := keyReads(t, raw, "CTE locked")
+		t.Logf("%s with 30,000 keys in the group: locking its key read %d buffers", st.what, locked)
+		require.Less(t, locked, 60, "the %s locks its keys by their primary key, not by a scan of the group's", st.what)
+	}
+}
+
+// explainGeneric is EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of the
+// generic plan that the session of pool prepared for query, run in a
+// transaction rolled back after.
+func explainGeneric(t *testing.T, pool *pgxpool.Pool, query string, args ...any) []byte {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var name string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT name FROM pg_prepared_statements WHERE statement = $1`, query).Scan(&name))
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	var raw []byte
+	require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE `+pgx.Identifier{name}.Sanitize()+`(`+explainArgs(args)+`)`).Scan(&raw))
+	return raw
+}
+
+// keyReads is the buffers that the scans of inbox_keys under the plan node
+// named name (its "Subplan Name", such as "CTE locked") touched.
+func keyReads(t *testing.T, raw []byte, name string) int {
+	t.Helper()
+	var plan []struct{ Plan map[string]any }
+	require.NoError(t, json.Unmarshal(raw, &plan))
+	found := false
+	var walk func(n map[string]any, in bool) int
+	walk = func(n map[string]any, in bool) int {
+		in = in || n["Subplan Name"] == name
+		found = found || in
+		b := 0
+		if in && n["Relation Name"] == "inbox_keys" && strings.Contains(fmt.Sprint(n["Node Type"]), "Scan") {
+			hit, _ := n["Shared Hit Blocks"].(float64)
+			read, _ := n["Shared Read Blocks"].(float64)
+			b += int(hit + read)
+		}
+		children, _ := n["Plans"].([]any)
+		for _, c := range children {
+			if m, ok := c.(map[string]any); ok {
+				b += walk(m, in)
+			}
+		}
+		return b
+	}
+	b := walk(plan[0].Plan, false)
+	require.True(t, found, "the plan has no node %q:\n%s", name, raw)
+	return b
 }
 
 // explainArgs writes args as SQL literals, for EXECUTE (which takes no
