@@ -83,12 +83,19 @@ WITH x AS MATERIALIZED (
                             THEN ` + finishNext + ` END
       FROM kx
      WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
+       AND k.key >= (SELECT min(locked.key) FROM locked) AND k.key <= (SELECT max(locked.key) FROM locked)
        AND kx.claims = 1 AND k.claim_token = kx.claim AND k.claim_expires_at > clock_timestamp()
        AND kx.first > k.claim_from AND kx.reported <= k.claim_through
     RETURNING k.key
 )
 {tail}`
 
+// The finishes' key updates (held) join kx's keys to the group's; a plan
+// made while the statistics said the group was small scans the group's
+// keys for that join rather than probe each key, so the scan is bounded by
+// the locked keys' range: a finish of one key's rows, the common case,
+// reads that key's row only.
+//
 // lockKeys locks the rows of kx's keys in key order (the lock order; OFFSET
 // 0 keeps the sorted keys a subquery of their own, which the locking loop
 // follows), once after holds (an expression that makes the locks wait for
@@ -188,6 +195,7 @@ WITH x AS MATERIALIZED (
                             THEN ` + finishNext + ` END
       FROM kx
      WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
+       AND k.key >= (SELECT min(locked.key) FROM locked) AND k.key <= (SELECT max(locked.key) FROM locked)
        AND k.claim_token = $3::uuid AND k.claim_expires_at > clock_timestamp()
        AND kx.first > k.claim_from AND kx.reported <= k.claim_through
     RETURNING k.key
@@ -285,7 +293,9 @@ SELECT 1 FROM {schema}.inbox_keys WHERE group_name = $1 AND key = ANY ($2::text[
 // and makes the key runnable, see keyLowered). Any other key: done_pos just below
 // the head (the tail when none); held by a DEAD head under Hold; runnable
 // when its head may run (through rescues while it is suspect); idle when
-// it has no head.
+// it has no head. The keys' rows are looked for between the least and the
+// greatest of $2 (see held): a plan made on a group the statistics thought
+// small scans that range of the group's keys, not all of them.
 var sqlInboxRefreshKeys = `
 UPDATE {schema}.inbox_keys k
    SET done_pos = CASE WHEN k.claim_token IS NOT NULL THEN least(k.done_pos, h.pos - 1) ELSE COALESCE(h.pos - 1, k.tail_pos) END,
@@ -300,7 +310,8 @@ UPDATE {schema}.inbox_keys k
     SELECT i.pos, i.event_id, i.state, i.next_attempt_at FROM {schema}.inbox i
      WHERE i.key = kk.key AND i.group_name = $1 AND ` + unfinishedAfter + `
      ORDER BY i.pos LIMIT 1) h ON true
- WHERE k.group_name = $1 AND k.key = kk.key`
+ WHERE k.group_name = $1 AND k.key = kk.key
+   AND k.key >= (SELECT min(r.key) FROM unnest($2::text[]) r(key)) AND k.key <= (SELECT max(r.key) FROM unnest($2::text[]) r(key))`
 
 // headNext is when a key whose head is h may run.
 const headNext = `CASE h.state WHEN 'pending' THEN now() WHEN 'failed' THEN h.next_attempt_at END`
