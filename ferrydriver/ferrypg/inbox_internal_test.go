@@ -205,22 +205,10 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 
 	explain := func(what string, limit int, query string, args ...any) {
 		t.Helper()
-		conn, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		defer conn.Release()
-		var name string
-		require.NoError(t, conn.QueryRow(ctx, `SELECT name FROM pg_prepared_statements WHERE statement = $1`, query).Scan(&name),
-			"the %s statement is prepared on the session", what)
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(ctx) }()
-		_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
-		require.NoError(t, err)
-		var raw []byte
-		require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE `+pgx.Identifier{name}.Sanitize()+`(`+explainArgs(args)+`)`).Scan(&raw))
+		raw, text := explainGeneric(t, pool, query, args...)
 		buffers, _ := planBuffers(t, raw)
 		t.Logf("%s planned on an empty inbox, run over 30,000 rows: %d buffers", what, buffers)
-		require.Less(t, buffers, limit, "the %s must touch O(rows) pages whatever the statistics were when it was planned:\n%s", what, textPlan(t, tx, name, args))
+		require.Less(t, buffers, limit, "the %s must touch O(rows) pages whatever the statistics were when it was planned:\n%s", what, text)
 	}
 	// Bounds: a run of 32 rows claimed, finished or charged (their rows,
 	// index entries and keys), one row completed, three keys recomputed, a
@@ -254,33 +242,33 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 		{"finish", drv.queries.inboxFinishRows, finishArgs("g", token, ids[2:])},
 		{"completion of a run", drv.queries.inboxCompleteRows, []any{"g", ids[2:], token, false}},
 	} {
-		raw := explainGeneric(t, pool, st.query, st.args...)
+		raw, text := explainGeneric(t, pool, st.query, st.args...)
 		locked, held := keysLookedAt(t, raw, "CTE locked"), keysLookedAt(t, raw, "CTE held")
 		t.Logf("%s of one key's rows with 30,000 keys in the group: locking its key looked at %d keys, moving it %d", st.what, locked, held)
-		require.Equal(t, 1, locked, "the %s locks its keys by their primary key, not by a scan of the group's", st.what)
-		require.Equal(t, 1, held, "the %s of one key's rows moves that key's row, not a scan of the group's", st.what)
+		require.Equal(t, 1, locked, "the %s locks its keys by their primary key, not by a scan of the group's:\n%s", st.what, text)
+		require.Equal(t, 1, held, "the %s of one key's rows moves that key's row, not a scan of the group's:\n%s", st.what, text)
 	}
 }
 
-// explainGeneric is EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of the
-// generic plan that the session of pool prepared for query, run in a
-// transaction rolled back after.
-func explainGeneric(t *testing.T, pool *pgxpool.Pool, query string, args ...any) []byte {
+// explainGeneric runs EXPLAIN ANALYZE of the generic plan that the session
+// of pool prepared for query, in a transaction rolled back after: the plan
+// in JSON (with buffers), and in text for a failure's message.
+func explainGeneric(t *testing.T, pool *pgxpool.Pool, query string, args ...any) (raw []byte, text string) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	var name string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT name FROM pg_prepared_statements WHERE statement = $1`, query).Scan(&name))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT name FROM pg_prepared_statements WHERE statement = $1`, query).Scan(&name),
+		"the statement is prepared on the session:\n%s", query)
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
 	require.NoError(t, err)
-	var raw []byte
 	require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE `+pgx.Identifier{name}.Sanitize()+`(`+explainArgs(args)+`)`).Scan(&raw))
-	return raw
+	return raw, textPlan(t, tx, name, args)
 }
 
 // keysLookedAt is how many rows of inbox_keys the scans under the plan node
