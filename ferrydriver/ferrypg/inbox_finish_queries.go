@@ -96,14 +96,13 @@ WITH x AS MATERIALIZED (
 // the locked keys' range: a finish of one key's rows, the common case,
 // reads that key's row only.
 //
-// lockKeys locks the rows of kx's keys in key order (the lock order; OFFSET
-// 0 keeps the sorted keys a subquery of their own, which the locking loop
-// follows), once after holds (an expression that makes the locks wait for
-// what must come first). Each
-// key's row is looked up alone (a LATERAL with LIMIT): a plan made while
-// the statistics said the group was small cannot scan the group's keys
-// instead, as = ANY let it (a filter over every key of the group:
-// thousands of buffers at 30,000 keys).
+// lockKeys locks the rows of kx's keys in key order (the lock order: OFFSET
+// 0 keeps the sorted keys a subquery of their own, whose order the locking
+// loop follows), once after holds (an expression that makes the locks wait
+// for what must come first). Each key's row is looked up alone (a LATERAL
+// with LIMIT): a plan made while the statistics said the group was small
+// cannot scan the group's keys instead, as = ANY let it (a filter over
+// every key of the group: thousands of buffers at 30,000 keys).
 func lockKeys(after string) string {
 	return `
     SELECT l.key FROM (SELECT kx.key FROM kx WHERE ` + after + ` ORDER BY kx.key OFFSET 0) o
