@@ -188,7 +188,7 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 			return err
 		}
 		stamped.note(ctx, ev)
-		stamps.stamp(func(st *stages) *benchArrivals { return st.handled }, ev)
+		stamps.stamp(stageHandled, ev)
 		return nil
 	})
 	nsrc, err := ferrynats.NewSource(ctx, js, &ferrynats.SourceConfig{Stream: stream, Durable: "e2e", SubjectPrefix: prefix, Logger: slog.New(slog.DiscardHandler)})
@@ -213,7 +213,7 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 		n := max(1, int(dur.Seconds()*float64(r)))
 		st := newStages(fmt.Sprintf("Bench%d.", phase), n)
 		stamps.cur.Store(st)
-		applied := st.applied
+		applied := st[stageApplied]
 		p := producePhase(ctx, w, pgEmitTx(pool, client), applied.prefix, n, r, keys, producers)
 		applied.await(n, settle)
 		fromCommit, fromIntent := p.latencies(applied)
@@ -304,7 +304,7 @@ func (s *commitStamper) RunInTx(ctx context.Context, fn func(ctx context.Context
 		return fn(ctx, tx)
 	})
 	if err == nil {
-		s.stamps.stamp(func(st *stages) *benchArrivals { return st.applied }, evs...)
+		s.stamps.stamp(stageApplied, evs...)
 	}
 	return err
 }

@@ -18,34 +18,45 @@ import (
 // stamp the events that pass them; the handler and the consumer's
 // transaction stamp the last two stages.
 
+// The stages an event passes, in order, after its producer's commit.
+const (
+	stageRead      = iota // the relay hands the event to the sink
+	stagePublished        // JetStream acknowledged it
+	stageReceived         // the consumer's source got it
+	stageIngested         // its inbox transaction committed
+	stageHandled          // a worker called its handler
+	stageApplied          // the handler's transaction committed
+	numStages
+)
+
+// stageNames name the legs that end at each stage.
+var stageNames = [numStages]string{"commit -> relay read:", "read -> JetStream ack:", "ack -> source received:",
+	"received -> ingested:", "ingested -> handler:", "handler -> applied:"}
+
 // stages are one phase's stamps, a benchArrivals per stage, all for the
 // events of Type "<prefix><i>".
-type stages struct {
-	read      *benchArrivals // the relay hands the event to the sink
-	published *benchArrivals // JetStream acknowledged it
-	received  *benchArrivals // the consumer's source got it
-	ingested  *benchArrivals // its inbox transaction committed
-	handled   *benchArrivals // a worker called its handler
-	applied   *benchArrivals // the handler's transaction committed
-}
+type stages [numStages]*benchArrivals
 
 func newStages(prefix string, n int) *stages {
-	return &stages{read: newPhaseArrivals(prefix, n), published: newPhaseArrivals(prefix, n), received: newPhaseArrivals(prefix, n),
-		ingested: newPhaseArrivals(prefix, n), handled: newPhaseArrivals(prefix, n), applied: newPhaseArrivals(prefix, n)}
+	var st stages
+	for i := range st {
+		st[i] = newPhaseArrivals(prefix, n)
+	}
+	return &st
 }
 
 // stageStamps holds the current phase's stages (none between phases).
 type stageStamps struct{ cur atomic.Pointer[stages] }
 
-func (s *stageStamps) stamp(pick func(*stages) *benchArrivals, evs ...*ferryevent.Event) {
+// stamp records that evs passed stage now.
+func (s *stageStamps) stamp(stage int, evs ...*ferryevent.Event) {
 	st := s.cur.Load()
 	if st == nil {
 		return
 	}
 	now := time.Now().UnixNano()
-	a := pick(st)
 	for _, ev := range evs {
-		a.record(ev, now)
+		st[stage].record(ev, now)
 	}
 }
 
@@ -61,10 +72,10 @@ func (s *stampedSink) Publish(ctx context.Context, events []*ferryevent.Event) [
 }
 
 func (s *stampedSink) PublishEach(ctx context.Context, events []*ferryevent.Event, done func(int, error)) []error {
-	s.stamps.stamp(func(st *stages) *benchArrivals { return st.read }, events...)
+	s.stamps.stamp(stageRead, events...)
 	return s.Sink.PublishEach(ctx, events, func(i int, err error) {
 		if err == nil {
-			s.stamps.stamp(func(st *stages) *benchArrivals { return st.published }, events[i])
+			s.stamps.stamp(stagePublished, events[i])
 		}
 		if done != nil {
 			done(i, err)
@@ -89,10 +100,10 @@ func (s *stampedSource) RunShare(ctx context.Context, i int, ingest func(ctx con
 
 func (s *stampedSource) wrap(ingest func(ctx context.Context, events []*ferryevent.Event) error) func(ctx context.Context, events []*ferryevent.Event) error {
 	return func(ctx context.Context, events []*ferryevent.Event) error {
-		s.stamps.stamp(func(st *stages) *benchArrivals { return st.received }, events...)
+		s.stamps.stamp(stageReceived, events...)
 		err := ingest(ctx, events)
 		if err == nil {
-			s.stamps.stamp(func(st *stages) *benchArrivals { return st.ingested }, events...)
+			s.stamps.stamp(stageIngested, events...)
 		}
 		return err
 	}
@@ -103,12 +114,13 @@ func (s *stampedSource) wrap(ingest func(ctx context.Context, events []*ferryeve
 // add up to the whole's. JetStream's acknowledgement can reach the relay
 // after the consumer's source got the event; such a leg counts as 0.
 func reportStages(w io.Writer, p *production, st *stages) {
-	names := []string{"commit -> relay read:", "read -> JetStream ack:", "ack -> source received:", "received -> ingested:", "ingested -> handler:", "handler -> applied:"}
-	legs := make([][]time.Duration, len(names))
+	var legs [numStages][]time.Duration
 	for i := range p.intended {
-		at := []int64{p.committed[i].Load(), st.read.at[i].Load(), st.published.at[i].Load(), st.received.at[i].Load(),
-			st.ingested.at[i].Load(), st.handled.at[i].Load(), st.applied.at[i].Load()}
-		if slices.Contains(at, 0) {
+		at := [numStages + 1]int64{p.committed[i].Load()}
+		for j, a := range st {
+			at[j+1] = a.at[i].Load()
+		}
+		if slices.Contains(at[:], 0) {
 			continue
 		}
 		for j := range legs {
@@ -116,7 +128,7 @@ func reportStages(w io.Writer, p *production, st *stages) {
 		}
 	}
 	fmt.Fprintf(w, "  by stage (%d events that passed every stage):\n", len(legs[0]))
-	for j, name := range names {
+	for j, name := range stageNames {
 		fmt.Fprintf(w, "    %-25s %s\n", name, percentiles(legs[j]))
 	}
 }
