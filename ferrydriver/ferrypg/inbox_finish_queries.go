@@ -82,7 +82,7 @@ WITH x AS MATERIALIZED (
                             WHEN k.suspect_through > ` + finishDone("COALESCE(kx.passed, k.claim_from)") + `
                             THEN ` + finishNext + ` END
       FROM kx
-     WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
+     WHERE k.group_name = $1 AND k.key = kx.key
        AND k.key >= (SELECT min(locked.key) FROM locked) AND k.key <= (SELECT max(locked.key) FROM locked)
        AND kx.claims = 1 AND k.claim_token = kx.claim AND k.claim_expires_at > clock_timestamp()
        AND kx.first > k.claim_from AND kx.reported <= k.claim_through
@@ -90,11 +90,12 @@ WITH x AS MATERIALIZED (
 )
 {tail}`
 
-// The finishes' key updates (held) join kx's keys to the group's; a plan
-// made while the statistics said the group was small scans the group's
-// keys for that join rather than probe each key, so the scan is bounded by
-// the locked keys' range: a finish of one key's rows, the common case,
-// reads that key's row only.
+// The finishes' key updates (held) join kx's keys to the group's, within
+// the range of the keys locked: reading that range makes the update wait
+// for the locks, and bounds the scan that a plan made while the statistics
+// said the group was small does for the join instead of probing each key
+// (a finish of one key's rows, the common case, reads that key's row only).
+// A key of kx in the range with no row locked has no row to update.
 //
 // lockKeys locks the rows of kx's keys in key order (the lock order: OFFSET
 // 0 keeps the sorted keys a subquery of their own, whose order the locking
@@ -193,7 +194,7 @@ WITH x AS MATERIALIZED (
                             WHEN k.suspect_through > ` + finishDone("kx.passed") + `
                             THEN ` + finishNext + ` END
       FROM kx
-     WHERE k.group_name = $1 AND k.key = ANY ((SELECT array_agg(locked.key) FROM locked)::text[]) AND k.key = kx.key
+     WHERE k.group_name = $1 AND k.key = kx.key
        AND k.key >= (SELECT min(locked.key) FROM locked) AND k.key <= (SELECT max(locked.key) FROM locked)
        AND k.claim_token = $3::uuid AND k.claim_expires_at > clock_timestamp()
        AND kx.first > k.claim_from AND kx.reported <= k.claim_through
