@@ -64,8 +64,9 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 	}
 	var out, dead []*ferrydriver.InboxRow
 	var idle []string
+	var lost map[string]bool
 	err := d.inRC(ctx, func(e executor) error {
-		out, dead, idle = out[:0], dead[:0], idle[:0]
+		out, dead, idle, lost = out[:0], dead[:0], idle[:0], nil
 		return e.pipeline(ctx, step{sql: d.queries.inboxClaim, args: []any{p.Group, keys, p.Worker, p.TTL.Milliseconds(),
 			token, p.MaxAttempts, ferrydriver.ReasonAttemptsExhausted, perKey, p.Limit}, scan: func(r rows) error {
 			var kind string
@@ -80,6 +81,11 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 				out = append(out, row)
 			case "dead":
 				dead = append(dead, row)
+			case "lost":
+				if lost == nil {
+					lost = map[string]bool{}
+				}
+				lost[row.Event.Key] = true
 			default:
 				idle = append(idle, row.Event.Key)
 			}
@@ -88,6 +94,11 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 	})
 	if err != nil {
 		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
+	}
+	if len(lost) > 0 {
+		// Keys updated after the claim's snapshot: not claimed (see
+		// sqlInboxClaim), so their rows wait for the next claim.
+		out = slices.DeleteFunc(out, func(r *ferrydriver.InboxRow) bool { return lost[r.Event.Key] })
 	}
 	out = append(out, dead...)
 	if len(idle) > 0 {

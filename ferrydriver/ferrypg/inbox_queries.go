@@ -108,17 +108,27 @@ const inboxClaimed = `
 // lock waited for. Its commit is asynchronous: a claim lost in a crash
 // only means the rows run again.
 //
+// Each key's claim is written through the key row's ctid as the lock
+// returned it, so that the update reads that row only whatever the plan
+// (a join on the key was planned, while the statistics said the group was
+// small, as a scan of the group's every key). The lock returns the key's
+// newest version: when a transaction that committed after this
+// statement's snapshot had updated the key (an ingest raising tail_pos),
+// that version is not visible to the update, which then skips it. Such a
+// key comes back as 'lost' and its rows must not run: nothing of it was
+// written, it is still runnable, and the next claim takes it.
+//
 // Each row comes with what became of it: 'claimed' (ordered by key, then
-// position), 'dead', or 'idle' (only the key is meaningful).
+// position), 'dead', or 'idle' or 'lost' (only the key is meaningful).
 var sqlInboxClaim = `
 WITH k AS (
-    SELECT key, done_pos, runnable_at AS k_at FROM {schema}.inbox_keys
+    SELECT key, done_pos, runnable_at AS k_at, ctid AS ktid FROM {schema}.inbox_keys
      WHERE group_name = $1 AND runnable_at <= now()
        AND set_config('synchronous_commit', 'off', true) IS NOT NULL
      ORDER BY runnable_at LIMIT $2
      FOR UPDATE SKIP LOCKED
 ), r AS MATERIALIZED (
-    SELECT k.key, k.k_at, i.tid, i.event_id, i.pos, i.state, i.attempts, i.next_attempt_at,
+    SELECT k.key, k.k_at, k.ktid, i.tid, i.event_id, i.pos, i.state, i.attempts, i.next_attempt_at,
            (i.state = 'pending' OR (i.state = 'failed' AND i.next_attempt_at <= now())) AND NOT ($6 > 0 AND i.attempts >= $6) AS ok
       FROM k CROSS JOIN LATERAL (
         SELECT i.ctid AS tid, i.event_id, i.pos, i.state, i.attempts, i.next_attempt_at FROM {schema}.inbox i
@@ -150,8 +160,9 @@ WITH k AS (
        SET claim_token = $5::uuid, claim_dirty = false, claimed_by = $3, claim_from = ik.done_pos, claim_through = c.through,
            claim_expires_at = now() + $4 * interval '1 millisecond', rescue_at = now() + $4 * interval '1 millisecond',
            runnable_at = NULL
-      FROM (SELECT p.key, max(p.pos) AS through FROM p GROUP BY p.key) c
-     WHERE ik.group_name = $1 AND ik.key = ANY ((SELECT array_agg(p.key) FROM p)::text[]) AND ik.key = c.key
+      FROM (SELECT p.key, p.ktid, max(p.pos) AS through FROM p GROUP BY p.key, p.ktid) c
+     WHERE ik.ctid = c.ktid AND ik.group_name = $1 AND ik.key = c.key
+    RETURNING ik.key
 ), spent_keys AS (
     -- Hold: the dead row holds its key; Continue: the key moves past it.
     UPDATE {schema}.inbox_keys ik
@@ -159,6 +170,7 @@ WITH k AS (
            done_pos = CASE WHEN ` + holdDead + ` THEN ik.done_pos ELSE x.pos END,
            runnable_at = CASE WHEN NOT ` + holdDead + ` AND ik.tail_pos > x.pos THEN now() END
       FROM spent x WHERE ik.group_name = $1 AND ik.key = ANY ((SELECT array_agg(x.key) FROM spent x)::text[]) AND ik.key = x.key
+       AND EXISTS (SELECT FROM spent) -- a claim that spent nothing reads no key here
 )
 SELECT 'claimed', p.n, i.event_id, i.key, i.seq, i.topic, i.type, i.source, i.content_type, i.headers::text, i.payload, i.created_at,
        'processing', i.attempts + 1, COALESCE(i.last_error, ''), i.next_attempt_at, i.received_at, COALESCE(i.finished_at, 'epoch')
@@ -172,6 +184,10 @@ UNION ALL
 SELECT 'idle', 0, '00000000-0000-0000-0000-000000000000'::uuid, k.key, 0, '', '', '', '', NULL, ''::bytea, now(),
        '', 0, '', now(), now(), 'epoch'
   FROM k WHERE k.key NOT IN (SELECT runs.key FROM runs) AND k.key NOT IN (SELECT x.key FROM spent x)
+UNION ALL
+SELECT 'lost', 0, '00000000-0000-0000-0000-000000000000'::uuid, l.key, 0, '', '', '', '', NULL, ''::bytea, now(),
+       '', 0, '', now(), now(), 'epoch'
+  FROM (SELECT DISTINCT p.key FROM p) l WHERE l.key NOT IN (SELECT ck.key FROM claimed ck)
  ORDER BY 1, 2`
 
 // sqlInboxRescueKeys locks up to $2 keys of group $1 due for a rescue (an

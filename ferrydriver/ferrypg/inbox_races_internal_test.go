@@ -3,12 +3,14 @@ package ferrypg
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -370,4 +372,51 @@ func TestAwaitSettledUnderRepeatableRead(t *testing.T) {
 	require.NoError(t, r.err)
 	require.Equal(t, ferrydriver.InboxProcessed, r.st[ev.ID].State)
 	require.True(t, r.at.Before(deadline.Add(-30*time.Second)), "told at the commit, not found at the deadline")
+}
+
+// A claim locks its keys at their newest version: a key that a delivery
+// updated and committed after the claim's snapshot is locked at a version
+// that snapshot cannot see, and the claim's write through it does nothing
+// (sqlInboxClaim). Its rows must not be handed out as claimed, the key must
+// stay runnable, and the next claim must take them. The claim here sleeps
+// between taking its snapshot and locking its keys, so that the delivery
+// commits in between.
+func TestInboxClaimOfAKeyUpdatedAfterItsSnapshotHandsNothingOut(t *testing.T) {
+	ctx := context.Background()
+	drv := newTestDriver(t)
+	pool := ferrypgtest.Pool(t)
+	const g = "g"
+	first := raceEvent("k")
+	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{first}})
+	require.NoError(t, err)
+
+	slow, err := New(pool, &Config{Schema: drv.cfg.Schema})
+	require.NoError(t, err)
+	lock := `AND set_config('synchronous_commit', 'off', true) IS NOT NULL`
+	require.Contains(t, slow.queries.inboxClaim, lock)
+	slow.queries.inboxClaim = strings.Replace(slow.queries.inboxClaim, lock, lock+` AND (SELECT pg_sleep(1)::text) IS NOT NULL`, 1)
+	claimed := make(chan []*ferrydriver.InboxRow, 1)
+	go func() {
+		rows, err := slow.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: g, Worker: "w", Limit: 32, PerKey: 32, Keys: 32, TTL: time.Minute, MaxAttempts: 10})
+		assert.NoError(t, err)
+		claimed <- rows
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event = 'PgSleep' AND datname = current_database() AND strpos(query, $1) > 0`, drv.cfg.Schema).Scan(&n))
+		return n > 0
+	}, 30*time.Second, 5*time.Millisecond, "the claim sleeps before locking its keys")
+	second := raceEvent("k") // raises the key's tail_pos, committed after the claim's snapshot
+	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{second}})
+	require.NoError(t, err)
+
+	require.Empty(t, <-claimed, "a key the claim could not write is not claimed")
+	var token *string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT claim_token::text FROM `+pgx.Identifier{drv.cfg.Schema}.Sanitize()+`.inbox_keys
+		WHERE group_name = $1 AND key = 'k' AND runnable_at IS NOT NULL`, g).Scan(&token))
+	require.Nil(t, token)
+	rows := raceClaim(t, drv, g)
+	require.Len(t, rows, 2, "the next claim takes the key's rows")
+	require.Equal(t, []uuid.UUID{first.ID, second.ID}, []uuid.UUID{rows[0].Event.ID, rows[1].Event.ID})
 }
