@@ -96,6 +96,12 @@ WITH x AS MATERIALIZED (
 // said the group was small does for the join instead of probing each key
 // (a finish of one key's rows, the common case, reads that key's row only).
 // A key of kx in the range with no row locked has no row to update.
+// (Reaching each key's row by its ctid instead was tried: an update
+// through a ctid does not follow the row to a version committed after the
+// statement's snapshot, PostgreSQL rechecking a TID scan's match against
+// the newer version's own ctid, so a finish that had waited for a
+// delivery of its key lost its claim:
+// TestInboxFinishThatWaitedForADeliveryOfItsKeyHolds.)
 //
 // lockKeys locks the rows of kx's keys in key order (the lock order: OFFSET
 // 0 keeps the sorted keys a subquery of their own, whose order the locking

@@ -420,3 +420,56 @@ func TestInboxClaimOfAKeyUpdatedAfterItsSnapshotHandsNothingOut(t *testing.T) {
 	require.Len(t, rows, 2, "the next claim takes the key's rows")
 	require.Equal(t, []uuid.UUID{first.ID, second.ID}, []uuid.UUID{rows[0].Event.ID, rows[1].Event.ID})
 }
+
+// A finish waits for its key's row while a delivery of the key holds it;
+// the delivery commits after the finish's snapshot. The finish reaches the
+// key row through the version its snapshot sees (lockKeys) and must move
+// the newer one the delivery wrote, not miss it: its claim holds, and the
+// delivered row runs next. Both finishes that lock keys are tried: a run
+// that processed (sqlInboxCompleteRows) and one that failed
+// (sqlInboxFinishRows).
+func TestInboxFinishThatWaitedForADeliveryOfItsKeyHolds(t *testing.T) {
+	for _, state := range []ferrydriver.InboxState{ferrydriver.InboxProcessed, ferrydriver.InboxFailed} {
+		t.Run(string(state), func(t *testing.T) {
+			ctx := context.Background()
+			drv := newTestDriver(t)
+			pool := ferrypgtest.Pool(t)
+			const g = "g"
+			e1 := raceEvent("k")
+			_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{e1}})
+			require.NoError(t, err)
+			got := raceClaim(t, drv, g)
+			require.Len(t, got, 1)
+
+			// blocker holds key k's row: a delivery of key k, not committed yet.
+			blocker, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = blocker.Rollback(ctx) }()
+			e2 := raceEvent("k")
+			require.NoError(t, drv.insertInbox(ctx, drv.wrapTx(blocker), g, []*ferryevent.Event{e2}))
+
+			finished := make(chan error, 1)
+			go func() {
+				finished <- drv.RunInTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+					lost, err := drv.FinishInboxTx(ctx, tx, &ferrydriver.FinishInboxParams{Group: g,
+						Rows: []ferrydriver.FinishedRow{{EventID: e1.ID, Claim: got[0].Claim, State: state, Error: "x", RetryAt: time.Now()}}})
+					if err == nil && len(lost) > 0 {
+						err = errors.New("the finish's claim was lost")
+					}
+					return err
+				})
+			}()
+			waitLockWait(t, drv.cfg.Schema)
+			require.NoError(t, blocker.Commit(ctx))
+			require.NoError(t, <-finished)
+
+			ran := drainRuns(t, drv, g)
+			require.True(t, ran[e2.ID], "the delivered row runs after the finish")
+			require.Equal(t, state == ferrydriver.InboxFailed, ran[e1.ID], "the failed row runs again, the processed one does not")
+			st, err := drv.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: g, EventIDs: []uuid.UUID{e1.ID, e2.ID}})
+			require.NoError(t, err)
+			require.Equal(t, ferrydriver.InboxProcessed, st[e1.ID].State)
+			require.Equal(t, ferrydriver.InboxProcessed, st[e2.ID].State)
+		})
+	}
+}
