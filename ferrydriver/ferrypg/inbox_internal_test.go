@@ -277,8 +277,14 @@ func explainGeneric(t *testing.T, pool *pgxpool.Pool, query string, args ...any)
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
-	require.NoError(t, err)
+	// The driver's planner settings (plannerSettings): when the cached
+	// plan was invalidated meanwhile (an invalidation queue overflowing
+	// while parallel tests run DDL resets every cached plan), EXECUTE
+	// plans again, and must plan as the driver would.
+	for _, set := range plannerSettings {
+		_, err = tx.Exec(ctx, "SELECT set_config($1, $2, true)", set[0], set[1])
+		require.NoError(t, err)
+	}
 	require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE `+pgx.Identifier{name}.Sanitize()+`(`+explainArgs(args)+`)`).Scan(&raw))
 	return raw, textPlan(t, tx, name, args)
 }
