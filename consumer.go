@@ -39,8 +39,13 @@ type Consumer[TTx any] struct {
 	batched  map[string]BatchHandlerFunc[TTx]
 	fallback HandlerFunc[TTx]
 	wake     chan struct{}
-	m        *consumerMetrics
-	ingest   []ferryhook.IngestHook
+	// claimer is the driver when its ingestion can claim what it inserts
+	// (ferrydriver.InboxIngestClaimer); live is what Run lends Ingest to
+	// run those events on.
+	claimer ferrydriver.InboxIngestClaimer
+	live    liveRun
+	m       *consumerMetrics
+	ingest  []ferryhook.IngestHook
 
 	// skipped holds the event types skipped unhandled, logged once each.
 	skipped sync.Map
@@ -84,6 +89,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 		return nil, err
 	}
 	host, _ := os.Hostname()
+	claimer, _ := driver.(ferrydriver.InboxIngestClaimer)
 	return &Consumer[TTx]{
 		batchChosen:       cfg != nil && cfg.BatchSize != 0,
 		savepointCooldown: savepointCooldown,
@@ -96,6 +102,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 		handlers:          map[string]HandlerFunc[TTx]{},
 		batched:           map[string]BatchHandlerFunc[TTx]{},
 		wake:              make(chan struct{}, 1),
+		claimer:           claimer,
 		ingest:            ferryhook.Of[ferryhook.IngestHook](c.Hooks),
 	}, nil
 }
@@ -166,7 +173,7 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 			h.OnIngest(&ferryhook.IngestInfo{Group: c.cfg.Group, System: system, Events: events, Inserted: inserted, Start: start, Err: err})
 		}
 	}()
-	res, err := c.driver.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: c.cfg.Group, Events: events})
+	res, claimed, err := c.insert(ctx, events)
 	if err != nil {
 		return 0, err
 	}
@@ -175,7 +182,7 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 			inserted++
 		}
 	}
-	if inserted > 0 {
+	if inserted > claimed {
 		c.Notify()
 	}
 	return inserted, nil
@@ -303,6 +310,8 @@ func (c *Consumer[TTx]) drain(handlers *sync.WaitGroup, cancel context.CancelFun
 // fix (returned).
 func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup) error {
 	slots := make(chan struct{}, c.cfg.Workers)
+	c.live.lend(work, slots, handlers)
+	defer c.live.end()
 	var upkeep sync.WaitGroup
 	defer upkeep.Wait()
 	upkeep.Go(func() { c.maintain(ctx) })
@@ -391,17 +400,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 		if c.batcher != nil {
 			units = batches(runnable, free, c.cfg.BatchSize)
 		}
-		for _, batch := range units {
-			slots <- struct{}{}
-			handlers.Go(func() {
-				defer func() { <-slots; c.Notify() }()
-				if c.batcher != nil && len(batch) > 1 {
-					c.processBatch(work, c.batcher, batch, deadline)
-				} else {
-					c.processRun(work, batch, deadline)
-				}
-			})
-		}
+		c.start(work, units, slots, handlers, deadline)
 		if len(rows) == limit && free > 0 {
 			continue // there may be more
 		}

@@ -456,33 +456,33 @@ const statementCacheAdvice = "pgx's statement cache needs every transaction of a
 	"(the relay and AwaitSettled need one anyway)"
 
 type queries struct {
-	append, appendNotify, tickRead, readBatch                                                   string
-	appendOne, appendOneNotify                                                                  string
-	loadCheckpoint, saveCheckpoint, saveCheckpointSeqs, loadKeySeqs                             string
-	acquireLease, renewLease, releaseLease, getLease                                            string
-	insertDeadLetters, countDeadLetter                                                          string
-	listDeadLetters, getDeadLetter, countMatchingDeadLetters, deadLetterReasons                 byFeed
-	deleteDelivered, feedLag, armListener, disarmListener, seqCache                             string
-	partitionCursors, feedLagExact, countDeadLetterExact                                        string
-	deleteDeadLetters, pruneKeySeqs                                                             string
-	selectRedrive, deleteDeadLetterRefs, redriveToParked                                        string
-	inboxInsert, inboxClaim, inboxRescueKeys, inboxCharge, inboxHead, inboxClaimOne, inboxKill  string
-	inboxUnclaim, inboxRescueDue, inboxFinishRows, inboxLockKeys, inboxRefreshKeys, inboxGroups string
-	inboxListProcessing, inboxRetractClaims, inboxCompleteOne                                   string
-	inboxClaimHolders, inboxExpireClaims                                                        string
-	inboxFinishRowsCommit, inboxCompleteOneCommit, inboxLostClaims                              string
-	inboxCompleteRows, inboxCompleteRowsCommit                                                  string
-	activityInsert, activityList                                                                string
-	inboxDeadReasons                                                                            string
-	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed, inboxAttempts                  string
-	waiterAdd, waiterRemove, inboxCounts                                                        string
-	inboxNotify, inboxSetPolicy, inboxSweepFirst, inboxSweepNext, inboxSweepProgress            string
-	inboxDeleteIdleKeys, inboxRetract, oldestOutboxTx                                           string
-	requestClaim, requestFinish, requestGet, requestDelete                                      string
-	storedPartitions, lockSettings, truncateSettings, insertSettings                            string
-	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                            string
-	undelivered, parkedByFeed, listFeeds                                                        string
-	outboxEvents                                                                                string
+	append, appendNotify, tickRead, readBatch                                                                    string
+	appendOne, appendOneNotify                                                                                   string
+	loadCheckpoint, saveCheckpoint, saveCheckpointSeqs, loadKeySeqs                                              string
+	acquireLease, renewLease, releaseLease, getLease                                                             string
+	insertDeadLetters, countDeadLetter                                                                           string
+	listDeadLetters, getDeadLetter, countMatchingDeadLetters, deadLetterReasons                                  byFeed
+	deleteDelivered, feedLag, armListener, disarmListener, seqCache                                              string
+	partitionCursors, feedLagExact, countDeadLetterExact                                                         string
+	deleteDeadLetters, pruneKeySeqs                                                                              string
+	selectRedrive, deleteDeadLetterRefs, redriveToParked                                                         string
+	inboxInsertClaim, inboxInsert, inboxClaim, inboxRescueKeys, inboxCharge, inboxHead, inboxClaimOne, inboxKill string
+	inboxUnclaim, inboxRescueDue, inboxFinishRows, inboxLockKeys, inboxRefreshKeys, inboxGroups                  string
+	inboxListProcessing, inboxRetractClaims, inboxCompleteOne                                                    string
+	inboxClaimHolders, inboxExpireClaims                                                                         string
+	inboxFinishRowsCommit, inboxCompleteOneCommit, inboxLostClaims                                               string
+	inboxCompleteRows, inboxCompleteRowsCommit                                                                   string
+	activityInsert, activityList                                                                                 string
+	inboxDeadReasons                                                                                             string
+	inboxSetState, inboxList, inboxStates, inboxDeleteProcessed, inboxAttempts                                   string
+	waiterAdd, waiterRemove, inboxCounts                                                                         string
+	inboxNotify, inboxSetPolicy, inboxSweepFirst, inboxSweepNext, inboxSweepProgress                             string
+	inboxDeleteIdleKeys, inboxRetract, oldestOutboxTx                                                            string
+	requestClaim, requestFinish, requestGet, requestDelete                                                       string
+	storedPartitions, lockSettings, truncateSettings, insertSettings                                             string
+	liveLeases, allCheckpoints, highestPartition, partitionHasEvents                                             string
+	undelivered, parkedByFeed, listFeeds                                                                         string
+	outboxEvents                                                                                                 string
 }
 
 func newQueries(schema string) queries {
@@ -500,7 +500,7 @@ func newQueries(schema string) queries {
 		partitionCursors: r(sqlPartitionCursors), feedLagExact: r(sqlFeedLagExact), countDeadLetterExact: r(sqlCountDeadLettersExact),
 		deleteDeadLetters: r(sqlDeleteDeadLetters), pruneKeySeqs: r(sqlPruneKeySeqs),
 		selectRedrive: r(sqlSelectRedrive), deleteDeadLetterRefs: r(sqlDeleteDeadLetterRefs), redriveToParked: r(sqlRedriveToParked), countMatchingDeadLetters: feedQueries(r(sqlCountMatchingDeadLetters)),
-		inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescueKeys: r(sqlInboxRescueKeys),
+		inboxInsertClaim: r(sqlInboxInsertClaim), inboxInsert: r(sqlInboxInsert), inboxClaim: r(sqlInboxClaim), inboxRescueKeys: r(sqlInboxRescueKeys),
 		inboxCharge: r(sqlInboxCharge), inboxHead: r(sqlInboxHead), inboxClaimOne: r(sqlInboxClaimOne), inboxKill: r(sqlInboxKill),
 		inboxClaimHolders: r(sqlInboxClaimHolders), inboxExpireClaims: r(sqlInboxExpireClaims),
 		inboxUnclaim: r(sqlInboxUnclaim), inboxRescueDue: r(sqlInboxRescueDue), inboxFinishRows: r(strings.Replace(sqlInboxFinishRows, "{tail}", finishTail, 1)),

@@ -1,10 +1,12 @@
 package ferrypg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -14,40 +16,93 @@ import (
 
 // InsertInbox implements ferrydriver.Inbox.
 func (d *Driver[TTx]) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error) {
+	res, _, err := d.insertInboxRows(ctx, p, nil)
+	return res, err
+}
+
+var _ ferrydriver.InboxIngestClaimer = (*Driver[any])(nil)
+
+// InsertInboxClaim implements ferrydriver.InboxIngestClaimer
+// (sqlInboxInsertClaim).
+func (d *Driver[TTx]) InsertInboxClaim(ctx context.Context, p *ferrydriver.InsertInboxParams, c *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
+	return d.insertInboxRows(ctx, p, c)
+}
+
+// insertInboxRows records p.Events, claiming what c allows (none: c nil).
+func (d *Driver[TTx]) insertInboxRows(ctx context.Context, p *ferrydriver.InsertInboxParams, c *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
 	n := len(p.Events)
 	res := make([]bool, n)
 	if n == 0 {
-		return res, nil
+		return res, nil, nil
 	}
 	a, err := encodeEvents(p.Events)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	index := make(map[uuid.UUID]int, n)
 	for i, id := range a.ids {
 		index[id] = i
 	}
+	query, args := d.queries.inboxInsert, []any{p.Group, a.ids, a.keys, a.seqs, a.topics, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created}
+	token := ""
+	if c != nil {
+		token = uuid.NewString()
+		query, args = d.queries.inboxInsertClaim, append(args, token, c.Worker, c.TTL.Milliseconds(), max(c.Keys, 0), max(c.PerKey, 1))
+	}
+	type claimed struct {
+		i   int
+		pos int64
+	}
+	var mine []claimed
 	err = d.inRC(ctx, func(e executor) error {
-		r, err := e.query(ctx, d.queries.inboxInsert, p.Group, a.ids, a.keys, a.seqs, a.topics, a.types, a.sources, a.contentTypes, a.headers, a.payloads, a.created)
+		clear(res)
+		mine = mine[:0]
+		r, err := e.query(ctx, query, args...)
 		if err != nil {
 			return err
 		}
 		defer r.Close()
 		for r.Next() {
 			var id uuid.UUID
-			if err := r.Scan(&id); err != nil {
+			var cl claimed
+			var ok bool
+			dest := []any{&id}
+			if c != nil {
+				dest = append(dest, &cl.pos, &ok)
+			}
+			if err := r.Scan(dest...); err != nil {
 				return err
 			}
-			if i, ok := index[id]; ok {
+			if i, found := index[id]; found {
 				res[i] = true
+				if ok {
+					cl.i = i
+					mine = append(mine, cl)
+				}
 			}
 		}
 		return r.Err()
 	})
 	if err != nil {
-		return nil, d.wrapErr("insert into inbox of group "+p.Group, err)
+		return nil, nil, d.wrapErr("insert into inbox of group "+p.Group, err)
 	}
-	return res, nil
+	if len(mine) == 0 {
+		return res, nil, nil
+	}
+	slices.SortFunc(mine, func(x, y claimed) int {
+		if k := strings.Compare(p.Events[x.i].Key, p.Events[y.i].Key); k != 0 {
+			return k
+		}
+		return cmp.Compare(x.pos, y.pos)
+	})
+	now := time.Now()
+	rows := make([]*ferrydriver.InboxRow, len(mine))
+	for j, cl := range mine {
+		ev := *p.Events[cl.i]
+		ev.CreatedAt = ev.CreatedAt.Truncate(time.Microsecond) // as stored, and as a claim would read it
+		rows[j] = &ferrydriver.InboxRow{Group: p.Group, Event: ev, State: ferrydriver.InboxProcessing, Attempts: 1, Claim: token, ReceivedAt: now}
+	}
+	return res, rows, nil
 }
 
 // ClaimInbox implements ferrydriver.Inbox: a claim takes runs of keys'

@@ -53,11 +53,73 @@ WITH input AS (
        SET tail_pos = greatest(k.tail_pos, excluded.tail_pos),
            done_pos = least(k.done_pos, excluded.done_pos),
            claim_dirty = k.claim_dirty OR (k.claim_token IS NOT NULL AND excluded.done_pos < k.claim_through),
-           runnable_at = CASE WHEN k.runnable_at IS NULL AND k.held_by IS NULL AND k.claim_token IS NULL AND k.rescue_at IS NULL
-                              THEN now() ELSE k.runnable_at END
+           runnable_at = CASE WHEN ` + keyIdle + ` THEN now() ELSE k.runnable_at END
     RETURNING 1
 )
 SELECT event_id FROM ins`
+
+// sqlInboxInsertClaim is sqlInboxInsert that also claims
+// (InsertInboxClaim), for worker $13 under the token $12 until $14 ms from
+// now, the new rows of each key that was idle: nothing unfinished up to
+// its tail, no claim, no hold, no rescue due, not runnable (a key that
+// has rows to run keeps them in order behind those). Up to $15 such keys,
+// in key order, get the claim, through their $16-th new row at most; a
+// key that is new gets it in the row inserted for it. Each new row comes
+// back with whether it was claimed. A claimed key is left as a claim
+// leaves it (not runnable, due for a rescue when the claim expires), and
+// its finish makes it runnable again if rows are left beyond the claim.
+// The claim's rows may be lowered into by a racing delivery just as a
+// claim's (claim_dirty, keyLowered).
+const sqlInboxInsertClaim = `
+WITH input AS (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[],
+                         $8::text[], $9::text[], $10::bytea[], $11::timestamptz[])
+        WITH ORDINALITY AS t(event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, ord)
+), ins AS (
+    INSERT INTO {schema}.inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at)
+    SELECT $1, event_id, key, seq, topic, type, source, content_type, NULLIF(headers, '')::jsonb, payload, created_at
+      FROM input ORDER BY ord
+    ON CONFLICT (group_name, event_id) DO NOTHING
+    RETURNING event_id, key, pos
+), nk AS MATERIALIZED (
+    SELECT key, min(pos) AS first, max(pos) AS tail,
+           (array_agg(pos ORDER BY pos))[LEAST(count(*), $16::int)] AS through,
+           row_number() OVER (ORDER BY key) <= $15::int AS may
+      FROM ins GROUP BY key
+), keys AS (
+    INSERT INTO {schema}.inbox_keys AS k (group_name, key, runnable_at, tail_pos, done_pos,
+                                         claim_token, claimed_by, claim_from, claim_through, claim_expires_at, rescue_at)
+    SELECT $1, key, CASE WHEN may THEN NULL ELSE now() END, tail, first - 1,
+           CASE WHEN may THEN $12::uuid END, CASE WHEN may THEN $13::text END, CASE WHEN may THEN first - 1 END,
+           CASE WHEN may THEN through END,
+           CASE WHEN may THEN now() + $14 * interval '1 millisecond' END, CASE WHEN may THEN now() + $14 * interval '1 millisecond' END
+      FROM nk ORDER BY key
+    ON CONFLICT (group_name, key) DO UPDATE
+       SET tail_pos = greatest(k.tail_pos, excluded.tail_pos),
+           done_pos = least(k.done_pos, excluded.done_pos),
+           claim_dirty = CASE WHEN ` + ingestClaims + ` THEN false
+                              ELSE k.claim_dirty OR (k.claim_token IS NOT NULL AND excluded.done_pos < k.claim_through) END,
+           claim_token = CASE WHEN ` + ingestClaims + ` THEN excluded.claim_token ELSE k.claim_token END,
+           claimed_by = CASE WHEN ` + ingestClaims + ` THEN excluded.claimed_by ELSE k.claimed_by END,
+           claim_from = CASE WHEN ` + ingestClaims + ` THEN least(k.done_pos, excluded.done_pos) ELSE k.claim_from END,
+           claim_through = CASE WHEN ` + ingestClaims + ` THEN excluded.claim_through ELSE k.claim_through END,
+           claim_expires_at = CASE WHEN ` + ingestClaims + ` THEN excluded.claim_expires_at ELSE k.claim_expires_at END,
+           rescue_at = CASE WHEN ` + ingestClaims + ` THEN excluded.rescue_at ELSE k.rescue_at END,
+           runnable_at = CASE WHEN ` + keyIdle + ` AND NOT ` + ingestClaims + ` THEN now() ELSE k.runnable_at END
+    RETURNING k.key, k.claim_token IS NOT DISTINCT FROM $12::uuid AS mine, k.claim_through
+)
+SELECT ins.event_id, ins.pos, COALESCE(c.mine AND ins.pos <= c.claim_through, false)
+  FROM ins LEFT JOIN keys c ON c.key = ins.key`
+
+// keyIdle says whether the key row k (before an ingest's upsert) is
+// neither runnable, nor claimed, held or due for a rescue: an ingest makes
+// it runnable.
+const keyIdle = `(k.runnable_at IS NULL AND k.held_by IS NULL AND k.claim_token IS NULL AND k.rescue_at IS NULL)`
+
+// ingestClaims says whether sqlInboxInsertClaim's upsert claims key k:
+// idle with every row up to its tail finished, and one that may be
+// claimed (excluded.claim_token).
+const ingestClaims = `(` + keyIdle + ` AND k.done_pos >= k.tail_pos AND excluded.claim_token IS NOT NULL)`
 
 // holdDead is the dead policy stored for the group $1 (SetInboxPolicy), the
 // only one: true (Hold) when none is. It is evaluated once per statement.

@@ -75,6 +75,16 @@ func drainRuns(t *testing.T, drv *Driver[pgx.Tx], group string) map[uuid.UUID]bo
 // key, but which commits after that later row was claimed, lands inside
 // the claim's range: the claim's finish must not move the key past it.
 func TestInboxDeliveryInsideAClaimRuns(t *testing.T) {
+	for _, ingest := range []bool{false, true} {
+		t.Run(map[bool]string{false: "claimed", true: "claimed by its ingest"}[ingest], func(t *testing.T) {
+			deliveryInsideAClaimRuns(t, ingest)
+		})
+	}
+}
+
+// deliveryInsideAClaimRuns: the later row is claimed by a claim, or by
+// the ingest that delivers it (InsertInboxClaim).
+func deliveryInsideAClaimRuns(t *testing.T, ingest bool) {
 	ctx := context.Background()
 	drv := newTestDriver(t)
 	pool := ferrypgtest.Pool(t)
@@ -102,9 +112,14 @@ func TestInboxDeliveryInsideAClaimRuns(t *testing.T) {
 
 	// k2, a later position, commits and is claimed.
 	k2 := raceEvent("k")
-	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{k2}})
-	require.NoError(t, err)
-	got := raceClaim(t, drv, g)
+	var got []*ferrydriver.InboxRow
+	if ingest {
+		_, _, got = ingestClaim(t, drv, g, 8, 32, k2)
+	} else {
+		_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{k2}})
+		require.NoError(t, err)
+		got = raceClaim(t, drv, g)
+	}
 	require.Len(t, got, 1)
 	require.Equal(t, k2.ID, got[0].Event.ID)
 
