@@ -35,18 +35,7 @@ package ferrypg
 // whose snapshot misses the new rows fails to update the key with a
 // serialization failure, and runs again, instead of marking the key idle
 // with rows left in it.
-const sqlInboxInsert = `
-WITH input AS (
-    SELECT * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[],
-                         $8::text[], $9::text[], $10::bytea[], $11::timestamptz[])
-        WITH ORDINALITY AS t(event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, ord)
-), ins AS (
-    INSERT INTO {schema}.inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at)
-    SELECT $1, event_id, key, seq, topic, type, source, content_type, NULLIF(headers, '')::jsonb, payload, created_at
-      FROM input ORDER BY ord
-    ON CONFLICT (group_name, event_id) DO NOTHING
-    RETURNING event_id, key, pos
-), keys AS (
+const sqlInboxInsert = inboxInsertRows + `, keys AS (
     INSERT INTO {schema}.inbox_keys AS k (group_name, key, runnable_at, tail_pos, done_pos)
     SELECT $1, key, now(), max(pos), min(pos) - 1 FROM ins GROUP BY key ORDER BY key
     ON CONFLICT (group_name, key) DO UPDATE
@@ -70,18 +59,7 @@ SELECT event_id FROM ins`
 // its finish makes it runnable again if rows are left beyond the claim.
 // The claim's rows may be lowered into by a racing delivery just as a
 // claim's (claim_dirty, keyLowered).
-const sqlInboxInsertClaim = `
-WITH input AS (
-    SELECT * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[],
-                         $8::text[], $9::text[], $10::bytea[], $11::timestamptz[])
-        WITH ORDINALITY AS t(event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, ord)
-), ins AS (
-    INSERT INTO {schema}.inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at)
-    SELECT $1, event_id, key, seq, topic, type, source, content_type, NULLIF(headers, '')::jsonb, payload, created_at
-      FROM input ORDER BY ord
-    ON CONFLICT (group_name, event_id) DO NOTHING
-    RETURNING event_id, key, pos
-), nk AS MATERIALIZED (
+const sqlInboxInsertClaim = inboxInsertRows + `, nk AS MATERIALIZED (
     SELECT key, min(pos) AS first, max(pos) AS tail,
            (array_agg(pos ORDER BY pos))[LEAST(count(*), $16::int)] AS through,
            row_number() OVER (ORDER BY key) <= $15::int AS may
@@ -110,6 +88,21 @@ WITH input AS (
 )
 SELECT ins.event_id, ins.pos, COALESCE(c.mine AND ins.pos <= c.claim_through, false)
   FROM ins LEFT JOIN keys c ON c.key = ins.key`
+
+// inboxInsertRows inserts the rows of a delivery ($1 the group, $2..$11
+// the events' columns) once per event ID; ins holds those it inserted.
+const inboxInsertRows = `
+WITH input AS (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[],
+                         $8::text[], $9::text[], $10::bytea[], $11::timestamptz[])
+        WITH ORDINALITY AS t(event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, ord)
+), ins AS (
+    INSERT INTO {schema}.inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at)
+    SELECT $1, event_id, key, seq, topic, type, source, content_type, NULLIF(headers, '')::jsonb, payload, created_at
+      FROM input ORDER BY ord
+    ON CONFLICT (group_name, event_id) DO NOTHING
+    RETURNING event_id, key, pos
+)`
 
 // keyIdle says whether the key row k (before an ingest's upsert) is
 // neither runnable, nor claimed, held or due for a rescue: an ingest makes
