@@ -154,8 +154,11 @@ func (c *Consumer[TTx]) Notify() {
 }
 
 // Ingest records events in the group's inbox, once per event ID, and wakes
-// the workers. Sources call it and acknowledge to their broker only after
-// it returned nil: then the events are durable. The transport the events
+// the workers. While Run runs, on an inbox that can (PostgreSQL's: a
+// ferrydriver.InboxIngestClaimer), the statement that records the events
+// also claims those of keys with nothing else to do, and Ingest starts
+// them on the workers itself. Sources call it and acknowledge to their
+// broker only after it returned nil: then the events are durable. The transport the events
 // came through is the system ctx carries (ferrysink.WithSystem; Consume and
 // the webhook receiver set it), or "ferry" (IngestInfo.System).
 func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted int, err error) {
@@ -339,7 +342,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 				continue
 			}
 		}
-		free := c.cfg.Workers - len(slots)
+		free := max(0, c.cfg.Workers-len(slots)-int(c.live.waiting.Load())) // Ingest's runs waiting for a slot count as taken
 		// One event per transaction: each free worker gets a run of one
 		// key's events, which it applies in order, a transaction each.
 		limit, perKey, keys := free*maxRun, maxRun, free

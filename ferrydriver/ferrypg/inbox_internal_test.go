@@ -125,7 +125,10 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 		n, bigClaim, bigFinish, smallClaim, smallFinish)
 	require.Less(t, bigClaim, 800, "a claim touches O(rows claimed) pages (its 32 keys' writes included)")
 	require.Less(t, bigFinish, 800, "a finish touches O(rows finished) pages")
-	require.InDelta(t, smallClaim, bigClaim, 60)
+	// The claim writes its keys (index entries, pages split or not): its
+	// count varies by tens of buffers either way, and only a backlog that
+	// costs more would be a fault.
+	require.Less(t, bigClaim, smallClaim+60, "a claim costs no more behind a backlog")
 	require.InDelta(t, smallFinish, bigFinish, 60)
 }
 
