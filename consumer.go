@@ -342,20 +342,15 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 				continue
 			}
 		}
-		free := max(0, c.cfg.Workers-len(slots)-int(c.live.waiting.Load())) // Ingest's runs waiting for a slot count as taken
+		free, perKey := c.freeWorkers(slots), c.runLength()
 		// One event per transaction: each free worker gets a run of one
 		// key's events, which it applies in order, a transaction each.
-		limit, perKey, keys := free*maxRun, maxRun, free
+		limit, keys := free*maxRun, free
 		if c.batcher != nil {
 			// Runs of a key's events, up to a batch each; as many keys as
 			// the last claim's runs suggest fill the batches (a deep
 			// backlog gives long runs: few keys need locking).
-			limit, perKey = free*c.cfg.BatchSize, c.cfg.BatchSize
-			if len(c.batched) > 0 {
-				// A batch handler gets a round's events (one per key) in
-				// one call: short runs of many keys make few calls.
-				perKey = batchHandlerRun(c.cfg.BatchSize)
-			}
+			limit = free * c.cfg.BatchSize
 			keys = max(free, int(float64(limit)/max(runLength, 1)))
 		}
 		var rows []*ferrydriver.InboxRow

@@ -14,13 +14,12 @@ import (
 )
 
 // liveRun is what a running Run lends Ingest: its handlers' context, its
-// worker slots and its handlers' WaitGroup, while open. Ingest holds the
-// read lock from the free slots' count to the handlers' start, so that Run
-// stops lending (end) only once no Ingest can start a handler any more,
-// before it waits for them.
+// worker slots and its handlers' WaitGroup; slots is nil when no Run runs.
+// Ingest holds the read lock from the free slots' count to the handlers'
+// start, so that Run stops lending (end) only once no Ingest can start a
+// handler any more, before it waits for them.
 type liveRun struct {
 	mu       sync.RWMutex
-	open     bool
 	work     context.Context
 	slots    chan struct{}
 	handlers *sync.WaitGroup
@@ -31,13 +30,33 @@ type liveRun struct {
 func (l *liveRun) lend(work context.Context, slots chan struct{}, handlers *sync.WaitGroup) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.open, l.work, l.slots, l.handlers = true, work, slots, handlers
+	l.work, l.slots, l.handlers = work, slots, handlers
 }
 
 func (l *liveRun) end() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.open, l.work, l.slots, l.handlers = false, nil, nil, nil
+	l.work, l.slots, l.handlers = nil, nil, nil
+}
+
+// freeWorkers is how many of Run's workers (their slots) are free: the
+// runs Ingest started that wait for a slot count as taken.
+func (c *Consumer[TTx]) freeWorkers(slots chan struct{}) int {
+	return max(0, c.cfg.Workers-len(slots)-int(c.live.waiting.Load()))
+}
+
+// runLength is the most events of one key that a claim takes at once.
+func (c *Consumer[TTx]) runLength() int {
+	switch {
+	case c.batcher == nil:
+		return maxRun // one event per transaction, the run's in order
+	case len(c.batched) > 0:
+		// A batch handler gets a round's events (one per key) in one
+		// call: short runs of many keys make few calls.
+		return batchHandlerRun(c.cfg.BatchSize)
+	default:
+		return c.cfg.BatchSize // runs of a key's events, up to a batch each
+	}
 }
 
 // insert records events in the inbox. While Run runs (and is not running
@@ -56,24 +75,13 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 	}
 	c.live.mu.RLock()
 	defer c.live.mu.RUnlock()
-	free := 0
-	if c.live.open && !c.rescuing.Load() {
-		free = c.cfg.Workers - len(c.live.slots) - int(c.live.waiting.Load())
-	}
-	if free <= 0 {
+	if c.live.slots == nil || c.rescuing.Load() || c.freeWorkers(c.live.slots) == 0 {
 		res, err := c.driver.InsertInbox(ctx, p)
 		return res, 0, err
 	}
-	perKey := maxRun
-	if c.batcher != nil {
-		perKey = c.cfg.BatchSize
-		if len(c.batched) > 0 {
-			perKey = batchHandlerRun(c.cfg.BatchSize)
-		}
-	}
 	// As a claim's: counted from before the statement, less a margin.
 	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
-	res, rows, err := c.claimer.InsertInboxClaim(ctx, p, &ferrydriver.IngestClaimParams{Worker: c.worker, TTL: c.cfg.ClaimTTL, Keys: c.cfg.Workers, PerKey: perKey})
+	res, rows, err := c.claimer.InsertInboxClaim(ctx, p, &ferrydriver.IngestClaimParams{Worker: c.worker, TTL: c.cfg.ClaimTTL, Keys: c.cfg.Workers, PerKey: c.runLength()})
 	if err != nil || len(rows) == 0 {
 		return res, 0, err
 	}
@@ -90,7 +98,7 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 		c.live.handlers.Go(func() {
 			slots <- struct{}{}
 			c.live.waiting.Add(-1)
-			c.process1(work, unit, slots, deadline)
+			c.processUnit(work, unit, slots, deadline)
 		})
 	}
 	return res, len(rows), nil
@@ -101,14 +109,14 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 func (c *Consumer[TTx]) start(work context.Context, units [][]*ferrydriver.InboxRow, slots chan struct{}, handlers *sync.WaitGroup, deadline time.Time) {
 	for _, unit := range units {
 		slots <- struct{}{}
-		handlers.Go(func() { c.process1(work, unit, slots, deadline) })
+		handlers.Go(func() { c.processUnit(work, unit, slots, deadline) })
 	}
 }
 
-// process1 runs a unit on the worker slot it holds, then frees the slot
+// processUnit runs a unit on the worker slot it holds, then frees the slot
 // and wakes the claim loop: a batch in one transaction, a run of one key's
 // rows a transaction each.
-func (c *Consumer[TTx]) process1(work context.Context, unit []*ferrydriver.InboxRow, slots chan struct{}, deadline time.Time) {
+func (c *Consumer[TTx]) processUnit(work context.Context, unit []*ferrydriver.InboxRow, slots chan struct{}, deadline time.Time) {
 	defer func() { <-slots; c.Notify() }()
 	if c.batcher != nil && len(unit) > 1 {
 		c.processBatch(work, c.batcher, unit, deadline)

@@ -1,12 +1,10 @@
 package ferrypg
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
@@ -49,35 +47,27 @@ func (d *Driver[TTx]) insertInboxRows(ctx context.Context, p *ferrydriver.Insert
 		token = uuid.NewString()
 		query, args = d.queries.inboxInsertClaim, append(args, token, c.Worker, c.TTL.Milliseconds(), max(c.Keys, 0), max(c.PerKey, 1))
 	}
-	type claimed struct {
-		i   int
-		pos int64
-	}
-	var mine []claimed
+	var mine []int // the events claimed, by key then position
 	err = d.inRC(ctx, func(e executor) error {
-		clear(res)
-		mine = mine[:0]
 		r, err := e.query(ctx, query, args...)
 		if err != nil {
 			return err
 		}
 		defer r.Close()
+		var id uuid.UUID
+		var claimed bool
+		dest := []any{&id}
+		if c != nil {
+			dest = append(dest, &claimed)
+		}
 		for r.Next() {
-			var id uuid.UUID
-			var cl claimed
-			var ok bool
-			dest := []any{&id}
-			if c != nil {
-				dest = append(dest, &cl.pos, &ok)
-			}
 			if err := r.Scan(dest...); err != nil {
 				return err
 			}
 			if i, found := index[id]; found {
 				res[i] = true
-				if ok {
-					cl.i = i
-					mine = append(mine, cl)
+				if claimed {
+					mine = append(mine, i)
 				}
 			}
 		}
@@ -89,16 +79,10 @@ func (d *Driver[TTx]) insertInboxRows(ctx context.Context, p *ferrydriver.Insert
 	if len(mine) == 0 {
 		return res, nil, nil
 	}
-	slices.SortFunc(mine, func(x, y claimed) int {
-		if k := strings.Compare(p.Events[x.i].Key, p.Events[y.i].Key); k != 0 {
-			return k
-		}
-		return cmp.Compare(x.pos, y.pos)
-	})
 	now := time.Now()
 	rows := make([]*ferrydriver.InboxRow, len(mine))
-	for j, cl := range mine {
-		ev := *p.Events[cl.i]
+	for j, i := range mine {
+		ev := *p.Events[i]
 		ev.CreatedAt = ev.CreatedAt.Truncate(time.Microsecond) // as stored, and as a claim would read it
 		rows[j] = &ferrydriver.InboxRow{Group: p.Group, Event: ev, State: ferrydriver.InboxProcessing, Attempts: 1, Claim: token, ReceivedAt: now}
 	}
@@ -119,9 +103,8 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 	}
 	var out, dead []*ferrydriver.InboxRow
 	var idle []string
-	var lost map[string]bool
 	err := d.inRC(ctx, func(e executor) error {
-		out, dead, idle, lost = out[:0], dead[:0], idle[:0], nil
+		out, dead, idle = out[:0], dead[:0], idle[:0]
 		return e.pipeline(ctx, step{sql: d.queries.inboxClaim, args: []any{p.Group, keys, p.Worker, p.TTL.Milliseconds(),
 			token, p.MaxAttempts, ferrydriver.ReasonAttemptsExhausted, perKey, p.Limit}, scan: func(r rows) error {
 			var kind string
@@ -136,11 +119,6 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 				out = append(out, row)
 			case "dead":
 				dead = append(dead, row)
-			case "lost":
-				if lost == nil {
-					lost = map[string]bool{}
-				}
-				lost[row.Event.Key] = true
 			default:
 				idle = append(idle, row.Event.Key)
 			}
@@ -149,11 +127,6 @@ func (d *Driver[TTx]) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxP
 	})
 	if err != nil {
 		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
-	}
-	if len(lost) > 0 {
-		// Keys updated after the claim's snapshot: not claimed (see
-		// sqlInboxClaim), so their rows wait for the next claim.
-		out = slices.DeleteFunc(out, func(r *ferrydriver.InboxRow) bool { return lost[r.Event.Key] })
 	}
 	out = append(out, dead...)
 	if len(idle) > 0 {

@@ -20,17 +20,16 @@ func ingestClaim(t *testing.T, drv *Driver[pgx.Tx], group string, keys, perKey i
 	inserted, rows, err := drv.InsertInboxClaim(context.Background(), &ferrydriver.InsertInboxParams{Group: group, Events: events},
 		&ferrydriver.IngestClaimParams{Worker: "w", TTL: time.Minute, Keys: keys, PerKey: perKey})
 	require.NoError(t, err)
-	ids := make([]uuid.UUID, len(rows))
-	for i, r := range rows {
-		ids[i] = r.Event.ID
+	for _, r := range rows {
 		require.Equal(t, ferrydriver.InboxProcessing, r.State)
 		require.Equal(t, 1, r.Attempts)
 		require.NotEmpty(t, r.Claim)
 	}
-	return inserted, ids, rows
+	return inserted, claimedIDs(rows), rows
 }
 
-// completeAll completes claimed rows, each key's run in order.
+// completeAll completes claimed rows (by key, then position), each key's
+// run in order, keeping the claim on the run's later rows.
 func completeAll(t *testing.T, drv *Driver[pgx.Tx], group string, rows []*ferrydriver.InboxRow) {
 	t.Helper()
 	for i, r := range rows {

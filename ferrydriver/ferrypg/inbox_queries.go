@@ -54,9 +54,10 @@ SELECT event_id FROM ins`
 // has rows to run keeps them in order behind those). Up to $15 such keys,
 // in key order, get the claim, through their $16-th new row at most; a
 // key that is new gets it in the row inserted for it. Each new row comes
-// back with whether it was claimed. A claimed key is left as a claim
-// leaves it (not runnable, due for a rescue when the claim expires), and
-// its finish makes it runnable again if rows are left beyond the claim.
+// back, by key and then position, with whether it was claimed. A claimed
+// key is left as a claim leaves it (not runnable, due for a rescue when
+// the claim expires), and its finish makes it runnable again if rows are
+// left beyond the claim.
 // The claim's rows may be lowered into by a racing delivery just as a
 // claim's (claim_dirty, keyLowered).
 const sqlInboxInsertClaim = inboxInsertRows + `, nk AS MATERIALIZED (
@@ -86,8 +87,9 @@ const sqlInboxInsertClaim = inboxInsertRows + `, nk AS MATERIALIZED (
            runnable_at = CASE WHEN ` + keyIdle + ` AND NOT ` + ingestClaims + ` THEN now() ELSE k.runnable_at END
     RETURNING k.key, k.claim_token IS NOT DISTINCT FROM $12::uuid AS mine, k.claim_through
 )
-SELECT ins.event_id, ins.pos, COALESCE(c.mine AND ins.pos <= c.claim_through, false)
-  FROM ins LEFT JOIN keys c ON c.key = ins.key`
+SELECT ins.event_id, COALESCE(c.mine AND ins.pos <= c.claim_through, false)
+  FROM ins LEFT JOIN keys c ON c.key = ins.key
+ ORDER BY ins.key, ins.pos`
 
 // inboxInsertRows inserts the rows of a delivery ($1 the group, $2..$11
 // the events' columns) once per event ID; ins holds those it inserted.
@@ -170,11 +172,11 @@ const inboxClaimed = `
 // newest version: when a transaction that committed after this
 // statement's snapshot had updated the key (an ingest raising tail_pos),
 // that version is not visible to the update, which then skips it. Such a
-// key comes back as 'lost' and its rows must not run: nothing of it was
-// written, it is still runnable, and the next claim takes it.
+// key's rows (lost) are not returned: nothing of the claim was written, the
+// key is still runnable, and the next claim takes it.
 //
 // Each row comes with what became of it: 'claimed' (ordered by key, then
-// position), 'dead', or 'idle' or 'lost' (only the key is meaningful).
+// position), 'dead', or 'idle' (only the key is meaningful).
 var sqlInboxClaim = `
 WITH k AS (
     SELECT key, done_pos, runnable_at AS k_at, ctid AS ktid FROM {schema}.inbox_keys
@@ -218,6 +220,8 @@ WITH k AS (
       FROM (SELECT p.key, p.ktid, max(p.pos) AS through FROM p GROUP BY p.key, p.ktid) c
      WHERE ik.ctid = c.ktid AND ik.group_name = $1 AND ik.key = c.key
     RETURNING ik.key
+), lost AS (
+    SELECT DISTINCT p.key FROM p WHERE p.key NOT IN (SELECT ck.key FROM claimed ck)
 ), spent_keys AS (
     -- Hold: the dead row holds its key; Continue: the key moves past it.
     UPDATE {schema}.inbox_keys ik
@@ -231,6 +235,7 @@ SELECT 'claimed', p.n, i.event_id, i.key, i.seq, i.topic, i.type, i.source, i.co
        'processing', i.attempts + 1, COALESCE(i.last_error, ''), i.next_attempt_at, i.received_at, COALESCE(i.finished_at, 'epoch')
   FROM p JOIN {schema}.inbox i ON i.group_name = $1 AND i.event_id = ANY ((SELECT array_agg(p.event_id) FROM p)::uuid[])
         AND i.ctid = p.tid AND i.event_id = p.event_id
+ WHERE p.key NOT IN (SELECT l.key FROM lost l)
 UNION ALL
 SELECT 'dead', 0, x.event_id, x.key, x.seq, x.topic, x.type, x.source, x.content_type, x.headers::text, x.payload, x.created_at,
        x.state, x.attempts, COALESCE(x.last_error, ''), x.next_attempt_at, x.received_at, COALESCE(x.finished_at, 'epoch')
@@ -239,10 +244,6 @@ UNION ALL
 SELECT 'idle', 0, '00000000-0000-0000-0000-000000000000'::uuid, k.key, 0, '', '', '', '', NULL, ''::bytea, now(),
        '', 0, '', now(), now(), 'epoch'
   FROM k WHERE k.key NOT IN (SELECT runs.key FROM runs) AND k.key NOT IN (SELECT x.key FROM spent x)
-UNION ALL
-SELECT 'lost', 0, '00000000-0000-0000-0000-000000000000'::uuid, l.key, 0, '', '', '', '', NULL, ''::bytea, now(),
-       '', 0, '', now(), now(), 'epoch'
-  FROM (SELECT DISTINCT p.key FROM p) l WHERE l.key NOT IN (SELECT ck.key FROM claimed ck)
  ORDER BY 1, 2`
 
 // sqlInboxRescueKeys locks up to $2 keys of group $1 due for a rescue (an

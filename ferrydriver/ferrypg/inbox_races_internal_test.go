@@ -31,13 +31,20 @@ func raceEvent(key string) *ferryevent.Event {
 // they wait for, do not count.
 func waitLockWait(t *testing.T, schema string) {
 	t.Helper()
+	waitSessionWait(t, schema, "wait_event_type", "Lock")
+}
+
+// waitSessionWait waits until a session working in schema shows value in
+// pg_stat_activity's column (wait_event_type or wait_event).
+func waitSessionWait(t *testing.T, schema, column, value string) {
+	t.Helper()
 	pool := ferrypgtest.Pool(t)
 	require.Eventually(t, func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND datname = current_database() AND strpos(query, $1) > 0`, schema).Scan(&n))
+			WHERE `+column+` = $2 AND datname = current_database() AND strpos(query, $1) > 0`, schema, value).Scan(&n))
 		return n > 0
-	}, 30*time.Second, 10*time.Millisecond, "a session of schema %s waits for a lock", schema)
+	}, 30*time.Second, 10*time.Millisecond, "a session of schema %s waits: %s %s", schema, column, value)
 }
 
 // raceClaim claims like a consumer of ordinary handlers.
@@ -62,11 +69,10 @@ func drainRuns(t *testing.T, drv *Driver[pgx.Tx], group string) map[uuid.UUID]bo
 	ran := map[uuid.UUID]bool{}
 	for range 4 {
 		rows := raceClaim(t, drv, group) // by key, then position
-		for i, r := range rows {
+		for _, r := range rows {
 			ran[r.Event.ID] = true
-			keep := i+1 < len(rows) && rows[i+1].Event.Key == r.Event.Key // the run's later rows
-			require.NoError(t, raceComplete(drv, group, r, keep))
 		}
+		completeAll(t, drv, group, rows)
 	}
 	return ran
 }
@@ -416,13 +422,8 @@ func TestInboxClaimOfAKeyUpdatedAfterItsSnapshotHandsNothingOut(t *testing.T) {
 		assert.NoError(t, err)
 		claimed <- rows
 	}()
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event = 'PgSleep' AND datname = current_database() AND strpos(query, $1) > 0`, drv.cfg.Schema).Scan(&n))
-		return n > 0
-	}, 30*time.Second, 5*time.Millisecond, "the claim sleeps before locking its keys")
-	second := raceEvent("k") // raises the key's tail_pos, committed after the claim's snapshot
+	waitSessionWait(t, drv.cfg.Schema, "wait_event", "PgSleep") // the claim sleeps before locking its keys
+	second := raceEvent("k")                                    // raises the key's tail_pos, committed after the claim's snapshot
 	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{second}})
 	require.NoError(t, err)
 
