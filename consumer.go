@@ -39,8 +39,13 @@ type Consumer[TTx any] struct {
 	batched  map[string]BatchHandlerFunc[TTx]
 	fallback HandlerFunc[TTx]
 	wake     chan struct{}
-	m        *consumerMetrics
-	ingest   []ferryhook.IngestHook
+	// claimer is the driver when its ingestion can claim what it inserts
+	// (ferrydriver.InboxIngestClaimer); live is what Run lends Ingest to
+	// run those events on.
+	claimer ferrydriver.InboxIngestClaimer
+	live    liveRun
+	m       *consumerMetrics
+	ingest  []ferryhook.IngestHook
 
 	// skipped holds the event types skipped unhandled, logged once each.
 	skipped sync.Map
@@ -84,6 +89,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 		return nil, err
 	}
 	host, _ := os.Hostname()
+	claimer, _ := driver.(ferrydriver.InboxIngestClaimer)
 	return &Consumer[TTx]{
 		batchChosen:       cfg != nil && cfg.BatchSize != 0,
 		savepointCooldown: savepointCooldown,
@@ -96,6 +102,7 @@ func NewConsumer[TTx any](driver ferrydriver.Inbox[TTx], cfg *ConsumerConfig) (*
 		handlers:          map[string]HandlerFunc[TTx]{},
 		batched:           map[string]BatchHandlerFunc[TTx]{},
 		wake:              make(chan struct{}, 1),
+		claimer:           claimer,
 		ingest:            ferryhook.Of[ferryhook.IngestHook](c.Hooks),
 	}, nil
 }
@@ -147,8 +154,11 @@ func (c *Consumer[TTx]) Notify() {
 }
 
 // Ingest records events in the group's inbox, once per event ID, and wakes
-// the workers. Sources call it and acknowledge to their broker only after
-// it returned nil: then the events are durable. The transport the events
+// the workers. While Run runs, on an inbox that can (PostgreSQL's: a
+// ferrydriver.InboxIngestClaimer), the statement that records the events
+// also claims those of keys with nothing else to do, and Ingest starts
+// them on the workers itself. Sources call it and acknowledge to their
+// broker only after it returned nil: then the events are durable. The transport the events
 // came through is the system ctx carries (ferrysink.WithSystem; Consume and
 // the webhook receiver set it), or "ferry" (IngestInfo.System).
 func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted int, err error) {
@@ -166,7 +176,7 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 			h.OnIngest(&ferryhook.IngestInfo{Group: c.cfg.Group, System: system, Events: events, Inserted: inserted, Start: start, Err: err})
 		}
 	}()
-	res, err := c.driver.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: c.cfg.Group, Events: events})
+	res, claimed, err := c.insert(ctx, events)
 	if err != nil {
 		return 0, err
 	}
@@ -175,7 +185,7 @@ func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted i
 			inserted++
 		}
 	}
-	if inserted > 0 {
+	if inserted > claimed {
 		c.Notify()
 	}
 	return inserted, nil
@@ -303,6 +313,8 @@ func (c *Consumer[TTx]) drain(handlers *sync.WaitGroup, cancel context.CancelFun
 // fix (returned).
 func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup) error {
 	slots := make(chan struct{}, c.cfg.Workers)
+	c.live.lend(work, slots, handlers)
+	defer c.live.end()
 	var upkeep sync.WaitGroup
 	defer upkeep.Wait()
 	upkeep.Go(func() { c.maintain(ctx) })
@@ -330,20 +342,15 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 				continue
 			}
 		}
-		free := c.cfg.Workers - len(slots)
+		free, perKey := c.freeWorkers(slots), c.runLength()
 		// One event per transaction: each free worker gets a run of one
 		// key's events, which it applies in order, a transaction each.
-		limit, perKey, keys := free*maxRun, maxRun, free
+		limit, keys := free*maxRun, free
 		if c.batcher != nil {
 			// Runs of a key's events, up to a batch each; as many keys as
 			// the last claim's runs suggest fill the batches (a deep
 			// backlog gives long runs: few keys need locking).
-			limit, perKey = free*c.cfg.BatchSize, c.cfg.BatchSize
-			if len(c.batched) > 0 {
-				// A batch handler gets a round's events (one per key) in
-				// one call: short runs of many keys make few calls.
-				perKey = batchHandlerRun(c.cfg.BatchSize)
-			}
+			limit = free * c.cfg.BatchSize
 			keys = max(free, int(float64(limit)/max(runLength, 1)))
 		}
 		var rows []*ferrydriver.InboxRow
@@ -391,17 +398,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 		if c.batcher != nil {
 			units = batches(runnable, free, c.cfg.BatchSize)
 		}
-		for _, batch := range units {
-			slots <- struct{}{}
-			handlers.Go(func() {
-				defer func() { <-slots; c.Notify() }()
-				if c.batcher != nil && len(batch) > 1 {
-					c.processBatch(work, c.batcher, batch, deadline)
-				} else {
-					c.processRun(work, batch, deadline)
-				}
-			})
-		}
+		c.start(work, units, slots, handlers, deadline)
 		if len(rows) == limit && free > 0 {
 			continue // there may be more
 		}

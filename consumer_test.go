@@ -378,3 +378,115 @@ func TestConsumerRetract(t *testing.T) {
 	require.Equal(t, 0, count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k0' AND seq IN (3, 4)`), "retracted before running: never ran (the running one rolled back)")
 	require.Equal(t, 3, count(t, `SELECT count(*) FROM `+table+` WHERE key = 'k0'`), "k0: seq 1, seq 2 and its undoing")
 }
+
+// claimCounter counts the rows ClaimInbox hands out.
+type claimCounter struct {
+	*ferrypg.Driver[pgx.Tx]
+	rows atomic.Int64
+}
+
+func (c *claimCounter) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
+	rows, err := c.Driver.ClaimInbox(ctx, p)
+	c.rows.Add(int64(len(rows)))
+	return rows, err
+}
+
+// An event delivered to a running consumer with free workers, of a key
+// with nothing to do, is claimed by the statement that records it
+// (ferrydriver.InboxIngestClaimer) and runs at once: no claim hands it
+// out. What the ingest could not claim (a key with an event waiting)
+// goes through claims, in key order.
+func TestConsumerRunsWhatItsIngestClaimed(t *testing.T) {
+	t.Parallel()
+	drv := &claimCounter{Driver: newPG(t)}
+	table := effects(t, drv.Driver)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", Workers: 4})
+	require.NoError(t, err)
+	release := make(chan struct{})
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		if ev.Key == "slow" {
+			<-release
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	ctx := context.Background()
+	// Once Run runs (a first event, ingested before it may have, applied):
+	warm := events(1, 1)[0]
+	warm.Key = "warm"
+	_, err = c.Ingest(ctx, []*ferry.Event{warm})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 1 }, 30*time.Second, 5*time.Millisecond)
+	drv.rows.Store(0)
+	evs := events(5, 5)
+	for i, ev := range evs {
+		n, err := c.Ingest(ctx, []*ferry.Event{ev})
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == i+2 }, 30*time.Second, 5*time.Millisecond)
+	}
+	require.Equal(t, int64(0), drv.rows.Load(), "every event was claimed by its ingest")
+	require.Equal(t, 6, count(t, `SELECT count(DISTINCT event_id) FROM `+table))
+
+	// A key whose event is running: its next event waits for a claim.
+	slow1, slow2 := events(1, 1)[0], events(1, 1)[0]
+	slow1.Key, slow2.Key = "slow", "slow"
+	_, err = c.Ingest(ctx, []*ferry.Event{slow1})
+	require.NoError(t, err)
+	_, err = c.Ingest(ctx, []*ferry.Event{slow2})
+	require.NoError(t, err)
+	close(release)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 8 }, 30*time.Second, 5*time.Millisecond)
+	require.Equal(t, int64(1), drv.rows.Load(), "the key's second event was handed out by a claim")
+	var first, second int
+	require.NoError(t, ferrypgtest.Pool(t).QueryRow(ctx, `SELECT min(n) FILTER (WHERE event_id = $1), min(n) FILTER (WHERE event_id = $2) FROM `+table, slow1.ID, slow2.ID).Scan(&first, &second))
+	require.Less(t, first, second, "in key order")
+}
+
+// cancelledReply is a driver whose ingest claims commit and whose caller's
+// context is cancelled before the reply is read: pgx then fails the call,
+// as a source stopping mid-delivery makes it.
+type cancelledReply struct {
+	*ferrypg.Driver[pgx.Tx]
+	cancel context.CancelFunc
+}
+
+func (d *cancelledReply) InsertInboxClaim(ctx context.Context, p *ferrydriver.InsertInboxParams, cp *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
+	res, rows, err := d.Driver.InsertInboxClaim(ctx, p, cp)
+	d.cancel()
+	if ctx.Err() != nil {
+		return nil, nil, ctx.Err()
+	}
+	return res, rows, err
+}
+
+// An Ingest whose caller gives up while its claiming statement commits
+// (ferrychain's source does when its node's subscription drops) still
+// runs what it claimed: nothing else would before the claim expired.
+func TestConsumerIngestCancelledAsItsClaimCommitsRunsWhatItClaimed(t *testing.T) {
+	t.Parallel()
+	drv := &cancelledReply{Driver: newPG(t)}
+	table := effects(t, drv.Driver)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", Workers: 2, ClaimTTL: time.Hour})
+	require.NoError(t, err)
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	// Once Run runs (a first event applied), an ingest claims its event.
+	drv.cancel = func() {}
+	_, err = c.Ingest(context.Background(), events(1, 1))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 1 }, 30*time.Second, 5*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	drv.cancel = cancel
+	ev := events(1, 1)[0]
+	n, err := c.Ingest(ctx, []*ferry.Event{ev})
+	require.NoError(t, err, "the events are recorded: the source may acknowledge them")
+	require.Equal(t, 1, n)
+	require.Eventually(t, func() bool {
+		return count(t, `SELECT count(*) FROM `+table+` WHERE event_id = '`+ev.ID.String()+`'`) == 1
+	}, 30*time.Second, 5*time.Millisecond, "the claimed event ran, not an hour later")
+}
