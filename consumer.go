@@ -413,24 +413,31 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 	return nil
 }
 
-// claim runs ClaimInbox so that a stop does not drop what it claims. A
-// claim already sent commits in the database whether or not its answer is
-// read (PostgreSQL runs a statement it has received although the client
-// gave up, and a cancel request it gets before reading it is ignored), so a
-// claim cancelled by ctx's end would leave its events PROCESSING, run by
-// nobody, until their claims expired (ClaimTTL). Once ctx ends the claim gets claimGrace more to
-// answer; what it returns runs like any claim, within the shutdown's
-// grace period.
+// claim runs ClaimInbox so that a stop does not drop what it claims
+// (claimContext).
 func (c *Consumer[TTx]) claim(ctx context.Context, p *ferrydriver.ClaimInboxParams) ([]*ferrydriver.InboxRow, error) {
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	cctx, cancel := c.claimContext(ctx)
 	defer cancel()
+	p.Group, p.Worker, p.TTL, p.MaxAttempts = c.cfg.Group, c.worker, c.cfg.ClaimTTL, c.cfg.MaxAttempts
+	return c.driver.ClaimInbox(cctx, p)
+}
+
+// claimContext is the context of a statement that claims rows (a claim,
+// an ingest that claims): ctx's end reaches it claimGrace later. A
+// statement already sent commits in the database whether or not its
+// answer is read (PostgreSQL runs a statement it has received although
+// the client gave up, and a cancel request it gets before reading it is
+// ignored), and only its caller knows what it claimed: cancelled by ctx's
+// end, it would leave its rows claimed and run by nobody until their
+// claims expired (ClaimTTL). What it returns runs like any claim, within
+// the shutdown's grace period.
+func (c *Consumer[TTx]) claimContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() {
 		t := time.AfterFunc(c.claimGrace(), cancel)
 		context.AfterFunc(cctx, func() { t.Stop() })
 	})
-	defer stop()
-	p.Group, p.Worker, p.TTL, p.MaxAttempts = c.cfg.Group, c.worker, c.cfg.ClaimTTL, c.cfg.MaxAttempts
-	return c.driver.ClaimInbox(cctx, p)
+	return cctx, func() { stop(); cancel() }
 }
 
 // distinctKeys counts the keys of claimed rows (grouped by key).

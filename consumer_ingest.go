@@ -79,21 +79,15 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 		res, err := c.driver.InsertInbox(ctx, p)
 		return res, 0, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, 0, err
-	}
 	// As a claim's: counted from before the statement, less a margin.
 	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
-	// Once the statement committed, only this Ingest knows of its claims:
-	// a cancellation of ctx arriving while the reply is on its way (a
-	// source stopping) would fail the call and leave the rows claimed,
-	// unrun until the claim expired. So the statement runs to its end,
-	// bounded by the claim's life, whatever becomes of ctx. (A connection
-	// lost after the commit leaves them so: they are rescued at the
-	// claim's expiry, as a crashed worker's are.)
-	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	// A source that stops (ctx ends) while the statement commits must not
+	// leave what it claimed unrun. (A connection lost after the commit
+	// does: those rows are rescued at the claim's expiry, as a crashed
+	// worker's are.)
+	cctx, cancel := c.claimContext(ctx)
 	defer cancel()
-	res, rows, err := c.claimer.InsertInboxClaim(sctx, p, &ferrydriver.IngestClaimParams{Worker: c.worker, TTL: c.cfg.ClaimTTL, Keys: c.cfg.Workers, PerKey: c.runLength()})
+	res, rows, err := c.claimer.InsertInboxClaim(cctx, p, &ferrydriver.IngestClaimParams{Worker: c.worker, TTL: c.cfg.ClaimTTL, Keys: c.cfg.Workers, PerKey: c.runLength()})
 	if err != nil || len(rows) == 0 {
 		return res, 0, err
 	}
