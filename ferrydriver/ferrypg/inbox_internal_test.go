@@ -263,6 +263,37 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 		require.Equal(t, 1, locked, "the %s locks its keys by their primary key, not by a scan of the group's:\n%s", st.what, text)
 		require.Equal(t, 1, held, "the %s of one key's rows moves that key's row, not a scan of the group's:\n%s", st.what, text)
 	}
+	// A finish of two keys' rows, the group's 30,000 keys between them:
+	// planned on the empty group it reads the keys between them (issue
+	// 36's notes); once the group's statistics are those of its keys (an
+	// analyze, autovacuum's within a minute), the plan is remade and
+	// reaches each key's row alone.
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.inbox (group_name, event_id, key, seq, topic, type, payload, created_at)
+		SELECT 'g', gen_random_uuid(), k, 1, 't', 'T', '\x7b7d', now() FROM unnest(ARRAY['a', 'z']) k`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.inbox_keys (group_name, key, runnable_at, done_pos, tail_pos)
+		SELECT 'g', key, now() - interval '1 hour', pos - 1, pos FROM `+s+`.inbox WHERE group_name = 'g' AND key IN ('a', 'z')`)
+	require.NoError(t, err)
+	token, ids = claimFor(t, drv, "g", 2, 1, 2)
+	require.Len(t, ids, 2)
+	raw, _ = explainGeneric(t, pool, drv.queries.inboxFinishRows, finishArgs("g", token, ids)...)
+	t.Logf("finish of two keys' rows with 30,000 keys between them, planned on the empty group: moving them looked at %d keys", keysLookedAt(t, raw, "CTE held"))
+	_, err = pool.Exec(ctx, `ANALYZE `+s+`.inbox_keys`)
+	require.NoError(t, err)
+	for _, st := range []struct {
+		what  string
+		query string
+		args  []any
+	}{
+		{"finish", drv.queries.inboxFinishRows, finishArgs("g", token, ids)},
+		{"completion of a run", drv.queries.inboxCompleteRows, []any{"g", ids, token, false}},
+	} {
+		raw, text := explainGeneric(t, pool, st.query, st.args...)
+		locked, held := keysLookedAt(t, raw, "CTE locked"), keysLookedAt(t, raw, "CTE held")
+		t.Logf("%s of two keys' rows with 30,000 keys between them: locking looked at %d keys, moving them %d", st.what, locked, held)
+		require.Equal(t, 2, locked, "the %s locks its keys by their primary key:\n%s", st.what, text)
+		require.Equal(t, 2, held, "the %s of two keys' rows moves those keys' rows, not the keys between them:\n%s", st.what, text)
+	}
 }
 
 // explainGeneric runs EXPLAIN ANALYZE of the generic plan that the session
