@@ -154,8 +154,8 @@ func (c *Consumer[TTx]) Notify() {
 }
 
 // Ingest records events in the group's inbox, once per event ID, and wakes
-// the workers. While Run runs, on an inbox that can (PostgreSQL's: a
-// ferrydriver.InboxIngestClaimer), the statement that records the events
+// the workers. While Run runs, on an inbox that can (PostgreSQL's and
+// SQLite's: a ferrydriver.InboxIngestClaimer), the statement that records the events
 // also claims those of keys with nothing else to do, and Ingest starts
 // them on the workers itself. Sources call it and acknowledge to their
 // broker only after it returned nil: then the events are durable. The transport the events

@@ -60,10 +60,11 @@ func (e *ClaimsLostError) Unwrap() error { return ErrClaimLost }
 var ErrTxNotBegun = errors.New("the transaction could not begin")
 
 // InboxIngestClaimer is implemented by inboxes that can claim, in the
-// statement that records deliveries, the new rows of keys that had nothing
-// to do: the consumer that ingests them then runs them at once, without a
-// claim of its own to find them (a round trip and a statement fewer per
-// delivery, and no wait for the claim loop).
+// statement (or transaction) that records deliveries, the new rows of keys
+// that had nothing to do: the consumer that ingests them then runs them at
+// once, without a claim of its own to find them (a round trip and a
+// statement fewer per delivery, and no wait for the claim loop).
+// ferrydrivertest.ExerciseInboxIngestClaims is its suite.
 type InboxIngestClaimer interface {
 	// InsertInboxClaim is InsertInbox that also claims, as ClaimInbox
 	// would (c.Worker, c.TTL, one token), the inserted rows of each key

@@ -137,6 +137,11 @@ func TestInboxSuitePgx(t *testing.T) {
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[pgx.Tx] { return newDriver(t, nil) })
 }
 
+func TestInboxIngestClaimSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseInboxIngestClaims(t, func(t *testing.T) ferrydrivertest.IngestClaimDriver[pgx.Tx] { return newDriver(t, nil) })
+}
+
 func TestInboxSuiteDatabaseSQL(t *testing.T) {
 	t.Parallel()
 	db, err := sql.Open("pgx", ferrypgtest.URL())

@@ -489,3 +489,36 @@ func TestInboxFinishThatWaitedForADeliveryOfItsKeyHolds(t *testing.T) {
 		})
 	}
 }
+
+// ingestClaim ingests events, claiming what keys and perKey allow, and
+// returns the claimed rows' event IDs (key, then position order).
+func ingestClaim(t *testing.T, drv *Driver[pgx.Tx], group string, keys, perKey int, events ...*ferryevent.Event) ([]bool, []uuid.UUID, []*ferrydriver.InboxRow) {
+	t.Helper()
+	inserted, rows, err := drv.InsertInboxClaim(context.Background(), &ferrydriver.InsertInboxParams{Group: group, Events: events},
+		&ferrydriver.IngestClaimParams{Worker: "w", TTL: time.Minute, Keys: keys, PerKey: perKey})
+	require.NoError(t, err)
+	for _, r := range rows {
+		require.Equal(t, ferrydriver.InboxProcessing, r.State)
+		require.Equal(t, 1, r.Attempts)
+		require.NotEmpty(t, r.Claim)
+	}
+	return inserted, claimedIDs(rows), rows
+}
+
+// completeAll completes claimed rows (by key, then position), each key's
+// run in order, keeping the claim on the run's later rows.
+func completeAll(t *testing.T, drv *Driver[pgx.Tx], group string, rows []*ferrydriver.InboxRow) {
+	t.Helper()
+	for i, r := range rows {
+		keep := i+1 < len(rows) && rows[i+1].Event.Key == r.Event.Key
+		require.NoError(t, raceComplete(drv, group, r, keep))
+	}
+}
+
+func claimedIDs(rows []*ferrydriver.InboxRow) []uuid.UUID {
+	ids := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		ids[i] = r.Event.ID
+	}
+	return ids
+}

@@ -119,14 +119,20 @@ func (d *Driver) ClaimInbox(ctx context.Context, p *ferrydriver.ClaimInboxParams
 // attempts are spent goes DEAD instead; a key with nothing to run now is
 // recomputed.
 func (d *Driver) claimRuns(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams, t int64) ([]*ferrydriver.InboxRow, error) {
-	op := "claim inbox rows of group " + p.Group
-	var hold bool
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?), 1)`, p.Group).Scan(&hold); err != nil {
-		return nil, d.wrapErr(op, err)
-	}
 	keys, err := d.keysDue(ctx, tx, sqlRunnableKeys, p.Group, t, inboxmodel.ClaimLimit(inboxmodel.ClaimParams{Limit: p.Limit, Keys: p.Keys}))
 	if err != nil {
-		return nil, d.wrapErr(op, err)
+		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
+	}
+	return d.claimDue(ctx, tx, p, keys, t)
+}
+
+// claimDue claims, of each of keys (due, unclaimed), its head and, with
+// p.PerKey, the PENDING rows after it, p.Limit rows in all; it gives up
+// heads whose attempts are spent, and recomputes keys with nothing to run.
+func (d *Driver) claimDue(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams, keys []dueKey, t int64) ([]*ferrydriver.InboxRow, error) {
+	var hold bool
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT hold_dead FROM ferry_inbox_groups WHERE group_name = ?), 1)`, p.Group).Scan(&hold); err != nil {
+		return nil, d.wrapErr("claim inbox rows of group "+p.Group, err)
 	}
 	var out []*ferrydriver.InboxRow
 	token := uuid.NewString() // one per call: each key is claimed once in it

@@ -63,6 +63,11 @@ func TestInboxSuite(t *testing.T) {
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return newDriver(t) })
 }
 
+func TestInboxIngestClaimSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseInboxIngestClaims(t, func(t *testing.T) ferrydrivertest.IngestClaimDriver[*sql.Tx] { return newDriver(t) })
+}
+
 func TestActivitySuite(t *testing.T) {
 	t.Parallel()
 	ferrydrivertest.ExerciseActivity(t, ferrydrivertest.ActivityHarness{New: func(t *testing.T) ferrydriver.Admin { return newDriver(t) }})

@@ -3,6 +3,7 @@ package ferrysqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -87,41 +88,67 @@ func scanInboxRows(rows *sql.Rows, group string) ([]*ferrydriver.InboxRow, error
 
 // InsertInbox implements ferrydriver.Inbox.
 func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error) {
+	res, _, err := d.insertInbox(ctx, p, nil)
+	return res, err
+}
+
+var _ ferrydriver.InboxIngestClaimer = (*Driver)(nil)
+
+// InsertInboxClaim implements ferrydriver.InboxIngestClaimer: InsertInbox
+// whose transaction also claims, as claimRuns would, the new rows of up to
+// c.Keys of the keys it found idle, in key order (SQLite has one writer:
+// nothing changes a key between its insert and its claim).
+func (d *Driver) InsertInboxClaim(ctx context.Context, p *ferrydriver.InsertInboxParams, c *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
+	return d.insertInbox(ctx, p, c)
+}
+
+// insertInbox records p's events and, with c, claims what c allows of the
+// keys that had nothing to do.
+func (d *Driver) insertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams, c *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
 	res := make([]bool, len(p.Events))
 	if len(p.Events) == 0 {
-		return res, nil
+		return res, nil, nil
 	}
 	op := "insert into inbox of group " + p.Group
+	var claimed []*ferrydriver.InboxRow
 	err := d.write(ctx, op, func(tx *sql.Tx) error {
-		return d.insertInboxTx(ctx, tx, p.Group, p.Events, res, micros(now()))
+		t := micros(now())
+		idle, err := d.insertInboxTx(ctx, tx, p.Group, p.Events, res, t)
+		if err != nil || c == nil || c.Keys <= 0 || len(idle) == 0 {
+			return err
+		}
+		claimed, err = d.claimDue(ctx, tx, &ferrydriver.ClaimInboxParams{Group: p.Group, Worker: c.Worker, TTL: c.TTL,
+			Limit: c.Keys * max(c.PerKey, 1), PerKey: max(c.PerKey, 1)}, idle[:min(len(idle), c.Keys)], t)
+		return err
 	})
 	if err != nil {
 		clear(res)
-		return nil, err
+		return nil, nil, err
 	}
-	return res, nil
+	return res, claimed, nil
 }
 
 // insertInboxTx records events for group inside tx, setting inserted[i]
-// for each new one, and makes the keys that had nothing to do runnable.
-func (d *Driver) insertInboxTx(ctx context.Context, tx *sql.Tx, group string, events []*ferryevent.Event, inserted []bool, t int64) error {
+// for each new one, and makes the keys that had nothing to do runnable:
+// it returns those, in key order.
+func (d *Driver) insertInboxTx(ctx context.Context, tx *sql.Tx, group string, events []*ferryevent.Event, inserted []bool, t int64) ([]dueKey, error) {
 	op := "insert into inbox of group " + group
 	ins, err := tx.PrepareContext(ctx, `
 INSERT INTO ferry_inbox (group_name, event_id, key, seq, topic, type, source, content_type, headers, payload, created_at, next_attempt_at, received_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (group_name, event_id) DO NOTHING`)
 	if err != nil {
-		return d.wrapErr(op, err)
+		return nil, d.wrapErr(op, err)
 	}
 	defer ins.Close()
 	var keys []string
 	for i, ev := range events {
 		c, err := encodeEvent(ev)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		r, err := ins.ExecContext(ctx, group, c.id, ev.Key, ev.Seq, ev.Topic, ev.Type, ev.Source, ev.ContentType, c.headers, c.payload, micros(ev.CreatedAt), t, t)
 		if err != nil {
-			return d.wrapErr(op, err)
+			return nil, d.wrapErr(op, err)
 		}
 		if n, _ := r.RowsAffected(); n == 1 {
 			inserted[i] = true
@@ -129,17 +156,25 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (group_name, event_id
 		}
 	}
 	slices.Sort(keys)
+	var idle []dueKey
 	for _, k := range slices.Compact(keys) {
 		// A key with nothing to do becomes runnable; one that waits (a
 		// retry, a claim, a rescue, a dead head) keeps its time.
-		if _, err := tx.ExecContext(ctx, `
+		var suspects int64
+		err := tx.QueryRowContext(ctx, `
 INSERT INTO ferry_inbox_keys (group_name, key, runnable_at) VALUES (?, ?, ?)
 ON CONFLICT (group_name, key) DO UPDATE SET runnable_at = excluded.runnable_at
- WHERE runnable_at IS NULL AND held_by IS NULL AND claim_token IS NULL AND rescue_at IS NULL`, group, k, t); err != nil {
-			return d.wrapErr(op, err)
+ WHERE runnable_at IS NULL AND held_by IS NULL AND claim_token IS NULL AND rescue_at IS NULL
+RETURNING suspect_through`, group, k, t).Scan(&suspects)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, d.wrapErr(op, err)
+		default:
+			idle = append(idle, dueKey{key: k, suspects: suspects})
 		}
 	}
-	return nil
+	return idle, nil
 }
 
 // inListChunk bounds the values of one IN list: a statement over more

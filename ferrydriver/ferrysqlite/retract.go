@@ -68,7 +68,7 @@ UPDATE ferry_inbox SET state = 'retracted', finished_at = ?, attempts = attempts
 			res[i] = prior
 			if !found {
 				// Never received: recorded, then retracted.
-				if err := d.insertInboxTx(ctx, tx, p.Group, []*ferryevent.Event{r.Event}, make([]bool, 1), t); err != nil {
+				if _, err := d.insertInboxTx(ctx, tx, p.Group, []*ferryevent.Event{r.Event}, make([]bool, 1), t); err != nil {
 					return err
 				}
 				if _, _, err := retract(r); err != nil {
@@ -81,7 +81,7 @@ UPDATE ferry_inbox SET state = 'retracted', finished_at = ?, attempts = attempts
 			}
 		}
 		if len(compensations) > 0 {
-			if err := d.insertInboxTx(ctx, tx, p.Group, compensations, make([]bool, len(compensations)), t); err != nil {
+			if _, err := d.insertInboxTx(ctx, tx, p.Group, compensations, make([]bool, len(compensations)), t); err != nil {
 				return err
 			}
 		}
