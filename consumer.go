@@ -154,13 +154,14 @@ func (c *Consumer[TTx]) Notify() {
 }
 
 // Ingest records events in the group's inbox, once per event ID, and wakes
-// the workers. While Run runs, on an inbox that can (PostgreSQL's and
-// SQLite's: a ferrydriver.InboxIngestClaimer), the statement that records the events
-// also claims those of keys with nothing else to do, and Ingest starts
-// them on the workers itself. Sources call it and acknowledge to their
-// broker only after it returned nil: then the events are durable. The transport the events
-// came through is the system ctx carries (ferrysink.WithSystem; Consume and
-// the webhook receiver set it), or "ferry" (IngestInfo.System).
+// the workers. While Run runs, on an inbox that can (a
+// ferrydriver.InboxIngestClaimer: PostgreSQL's, MariaDB's and SQLite's),
+// what records the events also claims those of keys with nothing else to
+// do, and Ingest starts them on the workers itself. Sources call it and
+// acknowledge to their broker only after it returned nil: then the events
+// are durable. The transport the events came through is the system ctx
+// carries (ferrysink.WithSystem; Consume and the webhook receiver set it),
+// or "ferry" (IngestInfo.System).
 func (c *Consumer[TTx]) Ingest(ctx context.Context, events []*Event) (inserted int, err error) {
 	start := time.Now()
 	defer func() {

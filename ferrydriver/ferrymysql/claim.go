@@ -308,6 +308,13 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	if err != nil || len(keys) == 0 {
 		return nil, err
 	}
+	return d.claimDue(ctx, tx, p, keys, nil)
+}
+
+// claimDue claims of keys (locked by this transaction) what p allows,
+// steps 2 to 6; with ours, only keys whose head is one of ours (an
+// ingest's rows), the others left as they are.
+func (d *Driver) claimDue(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimInboxParams, keys []*dueKey, ours map[uuid.UUID]bool) ([]*ferrydriver.InboxRow, error) {
 	if p.Rescue {
 		if err := chargeExpired(ctx, tx, p.Group, keys); err != nil {
 			return nil, err
@@ -326,7 +333,7 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	if n := min(max(p.PerKey, 1)-1, limit-1); n > 0 && !p.Rescue {
 		var from []*claimHead
 		for _, k := range keys {
-			if h := heads[k.key]; h != nil && h.pos != 0 && h.row.State == ferrydriver.InboxPending {
+			if h := heads[k.key]; h != nil && h.pos != 0 && h.row.State == ferrydriver.InboxPending && (ours == nil || ours[h.id]) {
 				from = append(from, h)
 			}
 		}
@@ -339,6 +346,9 @@ func (d *Driver) claimTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimIn
 	room := limit
 	for _, k := range keys {
 		h := heads[k.key]
+		if ours != nil && (h == nil || h.pos == 0 || !ours[h.id] || len(claimed) == p.Keys) {
+			continue
+		}
 		if room <= 0 {
 			if k.claimed {
 				// An expired claim this rescue had no room for: its rows

@@ -84,6 +84,11 @@ func TestDriverSuite(t *testing.T) {
 	})
 }
 
+func TestInboxIngestClaimSuite(t *testing.T) {
+	t.Parallel()
+	ferrydrivertest.ExerciseInboxIngestClaims(t, func(t *testing.T) ferrydrivertest.IngestClaimDriver[*sql.Tx] { return newDriver(t, nil) })
+}
+
 func TestInboxSuite(t *testing.T) {
 	t.Parallel()
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[*sql.Tx] { return newDriver(t, nil) })

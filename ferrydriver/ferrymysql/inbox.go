@@ -142,16 +142,49 @@ const maxInsertRuns = 10
 // (duplicate key) or deadlock: the transaction then runs again, and reads
 // them.
 func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error) {
+	res, _, err := d.insertInbox(ctx, p, nil)
+	return res, err
+}
+
+var _ ferrydriver.InboxIngestClaimer = (*Driver)(nil)
+
+// InsertInboxClaim implements ferrydriver.InboxIngestClaimer: InsertInbox
+// whose transaction, once it holds the keys' rows (touchKeys), claims as
+// a claim would (claimDue) the new rows of up to c.Keys of the keys that
+// had nothing to do, in key order.
+func (d *Driver) InsertInboxClaim(ctx context.Context, p *ferrydriver.InsertInboxParams, c *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
+	return d.insertInbox(ctx, p, c)
+}
+
+// insertInbox records p's events and, with c, claims what c allows of the
+// keys that had nothing to do.
+func (d *Driver) insertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams, c *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
 	res := make([]bool, len(p.Events))
 	if len(p.Events) == 0 {
-		return res, nil
+		return res, nil, nil
 	}
 	op := "insert into inbox of group " + p.Group
+	var claimed []*ferrydriver.InboxRow
 	var err error
 	for run := 1; run <= maxInsertRuns; run++ {
 		err = d.writeRC(ctx, op, func(tx *sql.Tx) error {
 			clear(res)
-			return d.insertInboxTx(ctx, tx, p.Group, p.Events, res)
+			claimed = nil
+			free, err := d.insertInboxTx(ctx, tx, p.Group, p.Events, res)
+			if err != nil || c == nil || c.Keys <= 0 || len(free) == 0 {
+				return err
+			}
+			// Of the keys free of claims, holds and rescues, those whose
+			// head is a row inserted here had nothing else to do.
+			ours := map[uuid.UUID]bool{}
+			for i, ev := range p.Events {
+				if res[i] {
+					ours[ev.ID] = true
+				}
+			}
+			claimed, err = d.claimDue(ctx, tx, &ferrydriver.ClaimInboxParams{Group: p.Group, Worker: c.Worker, TTL: c.TTL,
+				Limit: c.Keys * max(c.PerKey, 1), PerKey: max(c.PerKey, 1), Keys: c.Keys}, free, ours)
+			return d.wrapErr(op, err)
 		})
 		if errNumber(err) != errDupEntry || ctx.Err() != nil {
 			break
@@ -160,9 +193,9 @@ func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 		time.Sleep(rerunPause(run))
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return res, nil
+	return res, claimed, nil
 }
 
 // existingEvents returns which of ids group has (a consistent read: no
@@ -195,11 +228,12 @@ func existingEvents(ctx context.Context, q querier, group string, ids []uuid.UUI
 const inboxChunkBytes = 4 << 20
 
 // insertInboxTx records the events group does not have yet inside tx,
-// setting inserted[i] for each, and makes their keys due.
-func (d *Driver) insertInboxTx(ctx context.Context, tx *sql.Tx, group string, events []*ferryevent.Event, inserted []bool) error {
+// setting inserted[i] for each, and makes their keys due; it returns the
+// keys free of claims, holds and rescues, in key order, locked.
+func (d *Driver) insertInboxTx(ctx context.Context, tx *sql.Tx, group string, events []*ferryevent.Event, inserted []bool) ([]*dueKey, error) {
 	keys, err := d.insertInboxRows(ctx, tx, group, events, inserted)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// A key with nothing to do becomes due; one that waits (a retry, a
 	// running row, a dead head) keeps its time.
@@ -268,31 +302,40 @@ func (d *Driver) insertInboxRows(ctx context.Context, tx *sql.Tx, group string, 
 // those with nothing to do (release: all that are not claimed, and the
 // DEAD rows they were held by no longer hold them), creating the rows of
 // keys that have none. The rows are locked in key order (the primary key's), as every
-// writer of several keys does.
-func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys []string, release bool) error {
+// writer of several keys does. It returns the keys free of claims, holds
+// and rescues (new ones too), in key order, with how far their rows are
+// suspect.
+func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys []string, release bool) ([]*dueKey, error) {
 	if len(keys) == 0 {
-		return nil
+		return nil, nil
 	}
 	op := "make inbox keys of group " + group + " due"
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
-	return chunks(keys, inListChunk, func(keys []string) error {
+	var free []*dueKey
+	err := chunks(keys, inListChunk, func(keys []string) error {
 		args := []any{group}
 		for _, k := range keys {
 			args = append(args, k)
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT k FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k IN (`+marks(len(keys))+`) ORDER BY k FOR UPDATE`, args...)
+		rows, err := tx.QueryContext(ctx, `SELECT k, held_by IS NULL AND claim_token IS NULL AND rescue_at IS NULL, suspect_through
+  FROM ferry_inbox_keys FORCE INDEX (PRIMARY) WHERE group_name = ? AND k IN (`+marks(len(keys))+`) ORDER BY k FOR UPDATE`, args...)
 		if err != nil {
 			return d.wrapErr(op, err)
 		}
-		exists := map[string]bool{}
+		exists := map[string]*dueKey{}
 		for rows.Next() {
 			var k []byte
-			if err := rows.Scan(&k); err != nil {
+			var free bool
+			var suspects int64
+			if err := rows.Scan(&k, &free, &suspects); err != nil {
 				rows.Close()
 				return d.wrapErr(op, err)
 			}
-			exists[string(k)] = true
+			exists[string(k)] = nil
+			if free {
+				exists[string(k)] = &dueKey{key: string(k), suspects: suspects}
+			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -300,8 +343,13 @@ func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys [
 		}
 		var missing []any
 		for _, k := range keys {
-			if !exists[k] {
+			due, ok := exists[k]
+			if !ok {
 				missing = append(missing, group, k)
+				due = &dueKey{key: k}
+			}
+			if due != nil {
+				free = append(free, due)
 			}
 		}
 		if len(exists) > 0 {
@@ -332,6 +380,7 @@ func (d *Driver) touchKeys(ctx context.Context, tx *sql.Tx, group string, keys [
 		}
 		return nil
 	})
+	return free, err
 }
 
 // holdPolicy is the SQL of group ?'s stored policy (holding when none).

@@ -297,7 +297,8 @@ func (d *Driver) setDeadState(ctx context.Context, p *ferrydriver.InboxIDsParams
 		if err != nil {
 			return d.wrapErr(op, err)
 		}
-		return d.touchKeys(ctx, tx, p.Group, keys, true)
+		_, err = d.touchKeys(ctx, tx, p.Group, keys, true)
+		return err
 	})
 	if err != nil {
 		return 0, err

@@ -144,7 +144,7 @@ func (d *Driver) retractTx(ctx context.Context, tx *sql.Tx, p *ferrydriver.Retra
 	// The retracted rows' keys (their heads may have gone) and the
 	// compensations', in one pass in key order; then the claims that
 	// covered a retracted row, cut short.
-	if err := d.touchKeys(ctx, tx, p.Group, keys, true); err != nil {
+	if _, err := d.touchKeys(ctx, tx, p.Group, keys, true); err != nil {
 		return err
 	}
 	cut := slices.Sorted(maps.Keys(cuts))
