@@ -2,6 +2,7 @@ package ferrymysql_test
 
 import (
 	"context"
+	"database/sql"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry"
+	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 )
 
 // BenchmarkEmitTx: producer transactions of one event each (500 keys)
@@ -40,4 +43,13 @@ func BenchmarkEmitTx(b *testing.B) {
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 	_ = time.Now
+}
+
+// BenchmarkDeliveryLatency: an Ingest's call to its handler's, one event
+// every 5 ms, with the ingest's claims and without
+// (ferrydrivertest.BenchDeliveryLatency).
+//
+//	cd ferrydriver/ferrymysql && go test -run '^$' -bench DeliveryLatency -benchtime 2000x
+func BenchmarkDeliveryLatency(b *testing.B) {
+	ferrydrivertest.BenchDeliveryLatency(b, func(b *testing.B) ferrydriver.Inbox[*sql.Tx] { return newDriverB(b) })
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry"
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/ferrydrivertest"
 	"github.com/ferry-dev/ferry/ferrydriver/ferrysqlite"
 	"github.com/ferry-dev/ferry/ferryshared/memsink"
 	"github.com/ferry-dev/ferry/ferryui/ferryuitest"
@@ -219,4 +220,16 @@ func BenchmarkPagesAtScale(b *testing.B) {
 	require.NoError(b, drv.DB().QueryRowContext(ctx, `SELECT event_id FROM ferry_outbox WHERE partition = 3 ORDER BY id LIMIT 1 OFFSET 700`).Scan(&waiting))
 	ferryuitest.BenchmarkPages(b, drv, drv, ferryuitest.BenchPages{DeadEvent: deadID, Waiting: waiting,
 		DeepCursor: time.UnixMicro(deepAt).UTC().Format(time.RFC3339Nano) + "," + deepID, Key: "customer-42"})
+}
+
+// BenchmarkDeliveryLatency: an Ingest's call to its handler's, one event
+// every 5 ms, with the ingest's claims and without
+// (ferrydrivertest.BenchDeliveryLatency).
+//
+//	cd ferrydriver/ferrysqlite && go test -run '^$' -bench DeliveryLatency -benchtime 2000x
+func BenchmarkDeliveryLatency(b *testing.B) {
+	ferrydrivertest.BenchDeliveryLatency(b, func(b *testing.B) ferrydriver.Inbox[*sql.Tx] {
+		drv, _ := benchDriver(b, "NORMAL")
+		return drv
+	})
 }
