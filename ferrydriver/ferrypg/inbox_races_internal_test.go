@@ -120,7 +120,9 @@ func deliveryInsideAClaimRuns(t *testing.T, ingest bool) {
 	k2 := raceEvent("k")
 	var got []*ferrydriver.InboxRow
 	if ingest {
-		_, _, got = ingestClaim(t, drv, g, 8, 32, k2)
+		_, got, err = drv.InsertInboxClaim(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{k2}},
+			&ferrydriver.IngestClaimParams{Worker: "w", TTL: time.Minute, Keys: 8, PerKey: 32})
+		require.NoError(t, err)
 	} else {
 		_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: g, Events: []*ferryevent.Event{k2}})
 		require.NoError(t, err)
@@ -490,21 +492,6 @@ func TestInboxFinishThatWaitedForADeliveryOfItsKeyHolds(t *testing.T) {
 	}
 }
 
-// ingestClaim ingests events, claiming what keys and perKey allow, and
-// returns the claimed rows' event IDs (key, then position order).
-func ingestClaim(t *testing.T, drv *Driver[pgx.Tx], group string, keys, perKey int, events ...*ferryevent.Event) ([]bool, []uuid.UUID, []*ferrydriver.InboxRow) {
-	t.Helper()
-	inserted, rows, err := drv.InsertInboxClaim(context.Background(), &ferrydriver.InsertInboxParams{Group: group, Events: events},
-		&ferrydriver.IngestClaimParams{Worker: "w", TTL: time.Minute, Keys: keys, PerKey: perKey})
-	require.NoError(t, err)
-	for _, r := range rows {
-		require.Equal(t, ferrydriver.InboxProcessing, r.State)
-		require.Equal(t, 1, r.Attempts)
-		require.NotEmpty(t, r.Claim)
-	}
-	return inserted, claimedIDs(rows), rows
-}
-
 // completeAll completes claimed rows (by key, then position), each key's
 // run in order, keeping the claim on the run's later rows.
 func completeAll(t *testing.T, drv *Driver[pgx.Tx], group string, rows []*ferrydriver.InboxRow) {
@@ -513,12 +500,4 @@ func completeAll(t *testing.T, drv *Driver[pgx.Tx], group string, rows []*ferryd
 		keep := i+1 < len(rows) && rows[i+1].Event.Key == r.Event.Key
 		require.NoError(t, raceComplete(drv, group, r, keep))
 	}
-}
-
-func claimedIDs(rows []*ferrydriver.InboxRow) []uuid.UUID {
-	ids := make([]uuid.UUID, len(rows))
-	for i, r := range rows {
-		ids[i] = r.Event.ID
-	}
-	return ids
 }
