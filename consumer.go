@@ -67,8 +67,8 @@ type Consumer[TTx any] struct {
 	savepointsUntil atomic.Int64
 	// savepointCooldown is how long (the constant, but in tests).
 	savepointCooldown time.Duration
-	// rescuing is set while a rescued event runs (alone, holding the
-	// worker slots), as one of Run's handlers.
+	// rescuing is set while a rescue gathers the worker slots and while
+	// rescued events run (alone, holding them), as Run's handlers.
 	rescuing atomic.Bool
 	// meter counts what the consumer does for the console, while Run runs
 	// and the inbox keeps activity (nil otherwise).

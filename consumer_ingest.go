@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
@@ -80,7 +82,8 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 		return res, 0, err
 	}
 	// As a claim's: counted from before the statement, less a margin.
-	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
+	claimed := time.Now()
+	deadline := claimed.Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
 	// A source that stops (ctx ends) while the statement commits must not
 	// leave what it claimed unrun. (A connection lost after the commit
 	// does: those rows are rescued at the claim's expiry, as a crashed
@@ -104,10 +107,32 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 		c.live.handlers.Go(func() {
 			slots <- struct{}{}
 			c.live.waiting.Add(-1)
+			if time.Since(claimed) > batchBudget(c.cfg.ClaimTTL) {
+				// Handlers ahead of it ran long: what is left of its
+				// claim's time could fail it, charged an attempt. Given
+				// back, not counted, it runs through a claim of its own.
+				defer func() { <-slots; c.Notify() }()
+				c.giveBackRows(work, unit, "it waited for a worker past its time budget", claimed)
+				return
+			}
 			c.processUnit(work, unit, slots, deadline)
 		})
 	}
-	return res, len(rows), nil
+	// What the statement claimed of these events: a run may also take a
+	// later event of the key that another delivery committed.
+	mine := make(map[uuid.UUID]bool, len(events))
+	for i, ev := range events {
+		if i < len(res) && res[i] {
+			mine[ev.ID] = true
+		}
+	}
+	n := 0
+	for _, r := range rows {
+		if mine[r.Event.ID] {
+			n++
+		}
+	}
+	return res, n, nil
 }
 
 // start runs units of claimed rows under work, each on a worker slot as

@@ -85,19 +85,25 @@ func (c *Consumer[TTx]) processRun(ctx context.Context, rows []*ferrydriver.Inbo
 	start := time.Now()
 	for i, row := range rows {
 		if i > 0 && time.Since(start) > batchBudget(c.cfg.ClaimTTL) {
-			if c.finisher != nil {
-				c.giveBack(ctx, c.finisher, rows[i:], "its run ran out of time before its turn", nil, start)
-				return
-			}
-			for _, row := range rows[i:] {
-				_ = c.failInbox(ctx, &ferrydriver.FailInboxParams{Group: c.cfg.Group, EventID: row.Event.ID, Claim: row.Claim,
-					Error: "given back: its run ran out of time before its turn", RetryAt: time.Now(), Uncounted: true})
-			}
+			c.giveBackRows(ctx, rows[i:], "its run ran out of time before its turn", start)
 			return
 		}
 		if !c.process(ctx, row, deadline, i < len(rows)-1) {
 			return
 		}
+	}
+}
+
+// giveBackRows gives claimed rows back to run again at once, their
+// attempt not counted.
+func (c *Consumer[TTx]) giveBackRows(ctx context.Context, rows []*ferrydriver.InboxRow, why string, start time.Time) {
+	if c.finisher != nil {
+		c.giveBack(ctx, c.finisher, rows, why, nil, start)
+		return
+	}
+	for _, row := range rows {
+		_ = c.failInbox(ctx, &ferrydriver.FailInboxParams{Group: c.cfg.Group, EventID: row.Event.ID, Claim: row.Claim,
+			Error: "given back: " + why, RetryAt: time.Now(), Uncounted: true})
 	}
 }
 

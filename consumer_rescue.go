@@ -46,10 +46,18 @@ func (c *Consumer[TTx]) rescue(ctx, work context.Context, slots chan struct{}, h
 		}
 		return false
 	}
+	// No delivery claims while the slots are gathered (its runs would
+	// take slots and run beside the rescued events); the rescued events'
+	// end clears it, or this function's when it hands nothing over.
+	c.rescuing.Store(true)
+	handed := false
 	held := 0
 	defer func() {
 		for range held {
 			<-slots
+		}
+		if !handed {
+			c.rescuing.Store(false)
 		}
 	}()
 	// Every handler running now must commit within its claim; one that
@@ -101,8 +109,7 @@ drain:
 	// The slots go with the rescued events: nothing else runs until they
 	// are done.
 	n := held
-	held = 0
-	c.rescuing.Store(true)
+	held, handed = 0, true
 	handlers.Go(func() {
 		defer func() {
 			c.rescuing.Store(false)

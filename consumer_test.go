@@ -490,3 +490,79 @@ func TestConsumerIngestCancelledAsItsClaimCommitsRunsWhatItClaimed(t *testing.T)
 		return count(t, `SELECT count(*) FROM `+table+` WHERE event_id = '`+ev.ID.String()+`'`) == 1
 	}, 30*time.Second, 5*time.Millisecond, "the claimed event ran, not an hour later")
 }
+
+// An event its ingest claimed that waits for a worker past a batch's
+// budget (the handlers ahead of it run long) is given back, not counted,
+// and runs through a claim with a claim's whole time: started on what was
+// left of its first claim's, it would run out of time, its attempt
+// charged.
+func TestConsumerIngestClaimThatWaitedForAWorkerIsGivenBack(t *testing.T) {
+	t.Parallel()
+	drv := newPG(t)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", Workers: 2, ClaimTTL: 4 * time.Second, MaxAttempts: 5})
+	require.NoError(t, err)
+	release := make(chan struct{})
+	var released atomic.Bool
+	running := make(chan string, 10)
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		if ev.Key == "warm" {
+			return nil
+		}
+		if !released.Load() { // called early: holds its worker until the release
+			running <- ev.Key
+			<-release
+			return nil
+		}
+		select { // called late: needs a second, more than a late start leaves it
+		case <-time.After(time.Second):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	startConsumer(t, c)
+	ctx := context.Background()
+	ingest := func(keys ...string) []*ferry.Event {
+		evs := events(len(keys), 1)
+		for i, k := range keys {
+			evs[i].Key = k
+		}
+		_, err := c.Ingest(ctx, evs)
+		require.NoError(t, err)
+		return evs
+	}
+	warm := ingest("warm")[0]
+	require.Eventually(t, func() bool { return state(t, drv, warm.ID) == ferrydriver.InboxProcessed }, 30*time.Second, 5*time.Millisecond)
+	hold := ingest("hold")[0] // takes a worker
+	require.Equal(t, "hold", <-running)
+	// One delivery of two idle keys, both claimed by it: one takes the
+	// other worker, the other waits for one until the release.
+	xy := ingest("x", "y")
+	<-running
+	time.Sleep(3 * time.Second) // past the budget, and most of the claim's time
+	released.Store(true)
+	close(release)
+	all := []uuid.UUID{hold.ID, xy[0].ID, xy[1].ID}
+	require.Eventually(t, func() bool {
+		for _, id := range all {
+			if state(t, drv, id) != ferrydriver.InboxProcessed {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 10*time.Millisecond)
+	st, err := drv.InboxStates(ctx, &ferrydriver.InboxIDsParams{Group: "billing", EventIDs: all})
+	require.NoError(t, err)
+	for _, id := range all {
+		require.Equal(t, 1, st[id].Attempts, "given back uncounted, then run once: %s", st[id].LastError)
+	}
+}
+
+func state(t *testing.T, drv *ferrypg.Driver[pgx.Tx], id uuid.UUID) ferrydriver.InboxState {
+	st, err := drv.InboxStates(context.Background(), &ferrydriver.InboxIDsParams{Group: "billing", EventIDs: []uuid.UUID{id}})
+	require.NoError(t, err)
+	if st[id] == nil {
+		return ""
+	}
+	return st[id].State
+}

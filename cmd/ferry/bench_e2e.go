@@ -242,11 +242,10 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 	// between them: docs/benchmarks.md). So the pipeline warms up for two
 	// seconds, then its tables are analyzed.
 	run(rate, 2*time.Second, 30*time.Second, false)
-	if err := analyzeSchema(ctx, pool, drv.Schema()); err != nil {
-		return err
-	}
-	var runErr error
-	if findMax {
+	runErr := analyzeSchema(ctx, pool, drv.Schema())
+	switch {
+	case runErr != nil: // the pipeline stops below
+	case findMax:
 		best := findMaxRate(w, func(r int) bool {
 			p99, all := run(r, 4*time.Second, 3*time.Second, false)
 			ok := all && p99 < time.Second
@@ -260,8 +259,10 @@ func benchE2E(ctx context.Context, w io.Writer, pool *pgxpool.Pool, drv *ferrypg
 		if _, all := run(max(1, best/2), d, 30*time.Second, true); !all && runErr == nil {
 			runErr = fmt.Errorf("events at %d/s did not all arrive within 30 s", best/2)
 		}
-	} else if _, all := run(rate, d, 30*time.Second, true); !all {
-		runErr = fmt.Errorf("events at %d/s did not all arrive within 30 s", rate)
+	default:
+		if _, all := run(rate, d, 30*time.Second, true); !all {
+			runErr = fmt.Errorf("events at %d/s did not all arrive within 30 s", rate)
+		}
 	}
 	cancel()
 	g.Wait()

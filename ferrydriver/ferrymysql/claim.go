@@ -333,7 +333,7 @@ func (d *Driver) claimDue(ctx context.Context, tx *sql.Tx, p *ferrydriver.ClaimI
 	if n := min(max(p.PerKey, 1)-1, limit-1); n > 0 && !p.Rescue {
 		var from []*claimHead
 		for _, k := range keys {
-			if h := heads[k.key]; h != nil && h.pos != 0 && h.row.State == ferrydriver.InboxPending && (ours == nil || ours[h.id]) {
+			if h := heads[k.key]; h != nil && h.pos != 0 && h.row.State == ferrydriver.InboxPending && (ours == nil || ours[h.id] && len(from) < p.Keys) {
 				from = append(from, h)
 			}
 		}

@@ -182,8 +182,10 @@ func (d *Driver) insertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 					ours[ev.ID] = true
 				}
 			}
+			// The heads of one IN list of keys at most: an ingest of more
+			// keys claims among the first.
 			claimed, err = d.claimDue(ctx, tx, &ferrydriver.ClaimInboxParams{Group: p.Group, Worker: c.Worker, TTL: c.TTL,
-				Limit: c.Keys * max(c.PerKey, 1), PerKey: max(c.PerKey, 1), Keys: c.Keys}, free, ours)
+				Limit: c.Keys * max(c.PerKey, 1), PerKey: max(c.PerKey, 1), Keys: c.Keys}, free[:min(len(free), inListChunk)], ours)
 			return d.wrapErr(op, err)
 		})
 		if errNumber(err) != errDupEntry || ctx.Err() != nil {
