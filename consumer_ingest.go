@@ -82,8 +82,7 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 		return res, 0, err
 	}
 	// As a claim's: counted from before the statement, less a margin.
-	claimed := time.Now()
-	deadline := claimed.Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
+	deadline := time.Now().Add(c.cfg.ClaimTTL - c.cfg.ClaimTTL/10)
 	// A source that stops (ctx ends) while the statement commits must not
 	// leave what it claimed unrun. (A connection lost after the commit
 	// does: those rows are rescued at the claim's expiry, as a crashed
@@ -94,6 +93,7 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 	if err != nil || len(rows) == 0 {
 		return res, 0, err
 	}
+	handed := time.Now()
 	units := runsOf(rows) // a worker per key's run
 	if c.batcher != nil {
 		units = batches(rows, c.cfg.Workers, c.cfg.BatchSize)
@@ -107,24 +107,14 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 		c.live.handlers.Go(func() {
 			slots <- struct{}{}
 			c.live.waiting.Add(-1)
-			if time.Since(claimed) > batchBudget(c.cfg.ClaimTTL) {
-				// Handlers ahead of it ran long: what is left of its
-				// claim's time could fail it, charged an attempt. Given
-				// back, not counted, it runs through a claim of its own.
-				defer func() { <-slots; c.Notify() }()
-				c.giveBackRows(work, unit, "it waited for a worker past its time budget", claimed)
-				return
-			}
-			c.processUnit(work, unit, slots, deadline)
+			c.processUnit(work, unit, slots, deadline, handed)
 		})
 	}
 	// What the statement claimed of these events: a run may also take a
 	// later event of the key that another delivery committed.
 	mine := make(map[uuid.UUID]bool, len(events))
 	for i, ev := range events {
-		if i < len(res) && res[i] {
-			mine[ev.ID] = true
-		}
+		mine[ev.ID] = res[i]
 	}
 	n := 0
 	for _, r := range rows {
@@ -138,17 +128,26 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 // start runs units of claimed rows under work, each on a worker slot as
 // one is free (start waits for it).
 func (c *Consumer[TTx]) start(work context.Context, units [][]*ferrydriver.InboxRow, slots chan struct{}, handlers *sync.WaitGroup, deadline time.Time) {
+	handed := time.Now()
 	for _, unit := range units {
 		slots <- struct{}{}
-		handlers.Go(func() { c.processUnit(work, unit, slots, deadline) })
+		handlers.Go(func() { c.processUnit(work, unit, slots, deadline, handed) })
 	}
 }
 
 // processUnit runs a unit on the worker slot it holds, then frees the slot
 // and wakes the claim loop: a batch in one transaction, a run of one key's
-// rows a transaction each.
-func (c *Consumer[TTx]) processUnit(work context.Context, unit []*ferrydriver.InboxRow, slots chan struct{}, deadline time.Time) {
+// rows a transaction each, by deadline. A unit that got its slot longer
+// than a batch's budget after its claim handed it over (the handlers
+// ahead of it ran long; an ingest claims a key per worker, busy or not)
+// is given back, not counted: what is left of its claim's time could fail
+// it, charged an attempt.
+func (c *Consumer[TTx]) processUnit(work context.Context, unit []*ferrydriver.InboxRow, slots chan struct{}, deadline, handed time.Time) {
 	defer func() { <-slots; c.Notify() }()
+	if time.Since(handed) > batchBudget(c.cfg.ClaimTTL) {
+		c.giveBackRows(work, unit, "it waited for a worker past its time budget", handed)
+		return
+	}
 	if c.batcher != nil && len(unit) > 1 {
 		c.processBatch(work, c.batcher, unit, deadline)
 	} else {
