@@ -73,6 +73,9 @@ type Consumer[TTx any] struct {
 	// meter counts what the consumer does for the console, while Run runs
 	// and the inbox keeps activity (nil otherwise).
 	meter *activityMeter
+	// costs is what its transactions cost, for cutting claims into
+	// batches (BatchSize > 1).
+	costs txCosts
 }
 
 // NewConsumer returns a consumer of group cfg.Group over driver.
@@ -397,7 +400,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 		}
 		units := runsOf(runnable) // one event per transaction: a worker per key's run
 		if c.batcher != nil {
-			units = batches(runnable, free, c.cfg.BatchSize)
+			units = batches(runnable, c.costs.spread(len(runnable), free), c.cfg.BatchSize)
 		}
 		c.start(work, units, slots, handlers, deadline)
 		if len(rows) == limit && free > 0 {

@@ -166,9 +166,11 @@ func (sp *savepointRun) charged() *firstFailure {
 // under hctx; ctx is the worker's.
 func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.InboxBatcher[TTx], rows []*ferrydriver.InboxRow, start time.Time, sp *savepointRun) *firstFailure {
 	bt := &batch[TTx]{c: c, b: b, rows: rows, sp: sp, out: make([]batchOutcome, len(rows)), budget: batchBudget(c.cfg.ClaimTTL)}
+	began := time.Now()
 	err := c.driver.RunInTx(hctx, bt.attempt)
 	if err == nil {
 		now := time.Now()
+		c.costs.observe(len(rows), bt.handled, now.Sub(began))
 		per := now.Sub(start) / time.Duration(len(rows))
 		for i, row := range rows {
 			if !slices.Contains(bt.late, i) {

@@ -40,6 +40,7 @@ type batch[TTx any] struct {
 	firstRecorded bool
 	stopped       map[string]bool // keys whose event did not finish: their later events wait
 	fin           *ferrydriver.FinishInboxParams
+	handled       time.Duration // the handlers' time (txCosts)
 }
 
 // attempt runs the batch in tx and records every outcome in it.
@@ -49,7 +50,9 @@ func (bt *batch[TTx]) attempt(ctx context.Context, tx TTx) error {
 	bt.firstRecorded = bt.sp.charged() == nil
 	bt.stopped = map[string]bool{}
 	bt.fin = &ferrydriver.FinishInboxParams{Group: bt.c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, 0, len(bt.rows))}
-	if err := bt.runRounds(); err != nil {
+	err := bt.runRounds()
+	bt.handled = time.Since(bt.txStart)
+	if err != nil {
 		return err
 	}
 	bt.running = nil

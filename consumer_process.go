@@ -117,8 +117,12 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	defer cancel()
 	start := time.Now()
 	defer func() { c.m.handlerSeconds.Observe(time.Since(start).Seconds()) }()
+	var handled time.Duration
 	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
-		if err := c.callHandler(ctx, tx, handler, ev); err != nil {
+		called := time.Now()
+		err := c.callHandler(ctx, tx, handler, ev)
+		handled = time.Since(called)
+		if err != nil {
 			return err
 		}
 		return c.driver.CompleteInboxTx(ctx, tx, &ferrydriver.CompleteInboxParams{
@@ -126,6 +130,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	})
 	if err == nil {
 		now := time.Now()
+		c.costs.observe(1, handled, now.Sub(start))
 		c.meter.did(now, now.Sub(start), ev.CreatedAt)
 		if unhandled {
 			c.m.outcomes.WithLabelValues("skipped").Inc()

@@ -444,6 +444,59 @@ func TestConsumerRunsWhatItsIngestClaimed(t *testing.T) {
 	require.Less(t, first, second, "in key order")
 }
 
+// The events an ingest claimed run in as few transactions as keep each
+// one's handlers within a transaction's own cost (what the consumer has
+// learnt its transactions cost): fast handlers share one transaction,
+// slow ones get a worker each.
+func TestConsumerBatchesFastHandlersTogether(t *testing.T) {
+	t.Parallel()
+	drv := &claimCounter{Driver: newPG(t)}
+	table := effects(t, drv.Driver)
+	_, err := ferrypgtest.Pool(t).Exec(context.Background(), `ALTER TABLE `+table+` ADD COLUMN tx xid8 NOT NULL DEFAULT pg_current_xact_id()`)
+	require.NoError(t, err)
+	c, err := ferry.NewConsumer(drv, &ferry.ConsumerConfig{Group: "billing", Workers: 8, BatchSize: 32})
+	require.NoError(t, err)
+	c.HandleAll(func(ctx context.Context, tx pgx.Tx, ev *ferry.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, key, seq) VALUES ($1, $2, $3)`, ev.ID, ev.Key, ev.Seq)
+		return err
+	})
+	startConsumer(t, c)
+	ctx := context.Background()
+	warm := events(1, 1)[0]
+	warm.Key = "warm"
+	_, err = c.Ingest(ctx, []*ferry.Event{warm})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 1 }, 30*time.Second, 5*time.Millisecond)
+
+	for _, tc := range []struct {
+		name            string
+		perEvent, perTx time.Duration
+		txs             int
+	}{
+		{"fast", 100 * time.Microsecond, 5 * time.Millisecond, 1},
+		{"slow", time.Second, time.Millisecond, 6},
+	} {
+		ferry.SetTxCosts(c, tc.perEvent, tc.perTx)
+		drv.rows.Store(0)
+		evs := events(6, 6)
+		for _, ev := range evs {
+			ev.Key = tc.name + "-" + ev.Key
+		}
+		n, err := c.Ingest(ctx, evs)
+		require.NoError(t, err)
+		require.Equal(t, 6, n, "%s: the ingest claimed every event", tc.name)
+		ids := make([]uuid.UUID, len(evs))
+		for i, ev := range evs {
+			ids[i] = ev.ID
+		}
+		require.Eventually(t, func() bool {
+			return count(t, `SELECT count(*) FROM `+table+` WHERE event_id = ANY ($1)`, ids) == 6
+		}, 30*time.Second, 5*time.Millisecond)
+		require.Equal(t, tc.txs, count(t, `SELECT count(DISTINCT tx) FROM `+table+` WHERE event_id = ANY ($1)`, ids), tc.name)
+		require.Equal(t, int64(0), drv.rows.Load(), "%s: no claim handed any out", tc.name)
+	}
+}
+
 // cancelledReply is a driver whose ingest claims commit and whose caller's
 // context is cancelled before the reply is read: pgx then fails the call,
 // as a source stopping mid-delivery makes it.
