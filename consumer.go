@@ -158,7 +158,7 @@ func (c *Consumer[TTx]) Notify() {
 
 // Ingest records events in the group's inbox, once per event ID, and wakes
 // the workers. While Run runs, on an inbox that can (a
-// ferrydriver.InboxIngestClaimer: PostgreSQL's, MariaDB's and SQLite's),
+// ferrydriver.InboxIngestClaimer: every backend's),
 // what records the events also claims those of keys with nothing else to
 // do, and Ingest starts them on the workers itself. Sources call it and
 // acknowledge to their broker only after it returned nil: then the events

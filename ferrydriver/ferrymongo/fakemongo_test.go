@@ -48,6 +48,12 @@ func TestFakeServerInbox(t *testing.T) {
 	)
 }
 
+// TestFakeServerIngestClaims runs the suite of InsertInboxClaim (a
+// delivery that claims what it can run at once) on the fake server.
+func TestFakeServerIngestClaims(t *testing.T) {
+	ferrydrivertest.ExerciseInboxIngestClaims(t, func(t *testing.T) ferrydrivertest.IngestClaimDriver[context.Context] { return fakeDriver(t) })
+}
+
 // TestFakeServerTransactor runs the RunTx transactor suite (request
 // records, concurrent claims of one request, rollbacks, retention) on the
 // fake server.

@@ -148,6 +148,11 @@ func TestInboxSuite(t *testing.T) {
 	ferrydrivertest.ExerciseInbox(t, func(t *testing.T) ferrydrivertest.InboxDriver[context.Context] { return newDriver(t) })
 }
 
+func TestInboxIngestClaimSuite(t *testing.T) {
+	mongoClient(t)
+	ferrydrivertest.ExerciseInboxIngestClaims(t, func(t *testing.T) ferrydrivertest.IngestClaimDriver[context.Context] { return newDriver(t) })
+}
+
 // TestAdminAPISuite runs the admin API (ferryui) over MongoDB.
 func TestAdminAPISuite(t *testing.T) {
 	mongoClient(t)

@@ -3,10 +3,12 @@ package ferrymongo
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
 	"github.com/ferry-dev/ferry/ferrydriver"
+	"github.com/ferry-dev/ferry/ferrydriver/inboxmodel"
 	"github.com/ferry-dev/ferry/ferryevent"
 	"github.com/ferry-dev/ferry/ferryshared/driverkit"
 	"github.com/google/uuid"
@@ -132,36 +134,147 @@ func (d *Driver) rows(ctx context.Context, group string, cur *mongo.Cursor) ([]*
 // concurrent ingestions of a group serialise, keeping each key's delivery
 // order), and their keys become runnable unless they wait already.
 func (d *Driver) InsertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams) ([]bool, error) {
+	res, _, err := d.insertInbox(ctx, p, nil)
+	return res, err
+}
+
+// InsertInboxClaim implements ferrydriver.InboxIngestClaimer: InsertInbox
+// whose transaction also claims, as a claim would, the new rows of up to
+// c.Keys of the keys that had nothing to do, in key order. A key is taken
+// when it had no claim, no hold and no rescue due, and its first
+// unfinished row is one this call inserted (every row before finished);
+// another transaction changing the key meanwhile conflicts, and the
+// whole runs again.
+func (d *Driver) InsertInboxClaim(ctx context.Context, p *ferrydriver.InsertInboxParams, c *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
+	return d.insertInbox(ctx, p, c)
+}
+
+// insertInbox records p's events and, with c, claims what c allows of the
+// keys that had nothing to do.
+func (d *Driver) insertInbox(ctx context.Context, p *ferrydriver.InsertInboxParams, c *ferrydriver.IngestClaimParams) ([]bool, []*ferrydriver.InboxRow, error) {
 	res := make([]bool, len(p.Events))
 	if len(p.Events) == 0 {
-		return res, nil
+		return res, nil, nil
 	}
+	var claimed []*ferrydriver.InboxRow
 	err := d.inTx(ctx, func(tx context.Context) error {
 		clear(res)
-		return d.insertInboxTx(tx, p.Group, p.Events, res)
+		claimed = nil
+		var free []*keyDoc
+		if c != nil && c.Keys > 0 {
+			var err error
+			if free, err = d.freeKeys(tx, p.Group, p.Events); err != nil {
+				return err
+			}
+		}
+		from, err := d.insertInboxTx(tx, p.Group, p.Events, res)
+		if err != nil || len(free) == 0 {
+			return err
+		}
+		claimed, err = d.claimIngested(tx, p.Group, c, free, from)
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ferrymongo: insert into inbox of group %s: %w", p.Group, err)
+		return nil, nil, fmt.Errorf("ferrymongo: insert into inbox of group %s: %w", p.Group, err)
 	}
-	return res, nil
+	return res, claimed, nil
+}
+
+// freeKeys reads, in tx, the documents of events' keys that have no
+// claim, no hold and no rescue due, in key order; a key without one yet
+// comes as a document of its own.
+func (d *Driver) freeKeys(tx context.Context, group string, events []*ferryevent.Event) ([]*keyDoc, error) {
+	keys := make([]string, len(events))
+	for i, ev := range events {
+		keys[i] = ev.Key
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	ids := make(bson.A, len(keys))
+	for i, k := range keys {
+		ids[i] = keyID(group, k)
+	}
+	cur, err := d.inboxKeys().Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+	if err != nil {
+		return nil, err
+	}
+	var docs []*keyDoc
+	if err := cur.All(tx, &docs); err != nil {
+		return nil, err
+	}
+	known := make(map[string]*keyDoc, len(docs))
+	for _, k := range docs {
+		known[k.Key] = k
+	}
+	var out []*keyDoc
+	for _, key := range keys {
+		k := known[key]
+		switch {
+		case k == nil:
+			out = append(out, &keyDoc{Group: group, Key: key})
+		case k.ClaimToken == nil && k.HeldBy == nil && k.RescueAt == nil:
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+// claimIngested claims, in tx, of the free keys (freeKeys) up to c.Keys
+// whose first unfinished row is at position from or after (one the
+// ingest inserted), their first c.PerKey rows.
+func (d *Driver) claimIngested(tx context.Context, group string, c *ferrydriver.IngestClaimParams, free []*keyDoc, from int64) ([]*ferrydriver.InboxRow, error) {
+	hold, err := d.policy(tx, group)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	p := &ferrydriver.ClaimInboxParams{Group: group, Worker: c.Worker, TTL: c.TTL}
+	n := max(c.PerKey, 1)
+	var out []*ferrydriver.InboxRow
+	keys := 0
+	for _, k := range free {
+		if keys == c.Keys {
+			break
+		}
+		q, _, err := d.queue(tx, group, k.Key, hold, n)
+		if err != nil {
+			return nil, err
+		}
+		if len(q) == 0 || q[0].Pos < from {
+			continue // rows before the ingest's wait (or none was inserted)
+		}
+		act, run := inboxmodel.ClaimKey(q, k.SuspectThrough, hold, n, now, 0)
+		if act != inboxmodel.ClaimRows {
+			continue
+		}
+		rows, err := d.claimRows(tx, p, k.Key, q[0].Pos, q[run[len(run)-1]].Pos, k.SuspectThrough, now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...)
+		keys++
+	}
+	return out, nil
 }
 
 // insertInboxTx records events for group inside tx, setting inserted[i]
 // for each new one, and makes the keys that had nothing to do runnable.
-func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferryevent.Event, inserted []bool) error {
+// It returns the first position it gave (past the last when it inserted
+// nothing).
+func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferryevent.Event, inserted []bool) (int64, error) {
 	ids := make(bson.A, len(events))
 	for i, ev := range events {
 		ids[i] = rowID(group, ev.ID)
 	}
 	cur, err := d.inbox().Find(tx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var have []struct {
 		ID inboxID `bson:"_id"`
 	}
 	if err := cur.All(tx, &have); err != nil {
-		return err
+		return 0, err
 	}
 	known := map[string]bool{}
 	for _, h := range have {
@@ -175,7 +288,7 @@ func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferry
 		}
 	}
 	if len(fresh) == 0 {
-		return nil
+		return math.MaxInt64, nil
 	}
 	var counter struct {
 		N int64 `bson:"n"`
@@ -183,10 +296,11 @@ func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferry
 	if err := d.counters().FindOneAndUpdate(tx, bson.D{{Key: "_id", Value: "inbox:" + group}},
 		bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: int64(len(fresh))}}}},
 		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&counter); err != nil {
-		return err
+		return 0, err
 	}
 	now := time.Now().UTC()
 	pos := counter.N - int64(len(fresh))
+	from := pos + 1
 	docs := make([]any, 0, len(fresh))
 	var keys []string
 	for _, i := range fresh {
@@ -203,7 +317,7 @@ func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferry
 		inserted[i] = true
 	}
 	if _, err := d.inbox().InsertMany(tx, docs); err != nil {
-		return err
+		return 0, err
 	}
 	slices.Sort(keys)
 	// A key with nothing to do becomes runnable; one that waits (a retry,
@@ -220,10 +334,10 @@ func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferry
 				// transactions touching one key always conflict.
 				{Key: "v", Value: expr("$add", bson.D{{Key: "$ifNull", Value: bson.A{"$v", int64(0)}}}, int64(1))}}}}},
 			options.UpdateOne().SetUpsert(true)); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return from, nil
 }
 
 // RunInTx implements ferrydriver.Inbox: fn runs in a session transaction
@@ -257,4 +371,7 @@ func (d *Driver) FailInbox(ctx context.Context, p *ferrydriver.FailInboxParams) 
 	})
 }
 
-var _ ferrydriver.Inbox[context.Context] = (*Driver)(nil)
+var (
+	_ ferrydriver.Inbox[context.Context] = (*Driver)(nil)
+	_ ferrydriver.InboxIngestClaimer     = (*Driver)(nil)
+)

@@ -77,7 +77,7 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 			}
 			res[i] = prior
 			if !found {
-				if err := d.insertInboxTx(tx, p.Group, []*ferryevent.Event{r.Event}, make([]bool, 1)); err != nil {
+				if _, err := d.insertInboxTx(tx, p.Group, []*ferryevent.Event{r.Event}, make([]bool, 1)); err != nil {
 					return err
 				}
 				if _, _, err := retract(r.Event); err != nil {
@@ -90,7 +90,7 @@ func (d *Driver) RetractInbox(ctx context.Context, p *ferrydriver.RetractInboxPa
 			}
 		}
 		if len(compensations) > 0 {
-			if err := d.insertInboxTx(tx, p.Group, compensations, make([]bool, len(compensations))); err != nil {
+			if _, err := d.insertInboxTx(tx, p.Group, compensations, make([]bool, len(compensations))); err != nil {
 				return err
 			}
 		}
