@@ -400,7 +400,7 @@ func (c *Consumer[TTx]) run(ctx, work context.Context, handlers *sync.WaitGroup)
 		}
 		units := runsOf(runnable) // one event per transaction: a worker per key's run
 		if c.batcher != nil {
-			units = batches(runnable, c.costs.spread(len(runnable), free), c.cfg.BatchSize)
+			units = batches(runnable, c.costs.spread(runnable, free), c.cfg.BatchSize)
 		}
 		c.start(work, units, slots, handlers, deadline)
 		if len(rows) == limit && free > 0 {

@@ -170,7 +170,9 @@ func (c *Consumer[TTx]) applyBatch(ctx, hctx context.Context, b ferrydriver.Inbo
 	err := c.driver.RunInTx(hctx, bt.attempt)
 	if err == nil {
 		now := time.Now()
-		c.costs.observe(len(rows), bt.handled, now.Sub(began))
+		if bt.attempts == 1 {
+			c.costs.observe(bt.calls, now.Sub(began))
+		}
 		per := now.Sub(start) / time.Duration(len(rows))
 		for i, row := range rows {
 			if !slices.Contains(bt.late, i) {

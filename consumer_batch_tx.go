@@ -40,7 +40,10 @@ type batch[TTx any] struct {
 	firstRecorded bool
 	stopped       map[string]bool // keys whose event did not finish: their later events wait
 	fin           *ferrydriver.FinishInboxParams
-	handled       time.Duration // the handlers' time (txCosts)
+	// calls is the handler calls' times (txCosts); attempts counts the
+	// transaction's attempts.
+	calls    []handlerTime
+	attempts int
 }
 
 // attempt runs the batch in tx and records every outcome in it.
@@ -50,9 +53,9 @@ func (bt *batch[TTx]) attempt(ctx context.Context, tx TTx) error {
 	bt.firstRecorded = bt.sp.charged() == nil
 	bt.stopped = map[string]bool{}
 	bt.fin = &ferrydriver.FinishInboxParams{Group: bt.c.cfg.Group, Rows: make([]ferrydriver.FinishedRow, 0, len(bt.rows))}
-	err := bt.runRounds()
-	bt.handled = time.Since(bt.txStart)
-	if err != nil {
+	bt.calls = bt.calls[:0]
+	bt.attempts++
+	if err := bt.runRounds(); err != nil {
 		return err
 	}
 	bt.running = nil
@@ -116,7 +119,9 @@ func (bt *batch[TTx]) runUnit(u unit[TTx]) error {
 		for j, i := range u.rows {
 			evs[j] = &rows[i].Event
 		}
+		called := time.Now()
 		herr, stop := bt.call(u.rows[0], true, func(ctx context.Context, tx TTx) error { return bt.c.callBatch(ctx, tx, u.batch, evs) })
+		bt.calls = append(bt.calls, handlerTime{typ: evs[0].Type, events: len(evs), took: time.Since(called)})
 		if stop != nil {
 			return stop
 		}
@@ -130,7 +135,9 @@ func (bt *batch[TTx]) runUnit(u unit[TTx]) error {
 	for _, i := range u.rows {
 		bt.running = []int{i}
 		handler, unhandled := bt.c.handlerFor(&rows[i].Event)
+		called := time.Now()
 		herr, stop := bt.call(i, false, func(ctx context.Context, tx TTx) error { return bt.c.callHandler(ctx, tx, handler, &rows[i].Event) })
+		bt.calls = append(bt.calls, handlerTime{typ: rows[i].Event.Type, events: 1, took: time.Since(called)})
 		if stop != nil {
 			return stop
 		}

@@ -40,9 +40,10 @@ type ConsumerConfig struct {
 	// order (a key's events after one that failed wait for its retry). A
 	// claim is split over the free workers as far as its handlers outweigh
 	// a transaction's own cost (its begin, the outcomes' writes, its
-	// commit; learnt from the transactions that committed): slow handlers
-	// get a worker each, fast ones share a transaction, which costs the
-	// database less and, under load, takes less time. A batch whose
+	// commit; each learnt from the transactions that committed, handlers
+	// by event type): slow handlers get a worker each, fast ones share a
+	// transaction, which costs the database less and, under load, takes
+	// less time. A batch whose
 	// handlers are slow commits what ran after a second (a quarter of
 	// ClaimTTL if less) and gives the rest back. The events of a batch share its transaction:
 	// what a handler sets for the transaction (SET LOCAL, advisory

@@ -7,56 +7,102 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/ferry-dev/ferry/ferrydriver"
 )
 
-// txCosts learns a consumer's costs from its committed transactions:
-// its handlers' time per event, and the rest of a transaction's time
-// (its begin, the finish that records the outcomes, its commit), each a
-// moving average.
+// txCosts learns a consumer's costs from its transactions that committed
+// at their first attempt: each event type's handler time per event, and
+// the rest of a transaction's time (its begin, the finish that records
+// the outcomes, its commit), each a moving average.
 type txCosts struct {
-	mu       sync.Mutex
-	perEvent time.Duration
-	perTx    time.Duration
-	seen     bool
+	mu      sync.Mutex
+	perType map[string]time.Duration
+	perTx   time.Duration
+	txs     int // transactions observed, up to warmTxs
 }
 
-// costWeight is the weight of a moving average's past: each transaction
-// moves it an eighth of the way to its own cost.
-const costWeight = 8
+// handlerTime is one handler call's time, for events events of type typ.
+type handlerTime struct {
+	typ    string
+	events int
+	took   time.Duration
+}
 
-// observe records a committed transaction of events events that took
-// total, handlers of it in the handlers' calls.
-func (t *txCosts) observe(events int, handlers, total time.Duration) {
-	if events < 1 {
-		return
+const (
+	// costWeight is the weight of a moving average's past: each
+	// transaction moves it an eighth of the way to its own cost.
+	costWeight = 8
+	// warmTxs: a transaction's own cost is the least of the first
+	// transactions' (a pool's first ones also connect), the moving
+	// average after.
+	warmTxs = 4
+	// maxCostTypes bounds the event types whose costs are kept; events of
+	// a type not kept count as unknown.
+	maxCostTypes = 1024
+)
+
+// observe records a transaction that committed at its first attempt,
+// after total, its handlers' calls in calls.
+func (t *txCosts) observe(calls []handlerTime, total time.Duration) {
+	var handlers time.Duration
+	for _, c := range calls {
+		handlers += c.took
 	}
-	perEvent, perTx := handlers/time.Duration(events), max(total-handlers, 0)
+	own := max(total-handlers, 0)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.seen {
-		t.perEvent, t.perTx, t.seen = perEvent, perTx, true
-		return
+	switch {
+	case t.txs == 0:
+		t.perTx = own
+	case t.txs < warmTxs:
+		t.perTx = min(t.perTx, own)
+	default:
+		t.perTx += (own - t.perTx) / costWeight
 	}
-	t.perEvent += (perEvent - t.perEvent) / costWeight
-	t.perTx += (perTx - t.perTx) / costWeight
+	t.txs = min(t.txs+1, warmTxs)
+	if t.perType == nil {
+		t.perType = map[string]time.Duration{}
+	}
+	for _, c := range calls {
+		if c.events < 1 {
+			continue
+		}
+		per := c.took / time.Duration(c.events)
+		old, ok := t.perType[c.typ]
+		switch {
+		case ok:
+			t.perType[c.typ] = old + (per-old)/costWeight
+		case len(t.perType) < maxCostTypes:
+			t.perType[c.typ] = per
+		}
+	}
 }
 
-// spread is how many transactions (n at most) the k events of a claim go
-// in: as few as keep each one's handlers within a transaction's own cost.
-// Past that, a transaction more costs the database more than it saves the
+// spread is how many transactions (n at most) the claimed rows go in: as
+// few as keep each one's handlers within a transaction's own cost. Past
+// that, a transaction more costs the database more than it saves the
 // events' latency: fast handlers (a row's upsert) share a transaction and
 // its commit, slow ones (a call to another service) get a worker each.
-// Until a transaction has committed, n.
-func (t *txCosts) spread(k, n int) int {
-	t.mu.Lock()
-	perEvent, perTx, seen := t.perEvent, t.perTx, t.seen
-	t.mu.Unlock()
-	if !seen || perTx <= 0 || n <= 1 {
+// While a transaction's cost or a row's type's is unknown, n.
+func (t *txCosts) spread(rows []*ferrydriver.InboxRow, n int) int {
+	if n <= 1 {
 		return n
 	}
-	// In float: a handler's nanoseconds times a claim's events may
-	// overflow.
-	want := math.Ceil(float64(k) * float64(perEvent) / float64(perTx))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.txs == 0 || t.perTx <= 0 {
+		return n
+	}
+	var handlers float64 // ns; a float: a claim's may not fit a Duration
+	for _, row := range rows {
+		per, ok := t.perType[row.Event.Type]
+		if !ok {
+			return n
+		}
+		handlers += float64(per)
+	}
+	want := math.Ceil(handlers / float64(t.perTx))
 	if want >= float64(n) {
 		return n
 	}

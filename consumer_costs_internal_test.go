@@ -9,42 +9,74 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// typed returns n claimed rows of type typ, of keys of their own.
+func typed(typ string, n int) []*ferrydriver.InboxRow {
+	out := make([]*ferrydriver.InboxRow, n)
+	for i := range out {
+		out[i] = &ferrydriver.InboxRow{}
+		out[i].Event.Key, out[i].Event.Type = fmt.Sprintf("%s-%d", typ, i), typ
+	}
+	return out
+}
+
+func calls(typ string, n int, each time.Duration) []handlerTime {
+	out := make([]handlerTime, n)
+	for i := range out {
+		out[i] = handlerTime{typ: typ, events: 1, took: each}
+	}
+	return out
+}
+
 // A claim's events go in as few transactions as keep each one's handlers
-// within a transaction's own cost: all of its free workers until a
-// transaction has committed, or when handlers are slow.
+// within a transaction's own cost: all of its free workers until that is
+// known, or when handlers are slow.
 func TestTxCostsSpread(t *testing.T) {
 	var c txCosts
-	require.Equal(t, 8, c.spread(6, 8), "nothing learnt: every free worker")
+	require.Equal(t, 8, c.spread(typed("Fast", 6), 8), "nothing learnt: every free worker")
 
 	// Handlers of 100 µs an event, 2 ms of begin, finish and commit.
-	c.observe(1, 100*time.Microsecond, 2100*time.Microsecond)
-	require.Equal(t, 1, c.spread(6, 8), "six fast events: one transaction")
-	require.Equal(t, 2, c.spread(40, 8), "40 events of 100 µs: 4 ms of handlers, two transactions of 2 ms")
-	require.Equal(t, 8, c.spread(1000, 8), "never more than the free workers")
-	require.Equal(t, 1, c.spread(6, 1))
-	require.Equal(t, 1, c.spread(0, 8))
+	c.observe(calls("Fast", 2, 100*time.Microsecond), 2200*time.Microsecond)
+	require.Equal(t, 1, c.spread(typed("Fast", 6), 8), "six fast events: one transaction")
+	require.Equal(t, 2, c.spread(typed("Fast", 40), 8), "40 events of 100 µs: 4 ms of handlers, two transactions of 2 ms")
+	require.Equal(t, 8, c.spread(typed("Fast", 1000), 8), "never more than the free workers")
+	require.Equal(t, 1, c.spread(typed("Fast", 6), 1))
+	require.Equal(t, 8, c.spread(append(typed("Fast", 5), typed("New", 1)...), 8), "a type not seen yet: every free worker")
 
-	// Handlers that call another service: a worker each.
-	var slow txCosts
-	slow.observe(4, 200*time.Millisecond, 202*time.Millisecond)
-	require.Equal(t, 6, slow.spread(6, 6))
-	require.Equal(t, 8, slow.spread(6, 8))
+	// A type whose handler calls another service, beside the fast one: a
+	// claim with one of its events spreads.
+	c.observe(append(calls("Fast", 1, 100*time.Microsecond), calls("Slow", 1, 200*time.Millisecond)...), 202100*time.Microsecond)
+	require.Equal(t, 1, c.spread(typed("Fast", 6), 8), "the fast type's cost is its own")
+	require.Equal(t, 8, c.spread(append(typed("Fast", 5), typed("Slow", 1)...), 8))
 
-	// Moving averages: the handlers got slow, and each transaction moves
-	// the estimate an eighth of the way.
+	// Moving averages: the fast type's handler got slow, and each
+	// transaction moves its estimate an eighth of the way.
 	for range 40 {
-		c.observe(1, 10*time.Millisecond, 12*time.Millisecond)
+		c.observe(calls("Fast", 1, 10*time.Millisecond), 12*time.Millisecond)
 	}
-	require.Equal(t, 8, c.spread(6, 8), "slow handlers now")
+	require.Equal(t, 8, c.spread(typed("Fast", 6), 8), "slow handlers now")
 	c.mu.Lock()
-	require.InDelta(t, float64(10*time.Millisecond), float64(c.perEvent), float64(100*time.Microsecond))
+	require.InDelta(t, float64(10*time.Millisecond), float64(c.perType["Fast"]), float64(100*time.Microsecond))
 	require.InDelta(t, float64(2*time.Millisecond), float64(c.perTx), float64(100*time.Microsecond))
 	c.mu.Unlock()
+}
 
-	// A transaction's time less its handlers' is never below zero.
+// A transaction's own cost starts as the least of the first transactions'
+// (a pool's first transactions also connect), and is never below zero.
+func TestTxCostsWarmUp(t *testing.T) {
+	var c txCosts
+	c.observe(calls("T", 1, time.Millisecond), 41*time.Millisecond) // connected first
+	c.observe(calls("T", 1, time.Millisecond), 3*time.Millisecond)
+	c.observe(calls("T", 1, time.Millisecond), 5*time.Millisecond)
+	c.mu.Lock()
+	require.Equal(t, 2*time.Millisecond, c.perTx)
+	c.mu.Unlock()
+
 	var odd txCosts
-	odd.observe(2, 3*time.Millisecond, time.Millisecond)
-	require.Equal(t, 4, odd.spread(4, 4), "no cost of its own learnt: every free worker")
+	odd.observe(calls("T", 2, 3*time.Millisecond), time.Millisecond)
+	odd.mu.Lock()
+	require.Equal(t, time.Duration(0), odd.perTx)
+	odd.mu.Unlock()
+	require.Equal(t, 4, odd.spread(typed("T", 4), 4), "no cost of its own learnt: every free worker")
 }
 
 // batches cuts the claimed rows into as many batches as it is asked for,

@@ -96,7 +96,7 @@ func (c *Consumer[TTx]) insert(ctx context.Context, events []*Event) ([]bool, in
 	handed := time.Now()
 	units := runsOf(rows) // a worker per key's run
 	if c.batcher != nil {
-		units = batches(rows, c.costs.spread(len(rows), c.cfg.Workers), c.cfg.BatchSize)
+		units = batches(rows, c.costs.spread(rows, c.cfg.Workers), c.cfg.BatchSize)
 	}
 	// Each unit waits for its worker slot in its own goroutine: the
 	// delivery's source goes on at once (it acknowledges the delivery

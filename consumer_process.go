@@ -118,7 +118,9 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	start := time.Now()
 	defer func() { c.m.handlerSeconds.Observe(time.Since(start).Seconds()) }()
 	var handled time.Duration
+	attempts := 0
 	err := c.driver.RunInTx(hctx, func(ctx context.Context, tx TTx) error {
+		attempts++
 		called := time.Now()
 		err := c.callHandler(ctx, tx, handler, ev)
 		handled = time.Since(called)
@@ -130,7 +132,9 @@ func (c *Consumer[TTx]) process(ctx context.Context, row *ferrydriver.InboxRow, 
 	})
 	if err == nil {
 		now := time.Now()
-		c.costs.observe(1, handled, now.Sub(start))
+		if attempts == 1 {
+			c.costs.observe([]handlerTime{{typ: ev.Type, events: 1, took: handled}}, now.Sub(start))
+		}
 		c.meter.did(now, now.Sub(start), ev.CreatedAt)
 		if unhandled {
 			c.m.outcomes.WithLabelValues("skipped").Inc()

@@ -444,10 +444,10 @@ func TestConsumerRunsWhatItsIngestClaimed(t *testing.T) {
 	require.Less(t, first, second, "in key order")
 }
 
-// The events an ingest claimed run in as few transactions as keep each
-// one's handlers within a transaction's own cost (what the consumer has
-// learnt its transactions cost): fast handlers share one transaction,
-// slow ones get a worker each.
+// The events a claim or an ingest handed out run in as few transactions
+// as keep each one's handlers within a transaction's own cost (what the
+// consumer has learnt its transactions cost): fast handlers share one
+// transaction, slow ones get a worker each.
 func TestConsumerBatchesFastHandlersTogether(t *testing.T) {
 	t.Parallel()
 	drv := &claimCounter{Driver: newPG(t)}
@@ -468,23 +468,36 @@ func TestConsumerBatchesFastHandlersTogether(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 1 }, 30*time.Second, 5*time.Millisecond)
 
+	// The slow claim first: it spreads over the free workers, and only
+	// the warm-up's may still be taken.
 	for _, tc := range []struct {
 		name            string
+		ingest          bool // the ingest claims (else a claim, woken)
 		perEvent, perTx time.Duration
 		txs             int
 	}{
-		{"fast", 100 * time.Microsecond, 5 * time.Millisecond, 1},
-		{"slow", time.Second, time.Millisecond, 6},
+		{"claim-slow", false, time.Second, time.Millisecond, 6},
+		{"claim-fast", false, 100 * time.Microsecond, 5 * time.Millisecond, 1},
+		{"ingest-fast", true, 100 * time.Microsecond, 5 * time.Millisecond, 1},
+		{"ingest-slow", true, time.Second, time.Millisecond, 6},
 	} {
-		ferry.SetTxCosts(c, tc.perEvent, tc.perTx)
+		ferry.SetTxCosts(c, "OrderPlaced", tc.perEvent, tc.perTx)
 		drv.rows.Store(0)
 		evs := events(6, 6)
 		for _, ev := range evs {
 			ev.Key = tc.name + "-" + ev.Key
 		}
-		n, err := c.Ingest(ctx, evs)
-		require.NoError(t, err)
-		require.Equal(t, 6, n, "%s: the ingest claimed every event", tc.name)
+		claimed := int64(6)
+		if tc.ingest {
+			n, err := c.Ingest(ctx, evs)
+			require.NoError(t, err)
+			require.Equal(t, 6, n, "%s: the ingest claimed every event", tc.name)
+			claimed = 0
+		} else {
+			_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "billing", Events: evs})
+			require.NoError(t, err)
+			c.Notify()
+		}
 		ids := make([]uuid.UUID, len(evs))
 		for i, ev := range evs {
 			ids[i] = ev.ID
@@ -493,7 +506,7 @@ func TestConsumerBatchesFastHandlersTogether(t *testing.T) {
 			return count(t, `SELECT count(*) FROM `+table+` WHERE event_id = ANY ($1)`, ids) == 6
 		}, 30*time.Second, 5*time.Millisecond)
 		require.Equal(t, tc.txs, count(t, `SELECT count(DISTINCT tx) FROM `+table+` WHERE event_id = ANY ($1)`, ids), tc.name)
-		require.Equal(t, int64(0), drv.rows.Load(), "%s: no claim handed any out", tc.name)
+		require.Equal(t, claimed, drv.rows.Load(), "%s: events handed out by claims", tc.name)
 	}
 }
 

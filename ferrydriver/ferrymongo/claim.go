@@ -229,7 +229,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 		case inboxmodel.GiveUp:
 			return d.kill(tx, p.Group, key, ids[0], now)
 		}
-		return d.claimRows(tx, p, key, q[0].Pos, q[run[len(run)-1]].Pos, k.SuspectThrough, now)
+		return d.claimRows(tx, p, key, uuid.NewString(), q[0].Pos, q[run[len(run)-1]].Pos, k.SuspectThrough, now)
 	}
 	if k.RescueAt == nil || k.RescueAt.After(now) {
 		return nil, nil // changed since it was listed
@@ -251,7 +251,7 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 	}
 	act, suspects := inboxmodel.RescueKey(q, suspects, now, p.MaxAttempts)
 	if act == inboxmodel.ClaimRows {
-		return d.claimRows(tx, p, key, q[0].Pos, q[0].Pos, suspects, now)
+		return d.claimRows(tx, p, key, uuid.NewString(), q[0].Pos, q[0].Pos, suspects, now)
 	}
 	if err := d.endClaim(tx, p.Group, key, suspects); err != nil {
 		return nil, err
@@ -265,12 +265,11 @@ func (d *Driver) claimKeyTx(tx context.Context, p *ferrydriver.ClaimInboxParams,
 }
 
 // claimRows claims, in tx, key's unfinished rows from position first
-// through last for p.Worker, and returns them PROCESSING, their attempt
-// counted. suspects is the key's suspect_through (a rescue's: the rows
-// after last still to run alone).
-func (d *Driver) claimRows(tx context.Context, p *ferrydriver.ClaimInboxParams, key string, first, last, suspects int64, now time.Time) ([]*ferrydriver.InboxRow, error) {
+// through last for p.Worker under token, and returns them PROCESSING,
+// their attempt counted. suspects is the key's suspect_through (a
+// rescue's: the rows after last still to run alone).
+func (d *Driver) claimRows(tx context.Context, p *ferrydriver.ClaimInboxParams, key, token string, first, last, suspects int64, now time.Time) ([]*ferrydriver.InboxRow, error) {
 	expires := now.Add(p.TTL)
-	token := uuid.NewString()
 	if _, err := d.inboxKeys().UpdateOne(tx, bson.D{{Key: "_id", Value: keyID(p.Group, key)}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "claim_token", Value: token}, {Key: "claimed_by", Value: p.Worker}, {Key: "claim_from", Value: first - 1},
 			{Key: "claim_through", Value: last}, {Key: "claim_expires_at", Value: expires}, {Key: "rescue_at", Value: expires},

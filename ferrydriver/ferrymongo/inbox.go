@@ -168,9 +168,14 @@ func (d *Driver) insertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 			}
 		}
 		from, err := d.insertInboxTx(tx, p.Group, p.Events, res)
-		if err != nil || len(free) == 0 {
-			return err
+		if err != nil || len(free) == 0 || from == math.MaxInt64 {
+			return err // or nothing to claim: no key free, no event new
 		}
+		fresh := map[string]bool{}
+		for i, ev := range p.Events {
+			fresh[ev.Key] = fresh[ev.Key] || res[i]
+		}
+		free = slices.DeleteFunc(free, func(k *keyDoc) bool { return !fresh[k.Key] })
 		claimed, err = d.claimIngested(tx, p.Group, c, free, from)
 		return err
 	})
@@ -229,6 +234,7 @@ func (d *Driver) claimIngested(tx context.Context, group string, c *ferrydriver.
 	}
 	now := time.Now().UTC()
 	p := &ferrydriver.ClaimInboxParams{Group: group, Worker: c.Worker, TTL: c.TTL}
+	token := uuid.NewString() // one claim, as the interface says: one token
 	n := max(c.PerKey, 1)
 	var out []*ferrydriver.InboxRow
 	keys := 0
@@ -247,7 +253,7 @@ func (d *Driver) claimIngested(tx context.Context, group string, c *ferrydriver.
 		if act != inboxmodel.ClaimRows {
 			continue
 		}
-		rows, err := d.claimRows(tx, p, k.Key, q[0].Pos, q[run[len(run)-1]].Pos, k.SuspectThrough, now)
+		rows, err := d.claimRows(tx, p, k.Key, token, q[0].Pos, q[run[len(run)-1]].Pos, k.SuspectThrough, now)
 		if err != nil {
 			return nil, err
 		}
