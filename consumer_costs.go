@@ -12,14 +12,16 @@ import (
 )
 
 // txCosts learns a consumer's costs from its transactions that committed
-// at their first attempt: each event type's handler time per event, and
-// the rest of a transaction's time (its begin, the finish that records
-// the outcomes, its commit), each a moving average.
+// at their first attempt: each event type's handler time per event (and
+// every type's, for a type it keeps no average of), and the rest of a
+// transaction's time (its begin, the finish that records the outcomes,
+// its commit), each a moving average.
 type txCosts struct {
-	mu      sync.Mutex
-	perType map[string]time.Duration
-	perTx   time.Duration
-	txs     int // transactions observed, up to warmTxs
+	mu       sync.Mutex
+	perType  map[string]time.Duration
+	perEvent time.Duration // every type's
+	perTx    time.Duration
+	txs      int // transactions observed, up to warmTxs
 }
 
 // handlerTime is one handler call's time, for events events of type typ.
@@ -37,8 +39,9 @@ const (
 	// transactions' (a pool's first ones also connect), the moving
 	// average after.
 	warmTxs = 4
-	// maxCostTypes bounds the event types whose costs are kept; events of
-	// a type not kept count as unknown.
+	// maxCostTypes bounds the event types whose costs are kept (a group
+	// may see a type per event); events of a type not kept count at every
+	// type's average.
 	maxCostTypes = 1024
 )
 
@@ -69,6 +72,11 @@ func (t *txCosts) observe(calls []handlerTime, total time.Duration) {
 			continue
 		}
 		per := c.took / time.Duration(c.events)
+		if t.perEvent == 0 {
+			t.perEvent = per
+		} else {
+			t.perEvent += (per - t.perEvent) / costWeight
+		}
 		old, ok := t.perType[c.typ]
 		switch {
 		case ok:
@@ -84,7 +92,8 @@ func (t *txCosts) observe(calls []handlerTime, total time.Duration) {
 // that, a transaction more costs the database more than it saves the
 // events' latency: fast handlers (a row's upsert) share a transaction and
 // its commit, slow ones (a call to another service) get a worker each.
-// While a transaction's cost or a row's type's is unknown, n.
+// A row of a type with no average of its own counts at every type's;
+// until a transaction has committed, n.
 func (t *txCosts) spread(rows []*ferrydriver.InboxRow, n int) int {
 	if n <= 1 {
 		return n
@@ -98,7 +107,7 @@ func (t *txCosts) spread(rows []*ferrydriver.InboxRow, n int) int {
 	for _, row := range rows {
 		per, ok := t.perType[row.Event.Type]
 		if !ok {
-			return n
+			per = t.perEvent
 		}
 		handlers += float64(per)
 	}

@@ -40,13 +40,14 @@ func TestTxCostsSpread(t *testing.T) {
 	require.Equal(t, 2, c.spread(typed("Fast", 40), 8), "40 events of 100 µs: 4 ms of handlers, two transactions of 2 ms")
 	require.Equal(t, 8, c.spread(typed("Fast", 1000), 8), "never more than the free workers")
 	require.Equal(t, 1, c.spread(typed("Fast", 6), 1))
-	require.Equal(t, 8, c.spread(append(typed("Fast", 5), typed("New", 1)...), 8), "a type not seen yet: every free worker")
+	require.Equal(t, 1, c.spread(append(typed("Fast", 5), typed("New", 1)...), 8), "a type not seen yet counts at every type's average")
 
 	// A type whose handler calls another service, beside the fast one: a
 	// claim with one of its events spreads.
 	c.observe(append(calls("Fast", 1, 100*time.Microsecond), calls("Slow", 1, 200*time.Millisecond)...), 202100*time.Microsecond)
 	require.Equal(t, 1, c.spread(typed("Fast", 6), 8), "the fast type's cost is its own")
 	require.Equal(t, 8, c.spread(append(typed("Fast", 5), typed("Slow", 1)...), 8))
+	require.Equal(t, 8, c.spread(typed("New", 1), 8), "a new type counts at every type's average: about 25 ms now (the slow event weighs an eighth)")
 
 	// Moving averages: the fast type's handler got slow, and each
 	// transaction moves its estimate an eighth of the way.
@@ -58,6 +59,19 @@ func TestTxCostsSpread(t *testing.T) {
 	require.InDelta(t, float64(10*time.Millisecond), float64(c.perType["Fast"]), float64(100*time.Microsecond))
 	require.InDelta(t, float64(2*time.Millisecond), float64(c.perTx), float64(100*time.Microsecond))
 	c.mu.Unlock()
+}
+
+// A group that sees a type per event keeps averages of maxCostTypes of
+// them; the rest count at every type's average.
+func TestTxCostsManyTypes(t *testing.T) {
+	var c txCosts
+	for i := range maxCostTypes + 10 {
+		c.observe(calls(fmt.Sprintf("T%d", i), 1, 100*time.Microsecond), 2100*time.Microsecond)
+	}
+	c.mu.Lock()
+	require.Len(t, c.perType, maxCostTypes)
+	c.mu.Unlock()
+	require.Equal(t, 1, c.spread(typed("T-next", 6), 8), "six events of types never seen, at the average: one transaction")
 }
 
 // A transaction's own cost starts as the least of the first transactions'

@@ -11,6 +11,6 @@ func SetParkedLoadCap(r *Relay, n int) { r.parkedLoadCap = n }
 func SetTxCosts[TTx any](c *Consumer[TTx], typ string, perEvent, perTx time.Duration) {
 	c.costs.mu.Lock()
 	defer c.costs.mu.Unlock()
-	c.costs.perType = map[string]time.Duration{typ: perEvent}
+	c.costs.perType, c.costs.perEvent = map[string]time.Duration{typ: perEvent}, perEvent
 	c.costs.perTx, c.costs.txs = perTx, warmTxs
 }
