@@ -67,6 +67,17 @@ func count(t *testing.T, q string, args ...any) int {
 	return n
 }
 
+// warmUp returns once c's Run runs: a first event (ingested before it may
+// have) applied, its effect the only one in table.
+func warmUp(t *testing.T, c *ferry.Consumer[pgx.Tx], table string) {
+	t.Helper()
+	warm := events(1, 1)[0]
+	warm.Key = "warm"
+	_, err := c.Ingest(context.Background(), []*ferry.Event{warm})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 1 }, 30*time.Second, 5*time.Millisecond)
+}
+
 // Every event delivered three times concurrently: one effect each.
 func TestConsumerExactlyOnceEffect(t *testing.T) {
 	t.Parallel()
@@ -412,12 +423,7 @@ func TestConsumerRunsWhatItsIngestClaimed(t *testing.T) {
 	})
 	startConsumer(t, c)
 	ctx := context.Background()
-	// Once Run runs (a first event, ingested before it may have, applied):
-	warm := events(1, 1)[0]
-	warm.Key = "warm"
-	_, err = c.Ingest(ctx, []*ferry.Event{warm})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 1 }, 30*time.Second, 5*time.Millisecond)
+	warmUp(t, c, table)
 	drv.rows.Store(0)
 	evs := events(5, 5)
 	for i, ev := range evs {
@@ -462,11 +468,7 @@ func TestConsumerBatchesFastHandlersTogether(t *testing.T) {
 	})
 	startConsumer(t, c)
 	ctx := context.Background()
-	warm := events(1, 1)[0]
-	warm.Key = "warm"
-	_, err = c.Ingest(ctx, []*ferry.Event{warm})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return count(t, `SELECT count(*) FROM `+table) == 1 }, 30*time.Second, 5*time.Millisecond)
+	warmUp(t, c, table)
 
 	// The slow claim first: it spreads over the free workers, and only
 	// the warm-up's may still be taken.
