@@ -3,7 +3,6 @@ package ferrymongo
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -168,14 +167,18 @@ func (d *Driver) insertInbox(ctx context.Context, p *ferrydriver.InsertInboxPara
 			}
 		}
 		from, err := d.insertInboxTx(tx, p.Group, p.Events, res)
-		if err != nil || len(free) == 0 || from == math.MaxInt64 {
-			return err // or nothing to claim: no key free, no event new
+		if err != nil {
+			return err
 		}
+		// Only the keys this call inserted rows of.
 		fresh := map[string]bool{}
 		for i, ev := range p.Events {
 			fresh[ev.Key] = fresh[ev.Key] || res[i]
 		}
 		free = slices.DeleteFunc(free, func(k *keyDoc) bool { return !fresh[k.Key] })
+		if len(free) == 0 {
+			return nil
+		}
 		claimed, err = d.claimIngested(tx, p.Group, c, free, from)
 		return err
 	})
@@ -265,8 +268,7 @@ func (d *Driver) claimIngested(tx context.Context, group string, c *ferrydriver.
 
 // insertInboxTx records events for group inside tx, setting inserted[i]
 // for each new one, and makes the keys that had nothing to do runnable.
-// It returns the first position it gave (past the last when it inserted
-// nothing).
+// It returns the first position it gave (0 when it inserted nothing).
 func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferryevent.Event, inserted []bool) (int64, error) {
 	ids := make(bson.A, len(events))
 	for i, ev := range events {
@@ -294,7 +296,7 @@ func (d *Driver) insertInboxTx(tx context.Context, group string, events []*ferry
 		}
 	}
 	if len(fresh) == 0 {
-		return math.MaxInt64, nil
+		return 0, nil
 	}
 	var counter struct {
 		N int64 `bson:"n"`
