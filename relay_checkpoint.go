@@ -80,19 +80,33 @@ func (c *checkpointer) savedCursor() []byte {
 	return c.saved
 }
 
+// saveGap is the least time between two saves while events keep coming,
+// unless a batch's worth waits: at a moderate rate every batch is a few
+// events, and a save for each cost the database as much as reading them
+// (a statement, a commit, and a row per key for the relay's Seqs). A crash
+// redelivers at most this much more, which consumers skip.
+const saveGap = 20 * time.Millisecond
+
 func (c *checkpointer) run(ctx context.Context) {
 	hb := time.NewTicker(c.r.cfg.HeartbeatInterval)
 	defer hb.Stop()
 	retry := 0
+	var savedAt time.Time
 	for {
 		heartbeat := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.wake:
+			if wait := time.Until(savedAt.Add(saveGap)); wait > 0 && c.unsaved() < c.r.cfg.BatchSize {
+				if sleepCtx(ctx, wait); ctx.Err() != nil {
+					return
+				}
+			}
 		case <-hb.C:
 			heartbeat = true
 		}
+		savedAt = time.Now()
 		if err := c.save(ctx, heartbeat); err != nil && ctx.Err() == nil {
 			retry++
 			c.r.log.Warn("ferry: saving the checkpoint failed; will retry", "err", err, "attempt", retry)

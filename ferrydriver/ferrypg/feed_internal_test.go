@@ -487,3 +487,31 @@ func TestKeySeqPruneIsBounded(t *testing.T) {
 	require.Empty(t, res.Pruned, "not idle for long enough")
 	require.Empty(t, res.Next, "the end of the feed's keys")
 }
+
+// TestBusyFeedTicksApart: while events keep coming the feed ticks every
+// hotTick, not again at once after a tick that returned events (at a
+// moderate rate that second tick found nothing half the time: two reads
+// for the events of one).
+func TestBusyFeedTicksApart(t *testing.T) {
+	t.Parallel()
+	drv := newTestDriver(t)
+	ctx := context.Background()
+	emit := func() {
+		t.Helper()
+		require.NoError(t, drv.Append(ctx, []*ferryevent.Event{{ID: ferryevent.NewID(), Topic: "t", Key: "k", Type: "T", Payload: []byte("{}"), CreatedAt: time.Now()}}))
+	}
+	ff, err := drv.OpenFeed(ctx, &ferrydriver.OpenFeedParams{Feed: "hot/0"})
+	require.NoError(t, err)
+	defer ff.Close()
+	f := ff.(*feed[pgx.Tx])
+	for i := range 3 {
+		emit()
+		before := f.tickedAt
+		b, err := f.Read(ctx, &ferrydriver.ReadParams{Max: 10, Wait: time.Second})
+		require.NoError(t, err)
+		require.Len(t, b.Events, 1)
+		if i > 0 {
+			require.GreaterOrEqual(t, f.tickedAt.Sub(before), hotTick, "tick %d came %v after the one before", i, f.tickedAt.Sub(before))
+		}
+	}
+}
