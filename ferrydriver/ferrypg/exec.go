@@ -78,8 +78,9 @@ type step struct {
 // statements make has an index of its own, so the pipeline also rules out
 // sequential and bitmap scans: the plans stay on those indexes whatever the
 // statistics said (TestInboxPlansOnAnEmptyInbox). The settings are local
-// to the transaction and apply only to the pipeline's own statements: the
-// last step puts back the ones the transaction had.
+// to the transaction and apply only to the pipeline's own statements: in a
+// caller's transaction the last step puts back the ones it had; a pipeline
+// on a pool is a transaction of its own, whose end puts them back.
 var (
 	plannerSettings = [][2]string{{"plan_cache_mode", "force_generic_plan"}, {"enable_seqscan", "off"}, {"enable_bitmapscan", "off"}}
 	sqlPlansSet     = plannerSQL(func(name, value string) string {
@@ -162,16 +163,21 @@ func (e pgxExec) pipeline(ctx context.Context, steps ...step) error {
 	for _, s := range steps {
 		b.Queue(s.sql, pgxArgs(s.args)...)
 	}
-	b.Queue(sqlPlansRestore)
+	// On a pool the batch is a transaction of its own (one Sync), whose
+	// end puts the settings back.
+	_, alone := e.q.(*pgxpool.Pool)
+	if !alone {
+		b.Queue(sqlPlansRestore)
+	}
 	br := e.q.SendBatch(ctx, b)
-	err := readPipeline(br, steps)
+	err := readPipeline(br, steps, !alone)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	return err
 }
 
-func readPipeline(br pgx.BatchResults, steps []step) error {
+func readPipeline(br pgx.BatchResults, steps []step, restore bool) error {
 	if _, err := br.Exec(); err != nil {
 		return &stepError{0, err}
 	}
@@ -185,6 +191,9 @@ func readPipeline(br pgx.BatchResults, steps []step) error {
 		if err != nil {
 			return &stepError{i, err}
 		}
+	}
+	if !restore {
+		return nil
 	}
 	if _, err := br.Exec(); err != nil {
 		return &stepError{len(steps) - 1, err}

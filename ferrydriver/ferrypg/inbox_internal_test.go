@@ -608,6 +608,34 @@ func TestCompletionLeavesTheTransactionsPlanSetting(t *testing.T) {
 	}
 }
 
+// TestPoolPipelinesLeaveTheSessionsSettings: a pipeline on a pool sends
+// no step to put the planner settings back: the batch is an implicit
+// transaction, and the settings are local to it. The pool's one session
+// must have its defaults after a claim.
+func TestPoolPipelinesLeaveTheSessionsSettings(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	drv, err := New(pool, &Config{Schema: ferrypgtest.Schema(t)})
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	ev := ferrydrivertest.Event("t", "k", "T")
+	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
+	require.NoError(t, err)
+	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Minute, MaxAttempts: 10})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	var mode string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode') || ' ' || current_setting('enable_seqscan') || ' ' || current_setting('enable_bitmapscan')`).Scan(&mode))
+	require.Equal(t, "auto on on", mode, "plan_cache_mode, enable_seqscan, enable_bitmapscan")
+}
+
 // TestConsolePagesAreFlat: the admin API's lists (ferryui) read O(page),
 // whatever the table holds: a page of relay dead letters, first or deep
 // (after a cursor), of 100,000, and a page of a group's DEAD events of
