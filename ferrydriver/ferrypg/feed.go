@@ -320,7 +320,7 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 			// that returned events would find the few committed since
 			// (at 1,000 events/s, none half the time): two reads for
 			// the events of one.
-			wait := time.Until(f.tickedAt.Add(hotTick))
+			wait := min(time.Until(f.tickedAt.Add(hotTick)), p.Wait)
 			if !deadline.IsZero() {
 				wait = min(wait, time.Until(deadline))
 			}
