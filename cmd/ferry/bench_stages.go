@@ -34,7 +34,7 @@ var stageNames = [numStages]string{"commit -> relay read:", "read -> JetStream a
 	"received -> ingested:", "ingested -> handler:", "handler -> applied:"}
 
 // stages are one phase's stamps, a benchArrivals per stage, all for the
-// events of Type "<prefix><i>".
+// events of Type prefix (benchArrivals).
 type stages [numStages]*benchArrivals
 
 func newStages(prefix string, n int) *stages {

@@ -66,3 +66,15 @@ func TestBenchE2EBreaksTheTimeDownByStage(t *testing.T) {
 		require.Regexp(t, regexp.QuoteMeta(stage)+` +p50 \S+  p90 \S+  p99 \S+  max \S+\n`, out.String())
 	}
 }
+
+func TestPayloadOrderReadsBackTheNumber(t *testing.T) {
+	for _, i := range []int{0, 7, 1234567} {
+		got, ok := payloadOrder(payload(i))
+		require.True(t, ok, "payload %d", i)
+		require.Equal(t, i, got)
+	}
+	for _, p := range []string{``, `{"order":}`, `{"order":12`, `{"amount":1}`} {
+		_, ok := payloadOrder([]byte(p))
+		require.False(t, ok, "%q", p)
+	}
+}
