@@ -132,6 +132,24 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 	require.InDelta(t, smallFinish, bigFinish, 60)
 }
 
+// oneSessionDriver is a migrated driver on a pool of one session, closed
+// when the test ends.
+func oneSessionDriver(t *testing.T) (*Driver[pgx.Tx], *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	drv, err := New(pool, &Config{Schema: ferrypgtest.Schema(t)})
+	require.NoError(t, err)
+	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
+	require.NoError(t, err)
+	return drv, pool
+}
+
 // TestInboxPlansOnAnEmptyInbox: a pgx driver runs the inbox's statements
 // under generic plans, cached per session and kept until the tables'
 // statistics change. Planned on an inbox whose statistics say it is empty
@@ -141,16 +159,7 @@ func TestInboxClaimIsFlatInAKeysBacklog(t *testing.T) {
 func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // one session: the statements' plans are cached on it
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	drv, err := New(pool, &Config{Schema: ferrypgtest.Schema(t)})
-	require.NoError(t, err)
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(t, err)
+	drv, pool := oneSessionDriver(t) // the statements' plans are cached on it
 	s := pgx.Identifier{drv.cfg.Schema}.Sanitize()
 	for _, table := range []string{"inbox", "inbox_keys"} {
 		// The statistics stay those of the empty tables: an autovacuum's
@@ -189,7 +198,7 @@ func TestInboxPlansOnAnEmptyInbox(t *testing.T) {
 	// And a rescue's: a claim that expires, rescued, whose rescue's claim
 	// expires too and is found lost at its commit.
 	ev := ferrydrivertest.Event("t", "warm-rescue", "T")
-	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
+	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
 	require.NoError(t, err)
 	for _, rescue := range []bool{false, true} {
 		require.Eventually(t, func() bool {
@@ -615,18 +624,9 @@ func TestCompletionLeavesTheTransactionsPlanSetting(t *testing.T) {
 func TestPoolPipelinesLeaveTheSessionsSettings(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(ferrypgtest.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	drv, err := New(pool, &Config{Schema: ferrypgtest.Schema(t)})
-	require.NoError(t, err)
-	_, err = drv.Migrate(ctx, &ferrydriver.MigrateParams{})
-	require.NoError(t, err)
+	drv, pool := oneSessionDriver(t)
 	ev := ferrydrivertest.Event("t", "k", "T")
-	_, err = drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
+	_, err := drv.InsertInbox(ctx, &ferrydriver.InsertInboxParams{Group: "g", Events: []*ferryevent.Event{ev}})
 	require.NoError(t, err)
 	rows, err := drv.ClaimInbox(ctx, &ferrydriver.ClaimInboxParams{Group: "g", Worker: "w", Limit: 1, TTL: time.Minute, MaxAttempts: 10})
 	require.NoError(t, err)
