@@ -87,6 +87,30 @@ func (c *checkpointer) savedCursor() []byte {
 // redelivers at most this much more, which consumers skip.
 const saveGap = 20 * time.Millisecond
 
+// spaced waits until saveGap after savedAt, or less if a batch's worth
+// of delivered events is unsaved, then or as later offers make it so (the
+// pipeline stops reading at two). It reports false if ctx ended.
+func (c *checkpointer) spaced(ctx context.Context, savedAt time.Time) bool {
+	wait := time.Until(savedAt.Add(saveGap))
+	if wait <= 0 || c.unsaved() >= c.r.cfg.BatchSize {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-c.wake:
+			if c.unsaved() >= c.r.cfg.BatchSize {
+				return true
+			}
+		}
+	}
+}
+
 func (c *checkpointer) run(ctx context.Context) {
 	hb := time.NewTicker(c.r.cfg.HeartbeatInterval)
 	defer hb.Stop()
@@ -98,10 +122,8 @@ func (c *checkpointer) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-c.wake:
-			if wait := time.Until(savedAt.Add(saveGap)); wait > 0 && c.unsaved() < c.r.cfg.BatchSize {
-				if sleepCtx(ctx, wait); ctx.Err() != nil {
-					return
-				}
+			if !c.spaced(ctx, savedAt) {
+				return
 			}
 		case <-hb.C:
 			heartbeat = true

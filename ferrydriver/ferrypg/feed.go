@@ -140,7 +140,7 @@ type feed[TTx any] struct {
 	// hotUntil: events came lately, so the feed polls every hotTick
 	// instead of asking producers to notify. A busy relay thus never makes
 	// producers send NOTIFY, whose commit-time lock would serialise them.
-	// tickedAt is when the last tick's read was sent.
+	// tickedAt is when the last tick's read returned.
 	hotUntil, tickedAt time.Time
 }
 
@@ -316,10 +316,11 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 		var batch *ferrydriver.Batch
 		var err error
 		if ticked {
-			// Busy lately: ticks are hotTick apart. A tick right after one
-			// that returned events would find the few committed since
-			// (at 1,000 events/s, none half the time): two reads for
-			// the events of one.
+			// Busy lately: a tick starts hotTick after the one before
+			// ended. A tick right after one that returned events would
+			// find the few committed since (at 1,000 events/s, none
+			// half the time): two reads for the events of one. Counted
+			// from its end, a slow tick still leaves a pause.
 			wait := min(time.Until(f.tickedAt.Add(hotTick)), p.Wait)
 			if !deadline.IsZero() {
 				wait = min(wait, time.Until(deadline))
@@ -329,8 +330,8 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 					return nil, err
 				}
 			}
-			f.tickedAt = time.Now()
 			batch, err = f.tickRead(ctx, limit)
+			f.tickedAt = time.Now()
 		} else {
 			batch, err = f.read(ctx, limit)
 		}
