@@ -316,19 +316,8 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 		var batch *ferrydriver.Batch
 		var err error
 		if ticked {
-			// Busy lately: a tick starts hotTick after the one before
-			// ended. A tick right after one that returned events would
-			// find the few committed since (at 1,000 events/s, none
-			// half the time): two reads for the events of one. Counted
-			// from its end, a slow tick still leaves a pause.
-			wait := min(time.Until(f.tickedAt.Add(hotTick)), p.Wait)
-			if !deadline.IsZero() {
-				wait = min(wait, time.Until(deadline))
-			}
-			if wait > 0 && time.Now().Before(f.hotUntil) {
-				if err := sleepCtx(ctx, wait); err != nil {
-					return nil, err
-				}
+			if err := f.pace(ctx, p.Wait, deadline); err != nil {
+				return nil, err
 			}
 			batch, err = f.tickRead(ctx, limit)
 			f.tickedAt = time.Now()
@@ -381,6 +370,26 @@ func (f *feed[TTx]) Read(ctx context.Context, p *ferrydriver.ReadParams) (*ferry
 			f.tickedAt = time.Time{} // a commit woke it: look now
 		}
 	}
+}
+
+// pace waits, while the feed is hot, until hotTick after the last tick
+// ended, never longer than the read's wait or past its deadline (if set).
+// A tick right after one that returned events would find the few
+// committed since (at 1,000 events/s, none half the time): two reads for
+// the events of one. Counted from its end, a slow tick still leaves a
+// pause.
+func (f *feed[TTx]) pace(ctx context.Context, wait time.Duration, deadline time.Time) error {
+	if !time.Now().Before(f.hotUntil) {
+		return nil
+	}
+	wait = min(wait, time.Until(f.tickedAt.Add(hotTick)))
+	if !deadline.IsZero() {
+		wait = min(wait, time.Until(deadline))
+	}
+	if wait <= 0 {
+		return nil
+	}
+	return sleepCtx(ctx, wait)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
